@@ -1,0 +1,42 @@
+"""Exit codes: the one place where errors become process exit statuses.
+
+Later commands use the same table; README.md documents it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from .. import errors
+
+
+class ExitStatus(IntEnum):
+    OK = 0
+    INTERNAL_ERROR = 1
+    USAGE = 2
+    BACKEND_UNAVAILABLE = 3
+    TIMEOUT = 4
+    PERMISSION_DENIED = 5
+    SERVER_FAILED = 6
+    PARTIAL = 7
+    INTERRUPTED = 130
+
+
+_BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (
+    (errors.UsageError, ExitStatus.USAGE),
+    (errors.BackendUnavailable, ExitStatus.BACKEND_UNAVAILABLE),
+    (errors.NotDoneError, ExitStatus.TIMEOUT),
+    (errors.PermissionDenied, ExitStatus.PERMISSION_DENIED),
+    (errors.ServerFailed, ExitStatus.SERVER_FAILED),
+    (errors.PartialFailure, ExitStatus.PARTIAL),
+    (errors.Interrupted, ExitStatus.INTERRUPTED),
+    (KeyboardInterrupt, ExitStatus.INTERRUPTED),
+    (errors.GpuQueryError, ExitStatus.INTERNAL_ERROR),
+)
+
+
+def exit_status_for(exc: BaseException) -> ExitStatus:
+    for cls, status in _BY_ERROR:
+        if isinstance(exc, cls):
+            return status
+    return ExitStatus.INTERNAL_ERROR

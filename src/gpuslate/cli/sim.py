@@ -1,0 +1,107 @@
+"""``gpuslate sim``: create and drive simulated GPU hosts."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import UsageError
+from .common import add_common, gpu_list, nonnegative_float, print_json, size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sim", help="simulated GPU hosts: init, hold, leak",
+                       description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
+                       "Memory is held by real processes and discovered like real devices.")
+    add_common(p)
+    ss = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", parser_class=type(p))
+    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+    init = ss.add_parser("init", help="create (or reset) a simulated host in DIR")
+    add_common(init)
+    init.add_argument("dir", metavar="DIR")
+    init.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
+    init.add_argument("--memory", type=size, default="97887MiB",
+                      help="memory per GPU (default 97887MiB, an RTX PRO 6000 Blackwell)")
+    init.add_argument("--reserved", type=size, default="0",
+                      help="driver-reserved memory per GPU, reported apart from 'used' (default 0)")
+    init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", help="GPU model name")
+    init.add_argument("--release-delay", type=nonnegative_float, default=0.2, metavar="SECONDS",
+                      help="time the simulated driver takes to release a dead holder's memory (default 0.2)")
+    init.set_defaults(handler=run_init)
+
+    hold = ss.add_parser("hold", help="hold simulated GPU memory until killed",
+                         description="Hold memory on simulated GPUs with real processes until killed. "
+                         "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held.")
+    add_common(hold)
+    hold.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to hold (default: all)")
+    hold.add_argument("--memory", type=size, required=True,
+                      help="memory held on each listed GPU, e.g. 40GiB; 0 holds the device open only")
+    hold.add_argument("--workers", type=int, default=0, metavar="N",
+                      help="the launcher holds nothing and spawns N workers holding memory round-robin")
+    hold.add_argument("--orphan-workers", action="store_true",
+                      help="workers double-fork away from the launcher (reparented to PID 1)")
+    hold.add_argument("--ignore-term", action="store_true", help="every process ignores SIGTERM")
+    hold.add_argument("--title", metavar="NAME",
+                      help="process title, e.g. sglang::scheduler_TP{rank} ({rank}: the worker number)")
+    hold.add_argument("--no-reap", action="store_true",
+                      help="the launcher never collects dead workers (they stay zombies)")
+    hold.set_defaults(handler=run_hold)
+
+    leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)")
+    add_common(leak)
+    leak.add_argument("--gpu", type=int, required=True)
+    leak.add_argument("--memory", type=size, required=True)
+    leak.set_defaults(handler=run_leak)
+
+
+def _host(args: argparse.Namespace):  # -> SimHost
+    from ..sim.host import SimHost
+
+    root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
+    if not root:
+        raise UsageError("no simulated host: pass --sim DIR or set GPUSLATE_SIM=DIR "
+                         "(create one with 'gpuslate sim init DIR')")
+    host = SimHost(root)
+    host.config  # a clear error now if DIR is no simulated host
+    return host
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from ..sim.host import SimHost
+
+    host = SimHost.init(args.dir, gpus=args.gpus, memory=args.memory, name=args.name,
+                        release_delay=args.release_delay, reserved=args.reserved)
+    cfg = host.config
+    if args.json:
+        print_json({"schema": "gpuslate.sim.init.v1", "root": str(host.root), "gpus": cfg["gpus"],
+                    "memory": cfg["memory"], "reserved": cfg["reserved"], "name": cfg["name"],
+                    "release_delay": cfg["release_delay"]})
+    else:
+        from .._parse import format_size
+
+        print(f"Simulated host at {host.root}: {cfg['gpus']} × {cfg['name']} "
+              f"({format_size(cfg['memory'])}), release delay {cfg['release_delay']} s")
+        print(f"Use it with:  export GPUSLATE_SIM={host.root}   (or --sim {host.root})")
+    return 0
+
+
+def run_hold(args: argparse.Namespace) -> int:
+    from ..sim.holder import hold
+
+    host = _host(args)
+    gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
+    hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
+         ignore_term=args.ignore_term, title=args.title, reap=not args.no_reap)
+
+
+def run_leak(args: argparse.Namespace) -> int:
+    host = _host(args)
+    path = host.leak(args.gpu, args.memory)
+    if args.json:
+        print_json({"schema": "gpuslate.sim.leak.v1", "gpu": args.gpu, "memory": args.memory,
+                    "record": str(path)})
+    else:
+        print(f"Leaked {args.memory} bytes on simulated GPU {args.gpu} (held by no process until "
+              "the next 'gpuslate sim init')")
+    return 0

@@ -1,0 +1,63 @@
+"""``gpuslate status``: every GPU and every process that holds it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from .common import add_common, backend_for, gpu_list, positive_float, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show every GPU and every process that holds it",
+                       description="Show every GPU (never truncated) with memory, utilization, "
+                       "temperature, power and P-state, and its processes grouped under their launcher.")
+    add_common(p)
+    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="only these GPUs, e.g. 0,2-3")
+    p.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",
+                   help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..snapshot import take_snapshot
+
+    backend = backend_for(args)
+    try:
+        if args.watch:
+            return _watch(args, backend)
+        snap = take_snapshot(backend, args.gpus)
+        if args.json:
+            print_json(snap.to_json())
+        else:
+            from .render import print_status
+
+            print_status(snap)
+        return 0
+    finally:
+        backend.close()
+
+
+def _watch(args: argparse.Namespace, backend: object) -> int:
+    import json
+    import sys
+
+    from ..snapshot import take_snapshot
+
+    try:
+        if args.json:
+            while True:
+                sys.stdout.write(json.dumps(take_snapshot(backend, args.gpus).to_json()) + "\n")
+                sys.stdout.flush()
+                time.sleep(args.watch)
+        from rich.live import Live
+
+        from .render import status_renderable
+
+        with Live(status_renderable(take_snapshot(backend, args.gpus)), auto_refresh=False,
+                  screen=False) as live:
+            while True:
+                time.sleep(args.watch)
+                live.update(status_renderable(take_snapshot(backend, args.gpus)), refresh=True)
+    except KeyboardInterrupt:
+        return 0  # Ctrl-C is how a watch ends: not a failure

@@ -1,0 +1,28 @@
+"""GPU backends behind one protocol: NVML on real hosts, ``sim`` on simulated ones."""
+
+from __future__ import annotations
+
+import os
+
+from .types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
+
+__all__ = ["GpuBackend", "GpuProcess", "GpuReading", "MemoryInfo", "open_backend", "sim_root_from_env"]
+
+
+def sim_root_from_env() -> str | None:
+    return os.environ.get("GPUSLATE_SIM") or None
+
+
+def open_backend(sim: str | os.PathLike[str] | None = None) -> GpuBackend:
+    """The simulated host at ``sim`` (or ``$GPUSLATE_SIM``), else the NVIDIA driver.
+
+    Raises :class:`~gpuslate.errors.BackendUnavailable` when neither is there.
+    """
+    root = sim if sim is not None else sim_root_from_env()
+    if root:
+        from .sim import SimBackend
+
+        return SimBackend(root)
+    from .nvml import NvmlBackend
+
+    return NvmlBackend()

@@ -1,0 +1,239 @@
+"""The NVML backend: the only module that talks to the NVIDIA driver.
+
+Every NVML call goes through :func:`_call`, the single choke point that turns
+``NVMLError`` into gpuslate errors. Optional facts (utilization, temperature,
+power) that a GPU does not support are ``None``; essential facts (memory,
+processes) that fail make the GPU's ``error`` field non-null, never an empty
+process list.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Sequence
+
+from ..errors import BackendUnavailable, GpuQueryError, PermissionDenied
+from .types import GpuProcess, GpuReading, MemoryInfo
+
+# PIDs that some drivers report for contexts they cannot attribute
+_INVALID_PIDS = frozenset({0, 4294967295})
+_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise BackendUnavailable(
+            "the nvidia-ml-py package is not installed", hint="pip install nvidia-ml-py"
+        ) from exc
+    return pynvml
+
+
+class NvmlBackend:
+    name = "nvml"
+
+    def __init__(self) -> None:
+        self._nv = nv = _import_pynvml()
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise BackendUnavailable(
+                f"no NVIDIA driver available (NVML: {_describe(exc)})",
+                hint="set GPUSLATE_SIM=DIR or pass --sim DIR to use a simulated host "
+                "(create one with 'gpuslate sim init DIR')",
+            ) from exc
+        self._handles: dict[int, Any] = {}
+        self._minors: dict[int, int | None] = {}
+        self._minor_to_index: dict[int, int] | None = None
+        # API versions this driver lacks are remembered so each is tried once
+        self._missing: set[str] = set()
+        self._version_errors = frozenset(
+            getattr(nv, n) for n in ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+            if hasattr(nv, n)
+        )
+
+    # -- the choke point -------------------------------------------------
+    def _call(self, fn_name: str, *args: Any) -> Any:
+        nv = self._nv
+        try:
+            return getattr(nv, fn_name)(*args)
+        except nv.NVMLError as exc:
+            if exc.value == nv.NVML_ERROR_NO_PERMISSION:
+                raise PermissionDenied(f"{fn_name}: {_describe(exc)}") from exc
+            raise GpuQueryError(f"{fn_name}: {_describe(exc)}") from exc
+
+    def _optional(self, fn_name: str, *args: Any) -> Any:
+        """A fact some GPUs lack: ``None`` instead of an error."""
+        try:
+            return self._call(fn_name, *args)
+        except (GpuQueryError, PermissionDenied):
+            return None
+
+    def _first_available(self, names: Sequence[str], *args: Any) -> Any:
+        """Call the newest API version this driver has (``_v3`` -> ``_v2`` -> v1)."""
+        nv = self._nv
+        last: BaseException | None = None
+        for fn_name in names:
+            if fn_name in self._missing or not hasattr(nv, fn_name):
+                continue
+            try:
+                return getattr(nv, fn_name)(*args)
+            except nv.NVMLError as exc:
+                if exc.value in self._version_errors:
+                    self._missing.add(fn_name)
+                    last = exc
+                    continue
+                raise GpuQueryError(f"{fn_name}: {_describe(exc)}") from exc
+        raise GpuQueryError(f"{names[-1]}: {_describe(last) if last else 'not available'}")
+
+    # -- backend protocol ------------------------------------------------
+    def driver_version(self) -> str | None:
+        v = self._optional("nvmlSystemGetDriverVersion")
+        return v.decode() if isinstance(v, bytes) else v
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def _handle(self, index: int) -> Any:
+        h = self._handles.get(index)
+        if h is None:
+            h = self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+        return h
+
+    def device_prefixes(self) -> tuple[str, ...]:
+        return ("/dev/nvidia",)
+
+    def gpu_for_path(self, path: str) -> int | None:
+        m = re.fullmatch(r"/dev/nvidia(\d+)", path)
+        if not m:
+            return None
+        if self._minor_to_index is None:
+            mapping: dict[int, int] = {}
+            for i in range(self.device_count()):
+                minor = self._minor(i)
+                if minor is not None:
+                    mapping[minor] = i
+            self._minor_to_index = mapping
+        return self._minor_to_index.get(int(m.group(1)))
+
+    def _minor(self, index: int) -> int | None:
+        if index not in self._minors:
+            try:
+                self._minors[index] = int(self._call("nvmlDeviceGetMinorNumber", self._handle(index)))
+            except (GpuQueryError, PermissionDenied):
+                self._minors[index] = None
+        return self._minors[index]
+
+    def read(self, indices: Sequence[int] | None = None, *, full: bool = True) -> list[GpuReading]:
+        if indices is None:
+            indices = range(self.device_count())
+        return [self._read_one(i, full) for i in indices]
+
+    def _read_one(self, index: int, full: bool) -> GpuReading:
+        errors: list[str] = []
+        try:
+            h = self._handle(index)
+        except (GpuQueryError, PermissionDenied) as exc:
+            return GpuReading(index, None, None, None, None, None, None, None, None, None, None, str(exc))
+        memory = _guard(errors, lambda: self._memory(h))
+        processes = _guard(errors, lambda: self._processes(h))
+        uuid = name = pstate = None
+        util = temp = None
+        power = limit = None
+        if full:
+            uuid = _text(self._optional("nvmlDeviceGetUUID", h))
+            name = _text(self._optional("nvmlDeviceGetName", h))
+            rates = self._optional("nvmlDeviceGetUtilizationRates", h)
+            util = int(rates.gpu) if rates is not None else None
+            t = self._optional("nvmlDeviceGetTemperature", h, self._nv.NVML_TEMPERATURE_GPU)
+            temp = int(t) if t is not None else None
+            p = self._optional("nvmlDeviceGetPowerUsage", h)
+            power = p / 1000.0 if p is not None else None
+            pl = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
+            limit = pl / 1000.0 if pl is not None else None
+            ps = self._optional("nvmlDeviceGetPerformanceState", h)
+            pstate = f"P{int(ps)}" if ps is not None and int(ps) != 32 else None
+        return GpuReading(
+            index=index, uuid=uuid, name=name, minor=self._minor(index) if full else None,
+            memory=memory, utilization_pct=util, temperature_c=temp, power_w=power,
+            power_limit_w=limit, pstate=pstate, processes=processes,
+            error="; ".join(errors) if errors else None,
+        )
+
+    def _memory(self, h: Any) -> MemoryInfo:
+        nv = self._nv
+        # v2 separates driver-reserved memory from 'used' (v1 counts it as used)
+        if "v2mem" not in self._missing and hasattr(nv, "nvmlMemory_v2"):
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                return MemoryInfo(int(m.total), int(m.used), int(m.reserved), int(m.free))
+            except nv.NVMLError as exc:
+                if exc.value not in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
+                    raise GpuQueryError(f"nvmlDeviceGetMemoryInfo_v2: {_describe(exc)}") from exc
+                self._missing.add("v2mem")
+        m = self._call("nvmlDeviceGetMemoryInfo", h)
+        return MemoryInfo(int(m.total), int(m.used), 0, int(m.free))
+
+    def _processes(self, h: Any) -> list[GpuProcess]:
+        found: dict[int, GpuProcess] = {}
+        for kind, base in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+        ):
+            try:
+                procs = self._first_available((f"{base}_v3", f"{base}_v2", base), h)
+            except GpuQueryError as exc:
+                # MPS and graphics queries are unsupported on many setups;
+                # a compute query failure is essential and propagates.
+                if kind != "compute" and "Not Supported" in str(exc):
+                    continue
+                raise
+            for p in procs:
+                pid = int(p.pid)
+                if pid in _INVALID_PIDS:
+                    continue
+                used = p.usedGpuMemory
+                used = None if used is None or used == _NOT_AVAILABLE else int(used)
+                prev = found.get(pid)
+                # a process can appear as compute and as MPS; keep the larger figure
+                if prev is None or (used or 0) > (prev.used_memory or 0):
+                    found[pid] = GpuProcess(pid, kind, used)
+        return sorted(found.values())
+
+    def close(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError:
+            pass
+
+
+def _guard(errors: list[str], fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (GpuQueryError, PermissionDenied) as exc:
+        errors.append(str(exc))
+        return None
+
+
+def _text(v: Any) -> str | None:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # pynvml can fail to format unknown codes
+        return repr(exc)
+
+
+def nvml_library_present() -> bool:
+    """Cheap check used by tests and the CLI: can the driver library be loaded?"""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True

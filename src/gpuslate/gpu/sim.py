@@ -1,0 +1,78 @@
+"""The simulated backend: GPUs of a :class:`~gpuslate.sim.host.SimHost` folder.
+
+Everything above this module (discovery, termination, verification) runs for
+real against it: memory is held by real processes and their device files are
+found by the same fd scan as real ``/dev/nvidia*`` files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Sequence
+
+from ..sim.host import SimHost
+from .types import GpuProcess, GpuReading, MemoryInfo
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.host = SimHost(root)
+        self.host.config  # fail now, clearly, if the folder is no simulated host
+        self._dev_re = re.compile(re.escape(str(self.host.dev)) + r"/nvidia(\d+)")
+
+    def driver_version(self) -> str | None:
+        return str(self.host.config["driver_version"])
+
+    def device_count(self) -> int:
+        return self.host.gpu_count
+
+    def device_prefixes(self) -> tuple[str, ...]:
+        return (f"{self.host.dev}/nvidia",)
+
+    def gpu_for_path(self, path: str) -> int | None:
+        m = self._dev_re.fullmatch(path.removesuffix(" (deleted)"))
+        if not m or int(m.group(1)) >= self.host.gpu_count:
+            return None
+        return int(m.group(1))
+
+    def read(self, indices: Sequence[int] | None = None, *, full: bool = True) -> list[GpuReading]:
+        cfg = self.host.config
+        count = self.host.gpu_count
+        if indices is None:
+            indices = range(count)
+        total = int(cfg["memory"])
+        reserved = int(cfg["reserved"])
+        used = dict.fromkeys(indices, 0)
+        procs: dict[int, dict[int, GpuProcess]] = {i: {} for i in indices}
+        for held in self.host.held():
+            rec = held.record
+            if rec.gpu not in used:
+                continue
+            used[rec.gpu] += rec.bytes
+            if rec.pid is not None:
+                prev = procs[rec.gpu].get(rec.pid)
+                amount = rec.bytes + ((prev.used_memory or 0) if prev else 0)
+                procs[rec.gpu][rec.pid] = GpuProcess(rec.pid, rec.kind, amount)
+        out = []
+        for i in indices:
+            u = min(used[i], total - reserved)
+            busy = u / total
+            out.append(GpuReading(
+                index=i, uuid=cfg["uuids"][i], name=cfg["name"], minor=i,
+                memory=MemoryInfo(total, u, reserved, total - reserved - u),
+                # a simulated GPU has no load of its own: these follow memory
+                utilization_pct=0 if not procs[i] else min(100, int(20 + 80 * busy)),
+                temperature_c=int(27 + 40 * busy),
+                power_w=round(34.0 + 450.0 * busy, 1),
+                power_limit_w=600.0,
+                pstate="P8" if not procs[i] else "P0",
+                processes=sorted(procs[i].values()),
+                error=None,
+            ))
+        return out
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,71 @@
+"""What a GPU backend reports: plain, immutable, JSON-able records."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol, Sequence
+
+#: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
+PROCESS_KINDS = ("compute", "graphics", "mps", "handle")
+
+
+class MemoryInfo(NamedTuple):
+    """Bytes. ``used`` excludes driver-reserved memory where the driver can tell (NVML v2)."""
+
+    total: int
+    used: int
+    reserved: int
+    free: int
+
+
+class GpuProcess(NamedTuple):
+    """A process as the driver reports it on one GPU."""
+
+    pid: int
+    kind: str  # compute | graphics | mps
+    used_memory: int | None  # None when the driver does not say
+
+
+class GpuReading(NamedTuple):
+    """One GPU as one backend query saw it.
+
+    ``error`` is set when any essential query (memory, processes) failed; then
+    the fields that failed are ``None``: a failed query never reads as clean.
+    """
+
+    index: int
+    uuid: str | None
+    name: str | None
+    minor: int | None  # /dev/nvidiaN of this GPU
+    memory: MemoryInfo | None
+    utilization_pct: int | None
+    temperature_c: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    pstate: str | None
+    processes: list[GpuProcess] | None
+    error: str | None
+
+
+class GpuBackend(Protocol):
+    """What every GPU backend provides (NVML on real hosts, ``sim`` on simulated ones)."""
+
+    name: str
+
+    def driver_version(self) -> str | None: ...
+
+    def device_count(self) -> int: ...
+
+    def read(self, indices: Sequence[int] | None = None, *, full: bool = True) -> list[GpuReading]:
+        """Read the given GPUs (all when ``None``). ``full=False`` reads only memory
+        and processes, for tight verification loops."""
+        ...
+
+    def device_prefixes(self) -> tuple[str, ...]:
+        """Path prefixes of this backend's device files, for the fd scan."""
+        ...
+
+    def gpu_for_path(self, path: str) -> int | None:
+        """GPU index of a device file path, ``None`` for control devices (ctl, uvm...)."""
+        ...
+
+    def close(self) -> None: ...

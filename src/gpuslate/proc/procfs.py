@@ -1,0 +1,206 @@
+"""Host facts about processes, read straight from ``/proc``.
+
+gpuslate runs on Linux hosts with NVIDIA drivers, so it reads ``/proc`` itself
+rather than going through psutil: fewer syscalls per process and no import
+cost on the ``status`` path, which must stay close to the Python floor.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+from typing import NamedTuple
+
+PROC = "/proc"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Containers show up in the cgroup path under a 64-hex-digit id (docker,
+# containerd, cri-o, podman all use it).
+_CONTAINER_RE = re.compile(r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64})")
+
+_boot_time: float | None = None
+_user_cache: dict[int, str] = {}
+
+
+class ProcessId(NamedTuple):
+    """Identity of a process: a PID alone can be reused, (pid, start) cannot."""
+
+    pid: int
+    start_ticks: int  # field 22 of /proc/PID/stat: clock ticks after boot
+
+
+class ProcStat(NamedTuple):
+    pid: int
+    name: str  # comm: the kernel's 15-character process name (the title when set)
+    state: str  # R, S, D (uninterruptible), Z (zombie), T, I ...
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    flags: int
+
+    @property
+    def ident(self) -> ProcessId:
+        return ProcessId(self.pid, self.start_ticks)
+
+    @property
+    def is_kernel_thread(self) -> bool:
+        # PF_KTHREAD; kthreadd (pid 2) and its children
+        return bool(self.flags & 0x00200000) or self.pid == 2 or self.ppid == 2
+
+
+class ProcessInfo(NamedTuple):
+    """Everything gpuslate reports about one host process."""
+
+    pid: int
+    start_ticks: int
+    name: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    uid: int | None
+    user: str | None
+    cmdline: list[str]
+    container: str | None
+    is_kernel_thread: bool
+
+    @property
+    def ident(self) -> ProcessId:
+        return ProcessId(self.pid, self.start_ticks)
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.cmdline) if self.cmdline else f"[{self.name}]"
+
+    @property
+    def started(self) -> float:
+        return ticks_to_epoch(self.start_ticks)
+
+
+def boot_time() -> float:
+    global _boot_time
+    if _boot_time is None:
+        with open(f"{PROC}/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    _boot_time = float(line.split()[1])
+                    break
+            else:  # pragma: no cover - every Linux has btime
+                _boot_time = 0.0
+    return _boot_time
+
+
+def ticks_to_epoch(ticks: int) -> float:
+    return boot_time() + ticks / CLK_TCK
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse ``/proc/PID/stat``; ``None`` when the process does not exist."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    # comm may contain spaces and parentheses: it ends at the LAST ')'
+    lpar = data.find(b"(")
+    rpar = data.rfind(b")")
+    name = data[lpar + 1 : rpar].decode("utf-8", "replace")
+    f = data[rpar + 2 :].split()
+    # f[0] is field 3 (state); field N is f[N - 3]
+    return ProcStat(
+        pid=pid, name=name, state=f[0].decode(), ppid=int(f[1]), pgid=int(f[2]),
+        sid=int(f[3]), flags=int(f[6]), start_ticks=int(f[19]),
+    )
+
+
+def identity(pid: int) -> ProcessId | None:
+    st = read_stat(pid)
+    return st.ident if st else None
+
+
+def is_alive(ident: ProcessId) -> bool:
+    """True while the process with this identity exists and has not exited.
+
+    A zombie has exited: its resources (GPU memory included) are already
+    released, only its exit status waits to be collected.
+    """
+    st = read_stat(ident.pid)
+    return st is not None and st.start_ticks == ident.start_ticks and st.state not in ("Z", "X")
+
+
+def user_name(uid: int) -> str:
+    name = _user_cache.get(uid)
+    if name is None:
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        _user_cache[uid] = name
+    return name
+
+
+def read_cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    # setproctitle-style titles overwrite argv with one string padded by NULs
+    raw = raw.rstrip(b"\0")
+    return [p.decode("utf-8", "replace") for p in raw.split(b"\0")] if raw else []
+
+
+def read_container(pid: int) -> str | None:
+    try:
+        with open(f"{PROC}/{pid}/cgroup", "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = _CONTAINER_RE.search(text)
+    return m.group(1)[:12] if m else None
+
+
+def read_cgroup(pid: int) -> str | None:
+    """The cgroup v2 path of a process (the ``0::`` line), if any."""
+    try:
+        with open(f"{PROC}/{pid}/cgroup", "rb") as f:
+            for line in f:
+                if line.startswith(b"0::"):
+                    return line[3:].strip().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return None
+
+
+def read_info(pid: int) -> ProcessInfo | None:
+    """All host facts for one process; ``None`` if it does not exist (any more)."""
+    st = read_stat(pid)
+    if st is None:
+        return None
+    try:
+        uid: int | None = os.stat(f"{PROC}/{pid}").st_uid
+    except OSError:
+        uid = None
+    return ProcessInfo(
+        pid=pid, start_ticks=st.start_ticks, name=st.name, state=st.state,
+        ppid=st.ppid, pgid=st.pgid, sid=st.sid, uid=uid,
+        user=user_name(uid) if uid is not None else None,
+        cmdline=read_cmdline(pid), container=read_container(pid),
+        is_kernel_thread=st.is_kernel_thread,
+    )
+
+
+def list_pids() -> list[int]:
+    return [int(n) for n in os.listdir(PROC) if n.isdigit()]
+
+
+def children_map() -> dict[int, list[int]]:
+    """ppid -> child pids for every process on the host."""
+    kids: dict[int, list[int]] = {}
+    for pid in list_pids():
+        st = read_stat(pid)
+        if st is not None:
+            kids.setdefault(st.ppid, []).append(pid)
+    return kids

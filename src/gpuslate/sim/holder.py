@@ -1,0 +1,174 @@
+"""``gpuslate sim hold``: real processes that hold simulated GPU memory.
+
+The shapes mirror real model servers: a single process, a launcher with
+tensor-parallel worker processes (``workers``), workers that double-forked
+away from their launcher (``orphan_workers``, like SGLang schedulers that end
+up under PID 1), processes that ignore SIGTERM, renamed processes, and
+monitors that only hold the device open (``memory=0``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import IO, NoReturn
+
+from ..errors import UsageError
+from ..proc.procfs import identity
+from .host import SimHost
+
+
+def set_title(title: str) -> None:
+    """Set the process title the way model servers do (cmdline and comm)."""
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(title)
+    except ImportError:  # fall back to the kernel name only (15 characters)
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def assign(gpus: list[int], memory: int, workers: int) -> list[list[tuple[int, int]]]:
+    """(gpu, bytes) per worker: GPUs round-robin over workers; each GPU holds
+    ``memory`` in total, split evenly when several workers share it."""
+    n = max(workers, 1)
+    plan: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    if n <= len(gpus):
+        for j, g in enumerate(gpus):
+            plan[j % n].append((g, memory))
+        return plan
+    sharers: dict[int, list[int]] = {}
+    for i in range(n):
+        sharers.setdefault(gpus[i % len(gpus)], []).append(i)
+    for g, ws in sharers.items():
+        share, extra = divmod(memory, len(ws))
+        for k, w in enumerate(ws):
+            plan[w].append((g, share + (1 if k < extra else 0)))
+    return plan
+
+
+def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
+    """Open the device files like a CUDA context does and record the memory.
+
+    Returns the open fds, which the caller keeps for its whole life.
+    """
+    fds = [os.open(host.dev / "nvidiactl", os.O_RDONLY), os.open(host.dev / "nvidia-uvm", os.O_RDONLY)]
+    me = identity(os.getpid())
+    assert me is not None
+    for gpu, nbytes in held:
+        fds.append(os.open(host.device_path(gpu), os.O_RDONLY))
+        if nbytes > 0:
+            host.add_record(gpu, me, nbytes)
+    return fds
+
+
+def _sleep_forever() -> NoReturn:
+    while True:
+        signal.pause()
+
+
+def _reap(signum: int, frame: object) -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def hold(
+    host: SimHost,
+    gpus: list[int],
+    memory: int,
+    *,
+    workers: int = 0,
+    orphan_workers: bool = False,
+    ignore_term: bool = False,
+    title: str | None = None,
+    reap: bool = True,
+    out: IO[str] = sys.stdout,
+) -> NoReturn:
+    """Hold ``memory`` bytes on each GPU in ``gpus`` until killed.
+
+    Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
+    all memory is held. ``title`` may contain ``{rank}`` (the worker number).
+    """
+    if not gpus:
+        raise UsageError("no GPUs to hold: pass --gpus")
+    host.check_gpus(gpus)
+    if workers < 0 or workers > 256:
+        raise UsageError(f"invalid --workers {workers}: 0 to 256")
+    if orphan_workers and not workers:
+        raise UsageError("--orphan-workers needs --workers N")
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by every worker
+    if title:
+        set_title(title.replace("{rank}", "launcher") if workers else title.replace("{rank}", "0"))
+
+    if not workers:
+        _keep = _hold_here(host, assign(gpus, memory, 1)[0])
+        _announce(out, [])
+        _sleep_forever()
+
+    if reap:
+        signal.signal(signal.SIGCHLD, _reap)
+    out.flush()
+    r, w = os.pipe()
+    intermediates: list[int] = []
+    for rank, held in enumerate(assign(gpus, memory, workers)):
+        pid = os.fork()
+        if pid == 0:
+            _worker(host, held, rank, r, w, orphan_workers, title)
+        if orphan_workers:
+            intermediates.append(pid)
+    os.close(w)
+    for pid in intermediates:  # the middle process exits at once: collect it
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    pids: list[int] = []
+    with os.fdopen(r) as reports:
+        for line in reports:
+            if line.startswith("error "):
+                print(f"gpuslate sim hold: worker failed: {line[6:].strip()}", file=sys.stderr)
+                os._exit(1)
+            pids.append(int(line))
+            if len(pids) == workers:
+                break
+    if len(pids) != workers:
+        print("gpuslate sim hold: a worker died before holding its memory", file=sys.stderr)
+        os._exit(1)
+    _announce(out, pids)
+    _sleep_forever()
+
+
+def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: int,
+            orphan: bool, title: str | None) -> NoReturn:
+    """Runs in the forked child; never returns into the launcher's code."""
+    try:
+        os.close(r)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if orphan and os.fork() != 0:
+            os._exit(0)  # the grandchild lives on under PID 1 (or a subreaper)
+        if title:
+            set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
+        fds = _hold_here(host, held)
+        os.write(w, f"{os.getpid()}\n".encode())
+        os.close(w)
+    except BaseException as exc:  # report, never fall back into the launcher's stack
+        try:
+            os.write(w, f"error {exc}\n".encode())
+        finally:
+            os._exit(1)
+    del fds
+    _sleep_forever()
+
+
+def _announce(out: IO[str], workers: list[int]) -> None:
+    out.write(json.dumps({"ready": True, "pid": os.getpid(), "workers": workers}) + "\n")
+    out.flush()

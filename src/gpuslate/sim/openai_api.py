@@ -1,0 +1,225 @@
+"""OpenAI wire format for the simulated server: request parsing and response bodies.
+
+Pure functions only, so the HTTP layer stays about timing and connections.
+The shapes follow what SGLang and vLLM return, because their benchmark
+clients (and the OpenAI SDK) are what will talk to the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["completion", "chat"]
+
+# OpenAI's legacy completions endpoint generates 16 tokens when max_tokens is absent.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+_FILLER = (
+    "the quick brown fox jumps over a lazy dog while simulated accelerators "
+    "hum along and batches of tokens stream out in tidy deterministic order"
+).split()
+
+
+class BadRequest(ValueError):
+    """A request body the real engines would answer with 400."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """What one parsed request asks the scheduler for."""
+
+    kind: Kind
+    prompt_tokens: int
+    tokens: int  # how many tokens will actually be generated
+    finish_reason: Literal["length", "stop"]
+    stream: bool
+    include_usage: bool
+
+
+def count_prompt_tokens(text: str) -> int:
+    """The usual ~4 characters per token, rounded up, never below 1."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+def filler_text(start: int, count: int) -> str:
+    """Text of generated tokens ``start .. start+count-1``: one word per token."""
+    words = []
+    for i in range(start, start + count):
+        word = _FILLER[i % len(_FILLER)]
+        words.append(word if i == 0 else " " + word)
+    return "".join(words)
+
+
+def error_body(message: str, *, type_: str = "invalid_request_error",
+               param: str | None = None, code: int | str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def _opt_bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a boolean", name)
+    return value
+
+
+def _opt_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer", name)
+    if value < minimum:
+        raise BadRequest(f"'{name}' must be at least {minimum}, got {value}", name)
+    return value
+
+
+def _completion_prompt_tokens(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return count_prompt_tokens(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return max(1, len(prompt))  # already token ids
+        if len(prompt) == 1:
+            return _completion_prompt_tokens(prompt[0])
+        raise BadRequest("batched prompts (a list of several prompts) are not supported "
+                         "by the simulator; send one request per prompt", "prompt")
+    raise BadRequest("'prompt' must be a string, a list of token ids, or a list "
+                     "holding one of those", "prompt")
+
+
+def _chat_prompt_tokens(messages: Any) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list", "messages")
+    chars = 0
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise BadRequest(f"messages[{i}] must be an object with a string 'role'", "messages")
+        content = msg.get("content")
+        if content is None or isinstance(content, str):
+            chars += len(content or "")
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise BadRequest(f"messages[{i}].content parts must be objects with a 'type'",
+                                     "messages")
+                chars += len(part.get("text") or "") if part["type"] == "text" else 0
+        else:
+            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null",
+                             "messages")
+    return max(1, math.ceil(chars / 4))
+
+
+def parse_request(kind: Kind, body: Any, *, context_length: int,
+                  eos_after_tokens: int) -> GenerationSpec:
+    """Validate a completions or chat body and decide how many tokens it gets."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if kind == "completion":
+        if "prompt" not in body:
+            raise BadRequest("'prompt' is required", "prompt")
+        prompt_tokens = _completion_prompt_tokens(body["prompt"])
+        max_tokens = _opt_int(body, "max_tokens", 1)
+        if max_tokens is None:
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    else:
+        prompt_tokens = _chat_prompt_tokens(body.get("messages"))
+        # Newer OpenAI clients send max_completion_tokens; vLLM prefers it too.
+        max_tokens = _opt_int(body, "max_completion_tokens", 1)
+        if max_tokens is None:
+            max_tokens = _opt_int(body, "max_tokens", 1)
+        if max_tokens is None:
+            max_tokens = max(1, context_length - prompt_tokens)
+    n = _opt_int(body, "n", 1)
+    if n not in (None, 1):
+        raise BadRequest("the simulator supports only n=1", "n")
+    stream = _opt_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    if options and not stream:
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    include_usage = _opt_bool(options or {}, "include_usage")
+    ignore_eos = _opt_bool(body, "ignore_eos")
+    min_tokens = _opt_int(body, "min_tokens", 0) or 0
+    if prompt_tokens + max_tokens > context_length:
+        # Same wording as vLLM, so a dry run fails the way the real one would.
+        raise BadRequest(
+            f"This model's maximum context length is {context_length} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.", "max_tokens")
+    # Without ignore_eos the simulated model "emits EOS" after a fixed length,
+    # so benchmark clients that need exact lengths must send ignore_eos as usual.
+    natural = max(eos_after_tokens, min_tokens)
+    if ignore_eos or max_tokens <= natural:
+        return GenerationSpec(kind, prompt_tokens, max_tokens, "length", stream, include_usage)
+    return GenerationSpec(kind, prompt_tokens, natural, "stop", stream, include_usage)
+
+
+class ResponseBuilder:
+    """Builds the JSON objects of one response, streamed or not."""
+
+    def __init__(self, kind: Kind, model: str) -> None:
+        self.kind = kind
+        self.model = model
+        prefix = "cmpl" if kind == "completion" else "chatcmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.object = "text_completion" if kind == "completion" else "chat.completion"
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created,
+                "model": self.model, "choices": choices}
+
+    @staticmethod
+    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def full(self, text: str, finish_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+        if self.kind == "completion":
+            choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+                                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish_reason}
+        body = self._envelope(self.object, [choice])
+        body["usage"] = usage
+        return body
+
+    def chunk(self, *, text: str | None = None, role: bool = False,
+              finish_reason: str | None = None, with_usage_field: bool = False) -> dict[str, Any]:
+        """One SSE chunk; ``text=None`` with a finish reason makes the closing chunk."""
+        if self.kind == "completion":
+            choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None,
+                                      "finish_reason": finish_reason}
+            body = self._envelope("text_completion", [choice])
+        else:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None or role:
+                delta["content"] = text or ""
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            body = self._envelope("chat.completion.chunk", [choice])
+        if with_usage_field:
+            # OpenAI sends "usage": null on every chunk when include_usage is on.
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        obj = "text_completion" if self.kind == "completion" else "chat.completion.chunk"
+        body = self._envelope(obj, [])
+        body["usage"] = usage
+        return body

@@ -1,0 +1,215 @@
+"""The continuous-batching loop of the simulated server.
+
+One asyncio task plays the GPU: it admits waiting requests into the running
+batch, "runs" a step by sleeping for the modelled step time (divided by the
+time scale), and hands every running request its tokens for that step.
+The HTTP layer only submits requests and reads their token events, so all
+timing lives here and in :mod:`gpuslate.sim.perfmodel`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from .perfmodel import (
+    PerfParams,
+    StepKind,
+    TokenAccumulator,
+    prefill_seconds,
+    step_kind,
+    step_seconds,
+)
+
+# How far the loop may fall behind its modelled clock before it gives up on
+# catching up. Catching up keeps measured throughput true to the model when
+# event-loop overhead is comparable to tiny (time-scaled) step times; the cap
+# stops a long stall (debugger, suspended VM) from turning into a burst.
+_MAX_LAG_SECONDS = 0.05
+
+_ids = itertools.count(1)
+
+
+class SchedulerStopped(Exception):
+    """The scheduler shut down before the request finished."""
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One generation request as the scheduler sees it."""
+
+    prompt_tokens: int
+    max_tokens: int
+    rid: int = field(default_factory=lambda: next(_ids))
+    generated: int = 0
+    cancelled: bool = False
+    # Token counts per step, then None when finished (or on shutdown).
+    events: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    stopped: bool = False
+    accumulator: TokenAccumulator = field(default_factory=TokenAccumulator, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.max_tokens
+
+    async def next_tokens(self) -> int | None:
+        """Tokens produced by the next step for this request; None once finished."""
+        item = await self.events.get()
+        if item is None and self.stopped:
+            raise SchedulerStopped()
+        return item
+
+
+@dataclass
+class Counters:
+    steps: int = 0
+    spec_steps: int = 0
+    baseline_steps: int = 0
+    total_generated_tokens: int = 0
+    total_prompt_tokens: int = 0
+    requests_submitted: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    # Modelled (unscaled) seconds the simulated GPU spent in steps.
+    busy_model_seconds: float = 0.0
+
+
+class BatchScheduler:
+    """Continuous batching over the perf model; run :meth:`run` as one task."""
+
+    def __init__(
+        self,
+        params: PerfParams,
+        *,
+        mode: str,
+        spec_disable_threshold: int | None,
+        max_running_requests: int,
+        time_scale: float,
+    ) -> None:
+        self.params = params
+        self.mode = mode
+        self.spec_disable_threshold = spec_disable_threshold
+        self.max_running_requests = max_running_requests
+        self.time_scale = time_scale
+        self.counters = Counters()
+        self.last_step_batch = 0
+        self.last_step_kind: StepKind | None = None
+        self._waiting: deque[SimRequest] = deque()
+        self._running: list[SimRequest] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, prompt_tokens: int, max_tokens: int) -> SimRequest:
+        if self._closed:
+            raise SchedulerStopped()
+        req = SimRequest(prompt_tokens=max(1, prompt_tokens), max_tokens=max(1, max_tokens))
+        self._waiting.append(req)
+        self.counters.requests_submitted += 1
+        self._wake.set()
+        return req
+
+    def cancel(self, req: SimRequest) -> None:
+        """Drop a request whose client went away; it still counts in its current step."""
+        if req.cancelled or req.finished:
+            return
+        req.cancelled = True
+        self.counters.requests_aborted += 1
+        try:
+            self._waiting.remove(req)
+        except ValueError:
+            pass  # running: removed after the step it is part of
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock: float | None = None  # modelled end of the previous step, None when idle
+        try:
+            while True:
+                if not self._running and not self._waiting:
+                    clock = None  # an idle gap must not be "caught up" afterwards
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                prompt_tokens = self._admit()
+                batch = len(self._running)
+                kind = step_kind(self.mode, batch, self.spec_disable_threshold)
+                model_seconds = step_seconds(kind, batch, self.params)
+                model_seconds += prefill_seconds(prompt_tokens, self.params)
+                now = loop.time()
+                if clock is None or now - clock > _MAX_LAG_SECONDS:
+                    clock = now
+                clock += model_seconds / self.time_scale
+                await asyncio.sleep(max(0.0, clock - now))
+                self._finish_step(kind, batch, model_seconds, prompt_tokens)
+        finally:
+            self._close()
+
+    def _admit(self) -> int:
+        prompt_tokens = 0
+        while self._waiting and len(self._running) < self.max_running_requests:
+            req = self._waiting.popleft()
+            self._running.append(req)
+            prompt_tokens += req.prompt_tokens
+        return prompt_tokens
+
+    def _finish_step(self, kind: StepKind, batch: int, model_seconds: float, prompt_tokens: int) -> None:
+        c = self.counters
+        c.steps += 1
+        if kind == "spec":
+            c.spec_steps += 1
+        else:
+            c.baseline_steps += 1
+        c.busy_model_seconds += model_seconds
+        c.total_prompt_tokens += prompt_tokens
+        self.last_step_batch = batch
+        self.last_step_kind = kind
+        still_running: list[SimRequest] = []
+        for req in self._running:
+            if req.cancelled:
+                continue
+            n = min(req.accumulator.take(kind, self.params), req.max_tokens - req.generated)
+            req.generated += n
+            c.total_generated_tokens += n
+            req.events.put_nowait(n)
+            if req.finished:
+                c.requests_finished += 1
+                req.events.put_nowait(None)
+            else:
+                still_running.append(req)
+        self._running = still_running
+
+    def _close(self) -> None:
+        # Wake every waiting handler so none hangs on a scheduler that is gone.
+        self._closed = True
+        for req in [*self._running, *self._waiting]:
+            req.stopped = True
+            req.events.put_nowait(None)
+        self._running.clear()
+        self._waiting.clear()
+
+    def snapshot(self) -> dict[str, object]:
+        c = self.counters
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "last_step_batch": self.last_step_batch,
+            "last_step_kind": self.last_step_kind,
+            "steps": c.steps,
+            "spec_steps": c.spec_steps,
+            "baseline_steps": c.baseline_steps,
+            "total_generated_tokens": c.total_generated_tokens,
+            "total_prompt_tokens": c.total_prompt_tokens,
+            "requests_submitted": c.requests_submitted,
+            "requests_finished": c.requests_finished,
+            "requests_aborted": c.requests_aborted,
+            "busy_model_seconds": round(c.busy_model_seconds, 6),
+        }

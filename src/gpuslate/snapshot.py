@@ -1,0 +1,177 @@
+"""Discovery: every GPU, and every process that holds it, joined with host facts.
+
+A snapshot merges two sources: the driver's own process list (processes with
+GPU contexts and memory) and a scan of ``/proc/*/fd`` (processes that merely
+hold a device file open: monitors, the persistence daemon, MPS control).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, NamedTuple, Sequence
+
+from .errors import UsageError
+from .gpu.types import GpuBackend, GpuReading, MemoryInfo
+from .proc.fdscan import scan_device_holders
+from .proc.procfs import ProcessInfo, read_info, ticks_to_epoch
+from .proc.tree import ProcTable
+
+SCHEMA = "gpuslate.status.v1"
+
+
+class HolderProcess(NamedTuple):
+    """A process holding a GPU: what the driver says plus what the host says."""
+
+    pid: int
+    kind: str  # compute | graphics | mps | handle
+    used_memory: int | None
+    start_ticks: int | None  # with pid, the process identity; None if not visible
+    user: str | None
+    uid: int | None
+    name: str | None  # kernel process name; the title when one was set
+    command: str | None
+    ppid: int | None
+    pgid: int | None
+    sid: int | None
+    root_pid: int
+    state: str | None
+    container: str | None
+    visible: bool  # False: the driver names a pid this host's /proc does not show
+
+    @property
+    def started(self) -> float | None:
+        return ticks_to_epoch(self.start_ticks) if self.start_ticks is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid, "start_ticks": self.start_ticks, "kind": self.kind,
+            "used_memory": self.used_memory, "user": self.user, "uid": self.uid,
+            "name": self.name, "command": self.command,
+            "started": iso_time(self.started) if self.started is not None else None,
+            "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
+            "state": self.state, "container": self.container, "visible": self.visible,
+        }
+
+
+class GpuState(NamedTuple):
+    reading: GpuReading
+    processes: list[HolderProcess]
+
+    @property
+    def index(self) -> int:
+        return self.reading.index
+
+    @property
+    def memory(self) -> MemoryInfo | None:
+        return self.reading.memory
+
+    @property
+    def error(self) -> str | None:
+        return self.reading.error
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.reading
+        return {
+            "index": r.index, "uuid": r.uuid, "name": r.name,
+            "memory": r.memory._asdict() if r.memory is not None else None,
+            "utilization_pct": r.utilization_pct, "temperature_c": r.temperature_c,
+            "power_w": r.power_w, "power_limit_w": r.power_limit_w, "pstate": r.pstate,
+            "error": r.error,
+            "processes": [p.to_json() for p in self.processes],
+        }
+
+
+class Snapshot(NamedTuple):
+    host: str
+    backend: str
+    driver_version: str | None
+    taken_at: float
+    gpus: list[GpuState]
+    host_processes: list[HolderProcess]  # hold only control devices (nvidiactl, uvm)
+    warnings: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "host": self.host, "backend": self.backend,
+            "driver_version": self.driver_version, "taken_at": iso_time(self.taken_at),
+            "gpus": [g.to_json() for g in self.gpus],
+            "host_processes": [p.to_json() for p in self.host_processes],
+            "warnings": self.warnings,
+        }
+
+
+def iso_time(epoch: float) -> str:
+    """UTC ISO-8601 with milliseconds (no datetime import on the hot path)."""
+    ms = int(round((epoch % 1) * 1000))
+    if ms == 1000:
+        epoch, ms = epoch + 1, 0
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{ms:03d}Z"
+
+
+def resolve_gpus(backend: GpuBackend, gpus: Sequence[int] | None) -> list[int]:
+    """Validate a GPU selection against the host; ``None`` means all GPUs."""
+    count = backend.device_count()
+    if gpus is None:
+        return list(range(count))
+    bad = [g for g in gpus if g < 0 or g >= count]
+    if bad:
+        raise UsageError(
+            f"GPU {bad[0]} does not exist: this host has {count} GPU{'s' if count != 1 else ''}"
+            + (f" (0-{count - 1})" if count else "")
+        )
+    return sorted(set(gpus))
+
+
+def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, full: bool = True) -> Snapshot:
+    """Read the selected GPUs and every process that holds them."""
+    taken_at = time.time()
+    indices = resolve_gpus(backend, gpus)
+    readings = backend.read(indices, full=full)
+    scan = scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()}))
+    table = ProcTable()
+    infos: dict[int, ProcessInfo | None] = {}
+
+    def holder(pid: int, kind: str, used: int | None) -> HolderProcess:
+        if pid not in infos:
+            infos[pid] = read_info(pid)
+        info = infos[pid]
+        if info is None:
+            return HolderProcess(pid, kind, used, None, None, None, None, None, None, None, None,
+                                 pid, None, None, False)
+        return HolderProcess(
+            pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
+            info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
+        )
+
+    # which GPUs each fd holder holds; holders of control devices only are host-level
+    handle_gpus: dict[int, set[int]] = {}
+    control_only: list[int] = []
+    for pid, paths in scan.holders.items():
+        idx = {g for g in (backend.gpu_for_path(p) for p in paths) if g is not None}
+        if idx:
+            handle_gpus[pid] = idx
+        else:
+            control_only.append(pid)
+
+    states: list[GpuState] = []
+    for r in readings:
+        procs = [holder(p.pid, p.kind, p.used_memory) for p in (r.processes or [])]
+        listed = {p.pid for p in procs}
+        procs += [holder(pid, "handle", None) for pid, g in sorted(handle_gpus.items())
+                  if r.index in g and pid not in listed]
+        states.append(GpuState(r, procs))
+
+    warnings: list[str] = []
+    if scan.unreadable:
+        warnings.append(
+            f"{len(scan.unreadable)} processes could not be inspected (permission denied): "
+            "device-handle holders among them are not shown; run as root for the full picture"
+        )
+    return Snapshot(
+        host=socket.gethostname(), backend=backend.name, driver_version=backend.driver_version(),
+        taken_at=taken_at, gpus=states,
+        host_processes=[holder(pid, "handle", None) for pid in sorted(control_only)],
+        warnings=warnings,
+    )
