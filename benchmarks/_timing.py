@@ -1,0 +1,54 @@
+"""Side-by-side timing of whole commands: interleaved rounds, medians, ratios."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from typing import Sequence
+
+
+def time_commands(commands: dict[str, Sequence[str]], rounds: int, env: dict[str, str] | None = None,
+                  warmup: int = 2) -> dict[str, list[float]]:
+    """Run every command once per round, in a rotating order, and return wall times in ms.
+
+    Interleaving puts each tool under the same conditions (page cache, clocks,
+    background load) instead of timing one tool's run after another's.
+    """
+    names = list(commands)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            t0 = time.perf_counter()
+            p = subprocess.run(commands[n], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=env or dict(os.environ))
+            dt = (time.perf_counter() - t0) * 1000
+            if p.returncode != 0:
+                raise RuntimeError(f"{n} failed ({p.returncode}): {p.stderr.decode()[-500:]}")
+            if r >= warmup:
+                times[n].append(dt)
+    return times
+
+
+def summarize(times: dict[str, list[float]], reference: str) -> list[dict[str, float | str]]:
+    ref = statistics.median(times[reference])
+    rows = []
+    for n, ts in times.items():
+        med = statistics.median(ts)
+        rows.append({"command": n, "median_ms": round(med, 1), "p10_ms": round(_pct(ts, 10), 1),
+                     "p90_ms": round(_pct(ts, 90), 1), "runs": len(ts), f"x_{reference}": round(med / ref, 2)})
+    return rows
+
+
+def _pct(ts: list[float], p: int) -> float:
+    s = sorted(ts)
+    return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))]
+
+
+def markdown(rows: list[dict[str, float | str]]) -> str:
+    keys = list(rows[0])
+    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    out += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(out)

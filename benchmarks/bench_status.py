@@ -1,0 +1,80 @@
+"""`gpuslate status --json` against the tools it is compared with, side by side.
+
+    python3 benchmarks/bench_status.py [--rounds 20] [--out results.json] [--hold-gib 8]
+
+Run on a GPU host with nvitop and gpustat importable (see README "Benchmarks").
+A torch process holding memory is started first so every tool has a process
+to report; it is the only process this script starts on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _timing import markdown, summarize, time_commands  # noqa: E402
+
+HOLDER = r"""
+import sys, torch
+x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+print("ready", flush=True); sys.stdin.read()
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--hold-gib", type=float, default=8)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    py = sys.executable
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.pop("GPUSLATE_SIM", None)
+    holder = None
+    if a.hold_gib > 0:
+        holder = subprocess.Popen([py, "-c", HOLDER, str(int(a.hold_gib * 2**30))], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        select.select([holder.stdout], [], [], 120)
+        assert holder.stdout.readline().strip() == "ready"
+    commands = {
+        "python -c pass": [py, "-c", "pass"],
+        "python: import pynvml; nvmlInit() (floor)": [py, "-c", "import pynvml; pynvml.nvmlInit()"],
+        "gpuslate status --json": [py, "-m", "gpuslate", "status", "--json"],
+        "gpuslate status (table)": [py, "-m", "gpuslate", "status"],
+        "nvidia-smi": ["nvidia-smi"],
+        "nvitop --once": [py, "-m", "nvitop", "--once"],
+        "gpustat --json": [py, "-m", "gpustat", "--json"],
+    }
+    try:
+        times = time_commands(commands, a.rounds, env)
+    finally:
+        if holder:
+            holder.kill()
+            holder.wait()
+    rows = summarize(times, "python: import pynvml; nvmlInit() (floor)")
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+            "python": platform.python_version(), "rounds": a.rounds, "held_gib": a.hold_gib,
+            "command": "python3 benchmarks/bench_status.py " + " ".join(sys.argv[1:])}
+    try:
+        meta["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    print(json.dumps(meta))
+    print(markdown(rows))
+    if a.out:
+        Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows, "times_ms": times}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

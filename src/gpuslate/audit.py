@@ -1,0 +1,259 @@
+"""The audit log: one JSON line for every signal gpuslate sends, and one for its outcome.
+
+The signal line is on disk (fsync) before the signal goes out, so even a run
+killed between the two leaves a record; such an entry reads back with
+``"outcome": None``.
+
+Several gpuslate processes may append to one file at once. Each entry is one
+complete line written by one ``os.write`` on an ``O_APPEND`` descriptor while
+holding ``flock``, so lines never interleave. A reader takes no lock: it skips
+a line it cannot parse (a torn write from a crashed writer, or one in flight).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import PermissionDenied
+
+OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "error")
+
+_BLOCK = 64 * 1024
+
+
+def new_run_id() -> str:
+    """A run id that sorts by start time and is unique across hosts and processes."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(4).hex()
+
+
+def _new_entry_id() -> str:
+    return os.urandom(8).hex()
+
+
+class AuditLog:
+    """Append-only JSON-lines log of signals, by default ``state_dir()/audit.jsonl``."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        if path is None:
+            from .state import state_dir
+
+            path = state_dir() / "audit.jsonl"
+        self.path = Path(path)
+        self._actor: dict[str, Any] | None = None
+        self._host: str | None = None
+
+    # -- writing ---------------------------------------------------------------
+
+    def before_signal(self, *, run_id: str, action: str, signal: str, target: dict[str, Any],
+                      reason: str | None = None) -> str:
+        """Record a signal about to be sent; durable on disk when this returns.
+
+        Returns the entry id to pass to :meth:`outcome`. Raises
+        :class:`PermissionDenied` when the entry cannot be written: the caller
+        must then not send the signal.
+        """
+        entry_id = _new_entry_id()
+        self._append(lambda now: {
+            "event": "signal", "id": entry_id, "run_id": run_id, "action": action,
+            "time": now, "host": self._hostname(), "actor": self._actor_info(),
+            "signal": signal, "target": target, "reason": reason,
+        }, durable=True)
+        return entry_id
+
+    def outcome(self, entry_id: str, outcome: str, detail: str | None = None) -> None:
+        """Record what became of a signal recorded by :meth:`before_signal`."""
+        if outcome not in OUTCOMES:
+            from .errors import UsageError
+
+            raise UsageError(f"invalid audit outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
+        # No fsync of its own: losing it to a power cut reads back as "interrupted",
+        # which is honest, and the next before_signal's fsync flushes it anyway.
+        self._append(lambda now: {"event": "outcome", "id": entry_id, "time": now,
+                                  "outcome": outcome, "detail": detail}, durable=False)
+
+    def _append(self, make: Any, *, durable: bool) -> None:
+        from .snapshot import iso_time
+
+        created = not self.path.exists()
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise self._error("open", exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # The time is taken under the lock so that file order is time order,
+            # which lets read(since=...) stop at the first older entry.
+            line = json.dumps(make(iso_time(time.time())), separators=(",", ":"), default=str)
+            data = (line + "\n").encode("utf-8", "backslashreplace")
+            # A writer that died mid-line left no newline: start on a fresh line
+            # so that the torn fragment does not swallow this entry too.
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data
+            _write_all(fd, data)
+            if durable:
+                os.fsync(fd)
+                if created:  # the new file's name must survive a crash too
+                    _fsync_dir(self.path.parent)
+        except OSError as exc:
+            raise self._error("write", exc) from None
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def _error(self, verb: str, exc: OSError) -> PermissionDenied:
+        return PermissionDenied(f"cannot {verb} the audit log {self.path}: {exc.strerror or exc}",
+                                hint="no signal was sent; set GPUSLATE_STATE_DIR to a writable directory")
+
+    def _hostname(self) -> str:
+        if self._host is None:
+            self._host = socket.gethostname()
+        return self._host
+
+    def _actor_info(self) -> dict[str, Any]:
+        if self._actor is None:
+            from .proc.procfs import user_name
+
+            uid = os.getuid()
+            self._actor = {
+                "user": user_name(uid), "uid": uid, "pid": os.getpid(),
+                "command": list(sys.argv),
+                # root via sudo: who really asked for it
+                "sudo_user": os.environ.get("SUDO_USER") if uid == 0 else None,
+            }
+        # pid may change if the caller forked after the first entry
+        return {**self._actor, "pid": os.getpid()}
+
+    # -- reading ---------------------------------------------------------------
+
+    def read(self, *, limit: int | None = None, since: float | None = None) -> list[dict[str, Any]]:
+        """Signal entries, oldest first, each merged with its outcome.
+
+        Merged keys: ``outcome`` (``None`` when the run was interrupted before
+        recording one), ``outcome_time`` and ``outcome_detail``. ``limit``
+        keeps the newest N; ``since`` (epoch seconds) keeps entries at or
+        after that time. With either, the file is read backwards from its end
+        and only as far as needed.
+        """
+        if limit is not None and limit <= 0:
+            return []
+        since_iso: str | None = None
+        if since is not None:
+            from .snapshot import iso_time
+
+            since_iso = iso_time(since)
+        try:
+            with open(self.path, "rb") as f:
+                if limit is None and since_iso is None:
+                    return _merge_forward(f)
+                return _merge_backward(f, limit, since_iso)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise PermissionDenied(f"cannot read the audit log {self.path}: {exc.strerror or exc}") from None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # One write in practice; a short write (disk nearly full) continues under the
+    # same flock, so the line still cannot interleave with another writer's.
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the entry itself is synced
+    finally:
+        os.close(dfd)
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(line)
+    except ValueError:  # torn or garbage line (UnicodeDecodeError is a ValueError)
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+        return None
+    return doc
+
+
+def _merged(entry: dict[str, Any], out: dict[str, Any] | None) -> dict[str, Any]:
+    return {**entry,
+            "outcome": out.get("outcome") if out else None,
+            "outcome_time": out.get("time") if out else None,
+            "outcome_detail": out.get("detail") if out else None}
+
+
+def _merge_forward(f: Any) -> list[dict[str, Any]]:
+    lines = f.read().split(b"\n")
+    lines.pop()  # after the last newline: empty, or a line still being written
+    signals: list[dict[str, Any]] = []
+    outcomes: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        doc = _parse(line)
+        if doc is None:
+            continue
+        event = doc.get("event")
+        if event == "signal":
+            signals.append(doc)
+        elif event == "outcome":
+            outcomes[doc["id"]] = doc  # the last one recorded wins
+    return [_merged(e, outcomes.get(e["id"])) for e in signals]
+
+
+def _merge_backward(f: Any, limit: int | None, since_iso: str | None) -> list[dict[str, Any]]:
+    # An outcome is always written after its signal, so walking backwards meets
+    # it first; the first outcome met for an id is the last one recorded.
+    newest_first: list[dict[str, Any]] = []
+    outcomes: dict[str, dict[str, Any]] = {}
+    for line in _lines_backward(f):
+        doc = _parse(line)
+        if doc is None:
+            continue
+        event = doc.get("event")
+        if event == "outcome":
+            outcomes.setdefault(doc["id"], doc)
+        elif event == "signal":
+            if since_iso is not None and str(doc.get("time", "")) < since_iso:
+                break  # file order is time order (times are taken under the write lock)
+            newest_first.append(_merged(doc, outcomes.pop(doc["id"], None)))
+            if limit is not None and len(newest_first) >= limit:
+                break
+    newest_first.reverse()
+    return newest_first
+
+
+def _lines_backward(f: Any) -> Iterator[bytes]:
+    """Complete lines from the end of the file to its start (without newlines)."""
+    pos = f.seek(0, os.SEEK_END)
+    tail = b""
+    at_end = True  # still inside the piece after the last newline: skipped
+    while pos > 0:
+        step = min(_BLOCK, pos)
+        pos -= step
+        f.seek(pos)
+        parts = (f.read(step) + tail).split(b"\n")
+        tail = parts.pop(0)  # may continue in the previous block
+        if at_end:
+            if not parts:  # no newline yet: all of it belongs to the skipped piece
+                tail = b""
+                continue
+            parts.pop()  # empty, or a line still being written
+            at_end = False
+        yield from reversed(parts)
+    if tail and not at_end:
+        yield tail

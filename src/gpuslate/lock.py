@@ -1,0 +1,306 @@
+"""The host lock: one ``clear``/``up``/``swap`` at a time on a host, whoever runs it.
+
+It is an ``flock`` on a file in a folder every user of the host can write, so
+the kernel releases it the moment a holder dies, however it dies. Next to the
+lock file the holder keeps ``<lock>.holder`` (pid, user, purpose, since) so a
+waiter can say whom it waits for; that file is only ever advice, the flock
+alone decides.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import GpuslateError, NotDoneError, PermissionDenied
+
+SYSTEM_LOCK_DIR = Path("/run/lock/gpuslate")
+TEMP_LOCK_DIR_NAME = "gpuslate-locks"
+
+_POLL_MIN = 0.02  # seconds between tries while waiting, growing to _POLL_MAX
+_POLL_MAX = 0.05
+_HOLDER_SETTLE = 0.2  # how long a waiter gives a new holder to write its .holder file
+
+
+def default_lock_dir(sim_root: str | None) -> Path:
+    """``$GPUSLATE_LOCK_DIR``; ``SIM_ROOT/locks`` for a simulated host; else
+    ``/run/lock/gpuslate`` when usable, else ``<tmp>/gpuslate-locks``.
+
+    Folders outside the simulated host are shared by every user, so they are
+    created world-writable and sticky (0o1777), like ``/tmp``.
+    """
+    env = os.environ.get("GPUSLATE_LOCK_DIR")
+    if env:
+        path = Path(env).expanduser()
+        _make_dir(path, shared=not _is_under(path, sim_root))
+        return path
+    if sim_root:
+        path = Path(sim_root) / "locks"
+        _make_dir(path, shared=False)
+        return path
+    try:
+        _make_dir(SYSTEM_LOCK_DIR, shared=True)
+        if os.access(SYSTEM_LOCK_DIR, os.W_OK | os.X_OK):
+            return SYSTEM_LOCK_DIR
+    except PermissionDenied:
+        pass  # e.g. /run/lock is root-only on this distribution
+    path = Path(tempfile.gettempdir()) / TEMP_LOCK_DIR_NAME
+    _make_dir(path, shared=True)
+    return path
+
+
+def _is_under(path: Path, root: str | None) -> bool:
+    if not root:
+        return False
+    try:
+        path.resolve().relative_to(Path(root).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _make_dir(path: Path, *, shared: bool) -> None:
+    try:
+        path.mkdir(mode=0o1777 if shared else 0o777, parents=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise PermissionDenied(f"cannot use lock directory {path}: it exists and is not a directory") from None
+        return  # someone else's: its mode is theirs to choose
+    except OSError as exc:
+        raise PermissionDenied(f"cannot create lock directory {path}: {exc.strerror or exc}",
+                               hint="set GPUSLATE_LOCK_DIR to a directory every gpuslate user can write") from None
+    if shared:
+        try:
+            os.chmod(path, 0o1777)  # explicit: the umask must not shut other users out
+        except OSError as exc:
+            raise PermissionDenied(f"cannot make lock directory {path} shared: {exc.strerror or exc}") from None
+
+
+class HostLock:
+    """An exclusive lock on one host, with who holds it for whoever waits."""
+
+    def __init__(self, path: Path, *, purpose: str) -> None:
+        self.path = Path(path)
+        self.holder_path = self.path.with_name(self.path.name + ".holder")
+        self.purpose = purpose
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float | None = None, on_wait: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Take the lock, waiting up to ``timeout`` seconds (``None``: for ever).
+
+        When another run holds it, ``on_wait`` is called once with the holder's
+        ``{"pid", "user", "purpose", "since"}`` (values ``None`` when unknown)
+        before waiting. Raises :class:`NotDoneError` when the time runs out.
+        """
+        if self._fd is not None:
+            raise GpuslateError(f"the host lock {self.path} is already held by this process")
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        fd = _open_shared(self.path)
+        try:
+            if not _try_lock(fd, self.path):
+                info = self._wait_for_holder(fd, deadline)
+                if info is not None:  # acquired while waiting for the holder to show itself
+                    if on_wait is not None:
+                        on_wait(info)
+                    self._wait(fd, deadline)
+            self._fd = fd
+            self._write_holder()
+        except BaseException:
+            if self._fd is None:
+                os.close(fd)
+            else:
+                self.release()
+            raise
+
+    def release(self) -> None:
+        """Let go of the lock (no-op when not held)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            # clear the advice first: once unlocked, the file is the next holder's
+            _truncate_holder(self.holder_path)
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def __enter__(self) -> HostLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # -- waiting ---------------------------------------------------------------
+
+    def _wait_for_holder(self, fd: int, deadline: float | None) -> dict[str, Any] | None:
+        """The live holder's info; ``None`` if the lock was acquired meanwhile.
+
+        A new holder writes its file just after taking the lock, and a dead
+        one leaves a stale file behind, so give a fresh holder a moment.
+        """
+        settle = time.monotonic() + _HOLDER_SETTLE
+        while True:
+            info = read_holder(self.holder_path)
+            if info["pid"] is not None:
+                return info
+            now = time.monotonic()
+            if now >= settle or (deadline is not None and now >= deadline):
+                return info
+            time.sleep(_POLL_MIN)
+            if _try_lock(fd, self.path):
+                return None
+
+    def _wait(self, fd: int, deadline: float | None) -> None:
+        # Polling rather than a blocking flock: a blocking call cannot be given a
+        # timeout without signals or a thread that could not be called back.
+        interval = _POLL_MIN
+        while True:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._busy_error()
+                time.sleep(min(interval, left))
+            else:
+                time.sleep(interval)
+            if _try_lock(fd, self.path):
+                return
+            interval = min(interval * 1.5, _POLL_MAX)
+
+    def _busy_error(self) -> NotDoneError:
+        info = read_holder(self.holder_path)
+        if info["pid"] is None:
+            who = "holder unknown"
+        else:
+            who = f"pid {info['pid']}, user {info['user'] or '?'}, since {info['since'] or '?'}"
+        return NotDoneError(f"another gpuslate run holds the host lock: {info['purpose'] or 'unknown purpose'} ({who})",
+                            hint=f"lock file: {self.path}")
+
+    # -- the holder file -------------------------------------------------------
+
+    def _write_holder(self) -> None:
+        from .proc.procfs import identity, user_name
+        from .snapshot import iso_time
+
+        pid = os.getpid()
+        ident = identity(pid)
+        doc = {"pid": pid, "start_ticks": ident.start_ticks if ident else None,
+               "user": user_name(os.getuid()), "purpose": self.purpose, "since": iso_time(time.time())}
+        try:
+            fd = _open_shared(self.holder_path, write=True)
+        except PermissionDenied:
+            return  # only advice: never fail a run because of it
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(doc).encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def read_holder(path: Path) -> dict[str, Any]:
+    """What a ``.holder`` file says, if its process is still alive; else all ``None``."""
+    unknown: dict[str, Any] = {"pid": None, "user": None, "purpose": None, "since": None}
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return unknown
+    if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not _alive(doc["pid"], doc.get("start_ticks")):
+        return unknown
+    return {k: doc.get(k) for k in unknown}
+
+
+def _alive(pid: int, start_ticks: object) -> bool:
+    from .proc.procfs import read_stat
+
+    if pid <= 0:
+        return False
+    st = read_stat(pid)
+    if st is None:
+        # another pid namespace (a container sharing the lock folder): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if st.state in ("Z", "X"):
+        return False
+    # the same pid with another start time is a different process
+    return not isinstance(start_ticks, int) or st.start_ticks == start_ticks
+
+
+def _try_lock(fd: int, path: Path) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise PermissionDenied(f"cannot lock {path}: {exc.strerror or exc}") from None
+    return True
+
+
+def _open_shared(path: Path, *, write: bool = False) -> int:
+    """Open (creating, mode 0o666) a file other users of the host must also open.
+
+    Never ``O_CREAT`` on an existing file: in a sticky world-writable folder,
+    ``fs.protected_regular`` refuses that for files another user owns.
+    """
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC  # CLOEXEC: servers we start must not inherit the lock
+    for _ in range(3):
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            pass
+        except PermissionError:
+            if write:
+                break
+            try:  # a file made read-only by someone: flock works on a read-only descriptor too
+                return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                raise _open_error(path, exc) from None
+        except OSError as exc:
+            raise _open_error(path, exc) from None
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue  # another process created it first: open theirs
+        except OSError as exc:
+            raise _open_error(path, exc) from None
+        os.fchmod(fd, 0o666)  # the umask must not keep other users out
+        return fd
+    raise PermissionDenied(f"cannot open the host lock {path}: permission denied")
+
+
+def _open_error(path: Path, exc: OSError) -> PermissionDenied:
+    if exc.errno == errno.ELOOP:
+        return PermissionDenied(f"cannot open the host lock {path}: it is a symbolic link")
+    return PermissionDenied(f"cannot open the host lock {path}: {exc.strerror or exc}",
+                            hint="set GPUSLATE_LOCK_DIR to a directory every gpuslate user can write")
+
+
+def _truncate_holder(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

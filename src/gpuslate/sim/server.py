@@ -1,0 +1,331 @@
+"""``gpuslate sim serve``: a simulated OpenAI-compatible inference server.
+
+It stands in for SGLang/vLLM on machines without GPUs: it binds its port at
+once, answers 503 while "loading", logs SGLang's readiness line, and then
+generates filler text at the speed the performance model
+(:mod:`gpuslate.sim.perfmodel`) gives for the current batch. The endpoints
+and the model are documented in ``docs/sim-server.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from aiohttp import web
+
+from .openai_api import (
+    BadRequest,
+    GenerationSpec,
+    Kind,
+    ResponseBuilder,
+    error_body,
+    filler_text,
+    parse_request,
+)
+from .scheduler import BatchScheduler, SchedulerStopped, SimRequest
+# Re-exported: the CLI wires `sim serve` through this module.
+from .serverconfig import ServerConfig, add_arguments, config_from_args
+
+__all__ = [
+    "ServerConfig", "SimServer", "add_arguments", "config_from_args", "create_app",
+    "run_server", "serving", "READY_LINE",
+]
+
+LOG_PREFIX = "[sim-serve]"
+READY_LINE = "The server is fired up and ready to roll!"  # SGLang's, verbatim
+HEALTH_GENERATE_TIMEOUT = 20.0  # seconds, like SGLang's health_generate
+
+Log = Callable[[str], None]
+
+
+def _stderr_log(line: str) -> None:
+    # Looked up per call so test capture and redirected stderr both work.
+    print(line, file=sys.stderr, flush=True)
+
+
+class SimServer:
+    """State and HTTP handlers of one simulated server."""
+
+    def __init__(self, config: ServerConfig, *, worker_pids: Sequence[int] = (),
+                 log: Log | None = None) -> None:
+        self.config = config
+        self.worker_pids = list(worker_pids)
+        self._log_line = log or _stderr_log
+        self.scheduler = BatchScheduler(
+            config.perf, mode=config.mode, spec_disable_threshold=config.spec_disable_threshold,
+            max_running_requests=config.max_running_requests, time_scale=config.time_scale)
+        self.status = "starting"  # -> "ready" | "failed"
+        self.started_at = time.time()
+        self.ready_at: float | None = None
+        self.startup_done = asyncio.Event()
+        self.url = ""
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def log(self, message: str) -> None:
+        self._log_line(f"{LOG_PREFIX} {message}")
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.started_at = time.time()
+        self._tasks = [asyncio.create_task(self.scheduler.run()), asyncio.create_task(self._load())]
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        # Before aiohttp waits for open handlers: stopping the scheduler wakes them.
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with suppress(asyncio.CancelledError):
+                await task
+
+    async def _load(self) -> None:
+        c = self.config
+        total = c.startup_seconds / c.time_scale
+        phases = (
+            (0.10, "initializing distributed environment (tp=1, simulated)"),
+            (0.50, f"loading weights of {c.model} ..."),
+            (0.25, "capturing cuda graphs (simulated) ..."),
+            (0.15, "warming up ..."),
+        )
+        for share, message in phases:
+            self.log(message)
+            if c.fail_startup and message.startswith("loading weights"):
+                await asyncio.sleep(total * share / 2)
+                self._crash()
+                return
+            await asyncio.sleep(total * share)
+        self.status = "ready"
+        self.ready_at = time.time()
+        self.log("Application startup complete.")  # vLLM's (uvicorn's) readiness line
+        self.log(READY_LINE)
+        self.startup_done.set()
+
+    def _crash(self) -> None:
+        # Shaped like a real load failure so log scrapers and humans see the usual thing.
+        for line in (
+            "Traceback (most recent call last):",
+            '  File "sglang/srt/model_executor/model_runner.py", line 412, in load_model',
+            "    self.model = get_model(model_config=self.model_config, load_config=self.load_config)",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.19 GiB of which 1.06 GiB is free. (simulated by --fail-startup)",
+        ):
+            self._log_line(line)
+        self.log("ERROR: scheduler process died during startup; exiting with code 1")
+        self.status = "failed"
+        self.startup_done.set()
+
+    # -- handlers ----------------------------------------------------------
+
+    def _not_ready(self) -> web.Response | None:
+        if self.status == "ready":
+            return None
+        msg = "the server is starting up" if self.status == "starting" else "the server failed to start"
+        return web.json_response(error_body(msg, type_="service_unavailable", code=503), status=503)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return self._not_ready() or web.Response(status=200)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        if (resp := self._not_ready()) is not None:
+            return resp
+        req = self.scheduler.submit(prompt_tokens=1, max_tokens=1)
+        async def drain() -> None:
+            while await req.next_tokens() is not None:
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), HEALTH_GENERATE_TIMEOUT)
+        except (asyncio.TimeoutError, SchedulerStopped):
+            return web.Response(status=503)
+        finally:
+            self.scheduler.cancel(req)
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        if (resp := self._not_ready()) is not None:
+            return resp
+        c = self.config
+        return web.json_response({"object": "list", "data": [{
+            "id": c.model, "object": "model", "created": int(self.started_at),
+            "owned_by": "gpuslate-sim", "root": c.model, "max_model_len": c.context_length}]})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        c = self.config
+        return web.json_response({
+            "simulated": True, "status": self.status, "model": c.model, "served_model_name": c.model,
+            "mode": c.mode, "spec_disable_threshold": c.spec_disable_threshold,
+            "accept_length": c.perf.accept_length, "time_scale": c.time_scale,
+            "max_running_requests": c.max_running_requests, "context_length": c.context_length,
+            "eos_after_tokens": c.eos_after_tokens, "startup_seconds": c.startup_seconds,
+            "perf": c.perf.as_dict(), "pid": os.getpid(), "worker_pids": self.worker_pids,
+            "started_at": self.started_at, "ready_at": self.ready_at,
+            "counters": self.scheduler.snapshot(),
+        })
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        if (resp := self._not_ready()) is not None:
+            return resp
+        try:
+            try:
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise BadRequest(f"request body is not valid JSON: {exc}") from None
+            spec = parse_request(kind, body, context_length=self.config.context_length,
+                                 eos_after_tokens=self.config.eos_after_tokens)
+        except BadRequest as exc:
+            return web.json_response(error_body(exc.message, param=exc.param, code=400), status=400)
+        try:
+            req = self.scheduler.submit(spec.prompt_tokens, spec.tokens)
+        except SchedulerStopped:
+            return self._shutting_down()
+        builder = ResponseBuilder(kind, self.config.model)
+        # finally: a client that hangs up (handler cancelled or write failed)
+        # frees its batch slot, as the real engines abort such requests.
+        try:
+            if spec.stream:
+                return await self._stream(request, req, spec, builder)
+            try:
+                while await req.next_tokens() is not None:
+                    pass
+            except SchedulerStopped:
+                return self._shutting_down()
+            usage = builder.usage(spec.prompt_tokens, req.generated)
+            text = filler_text(0, req.generated)
+            return web.json_response(builder.full(text, spec.finish_reason, usage))
+        finally:
+            self.scheduler.cancel(req)
+
+    async def _stream(self, request: web.Request, req: SimRequest, spec: GenerationSpec,
+                      builder: ResponseBuilder) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def send(obj: dict[str, Any] | str) -> None:
+            payload = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+            await resp.write(f"data: {payload}\n\n".encode())
+
+        usage_field = spec.include_usage
+        if builder.kind == "chat":
+            await send(builder.chunk(role=True, with_usage_field=usage_field))
+        sent = 0
+        try:
+            while (n := await req.next_tokens()) is not None:
+                await send(builder.chunk(text=filler_text(sent, n), with_usage_field=usage_field))
+                sent += n
+        except SchedulerStopped:
+            await send(error_body("the server is shutting down", type_="service_unavailable", code=503))
+            return resp
+        await send(builder.chunk(finish_reason=spec.finish_reason, with_usage_field=usage_field))
+        if spec.include_usage:
+            await send(builder.usage_chunk(builder.usage(spec.prompt_tokens, sent)))
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _shutting_down() -> web.Response:
+        return web.json_response(error_body("the server is shutting down",
+                                            type_="service_unavailable", code=503), status=503)
+
+
+SIM_KEY = web.AppKey("gpuslate_sim_server", SimServer)
+
+
+def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
+               log: Log | None = None) -> web.Application:
+    """The aiohttp application; its startup hook starts the scheduler and the load."""
+    config.validate()
+    sim = SimServer(config, worker_pids=worker_pids, log=log)
+    app = web.Application()
+    app[SIM_KEY] = sim
+    app.on_startup.append(sim._on_startup)
+    app.on_shutdown.append(sim._on_shutdown)
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/health_generate", sim.health_generate)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/get_server_info", sim.server_info)
+    app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_post("/v1/chat/completions", sim.chat_completions)
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen now, so the port is taken before the (simulated) load starts."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                               flags=socket.AI_PASSIVE)[0]
+    return socket.create_server(addr[:2], family=family, backlog=1024)
+
+
+@asynccontextmanager
+async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log: Log | None = None,
+                  sock: socket.socket | None = None) -> AsyncIterator[SimServer]:
+    """Serve ``config`` on ``sock`` (bound from the config if None) until the block exits."""
+    app = create_app(config, worker_pids=worker_pids, log=log)
+    sim = app[SIM_KEY]
+    sock = sock or bind_socket(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    sim.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    # handler_cancellation: a client that disconnects aborts its request.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
+    try:
+        sim.log(f"listening on {sim.url} (503 until ready)")  # the socket is already bound
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        yield sim
+    finally:
+        await runner.cleanup()
+        sock.close()
+
+
+async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
+    log = _stderr_log
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        log(f"{LOG_PREFIX} ERROR: cannot bind {config.host}:{config.port}: {exc.strerror or exc}")
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    log(f"{LOG_PREFIX} starting simulated server: model={config.model} mode={config.mode} "
+        f"spec_disable_threshold={config.spec_disable_threshold} "
+        f"time_scale={config.time_scale} worker_pids={worker_pids}")
+    async with serving(config, worker_pids=worker_pids, log=log, sock=sock) as sim:
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(sim.startup_done.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if sim.status == "failed" and not stop.is_set():
+            waiters[0].cancel()
+            return 1
+        await stop.wait()
+        waiters[1].cancel()
+        sim.log("received shutdown signal, stopping")
+    log(f"{LOG_PREFIX} server stopped")
+    return 0
+
+
+def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (exit code 0); 1 if startup fails or the port is taken."""
+    config.validate()
+    worker_pids = list(start_workers()) if start_workers is not None else []
+    try:
+        return asyncio.run(_serve(config, worker_pids))
+    except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
+        return 0

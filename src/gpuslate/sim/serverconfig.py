@@ -1,0 +1,105 @@
+"""Configuration and command-line flags of ``gpuslate sim serve``.
+
+Kept apart from the server so the CLI can build and validate a config
+without importing aiohttp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field, fields
+
+from .perfmodel import MODES, PerfParams
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``sim serve`` needs; see docs/sim-server.md for the meaning of each field."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000  # 0 binds a free port (logged)
+    model: str = "sim-model"
+    mode: str = "baseline"
+    spec_disable_threshold: int | None = None
+    startup_seconds: float = 5.0
+    fail_startup: bool = False
+    time_scale: float = 1.0
+    max_running_requests: int = 256
+    context_length: int = 32768
+    eos_after_tokens: int = 256
+    perf: PerfParams = field(default_factory=PerfParams)
+
+    def validate(self) -> None:
+        """Raise ValueError with a one-line message on the first bad value."""
+        if not self.host:
+            raise ValueError("host must not be empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if not self.model:
+            raise ValueError("model name must not be empty")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.spec_disable_threshold is not None:
+            if self.mode != "speculative":
+                raise ValueError("--spec-disable-threshold needs --mode speculative")
+            if self.spec_disable_threshold < 0:
+                raise ValueError(f"spec disable threshold must be >= 0, got {self.spec_disable_threshold}")
+        if not math.isfinite(self.startup_seconds) or self.startup_seconds < 0:
+            raise ValueError(f"startup seconds must be >= 0, got {self.startup_seconds}")
+        if not math.isfinite(self.time_scale) or self.time_scale <= 0:
+            raise ValueError(f"time scale must be > 0, got {self.time_scale}")
+        for name, minimum in (("max_running_requests", 1), ("context_length", 2),
+                              ("eos_after_tokens", 1)):
+            if getattr(self, name) < minimum:
+                raise ValueError(f"{name} must be >= {minimum}, got {getattr(self, name)}")
+        self.perf.validate()
+
+
+# (flag, PerfParams attribute, help); every perf flag is a float and its default
+# comes from PerfParams, so the docs, --help and the model cannot disagree.
+_PERF_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("--accept-length", "accept_length", "mean accepted tokens per request per speculative step (>= 1)"),
+    ("--base-step-ms", "base_step_ms", "fixed cost of a baseline decode step, ms"),
+    ("--base-per-request-ms", "base_per_request_ms", "baseline step cost per running request, ms"),
+    ("--spec-step-ms", "spec_step_ms", "fixed cost of a speculative (draft + verify) step, ms"),
+    ("--spec-per-request-ms", "spec_per_request_ms", "speculative step cost per running request, ms"),
+    ("--prefill-ms-per-token", "prefill_ms_per_token", "prefill cost per prompt token of newly admitted requests, ms"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``sim serve`` flags; values are validated by :func:`config_from_args`."""
+    d = ServerConfig()
+    # Defaults stay None so config_from_args can tell "not given" from "given".
+    parser.add_argument("--host", help=f"address to bind (default: {d.host})")
+    parser.add_argument("--port", type=int, help=f"port to bind, 0 for a free one (default: {d.port})")
+    parser.add_argument("--model", help=f"served model name (default: {d.model})")
+    parser.add_argument("--mode", choices=MODES, help=f"decoding mode (default: {d.mode})")
+    parser.add_argument("--spec-disable-threshold", type=int, metavar="T",
+                        help="with --mode speculative: speculate only while the running batch is <= T")
+    parser.add_argument("--startup-seconds", type=float,
+                        help=f"simulated model-loading time (default: {d.startup_seconds})")
+    parser.add_argument("--fail-startup", action="store_true", default=None,
+                        help="crash partway through startup and exit 1")
+    parser.add_argument("--time-scale", type=float,
+                        help=f"speed-up factor for startup and step times (default: {d.time_scale})")
+    parser.add_argument("--max-running-requests", type=int,
+                        help=f"largest running batch (default: {d.max_running_requests})")
+    parser.add_argument("--context-length", type=int,
+                        help=f"prompt + completion token limit (default: {d.context_length})")
+    parser.add_argument("--eos-after-tokens", type=int,
+                        help=f"tokens after which the model stops unless ignore_eos (default: {d.eos_after_tokens})")
+    for flag, attr, text in _PERF_FLAGS:
+        parser.add_argument(flag, type=float, help=f"{text} (default: {getattr(d.perf, attr)})")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """Build and validate a :class:`ServerConfig`; ValueError on a bad value."""
+    given = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
+             if f.name != "perf" and getattr(args, f.name, None) is not None}
+    perf = {attr: getattr(args, attr) for _, attr, _ in _PERF_FLAGS
+            if getattr(args, attr, None) is not None}
+    config = ServerConfig(**given, perf=PerfParams(**perf))
+    config.validate()
+    return config

@@ -1,0 +1,62 @@
+"""Shared fixtures: simulated hosts, real holder processes, the CLI as a subprocess.
+
+Every process a test starts is its own session, so teardown can kill exactly
+what the test started (and nothing else) by process group.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from gpuslate.sim.host import SimHost
+from helpers import GiB, Holder, gpuslate_env, run_cli
+
+
+@pytest.fixture
+def sim_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimHost:
+    host = SimHost.init(tmp_path / "simhost", gpus=8, memory=96 * GiB, release_delay=0.2)
+    monkeypatch.setenv("GPUSLATE_SIM", str(host.root))
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))
+    return host
+
+
+@pytest.fixture
+def hold(sim_host: SimHost) -> Iterator[Callable[..., Holder]]:
+    """Start ``gpuslate sim hold ARGS`` as a real process tree; wait for its ready line."""
+    started: list[Holder] = []
+
+    def start(*args: str, new_session: bool = True, host: SimHost | None = None) -> Holder:
+        root = (host or sim_host).root
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuslate", "--sim", str(root), "sim", "hold", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=gpuslate_env(), start_new_session=new_session,
+        )
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            proc.kill()
+            raise AssertionError(f"holder did not become ready: {proc.stderr.read()}")
+        h = Holder(proc, json.loads(line))
+        started.append(h)
+        return h
+
+    yield start
+    for h in started:
+        h.kill()
+        try:
+            h.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_cli

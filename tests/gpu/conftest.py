@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from gpuprocs import Started
+
+
+@pytest.fixture
+def started() -> Iterator[list[Started]]:
+    procs: list[Started] = []
+    yield procs
+    for p in procs:
+        p.stop()

@@ -1,0 +1,78 @@
+"""Helpers shared by the tests: the CLI as a subprocess, awaiting conditions, holder handles."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from gpuslate.proc.procfs import read_stat
+
+GiB = 1024**3
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def gpuslate_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra or {})
+    return env
+
+
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.005) -> object:
+    """Await a condition (no fixed sleeps): return its first truthy value or fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {cond}")
+        time.sleep(interval)
+
+
+class Holder:
+    def __init__(self, proc: subprocess.Popen[str], ready: dict) -> None:
+        self.proc = proc
+        self.pid: int = ready["pid"]
+        self.workers: list[int] = ready["workers"]
+        self.pgid = os.getpgid(self.pid)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.pid, *self.workers]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+        # orphaned workers are in the same group; these lines cover any left outside
+        for pid in self.workers:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+
+
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True,
+                          env=gpuslate_env(env), timeout=timeout, input=input)
+
+
+
+
+def is_gone(pid: int) -> bool:
+    st = read_stat(pid)
+    return st is None or st.state in ("Z", "X")
