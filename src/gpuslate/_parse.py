@@ -6,7 +6,7 @@ import re
 
 from .errors import UsageError
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$"
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
@@ -21,7 +21,7 @@ def parse_size(text: str | int) -> int:
         if text < 0:
             raise UsageError(f"invalid size {text!r}: must not be negative")
         return text
-    m = _SIZE_RE.match(str(text))
+    m = re.match(_SIZE_PATTERN, str(text))
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:
         raise UsageError(

@@ -15,13 +15,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from .errors import PermissionDenied
+from .errors import PermissionDenied, UsageError
 
 OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "error")
 
@@ -70,22 +69,20 @@ class AuditLog:
     def outcome(self, entry_id: str, outcome: str, detail: str | None = None) -> None:
         """Record what became of a signal recorded by :meth:`before_signal`."""
         if outcome not in OUTCOMES:
-            from .errors import UsageError
-
             raise UsageError(f"invalid audit outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
         # No fsync of its own: losing it to a power cut reads back as "interrupted",
         # which is honest, and the next before_signal's fsync flushes it anyway.
         self._append(lambda now: {"event": "outcome", "id": entry_id, "time": now,
                                   "outcome": outcome, "detail": detail}, durable=False)
 
-    def _append(self, make: Any, *, durable: bool) -> None:
+    def _append(self, make: Callable[[str], dict[str, Any]], *, durable: bool) -> None:
         from .snapshot import iso_time
 
         created = not self.path.exists()
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise self._error("open", exc) from None
+            raise self._error("open", exc, durable) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # The time is taken under the lock so that file order is time order,
@@ -103,16 +100,19 @@ class AuditLog:
                 if created:  # the new file's name must survive a crash too
                     _fsync_dir(self.path.parent)
         except OSError as exc:
-            raise self._error("write", exc) from None
+            raise self._error("write", exc, durable) from None
         finally:
             os.close(fd)  # closing drops the flock
 
-    def _error(self, verb: str, exc: OSError) -> PermissionDenied:
+    def _error(self, verb: str, exc: OSError, before_signal: bool) -> PermissionDenied:
+        first = "no signal was sent" if before_signal else "the signal was sent but its outcome is not recorded"
         return PermissionDenied(f"cannot {verb} the audit log {self.path}: {exc.strerror or exc}",
-                                hint="no signal was sent; set GPUSLATE_STATE_DIR to a writable directory")
+                                hint=f"{first}; set GPUSLATE_STATE_DIR to a writable directory")
 
     def _hostname(self) -> str:
         if self._host is None:
+            import socket  # only when writing: keeps CLI start-up light
+
             self._host = socket.gethostname()
         return self._host
 
@@ -181,10 +181,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(dfd)
 
 
-def _parse(line: bytes) -> dict[str, Any] | None:
+def _parse(line: str) -> dict[str, Any] | None:
     try:
         doc = json.loads(line)
-    except ValueError:  # torn or garbage line (UnicodeDecodeError is a ValueError)
+    except ValueError:  # a torn or garbage line
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
         return None
@@ -192,14 +192,15 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 def _merged(entry: dict[str, Any], out: dict[str, Any] | None) -> dict[str, Any]:
-    return {**entry,
-            "outcome": out.get("outcome") if out else None,
-            "outcome_time": out.get("time") if out else None,
-            "outcome_detail": out.get("detail") if out else None}
+    entry["outcome"] = out.get("outcome") if out else None
+    entry["outcome_time"] = out.get("time") if out else None
+    entry["outcome_detail"] = out.get("detail") if out else None
+    return entry
 
 
 def _merge_forward(f: Any) -> list[dict[str, Any]]:
-    lines = f.read().split(b"\n")
+    # one decode of the whole file: parsing str lines is much faster than bytes
+    lines = f.read().decode("utf-8", "replace").split("\n")
     lines.pop()  # after the last newline: empty, or a line still being written
     signals: list[dict[str, Any]] = []
     outcomes: dict[str, dict[str, Any]] = {}
@@ -221,7 +222,7 @@ def _merge_backward(f: Any, limit: int | None, since_iso: str | None) -> list[di
     newest_first: list[dict[str, Any]] = []
     outcomes: dict[str, dict[str, Any]] = {}
     for line in _lines_backward(f):
-        doc = _parse(line)
+        doc = _parse(line.decode("utf-8", "replace"))
         if doc is None:
             continue
         event = doc.get("event")

@@ -13,7 +13,6 @@ import errno
 import fcntl
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -50,6 +49,8 @@ def default_lock_dir(sim_root: str | None) -> Path:
             return SYSTEM_LOCK_DIR
     except PermissionDenied:
         pass  # e.g. /run/lock is root-only on this distribution
+    import tempfile  # only for this fallback: it is slow to import
+
     path = Path(tempfile.gettempdir()) / TEMP_LOCK_DIR_NAME
     _make_dir(path, shared=True)
     return path
@@ -109,7 +110,7 @@ class HostLock:
         try:
             if not _try_lock(fd, self.path):
                 info = self._wait_for_holder(fd, deadline)
-                if info is not None:  # acquired while waiting for the holder to show itself
+                if info is not None:  # None: it came free while we looked for its holder
                     if on_wait is not None:
                         on_wait(info)
                     self._wait(fd, deadline)
@@ -161,8 +162,9 @@ class HostLock:
                 return None
 
     def _wait(self, fd: int, deadline: float | None) -> None:
-        # Polling rather than a blocking flock: a blocking call cannot be given a
-        # timeout without signals or a thread that could not be called back.
+        # Polling rather than a blocking flock: a blocking flock gets no timeout
+        # without SIGALRM (not a library's to take) or a thread that cannot be
+        # cancelled and might take the lock after we gave up.
         interval = _POLL_MIN
         while True:
             if deadline is not None:

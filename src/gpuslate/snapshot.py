@@ -8,13 +8,12 @@ hold a device file open: monitors, the persistence daemon, MPS control).
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any, NamedTuple, Sequence
 
 from .errors import UsageError
 from .gpu.types import GpuBackend, GpuReading, MemoryInfo
-from .proc.fdscan import scan_device_holders
+from .proc.fdscan import FdScan, scan_device_holders
 from .proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from .proc.tree import ProcTable
 
@@ -126,10 +125,23 @@ def resolve_gpus(backend: GpuBackend, gpus: Sequence[int] | None) -> list[int]:
 
 def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, full: bool = True) -> Snapshot:
     """Read the selected GPUs and every process that holds them."""
+    import threading
+
     taken_at = time.time()
     indices = resolve_gpus(backend, gpus)
-    readings = backend.read(indices, full=full)
-    scan = scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()}))
+    # The /proc scan runs while the driver answers: NVML calls release the GIL
+    # and some of them (utilization, power) block for milliseconds.
+    scans: list[FdScan] = []
+    scanner = threading.Thread(target=lambda: scans.append(
+        scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()}))))
+    scanner.start()
+    try:
+        readings = backend.read(indices, full=full)
+    finally:
+        scanner.join()
+    if not scans:  # the scan thread failed; scan again here so its error surfaces
+        scans.append(scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()})))
+    scan = scans[0]
     table = ProcTable()
     infos: dict[int, ProcessInfo | None] = {}
 
@@ -170,7 +182,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
             "device-handle holders among them are not shown; run as root for the full picture"
         )
     return Snapshot(
-        host=socket.gethostname(), backend=backend.name, driver_version=backend.driver_version(),
+        host=os.uname().nodename, backend=backend.name, driver_version=backend.driver_version(),
         taken_at=taken_at, gpus=states,
         host_processes=[holder(pid, "handle", None) for pid in sorted(control_only)],
         warnings=warnings,

@@ -38,9 +38,12 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 FAST = ServerConfig(host="127.0.0.1", port=0, startup_seconds=0.0, time_scale=1000.0)
 
 
+Served = tuple[SimServer, aiohttp.ClientSession, list[str]]
+
+
 @asynccontextmanager
 async def sim(config: ServerConfig = FAST, *, ready: bool = True,
-              worker_pids: tuple[int, ...] = ()) -> AsyncIterator[tuple[SimServer, aiohttp.ClientSession, list[str]]]:
+              worker_pids: tuple[int, ...] = ()) -> AsyncIterator[Served]:
     lines: list[str] = []
     async with serving(config, log=lines.append, worker_pids=worker_pids) as server:
         async with aiohttp.ClientSession(base_url=server.url) as http:
@@ -110,8 +113,8 @@ def test_health_generate_runs_a_real_step() -> None:
         async with sim() as (server, http, _):
             async with http.get("/health_generate") as r:
                 assert r.status == 200
-            counters = server.scheduler.snapshot()
-            assert counters["steps"] >= 1 and counters["total_generated_tokens"] == 1
+            counters = server.scheduler.counters
+            assert counters.steps >= 1 and counters.total_generated_tokens == 1
     run(go)
 
 
@@ -201,6 +204,33 @@ def test_chat_non_stream_and_stream_with_usage() -> None:
     run(go)
 
 
+def test_sglang_native_generate_stream_and_non_stream() -> None:
+    got: dict[str, Any] = {}
+
+    async def go() -> None:
+        config = replace(FAST, mode="speculative", perf=PerfParams(accept_length=2.5))
+        async with sim(config) as (_, http, _lines):
+            body = {"text": "hello", "stream": True,
+                    "sampling_params": {"max_new_tokens": 7, "ignore_eos": True, "temperature": 0}}
+            async with http.post("/generate", json=body) as r:
+                got["events"] = await sse(r)
+            async with http.post("/generate", json={**body, "stream": False}) as r:
+                got["whole"] = await r.json()
+            async with http.get("/server_info") as r:  # SGLang's newer name for get_server_info
+                got["info"] = await r.json()
+    run(go)
+    events, whole = got["events"], got["whole"]
+    assert events[-1] == "[DONE]"
+    metas = [e["meta_info"] for e in events[:-1]]
+    # SGLang streams the text so far, with the running completion token count.
+    assert [m["completion_tokens"] for m in metas] == [2, 5, 7]
+    assert [m["finish_reason"] for m in metas] == [None, None, {"type": "length", "length": 7}]
+    assert events[-2]["text"] == whole["text"] and len(whole["text"].split()) == 7
+    assert whole["meta_info"]["completion_tokens"] == 7 and whole["meta_info"]["prompt_tokens"] == 2
+    # 14 tokens over 6 request-steps (the last step of each request is cut to max_tokens).
+    assert got["info"]["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(14 / 6, abs=1e-3)
+
+
 def test_eos_ends_generation_unless_ignore_eos() -> None:
     async def go() -> None:
         config = replace(FAST, eos_after_tokens=10)
@@ -234,6 +264,8 @@ def test_eos_ends_generation_unless_ignore_eos() -> None:
     ("/v1/chat/completions", b'{"messages": []}'),
     ("/v1/chat/completions", b'{"messages": [{"content": "no role"}]}'),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 3}]}'),
+    ("/generate", b'{"sampling_params": {"max_new_tokens": 4}}'),
+    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": -1}}'),
 ])
 def test_malformed_requests_get_openai_style_400(path: str, payload: bytes) -> None:
     async def go() -> None:
@@ -367,8 +399,14 @@ def test_sigterm_while_serving_exits_zero_and_closes_the_port() -> None:
                     assert r.status == 200
                 async with http.get("/get_server_info") as r:
                     assert (await r.json())["worker_pids"] == [4242]
+                # A stream still in flight must not keep the server from exiting.
+                body = {"prompt": "a", "max_tokens": 20_000, "stream": True, "ignore_eos": True}
+                async with http.post("/v1/completions", json=body) as r:
+                    await r.content.readline()
+                    proc.send_signal(signal.SIGTERM)
+                    rest = await r.content.read()
+                assert b"shutting down" in rest
         run(check)
-        proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
         if proc.poll() is None:

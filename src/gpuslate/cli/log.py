@@ -61,11 +61,14 @@ def print_log(entries: list[dict[str, Any]], path: str) -> None:
     if not entries:
         console.print(f"no signals recorded in {escape(path)}")
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
+    table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for col, just in (("Time", "left"), ("By", "left"), ("Action", "left"), ("Signal", "left"),
                       ("PID", "right"), ("User", "left"), ("Command", "left"), ("GPUs", "left"),
                       ("Outcome", "left")):
-        table.add_column(col, justify=just, overflow="fold" if col == "Command" else "ellipsis")  # type: ignore[arg-type]
+        # time, pid, signal and GPUs never break; long commands and outcomes fold
+        table.add_column(col, justify=just, overflow="fold" if col in ("Command", "Outcome") else "ellipsis",  # type: ignore[arg-type]
+                         no_wrap=col in ("Time", "PID", "Signal", "GPUs", "By", "Action"),
+                         min_width=len("delivered") if col == "Outcome" else None)
     for e in entries:
         target = e.get("target") if isinstance(e.get("target"), dict) else {}
         actor = e.get("actor") if isinstance(e.get("actor"), dict) else {}

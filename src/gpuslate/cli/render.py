@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._parse import format_size
+from .._parse import format_gpu_list, format_size
 from ..proc.procfs import read_info
 from ..snapshot import GpuState, HolderProcess, Snapshot
 
@@ -12,7 +12,10 @@ from ..snapshot import GpuState, HolderProcess, Snapshot
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(highlight=False)
+    import sys
+
+    # piped output keeps every column whole instead of squeezing to 80
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _na(v: object, fmt: str = "{}") -> str:
@@ -28,14 +31,24 @@ def _memory_cell(g: GpuState) -> str:
     return f"[{color}]{format_size(m.used)}[/] / {format_size(m.total)}"
 
 
+def _one_line(text: str | None, limit: int = 100) -> str:
+    """Commands can hold newlines (python -c) and run long: a table row shows
+    one line, cut with an ellipsis (``--json`` has the whole command)."""
+    from rich.markup import escape
+
+    line = " ".join((text or "").split())
+    return escape(line if len(line) <= limit else line[: limit - 1] + "…")
+
+
 def _launcher_label(root_pid: int, members: list[HolderProcess]) -> str:
-    for p in members:
-        if p.pid == root_pid:
-            return ""
+    if any(p.pid == root_pid for p in members):
+        return ""
     info = read_info(root_pid)
-    cmd = info.command if info else "?"
-    user = info.user if info else "?"
-    return f"{root_pid} {user} {cmd}"
+    return f"{info.user}  {_one_line(info.command)}" if info else "(exited)"
+
+
+def _stronger(a: str, b: str) -> str:
+    return a if a != "handle" else b
 
 
 def status_renderable(snap: Snapshot) -> Any:
@@ -48,44 +61,52 @@ def status_renderable(snap: Snapshot) -> Any:
         f"[dim]{time_label(snap.taken_at)}[/]"
     )
     gpus = Table(box=None, pad_edge=False, header_style="bold")
+    # GPU names are long; the row of numbers must not wrap
     for col, just in (("GPU", "right"), ("Name", "left"), ("Memory used / total", "right"),
                       ("Reserved", "right"), ("Util", "right"), ("Temp", "right"),
-                      ("Power / limit", "right"), ("Perf", "left"), ("Procs", "right"), ("", "left")):
-        gpus.add_column(col, justify=just)  # type: ignore[arg-type]
+                      ("Power", "right"), ("Perf", "left"), ("Procs", "right"), ("", "left")):
+        gpus.add_column(col, justify=just, no_wrap=col != "")  # type: ignore[arg-type]
     for g in snap.gpus:
         r = g.reading
         holders = [p for p in g.processes if p.kind != "handle"]
         gpus.add_row(
-            str(r.index), r.name or "-", _memory_cell(g),
+            str(r.index), (r.name or "-").removeprefix("NVIDIA "), _memory_cell(g),
             format_size(r.memory.reserved) if r.memory else "-",
             _na(r.utilization_pct, "{}%"), _na(r.temperature_c, "{}°C"),
-            f"{_na(r.power_w, '{:.0f}')} / {_na(r.power_limit_w, '{:.0f}')} W",
+            f"{_na(r.power_w, '{:.0f}')}/{_na(r.power_limit_w, '{:.0f}')} W",
             r.pstate or "-", str(len(holders)),
             f"[red]error: {r.error}[/]" if r.error else "",
         )
 
-    procs = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+    procs = Table(box=None, pad_edge=False, header_style="bold")
     for col, just in (("GPU", "right"), ("PID", "right"), ("Kind", "left"), ("GPU memory", "right"),
                       ("User", "left"), ("Command", "left")):
-        procs.add_column(col, justify=just, overflow="fold" if col == "Command" else "ellipsis")  # type: ignore[arg-type]
-    any_proc = False
+        procs.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    # one row per process (its GPUs together), grouped under the job's launcher
+    rows: dict[int, dict[int, tuple[HolderProcess, list[int]]]] = {}
     for g in snap.gpus:
-        groups: dict[int, list[HolderProcess]] = {}
         for p in g.processes:
-            groups.setdefault(p.root_pid, []).append(p)
-        for root, members in groups.items():
-            label = _launcher_label(root, members)
-            if label:
-                procs.add_row(str(g.index), "", "[dim]launcher[/]", "", "", f"[dim]{label}[/]")
-            for p in sorted(members, key=lambda p: (p.pid != root, p.pid)):
-                any_proc = True
-                branch = "" if p.pid == root and not label else "└ "
-                kind = f"[dim]{p.kind}[/]" if p.kind == "handle" else p.kind
-                cmd = p.command if p.visible else "[dim](not visible from this host's /proc)[/]"
-                if p.container:
-                    cmd = f"[magenta]container {p.container}[/] {cmd}"
-                procs.add_row(str(g.index), f"{branch}{p.pid}", kind, format_size(p.used_memory)
-                              if p.used_memory is not None else "-", p.user or "-", cmd)
+            job = rows.setdefault(p.root_pid, {})
+            if p.pid in job:
+                first, gl = job[p.pid]
+                used = None if first.used_memory is None and p.used_memory is None else \
+                    (first.used_memory or 0) + (p.used_memory or 0)
+                job[p.pid] = (first._replace(used_memory=used, kind=_stronger(first.kind, p.kind)), gl + [g.index])
+            else:
+                job[p.pid] = (p, [g.index])
+    for root, members in rows.items():
+        label = _launcher_label(root, [m for m, _ in members.values()])
+        if label:
+            procs.add_row("", str(root), "[dim]launcher[/]", "", "", f"[dim]{label}[/]")
+        for p, gl in sorted(members.values(), key=lambda m: (m[0].pid != root, min(m[1]), m[0].pid)):
+            branch = "" if p.pid == root else "└ "
+            kind = f"[dim]{p.kind}[/]" if p.kind == "handle" else p.kind
+            cmd = _one_line(p.command) if p.visible else "[dim](exited, or not visible from this host's /proc)[/]"
+            if p.container:
+                cmd = f"[magenta]container {p.container}[/] {cmd}"
+            procs.add_row(format_gpu_list(gl), f"{branch}{p.pid}", kind,
+                          format_size(p.used_memory) if p.used_memory is not None else "-", p.user or "-", cmd)
+    any_proc = bool(rows)
     parts: list[Any] = [head, gpus, Text("")]
     parts.append(procs if any_proc else Text("No processes hold the selected GPUs.", style="green"))
     if snap.host_processes:

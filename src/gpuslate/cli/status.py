@@ -23,19 +23,21 @@ def run(args: argparse.Namespace) -> int:
     from ..snapshot import take_snapshot
 
     backend = backend_for(args)
-    try:
-        if args.watch:
+    if args.watch:
+        try:
             return _watch(args, backend)
-        snap = take_snapshot(backend, args.gpus)
-        if args.json:
-            print_json(snap.to_json())
-        else:
-            from .render import print_status
+        finally:
+            backend.close()
+    # No backend.close() for one snapshot: the process exits now and the driver
+    # releases everything; nvmlShutdown would add milliseconds to every call.
+    snap = take_snapshot(backend, args.gpus)
+    if args.json:
+        print_json(snap.to_json())
+    else:
+        from .render import print_status
 
-            print_status(snap)
-        return 0
-    finally:
-        backend.close()
+        print_status(snap)
+    return 0
 
 
 def _watch(args: argparse.Namespace, backend: object) -> int:

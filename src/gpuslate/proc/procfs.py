@@ -17,7 +17,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Containers show up in the cgroup path under a 64-hex-digit id (docker,
 # containerd, cri-o, podman all use it).
-_CONTAINER_RE = re.compile(r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64})")
+_CONTAINER_PATTERN = r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64})"
 
 _boot_time: float | None = None
 _user_cache: dict[int, str] = {}
@@ -158,7 +158,7 @@ def read_container(pid: int) -> str | None:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return None
-    m = _CONTAINER_RE.search(text)
+    m = re.search(_CONTAINER_PATTERN, text)  # re caches the compiled pattern
     return m.group(1)[:12] if m else None
 
 

@@ -106,8 +106,8 @@ def hold(
         raise UsageError("--orphan-workers needs --workers N")
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by every worker
-    if title:
-        set_title(title.replace("{rank}", "launcher") if workers else title.replace("{rank}", "0"))
+    if title and not (workers and "{rank}" in title):  # a per-rank title names workers only
+        set_title(title.replace("{rank}", "0"))
 
     if not workers:
         _keep = _hold_here(host, assign(gpus, memory, 1)[0])

@@ -1,8 +1,10 @@
-"""OpenAI wire format for the simulated server: request parsing and response bodies.
+"""Wire formats of the simulated server: request parsing and response bodies.
 
-Pure functions only, so the HTTP layer stays about timing and connections.
-The shapes follow what SGLang and vLLM return, because their benchmark
-clients (and the OpenAI SDK) are what will talk to the simulator.
+OpenAI completions and chat completions, plus SGLang's native ``/generate``
+(the default backend of ``sglang.bench_serving``). Pure functions only, so
+the HTTP layer stays about timing and connections. The shapes follow what
+SGLang and vLLM return, because their clients are what will talk to the
+simulator.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["completion", "chat"]
+Kind = Literal["completion", "chat", "generate"]
 
 # OpenAI's legacy completions endpoint generates 16 tokens when max_tokens is absent.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# SGLang's SamplingParams default for max_new_tokens.
+GENERATE_DEFAULT_MAX_TOKENS = 128
 
 _FILLER = (
     "the quick brown fox jumps over a lazy dog while simulated accelerators "
@@ -84,18 +88,18 @@ def _opt_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     return value
 
 
-def _completion_prompt_tokens(prompt: Any) -> int:
+def _completion_prompt_tokens(prompt: Any, name: str = "prompt") -> int:
     if isinstance(prompt, str):
         return count_prompt_tokens(prompt)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return max(1, len(prompt))  # already token ids
         if len(prompt) == 1:
-            return _completion_prompt_tokens(prompt[0])
+            return _completion_prompt_tokens(prompt[0], name)
         raise BadRequest("batched prompts (a list of several prompts) are not supported "
-                         "by the simulator; send one request per prompt", "prompt")
-    raise BadRequest("'prompt' must be a string, a list of token ids, or a list "
-                     "holding one of those", "prompt")
+                         "by the simulator; send one request per prompt", name)
+    raise BadRequest(f"'{name}' must be a string, a list of token ids, or a list "
+                     "holding one of those", name)
 
 
 def _chat_prompt_tokens(messages: Any) -> int:
@@ -113,7 +117,8 @@ def _chat_prompt_tokens(messages: Any) -> int:
                 if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                     raise BadRequest(f"messages[{i}].content parts must be objects with a 'type'",
                                      "messages")
-                chars += len(part.get("text") or "") if part["type"] == "text" else 0
+                text = part.get("text")
+                chars += len(text) if part["type"] == "text" and isinstance(text, str) else 0
         else:
             raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null",
                              "messages")
@@ -122,9 +127,12 @@ def _chat_prompt_tokens(messages: Any) -> int:
 
 def parse_request(kind: Kind, body: Any, *, context_length: int,
                   eos_after_tokens: int) -> GenerationSpec:
-    """Validate a completions or chat body and decide how many tokens it gets."""
+    """Validate a completions, chat or ``/generate`` body and decide how many tokens it gets."""
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    if kind == "generate":
+        return _parse_generate(body, context_length=context_length,
+                               eos_after_tokens=eos_after_tokens)
     if kind == "completion":
         if "prompt" not in body:
             raise BadRequest("'prompt' is required", "prompt")
@@ -150,8 +158,35 @@ def parse_request(kind: Kind, body: Any, *, context_length: int,
     if options and not stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
     include_usage = _opt_bool(options or {}, "include_usage")
-    ignore_eos = _opt_bool(body, "ignore_eos")
-    min_tokens = _opt_int(body, "min_tokens", 0) or 0
+    return _decide(kind, prompt_tokens, max_tokens, stream=stream, include_usage=include_usage,
+                   ignore_eos=_opt_bool(body, "ignore_eos"),
+                   min_tokens=_opt_int(body, "min_tokens", 0) or 0,
+                   context_length=context_length, eos_after_tokens=eos_after_tokens)
+
+
+def _parse_generate(body: dict[str, Any], *, context_length: int,
+                    eos_after_tokens: int) -> GenerationSpec:
+    if "text" in body:
+        prompt_tokens = _completion_prompt_tokens(body["text"], "text")
+    elif "input_ids" in body:
+        prompt_tokens = _completion_prompt_tokens(body["input_ids"], "input_ids")
+    else:
+        raise BadRequest("'text' or 'input_ids' is required", "text")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("'sampling_params' must be an object", "sampling_params")
+    max_tokens = _opt_int(params, "max_new_tokens", 1)
+    return _decide("generate", prompt_tokens,
+                   GENERATE_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+                   stream=_opt_bool(body, "stream"), include_usage=False,
+                   ignore_eos=_opt_bool(params, "ignore_eos"),
+                   min_tokens=_opt_int(params, "min_new_tokens", 0) or 0,
+                   context_length=context_length, eos_after_tokens=eos_after_tokens)
+
+
+def _decide(kind: Kind, prompt_tokens: int, max_tokens: int, *, stream: bool, include_usage: bool,
+            ignore_eos: bool, min_tokens: int, context_length: int,
+            eos_after_tokens: int) -> GenerationSpec:
     if prompt_tokens + max_tokens > context_length:
         # Same wording as vLLM, so a dry run fails the way the real one would.
         raise BadRequest(
@@ -173,7 +208,7 @@ class ResponseBuilder:
     def __init__(self, kind: Kind, model: str) -> None:
         self.kind = kind
         self.model = model
-        prefix = "cmpl" if kind == "completion" else "chatcmpl"
+        prefix = {"completion": "cmpl", "chat": "chatcmpl", "generate": "gen"}[kind]
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "text_completion" if kind == "completion" else "chat.completion"
@@ -223,3 +258,13 @@ class ResponseBuilder:
         body = self._envelope(obj, [])
         body["usage"] = usage
         return body
+
+    def native(self, text: str, prompt_tokens: int, completion_tokens: int,
+               finish_reason: str | None) -> dict[str, Any]:
+        """SGLang ``/generate`` body; streamed chunks carry the text so far, not a delta."""
+        reason: dict[str, Any] | None = None if finish_reason is None else {"type": finish_reason}
+        if finish_reason == "length":
+            reason = {"type": "length", "length": completion_tokens}
+        return {"text": text, "meta_info": {
+            "id": self.id, "finish_reason": reason, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, "cached_tokens": 0}, "index": 0}

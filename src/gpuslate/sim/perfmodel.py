@@ -124,7 +124,7 @@ class TokenAccumulator:
             return 1
         self._carry += params.accept_length
         # The epsilon keeps e.g. 10 * 0.1-ish float sums from losing a token.
-        whole = int(math.floor(self._carry + 1e-9))
+        whole = math.floor(self._carry + 1e-9)
         self._carry -= whole
         return whole
 

@@ -72,6 +72,11 @@ class Counters:
     requests_submitted: int = 0
     requests_finished: int = 0
     requests_aborted: int = 0
+    # Tokens handed out by speculative steps and request-steps they were spread
+    # over: their ratio is the measured mean acceptance length (SGLang's
+    # avg_spec_accept_length).
+    spec_tokens: int = 0
+    spec_request_steps: int = 0
     # Modelled (unscaled) seconds the simulated GPU spent in steps.
     busy_model_seconds: float = 0.0
 
@@ -179,6 +184,9 @@ class BatchScheduler:
             n = min(req.accumulator.take(kind, self.params), req.max_tokens - req.generated)
             req.generated += n
             c.total_generated_tokens += n
+            if kind == "spec":
+                c.spec_tokens += n
+                c.spec_request_steps += 1
             req.events.put_nowait(n)
             if req.finished:
                 c.requests_finished += 1
@@ -212,4 +220,10 @@ class BatchScheduler:
             "requests_finished": c.requests_finished,
             "requests_aborted": c.requests_aborted,
             "busy_model_seconds": round(c.busy_model_seconds, 6),
+            "avg_spec_accept_length": self.avg_spec_accept_length,
         }
+
+    @property
+    def avg_spec_accept_length(self) -> float:
+        c = self.counters
+        return round(c.spec_tokens / c.spec_request_steps, 4) if c.spec_request_steps else 0.0

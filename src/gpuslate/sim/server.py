@@ -36,8 +36,8 @@ from .scheduler import BatchScheduler, SchedulerStopped, SimRequest
 from .serverconfig import ServerConfig, add_arguments, config_from_args
 
 __all__ = [
-    "ServerConfig", "SimServer", "add_arguments", "config_from_args", "create_app",
-    "run_server", "serving", "READY_LINE",
+    "READY_LINE", "ServerConfig", "SimServer", "add_arguments", "config_from_args",
+    "create_app", "run_server", "serving",
 ]
 
 LOG_PREFIX = "[sim-serve]"
@@ -138,6 +138,7 @@ class SimServer:
         if (resp := self._not_ready()) is not None:
             return resp
         req = self.scheduler.submit(prompt_tokens=1, max_tokens=1)
+
         async def drain() -> None:
             while await req.next_tokens() is not None:
                 pass
@@ -160,6 +161,10 @@ class SimServer:
 
     async def server_info(self, request: web.Request) -> web.Response:
         c = self.config
+        counters = self.scheduler.snapshot()
+        # internal_states mirrors SGLang, whose clients read the accept length there.
+        internal = {"avg_spec_accept_length": counters["avg_spec_accept_length"],
+                    "last_gen_throughput": None}
         return web.json_response({
             "simulated": True, "status": self.status, "model": c.model, "served_model_name": c.model,
             "mode": c.mode, "spec_disable_threshold": c.spec_disable_threshold,
@@ -168,7 +173,9 @@ class SimServer:
             "eos_after_tokens": c.eos_after_tokens, "startup_seconds": c.startup_seconds,
             "perf": c.perf.as_dict(), "pid": os.getpid(), "worker_pids": self.worker_pids,
             "started_at": self.started_at, "ready_at": self.ready_at,
-            "counters": self.scheduler.snapshot(),
+            "counters": counters, "internal_states": [internal],
+            "model_path": c.model,
+            "speculative_algorithm": "EAGLE3" if c.mode == "speculative" else None,
         })
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -176,6 +183,9 @@ class SimServer:
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
+
+    async def native_generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "generate")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         if (resp := self._not_ready()) is not None:
@@ -204,8 +214,11 @@ class SimServer:
                     pass
             except SchedulerStopped:
                 return self._shutting_down()
-            usage = builder.usage(spec.prompt_tokens, req.generated)
             text = filler_text(0, req.generated)
+            if kind == "generate":
+                return web.json_response(builder.native(text, spec.prompt_tokens, req.generated,
+                                                        spec.finish_reason))
+            usage = builder.usage(spec.prompt_tokens, req.generated)
             return web.json_response(builder.full(text, spec.finish_reason, usage))
         finally:
             self.scheduler.cancel(req)
@@ -226,12 +239,19 @@ class SimServer:
         sent = 0
         try:
             while (n := await req.next_tokens()) is not None:
-                await send(builder.chunk(text=filler_text(sent, n), with_usage_field=usage_field))
+                if builder.kind == "generate":
+                    # SGLang streams the text so far; the last token chunk says why it ended.
+                    done = spec.finish_reason if sent + n >= req.max_tokens else None
+                    await send(builder.native(filler_text(0, sent + n), spec.prompt_tokens,
+                                              sent + n, done))
+                else:
+                    await send(builder.chunk(text=filler_text(sent, n), with_usage_field=usage_field))
                 sent += n
         except SchedulerStopped:
             await send(error_body("the server is shutting down", type_="service_unavailable", code=503))
             return resp
-        await send(builder.chunk(finish_reason=spec.finish_reason, with_usage_field=usage_field))
+        if builder.kind != "generate":
+            await send(builder.chunk(finish_reason=spec.finish_reason, with_usage_field=usage_field))
         if spec.include_usage:
             await send(builder.usage_chunk(builder.usage(spec.prompt_tokens, sent)))
         await send("[DONE]")
@@ -252,7 +272,8 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     """The aiohttp application; its startup hook starts the scheduler and the load."""
     config.validate()
     sim = SimServer(config, worker_pids=worker_pids, log=log)
-    app = web.Application()
+    # Long-context prompts exceed aiohttp's 1 MiB default body limit.
+    app = web.Application(client_max_size=64 * 1024 * 1024)
     app[SIM_KEY] = sim
     app.on_startup.append(sim._on_startup)
     app.on_shutdown.append(sim._on_shutdown)
@@ -260,8 +281,10 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     app.router.add_get("/health_generate", sim.health_generate)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_get("/get_server_info", sim.server_info)
+    app.router.add_get("/server_info", sim.server_info)  # SGLang's newer name
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/chat/completions", sim.chat_completions)
+    app.router.add_post("/generate", sim.native_generate)
     return app
 
 

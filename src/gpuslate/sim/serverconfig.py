@@ -44,7 +44,8 @@ class ServerConfig:
             if self.mode != "speculative":
                 raise ValueError("--spec-disable-threshold needs --mode speculative")
             if self.spec_disable_threshold < 0:
-                raise ValueError(f"spec disable threshold must be >= 0, got {self.spec_disable_threshold}")
+                raise ValueError("spec disable threshold must be >= 0, "
+                                 f"got {self.spec_disable_threshold}")
         if not math.isfinite(self.startup_seconds) or self.startup_seconds < 0:
             raise ValueError(f"startup seconds must be >= 0, got {self.startup_seconds}")
         if not math.isfinite(self.time_scale) or self.time_scale <= 0:
@@ -64,7 +65,8 @@ _PERF_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--base-per-request-ms", "base_per_request_ms", "baseline step cost per running request, ms"),
     ("--spec-step-ms", "spec_step_ms", "fixed cost of a speculative (draft + verify) step, ms"),
     ("--spec-per-request-ms", "spec_per_request_ms", "speculative step cost per running request, ms"),
-    ("--prefill-ms-per-token", "prefill_ms_per_token", "prefill cost per prompt token of newly admitted requests, ms"),
+    ("--prefill-ms-per-token", "prefill_ms_per_token",
+     "prefill cost per prompt token of newly admitted requests, ms"),
 )
 
 
@@ -78,20 +80,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, help=f"decoding mode (default: {d.mode})")
     parser.add_argument("--spec-disable-threshold", type=int, metavar="T",
                         help="with --mode speculative: speculate only while the running batch is <= T")
-    parser.add_argument("--startup-seconds", type=float,
+    parser.add_argument("--startup-seconds", type=float, metavar="SECONDS",
                         help=f"simulated model-loading time (default: {d.startup_seconds})")
     parser.add_argument("--fail-startup", action="store_true", default=None,
                         help="crash partway through startup and exit 1")
-    parser.add_argument("--time-scale", type=float,
+    parser.add_argument("--time-scale", type=float, metavar="FACTOR",
                         help=f"speed-up factor for startup and step times (default: {d.time_scale})")
-    parser.add_argument("--max-running-requests", type=int,
+    parser.add_argument("--max-running-requests", type=int, metavar="N",
                         help=f"largest running batch (default: {d.max_running_requests})")
-    parser.add_argument("--context-length", type=int,
+    parser.add_argument("--context-length", type=int, metavar="TOKENS",
                         help=f"prompt + completion token limit (default: {d.context_length})")
-    parser.add_argument("--eos-after-tokens", type=int,
-                        help=f"tokens after which the model stops unless ignore_eos (default: {d.eos_after_tokens})")
+    parser.add_argument("--eos-after-tokens", type=int, metavar="N",
+                        help="tokens after which the model stops unless the request sets "
+                        f"ignore_eos (default: {d.eos_after_tokens})")
     for flag, attr, text in _PERF_FLAGS:
-        parser.add_argument(flag, type=float, help=f"{text} (default: {getattr(d.perf, attr)})")
+        parser.add_argument(flag, type=float, metavar="TOKENS" if attr == "accept_length" else "MS",
+                            help=f"{text} (default: {getattr(d.perf, attr)})")
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

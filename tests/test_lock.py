@@ -1,0 +1,300 @@
+"""The host lock, between real processes: waiting, holder info, dead holders, permissions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from gpuslate import lock as lockmod
+from gpuslate.errors import GpuslateError, NotDoneError
+from gpuslate.lock import HostLock, default_lock_dir, read_holder
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+# Holds the lock until killed; with RAW, a bare flock that writes no .holder file.
+HOLDER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    from pathlib import Path
+    from gpuslate.lock import HostLock
+    path, purpose, raw = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "raw"
+    if raw:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    else:
+        lk = HostLock(path, purpose=purpose)
+        lk.acquire(timeout=30)
+    print("locked", flush=True)
+    if sys.argv[4:] == ["release-on-stdin"]:
+        sys.stdin.readline()
+        lk.release()
+        sys.stdin.readline()  # stay alive: the lock was released, not dropped by exiting
+        sys.exit(0)
+    time.sleep(600)
+""")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture
+def spawn_holder() -> Iterator[Any]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def spawn(path: Path, purpose: str = "clear --gpus 0-7", *, raw: bool = False,
+              release_on_stdin: bool = False) -> subprocess.Popen[str]:
+        args = [sys.executable, "-c", HOLDER, str(path), purpose, "raw" if raw else "api"]
+        if release_on_stdin:
+            args.append("release-on-stdin")
+        p = subprocess.Popen(args, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        assert p.stdout is not None and p.stdout.readline() == "locked\n"
+        return p
+
+    yield spawn
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.communicate()  # reaps it and closes its pipes
+
+
+@pytest.fixture
+def lock_path(tmp_path: Path) -> Path:
+    return tmp_path / "host.lock"
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+# -- acquire / release -----------------------------------------------------------
+
+
+def test_acquire_release_and_holder_file(lock_path: Path) -> None:
+    lk = HostLock(lock_path, purpose="up --gpus 0-3")
+    lk.acquire(timeout=0)
+    assert lk.held
+    info = read_holder(lk.holder_path)
+    assert info["pid"] == os.getpid() and info["purpose"] == "up --gpus 0-3"
+    assert info["user"] and info["since"].endswith("Z")
+    with pytest.raises(GpuslateError, match="already held by this process"):
+        lk.acquire(timeout=0)
+    lk.release()
+    assert not lk.held
+    assert lk.holder_path.read_bytes() == b""  # no stale advice after a clean release
+    lk.release()  # a second release is harmless
+    with HostLock(lock_path, purpose="swap") as again:
+        assert again.held
+    assert not again.held
+
+
+def test_waiter_sees_holder_then_gets_lock_when_holder_is_killed(lock_path: Path, spawn_holder: Any) -> None:
+    holder = spawn_holder(lock_path, "clear --gpus 0-7")
+    seen: list[dict[str, Any]] = []
+    killed_at: list[float] = []
+
+    def on_wait(info: dict[str, Any]) -> None:
+        seen.append(info)
+        # the waiter is now waiting: the holder dies the hard way
+        os.kill(holder.pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    lk = HostLock(lock_path, purpose="swap")
+    lk.acquire(timeout=30, on_wait=on_wait)
+    waited = time.monotonic() - killed_at[0]
+    try:
+        assert len(seen) == 1
+        assert seen[0]["pid"] == holder.pid and seen[0]["purpose"] == "clear --gpus 0-7"
+        assert seen[0]["user"] and seen[0]["since"]
+        assert waited < 2.0, f"took {waited:.2f} s to take a dead holder's lock"
+        assert read_holder(lk.holder_path)["pid"] == os.getpid()
+    finally:
+        lk.release()
+
+
+def test_waiter_gets_lock_when_holder_releases(lock_path: Path, spawn_holder: Any) -> None:
+    holder = spawn_holder(lock_path, "up", release_on_stdin=True)
+    seen: list[dict[str, Any]] = []
+
+    def on_wait(info: dict[str, Any]) -> None:
+        seen.append(info)
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+
+    lk = HostLock(lock_path, purpose="clear")
+    lk.acquire(timeout=30, on_wait=on_wait)
+    try:
+        assert [(s["pid"], s["purpose"]) for s in seen] == [(holder.pid, "up")]
+        assert holder.poll() is None  # it let go while alive
+        assert read_holder(lk.holder_path)["purpose"] == "clear"
+    finally:
+        lk.release()
+
+
+def test_timeout_names_the_holder(lock_path: Path, spawn_holder: Any) -> None:
+    holder = spawn_holder(lock_path, "clear --gpus 0-7")
+    calls: list[dict[str, Any]] = []
+    lk = HostLock(lock_path, purpose="swap")
+    start = time.monotonic()
+    with pytest.raises(NotDoneError) as ei:
+        lk.acquire(timeout=0.4, on_wait=calls.append)
+    elapsed = time.monotonic() - start
+    assert 0.4 <= elapsed < 3
+    msg = str(ei.value)
+    assert msg.startswith("another gpuslate run holds the host lock: clear --gpus 0-7 (pid ")
+    assert f"pid {holder.pid}, user " in msg and ", since " in msg and "\n" not in msg
+    assert len(calls) == 1 and calls[0]["pid"] == holder.pid
+    assert not lk.held
+    assert holder.poll() is None  # still holding: the waiter gave up, nothing else
+    # timeout=0 means one try
+    with pytest.raises(NotDoneError):
+        lk.acquire(timeout=0)
+
+
+def test_waiting_does_not_spin(lock_path: Path, spawn_holder: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    spawn_holder(lock_path)
+    tries = [0]
+    real_flock = lockmod.fcntl.flock
+
+    def counting_flock(fd: int, op: int) -> None:
+        tries[0] += 1
+        real_flock(fd, op)
+
+    monkeypatch.setattr(lockmod.fcntl, "flock", counting_flock)
+    cpu = time.process_time()
+    with pytest.raises(NotDoneError):
+        HostLock(lock_path, purpose="swap").acquire(timeout=1.0)
+    assert time.process_time() - cpu < 0.25
+    assert tries[0] <= 1.0 / 0.02 + 2, f"{tries[0]} lock attempts in 1 s"
+
+
+def test_stale_holder_file_of_a_dead_process_is_ignored(lock_path: Path, spawn_holder: Any) -> None:
+    holder_path = lock_path.with_name(lock_path.name + ".holder")
+    holder_path.write_text(json.dumps({"pid": _dead_pid(), "user": "ghost", "purpose": "old run",
+                                       "since": "2020-01-01T00:00:00.000Z"}))
+    # nobody holds the flock: the stale file must not make anyone wait
+    calls: list[dict[str, Any]] = []
+    lk = HostLock(lock_path, purpose="clear")
+    lk.acquire(timeout=0, on_wait=calls.append)
+    assert calls == []
+    lk.release()
+
+    # held by a process that left no info: the stale file must not be blamed
+    holder_path.write_text(json.dumps({"pid": _dead_pid(), "user": "ghost", "purpose": "old run",
+                                       "since": "2020-01-01T00:00:00.000Z"}))
+    spawn_holder(lock_path, raw=True)
+    with pytest.raises(NotDoneError) as ei:
+        lk.acquire(timeout=0.3, on_wait=calls.append)
+    assert calls == [{"pid": None, "user": None, "purpose": None, "since": None}]
+    assert "ghost" not in str(ei.value) and "old run" not in str(ei.value)
+    assert "(holder unknown)" in str(ei.value)
+
+
+def test_holder_file_of_a_reused_pid_is_ignored(lock_path: Path) -> None:
+    holder_path = lock_path.with_name(lock_path.name + ".holder")
+    # our own pid, but with another start time: a different process
+    holder_path.write_text(json.dumps({"pid": os.getpid(), "start_ticks": 1, "user": "ghost",
+                                       "purpose": "old run", "since": "x"}))
+    assert read_holder(holder_path)["pid"] is None
+
+
+def test_children_do_not_inherit_the_lock(lock_path: Path) -> None:
+    # a server started by `up` must not keep the host locked after gpuslate exits
+    lk = HostLock(lock_path, purpose="up")
+    lk.acquire(timeout=0)
+    child = subprocess.Popen(["sleep", "60"], close_fds=False)
+    try:
+        lk.release()
+        other = HostLock(lock_path, purpose="clear")
+        other.acquire(timeout=0)
+        other.release()
+    finally:
+        child.kill()
+        child.wait()
+
+
+# -- permissions and folders -----------------------------------------------------
+
+
+def test_lock_files_are_world_writable_whatever_the_umask(lock_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        with HostLock(lock_path, purpose="clear") as lk:
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(lock_path.stat().st_mode) == 0o666
+    assert stat.S_IMODE(lk.holder_path.stat().st_mode) == 0o666
+
+
+def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("")
+    (tmp_path / "host.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(GpuslateError, match="symbolic link"):
+        HostLock(tmp_path / "host.lock", purpose="clear").acquire(timeout=0)
+
+
+def test_lock_dir_from_env_is_shared_and_sticky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    old = os.umask(0o077)
+    try:
+        d = default_lock_dir(None)
+    finally:
+        os.umask(old)
+    assert d == tmp_path / "locks"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o1777
+    # the env var wins over a simulated host too
+    assert default_lock_dir(str(tmp_path / "sim")) == d
+
+
+def test_lock_dir_of_a_simulated_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUSLATE_LOCK_DIR", raising=False)
+    monkeypatch.setattr(lockmod, "SYSTEM_LOCK_DIR", tmp_path / "must-not-be-used")
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    d = default_lock_dir(str(sim))
+    assert d == sim / "locks" and d.is_dir()
+    assert not stat.S_IMODE(d.stat().st_mode) & stat.S_ISVTX  # private to the simulated host
+    assert not (tmp_path / "must-not-be-used").exists()
+
+
+def test_lock_dir_system_then_temp_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUSLATE_LOCK_DIR", raising=False)
+    (tmp_path / "run-lock").mkdir()
+    monkeypatch.setattr(lockmod, "SYSTEM_LOCK_DIR", tmp_path / "run-lock" / "gpuslate")
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    d = default_lock_dir(None)
+    assert d == tmp_path / "run-lock" / "gpuslate"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o1777
+
+    # /run/lock not usable (here: a file where the folder should be): the temp folder
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setattr(lockmod, "SYSTEM_LOCK_DIR", tmp_path / "not-a-dir" / "gpuslate")
+    (tmp_path / "tmp").mkdir()
+    d = default_lock_dir(None)
+    assert d == tmp_path / "tmp" / "gpuslate-locks"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o1777
+
+
+def test_existing_lock_dir_keeps_its_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "locks"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(d))
+    assert default_lock_dir(None) == d
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
