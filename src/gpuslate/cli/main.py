@@ -14,7 +14,24 @@ from .exits import ExitStatus, exit_status_for
 COMMANDS = (status_cmd, sim_cmd)
 
 
+class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subcommands whose options need heavy imports build them only when chosen,
+    so that `gpuslate status` does not pay for `gpuslate sim serve`'s options."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+        chosen = self._name_parser_map.get(values[0]) if values else None
+        build = getattr(chosen, "lazy_build", None)
+        if build is not None:
+            chosen.lazy_build = None  # type: ignore[union-attr]
+            build(chosen)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _LazySubParsers)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # one line, the documented usage exit code; no usage dump
         sys.stderr.write(f"gpuslate: error: {message} (see '{self.prog} --help')\n")

@@ -48,11 +48,34 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="the launcher never collects dead workers (they stay zombies)")
     hold.set_defaults(handler=run_hold)
 
+    serve = ss.add_parser("serve", help="a simulated OpenAI-compatible inference server",
+                          description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
+                          "endpoints) generating tokens on a documented performance model of continuous "
+                          "batching; its workers hold simulated GPU memory. See docs/sim-server.md.")
+    serve.lazy_build = _serve_options  # type: ignore[attr-defined]
+    serve.set_defaults(handler=run_serve)
+
     leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)")
     add_common(leak)
     leak.add_argument("--gpu", type=int, required=True)
     leak.add_argument("--memory", type=size, required=True)
     leak.set_defaults(handler=run_leak)
+
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
+    add_common(serve)
+    from ..sim.serverconfig import add_arguments
+
+    add_arguments(serve)
+    serve.add_argument("--gpus", type=gpu_list, metavar="LIST",
+                       help="simulated GPUs the workers hold (default: $CUDA_VISIBLE_DEVICES, else all)")
+    serve.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="worker processes, one per GPU like tensor-parallel ranks (default: one per GPU; "
+                       "0 without a simulated host)")
+    serve.add_argument("--memory", type=size, default="20GiB",
+                       help="memory each GPU holds while the server runs (default 20GiB)")
+    serve.add_argument("--title", default="sglang::scheduler_TP{rank}", metavar="NAME",
+                       help="worker process title ({rank}: the worker number)")
 
 
 def _host(args: argparse.Namespace):  # -> SimHost
@@ -105,3 +128,45 @@ def run_leak(args: argparse.Namespace) -> int:
         print(f"Leaked {args.memory} bytes on simulated GPU {args.gpu} (held by no process until "
               "the next 'gpuslate sim init')")
     return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import signal
+
+    from ..sim.server import config_from_args, run_server
+
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
+    workers: list[int] = []
+
+    def start() -> list[int]:
+        if not root:
+            if args.workers:
+                raise UsageError("--workers needs a simulated host: pass --sim DIR or set GPUSLATE_SIM")
+            return []
+        from .._parse import parse_gpu_list
+        from ..sim.holder import start_workers
+
+        host = _host(args)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = args.gpus if args.gpus is not None else (
+            parse_gpu_list(visible) if visible else list(range(host.gpu_count)))
+        n = len(gpus) if args.workers is None else args.workers
+        if n < 0 or n > 256:
+            raise UsageError(f"invalid --workers {n}: 0 to 256")
+        workers.extend(start_workers(host, gpus, args.memory, n, title=args.title) if n else [])
+        return list(workers)
+
+    try:
+        return run_server(config, start_workers=start)
+    finally:
+        # like a real server's shutdown: its ranks go with it (a SIGKILLed
+        # launcher cannot do this, which is how orphaned workers happen)
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass

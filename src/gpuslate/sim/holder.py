@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import IO, NoReturn
 
-from ..errors import UsageError
+from ..errors import ServerFailed, UsageError
 from ..proc.procfs import identity
 from .host import SimHost
 
@@ -117,13 +117,25 @@ def hold(
     if reap:
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
+    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title)
+    _announce(out, pids)
+    _sleep_forever()
+
+
+def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
+                  orphan: bool = False, title: str | None = None) -> list[int]:
+    """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
+    their pids once every one of them holds its memory (like TP ranks loading)."""
+    host.check_gpus(gpus)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # a forked child must not flush the parent's buffers again
     r, w = os.pipe()
     intermediates: list[int] = []
     for rank, held in enumerate(assign(gpus, memory, workers)):
         pid = os.fork()
         if pid == 0:
-            _worker(host, held, rank, r, w, orphan_workers, title)
-        if orphan_workers:
+            _worker(host, held, rank, r, w, orphan, title)
+        if orphan:
             intermediates.append(pid)
     os.close(w)
     for pid in intermediates:  # the middle process exits at once: collect it
@@ -135,16 +147,13 @@ def hold(
     with os.fdopen(r) as reports:
         for line in reports:
             if line.startswith("error "):
-                print(f"gpuslate sim hold: worker failed: {line[6:].strip()}", file=sys.stderr)
-                os._exit(1)
+                raise ServerFailed(f"simulated worker failed: {line[6:].strip()}")
             pids.append(int(line))
             if len(pids) == workers:
                 break
     if len(pids) != workers:
-        print("gpuslate sim hold: a worker died before holding its memory", file=sys.stderr)
-        os._exit(1)
-    _announce(out, pids)
-    _sleep_forever()
+        raise ServerFailed("a simulated worker died before holding its memory")
+    return pids
 
 
 def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: int,
