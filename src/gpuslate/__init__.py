@@ -22,6 +22,8 @@ from .errors import (
 from .gpu import GpuBackend, open_backend
 from .proc.procfs import ProcessId
 from .snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
+from .clear import ClearResult, clear
+from .wait import WaitResult, wait_free
 
 
 def status(gpus: list[int] | None = None, *, sim: str | None = None) -> Snapshot:
@@ -35,7 +37,7 @@ def status(gpus: list[int] | None = None, *, sim: str | None = None) -> Snapshot
 
 __all__ = [
     "__version__", "status", "take_snapshot", "open_backend", "GpuBackend", "Snapshot", "GpuState",
-    "HolderProcess", "ProcessId",
+    "HolderProcess", "ProcessId", "clear", "ClearResult", "wait_free", "WaitResult",
     "GpuslateError", "UsageError", "BackendUnavailable", "GpuQueryError", "NotDoneError",
     "PermissionDenied", "ServerFailed", "PartialFailure", "Interrupted",
 ]

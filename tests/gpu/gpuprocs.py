@@ -9,12 +9,26 @@ import subprocess
 import sys
 
 TORCH_HOLDER = r"""
-import sys, torch
+import signal, sys, torch
 n = int(sys.argv[1])
+if len(sys.argv) > 2 and sys.argv[2] == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 x = torch.empty(n, dtype=torch.uint8, device="cuda")
 x.fill_(1)
 torch.cuda.synchronize()
 print("ready", flush=True)
+sys.stdin.read()
+"""
+
+# A launcher with N torch workers in its process group (like tensor-parallel ranks)
+TORCH_TREE = r"""
+import subprocess, sys
+n, each = int(sys.argv[1]), sys.argv[2]
+kids = [subprocess.Popen([sys.executable, "-c", sys.argv[3], each], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True) for _ in range(n)]
+for k in kids:
+    assert k.stdout.readline().strip() == "ready"
+print("ready", " ".join(str(k.pid) for k in kids), flush=True)
 sys.stdin.read()
 """
 
@@ -32,6 +46,7 @@ class Started:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
         self.pid = proc.pid
+        self.children: list[int] = []
 
     def stop(self) -> None:
         try:
@@ -45,7 +60,10 @@ def start_python(code: str, *args: str, timeout: float = 120) -> Started:
     proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready or proc.stdout.readline().strip() != "ready":
+    line = proc.stdout.readline().split() if ready else []
+    if not line or line[0] != "ready":
         proc.kill()
         raise AssertionError("GPU helper process did not become ready")
-    return Started(proc)
+    started = Started(proc)
+    started.children = [int(x) for x in line[1:]]
+    return started

@@ -6,12 +6,14 @@ import argparse
 import sys
 from typing import Sequence
 
+from . import clear as clear_cmd
+from . import log as log_cmd
 from . import sim as sim_cmd
 from . import status as status_cmd
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_status_for
 
-COMMANDS = (status_cmd, sim_cmd)
+COMMANDS = (status_cmd, clear_cmd, log_cmd, sim_cmd)
 
 
 class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]

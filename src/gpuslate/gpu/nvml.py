@@ -32,6 +32,8 @@ def _import_pynvml() -> Any:
 
 class NvmlBackend:
     name = "nvml"
+    #: "v2" when 'used' excludes driver-reserved memory, "v1" on older drivers
+    memory_api = "v2"
 
     def __init__(self) -> None:
         self._nv = nv = _import_pynvml()
@@ -194,6 +196,7 @@ class NvmlBackend:
                 if exc.value not in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
                     raise GpuQueryError(f"nvmlDeviceGetMemoryInfo_v2: {_describe(exc)}") from exc
                 self._missing.add("v2mem")
+        self.memory_api = "v1"
         m = self._call("nvmlDeviceGetMemoryInfo", h)
         return MemoryInfo(int(m.total), int(m.used), 0, int(m.free))
 

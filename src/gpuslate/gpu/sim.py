@@ -17,6 +17,7 @@ from .types import GpuProcess, GpuReading, MemoryInfo
 
 class SimBackend:
     name = "sim"
+    memory_api = "v2"  # the simulated driver reports reserved memory apart from 'used'
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.host = SimHost(root)

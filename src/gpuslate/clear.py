@@ -1,0 +1,247 @@
+"""``clear``: plan, act, verify. The safe replacement for
+``fuser -k /dev/nvidia*; sleep 2; nvidia-smi | grep MiB | head -4``.
+
+1. Plan (under the host lock): the targets and the spared, with reasons.
+2. Act: SIGTERM to every target at once, grace, SIGKILL to survivors; each
+   signal audited before it is sent and sent only to the exact process.
+3. Verify: poll until every target is gone and every selected GPU is free;
+   on timeout, a diagnosis per GPU. A restarted target is named with its
+   supervisor, not fought in a loop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+from .audit import AuditLog, new_run_id
+from .errors import Interrupted
+from .gpu.types import GpuBackend, GpuReading
+from .lock import HostLock, default_lock_dir
+from .plan import Plan, Selection, Target, make_plan
+from .proc.procfs import read_cgroup, read_info
+from .proc.terminate import Poller, Victim, VictimResult, terminate
+from .proc.tree import ProcTable
+from .snapshot import Snapshot, iso_time, take_snapshot
+from .wait import GpuDiagnosis, default_max_used, diagnose, is_free
+
+SCHEMA = "gpuslate.clear.v1"
+SUPERVISORS = {
+    "systemd": "systemctl stop {unit}", "supervisord": "supervisorctl stop <program>",
+    "runsv": "sv down <service>", "s6-supervise": "s6-svc -d <service>", "pm2": "pm2 stop <name>",
+    "containerd-shim": "docker stop {container} (or kubectl delete pod / crictl stop)",
+    "conmon": "podman stop {container}", "tini": "docker stop {container}", "docker-init": "docker stop {container}",
+}
+
+
+class Respawn(NamedTuple):
+    pid: int
+    command: str | None
+    replaces: int | None  # the target pid it looks like
+    supervisor: str | None
+    remedy: str
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class ClearResult(NamedTuple):
+    status: str  # clean | timeout | permission_denied | dry_run
+    host: str
+    backend: str
+    plan: Plan
+    results: list[VictimResult]
+    before: list[GpuReading]
+    after: list[GpuReading]
+    diagnosis: list[GpuDiagnosis]
+    respawned: list[Respawn]
+    timings: dict[str, float]
+    max_used: int
+    started_at: float
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("clean", "dry_run")
+
+    def to_json(self) -> dict[str, Any]:
+        by_pid = {r.victim.ident.pid: r for r in self.results}
+        targets = []
+        for t in self.plan.targets:
+            doc = t.to_json()
+            r = by_pid.get(t.ident.pid)
+            doc.update(r.to_json() if r else {"signals": [], "exited_at_s": None, "ended_by": None,
+                                               "permission_denied": False})
+            targets.append(doc)
+        return {
+            "schema": SCHEMA, "status": self.status, "ok": self.ok, "host": self.host, "backend": self.backend,
+            "dry_run": self.status == "dry_run", "started_at": iso_time(self.started_at),
+            "gpus": self.plan.gpus, "max_used": self.max_used,
+            "before": [_mem(r) for r in self.before], "after": [_mem(r) for r in self.after],
+            "targets": targets, "spared": [s.to_json() for s in self.plan.spared],
+            "respawned": [r.to_json() for r in self.respawned],
+            "diagnosis": [d.to_json() for d in self.diagnosis],
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+
+def _mem(r: GpuReading) -> dict[str, Any]:
+    return {"gpu": r.index, "used": r.memory.used if r.memory else None,
+            "processes": [p.pid for p in r.processes or []], "error": r.error}
+
+
+def clear(
+    gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: str | None = None,
+    match: str | None = None, all_users: bool = False, include_handles: bool = False,
+    grace: float = 10.0, timeout: float = 60.0, max_used: int | None = None, dry_run: bool = False,
+    sim: str | None = None, backend: GpuBackend | None = None,
+    confirm: Callable[[Plan], bool] | None = None, on_event: Callable[[str], None] | None = None,
+    lock: bool = True, audit: AuditLog | None = None,
+) -> ClearResult:
+    """Terminate the jobs holding the selected GPUs and verify the GPUs are free.
+
+    Raises :class:`~gpuslate.errors.UsageError` on bad input before anything is
+    signaled, and :class:`~gpuslate.errors.Interrupted` when ``confirm`` says no.
+    """
+    from .errors import UsageError
+    from .gpu import open_backend, sim_root_from_env
+
+    for name, v in (("grace", grace), ("timeout", timeout)):
+        if not v >= 0:
+            raise UsageError(f"invalid --{name} {v}: must be at least 0")
+    if max_used is not None and max_used < 0:
+        raise UsageError("invalid --max-used: must not be negative")
+    sel = Selection(tuple(pids), user, match, all_users, include_handles)
+    note = on_event or (lambda _m: None)
+    t_start = time.monotonic()
+    started_at = time.time()
+    be = backend if backend is not None else open_backend(sim)
+    host_lock: HostLock | None = None
+    try:
+        if lock and not dry_run:
+            root = sim if sim is not None else (str(be.host.root) if be.name == "sim" else sim_root_from_env())
+            host_lock = HostLock(default_lock_dir(root) / "host.lock", purpose=_purpose(gpus, sel))
+            host_lock.acquire(on_wait=lambda h: note(
+                f"waiting for the host lock: {h.get('purpose') or 'another gpuslate run'} "
+                f"(pid {h.get('pid')}, user {h.get('user')}, since {h.get('since')})"))
+        limit = default_max_used(be) if max_used is None else max_used
+        plan = make_plan(be, gpus, sel)
+        t_plan = time.monotonic()
+        before = [g.reading for g in plan.before.gpus]
+        timings = {"plan_s": t_plan - t_start}
+        if dry_run:
+            timings["total_s"] = time.monotonic() - t_start
+            return ClearResult("dry_run", plan.before.host, be.name, plan, [], before, before, [], [], timings,
+                               limit, started_at)
+        if confirm is not None and plan.targets and not confirm(plan):
+            raise Interrupted("not confirmed: nothing was signaled")
+        deadline = t_start + timeout
+        run_id = new_run_id()
+        victims = [Victim(t.ident, _audit_info(t)) for t in plan.targets]
+        log = audit if audit is not None else (AuditLog() if victims else None)
+        results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
+                            kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
+                            audit=log, on_event=note, clock_start=t_start)
+        t_exit = time.monotonic()
+        timings["exit_s"] = t_exit - t_start
+        ok, after, respawned = _verify(be, plan, limit, deadline)
+        t_free = time.monotonic()
+        if ok:
+            timings["free_s"] = t_free - t_start
+        diagnosis: list[GpuDiagnosis] = []
+        if not ok:
+            snap = take_snapshot(be, plan.gpus)
+            victims_by_pid = {r.victim.ident.pid: r for r in results}
+            diagnosis = diagnose(snap, limit, victims=victims_by_pid,
+                                 spared={s.pid: s.reason for s in plan.spared},
+                                 planned=_planned(plan))
+            respawned = respawned or _respawns(plan, snap)
+        timings["total_s"] = time.monotonic() - t_start
+        denied = any(r.permission_denied for r in results)
+        status = "permission_denied" if denied else ("clean" if ok else "timeout")
+        return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
+                           respawned, timings, limit, started_at)
+    finally:
+        if host_lock is not None:
+            host_lock.release()
+        if backend is None:
+            be.close()
+
+
+def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:
+    from ._parse import format_gpu_list
+
+    return f"gpuslate clear --gpus {format_gpu_list(list(gpus)) if gpus else 'all'}"
+
+
+def _audit_info(t: Target) -> dict[str, Any]:
+    return {"pid": t.ident.pid, "start_ticks": t.ident.start_ticks, "user": t.user, "command": t.command,
+            "gpus": t.gpus, "used_memory": t.used_memory, "role": t.role, "container": t.container}
+
+
+def _planned(plan: Plan) -> set[int]:
+    return {t.ident.pid for t in plan.targets} | {s.pid for s in plan.spared} | \
+        {p.pid for g in plan.before.gpus for p in g.processes}
+
+
+def _verify(be: GpuBackend, plan: Plan, limit: int, deadline: float,
+            ) -> tuple[bool, list[GpuReading], list[Respawn]]:
+    """Poll until free; stop early, without waiting out the timeout, when a
+    target was restarted by a supervisor (the GPU will not become free)."""
+    planned = _planned(plan)
+    poll = Poller(first=0.001, cap=0.025)
+    checked: set[int] = set()
+    while True:
+        readings = be.read(plan.gpus, full=False)
+        if all(is_free(r, limit) for r in readings):
+            return True, readings, []
+        new = {p.pid for r in readings for p in (r.processes or [])} - planned - checked
+        if new:
+            checked |= new
+            respawned = _respawns(plan, take_snapshot(be, plan.gpus))
+            if respawned:
+                return False, readings, respawned
+        if time.monotonic() >= deadline:
+            return False, readings, []
+        poll.sleep(deadline)
+
+
+def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:
+    """New holders that look like a target restarted: same command line or same service cgroup."""
+    planned = _planned(plan)
+    by_cmd = {t.command: t for t in plan.targets if t.role == "holder"}
+    by_cgroup = {t.cgroup: t for t in plan.targets if t.cgroup and t.cgroup.endswith(".service")}
+    out: list[Respawn] = []
+    table = ProcTable()
+    for g in snap.gpus:
+        for p in g.processes:
+            if p.pid in planned or not p.visible or p.kind == "handle" or any(r.pid == p.pid for r in out):
+                continue
+            cg = read_cgroup(p.pid)
+            old = by_cmd.get(p.command or "") or (by_cgroup.get(cg) if cg else None)
+            if old is None:
+                continue
+            sup, remedy = _supervisor(table, p.pid, cg, p.container)
+            out.append(Respawn(p.pid, p.command, old.ident.pid, sup, remedy))
+    return out
+
+
+def _supervisor(table: ProcTable, pid: int, cgroup: str | None, container: str | None) -> tuple[str | None, str]:
+    unit = cgroup.rsplit("/", 1)[-1] if cgroup and cgroup.endswith(".service") else None
+    for anc in table.ancestors(pid):
+        info = read_info(anc)
+        if info is None:
+            continue
+        base = "containerd-shim" if info.name.startswith("containerd-shim") else info.name
+        if base in SUPERVISORS and (base != "systemd" or unit):
+            remedy = SUPERVISORS[base].format(unit=unit, container=container or "<container>")
+            return f"{info.name} (pid {anc})", f"stop it at its source: {remedy}"
+        if anc == 1:
+            break
+        if base not in ("bash", "sh", "dash", "zsh"):
+            continue
+        return f"{info.name} (pid {anc}): {info.command}", (
+            f"stop the loop that restarts it: end PID {anc} ({info.command}) first, then clear again")
+    if unit:
+        return f"systemd unit {unit}", f"stop it at its source: systemctl stop {unit}"
+    return None, "find what restarts it (a service manager, a container runtime, a loop) and stop that first"
+

@@ -1,0 +1,96 @@
+"""``gpuslate clear`` and ``gpuslate wait``: terminate the right processes, prove the GPUs free."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import add_common, gpu_list, nonnegative_float, print_json, size
+
+EXIT_BY_STATUS = {"clean": 0, "dry_run": 0, "timeout": 4, "permission_denied": 5}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "clear", help="terminate the jobs holding GPUs (SIGTERM, grace, SIGKILL) and verify the memory is free",
+        description="Plan, act, verify: terminate whole jobs holding the selected GPUs (your own processes "
+        "unless --all-users), then wait until every GPU is free. Monitors, GPU daemons, gpuslate and its "
+        "ancestors are never targets. Exit 0 clean, 2 bad input, 4 not free within --timeout, 5 permission "
+        "denied on some target.")
+    add_common(p)
+    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to clear, e.g. 0,2-3 (default: all)")
+    p.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
+                   help="only the job of this process (repeatable)")
+    p.add_argument("--user", metavar="NAME", help="only this user's processes")
+    p.add_argument("--match", metavar="REGEX", help="only processes whose command line or title matches")
+    p.add_argument("--all-users", action="store_true",
+                   help="allow other users' processes as targets (needed even as root)")
+    p.add_argument("--include-handles", action="store_true",
+                   help="also terminate processes that only hold device handles (monitors, daemons)")
+    p.add_argument("--grace", type=nonnegative_float, default=10.0, metavar="SECONDS",
+                   help="time between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
+                   help="give up after this long in total, with a diagnosis (default 60)")
+    p.add_argument("--max-used", type=size, metavar="SIZE",
+                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without the v2 memory API)")
+    p.add_argument("--dry-run", action="store_true", help="show the plan; signal nothing")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation on a terminal")
+    p.set_defaults(handler=run_clear)
+
+    w = sub.add_parser("wait", help="wait until GPUs are free; signals nothing",
+                       description="Return 0 as soon as the selected GPUs are free (no process with a context, "
+                       "used memory at most --max-used), 4 on timeout with a diagnosis. Signals nothing.")
+    add_common(w)
+    w.add_argument("--free", action="store_true", required=True, help="wait for the GPUs to be free")
+    w.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to wait for (default: all)")
+    w.add_argument("--max-used", type=size, metavar="SIZE", help="as for clear")
+    w.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
+                   help="give up after this long (default 60)")
+    w.set_defaults(handler=run_wait)
+
+
+def _say(msg: str) -> None:
+    sys.stderr.write(f"gpuslate: {msg}\n")
+    sys.stderr.flush()
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    from ..clear import clear
+
+    confirm = None
+    if not args.yes and not args.dry_run and sys.stdin.isatty():
+        def confirm(plan) -> bool:  # type: ignore[no-untyped-def]
+            from .render_clear import print_plan
+
+            print_plan(plan, file=sys.stderr)
+            sys.stderr.write(f"Terminate these {len(plan.targets)} processes? [y/N] ")
+            sys.stderr.flush()
+            return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+    result = clear(args.gpus, pids=args.pid, user=args.user, match=args.match, all_users=args.all_users,
+                   include_handles=args.include_handles, grace=args.grace, timeout=args.timeout,
+                   max_used=args.max_used, dry_run=args.dry_run, sim=args.sim, confirm=confirm,
+                   on_event=_say)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        from .render_clear import print_clear
+
+        print_clear(result)
+    return EXIT_BY_STATUS[result.status]
+
+
+def run_wait(args: argparse.Namespace) -> int:
+    from ..wait import wait_free
+
+    result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, sim=args.sim)
+    if args.json:
+        print_json(result.to_json())
+    elif result.ok:
+        print(f"GPUs {','.join(map(str, result.gpus))} free after {result.elapsed_s:.3f} s")
+    else:
+        from .render_clear import print_diagnosis
+
+        print(f"GPUs not free after {result.elapsed_s:.1f} s:")
+        print_diagnosis(result.diagnosis)
+    return 0 if result.ok else 4

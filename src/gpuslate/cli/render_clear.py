@@ -1,0 +1,117 @@
+"""Readable reports for ``clear`` and ``wait`` (rich)."""
+
+from __future__ import annotations
+
+from typing import IO, Any
+
+from .._parse import format_gpu_list, format_size
+from ..clear import ClearResult
+from ..plan import Plan
+from ..wait import GpuDiagnosis
+
+
+def _console(file: IO[str] | None = None) -> Any:
+    import sys
+
+    from rich.console import Console
+
+    out = file or sys.stdout
+    return Console(file=out, highlight=False, width=None if out.isatty() else 200)
+
+
+def _cmd(text: str | None, limit: int = 90) -> str:
+    from rich.markup import escape
+
+    line = " ".join((text or "").split())
+    return escape(line if len(line) <= limit else line[: limit - 1] + "…")
+
+
+def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    cols = ["PID", "Role", "User", "GPUs", "GPU memory", "Command"]
+    if result is not None:
+        cols[5:5] = ["Signals", "Ended"]
+    for c in cols:
+        t.add_column(c, no_wrap=True, justify="right" if c in ("PID", "GPU memory") else "left")
+    by_pid = {r.victim.ident.pid: r for r in result.results} if result else {}
+    for tg in plan.targets:
+        row = [str(tg.ident.pid), tg.role, tg.user or "-", format_gpu_list(tg.gpus) or "-",
+               format_size(tg.used_memory) if tg.used_memory is not None else "-"]
+        if result is not None:
+            r = by_pid.get(tg.ident.pid)
+            sigs = ", ".join(f"{s.signal}@{s.at:.3f}s" + ("" if s.outcome == "delivered" else f" ({s.outcome})")
+                             for s in (r.signals if r else []))
+            ended = "[red]still running[/]" if r is None or r.exited_at is None else \
+                f"{r.ended_by} @{r.exited_at:.3f}s"
+            if r is not None and r.permission_denied:
+                ended = "[red]permission denied[/]"
+            row += [sigs or "-", ended]
+        container = f"[magenta]container {tg.container}[/] " if tg.container else ""
+        row.append(container + _cmd(tg.command))
+        t.add_row(*row)
+    return t
+
+
+def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
+    c = _console(file)
+    c.print(f"[bold]Plan[/] for GPUs {format_gpu_list(plan.gpus)}: {len(plan.targets)} targets")
+    if plan.targets:
+        c.print(plan_table(plan))
+    _print_spared(c, plan)
+
+
+def _print_spared(c: Any, plan: Plan) -> None:
+    if plan.spared:
+        c.print("[bold]Spared[/]")
+        for s in plan.spared:
+            c.print(f"  {s.pid} {s.user or '-'} [dim]{_cmd(s.command, 60)}[/]: {s.reason}")
+
+
+def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> None:
+    c = _console(file)
+    for d in diag:
+        used = format_size(d.used) if d.used is not None else "unknown"
+        c.print(f"[red]GPU {d.gpu} not free[/]: {used} used (free means at most {format_size(d.max_used)})")
+        for p in d.problems:
+            who = f"PID {p.pid} ({p.user}, {_cmd(p.command, 50)})" if p.pid is not None else "no process"
+            c.print(f"  - {who}: {p.reason}")
+            if p.remedy:
+                c.print(f"    [dim]remedy: {p.remedy}[/]")
+
+
+def print_clear(result: ClearResult) -> None:
+    c = _console()
+    plan = result.plan
+    if result.status == "dry_run":
+        c.print("[yellow]Dry run: nothing was signaled.[/]")
+        print_plan(plan)
+        return
+    if plan.targets:
+        c.print(plan_table(plan, result))
+    else:
+        c.print("No targets.")
+    _print_spared(c, plan)
+    before = {r.index: r for r in result.before}
+    c.print("[bold]GPU memory[/] before → after")
+    for r in result.after:
+        b = before.get(r.index)
+        bu = format_size(b.memory.used) if b is not None and b.memory else "?"
+        au = format_size(r.memory.used) if r.memory else "?"
+        c.print(f"  GPU {r.index}: {bu} → {au}" + (f" [red]{r.error}[/]" if r.error else ""))
+    t = result.timings
+    parts = [f"{k.removesuffix('_s')} {v:.3f} s" for k, v in t.items()]
+    c.print("[bold]Timings[/]: " + ", ".join(parts))
+    for rs in result.respawned:
+        c.print(f"[red]Restarted[/]: PID {rs.pid} ({_cmd(rs.command, 60)}) replaced {rs.replaces}; "
+                f"supervisor {rs.supervisor or 'unknown'}. {rs.remedy}")
+    if result.diagnosis:
+        print_diagnosis(result.diagnosis)
+    if result.status == "clean":
+        c.print(f"[green]Clean[/]: GPUs {format_gpu_list(plan.gpus)} free (at most "
+                f"{format_size(result.max_used)} used each), verified.")
+    elif result.status == "permission_denied":
+        c.print("[red]Some targets could not be signaled (permission denied).[/]")
+    else:
+        c.print("[red]Not free within the timeout.[/]")

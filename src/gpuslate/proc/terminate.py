@@ -1,0 +1,132 @@
+"""SIGTERM, grace, SIGKILL: the termination engine shared by ``clear`` and ``down``.
+
+Every signal is written to the audit log before it is sent; the identity of
+each process is checked at the moment of each signal (see :mod:`.signals`).
+Waiting polls process state with an adaptive interval rather than sleeping a
+fixed time: fast teardowns are seen within milliseconds, slow ones cost no CPU.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Callable, NamedTuple
+
+from ..audit import AuditLog
+from .procfs import ProcessId
+from .signals import DELIVERED, NOT_RUNNING, PERMISSION_DENIED, PID_REUSED, is_gone, reap_if_child, send_signal
+
+
+class Victim(NamedTuple):
+    """A process to terminate. ``info`` describes it for the audit log and reports
+    (pid, start_ticks, user, command, gpus, used_memory, container ...)."""
+
+    ident: ProcessId
+    info: dict[str, Any]
+
+
+class SignalRecord(NamedTuple):
+    signal: str
+    at: float  # seconds after the termination started
+    outcome: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"signal": self.signal, "at_s": round(self.at, 4), "outcome": self.outcome}
+
+
+class VictimResult:
+    """What happened to one victim."""
+
+    def __init__(self, victim: Victim) -> None:
+        self.victim = victim
+        self.signals: list[SignalRecord] = []
+        self.exited_at: float | None = None  # seconds after start; None: still running
+        self.ended_by: str | None = None  # SIGTERM | SIGKILL | gone (before any signal) | pid_reused
+        self.permission_denied = False
+
+    @property
+    def alive(self) -> bool:
+        return self.exited_at is None and not self.permission_denied
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.victim.info, "signals": [s.to_json() for s in self.signals],
+                "exited_at_s": round(self.exited_at, 4) if self.exited_at is not None else None,
+                "ended_by": self.ended_by, "permission_denied": self.permission_denied}
+
+
+class Poller:
+    """Adaptive polling: starts at 1 ms, backs off to ``cap`` seconds."""
+
+    def __init__(self, first: float = 0.001, cap: float = 0.02) -> None:
+        self.delay = first
+        self.cap = cap
+
+    def sleep(self, deadline: float | None = None) -> None:
+        d = self.delay
+        if deadline is not None:
+            d = max(0.0, min(d, deadline - time.monotonic()))
+        time.sleep(d)
+        self.delay = min(self.cap, self.delay * 1.5)
+
+
+def terminate(
+    victims: list[Victim], *, grace: float, kill_wait: float, action: str, run_id: str,
+    audit: AuditLog | None, on_event: Callable[[str], None] | None = None,
+    clock_start: float | None = None,
+) -> list[VictimResult]:
+    """Terminate every victim: SIGTERM to all at once, wait up to ``grace`` seconds,
+    SIGKILL the survivors, wait up to ``kill_wait`` seconds more.
+
+    Processes that cannot be signaled (permission) are recorded and skipped;
+    the others proceed. Returns one result per victim, in order.
+    """
+    t0 = clock_start if clock_start is not None else time.monotonic()
+    results = [VictimResult(v) for v in victims]
+    note = on_event or (lambda _m: None)
+
+    def signal_all(sig: signal.Signals, who: list[VictimResult]) -> None:
+        for r in who:
+            entry = audit.before_signal(run_id=run_id, action=action, signal=sig.name,
+                                        target=r.victim.info) if audit else None
+            outcome = send_signal(r.victim.ident, sig)
+            r.signals.append(SignalRecord(sig.name, time.monotonic() - t0, outcome))
+            if audit and entry:
+                audit.outcome(entry, outcome)
+            if outcome == PERMISSION_DENIED:
+                r.permission_denied = True
+                note(f"permission denied signaling {r.victim.ident.pid}")
+            elif outcome in (NOT_RUNNING, PID_REUSED):
+                r.exited_at = time.monotonic() - t0
+                r.ended_by = r.ended_by or ("gone" if outcome == NOT_RUNNING and not _sent(r) else
+                                            "pid_reused" if outcome == PID_REUSED else sig.name)
+
+    def wait(who: list[VictimResult], until: float, ended_by: str) -> list[VictimResult]:
+        poll = Poller()
+        pending = [r for r in who if r.alive]
+        while pending:
+            for r in pending:
+                reap_if_child(r.victim.ident.pid)
+                if is_gone(r.victim.ident):
+                    r.exited_at = time.monotonic() - t0
+                    r.ended_by = ended_by
+            pending = [r for r in pending if r.alive]
+            if not pending or time.monotonic() >= until:
+                break
+            poll.sleep(until)
+        return pending
+
+    alive = [r for r in results if r.alive]
+    if not alive:
+        return results
+    signal_all(signal.SIGTERM, alive)
+    note(f"SIGTERM sent to {sum(1 for r in alive if r.signals[-1].outcome == DELIVERED)} processes")
+    survivors = wait(alive, time.monotonic() + grace, "SIGTERM")
+    if survivors:
+        note(f"{len(survivors)} processes survived SIGTERM for {grace:g} s: SIGKILL")
+        signal_all(signal.SIGKILL, survivors)
+        wait(survivors, time.monotonic() + kill_wait, "SIGKILL")
+    return results
+
+
+def _sent(r: VictimResult) -> bool:
+    return any(s.outcome == DELIVERED for s in r.signals)

@@ -1,0 +1,170 @@
+"""Which processes belong to a unit, and how the unit is fenced in at launch.
+
+Every unit runs in its own session and process group. Where the host allows,
+it also gets a cgroup of its own, so that a descendant that left the session
+(``setsid`` after a double fork) still belongs to it:
+
+* ``cgroup``: a child of gpuslate's own cgroup v2 (when that is writable,
+  e.g. under a delegated systemd user slice or in a container with a
+  writable cgroupfs); stopping it ends with ``cgroup.kill``;
+* ``scope``: a transient ``systemd-run --user --scope`` unit;
+* ``session``: neither is possible; the session, the process group, the
+  descendants of the main process and the processes recorded at readiness.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from ..proc.procfs import ProcStat, read_cgroup
+from ..proc.tree import ProcTable
+from .store import UnitRecord
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class Fence(NamedTuple):
+    kind: str  # cgroup | scope | session
+    cgroup: str | None  # for kind cgroup: the path made for the unit (relative to CGROUP_ROOT)
+    argv_prefix: list[str]  # for kind scope: systemd-run ...
+    preexec: Callable[[], None] | None
+
+
+def _cgroup_v2() -> bool:
+    return (CGROUP_ROOT / "cgroup.controllers").exists()
+
+
+def choose_fence(name: str, wanted: str = "auto") -> tuple[Fence, str | None]:
+    """The strongest fence this host allows (or ``wanted``); with why a stronger one was not used."""
+    notes: list[str] = []
+    if wanted in ("auto", "cgroup"):
+        fence, why = _own_cgroup(name)
+        if fence:
+            return fence, None
+        notes.append(why)
+    if wanted in ("auto", "scope"):
+        fence, why = _systemd_scope(name)
+        if fence:
+            return fence, None
+        notes.append(why)
+    return Fence("session", None, [], None), "; ".join(n for n in notes if n) or None
+
+
+def _own_cgroup(name: str) -> tuple[Fence | None, str]:
+    if not _cgroup_v2():
+        return None, "no cgroup v2 hierarchy at /sys/fs/cgroup"
+    mine = read_cgroup(os.getpid())
+    if mine is None:
+        return None, "own cgroup unknown"
+    parent = CGROUP_ROOT / mine.lstrip("/")
+    # moving a process between cgroups needs write access to the common ancestor's cgroup.procs
+    if not (os.access(parent, os.W_OK) and os.access(parent / "cgroup.procs", os.W_OK)):
+        return None, f"cgroup {mine} is not writable"
+    child = parent / f"gpuslate-{name}-{uuid.uuid4().hex[:8]}"
+    try:
+        child.mkdir()
+    except OSError as exc:
+        return None, f"cannot create a cgroup under {mine}: {exc.strerror or exc}"
+    procs = str(child / "cgroup.procs")
+
+    def join() -> None:  # runs in the child between fork and exec: nothing it forks escapes
+        with open(procs, "w") as f:
+            f.write("0")
+
+    rel = "/" + str(child.relative_to(CGROUP_ROOT))
+    return Fence("cgroup", rel, [], join), ""
+
+
+def _systemd_scope(name: str) -> tuple[Fence | None, str]:
+    exe = shutil.which("systemd-run")
+    if exe is None:
+        return None, "no systemd-run"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    if not (Path(runtime, "systemd", "private").exists() or Path(runtime, "bus").exists()) or not _cgroup_v2():
+        return None, "no systemd user manager"
+    try:  # the user manager may be there and still refuse (no lingering, no delegation)
+        ok = subprocess.run([exe, "--user", "--scope", "--quiet", "--collect", "true"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        return None, "systemd-run --user --scope failed"
+    prefix = [exe, "--user", "--scope", "--quiet", "--collect", f"--unit=gpuslate-{name}-{uuid.uuid4().hex[:8]}", "--"]
+    return Fence("scope", None, prefix, None), ""
+
+
+def discard_cgroup(cgroup: str | None) -> None:
+    """Remove the unit's (empty) cgroup; a cgroup with processes left cannot be removed, and stays."""
+    if cgroup:
+        try:
+            (CGROUP_ROOT / cgroup.lstrip("/")).rmdir()
+        except OSError:
+            pass
+
+
+def cgroup_pids(cgroup: str | None) -> list[int]:
+    """Processes of the cgroup and of every cgroup below it."""
+    if not cgroup:
+        return []
+    top = CGROUP_ROOT / cgroup.lstrip("/")
+    out: list[int] = []
+    for dirpath, _dirs, files in os.walk(top):
+        if "cgroup.procs" in files:
+            try:
+                out += [int(x) for x in Path(dirpath, "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def cgroup_kill(cgroup: str | None) -> bool:
+    """SIGKILL everything in the cgroup at once (Linux 5.14+); False when not available."""
+    if not cgroup:
+        return False
+    try:
+        with open(CGROUP_ROOT / cgroup.lstrip("/") / "cgroup.kill", "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def unit_processes(rec: UnitRecord, table: ProcTable) -> list[ProcStat]:
+    """Every live process of the unit: its cgroup, its session and process group, the main
+    process's descendants, and the processes recorded at readiness (identity checked)."""
+    main = table.get(rec.pid)
+    main_is_ours = main is not None and main.start_ticks == rec.start_ticks
+    # The kernel keeps a session or group id from being reused while any member
+    # lives; a live process with the leader's pid but another start time means
+    # all members are gone and the number now names someone else's session.
+    ids_valid = main is None or main_is_ours
+    found: dict[int, ProcStat] = {}
+
+    def add(st: ProcStat | None) -> None:
+        if st is not None and st.state not in ("Z", "X"):
+            found[st.pid] = st
+
+    for pid in cgroup_pids(rec.cgroup):
+        add(table.get(pid))
+    if ids_valid:
+        for st in table.all():
+            if st.sid == rec.sid or st.pgid == rec.pgid:
+                add(st)
+    if main_is_ours:
+        add(main)
+        for pid in table.descendants(rec.pid):
+            add(table.get(pid))
+    for ident in rec.member_ids:
+        st = table.get(ident.pid)
+        if st is not None and st.start_ticks == ident.start_ticks:
+            add(st)
+    # never ourselves, nor whatever runs us (gpuslate started from inside the unit)
+    for pid in [os.getpid(), *table.ancestors(os.getpid())]:
+        found.pop(pid, None)
+    return sorted(found.values(), key=lambda s: s.pid)

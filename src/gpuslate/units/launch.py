@@ -1,0 +1,113 @@
+"""Start a unit's command detached from gpuslate: own session and process group, own
+cgroup where possible, stdio to its log file, nothing inherited from the caller's terminal.
+
+The command is a child of the ``up`` process only until that exits; being a
+session leader with its own stdio, it then lives on under init (or the
+nearest subreaper), untouched by the caller's terminal closing or by a
+Ctrl-C there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+from ..errors import UsageError
+from ..proc.procfs import ProcessId, read_cgroup, read_stat
+from . import logfile, store
+from .contain import Fence, choose_fence, discard_cgroup
+from .spec import UnitSpec
+
+# Popen objects of the units this process started: kept so their exit status
+# can be collected (no zombies in a long-lived caller) and no ResourceWarning
+# says "still running" when the object would otherwise be collected.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class Launched(NamedTuple):
+    proc: subprocess.Popen[bytes]
+    ident: ProcessId
+    fence: str  # cgroup | scope | session
+    cgroup: str | None
+    fence_note: str | None  # why a stronger fence was not used
+    log: Path
+    env: dict[str, str]  # added to the caller's environment
+    spawned: float  # time.monotonic() right before the fork
+    spawned_at: float  # epoch
+
+
+def unit_env(spec: UnitSpec) -> dict[str, str]:
+    env = dict(spec.env)
+    if spec.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
+    env["GPUSLATE_UNIT"] = spec.name  # lets the server (and a human with /proc) know what it is
+    return env
+
+
+def launch(spec: UnitSpec) -> Launched:
+    """Start ``spec.command``; raise UsageError if it cannot be executed at all."""
+    fence, note = choose_fence(spec.name, spec.containment)
+    if spec.containment not in ("auto", "session") and fence.kind != spec.containment:
+        raise UsageError(f"containment {spec.containment!r} is not possible on this host: {note}")
+    log = store.log_path(spec.name)
+    fd = logfile.open_for_unit(log)
+    added = unit_env(spec)
+    try:
+        try:
+            proc, t_spawn, at = _spawn(spec, fence, fd, added)
+        except subprocess.SubprocessError as exc:  # joining the cgroup failed in the child
+            discard_cgroup(fence.cgroup)
+            if spec.containment == "cgroup":
+                raise UsageError(f"cannot move the unit into cgroup {fence.cgroup}: {exc}") from None
+            note = f"cgroup {fence.cgroup} refused the process"
+            fence = Fence("session", None, [], None)
+            proc, t_spawn, at = _spawn(spec, fence, fd, added)
+    finally:
+        os.close(fd)
+    _children[proc.pid] = proc
+    st = read_stat(proc.pid)  # a zombie of ours until reaped, so this always succeeds
+    assert st is not None
+    cgroup = fence.cgroup if fence.kind == "cgroup" else _scope_cgroup(proc) if fence.kind == "scope" else None
+    return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, t_spawn, at)
+
+
+def _spawn(spec: UnitSpec, fence: Fence, fd: int, added: dict[str, str],
+           ) -> tuple[subprocess.Popen[bytes], float, float]:
+    env = {**os.environ, **added}  # without --gpus the caller's CUDA_VISIBLE_DEVICES (if any) stays
+    argv = [*fence.argv_prefix, *spec.command]
+    t_spawn, at = time.monotonic(), time.time()
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=spec.cwd, env=env,
+                                close_fds=True, start_new_session=True, preexec_fn=fence.preexec)
+    except FileNotFoundError as exc:
+        missing = exc.filename if exc.filename not in (None, spec.cwd) else spec.command[0]
+        if spec.cwd and not Path(spec.cwd).is_dir():
+            raise UsageError(f"unit {spec.name}: working directory {spec.cwd} does not exist") from None
+        raise UsageError(f"unit {spec.name}: command not found: {missing}") from None
+    except PermissionError as exc:
+        raise UsageError(f"unit {spec.name}: cannot execute {spec.command[0]}: {exc.strerror}") from None
+    return proc, t_spawn, at
+
+
+def _scope_cgroup(proc: subprocess.Popen[bytes]) -> str | None:
+    """systemd-run moves itself into the new scope before it execs the command."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and proc.poll() is None:
+        cg = read_cgroup(proc.pid)
+        if cg and cg.endswith(".scope") and "gpuslate-" in cg:
+            return cg
+        time.sleep(0.002)
+    return None
+
+
+def exit_status(pid: int) -> int | None:
+    """Exit code of a unit this process started and that has exited; None otherwise.
+    A death by signal N reads as 128 + N, as shells report it."""
+    proc = _children.get(pid)
+    if proc is None or proc.poll() is None:
+        return None
+    rc = proc.returncode
+    return 128 - rc if rc < 0 else rc

@@ -1,0 +1,97 @@
+"""Per-unit log files: rotated at every start, read from the end, followed across rotations.
+
+The unit writes straight into its file (stdout and stderr, ``O_APPEND``):
+no gpuslate process has to stay alive to carry its output. The price is that
+a running unit's file is not cut while it runs; it is rotated when the unit
+is started again (``NAME.log`` -> ``NAME.log.1`` ... ``NAME.log.KEEP``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+KEEP = 5
+_BLOCK = 64 * 1024
+
+
+def rotate(path: Path, keep: int = KEEP) -> None:
+    if not path.exists():
+        return
+    for i in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    os.replace(path, path.with_name(f"{path.name}.1"))
+
+
+def open_for_unit(path: Path) -> int:
+    """A fresh log file for a new run of the unit; the descriptor the unit writes to."""
+    rotate(path)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+
+
+def tail(path: Path, n: int | None) -> list[str]:
+    """The last ``n`` lines (all when None), read backwards only as far as needed."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return []
+    with f:
+        if n is None:
+            return f.read().decode("utf-8", "replace").splitlines()
+        if n <= 0:
+            return []
+        end = f.seek(0, os.SEEK_END)
+        pos, data = end, b""
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(_BLOCK, pos)
+            pos -= step
+            f.seek(pos)
+            data = f.read(step) + data
+        return data.decode("utf-8", "replace").splitlines()[-n:]
+
+
+def follow(path: Path, *, start_at_end: bool, keep_going: Callable[[], bool],
+           interval: float = 0.1) -> Iterator[str]:
+    """Lines appended to ``path`` as they come (raw, with their newline), until
+    ``keep_going()`` says stop and everything written so far was read. A new
+    file at ``path`` (the unit was started again) is followed from its start."""
+    f = None
+    ino = None
+    partial = b""
+    while True:
+        if f is None:
+            try:
+                f = open(path, "rb")
+                ino = os.fstat(f.fileno()).st_ino
+                if start_at_end:
+                    f.seek(0, os.SEEK_END)
+                start_at_end = False
+            except FileNotFoundError:
+                f = None
+        chunk = f.read() if f is not None else b""
+        if chunk:
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            for line in lines:
+                yield line.decode("utf-8", "replace") + "\n"
+            continue
+        try:
+            rotated = f is not None and os.stat(path).st_ino != ino
+        except FileNotFoundError:
+            rotated = False
+        if rotated:
+            assert f is not None
+            f.close()
+            f, partial = None, b""
+            continue
+        if not keep_going():
+            if partial:
+                yield partial.decode("utf-8", "replace")
+            if f is not None:
+                f.close()
+            return
+        time.sleep(interval)

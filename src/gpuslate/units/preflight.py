@@ -1,0 +1,113 @@
+"""Before a unit starts: its GPUs must be free and its port unused; if not, say who holds them."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+from typing import Sequence
+
+from .._parse import format_size
+from ..errors import NotDoneError
+from ..gpu.types import GpuBackend
+from ..proc.procfs import read_info
+from ..proc.tree import ProcTable
+from ..snapshot import Snapshot, take_snapshot
+from ..wait import is_free
+from . import store
+from .contain import unit_processes
+
+
+def unit_of_pids(records: Sequence[store.UnitRecord], table: ProcTable) -> dict[int, str]:
+    """pid -> name of the unit it belongs to, for every live process of every unit."""
+    out: dict[int, str] = {}
+    for rec in records:
+        for st in unit_processes(rec, table):
+            out.setdefault(st.pid, rec.name)
+    return out
+
+
+def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit: str,
+               records: Sequence[store.UnitRecord]) -> Snapshot:
+    """Raise NotDoneError naming every holder (and its unit) unless all ``gpus`` are free."""
+    snap = take_snapshot(backend, gpus)
+    busy = [g for g in snap.gpus if not is_free(g.reading, max_used)]
+    if not busy:
+        return snap
+    owners = unit_of_pids([r for r in records if r.name != for_unit], ProcTable())
+    parts: list[str] = []
+    units: set[str] = set()
+    for g in busy:
+        if g.reading.error:
+            parts.append(f"GPU {g.index}: query failed ({g.reading.error})")
+            continue
+        holders = []
+        for p in g.processes:
+            if p.kind == "handle":
+                continue
+            unit = owners.get(p.pid)
+            if unit:
+                units.add(unit)
+            holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "")
+                           + f" ({p.user or '?'}: {(p.command or p.name or '?')[:60]}, {format_size(p.used_memory)})")
+        used = g.reading.memory.used if g.reading.memory else None
+        parts.append(f"GPU {g.index} ({format_size(used)} used): " + (", ".join(holders) or "held by no visible process"))
+    which = ",".join(str(g.index) for g in busy)
+    hint = (f"stop it first: gpuslate down {sorted(units)[0]}" if len(units) == 1 else
+            "stop them first ('gpuslate down NAME', 'gpuslate clear'), or pass --clear to clear them")
+    raise NotDoneError(f"GPU{'s' if len(busy) > 1 else ''} {which} not free for unit {for_unit}: " + "; ".join(parts),
+                       hint=hint)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when a server could not bind the port (on ``host`` or on all addresses)."""
+    for addr in dict.fromkeys((host, "0.0.0.0")):
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no owner
+            try:
+                s.bind((addr, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+    return False
+
+
+def port_owner(port: int) -> str | None:
+    """'pid N (user: command)' of the process listening on ``port``, if this host shows it."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    info = read_info(pid)
+                    return f"pid {pid}" + (f" ({info.user}: {info.command[:60]})" if info else "")
+            except OSError:
+                continue
+    return None
+
+
+def check_port(host: str, port: int, *, for_unit: str) -> None:
+    if port_in_use(host, port):
+        owner = port_owner(port)
+        raise NotDoneError(f"port {port} is already in use" + (f" by {owner}" if owner else "")
+                           + f": unit {for_unit} cannot listen on it",
+                           hint="stop what listens there, or choose another --port")

@@ -1,0 +1,129 @@
+"""Is the unit serving yet? One probe per readiness kind, and the optional smoke completion.
+
+Each probe is one cheap, bounded attempt; :mod:`.lifecycle` calls it in a loop
+that also watches for the process dying, so a crash is seen at once rather
+than at the start timeout.
+
+* ``sglang``: ``GET /health_generate`` is 200 (it runs a real 1-token
+  generation; 503 while starting);
+* ``vllm``: ``GET /health`` is 200, then ``GET /v1/models`` is 200;
+* ``http``: ``GET URL`` is 200;
+* ``log``: a line of the unit's log matches a regular expression;
+* ``tcp``: a TCP connection to the port is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from .spec import UnitSpec
+
+
+def http(method: str, url: str, *, body: dict[str, Any] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
+    """One HTTP request; raises OSError when nothing answers."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    conn = cls(u.hostname or "127.0.0.1", u.port, timeout=max(0.05, timeout))
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, (u.path or "/") + (f"?{u.query}" if u.query else ""), body=data, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except http.client.HTTPException as exc:
+        raise OSError(str(exc)) from None
+    finally:
+        conn.close()
+
+
+class Probe:
+    """The readiness check of one unit run."""
+
+    def __init__(self, spec: UnitSpec, log: Path) -> None:
+        self.spec = spec
+        self.kind, self.target = spec.readiness
+        self.detail = "not checked yet"
+        self._log = log
+        self._pos = 0
+        self._partial = b""
+        self._pattern = re.compile(spec.ready_log) if spec.ready_log else None
+
+    def check(self, timeout: float = 2.0) -> bool:
+        try:
+            return getattr(self, f"_{self.kind}")(timeout)
+        except OSError as exc:  # refused, reset, timed out: still starting
+            self.detail = f"{self.target}: {exc.strerror or exc}"
+            return False
+
+    def _status(self, url: str, timeout: float) -> bool:
+        status, _ = http("GET", url, timeout=timeout)
+        self.detail = f"{url}: HTTP {status}"
+        return status == 200
+
+    def _tcp(self, timeout: float) -> bool:
+        with socket.create_connection((self.spec.host, int(self.spec.port or 0)), timeout=min(timeout, 1.0)):
+            self.detail = f"{self.target}: accepting connections"
+            return True
+
+    def _http(self, timeout: float) -> bool:
+        return self._status(self.target, timeout)
+
+    def _sglang(self, timeout: float) -> bool:
+        return self._status(self.target, timeout)
+
+    def _vllm(self, timeout: float) -> bool:
+        return self._status(self.spec.url("/health"), timeout) and self._status(self.spec.url("/v1/models"), timeout)
+
+    def _log(self, timeout: float) -> bool:
+        assert self._pattern is not None
+        with open(self._log, "rb") as f:
+            f.seek(self._pos)
+            chunk = f.read()
+        self._pos += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if self._pattern.search(line.decode("utf-8", "replace")):
+                self.detail = f"log line matched: {line.decode('utf-8', 'replace').strip()[:200]}"
+                return True
+        self.detail = f"no log line matches {self.target!r} yet"
+        return False
+
+
+def smoke(spec: UnitSpec, timeout: float = 60.0) -> dict[str, Any]:
+    """One real 1-token completion (OpenAI API). Never raises; ``ok`` says how it went."""
+    t0 = time.monotonic()
+    out: dict[str, Any] = {"ok": False, "model": spec.model, "status": None, "latency_s": None, "error": None}
+    try:
+        model = spec.model
+        if model is None:
+            status, body = http("GET", spec.url("/v1/models"), timeout=timeout)
+            models = json.loads(body).get("data") or [] if status == 200 else []
+            if not models:
+                out["error"] = f"/v1/models answered HTTP {status} with no model"
+                return out
+            model = out["model"] = models[0]["id"]
+        status, body = http("POST", spec.url("/v1/completions"), timeout=max(0.1, timeout - (time.monotonic() - t0)),
+                            body={"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
+        out["status"] = status
+        if status != 200:
+            out["error"] = f"/v1/completions answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
+            return out
+        doc = json.loads(body)
+        if not doc.get("choices"):
+            out["error"] = "/v1/completions returned no choices"
+            return out
+        out["ok"] = True
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        out["error"] = f"smoke completion failed: {exc}"
+    finally:
+        out["latency_s"] = round(time.monotonic() - t0, 4)
+    return out

@@ -1,0 +1,220 @@
+"""What a unit is: its command, GPUs, port and readiness, from ``gpuslate.toml`` or the command line.
+
+A unit declared in ``gpuslate.toml``::
+
+    [units.baseline]
+    command = ["python", "-m", "sglang.launch_server", "--port", "30000"]   # or one string
+    env = { SGLANG_LOG_LEVEL = "info" }
+    gpus = "0-7"              # or [0, 1]; exported as CUDA_VISIBLE_DEVICES
+    port = 30000
+    engine = "sglang"         # readiness: sglang | vllm; or ready_url / ready_log
+    smoke = true
+    start_timeout = 900
+
+Options given on the command line override the file; a command after ``--``
+replaces the file's command.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .._parse import parse_gpu_list
+from ..errors import UsageError
+
+CONFIG_NAME = "gpuslate.toml"
+ENGINES = ("sglang", "vllm")
+CONTAINMENTS = ("auto", "cgroup", "scope", "session")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass
+class UnitSpec:
+    name: str
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: list[int] | None = None  # None: every GPU (CUDA_VISIBLE_DEVICES left as it is)
+    port: int | None = None
+    host: str = "127.0.0.1"
+    engine: str | None = None
+    ready_url: str | None = None
+    ready_log: str | None = None
+    smoke: bool = False
+    model: str | None = None  # for --smoke; default: the first model of /v1/models
+    start_timeout: float = 900.0
+    grace: float = 10.0  # SIGTERM -> SIGKILL when stopping
+    stop_timeout: float = 60.0  # stopping, including the GPU memory release
+    cwd: str | None = None
+    containment: str = "auto"
+
+    @property
+    def readiness(self) -> tuple[str, str]:
+        """(kind, target): log | http | sglang | vllm | tcp. Explicit checks win over the engine's."""
+        if self.ready_log:
+            return "log", self.ready_log
+        if self.ready_url:
+            return "http", self.url(self.ready_url)
+        if self.engine:
+            return self.engine, self.url("/health_generate" if self.engine == "sglang" else "/health")
+        return "tcp", f"{self.host}:{self.port}"
+
+    def url(self, path: str) -> str:
+        if "://" in path:
+            return path
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{path if path.startswith('/') else '/' + path}"
+
+    def validate(self) -> UnitSpec:
+        if not _NAME.fullmatch(self.name):
+            raise UsageError(f"invalid unit name {self.name!r}: letters, digits, '.', '_', '-' (at most 64)")
+        if not self.command:
+            raise UsageError(f"unit {self.name!r} has no command: give one after '--' or in {CONFIG_NAME}")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise UsageError(f"invalid port {self.port}: 1 to 65535")
+        if self.engine is not None and self.engine not in ENGINES:
+            raise UsageError(f"invalid engine {self.engine!r}: one of {', '.join(ENGINES)}")
+        if self.containment not in CONTAINMENTS:
+            raise UsageError(f"invalid containment {self.containment!r}: one of {', '.join(CONTAINMENTS)}")
+        kind, _ = self.readiness
+        if self.port is None and (kind in ("tcp", "sglang", "vllm") or self.smoke
+                                  or (kind == "http" and "://" not in (self.ready_url or ""))):
+            raise UsageError(f"unit {self.name!r} needs a port for its readiness check "
+                             "(--port), or a full --ready URL, or --ready-log REGEX")
+        if self.ready_log:
+            try:
+                re.compile(self.ready_log)
+            except re.error as exc:
+                raise UsageError(f"invalid --ready-log pattern {self.ready_log!r}: {exc}") from None
+        for name in ("start_timeout", "grace", "stop_timeout"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and v != float("inf")):
+                raise UsageError(f"invalid {name} {v!r}: a number of seconds, at least 0")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> UnitSpec:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+
+# -- gpuslate.toml ----------------------------------------------------------------
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "host": (str,),
+    "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
+    "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
+    "containment": (str,),
+}
+
+
+def find_config(path: str | os.PathLike[str] | None) -> Path | None:
+    """``path`` (which must exist), else ``./gpuslate.toml`` if there is one."""
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"config file {p} not found")
+        return p
+    p = Path.cwd() / CONFIG_NAME
+    return p if p.is_file() else None
+
+
+def load_config(path: Path) -> dict[str, dict[str, Any]]:
+    """The ``[units.NAME]`` tables of a config file, each checked; UsageError with the line otherwise."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # the message already says "(at line L, column C)"
+        raise UsageError(f"{path}: malformed TOML: {exc}") from None
+    units = doc.get("units", {})
+    if not isinstance(units, dict):
+        raise UsageError(f"{path}:{_line_of(text, None, 'units')}: 'units' must be a table of [units.NAME] tables")
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in units.items():
+        where = f"{path}:{_line_of(text, name, None)}"
+        if not isinstance(table, dict):
+            raise UsageError(f"{where}: units.{name} must be a table")
+        for key, value in table.items():
+            line = f"{path}:{_line_of(text, name, key)}"
+            if key not in _TYPES:
+                raise UsageError(f"{line}: unknown key {key!r} in [units.{name}] "
+                                 f"(known: {', '.join(sorted(_TYPES))})")
+            if not isinstance(value, _TYPES[key]) or (isinstance(value, bool) and bool not in _TYPES[key]):
+                raise UsageError(f"{line}: {key} in [units.{name}] has the wrong type "
+                                 f"({type(value).__name__}; expected {' or '.join(t.__name__ for t in _TYPES[key])})")
+        try:
+            out[name] = _normalize(table, path)
+        except UsageError as exc:
+            raise UsageError(f"{where}: [units.{name}]: {exc}") from None
+    return out
+
+
+def _normalize(table: dict[str, Any], path: Path) -> dict[str, Any]:
+    t = dict(table)
+    if isinstance(t.get("command"), str):
+        t["command"] = shlex.split(t["command"])
+    if "command" in t and not all(isinstance(a, str) for a in t["command"]):
+        raise UsageError("command must be a string or a list of strings")
+    if "gpus" in t:
+        t["gpus"] = parse_gpu_list(",".join(map(str, t["gpus"])) if isinstance(t["gpus"], list) else str(t["gpus"]))
+    if "env" in t:
+        t["env"] = {str(k): str(v) for k, v in t["env"].items()}
+    if "cwd" in t:  # relative to the file, not to wherever gpuslate runs
+        t["cwd"] = str((path.parent / t["cwd"]).resolve())
+    return t
+
+
+def _line_of(text: str, unit: str | None, key: str | None) -> int:
+    """Best-effort line number of ``[units.UNIT]`` or of ``key`` inside it (1 if not found)."""
+    lines = text.splitlines()
+    start = 0
+    if unit is not None:
+        header = re.compile(r"\s*\[\s*units\s*\.\s*[\"']?" + re.escape(unit) + r"[\"']?\s*\]")
+        start = next((i for i, ln in enumerate(lines) if header.match(ln)), 0)
+        if key is None:
+            return start + 1
+    keypat = re.compile(r"\s*[\"']?" + re.escape(key or "") + r"[\"']?\s*[=.]")
+    for i in range(start, len(lines)):
+        if i > start and unit is not None and lines[i].lstrip().startswith("["):
+            break
+        if keypat.match(lines[i]):
+            return i + 1
+    return start + 1
+
+
+def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list[str] | None = None,
+            config: str | os.PathLike[str] | None = None, previous: dict[str, Any] | None = None) -> UnitSpec:
+    """The spec of unit ``name``: the config file's table (else ``previous``, the spec it last ran
+    with), then ``overrides`` (options given, not None), then ``command`` if given."""
+    path = find_config(config)
+    base: dict[str, Any] | None = None
+    if path is not None:
+        base = load_config(path).get(name)
+    if base is None and previous is not None:
+        base = {k: v for k, v in previous.items() if k != "name"}
+    if base is None and not command:
+        where = f"in {path}" if path else f"no {CONFIG_NAME} here"
+        raise UsageError(f"unknown unit {name!r} ({where}): give its command after '--', "
+                         f"e.g. gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
+    doc = dict(base or {})
+    doc.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if command:
+        doc["command"] = list(command)
+    doc["name"] = name
+    known = {f.name for f in fields(UnitSpec)}
+    return UnitSpec(**{k: v for k, v in doc.items() if k in known}).validate()

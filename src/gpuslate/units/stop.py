@@ -1,0 +1,113 @@
+"""Stop every process of a unit and verify its GPUs are released: the core of ``down``,
+of a failed ``up``, and of ``swap``.
+
+SIGTERM to every process of the unit at once (cgroup, session, process
+group, descendants, recorded members), grace, SIGKILL; then ``cgroup.kill``
+for anything that forked meanwhile; then sweep again for processes of the
+unit that appeared during the stop; then poll until the unit's GPUs are free,
+with the same test and the same diagnosis as ``clear``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple
+
+from ..audit import AuditLog
+from ..gpu.types import GpuBackend, GpuReading
+from ..proc.procfs import ProcStat, read_info
+from ..proc.signals import DELIVERED
+from ..proc.terminate import Victim, VictimResult, terminate
+from ..proc.tree import ProcTable
+from ..snapshot import take_snapshot
+from ..wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
+from .contain import cgroup_kill, cgroup_pids, discard_cgroup, unit_processes
+from .store import UnitRecord
+
+_SWEEPS = 3
+
+
+class StopReport(NamedTuple):
+    results: list[VictimResult]  # first round
+    swept: list[VictimResult]  # later rounds: processes of the unit that appeared during the stop
+    cgroup_killed: bool
+    released: bool  # the unit's GPUs verified free
+    readings: list[GpuReading]
+    diagnosis: list[GpuDiagnosis]
+    timings: dict[str, float]  # stop_s (signals -> all gone), verify_s (-> memory released), total_s
+
+    @property
+    def ok(self) -> bool:
+        return self.released and not any(r.alive or r.permission_denied for r in self.results + self.swept)
+
+    @property
+    def permission_denied(self) -> bool:
+        return any(r.permission_denied for r in self.results + self.swept)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "processes": [r.to_json() for r in self.results], "swept": [r.to_json() for r in self.swept],
+            "cgroup_killed": self.cgroup_killed, "memory_released": self.released,
+            "memory": [{"gpu": r.index, "used": r.memory.used if r.memory else None,
+                        "processes": [p.pid for p in r.processes or []], "error": r.error} for r in self.readings],
+            "diagnosis": [d.to_json() for d in self.diagnosis],
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+
+def _victim(st: ProcStat, rec: UnitRecord) -> Victim:
+    info = read_info(st.pid)
+    return Victim(st.ident, {
+        "pid": st.pid, "start_ticks": st.start_ticks, "name": st.name, "unit": rec.name,
+        "command": info.command if info else None, "user": info.user if info else None,
+        "pgid": st.pgid, "sid": st.sid, "gpus": rec.gpus,
+    })
+
+
+def stop_unit(rec: UnitRecord, backend: GpuBackend, *, grace: float, timeout: float, run_id: str,
+              audit: AuditLog | None = None, action: str = "down", max_used: int | None = None,
+              on_event: Callable[[str], None] | None = None) -> StopReport:
+    """Stop all of ``rec``'s processes and wait (up to ``timeout`` in all) for its GPUs to be free."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    limit = default_max_used(backend) if max_used is None else max_used
+    log = audit
+    done: set[tuple[int, int]] = set()
+
+    def round_(grace_s: float) -> list[VictimResult]:
+        nonlocal log
+        procs = [st for st in unit_processes(rec, ProcTable()) if (st.pid, st.start_ticks) not in done]
+        if not procs:
+            return []
+        log = log or AuditLog()
+        res = terminate([_victim(st, rec) for st in procs], grace=min(grace_s, max(0.0, deadline - time.monotonic())),
+                        kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
+                        audit=log, on_event=on_event, clock_start=t0)
+        done.update((r.victim.ident.pid, r.victim.ident.start_ticks) for r in res)
+        return res
+
+    results = round_(grace)
+    killed = False
+    if rec.cgroup and cgroup_pids(rec.cgroup):
+        # whatever forked between our SIGTERM and now: the kernel ends it all at once
+        log = log or AuditLog()
+        entry = log.before_signal(run_id=run_id, action=action, signal="SIGKILL",
+                                  target={"cgroup": rec.cgroup, "unit": rec.name}, reason="cgroup.kill")
+        killed = cgroup_kill(rec.cgroup)
+        log.outcome(entry, DELIVERED if killed else "error", None if killed else "cgroup.kill not available")
+    swept: list[VictimResult] = []
+    for _ in range(_SWEEPS):
+        more = round_(min(grace, 2.0))  # latecomers get a short grace: the unit is going away
+        if not more:
+            break
+        swept += more
+    t_exit = time.monotonic()
+    ok, readings = poll_until_free(backend, rec.gpus, limit, deadline) if rec.gpus else (True, [])
+    t_free = time.monotonic()
+    diagnosis: list[GpuDiagnosis] = []
+    if not ok:
+        everyone = {r.victim.ident.pid: r for r in results + swept}
+        diagnosis = diagnose(take_snapshot(backend, rec.gpus), limit, victims=everyone)
+    discard_cgroup(rec.cgroup)
+    timings = {"stop_s": t_exit - t0, "verify_s": t_free - t_exit, "total_s": time.monotonic() - t0}
+    return StopReport(results, swept, killed, ok, readings, diagnosis, timings)

@@ -1,0 +1,195 @@
+"""Verification: are the GPUs free? Wait until they are, or say exactly why not.
+
+A GPU is free when its query succeeded, the driver lists no process with a
+context on it (compute, graphics or MPS), and its used memory is at most
+``max_used``. The default ``max_used`` counts an idle GPU as free on drivers
+with and without the v2 memory API:
+
+* v2 drivers (R510+) report driver-reserved memory apart from 'used', so an
+  idle GPU reads 0 used: the default is 64 MiB.
+* v1 drivers count the reserved memory (a few hundred MiB, 645 MB on an H200)
+  as used: the default is 1 GiB.
+
+A failed query is never free. Diagnosis names, per GPU, what still holds it
+and why, with the remedy; gpuslate never resets a GPU itself.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple, Sequence
+
+from ._parse import format_size
+from .gpu.types import GpuBackend, GpuReading
+from .proc.terminate import Poller, VictimResult
+from .snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+
+MiB = 1024**2
+DEFAULT_MAX_USED_V2 = 64 * MiB
+DEFAULT_MAX_USED_V1 = 1024 * MiB
+WAIT_SCHEMA = "gpuslate.wait.v1"
+
+
+def default_max_used(backend: GpuBackend) -> int:
+    return DEFAULT_MAX_USED_V1 if getattr(backend, "memory_api", "v2") == "v1" else DEFAULT_MAX_USED_V2
+
+
+def is_free(r: GpuReading, max_used: int) -> bool:
+    return (r.error is None and r.memory is not None and r.processes is not None
+            and not r.processes and r.memory.used <= max_used)
+
+
+class Problem(NamedTuple):
+    """One reason a GPU is not free."""
+
+    pid: int | None
+    user: str | None
+    command: str | None
+    used_memory: int | None
+    reason: str
+    remedy: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class GpuDiagnosis(NamedTuple):
+    gpu: int
+    used: int | None
+    max_used: int
+    error: str | None
+    problems: list[Problem]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "used": self.used, "max_used": self.max_used, "error": self.error,
+                "problems": [p.to_json() for p in self.problems]}
+
+    def summary(self) -> str:
+        head = f"GPU {self.gpu}: " + (f"{format_size(self.used)} used" if self.used is not None else "state unknown")
+        return head + "; " + "; ".join(p.reason for p in self.problems)
+
+
+class WaitResult(NamedTuple):
+    ok: bool
+    gpus: list[int]
+    max_used: int
+    elapsed_s: float
+    readings: list[GpuReading]
+    diagnosis: list[GpuDiagnosis]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": WAIT_SCHEMA, "ok": self.ok, "gpus": self.gpus, "max_used": self.max_used,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "memory": [{"gpu": r.index, "used": r.memory.used if r.memory else None,
+                        "processes": [p.pid for p in r.processes or []], "error": r.error} for r in self.readings],
+            "diagnosis": [d.to_json() for d in self.diagnosis],
+        }
+
+
+def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float,
+                    ) -> tuple[bool, list[GpuReading]]:
+    """Poll memory and processes (the cheap query) until all GPUs are free or the deadline."""
+    poll = Poller(first=0.001, cap=0.025)
+    while True:
+        readings = backend.read(gpus, full=False)
+        if all(is_free(r, max_used) for r in readings):
+            return True, readings
+        if time.monotonic() >= deadline:
+            return False, readings
+        poll.sleep(deadline)
+
+
+def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
+              sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
+    """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
+    from .gpu import open_backend
+
+    own = backend is None
+    be = backend if backend is not None else open_backend(sim)
+    try:
+        sel = resolve_gpus(be, gpus)
+        limit = default_max_used(be) if max_used is None else max_used
+        t0 = time.monotonic()
+        ok, readings = poll_until_free(be, sel, limit, t0 + timeout)
+        elapsed = time.monotonic() - t0
+        diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
+        return WaitResult(ok, sel, limit, elapsed, readings, diag)
+    finally:
+        if own:
+            be.close()
+
+
+def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
+             spared: dict[int, str] | None = None, planned: set[int] | None = None) -> list[GpuDiagnosis]:
+    """Explain every GPU of ``snap`` that is not free.
+
+    ``victims``/``spared``/``planned`` come from ``clear``: what it tried to end,
+    what it left alone and why, and every pid its plan knew about.
+    """
+    victims = victims or {}
+    spared = spared or {}
+    out: list[GpuDiagnosis] = []
+    for g in snap.gpus:
+        r = g.reading
+        if is_free(r, max_used):
+            continue
+        problems: list[Problem] = []
+        if r.error:
+            problems.append(Problem(None, None, None, None,
+                                    f"the GPU could not be queried ({r.error}): its state is unknown, not free",
+                                    "check the driver (nvidia-smi -q -i %d) and the kernel log" % r.index))
+        accounted = 0
+        for p in g.processes:
+            if p.kind == "handle":
+                continue  # holds no memory and no context: never what keeps a GPU busy
+            accounted += p.used_memory or 0
+            problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
+        used = r.memory.used if r.memory else None
+        if used is not None and used > max_used and used - accounted > max_used:
+            orphan = used - accounted
+            problems.append(Problem(
+                None, None, None, orphan,
+                f"{format_size(orphan)} held by no process: an orphaned context (an MPS server, a CUDA IPC "
+                "handle, a process in another container or PID namespace) or a teardown still running",
+                "if MPS runs, stop it with 'echo quit | nvidia-cuda-mps-control'; look for holders from the host "
+                f"itself ('gpuslate status' outside containers); as a last resort an administrator can reset the "
+                f"GPU ('nvidia-smi --gpu-reset -i {r.index}') once nothing uses it: gpuslate never resets a GPU"))
+        out.append(GpuDiagnosis(r.index, used, max_used, r.error, problems))
+    return out
+
+
+def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
+             planned: set[int] | None) -> Problem:
+    def problem(reason: str, remedy: str | None) -> Problem:
+        return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy)
+
+    if not p.visible:
+        if victim is not None and victim.exited_at is not None:
+            return problem("exited; the driver is still releasing its memory (teardown)",
+                           "wait longer (--timeout); teardown of large contexts can take seconds")
+        return problem("its PID is not visible in this host's /proc: a process in another PID namespace "
+                       "(a container) or one that just exited",
+                       "run gpuslate on the host itself, or stop the container that owns it")
+    if p.state == "Z":
+        return problem(f"a zombie: it exited but its parent (PID {p.ppid}) has not reaped it; the driver is "
+                       "releasing its memory", f"the parent {p.ppid} must collect it (wait), or end the parent")
+    if p.state == "D":
+        return problem("in uninterruptible sleep (state D) inside the kernel or driver: signals take effect "
+                       "only when that call returns",
+                       f"wait; see 'cat /proc/{p.pid}/stack'; if it never returns, an administrator must reset "
+                       "the GPU (gpuslate never resets a GPU)")
+    if victim is not None:
+        if victim.permission_denied:
+            return problem(f"gpuslate was not permitted to signal it (owned by {p.user})",
+                           f"run as {p.user} or as root")
+        sigs = ", ".join(s.signal for s in victim.signals) or "no signal"
+        return problem(f"still running after {sigs}", "look at what it is blocked on; raise --timeout")
+    if spared is not None:
+        remedy = "add --all-users to include other users' jobs" if "another user" in spared else \
+            "add --include-handles" if "handle" in spared else None
+        return problem(f"not selected: {spared}", remedy)
+    if planned is not None and p.pid not in planned:
+        return problem("started after the plan was made (a new job, or a restarted one)",
+                       "see 'respawned' in the report; stop its supervisor first")
+    return problem(f"holds {format_size(p.used_memory)} ({p.kind})", "end it, or run 'gpuslate clear'")

@@ -1,0 +1,313 @@
+"""`gpuslate clear`: real process trees on a simulated host, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import gpuslate
+from gpuslate.audit import AuditLog
+from gpuslate.clear import clear
+from gpuslate.proc.procfs import ProcessId, identity, read_stat
+from gpuslate.proc.signals import PID_REUSED, send_signal
+from gpuslate.proc.terminate import Victim, terminate
+from gpuslate.sim.host import SimHost
+from helpers import GiB, gpuslate_env, is_gone, wait_for
+
+
+def alive(pid: int) -> bool:
+    return not is_gone(pid)
+
+
+def clear_json(cli, *args: str) -> tuple[int, dict]:
+    r = cli("clear", "--json", *args)
+    assert r.stdout, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_worker_tree_launcher_found_from_any_worker(sim_host, hold, cli):
+    h = hold("--gpus", "0-7", "--memory", "10GiB", "--workers", "8")
+    code, doc = clear_json(cli, "--pid", str(h.workers[5]), "--grace", "5")
+    assert code == 0, doc
+    roles = {t["pid"]: t["role"] for t in doc["targets"]}
+    assert roles[h.pid] == "launcher"
+    assert {p for p, r in roles.items() if r in ("holder", "group member", "descendant")} >= set(h.workers)
+    assert all(is_gone(p) for p in h.pids)
+    assert doc["status"] == "clean" and all(g["used"] == 0 for g in doc["after"])
+    assert doc["timings"]["free_s"] >= doc["timings"]["exit_s"] > 0
+
+
+def test_orphaned_workers_terminated(sim_host, hold, cli):
+    h = hold("--gpus", "0-3", "--memory", "8GiB", "--workers", "4", "--orphan-workers")
+    assert all(read_stat(w).ppid != h.pid for w in h.workers)
+    code, doc = clear_json(cli, "--gpus", "0-3")
+    assert code == 0, doc
+    assert {t["pid"] for t in doc["targets"]} == {h.pid, *h.workers}
+    assert all(is_gone(p) for p in h.pids)
+
+
+def test_ignore_term_escalates_to_sigkill(sim_host, hold, cli):
+    h = hold("--gpus", "0", "--memory", "4GiB", "--ignore-term", "--workers", "2")
+    code, doc = clear_json(cli, "--gpus", "0,1", "--grace", "0.3")
+    assert code == 0, doc
+    for t in doc["targets"]:
+        assert [s["signal"] for s in t["signals"]] == ["SIGTERM", "SIGKILL"]
+        assert t["ended_by"] == "SIGKILL"
+        kill_at = t["signals"][1]["at_s"]
+        assert kill_at - t["signals"][0]["at_s"] >= 0.29
+    assert all(is_gone(p) for p in h.pids)
+
+
+def test_handle_holders_spared_and_reported(sim_host, hold, cli):
+    mon = hold("--gpus", "0-7", "--memory", "0", "--title", "my-monitor")
+    daemon = hold("--gpus", "0-7", "--memory", "0", "--title", "nv-hostengine")
+    srv = hold("--gpus", "0", "--memory", "4GiB")
+    code, doc = clear_json(cli)
+    assert code == 0, doc
+    spared = {s["pid"]: s["reason"] for s in doc["spared"]}
+    assert "device handle" in spared[mon.pid] and "GPU daemon" in spared[daemon.pid]
+    assert alive(mon.pid) and alive(daemon.pid) and is_gone(srv.pid)
+    code, doc = clear_json(cli, "--include-handles")
+    assert code == 0 and is_gone(mon.pid) and is_gone(daemon.pid)
+
+
+def test_invoking_shell_and_gpuslate_never_signaled(sim_host):
+    """One process group: a shell starts a holder, then gpuslate clear; the shell survives."""
+    script = (f"{sys.executable} -m gpuslate sim hold --gpus 0 --memory 2GiB > {sim_host.root}/ready & "
+              f"while ! test -s {sim_host.root}/ready; do sleep 0.01; done; "
+              f"{sys.executable} -m gpuslate clear --json --yes > {sim_host.root}/out; echo rc=$?; wait")
+    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=gpuslate_env(), timeout=60)
+    assert "rc=0" in r.stdout, r.stderr
+    doc = json.loads((sim_host.root / "out").read_text())
+    assert len(doc["targets"]) == 1 and doc["targets"][0]["role"] == "holder"
+
+
+def test_python_launcher_that_runs_clear_is_protected(sim_host):
+    """A launcher (not a shell) is an ancestor of gpuslate: it is never a target, its job's holder is."""
+    code = ("import subprocess,sys,json;"
+            "h=subprocess.Popen([sys.executable,'-m','gpuslate','sim','hold','--gpus','0','--memory','2GiB'],"
+            "stdout=subprocess.PIPE,text=True);h.stdout.readline();"
+            "r=subprocess.run([sys.executable,'-m','gpuslate','clear','--json'],capture_output=True,text=True);"
+            "print(r.returncode);print(r.stdout)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gpuslate_env(),
+                       timeout=60, start_new_session=True)
+    rc, _, body = p.stdout.partition("\n")
+    assert rc == "0", p.stdout + p.stderr
+    doc = json.loads(body)
+    assert [t["role"] for t in doc["targets"]] == ["holder"]
+    assert any("ancestors" in s["reason"] for s in doc["spared"]) or len(doc["targets"]) == 1
+
+
+def test_pid_reuse_guard_never_signals_a_successor(sim_host, hold):
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    real = identity(h.pid)
+    stale = ProcessId(h.pid, real.start_ticks - 1)  # the identity of an earlier process with this PID
+    assert send_signal(stale, signal.SIGKILL) == PID_REUSED
+    res = terminate([Victim(stale, {"pid": h.pid})], grace=0.1, kill_wait=0.1, action="test", run_id="t",
+                    audit=None)
+    assert res[0].ended_by == "pid_reused" and [s.outcome for s in res[0].signals] == ["pid_reused"]
+    assert alive(h.pid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK),
+                    reason="needs root and a writable /proc/sys/kernel/ns_last_pid to reuse a PID for real")
+def test_pid_really_reused_between_plan_and_signal(sim_host, hold, tmp_path):
+    """Plan, let the target die, start another process under the very same PID, then act."""
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    old = identity(h.pid)
+    h.kill()
+    h.proc.wait(5)
+    reuse = ("import os,sys,time\npid=int(sys.argv[1])\n"
+             "for _ in range(200):\n"
+             "    open('/proc/sys/kernel/ns_last_pid','w').write(str(pid-1))\n"
+             "    c=os.fork()\n"
+             "    if c==0:\n        time.sleep(30) if os.getpid()==pid else None; os._exit(0)\n"
+             "    if c==pid: print(c, flush=True); sys.exit(0)\n"
+             "    os.waitpid(c,0)\n"
+             "print(0, flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-c", reuse, str(h.pid)], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        got = int(p.stdout.readline())
+        if got != h.pid:
+            pytest.skip("could not obtain the same PID again on this host")
+        wait_for(lambda: identity(h.pid) is not None)
+        assert identity(h.pid) != old
+        res = terminate([Victim(old, {"pid": h.pid})], grace=0.1, kill_wait=0.1, action="test", run_id="t",
+                        audit=None)
+        assert res[0].signals[0].outcome == "pid_reused"
+        assert alive(h.pid)  # the successor was not touched
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_leak_without_process_is_exit_4_with_orphan_diagnosis(sim_host, cli):
+    sim_host.leak(3, 2 * GiB)
+    code, doc = clear_json(cli, "--gpus", "3", "--timeout", "0.3")
+    assert code == 4 and doc["status"] == "timeout"
+    (d,) = doc["diagnosis"]
+    assert d["gpu"] == 3 and d["used"] == 2 * GiB
+    (p,) = d["problems"]
+    assert p["pid"] is None and "orphaned context" in p["reason"] and "never resets" in p["remedy"]
+    r = cli("clear", "--gpus", "3", "--timeout", "0.2")
+    assert r.returncode == 4 and "orphaned context" in r.stdout
+
+
+def test_dry_run_signals_nothing(sim_host, hold, cli, tmp_path):
+    h = hold("--gpus", "0-1", "--memory", "1GiB", "--workers", "2")
+    code, doc = clear_json(cli, "--dry-run")
+    assert code == 0 and doc["status"] == "dry_run" and len(doc["targets"]) == 3
+    assert all(t["signals"] == [] for t in doc["targets"])
+    assert all(alive(p) for p in h.pids)
+    assert not (tmp_path / "state" / "audit.jsonl").exists()
+
+
+def test_release_delay_longer_than_grace_is_waited_for(tmp_path, hold, cli, monkeypatch):
+    host = SimHost.init(tmp_path / "slow", gpus=2, memory=96 * GiB, release_delay=1.5)
+    monkeypatch.setenv("GPUSLATE_SIM", str(host.root))
+    h = hold("--gpus", "0", "--memory", "40GiB", host=host)
+    code, doc = clear_json(cli, "--grace", "0.1", "--timeout", "10")
+    assert code == 0 and doc["status"] == "clean"
+    assert doc["timings"]["free_s"] - doc["timings"]["exit_s"] >= 1.4  # waited for the driver, no false clean
+    assert is_gone(h.pid)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--grace", "-1"], "--grace"),
+    (["--timeout", "x"], "invalid number"),
+    (["--match", "("], "invalid --match"),
+    (["--user", "no-such-user-xyz"], "no such user"),
+    (["--pid", "999999999"], "does not exist"),
+    (["--gpus", "9"], "GPU 9 does not exist"),
+    (["--gpus", "0-"], "invalid GPU list"),
+    (["--max-used", "5XB"], "invalid size"),
+    (["--user", "nobody"], "add --all-users"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_bad_flags_exit_2_and_signal_nothing(sim_host, hold, cli, args, needle):
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    r = cli("clear", "--yes", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert alive(h.pid)
+
+
+def test_pid_holding_no_gpu_is_bad_input(sim_host, hold, cli):
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        r = cli("clear", "--pid", str(sleeper.pid))
+        assert r.returncode == 2 and "holds none of the selected GPUs" in r.stderr
+        assert alive(h.pid) and alive(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
+    h = hold("--gpus", "0", "--memory", "2GiB", "--ignore-term")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--grace", "30", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
+    log = AuditLog(tmp_path / "state" / "audit.jsonl")
+    wait_for(lambda: log.path.exists() and [e for e in log.read() if e["outcome"] == "delivered"], timeout=20)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(10) == 130
+    (entry,) = log.read()
+    assert entry["signal"] == "SIGTERM" and entry["target"]["pid"] == h.pid
+    assert entry["target"]["start_ticks"] == identity(h.pid).start_ticks
+    assert entry["actor"]["pid"] == proc.pid and entry["outcome"] == "delivered"
+    assert alive(h.pid)  # ignored SIGTERM; the interrupted run never got to SIGKILL
+    r = cli("log", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["entries"][0]["target"]["pid"] == h.pid
+
+
+def test_every_signal_is_audited(sim_host, hold, tmp_path):
+    h = hold("--gpus", "0-1", "--memory", "2GiB", "--workers", "2", "--ignore-term")
+    result = clear(grace=0.1)
+    assert result.ok
+    entries = AuditLog(tmp_path / "state" / "audit.jsonl").read()
+    sent = sorted((e["target"]["pid"], e["signal"]) for e in entries)
+    expected = sorted((p, s) for p in h.pids for s in ("SIGTERM", "SIGKILL"))
+    assert sent == expected and all(e["outcome"] == "delivered" for e in entries)
+
+
+def test_two_clears_serialize_on_the_host_lock(sim_host, hold, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    a = hold("--gpus", "0", "--memory", "2GiB", "--ignore-term")
+    b = hold("--gpus", "1", "--memory", "2GiB")
+    first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "1.0", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
+    log = AuditLog(tmp_path / "state" / "audit.jsonl")
+    wait_for(lambda: log.path.exists() and log.read(), timeout=20)  # the first holds the lock now
+    second = subprocess.run([sys.executable, "-m", "gpuslate", "clear", "--gpus", "1", "--json"],
+                            capture_output=True, text=True, env=gpuslate_env(), timeout=60)
+    out1, _ = first.communicate(timeout=30)
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    assert "waiting for the host lock" in second.stderr and "clear --gpus 0" in second.stderr
+    kill_a = json.loads(out1)["targets"][0]["signals"][-1]
+    assert kill_a["signal"] == "SIGKILL"
+    assert is_gone(a.pid) and is_gone(b.pid)
+
+
+def test_respawned_target_is_named_not_fought(sim_host, cli):
+    loop = (f"while true; do {sys.executable} -m gpuslate sim hold --gpus 0 --memory 2GiB "
+            f"> {sim_host.root}/ready.$$; done")
+    sup = subprocess.Popen(["bash", "-c", loop], env=gpuslate_env(), start_new_session=True)
+    try:
+        wait_for(lambda: gpuslate.status([0]).gpus[0].processes, timeout=20)
+        code, doc = clear_json(cli, "--gpus", "0", "--timeout", "20")
+        assert code == 4, doc
+        (rs,) = doc["respawned"]
+        assert str(sup.pid) in rs["supervisor"] and "stop the loop" in rs["remedy"]
+        assert len(doc["targets"]) == 1  # signaled once, not in a loop
+        assert doc["timings"]["total_s"] < 15  # stopped early: the GPU would not become free
+    finally:
+        os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
+
+
+def test_zombie_target_is_tolerated(sim_host):
+    """The holder's parent runs gpuslate and does not reap: the holder stays a zombie."""
+    code = ("import subprocess,sys,os,json;"
+            "h=subprocess.Popen([sys.executable,'-m','gpuslate','sim','hold','--gpus','0','--memory','2GiB'],"
+            "stdout=subprocess.PIPE,text=True);h.stdout.readline();"
+            "r=subprocess.run([sys.executable,'-m','gpuslate','clear','--json'],capture_output=True,text=True);"
+            "st=open(f'/proc/{h.pid}/stat').read().rsplit(')',1)[1].split()[0];"
+            "print(json.dumps({'rc':r.returncode,'state':st,'doc':json.loads(r.stdout)}))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gpuslate_env(),
+                       timeout=60, start_new_session=True)
+    out = json.loads(p.stdout)
+    assert out["rc"] == 0 and out["state"] == "Z"
+    assert out["doc"]["targets"][0]["ended_by"] == "SIGTERM"
+
+
+def test_wait_free(sim_host, hold, cli):
+    r = cli("wait", "--free", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True
+    h = hold("--gpus", "2", "--memory", "3GiB")
+    r = cli("wait", "--free", "--gpus", "2", "--timeout", "0.3")
+    assert r.returncode == 4 and "GPU 2 not free" in r.stdout and str(h.pid) in r.stdout
+    assert alive(h.pid)  # wait signals nothing
+    waiter = subprocess.Popen([sys.executable, "-m", "gpuslate", "wait", "--free", "--gpus", "2", "--json"],
+                              stdout=subprocess.PIPE, text=True, env=gpuslate_env())
+    h.kill()
+    out, _ = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0 and json.loads(out)["ok"]
+    r = cli("wait", "--gpus", "0")
+    assert r.returncode == 2
+
+
+def test_library_api(sim_host, hold):
+    hold("--gpus", "5", "--memory", "7GiB")
+    res = gpuslate.wait_free([5], timeout=0.1)
+    assert not res.ok and res.diagnosis[0].gpu == 5
+    result = gpuslate.clear([5], grace=1)
+    assert result.ok and result.to_json()["schema"] == "gpuslate.clear.v1"
+    assert gpuslate.wait_free([5], timeout=5).ok
