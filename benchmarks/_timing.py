@@ -9,7 +9,8 @@ import time
 from typing import Sequence
 
 
-def time_commands(commands: dict[str, Sequence[str]], rounds: int, env: dict[str, str] | None = None,
+def time_commands(commands: dict[str, Sequence[str]], rounds: int,
+                  env: dict[str, str] | dict[str, dict[str, str]] | None = None,
                   warmup: int = 2) -> dict[str, list[float]]:
     """Run every command once per round, in a rotating order, and return wall times in ms.
 
@@ -22,8 +23,9 @@ def time_commands(commands: dict[str, Sequence[str]], rounds: int, env: dict[str
         order = names[r % len(names):] + names[: r % len(names)]
         for n in order:
             t0 = time.perf_counter()
+            e = env.get(n) if env and isinstance(env.get(n), dict) else env  # per-command or shared
             p = subprocess.run(commands[n], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env=env or dict(os.environ))
+                               env=e or dict(os.environ))
             dt = (time.perf_counter() - t0) * 1000
             if p.returncode != 0:
                 raise RuntimeError(f"{n} failed ({p.returncode}): {p.stderr.decode()[-500:]}")

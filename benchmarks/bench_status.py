@@ -46,25 +46,45 @@ def main() -> None:
                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         select.select([holder.stdout], [], [], 120)
         assert holder.stdout.readline().strip() == "ready"
-    commands = {
+    base = {
         "python -c pass": [py, "-c", "pass"],
         "python: import pynvml; nvmlInit() (floor)": [py, "-c", "import pynvml; pynvml.nvmlInit()"],
         "gpuslate status --json": [py, "-m", "gpuslate", "status", "--json"],
         "gpuslate status (table)": [py, "-m", "gpuslate", "status"],
-        "nvidia-smi": ["nvidia-smi"],
         "nvitop --once": [py, "-m", "nvitop", "--once"],
         "gpustat --json": [py, "-m", "gpustat", "--json"],
     }
+    # Two interpreter set-ups, timed in the same rounds: bytecode as the
+    # environment has it (PYTHONDONTWRITEBYTECODE=1 on some images recompiles
+    # every module at every start: pynvml alone is 6,000 lines), and bytecode
+    # cached as after a normal `pip install` (PYTHONPYCACHEPREFIX, filled by the
+    # warm-up rounds). Every Python tool gets the same treatment.
+    as_is = dict(env)
+    cached = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cached["PYTHONPYCACHEPREFIX"] = "/tmp/gpuslate-bench-pycache"
+    commands: dict[str, list[str]] = {"nvidia-smi": ["nvidia-smi"]}
+    envs: dict[str, dict[str, str]] = {"nvidia-smi": env}
+    for label, e in (("bytecode cached", cached), ("bytecode as-is", as_is)):
+        if label == "bytecode as-is" and as_is.get("PYTHONDONTWRITEBYTECODE") is None:
+            continue
+        for name, cmd in base.items():
+            commands[f"{name} [{label}]"] = cmd
+            envs[f"{name} [{label}]"] = e
     try:
-        times = time_commands(commands, a.rounds, env)
+        times = time_commands(commands, a.rounds, envs)
     finally:
         if holder:
             holder.kill()
             holder.wait()
-    rows = summarize(times, "python: import pynvml; nvmlInit() (floor)")
+    rows = []
+    for label in ("bytecode cached", "bytecode as-is"):
+        sub = {k: v for k, v in times.items() if k.endswith(f"[{label}]") or k == "nvidia-smi"}
+        if len(sub) > 1:
+            rows += summarize(sub, f"python: import pynvml; nvmlInit() (floor) [{label}]")
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
             "python": platform.python_version(), "rounds": a.rounds, "held_gib": a.hold_gib,
-            "command": "python3 benchmarks/bench_status.py " + " ".join(sys.argv[1:])}
+            "command": "python3 benchmarks/bench_status.py " + " ".join(sys.argv[1:]),
+            "env_PYTHONDONTWRITEBYTECODE": env.get("PYTHONDONTWRITEBYTECODE")}
     try:
         meta["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                      capture_output=True, text=True).stdout.strip()
