@@ -2,11 +2,15 @@
 
 The public API is re-exported here; the modules behind it are private in
 spirit (their layout may change), the names below are the contract.
+
+Names are imported on first use (PEP 562) so that ``gpuslate status`` does
+not pay, at every start, for the modules of ``clear`` or ``up``: a CLI
+invocation's cost is part of what gpuslate promises to keep low.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     BackendUnavailable,
@@ -19,25 +23,44 @@ from .errors import (
     ServerFailed,
     UsageError,
 )
-from .gpu import GpuBackend, open_backend
-from .proc.procfs import ProcessId
-from .snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
-from .clear import ClearResult, clear
-from .wait import WaitResult, wait_free
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    "status": "gpuslate.api", "take_snapshot": "gpuslate.snapshot", "Snapshot": "gpuslate.snapshot",
+    "GpuState": "gpuslate.snapshot", "HolderProcess": "gpuslate.snapshot", "open_backend": "gpuslate.gpu",
+    "GpuBackend": "gpuslate.gpu", "ProcessId": "gpuslate.proc.procfs",
+    "clear": "gpuslate.clearing", "ClearResult": "gpuslate.clearing",
+    "wait_free": "gpuslate.wait", "WaitResult": "gpuslate.wait",
+}
+
+if TYPE_CHECKING:
+    from .api import status
+    from .clearing import ClearResult, clear
+    from .gpu import GpuBackend, open_backend
+    from .proc.procfs import ProcessId
+    from .snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
+    from .wait import WaitResult, wait_free
 
 
-def status(gpus: list[int] | None = None, *, sim: str | None = None) -> Snapshot:
-    """Snapshot of the selected GPUs (all by default) and their processes."""
-    backend = open_backend(sim)
-    try:
-        return take_snapshot(backend, gpus)
-    finally:
-        backend.close()
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpuslate' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))
 
 
 __all__ = [
-    "__version__", "status", "take_snapshot", "open_backend", "GpuBackend", "Snapshot", "GpuState",
-    "HolderProcess", "ProcessId", "clear", "ClearResult", "wait_free", "WaitResult",
+    "__version__", *_EXPORTS,
     "GpuslateError", "UsageError", "BackendUnavailable", "GpuQueryError", "NotDoneError",
     "PermissionDenied", "ServerFailed", "PartialFailure", "Interrupted",
 ]

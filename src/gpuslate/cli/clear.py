@@ -55,7 +55,7 @@ def _say(msg: str) -> None:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from ..clear import clear
+    from ..clearing import clear
 
     confirm = None
     if not args.yes and not args.dry_run and sys.stdin.isatty():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
-from ..clear import ClearResult
+from ..clearing import ClearResult
 from ..plan import Plan
 from ..wait import GpuDiagnosis
 

@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ..audit import AuditLog, new_run_id
+from ..audit import new_run_id
 from ..errors import NotDoneError, UsageError
 from ..gpu import GpuBackend, open_backend
 from ..lock import HostLock, default_lock_dir
@@ -134,7 +134,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
             check_port(spec.host, spec.port, for_unit=spec.name)
         cleared = None
         if clear_first:
-            from ..clear import clear
+            from ..clearing import clear
 
             cleared = clear(gpus, grace=spec.grace, timeout=spec.stop_timeout, max_used=limit, backend=be,
                             lock=False, on_event=on_event)

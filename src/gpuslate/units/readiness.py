@@ -51,7 +51,7 @@ class Probe:
         self.spec = spec
         self.kind, self.target = spec.readiness
         self.detail = "not checked yet"
-        self._log = log
+        self._log_path = log
         self._pos = 0
         self._partial = b""
         self._pattern = re.compile(spec.ready_log) if spec.ready_log else None
@@ -84,7 +84,7 @@ class Probe:
 
     def _log(self, timeout: float) -> bool:
         assert self._pattern is not None
-        with open(self._log, "rb") as f:
+        with open(self._log_path, "rb") as f:
             f.seek(self._pos)
             chunk = f.read()
         self._pos += len(chunk)

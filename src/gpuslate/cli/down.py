@@ -1,0 +1,63 @@
+"""``gpuslate down NAME``: stop every process of a unit and verify its GPU memory is released."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .common import add_common, nonnegative_float, print_json, size
+from .exits import ExitStatus
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("down", help="stop a managed unit and verify its GPUs are released",
+                       description="SIGTERM every process of the unit (cgroup, session, process group), grace, "
+                       "SIGKILL; sweep processes of the unit that appeared meanwhile; then verify its GPU memory "
+                       "is released, as 'clear' does.")
+    add_common(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="default: the unit's (10)")
+    p.add_argument("--timeout", type=nonnegative_float, metavar="SECONDS",
+                   help="for stopping and memory release together (default: the unit's stop timeout, 60)")
+    p.add_argument("--max-used", type=size, metavar="SIZE", help="most memory a free GPU may show (default: as clear)")
+    p.set_defaults(handler=run)
+
+
+def down_status(result: Any) -> int:
+    if result.ok:
+        return ExitStatus.OK
+    return ExitStatus.PERMISSION_DENIED if result.report.permission_denied else ExitStatus.TIMEOUT
+
+
+def print_down(result: Any) -> None:
+    rep = result.report
+    procs = rep.results + rep.swept
+    by = {s: sum(1 for r in procs if r.ended_by == s) for s in ("SIGTERM", "SIGKILL")}
+    t = rep.timings
+    if not procs:
+        print(f"Unit {result.name} ({result.previous_state}): no process left to stop; "
+              f"GPU memory {'released' if rep.released else 'NOT released'} ({t['verify_s']:.2f} s)")
+        return
+    print(f"Unit {result.name} stopped ({result.previous_state} before): {len(procs)} processes "
+          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; GPU memory "
+          f"{'released' if rep.released else 'NOT released'} after {t['verify_s']:.2f} s more")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..units import down
+    from .up import note
+
+    result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
+                  max_used=args.max_used, on_event=note)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print_down(result)
+    if not result.ok:
+        for d in result.report.diagnosis:
+            sys.stderr.write(f"gpuslate: {d.summary()}\n")
+        alive = [r.victim.ident.pid for r in result.report.results + result.report.swept if r.alive]
+        why = f"processes still running: {alive}" if alive else "its GPU memory was not released in time"
+        sys.stderr.write(f"gpuslate: error: unit {args.name} not fully stopped: {why}\n")
+    return down_status(result)

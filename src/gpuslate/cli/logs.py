@@ -1,0 +1,54 @@
+"""``gpuslate logs NAME [--follow] [--tail N]``: a unit's output."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+from .common import add_common
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("logs", help="show a unit's output (stdout and stderr)",
+                       description="Print a unit's log (its stdout and stderr, rotated at every start: "
+                       "older runs are NAME.log.1 ... .5 next to it).")
+    add_common(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing new lines until the unit is gone (or Ctrl-C)")
+    p.add_argument("-n", "--tail", type=int, metavar="N", help="only the last N lines")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..proc.tree import ProcTable
+    from ..units import store
+    from ..units.contain import unit_processes
+    from ..units.logfile import follow, tail
+
+    rec = store.load(args.name)
+    if rec is None:
+        raise UsageError(f"unknown unit {args.name!r}: see 'gpuslate ps'")
+    if args.tail is not None and args.tail < 0:
+        raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
+    path = Path(rec.log)
+    out = sys.stdout
+    for line in tail(path, args.tail):
+        out.write(line + "\n")
+    out.flush()
+    if not args.follow:
+        return 0
+
+    def running() -> bool:
+        current = store.load(args.name) or rec
+        return bool(unit_processes(current, ProcTable()))
+
+    try:
+        for line in follow(path, start_at_end=True, keep_going=running):
+            out.write(line)
+            out.flush()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a follow ends
+    return 0

@@ -1,0 +1,53 @@
+"""``gpuslate ps``: the managed units and their live state."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_common, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ps", help="list managed units: state, pid, uptime, port, GPUs, memory, time to ready",
+                       description="List managed units with their state as the host shows it now: "
+                       "starting, ready, exited, failed, stopped, or orphaned (the main process died while "
+                       "processes of the unit live on; 'gpuslate down NAME' cleans them up).")
+    add_common(p)
+    p.set_defaults(handler=run)
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._parse import format_size
+    from ..units import list_units
+    from .up import gpu_text
+
+    result = list_units(sim=getattr(args, "sim", None))
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    if not result.units:
+        print("No units. Start one with: gpuslate up NAME --gpus LIST --port PORT -- COMMAND ...")
+        return 0
+    head = ("NAME", "STATE", "PID", "UPTIME", "PORT", "GPUS", "GPU MEMORY", "READY IN")
+    rows = [head]
+    for u in result.units:
+        r = u.record
+        rows.append((r.name, u.state, str(r.pid), _duration(u.uptime_s), str(r.port or "-"), gpu_text(r.gpus),
+                     format_size(u.gpu_memory) if u.gpu_memory is not None else "-",
+                     f"{r.time_to_ready_s:.2f}s" if r.time_to_ready_s is not None else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    for w in result.warnings:
+        print(f"warning: {w}")
+    return 0

@@ -1,0 +1,62 @@
+"""``gpuslate swap OLD NEW [--rollback]``: replace one unit by another, each phase timed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import add_common, print_json
+from .exits import ExitStatus
+
+_LABELS = (("lock_wait_s", "wait for the host lock"), ("stop_old_s", "stop {old}"),
+           ("verify_clean_s", "verify GPUs clean"), ("preflight_new_s", "pre-flight {new}"),
+           ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
+           ("rollback_s", "rollback to {old}"))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("swap", help="down OLD, verify its GPUs clean, up NEW and wait until it serves",
+                       description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs "
+                       "are clean, up NEW (from gpuslate.toml or its last run) and wait until it is ready; each "
+                       "phase timed. With --rollback, if NEW fails, OLD is started again and made ready.")
+    add_common(p)
+    p.add_argument("old", metavar="OLD")
+    p.add_argument("new", metavar="NEW")
+    p.add_argument("--rollback", action="store_true", help="if NEW fails, start OLD again")
+    p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..units import swap
+    from .down import print_down
+    from .up import note, print_up, report_failure, up_status
+
+    result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
+                  sim=getattr(args, "sim", None), on_event=note)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print_down(result.down)
+        if result.up is not None and result.up.ok:
+            print_up(result.up)
+        if result.rollback is not None and result.rollback.ok:
+            print(f"Rolled back: {args.old} is serving again.")
+            print_up(result.rollback)
+        for key, label in _LABELS:
+            if key in result.phases:
+                print(f"  {label.format(old=args.old, new=args.new):<28} {result.phases[key]:8.3f} s")
+        print(f"  {'total':<28} {result.total_s:8.3f} s" +
+              (f"  (gpuslate overhead {result.overhead_s:.3f} s)" if result.overhead_s is not None else ""))
+    if result.status == "down_failed":
+        sys.stderr.write(f"gpuslate: error: could not stop {args.old} cleanly; {args.new} was not started\n")
+        return ExitStatus.PERMISSION_DENIED if result.down.report.permission_denied else ExitStatus.TIMEOUT
+    if result.up is not None and not result.up.ok:
+        report_failure(result.up)
+        if result.rollback is not None:
+            if result.rollback.ok:
+                sys.stderr.write(f"gpuslate: rolled back: {args.old} is ready again\n")
+            else:
+                report_failure(result.rollback)
+        return up_status(result.up)
+    return ExitStatus.OK

@@ -1,0 +1,149 @@
+"""``gpuslate up NAME [options] -- COMMAND ARGS...``: start a managed server, return once it serves."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..errors import UsageError
+from .common import add_common, gpu_list, nonnegative_float, positive_float, print_json, size
+from .exits import ExitStatus
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start a server as a managed unit and wait until it is ready",
+                       description="Start COMMAND as the managed unit NAME (its own session, process group and, "
+                       "where the host allows, cgroup), with its GPUs verified free and its port unused first, "
+                       "and return once it is ready. Units can be declared in gpuslate.toml. See docs/units.md.")
+    add_common(p)
+    p.add_argument("name", metavar="NAME")
+    add_spec_options(p)
+    command_after_dashes(p)
+    p.add_argument("--clear", action="store_true", help="clear the GPUs first (with 'gpuslate clear' rules)")
+    p.add_argument("--max-used", type=size, metavar="SIZE", help="most memory a free GPU may show (default: as clear)")
+    p.set_defaults(handler=run)
+
+
+def command_after_dashes(p: argparse.ArgumentParser) -> None:
+    """Everything after the first ``--`` is the server's command, verbatim.
+
+    argparse alone cannot do this once NAME was matched before the options
+    (a ``nargs='*'`` positional is then already consumed, empty), so the
+    words after ``--`` are taken off before this subcommand's parser runs.
+    """
+    p.usage = f"{p.prog} NAME [options] -- COMMAND [ARGS...]"
+    parse = p.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):  # type: ignore[no-untyped-def]
+        args = list(sys.argv[1:] if args is None else args)
+        command: list[str] = []
+        if "--" in args:
+            i = args.index("--")
+            args, command = args[:i], args[i + 1:]
+        ns, extras = parse(args, namespace)
+        ns.command = command
+        return ns, extras
+
+    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
+
+
+def add_spec_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
+    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
+    p.add_argument("--port", type=int, metavar="PORT", help="the port it serves on (checked unused first)")
+    p.add_argument("--host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
+    p.add_argument("--engine", choices=("sglang", "vllm"),
+                   help="readiness like the engine: sglang /health_generate; vllm /health then /v1/models")
+    p.add_argument("--ready", metavar="URL", dest="ready_url", help="ready when GET URL (or a path) answers 200")
+    p.add_argument("--ready-log", metavar="REGEX", help="ready when a log line matches REGEX")
+    p.add_argument("--smoke", action="store_true", default=None, help="once ready, send one real 1-token completion")
+    p.add_argument("--model", help="model name for --smoke (default: the first of /v1/models)")
+    p.add_argument("--start-timeout", type=positive_float, metavar="SECONDS", help="default 900")
+    p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="SIGTERM to SIGKILL when stopping (default 10)")
+    p.add_argument("--stop-timeout", type=nonnegative_float, metavar="SECONDS",
+                   help="stopping including GPU memory release (default 60)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="set in the server's environment (repeatable)")
+    p.add_argument("--cwd", metavar="DIR", help="working directory of the server")
+    p.add_argument("--containment", choices=("auto", "cgroup", "scope", "session"),
+                   help="how the unit is fenced in (default auto: cgroup, else systemd scope, else session)")
+
+
+def overrides(args: argparse.Namespace) -> dict[str, Any]:
+    env = None
+    if args.env:
+        env = {}
+        for item in args.env:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise UsageError(f"invalid --env {item!r}: expected KEY=VALUE")
+            env[key] = value
+    return {"gpus": args.gpus, "port": args.port, "host": args.host, "engine": args.engine,
+            "ready_url": args.ready_url, "ready_log": args.ready_log, "smoke": args.smoke, "model": args.model,
+            "start_timeout": args.start_timeout, "grace": args.grace, "stop_timeout": args.stop_timeout,
+            "env": env, "cwd": args.cwd, "containment": args.containment}
+
+
+def note(msg: str) -> None:
+    sys.stderr.write(f"gpuslate: {msg}\n")
+    sys.stderr.flush()
+
+
+def gpu_text(gpus: list[int]) -> str:
+    out: list[str] = []
+    for g in gpus:
+        if out and int(out[-1].split("-")[-1]) == g - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{g}"
+        else:
+            out.append(str(g))
+    return ",".join(out) or "-"
+
+
+def up_status(result: Any) -> int:
+    """Exit status of an UpResult: a start timeout is a timeout (4), any other failure 6."""
+    if result.ok:
+        return ExitStatus.OK
+    return ExitStatus.TIMEOUT if result.status == "timeout" else ExitStatus.SERVER_FAILED
+
+
+def report_failure(result: Any) -> None:
+    """The log tail and one error line on stderr (with --json too: stdout stays the document)."""
+    r = result.record
+    if result.log_tail:
+        sys.stderr.write(f"--- last {len(result.log_tail)} lines of {r.log} ---\n")
+        sys.stderr.write("\n".join(result.log_tail) + "\n---\n")
+    sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {r.failure}\n")
+    t = result.teardown
+    if t is not None:
+        left = "GPUs verified clean" if t.ok else "NOT clean: " + "; ".join(d.summary() for d in t.diagnosis)
+        sys.stderr.write(f"gpuslate: stopped what it left running; {left}\n")
+
+
+def print_up(result: Any) -> None:
+    r = result.record
+    line = (f"Unit {r.name} ready in {r.time_to_ready_s:.2f} s: pid {r.pid}, GPUs {gpu_text(r.gpus)}, "
+            f"port {r.port if r.port is not None else '-'}, {r.containment}")
+    if result.smoke:
+        line += f", smoke completion {result.smoke['latency_s']:.3f} s"
+    print(line)
+    print(f"  readiness: {result.readiness['kind']} ({result.readiness['detail']})")
+    print(f"  log: {r.log}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..units import resolve, up
+    from ..units import store
+
+    command = list(args.command)
+    prev = store.load(args.name)
+    spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
+                   previous=prev.spec if prev else None)
+    result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
+                on_event=note)
+    if args.json:
+        print_json(result.to_json())
+    elif result.ok:
+        print_up(result)
+    if not result.ok:
+        report_failure(result)
+    return up_status(result)

@@ -1,0 +1,101 @@
+"""Pre-flight and bad input: a port in use, GPUs held by someone else, a malformed gpuslate.toml,
+two concurrent `up` on the same GPUs, and a unit that is already running."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from gpuslate.units import store
+from gpuslate.units.contain import choose_fence
+from unitkit import free_port, popen_units, serve_cmd
+
+
+def test_port_already_in_use(units_host, units):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = units("up", "p", "--gpus", "0", "--port", str(port), "--", *serve_cmd(port))
+    assert r.returncode == 4
+    assert f"port {port} is already in use by pid {os.getpid()}" in r.stderr
+    assert store.load("p") is None and not units_host.held()  # nothing was started
+
+
+def test_gpus_held_by_someone_else(units_host, units, hold):
+    h = hold("--gpus", "3", "--memory", "7GiB", "--title", "someone-elses-job")
+    port = free_port()
+    r = units("up", "g", "--gpus", "2-3", "--port", str(port), "--", *serve_cmd(port))
+    assert r.returncode == 4
+    line = r.stderr.splitlines()[0]
+    assert "GPU 3 not free for unit g" in line and f"pid {h.pid}" in line and "someone-elses-job" in line
+    assert "7.0 GiB" in line and store.load("g") is None
+    # --clear ends the holder first (it is this user's), then the unit starts
+    r = units("up", "g", "--gpus", "2-3", "--port", str(port), "--clear", "--json", "--", *serve_cmd(port))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["cleared"]["ok"] and h.pid in [t["pid"] for t in doc["cleared"]["targets"]]
+    assert units("down", "g").returncode == 0
+
+
+def test_malformed_toml(units_host, units, tmp_path):
+    (tmp_path / "gpuslate.toml").write_text('[units.a]\ncommand = ["x"]\nport = 30000\ngpus = "0-1\n')
+    r = units("up", "a")
+    assert r.returncode == 2
+    assert "gpuslate.toml: malformed TOML" in r.stderr and "line 4" in r.stderr
+    (tmp_path / "gpuslate.toml").write_text('# units\n\n[units.a]\ncommand = ["x"]\nport = "30000"\n')
+    r = units("up", "a")
+    assert r.returncode == 2 and "gpuslate.toml:5: port in [units.a] has the wrong type" in r.stderr
+    (tmp_path / "other.toml").write_text('[units.a]\ncommand = ["x"]\nprot = 1\n')
+    r = units("up", "a", "--config", str(tmp_path / "other.toml"))
+    assert r.returncode == 2 and "other.toml:3: unknown key 'prot'" in r.stderr
+    (tmp_path / "other.toml").write_text('[units.a]\ncommand = ["x"]\n')
+    r = units("up", "nosuch", "--config", str(tmp_path / "other.toml"))
+    assert r.returncode == 2 and "unknown unit 'nosuch'" in r.stderr
+    assert units("up", "a", "--config", str(tmp_path / "missing.toml")).returncode == 2
+    assert not units_host.held() and store.load("a") is None
+
+
+def test_two_concurrent_ups_on_the_same_gpus(units_host, units):
+    ports = [free_port(), free_port()]
+    procs = [popen_units("up", f"c{i}", "--gpus", "0-3", "--port", str(p), "--engine", "sglang", "--",
+                         *serve_cmd(p, startup=1.0)) for i, p in enumerate(ports)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) == [0, 4], outs
+    win, lose = (0, 1) if codes[0] == 0 else (1, 0)
+    err = outs[lose][1]
+    assert "waiting for the host lock: up c%d" % win in err  # serialized, and said so
+    assert f"of unit c{win}" in err and "not free for unit c%d" % lose in err
+    assert store.load(f"c{lose}") is None  # the loser started nothing
+    assert units("ps").stdout.count("ready") == 1
+    assert units("down", f"c{win}").returncode == 0
+
+
+def test_already_running_and_restart_from_last_spec(units_host, units):
+    port = free_port()
+    assert units("up", "same", "--gpus", "5", "--port", str(port), "--", *serve_cmd(port)).returncode == 0
+    r = units("up", "same")
+    assert r.returncode == 2 and "already running" in r.stderr
+    assert units("down", "same").returncode == 0
+    r = units("up", "same", "--json")  # no config, no command: the spec it last ran with
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["gpus"] == [5]
+    assert units("down", "same").returncode == 0
+    assert units("down", "nosuch").returncode == 2
+    r = units("up", "x", "--gpus", "0", "--ready-log", "ok", "--", "/no/such/binary")
+    assert r.returncode == 2 and "command not found" in r.stderr
+
+
+def test_fence_falls_back_with_a_reason():
+    fence, note = choose_fence("t", "session")
+    assert fence.kind == "session" and fence.preexec is None
+    fence, note = choose_fence("t")
+    assert fence.kind in ("cgroup", "scope", "session")
+    if fence.kind == "session":
+        assert note  # why no cgroup was used is recorded
+    elif fence.cgroup:
+        from gpuslate.units.contain import discard_cgroup
+
+        discard_cgroup(fence.cgroup)

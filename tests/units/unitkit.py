@@ -1,0 +1,35 @@
+"""Helpers for the unit tests: free ports, the simulated server as a unit command, the CLI."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import gpuslate_env
+
+UNITS_CLI = str(Path(__file__).with_name("units_cli.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_cmd(port: int, *extra: str, startup: float = 0.3, memory: str = "4GiB") -> list[str]:
+    """`gpuslate sim serve` as a unit's command: one worker per visible GPU holding ``memory``."""
+    return [sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port),
+            "--startup-seconds", str(startup), "--memory", memory, *extra]
+
+
+def run_units(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+              cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, UNITS_CLI, *args], capture_output=True, text=True,
+                          env=gpuslate_env(env), timeout=timeout, cwd=cwd)
+
+
+def popen_units(*args: str, cwd: str | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, UNITS_CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=gpuslate_env(), cwd=cwd, start_new_session=True)
