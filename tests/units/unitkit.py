@@ -9,7 +9,6 @@ from pathlib import Path
 
 from helpers import gpuslate_env
 
-UNITS_CLI = str(Path(__file__).with_name("units_cli.py"))
 
 
 def free_port() -> int:
@@ -26,10 +25,10 @@ def serve_cmd(port: int, *extra: str, startup: float = 0.3, memory: str = "4GiB"
 
 def run_units(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
               cwd: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, UNITS_CLI, *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True,
                           env=gpuslate_env(env), timeout=timeout, cwd=cwd)
 
 
 def popen_units(*args: str, cwd: str | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, UNITS_CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "gpuslate", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=gpuslate_env(), cwd=cwd, start_new_session=True)

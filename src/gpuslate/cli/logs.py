@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..proc.tree import ProcTable
     from ..units import store
     from ..units.contain import unit_processes
-    from ..units.logfile import follow, tail
+    from ..units.logfile import follow, tail_at
 
     rec = store.load(args.name)
     if rec is None:
@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
     path = Path(rec.log)
     out = sys.stdout
-    for line in tail(path, args.tail):
+    lines, since = tail_at(path, args.tail)
+    for line in lines:
         out.write(line + "\n")
     out.flush()
     if not args.follow:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         return bool(unit_processes(current, ProcTable()))
 
     try:
-        for line in follow(path, start_at_end=True, keep_going=running):
+        for line in follow(path, since=since, keep_going=running):
             out.write(line)
             out.flush()
     except KeyboardInterrupt:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Sequence
 
-from . import clear as clear_cmd
-from . import log as log_cmd
-from . import sim as sim_cmd
-from . import status as status_cmd
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_status_for
 
-COMMANDS = (status_cmd, clear_cmd, log_cmd, sim_cmd)
+# command name -> the module under gpuslate.cli that registers it (in help order)
+COMMANDS = {
+    "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
+    "logs": "logs", "swap": "swap", "log": "log", "sim": "sim",
+}
+_GLOBAL_WITH_VALUE = {"--sim"}
 
 
 class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
@@ -40,7 +42,22 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(ExitStatus.USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The command word of ``argv``, if it names a known command."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _GLOBAL_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given ``argv`` naming a command, only that command's module is
+    imported and registered (start-up time is part of every command's cost)."""
     parser = _Parser(
         prog="gpuslate",
         description="Safe, verified, fast hand-off of NVIDIA GPUs between model-server deployments.",
@@ -50,13 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuslate {__version__}")
     add_common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in COMMANDS:
-        module.register(sub)
+    chosen = _chosen_command(argv) if argv is not None else None
+    modules = [COMMANDS[chosen]] if chosen else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
+        importlib.import_module(f"{__package__}.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)

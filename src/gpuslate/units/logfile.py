@@ -35,30 +35,38 @@ def open_for_unit(path: Path) -> int:
 
 def tail(path: Path, n: int | None) -> list[str]:
     """The last ``n`` lines (all when None), read backwards only as far as needed."""
+    return tail_at(path, n)[0]
+
+
+def tail_at(path: Path, n: int | None) -> tuple[list[str], tuple[int, int] | None]:
+    """:func:`tail`, and where it stopped reading ((inode, offset); None without a file),
+    for :func:`follow` to go on from exactly there."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
-        return []
+        return [], None
     with f:
+        ino = os.fstat(f.fileno()).st_ino
         if n is None:
-            return f.read().decode("utf-8", "replace").splitlines()
-        if n <= 0:
-            return []
+            data = f.read()
+            return data.decode("utf-8", "replace").splitlines(), (ino, len(data))
         end = f.seek(0, os.SEEK_END)
+        if n <= 0:
+            return [], (ino, end)
         pos, data = end, b""
         while pos > 0 and data.count(b"\n") <= n:
             step = min(_BLOCK, pos)
             pos -= step
             f.seek(pos)
             data = f.read(step) + data
-        return data.decode("utf-8", "replace").splitlines()[-n:]
+        return data.decode("utf-8", "replace").splitlines()[-n:], (ino, end)
 
 
-def follow(path: Path, *, start_at_end: bool, keep_going: Callable[[], bool],
+def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[], bool],
            interval: float = 0.1) -> Iterator[str]:
-    """Lines appended to ``path`` as they come (raw, with their newline), until
-    ``keep_going()`` says stop and everything written so far was read. A new
-    file at ``path`` (the unit was started again) is followed from its start."""
+    """Lines appended to ``path`` after ``since`` (from :func:`tail_at`) as they come (raw,
+    with their newline), until ``keep_going()`` says stop and everything written so far was
+    read. A new file at ``path`` (the unit was started again) is followed from its start."""
     f = None
     ino = None
     partial = b""
@@ -67,9 +75,9 @@ def follow(path: Path, *, start_at_end: bool, keep_going: Callable[[], bool],
             try:
                 f = open(path, "rb")
                 ino = os.fstat(f.fileno()).st_ino
-                if start_at_end:
-                    f.seek(0, os.SEEK_END)
-                start_at_end = False
+                if since is not None and since[0] == ino:
+                    f.seek(since[1])
+                since = None
             except FileNotFoundError:
                 f = None
         chunk = f.read() if f is not None else b""
