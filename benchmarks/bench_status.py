@@ -34,11 +34,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--hold-gib", type=float, default=8)
     ap.add_argument("--out")
+    ap.add_argument("--script", help="an installed `gpuslate` console script to time (default: python -m gpuslate)")
     a = ap.parse_args()
     py = sys.executable
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    if not a.script:  # an installed script brings its own package (and its bytecode)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.pop("GPUSLATE_SIM", None)
     holder = None
     if a.hold_gib > 0:
@@ -46,11 +48,12 @@ def main() -> None:
                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         select.select([holder.stdout], [], [], 120)
         assert holder.stdout.readline().strip() == "ready"
+    gs = [a.script] if a.script else [py, "-m", "gpuslate"]
     base = {
         "python -c pass": [py, "-c", "pass"],
         "python: import pynvml; nvmlInit() (floor)": [py, "-c", "import pynvml; pynvml.nvmlInit()"],
-        "gpuslate status --json": [py, "-m", "gpuslate", "status", "--json"],
-        "gpuslate status (table)": [py, "-m", "gpuslate", "status"],
+        "gpuslate status --json": [*gs, "status", "--json"],
+        "gpuslate status (table)": [*gs, "status"],
         "nvitop --once": [py, "-m", "nvitop", "--once"],
         "gpustat --json": [py, "-m", "gpustat", "--json"],
     }
@@ -84,6 +87,7 @@ def main() -> None:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
             "python": platform.python_version(), "rounds": a.rounds, "held_gib": a.hold_gib,
             "command": "python3 benchmarks/bench_status.py " + " ".join(sys.argv[1:]),
+            "gpuslate_invoked_as": " ".join(gs),
             "env_PYTHONDONTWRITEBYTECODE": env.get("PYTHONDONTWRITEBYTECODE")}
     try:
         meta["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],

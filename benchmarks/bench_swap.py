@@ -29,14 +29,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = ("import sys; from gpuslate.cli import main, up, down, ps, logs, swap; "
-       "main.COMMANDS = tuple(main.COMMANDS) + tuple(m for m in (up, down, ps, logs, swap) "
-       "if m not in main.COMMANDS); sys.exit(main.main())")
 
 
 def cli(*args: str, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", CLI, *args], capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True, env=env, timeout=900)
     return time.perf_counter() - t0, r
 
 
