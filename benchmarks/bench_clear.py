@@ -93,9 +93,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out")
+    ap.add_argument("--script", help="an installed `gpuslate` console script to time (default: python -m gpuslate)")
     a = ap.parse_args()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    if not a.script:  # an installed script brings its own package (and its bytecode)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    gs = [a.script] if a.script else [sys.executable, "-m", "gpuslate"]
     env.pop("GPUSLATE_SIM", None)
     # gpuslate is timed in two interpreter set-ups (see bench_status.py): bytecode
     # as the environment has it, and cached as after a normal `pip install`.
@@ -120,7 +123,7 @@ def main() -> None:
                         rec["seconds"] = float(out.stdout)
                     elif method in variants:
                         t0 = time.perf_counter()
-                        out = subprocess.run([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--pid",
+                        out = subprocess.run([*gs, "clear", "--gpus", "0", "--pid",
                                               str(p.pid), "--json"], capture_output=True, text=True,
                                              env=variants[method])
                         rec["seconds"] = time.perf_counter() - t0
@@ -165,7 +168,8 @@ def main() -> None:
                                                and r.get("status") == "clean" and not r["verified_free_after"])})
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
             "python": platform.python_version(), "reps": a.reps,
-            "command": "python3 benchmarks/bench_clear.py " + " ".join(sys.argv[1:])}
+            "command": "python3 benchmarks/bench_clear.py " + " ".join(sys.argv[1:]),
+            "gpuslate_invoked_as": " ".join(gs), "env_PYTHONDONTWRITEBYTECODE": env.get("PYTHONDONTWRITEBYTECODE")}
     print(json.dumps(meta))
     keys = list(summary[0])
     print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
