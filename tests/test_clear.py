@@ -311,3 +311,28 @@ def test_library_api(sim_host, hold):
     result = gpuslate.clear([5], grace=1)
     assert result.ok and result.to_json()["schema"] == "gpuslate.clear.v1"
     assert gpuslate.wait_free([5], timeout=5).ok
+
+
+def _clear_on_terminal(answer: bytes, *args: str) -> tuple[int, str]:
+    """Run `gpuslate clear` with a terminal as stdin (a pty) and answer its prompt."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", *args], stdin=slave,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
+        os.close(slave)
+        os.write(master, answer)
+        out, err = proc.communicate(timeout=60)
+        return proc.returncode, err
+    finally:
+        os.close(master)
+
+
+def test_confirmation_on_a_terminal(sim_host, hold):
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    code, err = _clear_on_terminal(b"n\n")
+    assert code == 130 and "Terminate these 1 processes? [y/N]" in err and "nothing was signaled" in err
+    assert alive(h.pid)
+    code, err = _clear_on_terminal(b"y\n")
+    assert code == 0 and is_gone(h.pid)

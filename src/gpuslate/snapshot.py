@@ -38,6 +38,7 @@ class HolderProcess(NamedTuple):
     state: str | None
     container: str | None
     visible: bool  # False: the driver names a pid this host's /proc does not show
+    cgroup: str | None = None
 
     @property
     def started(self) -> float | None:
@@ -50,7 +51,7 @@ class HolderProcess(NamedTuple):
             "name": self.name, "command": self.command,
             "started": iso_time(self.started) if self.started is not None else None,
             "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
-            "state": self.state, "container": self.container, "visible": self.visible,
+            "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
         }
 
 
@@ -155,6 +156,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         return HolderProcess(
             pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
             info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
+            info.cgroup,
         )
 
     # which GPUs each fd holder holds; holders of control devices only are host-level

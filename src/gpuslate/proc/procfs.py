@@ -64,6 +64,7 @@ class ProcessInfo(NamedTuple):
     user: str | None
     cmdline: list[str]
     container: str | None
+    cgroup: str | None  # cgroup v2 path
     is_kernel_thread: bool
 
     @property
@@ -152,26 +153,21 @@ def read_cmdline(pid: int) -> list[str]:
     return [p.decode("utf-8", "replace") for p in raw.split(b"\0")] if raw else []
 
 
-def read_container(pid: int) -> str | None:
+def read_cgroups(pid: int) -> tuple[str | None, str | None]:
+    """(container id, cgroup v2 path) of a process, from one read of /proc/PID/cgroup."""
     try:
         with open(f"{PROC}/{pid}/cgroup", "rb") as f:
             text = f.read().decode("utf-8", "replace")
     except OSError:
-        return None
+        return None, None
     m = re.search(_CONTAINER_PATTERN, text)  # re caches the compiled pattern
-    return m.group(1)[:12] if m else None
+    path = next((line[3:].strip() for line in text.splitlines() if line.startswith("0::")), None)
+    return (m.group(1)[:12] if m else None), path
 
 
 def read_cgroup(pid: int) -> str | None:
     """The cgroup v2 path of a process (the ``0::`` line), if any."""
-    try:
-        with open(f"{PROC}/{pid}/cgroup", "rb") as f:
-            for line in f:
-                if line.startswith(b"0::"):
-                    return line[3:].strip().decode("utf-8", "replace")
-    except OSError:
-        return None
-    return None
+    return read_cgroups(pid)[1]
 
 
 def read_info(pid: int) -> ProcessInfo | None:
@@ -183,11 +179,12 @@ def read_info(pid: int) -> ProcessInfo | None:
         uid: int | None = os.stat(f"{PROC}/{pid}").st_uid
     except OSError:
         uid = None
+    container, cgroup = read_cgroups(pid)
     return ProcessInfo(
         pid=pid, start_ticks=st.start_ticks, name=st.name, state=st.state,
         ppid=st.ppid, pgid=st.pgid, sid=st.sid, uid=uid,
         user=user_name(uid) if uid is not None else None,
-        cmdline=read_cmdline(pid), container=read_container(pid),
+        cmdline=read_cmdline(pid), container=container, cgroup=cgroup,
         is_kernel_thread=st.is_kernel_thread,
     )
 
