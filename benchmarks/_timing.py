@@ -55,3 +55,14 @@ def markdown(rows: list[dict[str, float | str]]) -> str:
     out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     out += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(out)
+
+
+def report(meta: dict, rows: list[dict], times: dict[str, list[float]], out: str | None) -> None:
+    """Print the run's metadata and table; write everything as JSON to ``out``."""
+    import json
+    from pathlib import Path
+
+    print(json.dumps(meta))
+    print(markdown(rows))
+    if out:
+        Path(out).write_text(json.dumps({"meta": meta, "rows": rows, "times_ms": times}, indent=1))

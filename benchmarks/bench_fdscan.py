@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import markdown  # noqa: E402
+from _timing import report  # noqa: E402
 
 from gpuslate.proc.fdscan import scan_device_holders  # noqa: E402
 from gpuslate.sim.host import SimHost  # noqa: E402
@@ -88,10 +88,7 @@ def main() -> None:
             "cpus": os.cpu_count(), "processes_on_host": nproc, "idle_started": a.idle,
             "holders_found": len(found), "rounds": a.rounds,
             "command": "python3 benchmarks/bench_fdscan.py " + " ".join(sys.argv[1:])}
-    print(json.dumps(meta))
-    print(markdown(rows))
-    if a.out:
-        Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows, "times_ms": times}, indent=1))
+    report(meta, rows, times, a.out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ to report; it is the only process this script starts on the GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import select
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import markdown, summarize, time_commands  # noqa: E402
+from _timing import report, summarize, time_commands  # noqa: E402
 
 HOLDER = r"""
 import sys, torch
@@ -94,10 +93,7 @@ def main() -> None:
                                      capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
-    print(json.dumps(meta))
-    print(markdown(rows))
-    if a.out:
-        Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows, "times_ms": times}, indent=1))
+    report(meta, rows, times, a.out)
 
 
 if __name__ == "__main__":

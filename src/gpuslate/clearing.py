@@ -20,10 +20,10 @@ from .gpu.types import GpuBackend, GpuReading
 from .lock import HostLock, default_lock_dir
 from .plan import Plan, Selection, Target, make_plan
 from .proc.procfs import read_cgroup, read_info
-from .proc.terminate import Poller, Victim, VictimResult, terminate
+from .proc.terminate import Victim, VictimResult, terminate
 from .proc.tree import ProcTable
 from .snapshot import Snapshot, iso_time, take_snapshot
-from .wait import GpuDiagnosis, default_max_used, diagnose, is_free
+from .wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -188,21 +188,18 @@ def _verify(be: GpuBackend, plan: Plan, limit: int, deadline: float,
     """Poll until free; stop early, without waiting out the timeout, when a
     target was restarted by a supervisor (the GPU will not become free)."""
     planned = _planned(plan)
-    poll = Poller(first=0.001, cap=0.025)
     checked: set[int] = set()
-    while True:
-        readings = be.read(plan.gpus, full=False)
-        if all(is_free(r, limit) for r in readings):
-            return True, readings, []
+    respawned: list[Respawn] = []
+
+    def restarted(readings: list[GpuReading]) -> bool:
         new = {p.pid for r in readings for p in (r.processes or [])} - planned - checked
         if new:
-            checked |= new
-            respawned = _respawns(plan, take_snapshot(be, plan.gpus))
-            if respawned:
-                return False, readings, respawned
-        if time.monotonic() >= deadline:
-            return False, readings, []
-        poll.sleep(deadline)
+            checked.update(new)
+            respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
+        return bool(respawned)
+
+    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=restarted)
+    return ok, readings, respawned
 
 
 def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:

@@ -17,7 +17,7 @@ and why, with the remedy; gpuslate never resets a GPU itself.
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ._parse import format_size
 from .gpu.types import GpuBackend, GpuReading
@@ -87,15 +87,17 @@ class WaitResult(NamedTuple):
         }
 
 
-def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float,
+def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float, *,
+                    give_up: Callable[[list[GpuReading]], bool] | None = None,
                     ) -> tuple[bool, list[GpuReading]]:
-    """Poll memory and processes (the cheap query) until all GPUs are free or the deadline."""
+    """Poll memory and processes (the cheap query) until all GPUs are free, the
+    deadline passes, or ``give_up(readings)`` says waiting longer is pointless."""
     poll = Poller(first=0.001, cap=0.025)
     while True:
         readings = backend.read(gpus, full=False)
         if all(is_free(r, max_used) for r in readings):
             return True, readings
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (give_up is not None and give_up(readings)):
             return False, readings
         poll.sleep(deadline)
 

@@ -57,19 +57,11 @@ def _say(msg: str) -> None:
 def run_clear(args: argparse.Namespace) -> int:
     from ..clearing import clear
 
-    confirm = None
-    if not args.yes and not args.dry_run and sys.stdin.isatty():
-        def confirm(plan) -> bool:  # type: ignore[no-untyped-def]
-            from .render_clear import print_plan
-
-            print_plan(plan, file=sys.stderr)
-            sys.stderr.write(f"Terminate these {len(plan.targets)} processes? [y/N] ")
-            sys.stderr.flush()
-            return sys.stdin.readline().strip().lower() in ("y", "yes")
+    ask = not args.yes and not args.dry_run and sys.stdin.isatty()
 
     result = clear(args.gpus, pids=args.pid, user=args.user, match=args.match, all_users=args.all_users,
                    include_handles=args.include_handles, grace=args.grace, timeout=args.timeout,
-                   max_used=args.max_used, dry_run=args.dry_run, sim=args.sim, confirm=confirm,
+                   max_used=args.max_used, dry_run=args.dry_run, sim=args.sim, confirm=_confirm if ask else None,
                    on_event=_say)
     if args.json:
         print_json(result.to_json())
@@ -78,6 +70,16 @@ def run_clear(args: argparse.Namespace) -> int:
 
         print_clear(result)
     return EXIT_BY_STATUS[result.status]
+
+
+def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
+    """On a terminal: show the plan, ask before any signal."""
+    from .render_clear import print_plan
+
+    print_plan(plan, file=sys.stderr)
+    sys.stderr.write(f"Terminate these {len(plan.targets)} processes? [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def run_wait(args: argparse.Namespace) -> int:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
 from ..proc.procfs import read_info
 from ..snapshot import GpuState, HolderProcess, Snapshot
 
 
-def _console() -> Any:
-    from rich.console import Console
-
+def console(file: IO[str] | None = None) -> Any:
+    """A rich console; piped output keeps every column whole instead of squeezing to 80."""
     import sys
 
-    # piped output keeps every column whole instead of squeezing to 80
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    from rich.console import Console
+
+    out = file or sys.stdout
+    return Console(file=out, highlight=False, width=None if out.isatty() else 200)
 
 
 def _na(v: object, fmt: str = "{}") -> str:
@@ -31,7 +32,7 @@ def _memory_cell(g: GpuState) -> str:
     return f"[{color}]{format_size(m.used)}[/] / {format_size(m.total)}"
 
 
-def _one_line(text: str | None, limit: int = 100) -> str:
+def one_line(text: str | None, limit: int = 100) -> str:
     """Commands can hold newlines (python -c) and run long: a table row shows
     one line, cut with an ellipsis (``--json`` has the whole command)."""
     from rich.markup import escape
@@ -44,7 +45,7 @@ def _launcher_label(root_pid: int, members: list[HolderProcess]) -> str:
     if any(p.pid == root_pid for p in members):
         return ""
     info = read_info(root_pid)
-    return f"{info.user}  {_one_line(info.command)}" if info else "(exited)"
+    return f"{info.user}  {one_line(info.command)}" if info else "(exited)"
 
 
 def _stronger(a: str, b: str) -> str:
@@ -101,7 +102,7 @@ def status_renderable(snap: Snapshot) -> Any:
         for p, gl in sorted(members.values(), key=lambda m: (m[0].pid != root, min(m[1]), m[0].pid)):
             branch = "" if p.pid == root else "└ "
             kind = f"[dim]{p.kind}[/]" if p.kind == "handle" else p.kind
-            cmd = _one_line(p.command) if p.visible else "[dim](exited, or not visible from this host's /proc)[/]"
+            cmd = one_line(p.command) if p.visible else "[dim](exited, or not visible from this host's /proc)[/]"
             if p.container:
                 cmd = f"[magenta]container {p.container}[/] {cmd}"
             procs.add_row(format_gpu_list(gl), f"{branch}{p.pid}", kind,
@@ -124,4 +125,4 @@ def time_label(epoch: float) -> str:
 
 
 def print_status(snap: Snapshot) -> None:
-    _console().print(status_renderable(snap))
+    console().print(status_renderable(snap))

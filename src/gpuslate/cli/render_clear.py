@@ -8,22 +8,7 @@ from .._parse import format_gpu_list, format_size
 from ..clearing import ClearResult
 from ..plan import Plan
 from ..wait import GpuDiagnosis
-
-
-def _console(file: IO[str] | None = None) -> Any:
-    import sys
-
-    from rich.console import Console
-
-    out = file or sys.stdout
-    return Console(file=out, highlight=False, width=None if out.isatty() else 200)
-
-
-def _cmd(text: str | None, limit: int = 90) -> str:
-    from rich.markup import escape
-
-    line = " ".join((text or "").split())
-    return escape(line if len(line) <= limit else line[: limit - 1] + "…")
+from .render import console, one_line
 
 
 def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
@@ -49,13 +34,13 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
                 ended = "[red]permission denied[/]"
             row += [sigs or "-", ended]
         container = f"[magenta]container {tg.container}[/] " if tg.container else ""
-        row.append(container + _cmd(tg.command))
+        row.append(container + one_line(tg.command))
         t.add_row(*row)
     return t
 
 
 def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
-    c = _console(file)
+    c = console(file)
     c.print(f"[bold]Plan[/] for GPUs {format_gpu_list(plan.gpus)}: {len(plan.targets)} targets")
     if plan.targets:
         c.print(plan_table(plan))
@@ -66,23 +51,23 @@ def _print_spared(c: Any, plan: Plan) -> None:
     if plan.spared:
         c.print("[bold]Spared[/]")
         for s in plan.spared:
-            c.print(f"  {s.pid} {s.user or '-'} [dim]{_cmd(s.command, 60)}[/]: {s.reason}")
+            c.print(f"  {s.pid} {s.user or '-'} [dim]{one_line(s.command, 60)}[/]: {s.reason}")
 
 
 def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> None:
-    c = _console(file)
+    c = console(file)
     for d in diag:
         used = format_size(d.used) if d.used is not None else "unknown"
         c.print(f"[red]GPU {d.gpu} not free[/]: {used} used (free means at most {format_size(d.max_used)})")
         for p in d.problems:
-            who = f"PID {p.pid} ({p.user}, {_cmd(p.command, 50)})" if p.pid is not None else "no process"
+            who = f"PID {p.pid} ({p.user}, {one_line(p.command, 50)})" if p.pid is not None else "no process"
             c.print(f"  - {who}: {p.reason}")
             if p.remedy:
                 c.print(f"    [dim]remedy: {p.remedy}[/]")
 
 
 def print_clear(result: ClearResult) -> None:
-    c = _console()
+    c = console()
     plan = result.plan
     if result.status == "dry_run":
         c.print("[yellow]Dry run: nothing was signaled.[/]")
@@ -104,7 +89,7 @@ def print_clear(result: ClearResult) -> None:
     parts = [f"{k.removesuffix('_s')} {v:.3f} s" for k, v in t.items()]
     c.print("[bold]Timings[/]: " + ", ".join(parts))
     for rs in result.respawned:
-        c.print(f"[red]Restarted[/]: PID {rs.pid} ({_cmd(rs.command, 60)}) replaced {rs.replaces}; "
+        c.print(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, 60)}) replaced {rs.replaces}; "
                 f"supervisor {rs.supervisor or 'unknown'}. {rs.remedy}")
     if result.diagnosis:
         print_diagnosis(result.diagnosis)

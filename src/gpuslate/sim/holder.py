@@ -110,7 +110,7 @@ def hold(
         set_title(title.replace("{rank}", "0"))
 
     if not workers:
-        _keep = _hold_here(host, assign(gpus, memory, 1)[0])
+        _hold_here(host, assign(gpus, memory, 1)[0])  # the fds stay open for the process's life
         _announce(out, [])
         _sleep_forever()
 
