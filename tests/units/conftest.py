@@ -33,11 +33,12 @@ def _kill_leftovers(host: SimHost) -> None:
     """SIGKILL every process of this test's units and every live holder on its simulated host
     (all started by this test), each by exact identity."""
     from gpuslate.units import store
-    from gpuslate.units.contain import unit_processes
+    from gpuslate.units.contain import discard_cgroup, unit_processes
 
     idents: set[ProcessId] = set()
     table = ProcTable()
-    for rec in store.load_all():
+    records = store.load_all()
+    for rec in records:
         idents.update(st.ident for st in unit_processes(rec, table))
     for held in host.held():
         r = held.record
@@ -45,6 +46,8 @@ def _kill_leftovers(host: SimHost) -> None:
             idents.add(ProcessId(r.pid, r.start_ticks))
     for ident in idents:
         send_signal(ident, signal.SIGKILL)
+    for rec in records:  # the host's cgroup tree is shared: leave nothing in it
+        discard_cgroup(rec.cgroup, wait=10.0)  # init may take seconds to reap the killed processes
 
 
 @pytest.fixture

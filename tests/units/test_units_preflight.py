@@ -8,7 +8,7 @@ import os
 import socket
 
 from gpuslate.units import store
-from gpuslate.units.contain import choose_fence
+from gpuslate.units.contain import choose_fence, discard_cgroup
 from unitkit import free_port, popen_units, serve_cmd
 
 
@@ -96,6 +96,4 @@ def test_fence_falls_back_with_a_reason():
     if fence.kind == "session":
         assert note  # why no cgroup was used is recorded
     elif fence.cgroup:
-        from gpuslate.units.contain import discard_cgroup
-
         discard_cgroup(fence.cgroup)

@@ -25,7 +25,21 @@ from ..proc.procfs import ProcStat, read_cgroup
 from ..proc.tree import ProcTable
 from .store import UnitRecord
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+def _cgroup2_mount() -> Path:
+    """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup on unified hosts,
+    /sys/fs/cgroup/unified on hybrid ones (v1 controllers beside a v2 tree)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    return Path(left.split()[4])
+    except OSError:
+        pass
+    return Path("/sys/fs/cgroup")
+
+
+CGROUP_ROOT = _cgroup2_mount()
 
 
 class Fence(NamedTuple):
@@ -36,7 +50,7 @@ class Fence(NamedTuple):
 
 
 def _cgroup_v2() -> bool:
-    return (CGROUP_ROOT / "cgroup.controllers").exists()
+    return (CGROUP_ROOT / "cgroup.procs").exists() and (CGROUP_ROOT / "cgroup.controllers").exists()
 
 
 def choose_fence(name: str, wanted: str = "auto") -> tuple[Fence, str | None]:
@@ -99,13 +113,77 @@ def _systemd_scope(name: str) -> tuple[Fence | None, str]:
     return Fence("scope", None, prefix, None), ""
 
 
-def discard_cgroup(cgroup: str | None) -> None:
-    """Remove the unit's (empty) cgroup; a cgroup with processes left cannot be removed, and stays."""
-    if cgroup:
+def discard_cgroup(cgroup: str | None, wait: float = 0.0) -> None:
+    """Remove the unit's cgroup once it is empty; never blocks longer than ``wait``.
+
+    A dead unit's processes stay in its cgroup as zombies until their parent
+    reaps them, and a detached unit's parent is init, which may reap only
+    every few seconds: so stopping does not wait for it, and
+    :func:`collect_stale_cgroups` removes the cgroup later. A cgroup with live
+    processes is never removed."""
+    if not cgroup:
+        return
+    import time
+
+    path = CGROUP_ROOT / cgroup.lstrip("/")
+    deadline = time.monotonic() + wait
+    delay = 0.001
+    while True:
         try:
-            (CGROUP_ROOT / cgroup.lstrip("/")).rmdir()
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            try:
+                if "populated 1" in (path / "cgroup.events").read_text() and not _only_zombies(path):
+                    return  # live processes: the cgroup stays, and says who is left
+            except OSError:
+                return
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def collect_stale_cgroups() -> None:
+    """Remove the leftover cgroups of units that have ended (empty ``gpuslate-*``
+    cgroups beside the ones gpuslate creates). Call it only under the host lock:
+    then no launch is between creating a cgroup and moving its process in."""
+    if not _cgroup_v2():
+        return
+    mine = read_cgroup(os.getpid())
+    if mine is None:
+        return
+    parent = CGROUP_ROOT / mine.lstrip("/")
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith("gpuslate-") and e.is_dir()]
+    except OSError:
+        return
+    for e in entries:
+        try:
+            os.rmdir(e.path)  # refused (EBUSY) while any process, zombies included, is inside
         except OSError:
             pass
+
+
+def _in_unit_env(pid: int, name: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:  # gone, or another user's process: not readable, and not ours to stop
+        return False
+    return f"\0GPUSLATE_UNIT={name}\0".encode() in b"\0" + env
+
+
+def _only_zombies(path: Path) -> bool:
+    from ..proc.procfs import read_stat
+
+    try:
+        pids = [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return False
+    return all((st := read_stat(p)) is None or st.state in ("Z", "X") for p in pids)
 
 
 def cgroup_pids(cgroup: str | None) -> list[int]:
@@ -164,6 +242,13 @@ def unit_processes(rec: UnitRecord, table: ProcTable) -> list[ProcStat]:
         st = table.get(ident.pid)
         if st is not None and st.start_ticks == ident.start_ticks:
             add(st)
+    if rec.cgroup is None:
+        # Without a cgroup, a descendant that double-forked into a session of
+        # its own is found by the environment every descendant inherits
+        # (GPUSLATE_UNIT, set at launch), among processes started since.
+        for st in table.all():
+            if st.pid not in found and st.start_ticks >= rec.start_ticks and _in_unit_env(st.pid, rec.name):
+                add(st)
     # never ourselves, nor whatever runs us (gpuslate started from inside the unit)
     for pid in [os.getpid(), *table.ancestors(os.getpid())]:
         found.pop(pid, None)

@@ -65,6 +65,9 @@ def launch(spec: UnitSpec) -> Launched:
             note = f"cgroup {fence.cgroup} refused the process"
             fence = Fence("session", None, [], None)
             proc, t_spawn, at = _spawn(spec, fence, fd, added)
+        except BaseException:  # e.g. command not found: the new cgroup must not stay behind
+            discard_cgroup(fence.cgroup)
+            raise
     finally:
         os.close(fd)
     _children[proc.pid] = proc

@@ -22,7 +22,7 @@ from ..proc.tree import ProcTable
 from ..snapshot import iso_time, resolve_gpus
 from ..wait import default_max_used
 from . import logfile, store
-from .contain import unit_processes
+from .contain import collect_stale_cgroups, unit_processes
 from .launch import Launched, exit_status, launch
 from .preflight import check_gpus, check_port
 from .readiness import Probe, smoke
@@ -142,6 +142,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
                 raise NotDoneError(f"--clear could not free GPUs {','.join(map(str, gpus))} for unit {spec.name}: "
                                    + "; ".join(d.summary() for d in cleared.diagnosis),
                                    hint="see 'gpuslate clear --gpus ... --json' for the whole story")
+        collect_stale_cgroups()  # under the host lock
         check_gpus(be, gpus, limit, for_unit=spec.name, records=store.load_all())
         t_pre = time.monotonic()
         launched = launch(spec)
@@ -237,6 +238,7 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
     t0 = time.monotonic()
     with backend_for(sim, backend) as be, host_lock(be, f"down {name}", lock, on_event) as waited:
         rec = store.load(name) or rec  # it may have changed while we waited
+        collect_stale_cgroups()  # under the host lock
         previous = classify(rec, ProcTable())
         report = stop_unit(rec, be, grace=spec.grace if grace is None else grace,
                            timeout=spec.stop_timeout if timeout is None else timeout, run_id=new_run_id(),
