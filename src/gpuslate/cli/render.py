@@ -29,7 +29,7 @@ def _memory_cell(g: GpuState) -> str:
         return "[red]unknown[/]"
     pct = 100 * m.used / m.total if m.total else 0
     color = "green" if m.used == 0 else ("yellow" if pct < 90 else "red")
-    return f"[{color}]{format_size(m.used)}[/] / {format_size(m.total)}"
+    return f"[{color}]{format_size(m.used)}[/]/{format_size(m.total)}"
 
 
 def one_line(text: str | None, limit: int = 100) -> str:
@@ -61,25 +61,25 @@ def status_renderable(snap: Snapshot) -> Any:
         f"[bold]{snap.host}[/]  backend [cyan]{snap.backend}[/]  driver {snap.driver_version or '-'}  "
         f"[dim]{time_label(snap.taken_at)}[/]"
     )
-    gpus = Table(box=None, pad_edge=False, header_style="bold")
-    # GPU names are long; the row of numbers must not wrap
-    for col, just in (("GPU", "right"), ("Name", "left"), ("Memory used / total", "right"),
+    # fits 80 columns: only the model name may be cut, never a number
+    gpus = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
+    for col, just in (("GPU", "right"), ("Name", "left"), ("Memory used/total", "right"),
                       ("Reserved", "right"), ("Util", "right"), ("Temp", "right"),
-                      ("Power", "right"), ("Perf", "left"), ("Procs", "right"), ("", "left")):
-        gpus.add_column(col, justify=just, no_wrap=col != "")  # type: ignore[arg-type]
+                      ("Power", "right"), ("Perf", "left"), ("", "left")):
+        gpus.add_column(col, justify=just, no_wrap=col != "", overflow="ellipsis",  # type: ignore[arg-type]
+                        max_width=22 if col == "Name" else None)
     for g in snap.gpus:
         r = g.reading
-        holders = [p for p in g.processes if p.kind != "handle"]
         gpus.add_row(
             str(r.index), (r.name or "-").removeprefix("NVIDIA "), _memory_cell(g),
             format_size(r.memory.reserved) if r.memory else "-",
             _na(r.utilization_pct, "{}%"), _na(r.temperature_c, "{}°C"),
-            f"{_na(r.power_w, '{:.0f}')}/{_na(r.power_limit_w, '{:.0f}')} W",
-            r.pstate or "-", str(len(holders)),
+            f"{_na(r.power_w, '{:.0f}')}/{_na(r.power_limit_w, '{:.0f}')}W",
+            r.pstate or "-",
             f"[red]error: {r.error}[/]" if r.error else "",
         )
 
-    procs = Table(box=None, pad_edge=False, header_style="bold")
+    procs = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for col, just in (("GPU", "right"), ("PID", "right"), ("Kind", "left"), ("GPU memory", "right"),
                       ("User", "left"), ("Command", "left")):
         procs.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
