@@ -331,7 +331,7 @@ def _clear_on_terminal(answer: bytes, *args: str) -> tuple[int, str]:
 def test_confirmation_on_a_terminal(sim_host, hold):
     h = hold("--gpus", "0", "--memory", "1GiB")
     code, err = _clear_on_terminal(b"n\n")
-    assert code == 130 and "Terminate these 1 processes? [y/N]" in err and "nothing was signaled" in err
+    assert code == 130 and "Terminate this process? [y/N]" in err and "nothing was signaled" in err
     assert alive(h.pid)
     code, err = _clear_on_terminal(b"y\n")
     assert code == 0 and is_gone(h.pid)

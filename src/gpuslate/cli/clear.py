@@ -77,7 +77,8 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
     from .render_clear import print_plan
 
     print_plan(plan, file=sys.stderr)
-    sys.stderr.write(f"Terminate these {len(plan.targets)} processes? [y/N] ")
+    n = len(plan.targets)
+    sys.stderr.write(f"Terminate {'this process' if n == 1 else f'these {n} processes'}? [y/N] ")
     sys.stderr.flush()
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 

@@ -119,13 +119,17 @@ def terminate(
     if not alive:
         return results
     signal_all(signal.SIGTERM, alive)
-    note(f"SIGTERM sent to {sum(1 for r in alive if r.signals[-1].outcome == DELIVERED)} processes")
+    note(f"SIGTERM sent to {_processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED))}")
     survivors = wait(alive, time.monotonic() + grace, "SIGTERM")
     if survivors:
-        note(f"{len(survivors)} processes survived SIGTERM for {grace:g} s: SIGKILL")
+        note(f"{_processes(len(survivors))} survived SIGTERM for {grace:g} s: SIGKILL")
         signal_all(signal.SIGKILL, survivors)
         wait(survivors, time.monotonic() + kill_wait, "SIGKILL")
     return results
+
+
+def _processes(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
 
 
 def _sent(r: VictimResult) -> bool:
