@@ -92,7 +92,7 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
                     ) -> tuple[bool, list[GpuReading]]:
     """Poll memory and processes (the cheap query) until all GPUs are free, the
     deadline passes, or ``give_up(readings)`` says waiting longer is pointless."""
-    poll = Poller(first=0.001, cap=0.025)
+    poll = Poller()
     while True:
         readings = backend.read(gpus, full=False)
         if all(is_free(r, max_used) for r in readings):

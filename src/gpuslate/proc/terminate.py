@@ -55,18 +55,29 @@ class VictimResult:
 
 
 class Poller:
-    """Adaptive polling: starts at 1 ms, backs off to ``cap`` seconds."""
+    """Adaptive polling: starts at ``first`` seconds and backs off to ``cap``;
+    after ``patient_after`` seconds the cap rises to ``late_cap``.
 
-    def __init__(self, first: float = 0.001, cap: float = 0.02) -> None:
+    Teardowns usually end within a second, and each poll is cheap (a /proc
+    read, or NVML's memory and process query: about 0.1 ms), so the first
+    seconds poll every few milliseconds to see the end as it happens; a long
+    wait (another user's job, a stuck process) then costs almost no CPU.
+    """
+
+    def __init__(self, first: float = 0.001, cap: float = 0.005, *, patient_after: float = 2.0,
+                 late_cap: float = 0.05) -> None:
         self.delay = first
         self.cap = cap
+        self.late_cap = late_cap
+        self.patient_at = time.monotonic() + patient_after
 
     def sleep(self, deadline: float | None = None) -> None:
         d = self.delay
         if deadline is not None:
             d = max(0.0, min(d, deadline - time.monotonic()))
         time.sleep(d)
-        self.delay = min(self.cap, self.delay * 1.5)
+        cap = self.cap if time.monotonic() < self.patient_at else self.late_cap
+        self.delay = min(cap, self.delay * 1.5)
 
 
 def terminate(
