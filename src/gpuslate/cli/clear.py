@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, gpu_list, nonnegative_float, print_json, size
+from .common import add_common, gpu_list, nonnegative_float, note, print_json, size
 
 EXIT_BY_STATUS = {"clean": 0, "dry_run": 0, "timeout": 4, "permission_denied": 5}
 
@@ -49,11 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(handler=run_wait)
 
 
-def _say(msg: str) -> None:
-    sys.stderr.write(f"gpuslate: {msg}\n")
-    sys.stderr.flush()
-
-
 def run_clear(args: argparse.Namespace) -> int:
     from ..clearing import clear
 
@@ -62,7 +57,7 @@ def run_clear(args: argparse.Namespace) -> int:
     result = clear(args.gpus, pids=args.pid, user=args.user, match=args.match, all_users=args.all_users,
                    include_handles=args.include_handles, grace=args.grace, timeout=args.timeout,
                    max_used=args.max_used, dry_run=args.dry_run, sim=args.sim, confirm=_confirm if ask else None,
-                   on_event=_say)
+                   on_event=note)
     if args.json:
         print_json(result.to_json())
     else:

@@ -60,6 +60,12 @@ def backend_for(args: argparse.Namespace) -> GpuBackend:
     return open_backend(getattr(args, "sim", None))
 
 
+def note(msg: str) -> None:
+    """A progress line for people, on stderr (stdout stays for the result or JSON)."""
+    sys.stderr.write(f"gpuslate: {msg}\n")
+    sys.stderr.flush()
+
+
 def print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     sys.stdout.flush()

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_common, nonnegative_float, print_json, size
+from .common import add_common, nonnegative_float, note, print_json, size
 from .exits import ExitStatus
 
 
@@ -46,7 +46,6 @@ def print_down(result: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..units import down
-    from .up import note
 
     result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
                   max_used=args.max_used, on_event=note)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, print_json
+from .common import add_common, note, print_json
 from .exits import ExitStatus
 
 _LABELS = (("lock_wait_s", "wait for the host lock"), ("stop_old_s", "stop {old}"),
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..units import swap
     from .down import print_down
-    from .up import note, print_up, report_failure, up_status
+    from .up import print_up, report_failure, up_status
 
     result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
                   sim=getattr(args, "sim", None), on_event=note)

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .common import add_common, gpu_list, nonnegative_float, positive_float, print_json, size
+from .common import add_common, gpu_list, nonnegative_float, note, positive_float, print_json, size
 from .exits import ExitStatus
 
 
@@ -82,11 +82,6 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             "ready_url": args.ready_url, "ready_log": args.ready_log, "smoke": args.smoke, "model": args.model,
             "start_timeout": args.start_timeout, "grace": args.grace, "stop_timeout": args.stop_timeout,
             "env": env, "cwd": args.cwd, "containment": args.containment}
-
-
-def note(msg: str) -> None:
-    sys.stderr.write(f"gpuslate: {msg}\n")
-    sys.stderr.flush()
 
 
 def gpu_text(gpus: list[int]) -> str:
