@@ -104,8 +104,8 @@ def main() -> None:
     # as the environment has it, and cached as after a normal `pip install`.
     cached = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cached["PYTHONPYCACHEPREFIX"] = "/tmp/gpuslate-bench-pycache"
-    subprocess.run([sys.executable, "-c", "import pynvml, gpuslate.cli.main, gpuslate.clearing, gpuslate.plan,"
-                    "gpuslate.cli.clear, gpuslate.wait, gpuslate.audit, gpuslate.lock"], env=cached, check=True)
+    subprocess.run([sys.executable, "-c", "import pynvml, gpuslate.cli.main, gpuslate.slate.clear, gpuslate.slate.plan,"
+                    "gpuslate.cli.clear, gpuslate.slate.wait, gpuslate.host.audit, gpuslate.host.lock"], env=cached, check=True)
     variants = {"gpuslate": env, "gpuslate (bytecode cached)": cached}
     if env.get("PYTHONDONTWRITEBYTECODE") is None:
         variants = {"gpuslate": env}

@@ -25,7 +25,7 @@ def mark(name):
     t = time.perf_counter(); ph[name] = (t - t0) * 1000; t0 = t
 import pynvml; mark("import pynvml")
 import gpuslate.cli.main; mark("import gpuslate CLI")
-from gpuslate.gpu import open_backend; from gpuslate.snapshot import take_snapshot
+from gpuslate.gpu import open_backend; from gpuslate.host.snapshot import take_snapshot
 from gpuslate.proc.fdscan import scan_device_holders
 b = open_backend(); mark("nvmlInit")
 n = b.device_count(); mark("device count")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate import audit
-from gpuslate.audit import AuditLog, new_run_id
+from gpuslate.host import audit
+from gpuslate.host.audit import AuditLog, new_run_id
 from gpuslate.errors import PermissionDenied, UsageError
-from gpuslate.state import state_dir
+from gpuslate.host.state import state_dir
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -153,7 +153,7 @@ def test_killed_right_after_before_signal_reads_as_interrupted(state: Path) -> N
     # leaves its entry, without outcome.
     code = textwrap.dedent("""
         import os, signal
-        from gpuslate.audit import AuditLog
+        from gpuslate.host.audit import AuditLog
         log = AuditLog()
         eid = log.before_signal(run_id="r1", action="clear", signal="SIGTERM", target={"pid": 1})
         log.outcome(eid, "delivered")
@@ -173,7 +173,7 @@ def test_concurrent_writers_produce_only_whole_lines(state: Path) -> None:
     # long lines (well past a pipe buffer and a page) make any interleaving visible
     code = textwrap.dedent(f"""
         import sys
-        from gpuslate.audit import AuditLog
+        from gpuslate.host.audit import AuditLog
         log = AuditLog()
         w = int(sys.argv[1])
         sys.stdin.readline()  # start together

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import gpuslate
-from gpuslate.audit import AuditLog
-from gpuslate.clearing import clear
+from gpuslate.host.audit import AuditLog
+from gpuslate.slate.clear import clear
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
 from gpuslate.proc.terminate import Victim, terminate

@@ -16,9 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from gpuslate import lock as lockmod
+from gpuslate.host import lock as lockmod
 from gpuslate.errors import GpuslateError, NotDoneError
-from gpuslate.lock import HostLock, default_lock_dir, read_holder
+from gpuslate.host.lock import HostLock, default_lock_dir, read_holder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -26,7 +26,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 HOLDER = textwrap.dedent("""
     import fcntl, os, sys, time
     from pathlib import Path
-    from gpuslate.lock import HostLock
+    from gpuslate.host.lock import HostLock
     path, purpose, raw = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "raw"
     if raw:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)

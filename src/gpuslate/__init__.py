@@ -28,20 +28,20 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "status": "gpuslate.api", "take_snapshot": "gpuslate.snapshot", "Snapshot": "gpuslate.snapshot",
-    "GpuState": "gpuslate.snapshot", "HolderProcess": "gpuslate.snapshot", "open_backend": "gpuslate.gpu",
+    "status": "gpuslate.api", "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
+    "GpuState": "gpuslate.host.snapshot", "HolderProcess": "gpuslate.host.snapshot", "open_backend": "gpuslate.gpu",
     "GpuBackend": "gpuslate.gpu", "ProcessId": "gpuslate.proc.procfs",
-    "clear": "gpuslate.clearing", "ClearResult": "gpuslate.clearing",
-    "wait_free": "gpuslate.wait", "WaitResult": "gpuslate.wait",
+    "clear": "gpuslate.slate.clear", "ClearResult": "gpuslate.slate.clear",
+    "wait_free": "gpuslate.slate.wait", "WaitResult": "gpuslate.slate.wait",
 }
 
 if TYPE_CHECKING:
     from .api import status
-    from .clearing import ClearResult, clear
+    from .slate.clear import ClearResult, clear
     from .gpu import GpuBackend, open_backend
     from .proc.procfs import ProcessId
-    from .snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
-    from .wait import WaitResult, wait_free
+    from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
+    from .slate.wait import WaitResult, wait_free
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .gpu import open_backend
-from .snapshot import Snapshot, take_snapshot
+from .host.snapshot import Snapshot, take_snapshot
 
 
 def status(gpus: list[int] | None = None, *, sim: str | None = None) -> Snapshot:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.audit import AuditLog
+from gpuslate.host.audit import AuditLog
 from gpuslate.cli import log as log_cmd
 from gpuslate.cli.common import add_common
 
@@ -108,7 +108,7 @@ def test_interrupted_run_shows_as_unknown(audit: AuditLog, capsys: pytest.Captur
     # a real run killed between recording a signal and recording its outcome
     code = textwrap.dedent("""
         import os, signal
-        from gpuslate.audit import AuditLog, new_run_id
+        from gpuslate.host.audit import AuditLog, new_run_id
         AuditLog().before_signal(run_id=new_run_id(), action="swap", signal="SIGTERM",
                                  target={"pid": 777, "user": "carol", "command": "llama-server", "gpus": [2]})
         os.kill(os.getpid(), signal.SIGKILL)

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from ..clearing import clear
+    from ..slate.clear import clear
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
 
@@ -79,7 +79,7 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
 
 
 def run_wait(args: argparse.Namespace) -> int:
-    from ..wait import wait_free
+    from ..slate.wait import wait_free
 
     result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, sim=args.sim)
     if args.json:

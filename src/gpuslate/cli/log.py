@@ -32,7 +32,7 @@ def _limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..audit import AuditLog
+    from ..host.audit import AuditLog
 
     log = AuditLog()
     limit = getattr(args, "limit", 50)

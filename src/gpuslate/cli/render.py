@@ -6,7 +6,7 @@ from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
 from ..proc.procfs import read_info
-from ..snapshot import GpuState, HolderProcess, Snapshot
+from ..host.snapshot import GpuState, HolderProcess, Snapshot
 
 
 def console(file: IO[str] | None = None) -> Any:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
-from ..clearing import ClearResult
-from ..plan import Plan
-from ..wait import GpuDiagnosis
+from ..slate.clear import ClearResult
+from ..slate.plan import Plan
+from ..slate.wait import GpuDiagnosis
 from .render import console, one_line
 
 

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..snapshot import take_snapshot
+    from ..host.snapshot import take_snapshot
 
     backend = backend_for(args)
     if args.watch:
@@ -44,7 +44,7 @@ def _watch(args: argparse.Namespace, backend: object) -> int:
     import json
     import sys
 
-    from ..snapshot import take_snapshot
+    from ..host.snapshot import take_snapshot
 
     try:
         if args.json:

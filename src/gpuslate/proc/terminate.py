@@ -12,7 +12,7 @@ import signal
 import time
 from typing import Any, Callable, NamedTuple
 
-from ..audit import AuditLog
+from ..host.audit import AuditLog
 from .procfs import ProcessId
 from .signals import DELIVERED, NOT_RUNNING, PERMISSION_DENIED, PID_REUSED, is_gone, reap_if_child, send_signal
 

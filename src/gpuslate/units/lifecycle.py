@@ -12,15 +12,16 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
-from ..audit import new_run_id
+from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
 from ..gpu import GpuBackend, open_backend
-from ..lock import HostLock, default_lock_dir
+from ..host.lock import HostLock, default_lock_dir
 from ..proc.procfs import read_stat
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
-from ..snapshot import iso_time, resolve_gpus
-from ..wait import default_max_used
+from .._time import iso_time
+from ..host.snapshot import resolve_gpus
+from ..slate.wait import default_max_used
 from . import logfile, store
 from .contain import collect_stale_cgroups, unit_processes
 from .launch import Launched, exit_status, launch
@@ -134,7 +135,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
             check_port(spec.host, spec.port, for_unit=spec.name)
         cleared = None
         if clear_first:
-            from ..clearing import clear
+            from ..slate.clear import clear
 
             cleared = clear(gpus, grace=spec.grace, timeout=spec.stop_timeout, max_used=limit, backend=be,
                             lock=False, on_event=on_event)

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Sequence
 from ..gpu import GpuBackend
 from ..proc.procfs import ProcStat, ticks_to_epoch
 from ..proc.tree import ProcTable
-from ..snapshot import iso_time
+from .._time import iso_time
 from . import store
 from .contain import unit_processes
 from .lifecycle import backend_for

@@ -13,8 +13,8 @@ from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..proc.procfs import read_info
 from ..proc.tree import ProcTable
-from ..snapshot import Snapshot, take_snapshot
-from ..wait import is_free
+from ..host.snapshot import Snapshot, take_snapshot
+from ..slate.wait import is_free
 from . import store
 from .contain import unit_processes
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple
 
-from ..audit import AuditLog
+from ..host.audit import AuditLog
 from ..gpu.types import GpuBackend, GpuReading
 from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from ..snapshot import take_snapshot
-from ..wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
+from ..host.snapshot import take_snapshot
+from ..slate.wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup, unit_processes
 from .store import UnitRecord
 

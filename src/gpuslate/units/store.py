@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import PermissionDenied
 from ..proc.procfs import ProcessId
-from ..state import state_dir
+from ..host.state import state_dir
 
 SCHEMA = "gpuslate.unit.v1"
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ._parse import format_size
-from .gpu.types import GpuBackend, GpuReading
-from .proc.terminate import Poller, VictimResult
-from .snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from .._parse import format_size
+from ..gpu.types import GpuBackend, GpuReading
+from ..proc.terminate import Poller, VictimResult
+from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
 
 MiB = 1024**2
 DEFAULT_MAX_USED_V2 = 64 * MiB
@@ -105,7 +105,7 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
 def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
               sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
     """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
-    from .gpu import open_backend
+    from ..gpu import open_backend
 
     own = backend is None
     be = backend if backend is not None else open_backend(sim)

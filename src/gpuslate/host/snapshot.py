@@ -11,11 +11,12 @@ import os
 import time
 from typing import Any, NamedTuple, Sequence
 
-from .errors import UsageError
-from .gpu.types import GpuBackend, GpuReading, MemoryInfo
-from .proc.fdscan import FdScan, scan_device_holders
-from .proc.procfs import ProcessInfo, read_info, ticks_to_epoch
-from .proc.tree import ProcTable
+from .._time import iso_time
+from ..errors import UsageError
+from ..gpu.types import GpuBackend, GpuReading, MemoryInfo
+from ..proc.fdscan import FdScan, scan_device_holders
+from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
+from ..proc.tree import ProcTable
 
 SCHEMA = "gpuslate.status.v1"
 
@@ -102,12 +103,6 @@ class Snapshot(NamedTuple):
         }
 
 
-def iso_time(epoch: float) -> str:
-    """UTC ISO-8601 with milliseconds (no datetime import on the hot path)."""
-    ms = int(round((epoch % 1) * 1000))
-    if ms == 1000:
-        epoch, ms = epoch + 1, 0
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{ms:03d}Z"
 
 
 def resolve_gpus(backend: GpuBackend, gpus: Sequence[int] | None) -> list[int]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import PermissionDenied, UsageError
+from ..errors import PermissionDenied, UsageError
 
 OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "error")
 
@@ -76,7 +76,7 @@ class AuditLog:
                                   "outcome": outcome, "detail": detail}, durable=False)
 
     def _append(self, make: Callable[[str], dict[str, Any]], *, durable: bool) -> None:
-        from .snapshot import iso_time
+        from .._time import iso_time
 
         created = not self.path.exists()
         try:
@@ -118,7 +118,7 @@ class AuditLog:
 
     def _actor_info(self) -> dict[str, Any]:
         if self._actor is None:
-            from .proc.procfs import user_name
+            from ..proc.procfs import user_name
 
             uid = os.getuid()
             self._actor = {
@@ -145,7 +145,7 @@ class AuditLog:
             return []
         since_iso: str | None = None
         if since is not None:
-            from .snapshot import iso_time
+            from .._time import iso_time
 
             since_iso = iso_time(since)
         try:

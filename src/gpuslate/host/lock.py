@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import GpuslateError, NotDoneError, PermissionDenied
+from ..errors import GpuslateError, NotDoneError, PermissionDenied
 
 SYSTEM_LOCK_DIR = Path("/run/lock/gpuslate")
 TEMP_LOCK_DIR_NAME = "gpuslate-locks"
@@ -190,8 +190,8 @@ class HostLock:
     # -- the holder file -------------------------------------------------------
 
     def _write_holder(self) -> None:
-        from .proc.procfs import identity, user_name
-        from .snapshot import iso_time
+        from ..proc.procfs import identity, user_name
+        from .._time import iso_time
 
         pid = os.getpid()
         ident = identity(pid)
@@ -224,7 +224,7 @@ def read_holder(path: Path) -> dict[str, Any]:
 
 
 def _alive(pid: int, start_ticks: object) -> bool:
-    from .proc.procfs import read_stat
+    from ..proc.procfs import read_stat
 
     if pid <= 0:
         return False

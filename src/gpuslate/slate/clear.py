@@ -14,15 +14,16 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
-from .audit import AuditLog, new_run_id
-from .errors import Interrupted
-from .gpu.types import GpuBackend, GpuReading
-from .lock import HostLock, default_lock_dir
+from ..host.audit import AuditLog, new_run_id
+from ..errors import Interrupted
+from ..gpu.types import GpuBackend, GpuReading
+from ..host.lock import HostLock, default_lock_dir
 from .plan import Plan, Selection, Target, make_plan
-from .proc.procfs import read_cgroup, read_info
-from .proc.terminate import Victim, VictimResult, terminate
-from .proc.tree import ProcTable
-from .snapshot import Snapshot, iso_time, take_snapshot
+from ..proc.procfs import read_cgroup, read_info
+from ..proc.terminate import Victim, VictimResult, terminate
+from ..proc.tree import ProcTable
+from .._time import iso_time
+from ..host.snapshot import Snapshot, take_snapshot
 from .wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
@@ -102,8 +103,8 @@ def clear(
     Raises :class:`~gpuslate.errors.UsageError` on bad input before anything is
     signaled, and :class:`~gpuslate.errors.Interrupted` when ``confirm`` says no.
     """
-    from .errors import UsageError
-    from .gpu import open_backend, sim_root_from_env
+    from ..errors import UsageError
+    from ..gpu import open_backend, sim_root_from_env
 
     for name, v in (("grace", grace), ("timeout", timeout)):
         if not v >= 0:
@@ -168,7 +169,7 @@ def clear(
 
 
 def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:
-    from ._parse import format_gpu_list
+    from .._parse import format_gpu_list
 
     return f"gpuslate clear --gpus {format_gpu_list(list(gpus)) if gpus else 'all'}"
 

@@ -18,11 +18,11 @@ import pwd
 import re
 from typing import Any, NamedTuple, Sequence
 
-from .errors import UsageError
-from .gpu.types import GpuBackend
-from .proc.procfs import ProcessId, read_cgroup, read_info
-from .proc.tree import ProcTable, is_boundary
-from .snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..errors import UsageError
+from ..gpu.types import GpuBackend
+from ..proc.procfs import ProcessId, read_cgroup, read_info
+from ..proc.tree import ProcTable, is_boundary
+from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
 
 #: GPU daemons spared unless --include-handles, whatever they hold
 GPU_DAEMONS = frozenset({

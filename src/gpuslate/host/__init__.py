@@ -1,0 +1,1 @@
+"""The host session: discovery (snapshot), host lock, audit log, state folder."""

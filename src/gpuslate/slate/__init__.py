@@ -1,0 +1,1 @@
+"""Plan -> act -> verify: ``clear`` and ``wait``."""
