@@ -25,7 +25,7 @@ import pwd
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from .._parse import format_gpu_list, format_size
 from ..errors import UsageError
@@ -232,17 +232,19 @@ def decide(facts: Facts, res: Resolved) -> Decision:
 
     targets: dict[int, TargetDecision] = {}
     memory_holders = set(memory)
-    for pid in selected:
+    jobs: dict[int, tuple[int, list[int]]] = {}
+    for pid in selected:  # every selected holder is a holder first, whatever job it is also in
+        if sel.holders_only:
+            jobs[pid] = (pid, [pid, *descendants(view, pid, protect)])
+        else:
+            root = job_root(view, pid, protect)
+            jobs[pid] = (root, job_members(view, root, memory_holders, protect))
         mine = {g: b for g, b in memory.get(pid, {}).items() if g in chosen}
         reason = f"holds {_where(mine)}" if mine else \
             f"holds a device handle on GPU {format_gpu_list(sorted(handles.get(pid, set()) & chosen))}"
-        if sel.holders_only:
-            root, members = pid, [pid, *descendants(view, pid, protect)]
-        else:
-            root = job_root(view, pid, protect)
-            members = job_members(view, root, memory_holders, protect)
-        if pid not in targets:
-            targets[pid] = TargetDecision(pid, Role.HOLDER, reason, root)
+        targets[pid] = TargetDecision(pid, Role.HOLDER, reason, jobs[pid][0])
+    for pid in selected:
+        root, members = jobs[pid]
         for m in members:
             if m in spared and spared[m].job is None:  # spared as a holder, and part of this job
                 spared[m] = SpareDecision(m, f"{spared[m].reason} (found inside the job of {root})", root)
@@ -351,12 +353,9 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
     snap = take_snapshot(backend, None)
     table = ProcTable()
     table.load_all()
-    holds: list[Hold] = []
-    for g in snap.gpus:
-        for p in g.processes:
-            if p.visible:
-                holds.append(Hold(_process_of(table, p.pid), g.index, p.kind, p.used_memory))
-    facts = Facts(table, tuple(holds), len(snap.gpus), os.getpid(), os.getuid())
+    reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
+    holds = attribute(reported, lambda pid: table.get(pid) is not None, _tgid)
+    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid())
     decision = decide(facts, res)
 
     by_pid: dict[int, tuple[str, int | None, list[int], list[int]]] = {}
@@ -398,9 +397,20 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
                 frozenset(st.pid for st in table.all()))
 
 
-def _process_of(table: ProcTable, pid: int) -> int:
-    """The process a reported id belongs to: drivers may name a thread of it."""
-    if table.get(pid) is not None:
-        return pid
+def attribute(holds: Sequence[Hold], is_process: Callable[[int], bool],
+              tgid_of: Callable[[int], int | None]) -> tuple[Hold, ...]:
+    """Holds by process: a driver may report a thread id, which /proc does not list
+    among processes; its hold belongs to the process the thread is part of."""
+    out: list[Hold] = []
+    for h in holds:
+        if not is_process(h.pid):
+            tgid = tgid_of(h.pid)
+            if tgid is not None and tgid != h.pid:
+                h = h._replace(pid=tgid)
+        out.append(h)
+    return tuple(out)
+
+
+def _tgid(pid: int) -> int | None:
     sig = read_signal_facts(pid)
-    return sig.tgid if sig is not None else pid
+    return sig.tgid if sig is not None else None
