@@ -9,8 +9,10 @@ clean up after them. One type per kind of containment, chosen once when the unit
   leave it), plus the session fence; ends with ``cgroup.kill``;
 * :class:`ScopeFence`: the same for a transient systemd scope;
 * :class:`MarkerFence`: for a unit whose record cannot be read: the cgroups
-  gpuslate made for that name, the processes carrying its marker, and the
-  invoking user's process listening on the port the torn record still shows.
+  gpuslate made for that name, the processes carrying its marker and the
+  sessions such a process leads, the main process and its session when the
+  torn record still shows its pid and start time, and the invoking user's
+  process listening on the port the torn record still shows.
 """
 
 from __future__ import annotations
@@ -169,12 +171,24 @@ class MarkerFence:
                 _add(found, table.get(pid))
         main = table.get(self.main.pid) if self.main else None
         if main is not None and self.main is not None and main.start_ticks == self.main.start_ticks:
+            # a unit's main process leads its own session and group (launch.py): with its
+            # identity verified, so are they
+            for st in table.all():
+                if st.sid == main.pid or st.pgid == main.pid:
+                    _add(found, st)
             _add(found, main)
             for pid in table.descendants(main.pid):
                 _add(found, table.get(pid))
         since = self.since_ticks or 0
+        marked = [st for st in table.all()
+                  if st.pid not in found and st.start_ticks >= since and has_marker(st.pid, self.name)]
+        leaders = {st.pid for st in marked if st.sid == st.pid}
+        for st in marked:
+            _add(found, st)
+        # a marked session leader is the unit's main process (or a part of it that left with setsid):
+        # its session is the unit's too, workers that renamed themselves (and lost the marker) included
         for st in table.all():
-            if st.pid not in found and st.start_ticks >= since and has_marker(st.pid, self.name):
+            if st.sid in leaders:
                 _add(found, st)
         if self.port is not None:
             # the server on the unit's port, if it is the invoking user's and started with the unit

@@ -100,17 +100,37 @@ def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda v: v is None or check(v)
 
 
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(a, str) for a in v)
+
+
+_SPEC_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "name": _str, "command": lambda v: _strs(v) and bool(v),
+    "env": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+    "gpus": _opt(lambda v: isinstance(v, list) and all(_int(g) for g in v)), "port": _opt(_int), "host": _str,
+    "engine": _opt(_str), "ready_url": _opt(_str), "ready_log": _opt(_str), "smoke": lambda v: isinstance(v, bool),
+    "model": _opt(_str), "start_timeout": _num, "grace": _num, "stop_timeout": _num, "cwd": _opt(_str),
+    "containment": _str,
+}
+
+
 def _spec(v: Any) -> bool:
-    return (isinstance(v, dict) and isinstance(v.get("command"), list) and bool(v["command"])
-            and all(isinstance(a, str) for a in v["command"]))
+    """The spec the unit last ran with: ``up NAME`` may run it again, so its types are checked too
+    (its values, e.g. a port range, by ``UnitSpec.validate`` when it is loaded)."""
+    return (isinstance(v, dict) and "command" in v
+            and all(check(v[k]) for k, check in _SPEC_CHECKS.items() if k in v))
 
 
 _CHECKS: dict[str, Callable[[Any], bool]] = {
     "name": lambda v: isinstance(v, str) and bool(v),
     "spec": _spec,
-    "phase": lambda v: v in {p.value for p in Phase},
+    "phase": lambda v: isinstance(v, str) and v in {p.value for p in Phase},
     "pid": lambda v: _int(v, 1), "start_ticks": _int, "pgid": lambda v: _int(v, 1), "sid": lambda v: _int(v, 1),
-    "containment": lambda v: v in CONTAINMENTS,
+    "containment": lambda v: isinstance(v, str) and v in CONTAINMENTS,
     "cgroup": _opt(lambda v: isinstance(v, str) and v.startswith("/") and ".." not in v.split("/")),
     "log": lambda v: isinstance(v, str) and bool(v),
     "gpus": lambda v: isinstance(v, list) and all(_int(g) for g in v),
@@ -159,6 +179,12 @@ def salvage(text: str) -> dict[str, Any]:
     if "cgroup" in out and ".." in out["cgroup"].split("/"):
         del out["cgroup"]
     return out
+
+
+def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a record that parses but is invalid that are still valid one by one."""
+    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus")
+    return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 
 def units_dir() -> Path:
@@ -211,7 +237,7 @@ def read(name: str) -> UnitRecord | Unreadable | None:
     try:
         rec = UnitRecord.from_json(doc)
     except CorruptRecord as exc:
-        return Unreadable(path, str(exc), salvage(text))
+        return Unreadable(path, str(exc), salvage_doc(doc) if isinstance(doc, dict) else {})
     if rec.name != name:
         return Unreadable(path, f"names unit {rec.name!r}, not {name!r}", {})
     return rec
