@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from enum import Enum
 from typing import Any, Callable, Literal, NamedTuple
 
 from ..host.audit import new_run_id
@@ -34,6 +35,13 @@ from .spec import UnitSpec
 from .state import Phase, UnitState, unit_state
 from .stop import StopReport, stop_unit
 from .unit import Stray, Unit, load_units, unit_of_pids
+
+class _Unloaded(Enum):
+    TOKEN = 0
+
+
+#: ``up(unit=...)`` default: the caller did not load the unit (``None`` means it has no record)
+NOT_LOADED = _Unloaded.TOKEN
 
 UP_SCHEMA = "gpuslate.up.v1"
 DOWN_SCHEMA = "gpuslate.down.v1"
@@ -103,17 +111,17 @@ class DownResult(NamedTuple):
 
 def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, backend: GpuBackend | None = None,
        lock: bool = True, max_used: int | None = None, on_event: Note | None = None,
-       unit: Unit | None = None) -> UpResult:
+       unit: Unit | None | _Unloaded = NOT_LOADED) -> UpResult:
     """Start ``spec`` as a managed unit and return once it is ready, or failed and was cleaned up.
 
-    ``unit``: the unit as the caller loaded it, used only when the caller holds the host lock
-    (``lock=False``, as ``swap`` does); otherwise it is loaded under the lock."""
+    ``unit``: the unit as the caller loaded it (None: it has no record), used only when the
+    caller holds the host lock (``lock=False``, as ``swap`` does); else it is loaded under the lock."""
     spec.validate()
     note = on_event or (lambda _m: None)
     t0 = time.monotonic()
     with backend_for(sim, backend) as be, host_lock(be, f"up {spec.name}", lock, on_event) as waited:
         t_lock = time.monotonic()
-        prev = unit if unit is not None and not lock else Unit.load(spec.name)
+        prev = unit if not isinstance(unit, _Unloaded) and not lock else Unit.load(spec.name)
         if prev is not None and prev.corrupt:
             found = [st.pid for st in prev.members()]
             raise UsageError(prev.describe_problem() + (f"; processes of it still run: {found}" if found else

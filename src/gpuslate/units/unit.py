@@ -8,13 +8,14 @@ reading the record again and re-deriving its processes in each step.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from ..errors import UsageError
 from ..gpu.types import GpuReading
-from ..proc.procfs import ProcessId, ProcStat, ticks_to_epoch
+from ..proc.procfs import CLK_TCK, ProcessId, ProcStat
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
@@ -99,6 +100,10 @@ class Unit:
         if rec is None:
             return []
         skip = {*members, *claimed, os.getpid(), *table.ancestors(os.getpid())}
+        # process start times are in ticks since boot; /proc/stat's btime is whole seconds, too
+        # coarse to tell a job started just after the stop: go through the boot clock instead
+        stopped = (None if rec.stopped_at is None else
+                   (rec.stopped_at - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK)
         found: dict[int, Stray] = {}
         for r in readings:
             if r.index not in rec.gpus:
@@ -109,7 +114,7 @@ class Unit:
                     continue
                 if st.start_ticks < rec.start_ticks:
                     continue
-                if rec.stopped_at is not None and ticks_to_epoch(st.start_ticks) > rec.stopped_at:
+                if stopped is not None and st.start_ticks > stopped:
                     continue  # started after the unit was gone: someone else's
                 prev = found.get(p.pid)
                 found[p.pid] = Stray(p.pid, st.start_ticks, st.name, [*(prev.gpus if prev else []), r.index],
