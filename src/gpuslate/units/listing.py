@@ -19,6 +19,7 @@ from .._parse import format_size
 from .._time import iso_time
 from .hostctx import backend_for
 from .state import UnitState, unit_state
+from .store import UnitRecord
 from .unit import Stray, Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
@@ -34,7 +35,7 @@ class UnitStatus(NamedTuple):
     strays: list[Stray] = []
 
     @property
-    def record(self) -> Any:  # store.UnitRecord | None (None: corrupt)
+    def record(self) -> UnitRecord | None:  # None: corrupt
         return self.unit.record
 
     @property
