@@ -5,6 +5,7 @@ runs (found by its cgroup, its GPUSLATE_UNIT marker, its port)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -82,3 +83,26 @@ def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, unit
     r = units("up", "a", "--gpus", "3", "--port", str(spare), "--", *serve_cmd(spare))
     assert r.returncode == 0, r.stderr
     assert units("down", "a").returncode == 0 and units("down", "b").returncode == 0
+
+
+RENAMED = ("import runpy, sys, setproctitle\n"
+           "setproctitle.setproctitle('renamed-server')\n"  # overwrites the GPUSLATE_UNIT marker
+           "sys.argv = ['gpuslate', *sys.argv[1:]]\n"
+           "runpy.run_module('gpuslate', run_name='__main__')\n")
+
+
+def test_renamed_server_of_a_corrupt_record_is_found_by_its_port(units_host, units):
+    port = free_port()
+    cmd = [sys.executable, "-c", RENAMED, *serve_cmd(port)[3:]]  # `sim serve ...` run renamed, in-process
+    r = units("up", "r", "--gpus", "4-5", "--port", str(port), "--containment", "session", "--json", "--", *cmd)
+    assert r.returncode == 0, r.stderr
+    main = json.loads(r.stdout)["pid"]
+    workers = json.loads(http("GET", f"http://127.0.0.1:{port}/get_server_info")[1])["worker_pids"]
+    assert b"GPUSLATE_UNIT=r" not in open(f"/proc/{main}/environ", "rb").read()
+    corrupt(store.record_path("r"), "missing")  # no pid, no sid: the port and the GPUs still read
+    assert set(ps(units)["r"]["processes"]) == {main, *workers}
+    r = units("down", "r", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["memory_released"]  # its GPUs, as the record still shows them, verified
+    wait_for(lambda: all(is_gone(p) for p in (main, *workers)))
+    assert gpus_clean(units_host, [4, 5])

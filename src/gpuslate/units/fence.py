@@ -158,6 +158,7 @@ class MarkerFence:
     port: int | None = None
     since_ticks: int | None = None  # the torn record's main start time, when it still reads
     main: ProcessId | None = None  # the torn record's main process, when pid and start time read
+    written_ticks: float | None = None  # when the record was last written (boot clock ticks)
     kind: FenceKind = "marker"
 
     @property
@@ -182,21 +183,31 @@ class MarkerFence:
         since = self.since_ticks or 0
         marked = [st for st in table.all()
                   if st.pid not in found and st.start_ticks >= since and has_marker(st.pid, self.name)]
-        leaders = {st.pid for st in marked if st.sid == st.pid}
         for st in marked:
             _add(found, st)
-        # a marked session leader is the unit's main process (or a part of it that left with setsid):
-        # its session is the unit's too, workers that renamed themselves (and lost the marker) included
+        listener = self._listener(table, since)
+        if listener is not None:
+            _add(found, listener)
+        # a marked session leader (or the server on the port leading one) is the unit's main process
+        # or a part of it that left with setsid: its session is the unit's too, workers that
+        # renamed themselves (and lost the marker) included
+        leaders = {st.pid for st in [*marked, *([listener] if listener else [])] if st.sid == st.pid}
         for st in table.all():
             if st.sid in leaders:
                 _add(found, st)
-        if self.port is not None:
-            # the server on the unit's port, if it is the invoking user's and started with the unit
+        return _finish(found, table)
+
+    def _listener(self, table: ProcTable, since: int) -> ProcStat | None:
+        if self.port is not None and self.written_ticks is not None:
+            # The server on the unit's port, if it is the invoking user's and started before the
+            # record was last written: the port was free when the unit launched (pre-flight) and
+            # the record is rewritten at ready and at stop, so a listener started later is not it.
             pid = port_listener(self.port)
             st = table.get(pid) if pid else None
-            if st is not None and st.start_ticks >= since and _owned_by_me(pid):  # type: ignore[arg-type]
-                _add(found, st)
-        return _finish(found, table)
+            if (st is not None and since <= st.start_ticks <= self.written_ticks
+                    and st.state not in ("Z", "X") and _owned_by_me(st.pid)):
+                return st
+        return None
 
     def kill(self) -> bool:
         return any([cgroup_kill(cg) for cg in self.cgroups if cgroup_pids(cg)])

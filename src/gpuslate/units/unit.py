@@ -64,7 +64,7 @@ class Unit:
                                         "cgroup": rec.cgroup, "launched_at": rec.launched_at})
             else:
                 return cls(name, store.record_path(name), rec, None, spec, fence_of(rec))
-        return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.salvage))
+        return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.path, rec.salvage))
 
     @property
     def corrupt(self) -> bool:
@@ -100,10 +100,7 @@ class Unit:
         if rec is None:
             return []
         skip = {*members, *claimed, os.getpid(), *table.ancestors(os.getpid())}
-        # process start times are in ticks since boot; /proc/stat's btime is whole seconds, too
-        # coarse to tell a job started just after the stop: go through the boot clock instead
-        stopped = (None if rec.stopped_at is None else
-                   (rec.stopped_at - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK)
+        stopped = None if rec.stopped_at is None else epoch_to_ticks(rec.stopped_at)
         found: dict[int, Stray] = {}
         for r in readings:
             if r.index not in rec.gpus:
@@ -144,7 +141,13 @@ class Unit:
         return f"unit {self.name} has a corrupt record {self.problem.path}: {self.problem.reason}"
 
 
-def _marker_fence(name: str, salvage: dict[str, Any]) -> MarkerFence:
+def epoch_to_ticks(epoch: float) -> float:
+    """An epoch time in the clock of process start times (ticks since boot). /proc/stat's btime
+    is whole seconds, too coarse to tell a job started just after a stop: use the boot clock."""
+    return (epoch - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK
+
+
+def _marker_fence(name: str, path: Path, salvage: dict[str, Any]) -> MarkerFence:
     cgroups = set(gpuslate_cgroups(name))
     cg = salvage.get("cgroup")
     # a torn record names processes to signal only through a cgroup gpuslate made for this name
@@ -152,7 +155,12 @@ def _marker_fence(name: str, salvage: dict[str, Any]) -> MarkerFence:
         cgroups.add(cg)
     pid, ticks = salvage.get("pid"), salvage.get("start_ticks")
     main = ProcessId(pid, ticks) if isinstance(pid, int) and isinstance(ticks, int) else None
-    return MarkerFence(name, tuple(sorted(cgroups)), salvage.get("port"), ticks if main else None, main)
+    try:
+        written = epoch_to_ticks(os.stat(path, follow_symlinks=False).st_mtime)
+    except OSError:
+        written = None
+    return MarkerFence(name, tuple(sorted(cgroups)), salvage.get("port"), ticks if isinstance(ticks, int) else None,
+                       main, written)
 
 
 def load_units() -> list[Unit]:
