@@ -9,15 +9,17 @@ slip in between the old server leaving the GPUs and the new one taking them.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 from ..errors import UsageError
 from ..gpu import GpuBackend
-from ..proc.tree import ProcTable
 from . import store
-from .contain import unit_processes
-from .lifecycle import DownResult, UpResult, backend_for, down, host_lock, up
+from .hostctx import backend_for, host_lock
+from .lifecycle import DownResult, UpResult, down, up
 from .spec import UnitSpec, resolve
+from .unit import Unit
+
+SwapStatus = Literal["swapped", "down_failed", "up_failed", "rolled_back", "rollback_failed"]
 
 SWAP_SCHEMA = "gpuslate.swap.v1"
 
@@ -25,7 +27,7 @@ SWAP_SCHEMA = "gpuslate.swap.v1"
 class SwapResult(NamedTuple):
     old: str
     new: str
-    status: str  # swapped | down_failed | up_failed | rolled_back | rollback_failed
+    status: SwapStatus
     down: DownResult
     up: UpResult | None
     rollback: UpResult | None
@@ -59,29 +61,37 @@ class SwapResult(NamedTuple):
 def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str | None = None,
          sim: str | None = None, backend: GpuBackend | None = None, lock: bool = True,
          on_event: Callable[[str], None] | None = None) -> SwapResult:
-    """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec)."""
+    """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec).
+
+    Each unit is loaded once, under the host lock, and handed to ``down`` and ``up``."""
     t0 = time.monotonic()
-    old_rec = store.load(old)
-    if old_rec is None:
+    new_name = new.name if isinstance(new, UnitSpec) else new
+    if not store.record_path(old).exists():  # before waiting for the lock: a typo fails at once
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
-    old_spec = UnitSpec.from_json(old_rec.spec).validate()
-    if isinstance(new, UnitSpec):
-        new_spec = new.validate()
-    else:
-        prev = store.load(new)
-        new_spec = resolve(new, config=config, previous=prev.spec if prev else None)
-    new_rec = store.load(new_spec.name)
-    if new_spec.name != old and new_rec is not None and unit_processes(new_rec, ProcTable()):
-        raise UsageError(f"unit {new_spec.name} is already running: nothing to swap to")
     with backend_for(sim, backend) as be, \
-            host_lock(be, f"swap {old} -> {new_spec.name}", lock, on_event) as waited:
+            host_lock(be, f"swap {old} -> {new_name}", lock, on_event) as waited:
+        old_unit = Unit.load(old)
+        if old_unit is None:
+            raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
+        if old_unit.spec is None:
+            raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
+        new_unit = old_unit if new_name == old else Unit.load(new_name)
+        if new_unit is not None and new_unit.corrupt:
+            raise UsageError(new_unit.describe_problem(), hint=f"'gpuslate down {new_name}' stops what is left of it")
+        if isinstance(new, UnitSpec):
+            new_spec = new.validate()
+        else:
+            new_spec = resolve(new, config=config, previous=new_unit.spec.to_json() if new_unit and new_unit.spec
+                               else None)
+        if new_name != old and new_unit is not None and new_unit.running():
+            raise UsageError(f"unit {new_name} is already running: nothing to swap to")
         phases: dict[str, float] = {"lock_wait_s": waited}
-        d = down(old, backend=be, lock=False, on_event=on_event)
+        d = down(old, backend=be, lock=False, on_event=on_event, unit=old_unit)
         phases["stop_old_s"] = d.report.timings["stop_s"]
         phases["verify_clean_s"] = d.report.timings["verify_s"]
         if not d.ok:
             return SwapResult(old, new_spec.name, "down_failed", d, None, None, phases, time.monotonic() - t0)
-        u = up(new_spec, backend=be, lock=False, on_event=on_event)
+        u = up(new_spec, backend=be, lock=False, on_event=on_event, unit=new_unit)
         phases["preflight_new_s"] = u.timings["preflight_s"]
         phases["launch_new_s"] = u.timings["launch_s"]
         if u.time_to_ready is not None:
@@ -95,7 +105,7 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
         if on_event:
             on_event(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
         t_rb = time.monotonic()
-        rb = up(old_spec, backend=be, lock=False, on_event=on_event)
+        rb = up(old_unit.spec, backend=be, lock=False, on_event=on_event, unit=old_unit)
         phases["rollback_s"] = time.monotonic() - t_rb
         status = "rolled_back" if rb.ok else "rollback_failed"
         return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0)
