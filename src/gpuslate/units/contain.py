@@ -175,7 +175,7 @@ def _only_zombies(path: Path) -> bool:
         pids = [int(x) for x in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return False
-    return all((st := read_stat(p)) is None or st.state in ("Z", "X") for p in pids)
+    return all((st := read_stat(p)) is None or st.has_exited for p in pids)
 
 
 def cgroup_pids(cgroup: str | None) -> list[int]:

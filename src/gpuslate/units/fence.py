@@ -66,7 +66,7 @@ def _finish(found: dict[int, ProcStat], table: ProcTable) -> list[ProcStat]:
 
 
 def _add(found: dict[int, ProcStat], st: ProcStat | None) -> None:
-    if st is not None and st.state not in ("Z", "X"):
+    if st is not None and not st.has_exited:
         found[st.pid] = st
 
 
@@ -205,7 +205,7 @@ class MarkerFence:
             pid = port_listener(self.port)
             st = table.get(pid) if pid else None
             if (st is not None and since <= st.start_ticks <= self.written_ticks
-                    and st.state not in ("Z", "X") and _owned_by_me(st.pid)):
+                    and not st.has_exited and _owned_by_me(st.pid)):
                 return st
         return None
 

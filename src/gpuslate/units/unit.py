@@ -90,7 +90,7 @@ class Unit:
         if not isinstance(pid, int) or pid <= 0:
             return False
         st = table.get(pid)
-        return st is not None and st.start_ticks == ticks and st.state not in ("Z", "X")
+        return st is not None and st.start_ticks == ticks and not st.has_exited
 
     def strays(self, readings: Sequence[GpuReading], table: ProcTable, members: Iterable[int],
                claimed: Iterable[int] = ()) -> list[Stray]:
@@ -107,7 +107,7 @@ class Unit:
                 continue
             for p in r.processes or []:
                 st = table.get(p.pid)
-                if p.pid in skip or not p.used_memory or st is None or st.state in ("Z", "X"):
+                if p.pid in skip or not p.used_memory or st is None or st.has_exited:
                     continue
                 if st.start_ticks < rec.start_ticks:
                     continue
