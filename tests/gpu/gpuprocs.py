@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 TORCH_HOLDER = r"""
 import signal, sys, torch
@@ -39,7 +40,8 @@ import subprocess, sys
 gpus, each = sys.argv[1].split(","), sys.argv[2]
 worker = (
     "import sys, torch\n"
-    "x = torch.empty(int(sys.argv[2]), dtype=torch.uint8, device='cuda:' + sys.argv[1])\n"
+    "torch.cuda.set_device(int(sys.argv[1]))  # a context on this GPU only, as a TP rank has\n"
+    "x = torch.empty(int(sys.argv[2]), dtype=torch.uint8, device='cuda')\n"
     "x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()\n")
 kids = [subprocess.Popen([sys.executable, "-c", worker, g, each], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True) for g in gpus]
@@ -71,6 +73,19 @@ class Started:
         except ProcessLookupError:
             pass
         self.proc.wait(30)
+        # the workers are reparented once the launcher is gone: wait until their contexts are torn
+        # down too, so the next test starts on free GPUs
+        import pynvml
+
+        pynvml.nvmlInit()
+        deadline = time.monotonic() + 30
+        mine = {self.pid, *self.children}
+        while time.monotonic() < deadline:
+            listed = {p.pid for i in range(pynvml.nvmlDeviceGetCount())
+                      for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))}
+            if not listed & mine:
+                break
+            time.sleep(0.05)
 
 
 def start_python(code: str, *args: str, timeout: float = 120) -> Started:

@@ -141,6 +141,19 @@ def test_pid_without_gpus_verifies_only_the_jobs_gpus(sim_host, hold, cli):
     assert is_gone(a.pid) and alive(b.pid)
 
 
+def test_pid_on_a_shared_gpu_waits_only_for_the_selected_jobs_memory(sim_host, hold, cli):
+    """Another job beside the selected one on the same GPU: the GPU never becomes free, but the
+    selected job's memory is released, and that is what a clear of selected jobs verifies."""
+    a = hold("--memory", "20GiB", "--gpus", "0,1", "--workers", "2")
+    b = hold("--memory", "10GiB", "--gpus", "0")
+    code, doc, err = clear_json(cli, "--pid", str(a.pid), "--timeout", "30")
+    assert code == 0, (doc, err)
+    assert doc["verify"] == "released" and doc["gpus"] == [0, 1] and doc["timings"]["total_s"] < 5
+    assert all(is_gone(p) for p in a.pids) and alive(b.pid)
+    (g0,) = [m for m in doc["after"] if m["gpu"] == 0]
+    assert g0["processes"] == [b.pid] and g0["used"] == 10 * 2**30
+
+
 def test_held_by_non_targets_fails_fast_with_the_diagnosis(sim_host, hold, cli):
     daemon = hold("--memory", "3GiB", "--gpus", "6", "--title", "nv-hostengine")
     job = hold("--memory", "2GiB", "--gpus", "6")

@@ -28,8 +28,8 @@ from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from .plan import Plan, Role, Selection, Target, make_plan, resolve
-from .wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
+from .plan import Plan, Role, Selection, Target, VerifyMode, make_plan, resolve
+from .wait import GpuDiagnosis, default_max_used, diagnose, is_released, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -90,7 +90,8 @@ class ClearResult(NamedTuple):
         return {
             "schema": SCHEMA, "status": self.status.value, "ok": self.ok, "host": self.host,
             "backend": self.backend, "dry_run": self.status == ClearStatus.DRY_RUN,
-            "started_at": iso_time(self.started_at), "gpus": self.plan.gpus, "max_used": self.max_used,
+            "started_at": iso_time(self.started_at), "gpus": self.plan.gpus,
+            "verify": self.plan.verify_mode.value, "max_used": self.max_used,
             "before": [_mem(r) for r in self.before], "after": [_mem(r) for r in self.after],
             "targets": targets, "spared": [s.to_json() for s in self.plan.spared],
             "respawned": [r.to_json() for r in self.respawned],
@@ -170,9 +171,10 @@ def clear(
         if not ok:
             snap = take_snapshot(be, plan.gpus)
             victims_by_pid = {r.victim.ident.pid: r for r in results}
+            released = plan.verify_mode == VerifyMode.RELEASED
             diagnosis = diagnose(snap, limit, victims=victims_by_pid,
                                  spared={s.pid: s.reason for s in plan.spared},
-                                 planned=_planned(plan))
+                                 planned=_planned(plan), only=set(victims_by_pid) if released else None)
             respawned = respawned or _respawns(plan, snap)
         timings["total_s"] = time.monotonic() - t_start
         if any(r.permission_denied for r in results):
@@ -255,12 +257,14 @@ class _ForkWatch:
 
 def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
             ) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
-    """Poll until free. Stop early, without waiting out the timeout, when waiting
-    cannot help: a target was restarted by a supervisor, or what holds a verified
-    GPU is a live process that is not a target (another user's job without
-    --all-users, a spared process). Returns (free, readings, respawned, held by others)."""
+    """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
+    Stop early, without waiting out the timeout, when waiting cannot help: a target
+    was restarted by a supervisor, or what holds a GPU that must be free is a live
+    process that is not a target (another user's job without --all-users, a spared
+    process). Returns (done, readings, respawned, held by others)."""
     planned = _planned(plan)
     targets = {r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}
+    released = plan.verify_mode == VerifyMode.RELEASED
     invisible_before = {p.pid for g in plan.before.gpus for p in g.processes if not p.visible}
     checked: set[int] = set()
     respawned: list[Respawn] = []
@@ -277,6 +281,8 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
             respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
         if respawned:
             return True
+        if released:
+            return False  # other jobs may hold these GPUs: that is theirs, not a failure
         for pid in listed - targets:
             st = read_stat(pid)
             if (st is not None and not st.has_exited) or pid in invisible_before:
@@ -284,7 +290,8 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
                 return True
         return False
 
-    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless)
+    done = (lambda r: is_released(r, limit, targets)) if released else None
+    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done)
     return ok, readings, respawned, held
 
 

@@ -51,6 +51,13 @@ class Role(str, Enum):
     FORKED = "forked while stopping"  # started by the job after the plan was made
 
 
+class VerifyMode(str, Enum):
+    """What 'done' means for the verified GPUs."""
+
+    FREE = "free"  # no process with a context, used memory at most --max-used: the whole GPU
+    RELEASED = "released"  # the selected jobs hold nothing on them any more; other jobs may
+
+
 class Hold(NamedTuple):
     """One process's hold on one GPU, as the driver (or the fd scan, for handles) reports it."""
 
@@ -339,6 +346,10 @@ class Plan(NamedTuple):
     before: Snapshot  # every GPU of the host
     selection: Selection
     known: frozenset[int]  # every pid on the host when the plan was made: later ones are new
+
+    @property
+    def verify_mode(self) -> VerifyMode:
+        return VerifyMode.RELEASED if self.selection.narrows else VerifyMode.FREE
 
     @property
     def before_verified(self) -> list[Any]:
