@@ -119,7 +119,11 @@ def test_handle_only_monitor_in_the_jobs_group_is_spared_not_signaled(sim_host, 
 def test_match_one_rank_brings_the_whole_tp_job_none_of_it_spared(sim_host, hold, cli):
     h = hold("--memory", "4GiB", "--gpus", "4,5", "--workers", "2", "--title", "sglang::scheduler_TP{rank}")
     tp0 = next(p for p in h.workers if _cmdline(p).endswith("TP0"))
+    code, plan, _ = clear_json(cli, "--match", "TP0$", "--dry-run")
     code, doc, err = clear_json(cli, "--match", "TP0$")
+    # the dry run is the act: the same targets in the same roles, each signaled, nothing else
+    assert [(t["pid"], t["role"]) for t in plan["targets"]] == [(t["pid"], t["role"]) for t in doc["targets"]]
+    assert all(t["signals"] for t in doc["targets"]) and plan["spared"] == doc["spared"]
     assert code == 0, (doc, err)
     check_contract(doc)
     roles = {t["pid"]: t["role"] for t in doc["targets"]}
