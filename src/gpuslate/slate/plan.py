@@ -361,7 +361,7 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
     res = resolve(sel)
     if sel.gpus is not None:
         resolve_gpus(backend, sel.gpus)
-    snap = take_snapshot(backend, None)
+    snap = take_snapshot(backend, None, full=False)  # memory and processes: all a plan needs
     table = ProcTable()
     table.load_all()
     reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
