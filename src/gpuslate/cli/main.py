@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -105,5 +106,18 @@ def _is_gpuslate_error(exc: BaseException) -> bool:
 
 
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point.
+
+    The command is done when ``main`` returns: the output is flushed and the
+    process leaves without the interpreter's teardown (freeing every module
+    object, 5-20 ms, as long as the rest of a ``status``). Nothing in gpuslate
+    registers exit handlers or leaves non-daemon threads at this point, and the
+    kernel and the driver release the process's files and NVML state either way.
+    """
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`gpuslate status | head`) or a closed stream
+            pass
+    os._exit(code)
