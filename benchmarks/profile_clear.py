@@ -284,6 +284,10 @@ def main() -> int:
                        capture_output=True)
         env["GPUSLATE_SIM"] = sim
         log(f"no GPU (or --sim): simulated host with {ngpu} GPUs in {sim}")
+    if not sim:  # an idle GPU without persistence mode is initialised by the first query that touches it
+        q = subprocess.run(["nvidia-smi", "--query-gpu=index,name,persistence_mode,pstate", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        log("GPUs (index, name, persistence mode, P-state): " + "; ".join(q.stdout.strip().splitlines()))
     workload = f"launcher + 8 workers x {gib:g} GiB over {ngpu} GPUs" if a.tree else \
         f"{ngpu} x {gib:g} GiB, one process per GPU"
     log(f"profiling clear: {workload}, {a.runs} runs")
