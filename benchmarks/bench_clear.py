@@ -304,20 +304,20 @@ def markdown(summary: list[dict], meta: dict) -> str:
     lines = [f"- Machine: {meta['host']}, {meta['gpus']} x {meta['gpu']}, Python {meta['python']}; "
              f"{meta['date']}; {meta['reps']} repetitions, fresh holders for every measurement.",
              f"- Command: `{meta['command']}`; gpuslate run as `{meta['gpuslate_invoked_as']}`.",
-             f"- Python floor (`import pynvml; nvmlInit()`): median {ms(median([x / 1000 for x in meta['python_floor_ms']]))}"
-             f" ms of {len(meta['python_floor_ms'])}.", "",
-             "| workload | gpuslate ms | careful ms (memory free at) | seed ms | driver teardown ms | careful ÷ gpuslate | "
-             "seed ÷ gpuslate | gpuslate − teardown − floor ms | goals (< careful; ≤ 120 ms) | false clean "
+             f"- Python floor (`import pynvml; nvmlInit()`): median "
+             f"{ms(median([x / 1000 for x in meta['python_floor_ms']]))} ms of {len(meta['python_floor_ms'])}.", "",
+             "| workload | gpuslate ms | careful ms (memory free at) | seed ms | driver teardown ms | "
+             "careful ÷ gpuslate | seed ÷ gpuslate | gpuslate − teardown − floor ms | goals (< careful; ≤ 120 ms) | false clean "
              "(gpuslate/careful/seed) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in summary:
         fc = r["false_clean"]
-        lines.append(f"| {r['workload']} | **{ms(r['gpuslate_s'])}** | {ms(r['careful_s'])} ({ms(r['careful_memory_free_s'])}) | "
-                     f"{ms(r['seed_s'])} | "
-                     f"{ms(r['teardown_s'])} | {r['careful_over_gpuslate'] or '-'} | {r['seed_over_gpuslate'] or '-'} | "
-                     f"{r['gpuslate_minus_teardown_and_floor_ms'] if r['gpuslate_minus_teardown_and_floor_ms'] is not None else '-'} | "
-                     f"{'yes' if r['goal_faster_than_careful'] else 'NO'}; {'yes' if r['goal_within_120ms'] else 'NO'} | "
-                     f"{fc['gpuslate']}/{fc['careful']}/{fc['seed']} |")
+        over = r["gpuslate_minus_teardown_and_floor_ms"]
+        goals = f"{'yes' if r['goal_faster_than_careful'] else 'NO'}; {'yes' if r['goal_within_120ms'] else 'NO'}"
+        lines.append(f"| {r['workload']} | **{ms(r['gpuslate_s'])}** | {ms(r['careful_s'])} "
+                     f"({ms(r['careful_memory_free_s'])}) | {ms(r['seed_s'])} | {ms(r['teardown_s'])} | "
+                     f"{r['careful_over_gpuslate'] or '-'} | {r['seed_over_gpuslate'] or '-'} | "
+                     f"{over if over is not None else '-'} | {goals} | {fc['gpuslate']}/{fc['careful']}/{fc['seed']} |")
     for r in summary:
         if r["seed_note"]:
             lines.append(f"\nseed, {r['workload']}: {r['seed_note']}")

@@ -123,21 +123,27 @@ def main() -> None:
     (a.out / "bench-status.log").write_text("\n".join(logs) + "\n")
 
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
 def _goals(rows: list[dict]) -> list[str]:
     """The issue's goals, per set-up: --json <= 1.15x floor; table <= 1.25x floor and >= 1.5x faster than nvitop."""
     out = []
     for label in ("bytecode cached", "bytecode as-is"):
-        by = {str(r["command"]).removesuffix(f" [{label}]"): r for r in rows if str(r["command"]).endswith(f"[{label}]")}
+        by = {str(r["command"]).removesuffix(f" [{label}]"): r for r in rows
+              if str(r["command"]).endswith(f"[{label}]")}
         if "gpuslate status --json" not in by:
             continue
         j, t = by["gpuslate status --json"], by["gpuslate status (table)"]
-        line = (f"- {label}: `status --json` {j['x_floor']}x floor (goal <= 1.15: {'met' if j['x_floor'] <= 1.15 else 'NOT met'}); "
-                f"table {t['x_floor']}x floor (goal <= 1.25: {'met' if t['x_floor'] <= 1.25 else 'NOT met'})")
+        line = (f"- {label}: `status --json` {j['x_floor']}x floor (goal <= 1.15: {_met(j['x_floor'] <= 1.15)}); "
+                f"table {t['x_floor']}x floor (goal <= 1.25: {_met(t['x_floor'] <= 1.25)})")
         if "nvitop --once" in by:
             ratio = float(by["nvitop --once"]["median_ms"]) / float(t["median_ms"])
-            line += f"; nvitop --once / table = {ratio:.2f} (goal >= 1.5: {'met' if ratio >= 1.5 else 'NOT met'})"
+            line += f"; nvitop --once / table = {ratio:.2f} (goal >= 1.5: {_met(ratio >= 1.5)})"
         if "gpustat --json" in by:
-            line += f"; gpustat --json / status --json = {float(by['gpustat --json']['median_ms']) / float(j['median_ms']):.2f}"
+            gpustat = float(by["gpustat --json"]["median_ms"]) / float(j["median_ms"])
+            line += f"; gpustat --json / status --json = {gpustat:.2f}"
         out.append(line)
     return out
 

@@ -323,15 +323,16 @@ def main() -> int:
             rec = {"run": i + 1, "prefetch": prefetch, "cached_before": round(cold, 4), "drop": how,
                    "downtime_s": doc["downtime_s"], "downtime": dt, "phases": doc["phases"], "total_s": doc["total_s"],
                    "prefetch_report": doc["prefetch"], "old_teardown_s": teardown, "server_own_start_s": own,
-                   "server_load_s": srv["load_s"], "server_port_bound_after_s": srv["port_bound_at"] - srv["process_started_at"],
+                   "server_load_s": srv["load_s"],
+                   "server_port_bound_after_s": srv["port_bound_at"] - srv["process_started_at"],
                    "bytes_loaded": srv["bytes_loaded"], "gpuslate_adds_s": doc["downtime_s"] - teardown - own - smoke,
                    "stderr": r.stderr.strip().splitlines()[-6:]}
             runs.append(rec)
             pf = doc["prefetch"] or {}
             log(f"  downtime {doc['downtime_s']:.2f} s (old teardown {teardown:.2f}, new server's own start {own:.2f} "
                 f"of which loading {srv['load_s']:.2f}; gpuslate adds {rec['gpuslate_adds_s']:.3f}); "
-                f"prefetch {pf.get('status', 'off')} {pf.get('read_bytes', 0) / 1e9:.1f} GB in {pf.get('seconds') or 0:.1f} s "
-                f"before the stop; swap total {doc['total_s']:.1f} s")
+                f"prefetch {pf.get('status', 'off')} {pf.get('read_bytes', 0) / 1e9:.1f} GB in "
+                f"{pf.get('seconds') or 0:.1f} s before the stop; swap total {doc['total_s']:.1f} s")
             longest = max(longest, time.monotonic() - t_run)
             old, new = new, old
     finally:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from ..units.swap import SwapResult
 
 _LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
-           ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"), ("preflight_new_s", "pre-flight {new}"),
+           ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+           ("preflight_new_s", "pre-flight {new}"),
            ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
            ("rollback_s", "rollback to {old}"))
 
@@ -83,9 +84,10 @@ def print_prefetch(result: SwapResult) -> None:
     if pf is None:
         return
     if pf.status in ("done", "partial"):
-        rate = f", {format_size(int(pf.read_bytes / pf.seconds))}/s" if pf.seconds else ""
+        n = len(pf.plan.files)
+        took = f" in {pf.seconds:.3f} s, {format_size(int(pf.read_bytes / pf.seconds))}/s" if pf.seconds else ""
         print(f"  prefetch: {pf.status}, {format_size(pf.read_bytes)} of {format_size(pf.plan.total)} in "
-              f"{len(pf.plan.files)} file{'s' if len(pf.plan.files) != 1 else ''}" + (f" in {pf.seconds:.3f} s{rate}" if pf.seconds else ""))
+              f"{n} file{'s' if n != 1 else ''}{took}")
     else:
         print(f"  prefetch: {pf.status}" + (f" ({pf.plan.warning or pf.error})" if pf.plan.warning or pf.error else ""))
 
