@@ -185,14 +185,12 @@ class NvmlBackend:
         if len(indices) < 2:
             return [self._read_one(i, full) for i in indices]
         # NVML is thread-safe and its calls release the GIL; reading GPUs in
-        # parallel keeps an 8-GPU host as fast to read as a 1-GPU host.
+        # parallel keeps an 8-GPU host as fast to read as a 1-GPU host. Each
+        # thread also takes its GPU's handle: the first query of a GPU can be
+        # slow (an idle GPU without persistence mode is initialised by it), and
+        # the threads write different keys of the handle cache.
         import threading
 
-        for i in indices:  # handles first, on this thread: the cache is a plain dict
-            try:
-                self._handle(i)
-            except (GpuQueryError, PermissionDenied):
-                pass
         out: list[GpuReading | None] = [None] * len(indices)
 
         def work(k: int) -> None:
