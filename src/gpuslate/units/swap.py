@@ -168,11 +168,11 @@ def _start_prefetch(spec: UnitSpec, memory: int | None, note: Callable[[str], No
     from .._parse import format_size
 
     plan = plan_prefetch(spec.command, spec.prefetch, cwd=spec.cwd, available=memory)
-    if plan.warning:
-        note(plan.warning)
     if not plan.files:
-        return Prefetch(plan) if plan.warning else None
-    if plan.fits:
+        return None
+    if plan.warning:  # it would not fit: reported, skipped
+        note(plan.warning)
+    else:
         note(f"prefetching {format_size(plan.total)} of {spec.name}'s weights "
              f"({_files(len(plan.files))}) while the old server still serves")
     return Prefetch(plan)
