@@ -120,7 +120,8 @@ def main() -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/get_server_info", info)
     app.on_startup.append(start_loading)
-    web.run_app(app, sock=sock, print=None, handle_signals=True)
+    # a short shutdown: SIGTERM must end it promptly even with a client connection open
+    web.run_app(app, sock=sock, print=None, handle_signals=True, shutdown_timeout=1.0)
 
 
 if __name__ == "__main__":
