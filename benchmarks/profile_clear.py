@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GiB = 1024**3
+sys.path.insert(0, str(Path(__file__).parent))
+from _gpuhold import GiB, Holders, wait_all_free  # noqa: E402
 
 # The probe: the real CLI (cli.main.main) with wrappers. Reports on fd 3 as JSON.
 PROBE = r"""
@@ -124,22 +125,6 @@ os.write(int(os.environ["PROBE_FD"]), json.dumps({"rc": rc, "marks": marks, "spa
 os._exit(rc)
 """
 
-HOLDER = r"""
-import sys, torch
-x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device=f"cuda:{sys.argv[2]}"); x.fill_(1)
-torch.cuda.synchronize(); print("ready", flush=True); sys.stdin.read()
-"""
-TREE = r"""
-import subprocess, sys
-n, each, ngpu = int(sys.argv[1]), sys.argv[2], int(sys.argv[4])
-kids = [subprocess.Popen([sys.executable, "-c", sys.argv[3], each, str(i % ngpu)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True) for i in range(n)]
-for k in kids:
-    assert k.stdout.readline().strip() == "ready"
-print("ready", " ".join(str(k.pid) for k in kids), flush=True); sys.stdin.read()
-"""
-
-
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -150,42 +135,54 @@ def visible_gpus() -> int:
     return int(out.stdout) if out.returncode == 0 else 0
 
 
-def wait_ready(p: subprocess.Popen[str], timeout: float = 300) -> list[str]:
-    r, _, _ = select.select([p.stdout], [], [], timeout)
-    line = p.stdout.readline().split() if r else []  # type: ignore[union-attr]
-    if not line or line[0] not in ("ready", "{\"ready\":"):
-        raise RuntimeError("holder did not become ready")
-    return line
+class SimJobs:
+    """Holders on the simulated host: `gpuslate sim hold` process trees, each its own session."""
+
+    def __init__(self, sim: str, env: dict[str, str]) -> None:
+        self.sim, self.env = sim, env
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, ngpu: int, gib: float, tree: bool) -> list[int]:
+        args = [["sim", "hold", "--gpus", f"0-{ngpu - 1}", "--memory", f"{gib}GiB", "--workers", "8"]] if tree else \
+            [["sim", "hold", "--gpus", str(i), "--memory", f"{gib}GiB"] for i in range(ngpu)]
+        procs = [subprocess.Popen([sys.executable, "-m", "gpuslate", "--sim", self.sim, *x], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, text=True, env=self.env, start_new_session=True) for x in args]
+        self.procs += procs
+        for p in procs:
+            r, _, _ = select.select([p.stdout], [], [], 60)
+            if not r or not p.stdout.readline():  # type: ignore[union-attr]
+                raise RuntimeError("simulated holder did not become ready")
+        return [p.pid for p in procs]
+
+    def kill(self) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        self.procs = []
+
+    def close(self) -> None:
+        self.kill()
 
 
-def start_holders(sim: str | None, ngpu: int, gib: float, tree: bool, env: dict[str, str]
-                  ) -> list[subprocess.Popen[str]]:
-    """Holders in their own sessions; returns the processes whose pids `clear --pid` gets."""
-    if sim:
-        if tree:
-            args = [["sim", "hold", "--gpus", f"0-{ngpu - 1}", "--memory", f"{gib}GiB", "--workers", "8"]]
-        else:
-            args = [["sim", "hold", "--gpus", str(i), "--memory", f"{gib}GiB"] for i in range(ngpu)]
-        procs = [subprocess.Popen([sys.executable, "-m", "gpuslate", "--sim", sim, *a], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, text=True, env=env, start_new_session=True) for a in args]
-    elif tree:
-        procs = [subprocess.Popen([sys.executable, "-c", TREE, "8", str(int(gib * GiB)), HOLDER, str(ngpu)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)]
-    else:
-        procs = [subprocess.Popen([sys.executable, "-c", HOLDER, str(int(gib * GiB)), str(i)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, start_new_session=True) for i in range(ngpu)]
-    for p in procs:
-        wait_ready(p)
-    return procs
+class GpuJobs:
+    """Torch holders from the benchmarks' fork server (_gpuhold.py)."""
 
+    def __init__(self) -> None:
+        self.h = Holders()
 
-def stop(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
+    def start(self, ngpu: int, gib: float, tree: bool) -> list[int]:
+        jobs = [self.h.tree(8, int(gib * GiB), ngpu)] if tree else self.h.each(ngpu, int(gib * GiB))
+        return [j.leader for j in jobs]
+
+    def kill(self) -> None:
+        self.h.kill()
+        wait_all_free()
+
+    def close(self) -> None:
+        self.h.close()
 
 
 def probe(args: list[str], env: dict[str, str]) -> dict:
@@ -292,10 +289,11 @@ def main() -> int:
         f"{ngpu} x {gib:g} GiB, one process per GPU"
     log(f"profiling clear: {workload}, {a.runs} runs")
     reps: list[dict] = []
+    jobs = SimJobs(sim, env) if sim else GpuJobs()
     for i in range(a.runs):
-        procs = start_holders(sim, ngpu, gib, a.tree, env)
+        leaders = jobs.start(ngpu, gib, a.tree)
         try:
-            pids = [str(p.pid) for p in procs]
+            pids = [str(p) for p in leaders]
             args = ["clear", "--gpus", ",".join(map(str, range(ngpu))), "--json", "--yes"]
             for pid in pids:
                 args += ["--pid", pid]
@@ -306,21 +304,22 @@ def main() -> int:
             log(f"run {i + 1}: {doc['status']} in {rep['wall_ms']:.0f} ms wall; clear's own timings {doc['timings']}")
             reps.append(rep)
         finally:
-            stop(procs)
+            jobs.kill()
     out = [f"Machine: {os.uname().nodename}, {ngpu} {'simulated ' if sim else ''}GPUs, Python "
            f"{sys.version.split()[0]}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
            f"Command: python3 benchmarks/profile_clear.py {' '.join(sys.argv[1:])}", "",
            table([phases(r) for r in reps], f"clear, {workload}"), "", nvml_table(reps, "clear")]
     status_reps: dict[str, list[dict]] = {}
     if a.status:
-        procs = start_holders(sim, ngpu, min(gib, 8.0), False, env)
+        jobs.start(ngpu, min(gib, 8.0), False)
         try:
             for label, args in (("status --json", ["status", "--json"]), ("status (table)", ["status"])):
                 status_reps[label] = [probe(args, env) for _ in range(max(5, a.runs))]
                 out += ["", table([phases(r) for r in status_reps[label]], label), "",
                         nvml_table(status_reps[label], label)]
         finally:
-            stop(procs)
+            jobs.kill()
+    jobs.close()
     text = "\n".join(out)
     print(text)
     if a.out:
