@@ -145,8 +145,9 @@ class SimJobs:
     def start(self, ngpu: int, gib: float, tree: bool) -> list[int]:
         args = [["sim", "hold", "--gpus", f"0-{ngpu - 1}", "--memory", f"{gib}GiB", "--workers", "8"]] if tree else \
             [["sim", "hold", "--gpus", str(i), "--memory", f"{gib}GiB"] for i in range(ngpu)]
-        procs = [subprocess.Popen([sys.executable, "-m", "gpuslate", "--sim", self.sim, *x], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, text=True, env=self.env, start_new_session=True) for x in args]
+        procs = [subprocess.Popen([sys.executable, "-m", "gpuslate", "--sim", self.sim, *x],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=self.env,
+                                  start_new_session=True) for x in args]
         self.procs += procs
         for p in procs:
             r, _, _ = select.select([p.stdout], [], [], 60)
