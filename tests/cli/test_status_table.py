@@ -54,3 +54,21 @@ def test_narrow_terminal_cuts_only_name_and_command(sim_host, hold):
     wide = status_lines(snap, color=False, width=None)  # piped: nothing cut but at 100 characters
     assert not any("\x1b" in ln for ln in wide)
     assert any("a-very-long-title-" * 5 in ln for ln in wide)
+
+
+def test_watch_table_redraws_until_ctrl_c(sim_host, hold):
+    import signal
+
+    hold("--gpus", "1", "--memory", "2GiB")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "status", "--watch", "0.05"],
+                            stdout=subprocess.PIPE, text=True, env=gpuslate_env())
+    try:
+        heads = 0
+        while heads < 3:  # one table per refresh; piped, so no screen clearing
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, "the watch ended by itself"
+            assert "\x1b" not in line
+            heads += line.startswith("GPU Name")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(5) == 0
