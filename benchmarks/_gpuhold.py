@@ -210,6 +210,12 @@ class Holders:
         return {self.server.pid} if self.server is not None else set()
 
 
+def exit_on_sigterm() -> None:
+    """A time limit's SIGTERM ends the benchmark through its ``finally`` blocks, so the
+    holders (in sessions of their own, out of reach of the limit) are killed too."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 def device_holders() -> dict[int, set[str]]:
     """Every process holding a /dev/nvidia* file open (what `fuser /dev/nvidia*` finds)."""
     out: dict[int, set[str]] = {}

@@ -46,8 +46,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import (GiB, Holders, descends_from, device_holders, gpu_usage,  # noqa: E402
-                      visible_gpus, wait_all_free)
+from _gpuhold import (GiB, Holders, descends_from, device_holders, exit_on_sigterm,  # noqa: E402
+                      gpu_usage, visible_gpus, wait_all_free)
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE = 64 * 2**20
@@ -209,6 +209,7 @@ def main() -> int:
                     help="allow the seed line (fuser -k /dev/nvidia*) when only this script's processes hold GPUs")
     ap.add_argument("--no-forkserver", action="store_true", help="start every holder as a fresh python process")
     a = ap.parse_args()
+    exit_on_sigterm()
     a.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != "GPUSLATE_SIM"}

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import GiB, Holders, visible_gpus  # noqa: E402
+from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus  # noqa: E402
 from _timing import markdown, summarize, time_commands  # noqa: E402
 
 FLOOR = "python: import pynvml; nvmlInit() (floor)"
@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--as-is-only", action="store_true",
                     help="skip the 'bytecode cached' set-up (see RESULTS.md), halving the run")
     a = ap.parse_args()
+    exit_on_sigterm()
     a.out.mkdir(parents=True, exist_ok=True)
     logs: list[str] = []
 

@@ -35,6 +35,7 @@ import mmap
 import os
 import platform
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -266,6 +267,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=450, help="start no run that would end after this")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint (default: removed at the end)")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a time limit still runs `down A/B` below
     a.out.mkdir(parents=True, exist_ok=True)
     folder = pick_dir(a.dir, int(a.size_gb * 1e9))
     ck = write_checkpoint(folder, a.size_gb)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import GiB, Holders, wait_all_free  # noqa: E402
+from _gpuhold import GiB, Holders, exit_on_sigterm, wait_all_free  # noqa: E402
 
 # The probe: the real CLI (cli.main.main) with wrappers. Reports on fd 3 as JSON.
 PROBE = r"""
@@ -264,6 +264,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=2, help="with --sim: simulated GPUs (default 2)")
     ap.add_argument("--out", type=Path, help="folder for profile-clear.json and profile-clear.md")
     a = ap.parse_args()
+    exit_on_sigterm()
     gib = a.gib if a.gib is not None else (15.0 if a.tree else 60.0)
     env = {k: v for k, v in os.environ.items() if k != "GPUSLATE_SIM"}
     src = str(ROOT / "src")

@@ -5,7 +5,10 @@
 #
 #   all   bench_status, bench_clear, profile_clear, then bench_swap_downtime with the time left
 #   fast  the first three (for the 2-GPU machine)
-#   swap  bench_swap_downtime only (checkpoint size: $SWAP_SIZE_GB, default 22 GB)
+#   swap  bench_swap_downtime only
+#
+# Knobs (environment): STATUS_ROUNDS (10), CLEAR_REPS (3), SWAP_SIZE_GB (22); LIMIT_S bounds the
+# whole call (default 570 s): bench_swap_downtime gets what the others left.
 #
 # Installs, without network: the carried wheels (.whl/: nvitop, gpustat and their
 # dependencies) into /tmp/site, and gpuslate itself into /tmp/gs as users get it
@@ -49,8 +52,8 @@ step() {  # step SECONDS CMD...: run with a limit; never stop the whole script
 }
 
 if [ "$WHAT" = all ] || [ "$WHAT" = fast ]; then
-  step 150 python3 benchmarks/bench_status.py --out "$OUT" --rounds 10 --hold-gib 8 "${SCRIPT[@]}"
-  step 240 python3 benchmarks/bench_clear.py --out "$OUT" --reps 3 --i-own-this-machine "${SCRIPT[@]}"
+  step 150 python3 benchmarks/bench_status.py --out "$OUT" --rounds "${STATUS_ROUNDS:-10}" --hold-gib 8 "${SCRIPT[@]}"
+  step 240 python3 benchmarks/bench_clear.py --out "$OUT" --reps "${CLEAR_REPS:-3}" --i-own-this-machine "${SCRIPT[@]}"
   step 90 python3 benchmarks/profile_clear.py --out "$OUT" --runs 3 --status
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = swap ]; then
