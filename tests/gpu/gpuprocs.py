@@ -32,6 +32,23 @@ print("ready", " ".join(str(k.pid) for k in kids), flush=True)
 sys.stdin.read()
 """
 
+# A tensor-parallel job: a launcher and one worker per listed GPU (rank r on cuda:GPUS[r]).
+# CUDA opens every device node, so each worker also holds a handle on the other GPUs.
+TORCH_TP = r"""
+import subprocess, sys
+gpus, each = sys.argv[1].split(","), sys.argv[2]
+worker = (
+    "import sys, torch\n"
+    "x = torch.empty(int(sys.argv[2]), dtype=torch.uint8, device='cuda:' + sys.argv[1])\n"
+    "x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()\n")
+kids = [subprocess.Popen([sys.executable, "-c", worker, g, each], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True) for g in gpus]
+for k in kids:
+    assert k.stdout.readline().strip() == "ready"
+print("ready", " ".join(str(k.pid) for k in kids), flush=True)
+sys.stdin.read()
+"""
+
 NVML_MONITOR = r"""
 import sys, pynvml
 pynvml.nvmlInit()

@@ -40,3 +40,14 @@ def exit_status_for(exc: BaseException) -> ExitStatus:
         if isinstance(exc, cls):
             return status
     return ExitStatus.INTERNAL_ERROR
+
+
+def exit_status_for_clear(status: object) -> ExitStatus:
+    """The exit status of a finished ``clear`` (its result, not an exception)."""
+    from ..slate.clear import ClearStatus  # only `clear` pays for importing it
+
+    return {
+        ClearStatus.CLEAN: ExitStatus.OK, ClearStatus.DRY_RUN: ExitStatus.OK,
+        ClearStatus.TIMEOUT: ExitStatus.TIMEOUT, ClearStatus.HELD_BY_OTHERS: ExitStatus.TIMEOUT,
+        ClearStatus.PERMISSION_DENIED: ExitStatus.PERMISSION_DENIED,
+    }[status]  # type: ignore[index]

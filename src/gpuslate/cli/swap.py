@@ -36,11 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..units import swap
+    from ..units.interrupts import sigterm_interrupts
     from .down import print_down
     from .up import print_up, report_failure, up_status
 
-    result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
-                  sim=getattr(args, "sim", None), on_event=note, prefetch=not args.no_prefetch)
+    with sigterm_interrupts():  # a SIGTERM cleans up NEW's start like Ctrl-C (exit 130)
+        result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
+                      sim=getattr(args, "sim", None), on_event=note, prefetch=not args.no_prefetch)
     if args.json:
         print_json(result.to_json())
     else:

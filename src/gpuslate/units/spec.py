@@ -204,13 +204,15 @@ def _line_of(text: str, unit: str | None, key: str | None) -> int:
 
 def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list[str] | None = None,
             config: str | os.PathLike[str] | None = None, previous: dict[str, Any] | None = None) -> UnitSpec:
-    """The spec of unit ``name``: the config file's table (else ``previous``, the spec it last ran
-    with), then ``overrides`` (options given, not None), then ``command`` if given."""
+    """The spec of unit ``name``: the config file's table (else, when no ``command`` is given,
+    ``previous``, the spec it last ran with), then ``overrides`` (options given, not None), then
+    ``command`` if given. A new command never inherits the last run's options (its readiness
+    check belonged to the old command)."""
     path = find_config(config)
     base: dict[str, Any] | None = None
     if path is not None:
         base = load_config(path).get(name)
-    if base is None and previous is not None:
+    if base is None and previous is not None and not command:
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:
         where = f"in {path}" if path else f"no {CONFIG_NAME} here"

@@ -17,18 +17,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 from .._time import iso_time
 from ..errors import UsageError
 from ..gpu import GpuBackend
-from ..proc.tree import ProcTable
 from . import store
-from .contain import unit_processes
-from .lifecycle import DownResult, UpResult, backend_for, down, host_lock, up
+from .hostctx import backend_for, host_lock
+from .lifecycle import DownResult, UpResult, down, up
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
 from .spec import UnitSpec, resolve
+from .unit import Unit
+
+SwapStatus = Literal["swapped", "down_failed", "up_failed", "rolled_back", "rollback_failed"]
 
 SWAP_SCHEMA = "gpuslate.swap.v1"
 #: the downtime's parts, in order: they add up to downtime_s. start_to_ready_s is split
@@ -40,7 +42,7 @@ DOWNTIME_PARTS = ("stop_old_s", "verify_clean_s", "preflight_new_s", "spawn_new_
 class SwapResult(NamedTuple):
     old: str
     new: str
-    status: str  # swapped | down_failed | up_failed | rolled_back | rollback_failed
+    status: SwapStatus
     down: DownResult
     up: UpResult | None
     rollback: UpResult | None
@@ -88,30 +90,39 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
          prefetch_memory: int | None = None, prefetch_timeout: float = 600.0) -> SwapResult:
     """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec).
 
+    Each unit is loaded once, under the host lock, and handed to ``down`` and ``up``.
     With ``prefetch`` (the default), NEW's weight files are read into the page cache
     before OLD is stopped, for up to ``prefetch_timeout`` seconds; ``prefetch_memory``
     bounds it instead of the host's MemAvailable.
     """
     t0 = time.monotonic()
     note = on_event or (lambda _m: None)
-    old_rec = store.load(old)
-    if old_rec is None:
+    new_name = new.name if isinstance(new, UnitSpec) else new
+    if not store.record_path(old).exists():  # before waiting for the lock: a typo fails at once
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
-    old_spec = UnitSpec.from_json(old_rec.spec).validate()
-    if isinstance(new, UnitSpec):
-        new_spec = new.validate()
-    else:
-        prev = store.load(new)
-        new_spec = resolve(new, config=config, previous=prev.spec if prev else None)
-    new_rec = store.load(new_spec.name)
-    if new_spec.name != old and new_rec is not None and unit_processes(new_rec, ProcTable()):
-        raise UsageError(f"unit {new_spec.name} is already running: nothing to swap to")
-    pf = _start_prefetch(new_spec, prefetch_memory, note) if prefetch else None
+    pf: Prefetch | None = None
     try:
         with backend_for(sim, backend) as be, \
-                host_lock(be, f"swap {old} -> {new_spec.name}", lock, on_event) as waited:
+                host_lock(be, f"swap {old} -> {new_name}", lock, on_event) as waited:
+            old_unit = Unit.load(old)
+            if old_unit is None:
+                raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
+            if old_unit.spec is None:
+                raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
+            new_unit = old_unit if new_name == old else Unit.load(new_name)
+            if new_unit is not None and new_unit.corrupt:
+                raise UsageError(new_unit.describe_problem(),
+                                 hint=f"'gpuslate down {new_name}' stops what is left of it")
+            if isinstance(new, UnitSpec):
+                new_spec = new.validate()
+            else:
+                new_spec = resolve(new, config=config, previous=new_unit.spec.to_json() if new_unit and new_unit.spec
+                                   else None)
+            if new_name != old and new_unit is not None and new_unit.running():
+                raise UsageError(f"unit {new_name} is already running: nothing to swap to")
             phases: dict[str, float] = {"lock_wait_s": waited}
             pf_report = None
+            pf = _start_prefetch(new_spec, prefetch_memory, note) if prefetch else None
             if pf is not None:
                 t_pf = time.monotonic()
                 pf_report = pf.wait(prefetch_timeout)  # OLD still serves meanwhile
@@ -123,7 +134,7 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
                     note(f"prefetch failed ({pf_report.error}); going on without it")
             stop_at = time.time()
             t_stop = time.monotonic()
-            d = down(old, backend=be, lock=False, on_event=on_event)
+            d = down(old, backend=be, lock=False, on_event=on_event, unit=old_unit)
             phases["stop_old_s"] = d.report.timings["stop_s"]
             phases["verify_clean_s"] = d.report.timings["verify_s"]
             if not d.ok:
@@ -132,7 +143,7 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
             t_up = time.monotonic()
             watch = _PortWatch(new_spec) if new_spec.port is not None else None
             try:
-                u = up(new_spec, backend=be, lock=False, on_event=on_event)
+                u = up(new_spec, backend=be, lock=False, on_event=on_event, unit=new_unit)
             finally:
                 if watch is not None:
                     watch.stop()
@@ -153,9 +164,9 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
                                   prefetch=pf_report, stop_old_at=stop_at)
             note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
             t_rb = time.monotonic()
-            rb = up(old_spec, backend=be, lock=False, on_event=on_event)
+            rb = up(old_unit.spec, backend=be, lock=False, on_event=on_event, unit=old_unit)
             phases["rollback_s"] = time.monotonic() - t_rb
-            status = "rolled_back" if rb.ok else "rollback_failed"
+            status: SwapStatus = "rolled_back" if rb.ok else "rollback_failed"
             return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0,
                               prefetch=pf_report, stop_old_at=stop_at)
     finally:
