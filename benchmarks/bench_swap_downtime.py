@@ -82,13 +82,14 @@ def llama_shapes(size_bytes: int) -> tuple[dict, list[tuple[str, list[int]]]]:
 
 
 def random_pool(nbytes: int) -> memoryview:
-    """Random bf16 values (N(0, 0.02), made on the GPU when torch is there), reused for every tensor."""
+    """Random bf16 values, N(0, 0.02), reused for every tensor. Made on the CPU: a CUDA
+    context in this process would hold GPU memory and fail the units' pre-flight."""
     try:
-        import torch
+        import numpy as np
 
-        t = (torch.randn(nbytes // 2, dtype=torch.float32, device="cuda") * 0.02).to(torch.bfloat16)
-        return memoryview(t.view(torch.int16).cpu().numpy().tobytes())
-    except Exception:  # no torch/GPU: a CPU dry run
+        x = np.random.default_rng(0).standard_normal(nbytes // 2, dtype=np.float32) * np.float32(0.02)
+        return memoryview((x.view(np.uint32) >> 16).astype(np.uint16).tobytes())  # bf16: float32's top half
+    except ImportError:
         return memoryview(os.urandom(nbytes))
 
 
@@ -104,7 +105,7 @@ def write_checkpoint(folder: Path, size_gb: float, shard_gb: float = 4.0) -> dic
     folder.mkdir(parents=True)
     config, tensors = llama_shapes(int(size_gb * 1e9))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
-    pool = random_pool(512 * 2**20)
+    pool = random_pool(128 * 2**20)  # 64 M random values, cycled through with a moving offset
     shards: list[list[tuple[str, list[int]]]] = [[]]
     acc = 0
     for name, shape in tensors:
