@@ -240,7 +240,7 @@ def test_every_signal_is_audited(sim_host, hold, tmp_path):
 
 def test_two_clears_serialize_on_the_host_lock(sim_host, hold, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
-    a = hold("--gpus", "0", "--memory", "2GiB", "--ignore-term")
+    a = hold("--gpus", "0", "--memory", "2GiB", "--survive-term")
     b = hold("--gpus", "1", "--memory", "2GiB")
     first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "1.0", "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
