@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, gpu_list, nonnegative_float, note, print_json, size
+from .common import add_common, backend_for, gpu_list, nonnegative_float, note, print_json, size
 from .exits import exit_status_for_clear
 
 
@@ -58,10 +58,12 @@ def run_clear(args: argparse.Namespace) -> int:
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
 
+    # The CLI opens the backend and never closes it: the process exits right after,
+    # and nvmlShutdown would only add milliseconds to every clear (as for status).
     result = clear(args.gpus, pids=args.pid, user=args.user, match=args.match, all_users=args.all_users,
-                   include_handles=args.include_handles, holders_only=args.holders_only, grace=args.grace, timeout=args.timeout,
-                   max_used=args.max_used, dry_run=args.dry_run, sim=args.sim, confirm=_confirm if ask else None,
-                   on_event=note)
+                   include_handles=args.include_handles, holders_only=args.holders_only, grace=args.grace,
+                   timeout=args.timeout, max_used=args.max_used, dry_run=args.dry_run, sim=args.sim,
+                   backend=backend_for(args), confirm=_confirm if ask else None, on_event=note)
     if args.json:
         print_json(result.to_json())
     else:
@@ -85,7 +87,7 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
 def run_wait(args: argparse.Namespace) -> int:
     from ..slate.wait import wait_free
 
-    result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, sim=args.sim)
+    result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, backend=backend_for(args))
     if args.json:
         print_json(result.to_json())
     elif result.ok:
