@@ -111,8 +111,10 @@ class Unit:
                     continue
                 if st.start_ticks < rec.start_ticks:
                     continue
-                if stopped is not None and st.start_ticks > stopped:
-                    continue  # started after the unit was gone: someone else's
+                if stopped is not None and st.start_ticks >= int(stopped):
+                    # started after the unit was gone: someone else's. Start times are whole clock
+                    # ticks, rounded down: one in the tick of the stop is taken to come after it
+                    continue
                 prev = found.get(p.pid)
                 found[p.pid] = Stray(p.pid, st.start_ticks, st.name, [*(prev.gpus if prev else []), r.index],
                                      (prev.used_memory if prev else 0) + p.used_memory)
