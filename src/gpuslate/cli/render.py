@@ -41,9 +41,11 @@ def one_line(text: str | None, limit: int = 100) -> str:
     return escape(line if len(line) <= limit else line[: limit - 1] + "…")
 
 
-def _launcher_label(root_pid: int, members: list[HolderProcess]) -> str:
+def _launcher_label(root_pid: int, members: list[HolderProcess], local: bool) -> str:
     if any(p.pid == root_pid for p in members):
         return ""
+    if not local:  # another host's launcher: this host's /proc knows nothing of it
+        return "(holds no GPU itself)"
     info = read_info(root_pid)
     return f"{info.user}  {one_line(info.command)}" if info else "(exited)"
 
@@ -52,13 +54,16 @@ def _stronger(a: str, b: str) -> str:
     return a if a != "handle" else b
 
 
-def status_renderable(snap: Snapshot) -> Any:
+def status_renderable(snap: Snapshot, *, local: bool = True) -> Any:
+    """The status view; ``local=False`` for another host's snapshot (nothing is read from this /proc)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
+    from rich.markup import escape
+
     head = Text.from_markup(
-        f"[bold]{snap.host}[/]  backend [cyan]{snap.backend}[/]  driver {snap.driver_version or '-'}  "
+        f"[bold]{escape(snap.host)}[/]  backend [cyan]{escape(snap.backend)}[/]  driver {escape(snap.driver_version or '-')}  "
         f"[dim]{time_label(snap.taken_at)}[/]"
     )
     # fits 80 columns: only the model name may be cut, never a number
@@ -71,12 +76,12 @@ def status_renderable(snap: Snapshot) -> Any:
     for g in snap.gpus:
         r = g.reading
         gpus.add_row(
-            str(r.index), (r.name or "-").removeprefix("NVIDIA "), _memory_cell(g),
+            str(r.index), escape((r.name or "-").removeprefix("NVIDIA ")), _memory_cell(g),
             format_size(r.memory.reserved) if r.memory else "-",
             _na(r.utilization_pct, "{}%"), _na(r.temperature_c, "{}°C"),
             f"{_na(r.power_w, '{:.0f}')}/{_na(r.power_limit_w, '{:.0f}')}W",
-            r.pstate or "-",
-            f"[red]error: {r.error}[/]" if r.error else "",
+            escape(r.pstate or "-"),
+            f"[red]error: {escape(r.error)}[/]" if r.error else "",
         )
 
     procs = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
@@ -96,7 +101,7 @@ def status_renderable(snap: Snapshot) -> Any:
             else:
                 job[p.pid] = (p, [g.index])
     for root, members in rows.items():
-        label = _launcher_label(root, [m for m, _ in members.values()])
+        label = _launcher_label(root, [m for m, _ in members.values()], local)
         if label:
             procs.add_row("", str(root), "[dim]launcher[/]", "", "", f"[dim]{label}[/]")
         for p, gl in sorted(members.values(), key=lambda m: (m[0].pid != root, min(m[1]), m[0].pid)):
@@ -104,9 +109,9 @@ def status_renderable(snap: Snapshot) -> Any:
             kind = f"[dim]{p.kind}[/]" if p.kind == "handle" else p.kind
             cmd = one_line(p.command) if p.visible else "[dim](exited, or not visible from this host's /proc)[/]"
             if p.container:
-                cmd = f"[magenta]container {p.container}[/] {cmd}"
+                cmd = f"[magenta]container {escape(p.container)}[/] {cmd}"
             procs.add_row(format_gpu_list(gl), f"{branch}{p.pid}", kind,
-                          format_size(p.used_memory) if p.used_memory is not None else "-", p.user or "-", cmd)
+                          format_size(p.used_memory) if p.used_memory is not None else "-", escape(p.user or "-"), cmd)
     any_proc = bool(rows)
     parts: list[Any] = [head, gpus, Text("")]
     parts.append(procs if any_proc else Text("No processes hold the selected GPUs.", style="green"))

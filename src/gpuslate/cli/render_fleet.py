@@ -1,0 +1,230 @@
+"""Output of a run on several hosts: progress on stderr, each host's document under
+a heading (rendered by the same renderers as a local run where the command has
+them), and a summary table. Every string from a host is escaped."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+from rich.markup import escape
+
+from .._parse import format_size
+from ..remote.fleet import FleetResult, HostOutcome
+from .exits import exit_status_for
+from .render import console, one_line
+
+
+class Progress:
+    """``hosts 12/32 done (1 failed), 20 pending`` on a terminal's stderr, redrawn in place."""
+
+    def __init__(self, total: int) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._lock = threading.Lock()
+        self.restart(total)
+
+    def restart(self, total: int) -> None:
+        self.total, self.ok, self.failed, self._drawn = total, 0, 0, False
+
+    def done(self, outcome: HostOutcome) -> None:
+        with self._lock:
+            if outcome.ok:
+                self.ok += 1
+            else:
+                self.failed += 1
+            if self.enabled:
+                finished = self.ok + self.failed
+                sys.stderr.write(f"\rgpuslate: hosts {finished}/{self.total} done ({self.failed} failed), "
+                                 f"{self.total - finished} pending ")
+                sys.stderr.flush()
+                self._drawn = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._drawn:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+                self._drawn = False
+
+
+def exit_code_of(outcome: HostOutcome) -> int:
+    return 0 if outcome.error is None else int(exit_status_for(outcome.error))
+
+
+def _schema_name(doc: dict[str, Any]) -> str:
+    s = doc.get("schema")
+    return s.removeprefix("gpuslate.").rsplit(".v", 1)[0] if isinstance(s, str) else ""
+
+
+def render_document(doc: dict[str, Any], label: str) -> None:
+    """One host's document, as the local command would print it."""
+    render = _RENDERERS.get(_schema_name(doc), _render_generic)
+    render(doc, label)
+
+
+def _status(doc: dict[str, Any], label: str) -> None:
+    from ..host.snapshot import Snapshot
+    from .render import status_renderable
+
+    snap = Snapshot.from_json(doc)
+    # the heading names the host as it was asked for; nvidia-smi documents say so
+    host = label if snap.host in (label, "?") else f"{label} ({snap.host})"
+    if doc.get("source") == "nvidia-smi":
+        host += " [from nvidia-smi]"
+    console().print(status_renderable(snap._replace(host=host), local=False))
+
+
+def _clear(doc: dict[str, Any], label: str) -> None:
+    from ..slate.clear import ClearResult
+    from .render_clear import print_clear
+
+    print_clear(ClearResult.from_json(doc))
+
+
+def _wait(doc: dict[str, Any], label: str) -> None:
+    from ..slate.wait import GpuDiagnosis
+    from .clear import print_wait
+
+    print_wait(bool(doc.get("ok")), doc.get("gpus") or [], float(doc.get("elapsed_s") or 0),
+               [GpuDiagnosis.from_json(d) for d in doc.get("diagnosis") or []])
+
+
+def _log(doc: dict[str, Any], label: str) -> None:
+    from .log import print_log
+
+    print_log(list(doc.get("entries") or []), str(doc.get("path") or "?"))
+
+
+def _ps(doc: dict[str, Any], label: str) -> None:
+    from .ps import _duration
+    from .up import gpu_text
+
+    units = doc.get("units") or []
+    if not units:
+        console().print("No units.")
+        return
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("NAME", "STATE", "PID", "UPTIME", "PORT", "GPUS", "GPU MEMORY", "READY IN"):
+        t.add_column(col, no_wrap=True)
+    for u in units:
+        ttr = u.get("time_to_ready_s")
+        t.add_row(escape(str(u.get("name"))), escape(str(u.get("state"))), str(u.get("pid")),
+                  _duration(u.get("uptime_s")), str(u.get("port") or "-"), gpu_text(u.get("gpus") or []),
+                  format_size(u["gpu_memory"]) if u.get("gpu_memory") is not None else "-",
+                  f"{ttr:.2f}s" if isinstance(ttr, (int, float)) else "-")
+    console().print(t)
+
+
+def _up(doc: dict[str, Any], label: str) -> None:
+    from .up import gpu_text
+
+    c = console()
+    name = escape(str(doc.get("name")))
+    if doc.get("ok"):
+        c.print(f"Unit {name} ready in {doc.get('time_to_ready_s') or 0:.2f} s: pid {doc.get('pid')}, "
+                f"GPUs {gpu_text(doc.get('gpus') or [])}, port {doc.get('port') or '-'}, "
+                f"{escape(str(doc.get('containment')))}")
+        return
+    c.print(f"[red]Unit {name} failed[/]: {escape(str(doc.get('failure')))}")
+    for line in (doc.get("log_tail") or [])[-10:]:
+        c.print(f"  [dim]{one_line(str(line), 160)}[/]")
+
+
+def _down(doc: dict[str, Any], label: str) -> None:
+    procs = (doc.get("processes") or []) + (doc.get("swept") or [])
+    t = doc.get("timings") or {}
+    released = "released" if doc.get("memory_released") else "[red]NOT released[/]"
+    console().print(f"Unit {escape(str(doc.get('name')))} {'stopped' if doc.get('ok') else '[red]not fully stopped[/]'} "
+                    f"({escape(str(doc.get('previous_state')))} before): {len(procs)} processes in "
+                    f"{t.get('stop_s', 0):.2f} s; GPU memory {released}")
+
+
+def _swap(doc: dict[str, Any], label: str) -> None:
+    if doc.get("down"):
+        _down(doc["down"], label)
+    for key in ("up", "rollback"):
+        if doc.get(key):
+            _up(doc[key], label)
+    c = console()
+    for k, v in (doc.get("phases") or {}).items():
+        c.print(f"  {escape(k.removesuffix('_s')):<28} {v:8.3f} s")
+    c.print(f"  {'total':<28} {doc.get('total_s') or 0:8.3f} s")
+
+
+def _text(doc: dict[str, Any], label: str) -> None:
+    sys.stdout.write(str(doc.get("text") or ""))  # logs: printed as a local 'gpuslate logs' prints them
+    sys.stdout.flush()
+
+
+def _render_generic(doc: dict[str, Any], label: str) -> None:
+    """A command without a fleet renderer: its scalar fields, one a line (--json has everything)."""
+    c = console()
+    for k, v in doc.items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            c.print(f"  {escape(str(k))}: {one_line(str(v))}")
+        elif isinstance(v, (list, dict)):
+            c.print(f"  {escape(str(k))}: [dim]{len(v)} {'items' if isinstance(v, list) else 'fields'}[/]")
+
+
+_RENDERERS: dict[str, Callable[[dict[str, Any], str], None]] = {
+    "status": _status, "clear": _clear, "wait": _wait, "log": _log, "ps": _ps, "up": _up, "down": _down,
+    "swap": _swap, "": _text,
+}
+
+
+def print_plans(plans: FleetResult) -> int:
+    """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
+    from ..slate.clear import ClearResult
+    from .render_clear import print_plan
+
+    c = console(sys.stderr)
+    n = 0
+    for o in plans.hosts:
+        _heading(c, o)
+        if o.result is not None and o.ok:
+            plan = ClearResult.from_json(o.result).plan
+            n += len(plan.targets)
+            print_plan(plan, file=sys.stderr)
+        else:
+            _error(c, o)
+    return n
+
+
+def _heading(c: Any, o: HostOutcome) -> None:
+    c.print(f"[bold]── {escape(o.host.label)} ──[/]")
+
+
+def _error(c: Any, o: HostOutcome) -> None:
+    if o.error is None:
+        return
+    c.print(f"[red]error ({escape(o.error.code)}):[/] {escape(o.error.message)}")
+    if o.error.hint:
+        c.print(f"[dim]hint: {escape(o.error.hint)}[/]")
+
+
+def print_fleet(result: FleetResult, command: str) -> None:
+    c = console()
+    for o in result.hosts:
+        _heading(c, o)
+        if o.result is not None:
+            render_document(o.result, o.host.label)
+        _error(c, o)
+    if len(result.hosts) > 1 or any(not o.ok for o in result.hosts):
+        from rich.table import Table
+
+        t = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
+        for col in ("HOST", "RESULT", "EXIT", "TIME", "DETAIL"):
+            t.add_column(col, no_wrap=col != "DETAIL", justify="right" if col in ("EXIT", "TIME") else "left")
+        for o in result.hosts:
+            res = "[green]ok[/]" if o.ok else f"[red]{escape(o.error.code if o.error else 'failed')}[/]"
+            detail = "" if o.error is None else one_line(o.error.message.removeprefix(f"{o.host.label}: "), 80)
+            if o.ok and o.result is not None and o.result.get("source") == "nvidia-smi":
+                detail = "gpuslate missing: read-only view from nvidia-smi"
+            t.add_row(escape(o.host.label), res, str(exit_code_of(o)), f"{o.elapsed_s:.2f}s", detail)
+        ok = sum(o.ok for o in result.hosts)
+        c.print()
+        c.print(f"[bold]{command}[/] on {len(result.hosts)} hosts: {ok} ok, {len(result.hosts) - ok} failed")
+        c.print(t)

@@ -1,0 +1,194 @@
+"""Real ``sshd`` processes on loopback, each a separate simulated GPU host.
+
+Used by the ``tests/remote`` fixtures and by ``benchmarks/bench_remote.py``.
+Everything lives in one temporary folder: host keys, the client key, the
+``authorized_keys`` files, a client ``ssh_config`` (``-F``) with its own
+``known_hosts`` -- ``~/.ssh`` is never read or written. Each sshd passes its
+host's ``GPUSLATE_SIM``/``GPUSLATE_STATE_DIR`` and a ``PATH`` whose first entry
+holds a ``gpuslate`` wrapper running this checkout's code (``SetEnv``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuslate.sim.host import SimHost
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+SSHD = "/usr/sbin/sshd"
+GiB = 1024**3
+
+
+def sshd_available() -> bool:
+    return os.path.isfile(SSHD) and os.access(SSHD, os.X_OK) and shutil.which("ssh") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SshHost:
+    alias: str  # the Host name in the client ssh_config
+    port: int
+    root: Path  # this host's folder: sim/, state/, bin/
+    sim: SimHost | None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a command on this host sees (for local comparisons)."""
+        return {"GPUSLATE_SIM": str(self.sim.root) if self.sim else "",
+                "GPUSLATE_STATE_DIR": str(self.state_dir), "GPUSLATE_LOCK_DIR": str(self.root / "locks")}
+
+
+@dataclass
+class SshLab:
+    """A set of sshd hosts and the client configuration that reaches them."""
+
+    base: Path
+    hosts: dict[str, SshHost] = field(default_factory=dict)
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.base / "ssh_config"
+
+    @property
+    def control_dir(self) -> Path:
+        return self.base / "cm"
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a local gpuslate that talks to these hosts."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["GPUSLATE_SSH_CONFIG"] = str(self.ssh_config)
+        env["GPUSLATE_SSH_CONTROL_DIR"] = str(self.control_dir)
+        env["GPUSLATE_STATE_DIR"] = str(self.base / "client-state")
+        env.pop("GPUSLATE_SIM", None)
+        return env
+
+    def stop(self) -> None:
+        for p in self._procs:  # only the sshd processes this lab started
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self._procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        # ControlPersist masters are ours too: ask each to exit (ssh -O exit)
+        if self.control_dir.is_dir():
+            for sock in self.control_dir.iterdir():
+                sock.unlink(missing_ok=True)
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuslate-test", "-f", str(path)],
+                   check=True, stdin=subprocess.DEVNULL)
+
+
+def _wrapper(bin_dir: Path) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    w = bin_dir / "gpuslate"
+    w.write_text(f"#!/bin/sh\nexec {sys.executable} -m gpuslate \"$@\"\n")
+    w.chmod(0o755)
+
+
+def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str, ...] = (),
+              refuse: tuple[str, ...] = (), extra_path: dict[str, Path] | None = None,
+              aliases_per_sshd: int = 1) -> SshLab:
+    """Start one sshd per name (``aliases_per_sshd`` > 1: several client aliases share
+    one sshd and one simulated host). ``missing``: hosts without gpuslate on PATH;
+    ``refuse``: hosts whose sshd accepts no key."""
+    if os.geteuid() == 0:
+        # sshd refuses to start without its privilege separation folder
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    base.mkdir(parents=True, exist_ok=True)
+    lab = SshLab(base)
+    _keygen(base / "client_key")
+    (base / "authorized_keys").write_text((base / "client_key.pub").read_text())
+    (base / "no_keys").write_text("")
+    lab.control_dir.mkdir(mode=0o700, exist_ok=True)
+    client: list[str] = []
+    for name in names:
+        root = base / name
+        root.mkdir()
+        _keygen(root / "host_key")
+        sim = SimHost.init(root / "sim", gpus=gpus, memory=96 * GiB, name=name, release_delay=0.1)
+        bin_dir = root / "bin"
+        if name not in missing:
+            _wrapper(bin_dir)
+        else:
+            bin_dir.mkdir()
+        path = [str(bin_dir)]
+        if extra_path and name in extra_path:
+            path.append(str(extra_path[name]))
+        path += ["/usr/local/bin", "/usr/bin", "/bin"]
+        port = free_port()
+        conf = root / "sshd_config"
+        conf.write_text("\n".join([
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'host_key'}",
+            f"PidFile {root / 'sshd.pid'}",
+            f"AuthorizedKeysFile {base / ('no_keys' if name in refuse else 'authorized_keys')}",
+            "UsePAM no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes", "PermitRootLogin prohibit-password",
+            "StrictModes no",  # the temporary folder's modes are the test runner's
+            "MaxSessions 200", "MaxStartups 200:30:400", "LogLevel ERROR", "PrintMotd no",
+            f"SetEnv GPUSLATE_SIM={sim.root} GPUSLATE_STATE_DIR={root / 'state'} "
+            f"GPUSLATE_LOCK_DIR={root / 'locks'} PYTHONPATH={SRC} PATH={':'.join(path)}",
+            "",
+        ]))
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"),
+                                start_new_session=True)
+        lab._procs.append(proc)
+        host = SshHost(name, port, root, sim, proc)
+        lab.hosts[name] = host
+        for i in range(aliases_per_sshd):
+            alias = name if aliases_per_sshd == 1 else f"{name}-{i}"
+            client += [f"Host {alias}", "  HostName 127.0.0.1", f"  Port {port}",
+                       f"  HostKeyAlias {name}"]
+            if alias != name:
+                lab.hosts[alias] = SshHost(alias, port, root, sim, None)
+    client += ["Host *", f"  User {_user()}", f"  IdentityFile {base / 'client_key'}", "  IdentitiesOnly yes",
+               f"  UserKnownHostsFile {base / 'known_hosts'}", "  GlobalKnownHostsFile /dev/null",
+               "  StrictHostKeyChecking accept-new", "  LogLevel ERROR", ""]
+    lab.ssh_config.write_text("\n".join(client))
+    for name in names:
+        _await_port(lab.hosts[name], base)
+    return lab
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def _await_port(host: SshHost, base: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if host.proc is not None and host.proc.poll() is not None:
+            raise RuntimeError(f"sshd for {host.alias} exited: {(host.root / 'sshd.log').read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", host.port), timeout=0.5) as s:
+                if s.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.02)  # not listening yet: no event to await across processes
+    raise RuntimeError(f"sshd for {host.alias} did not listen on {host.port}")
