@@ -91,10 +91,30 @@ class SshLab:
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 p.kill()
-        # ControlPersist masters are ours too: ask each to exit (ssh -O exit)
-        if self.control_dir.is_dir():
-            for sock in self.control_dir.iterdir():
-                sock.unlink(missing_ok=True)
+        self.close_masters()
+
+    def close_masters(self) -> None:
+        """The ControlPersist masters the tests' gpuslate runs left: ask each to exit (ssh -O exit)."""
+        if not self.control_dir.is_dir():
+            return
+        for sock in self.control_dir.iterdir():
+            subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", f"ControlPath={sock}", "-O", "exit", "x"],
+                           capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+            sock.unlink(missing_ok=True)
+
+    def add_alias(self, alias: str, port: int) -> None:
+        """A client alias for 127.0.0.1:PORT (a closed port, or a listener that never speaks)."""
+        text = self.ssh_config.read_text()
+        self.ssh_config.write_text(f"Host {alias}\n  HostName 127.0.0.1\n  Port {port}\n"
+                                   f"  HostKeyAlias {alias}\n" + text)
+
+    def add_rekeyed_alias(self, alias: str, port: int) -> None:
+        """An alias whose known_hosts entry holds another key: the host key 'changed'."""
+        _keygen(self.base / f"{alias}_old_key")
+        old = (self.base / f"{alias}_old_key.pub").read_text().split()[:2]
+        with open(self.base / "known_hosts", "a") as f:
+            f.write(f"{alias} {' '.join(old)}\n")
+        self.add_alias(alias, port)
 
 
 def _keygen(path: Path) -> None:

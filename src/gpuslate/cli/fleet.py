@@ -111,14 +111,14 @@ def remote_words(argv: Sequence[str], *, json_output: bool = True) -> list[str]:
     return head + (["--json"] if json_output else []) + list(argv[cut:])
 
 
-def run(fleet: FleetArgs, argv: Sequence[str], args: argparse.Namespace) -> int:
+def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:
+    """``gpuslate COMMAND`` (``argv``, already checked into ``args``) on every selected host."""
     from ..remote.fleet import run_parallel, run_sequential
     from ..remote.hosts import select_hosts
     from ..remote.ssh import SshOptions
     from .exits import fleet_exit_code
     from .render_fleet import Progress, exit_code_of, print_fleet
 
-    command = args.command
     if getattr(args, "watch", None) or getattr(args, "follow", False):
         raise UsageError(f"{command} --{'watch' if command == 'status' else 'follow'} does not work with "
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")

@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if fleet is not None:
             from . import fleet as fleet_cli
 
-            return int(fleet_cli.run(fleet, argv, args))
+            return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
         return int(args.handler(args))
     except KeyboardInterrupt as exc:
         print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)

@@ -226,5 +226,6 @@ def print_fleet(result: FleetResult, command: str) -> None:
             t.add_row(escape(o.host.label), res, str(exit_code_of(o)), f"{o.elapsed_s:.2f}s", detail)
         ok = sum(o.ok for o in result.hosts)
         c.print()
-        c.print(f"[bold]{command}[/] on {len(result.hosts)} hosts: {ok} ok, {len(result.hosts) - ok} failed")
+        n = len(result.hosts)
+        c.print(f"[bold]{escape(command)}[/] on {n} host{'s' if n != 1 else ''}: {ok} ok, {n - ok} failed")
         c.print(t)

@@ -21,6 +21,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(%[A-Za-z0-9_.-]+)?")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 _GROUP = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_SECTION = re.compile(r"\[\s*([A-Za-z0-9_][A-Za-z0-9_.-]*)(?::([A-Za-z]+))?\s*\]")
 _RANGE = re.compile(r"\[(\d+):(\d+)\]")
 ALL = "all"
 UNGROUPED = "ungrouped"
@@ -152,12 +153,12 @@ def parse_inventory(text: str) -> Inventory:
         line = "" if raw.lstrip().startswith(";") else raw.split("#", 1)[0].strip()
         if not line:
             continue
-        if line.startswith("["):
-            if not line.endswith("]"):
-                raise UsageError(f"line {lineno}: unterminated section {line!r}")
-            section, _, kind = line[1:-1].strip().partition(":")
-            kind = kind or "hosts"
-            if not _GROUP.fullmatch(section) or kind not in ("hosts", "children", "vars"):
+        header = _SECTION.fullmatch(line)
+        if header is None and line.startswith("[") and not line.startswith("[:") and "]" not in line:
+            raise UsageError(f"line {lineno}: unterminated section {line!r}")
+        if header is not None:  # (a line like [::1]:22 is an IPv6 host, not a section)
+            section, kind = header.group(1), header.group(2) or "hosts"
+            if kind not in ("hosts", "children", "vars"):
                 raise UsageError(f"line {lineno}: invalid section {line!r}")
             if kind == "children":
                 children.setdefault(section, [])
