@@ -102,10 +102,10 @@ class SshLab:
                            capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
             sock.unlink(missing_ok=True)
 
-    def add_alias(self, alias: str, port: int) -> None:
-        """A client alias for 127.0.0.1:PORT (a closed port, or a listener that never speaks)."""
+    def add_alias(self, alias: str, port: int, hostname: str = "127.0.0.1") -> None:
+        """A client alias for HOSTNAME:PORT (a closed port, or a listener that never speaks)."""
         text = self.ssh_config.read_text()
-        self.ssh_config.write_text(f"Host {alias}\n  HostName 127.0.0.1\n  Port {port}\n"
+        self.ssh_config.write_text(f"Host {alias}\n  HostName {hostname}\n  Port {port}\n  AddressFamily inet\n"
                                    f"  HostKeyAlias {alias}\n" + text)
 
     def add_rekeyed_alias(self, alias: str, port: int) -> None:
@@ -114,7 +114,9 @@ class SshLab:
         old = (self.base / f"{alias}_old_key.pub").read_text().split()[:2]
         with open(self.base / "known_hosts", "a") as f:
             f.write(f"{alias} {' '.join(old)}\n")
-        self.add_alias(alias, port)
+        # another name for the address: ssh shares a master connection per (host, port, user),
+        # which would skip the host key check that this alias is for
+        self.add_alias(alias, port, hostname="localhost")
 
 
 def _keygen(path: Path) -> None:
