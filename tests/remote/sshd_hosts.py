@@ -172,7 +172,10 @@ def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str
             "StrictModes no",  # the temporary folder's modes are the test runner's
             "MaxSessions 200", "MaxStartups 200:30:400", "LogLevel ERROR", "PrintMotd no",
             f"SetEnv GPUSLATE_SIM={sim.root} GPUSLATE_STATE_DIR={root / 'state'} "
-            f"GPUSLATE_LOCK_DIR={root / 'locks'} PYTHONPATH={SRC} PATH={':'.join(path)}",
+            f"GPUSLATE_LOCK_DIR={root / 'locks'} PYTHONPATH={SRC} PATH={':'.join(path)}"
+            # SHLVL=1: bash then skips ~/.bashrc for ssh commands (Debian sources it), so the
+            # test user's shell setup (pyenv, ...) is neither in the PATH nor in the timings
+            " SHLVL=1",
             "",
         ]))
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)], stdin=subprocess.DEVNULL,

@@ -6,11 +6,10 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from helpers import GiB, gpuslate_env, is_gone, wait_for
+from helpers import gpuslate_env, is_gone, wait_for
 from sshd_hosts import free_port
 
 pytestmark = pytest.mark.ssh
@@ -69,7 +68,7 @@ def test_clear_across_hosts(lab, fleet, hold):
     assert all(g["memory"]["used"] == 0 for e in after.values() for g in e["result"]["gpus"])
 
 
-def test_clear_shows_every_plan_and_asks_once(lab, hold, ssh_lab):
+def test_clear_shows_every_plan_and_asks_once(lab, hold):
     """On a terminal: a dry run on every host, every plan shown, one question, then the clear."""
     import os
     import pty
