@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, NamedTuple, Sequence
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from ..errors import UsageError
+from .exits import exit_status_for
+
+if TYPE_CHECKING:
+    from ..remote.fleet import HostOutcome
 
 _VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group": "group",
            "--parallel": "parallel", "--connect-timeout": "connect_timeout"}
@@ -111,13 +116,49 @@ def remote_words(argv: Sequence[str], *, json_output: bool = True) -> list[str]:
     return head + (["--json"] if json_output else []) + list(argv[cut:])
 
 
+class Progress:
+    """``hosts 12/32 done (1 failed), 20 pending`` on a terminal's stderr, redrawn in place."""
+
+    def __init__(self, total: int) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._lock = threading.Lock()
+        self.restart(total)
+
+    def restart(self, total: int) -> None:
+        self.total, self.ok, self.failed, self._drawn = total, 0, 0, False
+
+    def done(self, outcome: HostOutcome) -> None:
+        with self._lock:
+            if outcome.ok:
+                self.ok += 1
+            else:
+                self.failed += 1
+            if self.enabled:
+                finished = self.ok + self.failed
+                sys.stderr.write(f"\rgpuslate: hosts {finished}/{self.total} done ({self.failed} failed), "
+                                 f"{self.total - finished} pending ")
+                sys.stderr.flush()
+                self._drawn = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._drawn:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+                self._drawn = False
+
+
+def exit_code_of(outcome: HostOutcome) -> int:
+    """A host's exit status: 0, or its failure's (the remote's own for a command that failed)."""
+    return 0 if outcome.error is None else int(exit_status_for(outcome.error))
+
+
 def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:
     """``gpuslate COMMAND`` (``argv``, already checked into ``args``) on every selected host."""
     from ..remote.fleet import run_parallel, run_sequential
     from ..remote.hosts import select_hosts
     from ..remote.ssh import SshOptions
     from .exits import fleet_exit_code
-    from .render_fleet import Progress, exit_code_of, print_fleet
 
     if getattr(args, "watch", None) or getattr(args, "follow", False):
         raise UsageError(f"{command} --{'watch' if command == 'status' else 'follow'} does not work with "
@@ -145,6 +186,8 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
 
         print_json(result.to_json(exit_code_of))
     else:
+        from .render_fleet import print_fleet
+
         print_fleet(result, command)
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 

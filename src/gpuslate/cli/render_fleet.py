@@ -1,55 +1,18 @@
-"""Output of a run on several hosts: progress on stderr, each host's document under
+"""Output of a run on several hosts: each host's document under
 a heading (rendered by the same renderers as a local run where the command has
 them), and a summary table. Every string from a host is escaped."""
 
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any, Callable
 
 from rich.markup import escape
 
 from .._parse import format_size
 from ..remote.fleet import FleetResult, HostOutcome
-from .exits import exit_status_for
+from .fleet import exit_code_of
 from .render import console, one_line
-
-
-class Progress:
-    """``hosts 12/32 done (1 failed), 20 pending`` on a terminal's stderr, redrawn in place."""
-
-    def __init__(self, total: int) -> None:
-        self.enabled = sys.stderr.isatty()
-        self._lock = threading.Lock()
-        self.restart(total)
-
-    def restart(self, total: int) -> None:
-        self.total, self.ok, self.failed, self._drawn = total, 0, 0, False
-
-    def done(self, outcome: HostOutcome) -> None:
-        with self._lock:
-            if outcome.ok:
-                self.ok += 1
-            else:
-                self.failed += 1
-            if self.enabled:
-                finished = self.ok + self.failed
-                sys.stderr.write(f"\rgpuslate: hosts {finished}/{self.total} done ({self.failed} failed), "
-                                 f"{self.total - finished} pending ")
-                sys.stderr.flush()
-                self._drawn = True
-
-    def close(self) -> None:
-        with self._lock:
-            if self._drawn:
-                sys.stderr.write("\n")
-                sys.stderr.flush()
-                self._drawn = False
-
-
-def exit_code_of(outcome: HostOutcome) -> int:
-    return 0 if outcome.error is None else int(exit_status_for(outcome.error))
 
 
 def _schema_name(doc: dict[str, Any]) -> str:
