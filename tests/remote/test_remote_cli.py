@@ -265,3 +265,34 @@ def test_parallel_bound_still_runs_every_host(lab, fleet):
     assert r.returncode == 0
     assert [h["host"] for h in _doc(r)["hosts"]] == ["h1", "h2"]  # duplicates run once
     assert fleet("--parallel", "0", "-H", "h1", "ps").returncode == 2
+
+
+def test_progress_on_a_terminal(lab):
+    """Hosts done / failed / pending on stderr when stderr is a terminal; nothing of it on stdout."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "gpuslate", "-H", "h1", "-H", "down", "ps", "--json"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, env=lab.client_env())
+        out, _ = p.communicate(timeout=60)
+        os.close(slave)
+        slave = -1
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the child's end is closed
+                break
+            if not chunk:
+                break
+            err += chunk
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert p.returncode == 7
+    text = err.decode()
+    assert "hosts 2/2 done (1 failed), 0 pending" in text and "pending" not in out.decode()
+    assert json.loads(out)["schema"] == "gpuslate.fleet.v1"
