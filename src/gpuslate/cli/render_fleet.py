@@ -27,10 +27,10 @@ def render_document(doc: dict[str, Any], label: str) -> None:
 
 
 def _status(doc: dict[str, Any], label: str) -> None:
-    from ..host.snapshot import Snapshot
+    from ..remote.documents import snapshot
     from .render import status_renderable
 
-    snap = Snapshot.from_json(doc)
+    snap = snapshot(doc)
     # the heading names the host as it was asked for; nvidia-smi documents say so
     host = label if snap.host in (label, "?") else f"{label} ({snap.host})"
     if doc.get("source") == "nvidia-smi":
@@ -39,18 +39,18 @@ def _status(doc: dict[str, Any], label: str) -> None:
 
 
 def _clear(doc: dict[str, Any], label: str) -> None:
-    from ..slate.clear import ClearResult
+    from ..remote.documents import clear_result
     from .render_clear import print_clear
 
-    print_clear(ClearResult.from_json(doc))
+    print_clear(clear_result(doc))
 
 
 def _wait(doc: dict[str, Any], label: str) -> None:
-    from ..slate.wait import GpuDiagnosis
+    from ..remote.documents import diagnosis
     from .clear import print_wait
 
     print_wait(bool(doc.get("ok")), doc.get("gpus") or [], float(doc.get("elapsed_s") or 0),
-               [GpuDiagnosis.from_json(d) for d in doc.get("diagnosis") or []])
+               [diagnosis(d) for d in doc.get("diagnosis") or []])
 
 
 def _log(doc: dict[str, Any], label: str) -> None:
@@ -140,7 +140,7 @@ _RENDERERS: dict[str, Callable[[dict[str, Any], str], None]] = {
 
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
-    from ..slate.clear import ClearResult
+    from ..remote.documents import clear_result
     from .render_clear import print_plan
 
     c = console(sys.stderr)
@@ -148,7 +148,7 @@ def print_plans(plans: FleetResult) -> int:
     for o in plans.hosts:
         _heading(c, o)
         if o.result is not None and o.ok:
-            plan = ClearResult.from_json(o.result).plan
+            plan = clear_result(o.result).plan
             n += len(plan.targets)
             print_plan(plan, file=sys.stderr)
         else:

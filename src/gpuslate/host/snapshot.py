@@ -11,9 +11,9 @@ import os
 import time
 from typing import Any, NamedTuple, Sequence
 
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
+from ..gpu.types import GpuBackend, GpuReading, MemoryInfo
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
@@ -55,14 +55,6 @@ class HolderProcess(NamedTuple):
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
         }
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HolderProcess:
-        """Back from :meth:`to_json` (a remote host's document), for rendering."""
-        return cls(d["pid"], d["kind"], d.get("used_memory"), d.get("start_ticks"), d.get("user"), d.get("uid"),
-                   d.get("name"), d.get("command"), d.get("ppid"), d.get("pgid"), d.get("sid"),
-                   d.get("root_pid", d["pid"]), d.get("state"), d.get("container"), bool(d.get("visible", True)),
-                   d.get("cgroup"))
-
 
 class GpuState(NamedTuple):
     reading: GpuReading
@@ -91,17 +83,6 @@ class GpuState(NamedTuple):
             "processes": [p.to_json() for p in self.processes],
         }
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GpuState:
-        m = d.get("memory")
-        memory = MemoryInfo(m["total"], m["used"], m.get("reserved", 0), m.get("free", 0)) if m else None
-        procs = [HolderProcess.from_json(p) for p in d.get("processes") or []]
-        reading = GpuReading(d["index"], d.get("uuid"), d.get("name"), None, memory, d.get("utilization_pct"),
-                             d.get("temperature_c"), d.get("power_w"), d.get("power_limit_w"), d.get("pstate"),
-                             [GpuProcess(p.pid, p.kind, p.used_memory) for p in procs if p.kind != "handle"],
-                             d.get("error"))
-        return cls(reading, procs)
-
 
 class Snapshot(NamedTuple):
     host: str
@@ -120,14 +101,6 @@ class Snapshot(NamedTuple):
             "host_processes": [p.to_json() for p in self.host_processes],
             "warnings": self.warnings,
         }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Snapshot:
-        """A status document (from another host, or nvidia-smi's fallback) as a Snapshot, to render."""
-        return cls(d.get("host") or "?", d.get("backend") or "?", d.get("driver_version"),
-                   parse_iso_time(d.get("taken_at")), [GpuState.from_json(g) for g in d.get("gpus") or []],
-                   [HolderProcess.from_json(p) for p in d.get("host_processes") or []],
-                   [str(w) for w in d.get("warnings") or []])
 
 
 

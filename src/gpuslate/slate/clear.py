@@ -16,13 +16,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..host.audit import AuditLog, new_run_id
 from ..errors import Interrupted
-from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
+from ..gpu.types import GpuBackend, GpuReading
 from ..host.lock import HostLock, default_lock_dir
-from .plan import Plan, Selection, Spared, Target, make_plan
-from ..proc.procfs import ProcessId, read_cgroup, read_info
-from ..proc.terminate import SignalRecord, Victim, VictimResult, terminate
+from .plan import Plan, Selection, Target, make_plan
+from ..proc.procfs import read_cgroup, read_info
+from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..host.snapshot import Snapshot, take_snapshot
 from .wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
 
@@ -83,41 +83,6 @@ class ClearResult(NamedTuple):
             "diagnosis": [d.to_json() for d in self.diagnosis],
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
         }
-
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ClearResult:
-        """Back from :meth:`to_json` (another host's document), for rendering: what
-        the document does not carry (the full snapshot before) is left empty."""
-        targets, results = [], []
-        for t in d.get("targets") or []:
-            ident = ProcessId(t["pid"], t.get("start_ticks") or 0)
-            targets.append(Target(ident, t.get("user"), t.get("uid"), t.get("command") or "", t.get("name") or "",
-                                  t.get("gpus") or [], t.get("used_memory"), t.get("role") or "holder",
-                                  t.get("container"), t.get("cgroup")))
-            r = VictimResult(Victim(ident, {}))
-            r.signals = [SignalRecord(s["signal"], s.get("at_s") or 0.0, s.get("outcome") or "")
-                         for s in t.get("signals") or []]
-            r.exited_at, r.ended_by = t.get("exited_at_s"), t.get("ended_by")
-            r.permission_denied = bool(t.get("permission_denied"))
-            results.append(r)
-        spared = [Spared(**{k: s.get(k) for k in Spared._fields}) for s in d.get("spared") or []]
-        started = parse_iso_time(d.get("started_at"))
-        before = Snapshot(d.get("host") or "?", d.get("backend") or "?", None, started, [], [], [])
-        return cls(d["status"], d.get("host") or "?", d.get("backend") or "?",
-                   Plan(d.get("gpus") or [], targets, spared, before), results,
-                   [_reading(m) for m in d.get("before") or []], [_reading(m) for m in d.get("after") or []],
-                   [GpuDiagnosis.from_json(g) for g in d.get("diagnosis") or []],
-                   [Respawn(**{k: r.get(k) for k in Respawn._fields}) for r in d.get("respawned") or []],
-                   dict(d.get("timings") or {}), d.get("max_used") or 0, started)
-
-
-def _reading(m: dict[str, Any]) -> GpuReading:
-    """A ``before``/``after`` entry as a reading: only what the reports show (used, pids, error)."""
-    used = m.get("used")
-    return GpuReading(m["gpu"], None, None, None, MemoryInfo(0, used, 0, 0) if used is not None else None,
-                      None, None, None, None, None,
-                      [GpuProcess(pid, "compute", None) for pid in m.get("processes") or []], m.get("error"))
 
 
 def _mem(r: GpuReading) -> dict[str, Any]:

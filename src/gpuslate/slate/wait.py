@@ -64,11 +64,6 @@ class GpuDiagnosis(NamedTuple):
         return {"gpu": self.gpu, "used": self.used, "max_used": self.max_used, "error": self.error,
                 "problems": [p.to_json() for p in self.problems]}
 
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GpuDiagnosis:
-        problems = [Problem(**{k: p.get(k) for k in Problem._fields}) for p in d.get("problems") or []]
-        return cls(d["gpu"], d.get("used"), d.get("max_used") or 0, d.get("error"), problems)
-
     def summary(self) -> str:
         head = f"GPU {self.gpu}: " + (f"{format_size(self.used)} used" if self.used is not None else "state unknown")
         return head + "; " + "; ".join(p.reason for p in self.problems)
