@@ -19,7 +19,9 @@ from ..errors import UsageError
 from .exits import exit_status_for
 
 if TYPE_CHECKING:
-    from ..remote.fleet import HostOutcome
+    from ..remote.fleet import FleetResult, HostOutcome
+    from ..remote.hosts import HostSpec
+    from ..remote.ssh import SshOptions
 
 _VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group": "group",
            "--parallel": "parallel", "--connect-timeout": "connect_timeout"}
@@ -202,7 +204,8 @@ def _read_inventory(path: str) -> str:
         raise UsageError(f"cannot read the inventory {path}: not UTF-8 text") from None
 
 
-def _clear_asking_once(hosts: list[Any], words: list[str], opts: Any, fleet: FleetArgs, progress: Any) -> Any:
+def _clear_asking_once(hosts: list[HostSpec], words: list[str], opts: SshOptions, fleet: FleetArgs,
+                       progress: Progress) -> FleetResult:
     """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
     from ..errors import Interrupted
     from ..remote.fleet import FleetResult, run_parallel
