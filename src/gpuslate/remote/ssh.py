@@ -28,8 +28,8 @@ from .hosts import HostSpec
 CONTROL_PERSIST_S = 120
 #: a socket path must fit sun_path (108 bytes); %C expands to 40 hex digits
 _MAX_CONTROL_DIR = 60
-INSTALL_HINT = ("install it there: python3 -m pip install gpuslate (or set GPUSLATE_REMOTE_COMMAND "
-                "to the command that runs it, e.g. '/opt/venv/bin/gpuslate')")
+INSTALL_HINT = ("install it there: python3 -m pip install gpuslate (or 'pip install .' in a clone), or set "
+                "GPUSLATE_REMOTE_COMMAND to the command that runs it, e.g. '/opt/venv/bin/gpuslate'")
 
 
 class SshOptions(NamedTuple):
