@@ -43,7 +43,7 @@ class SshHost:
     port: int
     root: Path  # this host's folder: sim/, state/, bin/
     sim: SimHost | None
-    proc: subprocess.Popen[bytes] | None = None
+    pid: int | None = None  # the sshd listener (None: an alias sharing another host's sshd)
 
     @property
     def state_dir(self) -> Path:
@@ -62,7 +62,7 @@ class SshLab:
 
     base: Path
     hosts: dict[str, SshHost] = field(default_factory=dict)
-    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _sshd: list[tuple[int, str]] = field(default_factory=list)  # (pid, its config path)
 
     @property
     def ssh_config(self) -> Path:
@@ -83,15 +83,13 @@ class SshLab:
         return env
 
     def stop(self) -> None:
-        for p in self._procs:  # only the sshd processes this lab started
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self._procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        self.close_masters()
+        self.close_masters()  # first: their sshd sessions end with them
+        for pid, conf in self._sshd:  # only the sshd processes this lab started, checked by command line
+            if _is_our_sshd(pid, conf):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while any(_is_our_sshd(pid, conf) for pid, conf in self._sshd) and time.monotonic() < deadline:
+            time.sleep(0.02)  # another process's exit: no event to wait on
 
     def close_masters(self) -> None:
         """The ControlPersist masters the tests' gpuslate runs left: ask each to exit (ssh -O exit)."""
@@ -178,11 +176,13 @@ def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str
             " SHLVL=1",
             "",
         ]))
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=open(root / "sshd.log", "wb"),
-                                start_new_session=True)
-        lab._procs.append(proc)
-        host = SshHost(name, port, root, sim, proc)
+        # Daemonized (no -D): the listener is then no descendant of the test run, which a
+        # 'clear' test taking the test runner's process group as a job would otherwise include.
+        subprocess.run([SSHD, "-f", str(conf), "-E", str(root / "sshd.log")], stdin=subprocess.DEVNULL,
+                       check=True, timeout=30)
+        pid = _await_pid(root / "sshd.pid", root)
+        lab._sshd.append((pid, str(conf)))
+        host = SshHost(name, port, root, sim, pid)
         lab.hosts[name] = host
         for i in range(aliases_per_sshd):
             alias = name if aliases_per_sshd == 1 else f"{name}-{i}"
@@ -199,6 +199,24 @@ def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str
     return lab
 
 
+def _is_our_sshd(pid: int, conf: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return conf.encode() in f.read()
+    except OSError:
+        return False
+
+
+def _await_pid(pidfile: Path, root: Path, timeout: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(pidfile.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            time.sleep(0.01)  # written by the daemon once it listens
+    raise RuntimeError(f"sshd in {root} wrote no pid file: {(root / 'sshd.log').read_text()}")
+
+
 def _user() -> str:
     import pwd
 
@@ -208,7 +226,7 @@ def _user() -> str:
 def _await_port(host: SshHost, base: Path, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if host.proc is not None and host.proc.poll() is not None:
+        if host.pid is not None and not _is_our_sshd(host.pid, str(host.root / "sshd_config")):
             raise RuntimeError(f"sshd for {host.alias} exited: {(host.root / 'sshd.log').read_text()}")
         try:
             with socket.create_connection(("127.0.0.1", host.port), timeout=0.5) as s:
