@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -228,8 +229,16 @@ def test_up_swap_down_on_a_remote_host(lab, fleet):
         assert r.returncode == 0, r.stdout
         res = _by_host(_doc(r))["h1"]["result"]
         assert res["schema"] == "gpuslate.swap.v1" and res["ok"] and res["up"]["status"] == "ready"
-        r = fleet("-H", "h1", "down", "next", "--json")
-        assert r.returncode == 0 and _doc(r)["hosts"][0]["result"]["memory_released"]
+        r = fleet("-H", "h1", "swap", "next", "base")  # and back, shown as a local swap shows it
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Unit base ready in" in r.stdout and "verify GPUs clean" in r.stdout and "total" in r.stdout
+        r = fleet("-H", "h1", "swap", "base", "next")
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = fleet("-H", "h1", "down", "next")  # shown with the lines a local 'down' prints
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search(r"Unit next stopped \(ready before\): \d+ processes \(SIGTERM \d+, SIGKILL \d+\) "
+                         r"in [\d.]+ s; GPU memory released", r.stdout), r.stdout
+        assert _doc(fleet("-H", "h1", "ps", "--json"))["hosts"][0]["result"]["units"][0]["state"] == "stopped"
     finally:
         for name in ("base", "next"):
             fleet("-H", "h1", "down", name)

@@ -82,39 +82,73 @@ def _ps(doc: dict[str, Any], label: str) -> None:
 
 
 def _up(doc: dict[str, Any], label: str) -> None:
+    """The lines of a local ``up`` (cli/up.py print_up / report_failure), from the document."""
     from .up import gpu_text
 
     c = console()
     name = escape(str(doc.get("name")))
     if doc.get("ok"):
-        c.print(f"Unit {name} ready in {doc.get('time_to_ready_s') or 0:.2f} s: pid {doc.get('pid')}, "
-                f"GPUs {gpu_text(doc.get('gpus') or [])}, port {doc.get('port') or '-'}, "
+        port = doc.get("port")
+        line = (f"Unit {name} ready in {doc.get('time_to_ready_s') or 0:.2f} s: pid {doc.get('pid')}, "
+                f"GPUs {gpu_text(doc.get('gpus') or [])}, port {port if port is not None else '-'}, "
                 f"{escape(str(doc.get('containment')))}")
+        smoke = doc.get("smoke")
+        if isinstance(smoke, dict) and isinstance(smoke.get("latency_s"), (int, float)):
+            line += f", smoke completion {smoke['latency_s']:.3f} s"
+        c.print(line)
+        ready = doc.get("readiness") if isinstance(doc.get("readiness"), dict) else {}
+        c.print(f"  readiness: {escape(str(ready.get('kind')))} ({one_line(str(ready.get('detail')), 160)})")
+        c.print(f"  log: {escape(str(doc.get('log')))}")
         return
-    c.print(f"[red]Unit {name} failed[/]: {escape(str(doc.get('failure')))}")
-    for line in (doc.get("log_tail") or [])[-10:]:
-        c.print(f"  [dim]{one_line(str(line), 160)}[/]")
+    tail = doc.get("log_tail") or []
+    if tail:
+        c.print(f"--- last {len(tail)} lines of {escape(str(doc.get('log')))} ---")
+        for line in tail:
+            c.print(one_line(str(line), 200))
+        c.print("---")
+    c.print(f"[red]unit {name} failed[/]: {escape(str(doc.get('failure')))}")
+    teardown = doc.get("teardown")
+    if isinstance(teardown, dict):
+        c.print("stopped what it left running; " +
+                ("GPUs verified clean" if teardown.get("memory_released") else "[red]NOT clean[/]"))
 
 
 def _down(doc: dict[str, Any], label: str) -> None:
+    """The line of a local ``down`` (cli/down.py print_down), from the document."""
     procs = (doc.get("processes") or []) + (doc.get("swept") or [])
     t = doc.get("timings") or {}
+    name, before = escape(str(doc.get("name"))), escape(str(doc.get("previous_state")))
     released = "released" if doc.get("memory_released") else "[red]NOT released[/]"
-    console().print(f"Unit {escape(str(doc.get('name')))} {'stopped' if doc.get('ok') else '[red]not fully stopped[/]'} "
-                    f"({escape(str(doc.get('previous_state')))} before): {len(procs)} processes in "
-                    f"{t.get('stop_s', 0):.2f} s; GPU memory {released}")
+    if not procs:
+        console().print(f"Unit {name} ({before}): no process left to stop; GPU memory {released} "
+                        f"({t.get('verify_s', 0):.2f} s)")
+        return
+    by = {s: sum(1 for p in procs if p.get("ended_by") == s) for s in ("SIGTERM", "SIGKILL")}
+    console().print(f"Unit {name} stopped ({before} before): {len(procs)} processes (SIGTERM {by['SIGTERM']}, "
+                    f"SIGKILL {by['SIGKILL']}) in {t.get('stop_s', 0):.2f} s; GPU memory {released} after "
+                    f"{t.get('verify_s', 0):.2f} s more")
 
 
 def _swap(doc: dict[str, Any], label: str) -> None:
-    if doc.get("down"):
+    """The lines of a local ``swap`` (cli/swap.py), from the document."""
+    from .swap import _LABELS
+
+    if isinstance(doc.get("down"), dict):
         _down(doc["down"], label)
     for key in ("up", "rollback"):
-        if doc.get(key):
+        if isinstance(doc.get(key), dict) and doc[key].get("ok"):
+            if key == "rollback":
+                console().print(f"Rolled back: {escape(str(doc.get('old')))} is serving again.")
             _up(doc[key], label)
     c = console()
-    for k, v in (doc.get("phases") or {}).items():
-        c.print(f"  {escape(k.removesuffix('_s')):<28} {v:8.3f} s")
-    c.print(f"  {'total':<28} {doc.get('total_s') or 0:8.3f} s")
+    phases = doc.get("phases") or {}
+    old, new = escape(str(doc.get("old"))), escape(str(doc.get("new")))
+    for key, text in _LABELS:
+        if isinstance(phases.get(key), (int, float)):
+            c.print(f"  {text.format(old=old, new=new):<28} {phases[key]:8.3f} s")
+    overhead = doc.get("overhead_s")
+    c.print(f"  {'total':<28} {doc.get('total_s') or 0:8.3f} s"
+            + (f"  (gpuslate overhead {overhead:.3f} s)" if isinstance(overhead, (int, float)) else ""))
 
 
 def _text(doc: dict[str, Any], label: str) -> None:
