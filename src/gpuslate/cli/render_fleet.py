@@ -7,12 +7,17 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from rich.markup import escape
 
 from .._parse import format_size
 from ..remote.fleet import FleetResult, HostOutcome
 from .fleet import exit_code_of
 from .render import console, one_line
+
+
+def _t(value: object) -> str:
+    """A string from another host, for a rich line: one line, markup-escaped, and (with
+    one_line) control characters shown as escapes, never sent to the terminal."""
+    return one_line(str(value), 400)
 
 
 def _schema_name(doc: dict[str, Any]) -> str:
@@ -74,7 +79,7 @@ def _ps(doc: dict[str, Any], label: str) -> None:
         t.add_column(col, no_wrap=True)
     for u in units:
         ttr = u.get("time_to_ready_s")
-        t.add_row(escape(str(u.get("name"))), escape(str(u.get("state"))), str(u.get("pid")),
+        t.add_row(_t(u.get("name")), _t(u.get("state")), str(u.get("pid")),
                   _duration(u.get("uptime_s")), str(u.get("port") or "-"), gpu_text(u.get("gpus") or []),
                   format_size(u["gpu_memory"]) if u.get("gpu_memory") is not None else "-",
                   f"{ttr:.2f}s" if isinstance(ttr, (int, float)) else "-")
@@ -86,27 +91,27 @@ def _up(doc: dict[str, Any], label: str) -> None:
     from .up import gpu_text
 
     c = console()
-    name = escape(str(doc.get("name")))
+    name = _t(doc.get("name"))
     if doc.get("ok"):
         port = doc.get("port")
         line = (f"Unit {name} ready in {doc.get('time_to_ready_s') or 0:.2f} s: pid {doc.get('pid')}, "
                 f"GPUs {gpu_text(doc.get('gpus') or [])}, port {port if port is not None else '-'}, "
-                f"{escape(str(doc.get('containment')))}")
+                f"{_t(doc.get('containment'))}")
         smoke = doc.get("smoke")
         if isinstance(smoke, dict) and isinstance(smoke.get("latency_s"), (int, float)):
             line += f", smoke completion {smoke['latency_s']:.3f} s"
         c.print(line)
         ready = doc.get("readiness") if isinstance(doc.get("readiness"), dict) else {}
-        c.print(f"  readiness: {escape(str(ready.get('kind')))} ({one_line(str(ready.get('detail')), 160)})")
-        c.print(f"  log: {escape(str(doc.get('log')))}")
+        c.print(f"  readiness: {_t(ready.get('kind'))} ({one_line(str(ready.get('detail')), 160)})")
+        c.print(f"  log: {_t(doc.get('log'))}")
         return
     tail = doc.get("log_tail") or []
     if tail:
-        c.print(f"--- last {len(tail)} lines of {escape(str(doc.get('log')))} ---")
+        c.print(f"--- last {len(tail)} lines of {_t(doc.get('log'))} ---")
         for line in tail:
             c.print(one_line(str(line), 200))
         c.print("---")
-    c.print(f"[red]unit {name} failed[/]: {escape(str(doc.get('failure')))}")
+    c.print(f"[red]unit {name} failed[/]: {_t(doc.get('failure'))}")
     teardown = doc.get("teardown")
     if isinstance(teardown, dict):
         c.print("stopped what it left running; " +
@@ -117,7 +122,7 @@ def _down(doc: dict[str, Any], label: str) -> None:
     """The line of a local ``down`` (cli/down.py print_down), from the document."""
     procs = (doc.get("processes") or []) + (doc.get("swept") or [])
     t = doc.get("timings") or {}
-    name, before = escape(str(doc.get("name"))), escape(str(doc.get("previous_state")))
+    name, before = _t(doc.get("name")), _t(doc.get("previous_state"))
     released = "released" if doc.get("memory_released") else "[red]NOT released[/]"
     if not procs:
         console().print(f"Unit {name} ({before}): no process left to stop; GPU memory {released} "
@@ -138,11 +143,11 @@ def _swap(doc: dict[str, Any], label: str) -> None:
     for key in ("up", "rollback"):
         if isinstance(doc.get(key), dict) and doc[key].get("ok"):
             if key == "rollback":
-                console().print(f"Rolled back: {escape(str(doc.get('old')))} is serving again.")
+                console().print(f"Rolled back: {_t(doc.get('old'))} is serving again.")
             _up(doc[key], label)
     c = console()
     phases = doc.get("phases") or {}
-    old, new = escape(str(doc.get("old"))), escape(str(doc.get("new")))
+    old, new = _t(doc.get("old")), _t(doc.get("new"))
     for key, text in _LABELS:
         if isinstance(phases.get(key), (int, float)):
             c.print(f"  {text.format(old=old, new=new):<28} {phases[key]:8.3f} s")
@@ -161,9 +166,9 @@ def _render_generic(doc: dict[str, Any], label: str) -> None:
     c = console()
     for k, v in doc.items():
         if isinstance(v, (str, int, float, bool)) or v is None:
-            c.print(f"  {escape(str(k))}: {one_line(str(v))}")
+            c.print(f"  {_t(k)}: {one_line(str(v))}")
         elif isinstance(v, (list, dict)):
-            c.print(f"  {escape(str(k))}: [dim]{len(v)} {'items' if isinstance(v, list) else 'fields'}[/]")
+            c.print(f"  {_t(k)}: [dim]{len(v)} {'items' if isinstance(v, list) else 'fields'}[/]")
 
 
 _RENDERERS: dict[str, Callable[[dict[str, Any], str], None]] = {
@@ -191,15 +196,15 @@ def print_plans(plans: FleetResult) -> int:
 
 
 def _heading(c: Any, o: HostOutcome) -> None:
-    c.print(f"[bold]── {escape(o.host.label)} ──[/]")
+    c.print(f"[bold]── {_t(o.host.label)} ──[/]")
 
 
 def _error(c: Any, o: HostOutcome) -> None:
     if o.error is None:
         return
-    c.print(f"[red]error ({escape(o.error.code)}):[/] {escape(o.error.message)}")
+    c.print(f"[red]error ({_t(o.error.code)}):[/] {_t(o.error.message)}")
     if o.error.hint:
-        c.print(f"[dim]hint: {escape(o.error.hint)}[/]")
+        c.print(f"[dim]hint: {_t(o.error.hint)}[/]")
 
 
 def print_fleet(result: FleetResult, command: str) -> None:
@@ -216,13 +221,13 @@ def print_fleet(result: FleetResult, command: str) -> None:
         for col in ("HOST", "RESULT", "EXIT", "TIME", "DETAIL"):
             t.add_column(col, no_wrap=col != "DETAIL", justify="right" if col in ("EXIT", "TIME") else "left")
         for o in result.hosts:
-            res = "[green]ok[/]" if o.ok else f"[red]{escape(o.error.code if o.error else 'failed')}[/]"
+            res = "[green]ok[/]" if o.ok else f"[red]{_t(o.error.code if o.error else 'failed')}[/]"
             detail = "" if o.error is None else one_line(o.error.message.removeprefix(f"{o.host.label}: "), 80)
             if o.ok and o.result is not None and o.result.get("source") == "nvidia-smi":
                 detail = "gpuslate missing: read-only view from nvidia-smi"
-            t.add_row(escape(o.host.label), res, str(exit_code_of(o)), f"{o.elapsed_s:.2f}s", detail)
+            t.add_row(_t(o.host.label), res, str(exit_code_of(o)), f"{o.elapsed_s:.2f}s", detail)
         ok = sum(o.ok for o in result.hosts)
         c.print()
         n = len(result.hosts)
-        c.print(f"[bold]{escape(command)}[/] on {n} host{'s' if n != 1 else ''}: {ok} ok, {n - ok} failed")
+        c.print(f"[bold]{_t(command)}[/] on {n} host{'s' if n != 1 else ''}: {ok} ok, {n - ok} failed")
         c.print(t)
