@@ -60,10 +60,8 @@ def status_renderable(snap: Snapshot, *, local: bool = True) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from rich.markup import escape
-
     head = Text.from_markup(
-        f"[bold]{escape(snap.host)}[/]  backend [cyan]{escape(snap.backend)}[/]  driver {escape(snap.driver_version or '-')}  "
+        f"[bold]{snap.host}[/]  backend [cyan]{snap.backend}[/]  driver {snap.driver_version or '-'}  "
         f"[dim]{time_label(snap.taken_at)}[/]"
     )
     # fits 80 columns: only the model name may be cut, never a number
@@ -76,12 +74,12 @@ def status_renderable(snap: Snapshot, *, local: bool = True) -> Any:
     for g in snap.gpus:
         r = g.reading
         gpus.add_row(
-            str(r.index), escape((r.name or "-").removeprefix("NVIDIA ")), _memory_cell(g),
+            str(r.index), (r.name or "-").removeprefix("NVIDIA "), _memory_cell(g),
             format_size(r.memory.reserved) if r.memory else "-",
             _na(r.utilization_pct, "{}%"), _na(r.temperature_c, "{}°C"),
             f"{_na(r.power_w, '{:.0f}')}/{_na(r.power_limit_w, '{:.0f}')}W",
-            escape(r.pstate or "-"),
-            f"[red]error: {escape(r.error)}[/]" if r.error else "",
+            r.pstate or "-",
+            f"[red]error: {r.error}[/]" if r.error else "",
         )
 
     procs = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
@@ -109,9 +107,9 @@ def status_renderable(snap: Snapshot, *, local: bool = True) -> Any:
             kind = f"[dim]{p.kind}[/]" if p.kind == "handle" else p.kind
             cmd = one_line(p.command) if p.visible else "[dim](exited, or not visible from this host's /proc)[/]"
             if p.container:
-                cmd = f"[magenta]container {escape(p.container)}[/] {cmd}"
+                cmd = f"[magenta]container {p.container}[/] {cmd}"
             procs.add_row(format_gpu_list(gl), f"{branch}{p.pid}", kind,
-                          format_size(p.used_memory) if p.used_memory is not None else "-", escape(p.user or "-"), cmd)
+                          format_size(p.used_memory) if p.used_memory is not None else "-", p.user or "-", cmd)
     any_proc = bool(rows)
     parts: list[Any] = [head, gpus, Text("")]
     parts.append(procs if any_proc else Text("No processes hold the selected GPUs.", style="green"))
