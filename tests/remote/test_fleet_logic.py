@@ -139,3 +139,25 @@ def test_status_from_nvidia_smi_csv():
 
     snap = snapshot(doc)  # renders like any status document
     assert snap.gpus[0].processes[0].used_memory == 2000 * 1024**2
+
+
+def test_control_dir_is_private(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from gpuslate.errors import PermissionDenied
+    from gpuslate.remote.ssh import control_dir
+
+    monkeypatch.setenv("GPUSLATE_SSH_CONTROL_DIR", str(tmp_path / "cm"))
+    d = control_dir()
+    assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setenv("GPUSLATE_SSH_CONTROL_DIR", str(tmp_path / "link"))
+    with pytest.raises(PermissionDenied, match="not a link"):
+        control_dir()  # never followed through a link
+    (tmp_path / "open").mkdir(mode=0o777)
+    os.chmod(tmp_path / "open", 0o777)
+    monkeypatch.setenv("GPUSLATE_SSH_CONTROL_DIR", str(tmp_path / "open"))
+    with pytest.raises(PermissionDenied):
+        control_dir()  # others could reach the sockets

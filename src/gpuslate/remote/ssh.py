@@ -22,6 +22,7 @@ from typing import NamedTuple, Sequence
 
 from ..errors import (GpuslateError, GpuslateMissing, HostAuthRefused, HostKeyChanged, HostTimedOut,
                       HostUnreachable, PermissionDenied)
+from ..host.state import _configured_dir
 from .hosts import HostSpec
 
 #: how long an idle shared connection stays open after the last command
@@ -58,11 +59,9 @@ def control_dir() -> Path:
     else ``$XDG_RUNTIME_DIR/gpuslate-ssh``, else ``<state dir>/ssh``, else (a path too
     long for a socket) ``/tmp/gpuslate-ssh-UID``. Created 0700; an existing one must be
     a real folder owned by this user and closed to others (never followed through a link)."""
-    from ..host.state import _configured_dir
-
     env = os.environ.get("GPUSLATE_SSH_CONTROL_DIR")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    candidates = [Path(env)] if env else []
+    candidates: list[Path] = []
     if runtime and os.path.isabs(runtime):
         candidates.append(Path(runtime) / "gpuslate-ssh")
     try:
@@ -70,7 +69,9 @@ def control_dir() -> Path:
     except GpuslateError:
         pass
     candidates.append(Path(f"/tmp/gpuslate-ssh-{os.geteuid()}"))
-    path = next((p for p in candidates if len(str(p)) <= _MAX_CONTROL_DIR), candidates[-1])
+    # an explicit folder is used as given; the defaults must leave room for the socket name
+    path = Path(env) if env else next((p for p in candidates if len(str(p)) <= _MAX_CONTROL_DIR),
+                                      candidates[-1])
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.mkdir(mode=0o700)
