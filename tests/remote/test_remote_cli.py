@@ -305,3 +305,16 @@ def test_progress_on_a_terminal(lab):
     text = err.decode()
     assert "hosts 2/2 done (1 failed), 0 pending" in text and "pending" not in out.decode()
     assert json.loads(out)["schema"] == "gpuslate.fleet.v1"
+
+
+def test_wait_and_log_through_host(lab, fleet, hold):
+    h = hold("--memory", "2GiB", "--gpus", "1", host=lab.hosts["h1"].sim)
+    r = fleet("-H", "h1", "-H", "h2", "wait", "--free", "--timeout", "0.3")
+    assert r.returncode == 7  # h1 is busy, h2 free
+    assert "GPUs 0,1,2,3 free after" in r.stdout and "GPU 1 not free" in r.stdout
+    assert fleet("-H", "h1", "clear", "--yes", "--grace", "1").returncode == 0
+    wait_for(lambda: is_gone(h.pid))
+    r = fleet("-H", "h1", "log", "--limit", "5")
+    assert r.returncode == 0 and "SIGTERM" in r.stdout and str(h.pid) in r.stdout
+    doc = _by_host(_doc(fleet("-H", "h1", "log", "--json")))["h1"]["result"]
+    assert doc["schema"] == "gpuslate.log.v1" and any(e["target"]["pid"] == h.pid for e in doc["entries"])
