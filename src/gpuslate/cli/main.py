@@ -9,7 +9,8 @@ from typing import Sequence
 
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_status_for
-from .fleet import add_fleet_help, split_fleet_options
+from . import fleet as fleet_cli
+from ..errors import UsageError
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
@@ -67,7 +68,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"gpuslate {__version__}")
     add_common(parser, top=True)
-    add_fleet_help(parser)
+    fleet_cli.add_fleet_help(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = _chosen_command(argv) if argv is not None else None
     modules = [COMMANDS[chosen]] if chosen else list(dict.fromkeys(COMMANDS.values()))
@@ -78,20 +79,18 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        fleet, argv = split_fleet_options(argv)
-    except Exception as exc:  # a malformed --host/--parallel...: nothing was contacted
-        print_error(exc, exit_status_for(exc), "--json" in argv)
-        return exit_status_for(exc)
+    try:  # -H/--host, --hosts, --group...: taken off here, wherever they are (see cli/fleet.py)
+        fleet, argv = fleet_cli.split_fleet_options(argv)
+    except UsageError as exc:  # a malformed --parallel, a missing value: nothing was contacted
+        print_error(exc, ExitStatus.USAGE, "--json" in argv)
+        return ExitStatus.USAGE
     parser = build_parser(argv)
     args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE
     try:
-        if fleet is not None:
-            from . import fleet as fleet_cli
-
+        if fleet is not None:  # the same command on every selected host
             return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
         return int(args.handler(args))
     except KeyboardInterrupt as exc:
