@@ -161,3 +161,26 @@ def test_control_dir_is_private(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSLATE_SSH_CONTROL_DIR", str(tmp_path / "open"))
     with pytest.raises(PermissionDenied):
         control_dir()  # others could reach the sockets
+
+
+@given(st.lists(st.sampled_from(["status", "clear", "--json", "--gpus", "0-3", "--yes", "-n", "5", "x"]),
+                max_size=8),
+       st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["-H", "--host", "--hosts", "--group"]),
+                          st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True)), max_size=4),
+       st.booleans())
+def test_split_fleet_options_takes_only_its_own(words, options, joined):
+    """Wherever the fleet options are put (before ``--``), they come off, the rest stays in order."""
+    argv = list(words)
+    for pos, opt, value in sorted(options, reverse=True):
+        at = min(pos, len(words))  # a boundary between the original words: pairs stay whole
+        argv[at:at] = [f"{opt}={value}"] if joined else [opt, value]
+    try:
+        fleet, rest = split_fleet_options(argv)
+    except errors.UsageError:  # --group without any host: refused, never guessed
+        assert all(o == "--group" for _, o, _ in options) and options
+        return
+    assert rest == words
+    hosts = [v for _, o, v in sorted(options, reverse=True) if o in ("-H", "--host")]
+    assert (fleet is None) == (not hosts and not any(o == "--hosts" for _, o, _ in options))
+    if fleet is not None:
+        assert sorted(fleet.hosts) == sorted(hosts)

@@ -62,7 +62,8 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
         if arg == "--":
             rest += argv[i:]
             break
-        name, eq, value = arg.partition("=") if arg.startswith("--") else (arg[:2], "", arg[2:])
+        # --name=VALUE, -H=VALUE, -HVALUE, or the value in the next word (as argparse reads them)
+        name, eq, value = arg.partition("=") if arg.startswith("--") or arg[2:3] == "=" else (arg[:2], "", arg[2:])
         if name == "--host" and any(words[j:j + 2] == ["sim", "serve"] for j in range(len(words))):
             rest.append(arg)
             continue
@@ -72,7 +73,7 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
         if name in _VALUED and (eq or value or arg == name):
             if not (eq or value):
                 nxt = next(it, None)
-                if nxt is None:
+                if nxt is None or nxt[1].startswith("-"):
                     raise UsageError(f"option {arg} needs a value")
                 value = nxt[1]
             key = _VALUED[name]
