@@ -200,9 +200,11 @@ def test_environment_values_arrive_verbatim(lab, fleet, tmp_path):
 def test_hostile_host_options_are_refused_before_any_ssh(lab, fleet, tmp_path):
     marker = tmp_path / "injected"
     for spec in (f"-oProxyCommand=touch {marker}", f"h1;touch {marker}", "h1 h2", "user@@h1", "[::1"):
-        r = fleet("--host", spec, "status")
-        assert r.returncode == 2 and "invalid" in r.stderr, (spec, r.stderr)
-        assert r.stderr.count("\n") <= 2 and not marker.exists()
+        for args in (("--host", spec), (f"--host={spec}",)):
+            r = fleet(*args, "status")
+            assert r.returncode == 2 and ("invalid" in r.stderr or "needs a value" in r.stderr), (spec, r.stderr)
+            assert r.stderr.count("\n") <= 2 and not marker.exists()
+    assert "invalid host" in fleet(f"--host=-oProxyCommand=touch {marker}", "status").stderr
     r = fleet("-H", "h1", "clear", "--gpus", "x-y")  # bad local input: exit 2, no host contacted
     assert r.returncode == 2 and "h1" not in r.stdout
 
