@@ -58,3 +58,14 @@ def fleet_exit_code(codes: list[int]) -> int:
     if len(failed) < len(codes) or len(set(failed)) > 1:
         return ExitStatus.PARTIAL
     return failed[0]
+
+
+def exit_status_for_clear(status: object) -> ExitStatus:
+    """The exit status of a finished ``clear`` (its result, not an exception)."""
+    from ..slate.clear import ClearStatus  # only `clear` pays for importing it
+
+    return {
+        ClearStatus.CLEAN: ExitStatus.OK, ClearStatus.DRY_RUN: ExitStatus.OK,
+        ClearStatus.TIMEOUT: ExitStatus.TIMEOUT, ClearStatus.HELD_BY_OTHERS: ExitStatus.TIMEOUT,
+        ClearStatus.PERMISSION_DENIED: ExitStatus.PERMISSION_DENIED,
+    }[status]  # type: ignore[index]

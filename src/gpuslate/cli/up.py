@@ -126,15 +126,16 @@ def print_up(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import resolve, up
-    from ..units import store
+    from ..units import Unit, resolve, up
+    from ..units.interrupts import sigterm_interrupts
 
     command = list(args.command)
-    prev = store.load(args.name)
+    prev = Unit.load(args.name)
     spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
-                   previous=prev.spec if prev else None)
-    result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
-                on_event=note)
+                   previous=prev.spec.to_json() if prev and prev.spec else None)
+    with sigterm_interrupts():  # a SIGTERM cleans up like Ctrl-C (exit 130)
+        result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
+                    on_event=note)
     if args.json:
         print_json(result.to_json())
     elif result.ok:

@@ -51,6 +51,9 @@ class UnitSpec:
     stop_timeout: float = 60.0  # stopping, including the GPU memory release
     cwd: str | None = None
     containment: str = "auto"
+    # weight files to read into the page cache before a swap stops the old unit;
+    # None: detected from the command (--model-path, --model, a model folder); []: none
+    prefetch: list[str] | None = None
 
     @property
     def readiness(self) -> tuple[str, str]:
@@ -111,7 +114,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
     "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
-    "containment": (str,),
+    "containment": (str,), "prefetch": (list,),
 }
 
 
@@ -172,6 +175,8 @@ def _normalize(table: dict[str, Any], path: Path) -> dict[str, Any]:
         raise UsageError("command must be a string or a list of strings")
     if "gpus" in t:
         t["gpus"] = parse_gpu_list(",".join(map(str, t["gpus"])) if isinstance(t["gpus"], list) else str(t["gpus"]))
+    if "prefetch" in t and not all(isinstance(p, str) for p in t["prefetch"]):
+        raise UsageError("prefetch must be a list of paths (strings)")
     if "env" in t:
         t["env"] = {str(k): str(v) for k, v in t["env"].items()}
     if "cwd" in t:  # relative to the file, not to wherever gpuslate runs
@@ -199,13 +204,15 @@ def _line_of(text: str, unit: str | None, key: str | None) -> int:
 
 def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list[str] | None = None,
             config: str | os.PathLike[str] | None = None, previous: dict[str, Any] | None = None) -> UnitSpec:
-    """The spec of unit ``name``: the config file's table (else ``previous``, the spec it last ran
-    with), then ``overrides`` (options given, not None), then ``command`` if given."""
+    """The spec of unit ``name``: the config file's table (else, when no ``command`` is given,
+    ``previous``, the spec it last ran with), then ``overrides`` (options given, not None), then
+    ``command`` if given. A new command never inherits the last run's options (its readiness
+    check belonged to the old command)."""
     path = find_config(config)
     base: dict[str, Any] | None = None
     if path is not None:
         base = load_config(path).get(name)
-    if base is None and previous is not None:
+    if base is None and previous is not None and not command:
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:
         where = f"in {path}" if path else f"no {CONFIG_NAME} here"
