@@ -21,7 +21,7 @@ from ..host.snapshot import GpuState, HolderProcess, Snapshot
 from ..proc.procfs import ProcessId
 from ..proc.terminate import SignalRecord, Victim, VictimResult
 from ..slate.clear import ClearResult, Respawn
-from ..slate.plan import Plan, Spared, Target
+from ..slate.plan import Plan, Selection, Spared, Target
 from ..slate.wait import GpuDiagnosis, Problem
 
 R = TypeVar("R")
@@ -105,8 +105,11 @@ def clear_result(d: dict[str, Any]) -> ClearResult:
         results.append(r)
     started = parse_iso_time(d.get("started_at"))
     before = Snapshot(d.get("host") or "?", d.get("backend") or "?", None, started, [], [], [])
-    plan = record(Plan, {"gpus": d.get("gpus") or [], "targets": targets,
-                         "spared": [record(Spared, s) for s in d.get("spared") or []], "before": before})
+    # what was selected is not in the document, only what it meant for verification
+    selection = Selection(match="" if d.get("verify") == "released" else None)
+    plan = record(Plan, {"gpus": d.get("gpus") or [], "targets": targets, "selection": selection,
+                         "spared": [record(Spared, s) for s in d.get("spared") or []], "before": before,
+                         "known": frozenset()})
     return record(ClearResult, {
         **d, "host": d.get("host") or "?", "backend": d.get("backend") or "?", "plan": plan, "results": results,
         "before": [_reading(m) for m in d.get("before") or []], "after": [_reading(m) for m in d.get("after") or []],
