@@ -33,17 +33,14 @@ def render_document(doc: dict[str, Any], label: str) -> None:
 
 def _status(doc: dict[str, Any], label: str) -> None:
     from ..remote.documents import snapshot
-    from .render import status_renderable
+    from .render_status import print_status
 
     snap = snapshot(doc)
     # the heading names the host as it was asked for; nvidia-smi documents say so
     host = label if snap.host in (label, "?") else f"{label} ({snap.host})"
     if doc.get("source") == "nvidia-smi":
         host += " (from nvidia-smi: gpuslate is not installed there)"
-    # the heading is markup: what the host sent is escaped here
-    snap = snap._replace(host=_t(host), backend=_t(snap.backend),
-                         driver_version=_t(snap.driver_version) if snap.driver_version else None)
-    console().print(status_renderable(snap, local=False))
+    print_status(snap._replace(host=host), local=False)
 
 
 def _clear(doc: dict[str, Any], label: str) -> None:
