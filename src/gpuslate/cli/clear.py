@@ -90,11 +90,16 @@ def run_wait(args: argparse.Namespace) -> int:
     result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, backend=backend_for(args))
     if args.json:
         print_json(result.to_json())
-    elif result.ok:
-        print(f"GPUs {','.join(map(str, result.gpus))} free after {result.elapsed_s:.3f} s")
     else:
-        from .render_clear import print_diagnosis
-
-        print(f"GPUs not free after {result.elapsed_s:.1f} s:")
-        print_diagnosis(result.diagnosis)
+        print_wait(result.ok, result.gpus, result.elapsed_s, result.diagnosis)
     return 0 if result.ok else 4
+
+
+def print_wait(ok: bool, gpus: list[int], elapsed_s: float, diagnosis: list) -> None:  # type: ignore[type-arg]
+    if ok:
+        print(f"GPUs {','.join(map(str, gpus))} free after {elapsed_s:.3f} s")
+        return
+    from .render_clear import print_diagnosis
+
+    print(f"GPUs not free after {elapsed_s:.1f} s:")
+    print_diagnosis(diagnosis)

@@ -10,6 +10,8 @@ from typing import Sequence
 
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_status_for
+from . import fleet as fleet_cli
+from ..errors import UsageError
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
@@ -71,6 +73,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"gpuslate {__version__}")
     add_common(parser, top=True)
+    fleet_cli.add_fleet_help(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = _chosen_command(argv) if argv is not None else None
     modules = [COMMANDS[chosen]] if chosen else list(dict.fromkeys(COMMANDS.values()))
@@ -85,16 +88,23 @@ _EARLY_NVML = frozenset({"status", "clear", "wait"})
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if _chosen_command(argv) in _EARLY_NVML and not _sim_given(argv) and "-h" not in argv and "--help" not in argv:
+    try:  # -H/--host, --hosts, --group...: taken off here, wherever they are (see cli/fleet.py)
+        fleet, argv = fleet_cli.split_fleet_options(argv)
+    except UsageError as exc:  # a malformed --parallel, a missing value: nothing was contacted
+        print_error(exc, ExitStatus.USAGE, "--json" in argv)
+        return ExitStatus.USAGE
+    if fleet is None and _chosen_command(argv) in _EARLY_NVML and not _sim_given(argv) and "-h" not in argv and "--help" not in argv:
         from ..gpu.nvml import start_early_init
 
         start_early_init()  # the driver initialises while the command's modules import
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE
     try:
+        if fleet is not None:  # the same command on every selected host
+            return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
         return int(args.handler(args))
     except KeyboardInterrupt as exc:
         print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)

@@ -32,9 +32,11 @@ def _memory_cell(g: GpuState) -> Cell:
     return Cell(f"{format_size(m.used)}/{format_size(m.total)}", (color,))
 
 
-def _launcher_label(root_pid: int, members: list[HolderProcess]) -> str:
+def _launcher_label(root_pid: int, members: list[HolderProcess], local: bool) -> str:
     if any(p.pid == root_pid for p in members):
         return ""
+    if not local:  # another host's launcher: this host's /proc knows nothing of it
+        return "(holds no GPU itself)"
     info = read_info(root_pid)
     return f"{clean(info.user)}  {cut(clean(info.command), COMMAND_LIMIT)}" if info else "(exited)"
 
@@ -57,7 +59,7 @@ def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
     return rows
 
 
-def _process_rows(snap: Snapshot) -> list[list[Cell]]:
+def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
     """One row per process (its GPUs together), grouped under the job's launcher."""
     jobs: dict[int, dict[int, tuple[HolderProcess, list[int]]]] = {}
     for g in snap.gpus:
@@ -72,7 +74,7 @@ def _process_rows(snap: Snapshot) -> list[list[Cell]]:
                 job[p.pid] = (p, [g.index])
     rows: list[list[Cell]] = []
     for root, members in jobs.items():
-        label = _launcher_label(root, [m for m, _ in members.values()])
+        label = _launcher_label(root, [m for m, _ in members.values()], local)
         if label:
             rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(""),
                          Cell(label, ("dim",))])
@@ -90,13 +92,14 @@ def _process_rows(snap: Snapshot) -> list[list[Cell]]:
     return rows
 
 
-def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]:
+def status_lines(snap: Snapshot, *, color: bool, width: int | None, local: bool = True) -> list[str]:
     """The table: a head line, the GPUs (only the model name may be cut, never a number),
-    the processes under their launchers (only the command may be cut), host-level holders, warnings."""
-    head = (f"{paint(clean(snap.host), ('bold',), color)}  backend {paint(snap.backend, ('cyan',), color)}  "
+    the processes under their launchers (only the command may be cut), host-level holders, warnings.
+    ``local=False``: another host's snapshot (``--host``): nothing is read from this host's /proc."""
+    head = (f"{paint(clean(snap.host), ('bold',), color)}  backend {paint(clean(snap.backend), ('cyan',), color)}  "
             f"driver {clean(snap.driver_version) or '-'}  {paint(time_label(snap.taken_at), ('dim',), color)}")
     lines = [head, *table(_GPU_COLUMNS, _gpu_rows(snap), color=color, width=width, shrink=1), ""]
-    procs = _process_rows(snap)
+    procs = _process_rows(snap, local)
     if procs:
         lines += table(_PROC_COLUMNS, procs, color=color, width=width, shrink=5)
     else:
@@ -112,9 +115,9 @@ def time_label(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
-def print_status(snap: Snapshot, out: IO[str] | None = None, *, redraw: bool = False) -> None:
+def print_status(snap: Snapshot, out: IO[str] | None = None, *, redraw: bool = False, local: bool = True) -> None:
     """Print the table; ``redraw`` (``--watch`` on a terminal) first clears the screen."""
     out = out or sys.stdout
-    text = "\n".join(status_lines(snap, color=use_color(out), width=width_of(out))) + "\n"
+    text = "\n".join(status_lines(snap, color=use_color(out), width=width_of(out), local=local)) + "\n"
     out.write(("\x1b[H\x1b[2J" + text) if redraw and out.isatty() else text)
     out.flush()

@@ -133,7 +133,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
         gpus = resolve_gpus(be, spec.gpus)
         limit = default_max_used(be) if max_used is None else max_used
         if spec.port is not None:
-            check_port(spec.host, spec.port, for_unit=spec.name)
+            check_port(spec.ready_host, spec.port, for_unit=spec.name)
         cleared = None
         if clear_first:
             cleared = clear(gpus, grace=spec.grace, timeout=spec.stop_timeout, max_used=limit, backend=be,

@@ -40,7 +40,7 @@ class UnitSpec:
     env: dict[str, str] = field(default_factory=dict)
     gpus: list[int] | None = None  # None: every GPU (CUDA_VISIBLE_DEVICES left as it is)
     port: int | None = None
-    host: str = "127.0.0.1"
+    ready_host: str = "127.0.0.1"  # the address readiness checks use
     engine: str | None = None
     ready_url: str | None = None
     ready_log: str | None = None
@@ -64,12 +64,12 @@ class UnitSpec:
             return "http", self.url(self.ready_url)
         if self.engine:
             return self.engine, self.url("/health_generate" if self.engine == "sglang" else "/health")
-        return "tcp", f"{self.host}:{self.port}"
+        return "tcp", f"{self.ready_host}:{self.port}"
 
     def url(self, path: str) -> str:
         if "://" in path:
             return path
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = f"[{self.ready_host}]" if ":" in self.ready_host else self.ready_host
         return f"http://{host}:{self.port}{path if path.startswith('/') else '/' + path}"
 
     def validate(self) -> UnitSpec:
@@ -111,7 +111,7 @@ class UnitSpec:
 # -- gpuslate.toml ----------------------------------------------------------------
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "host": (str,),
+    "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
     "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
     "containment": (str,), "prefetch": (list,),

@@ -111,7 +111,7 @@ def _strs(v: Any) -> bool:
 _SPEC_CHECKS: dict[str, Callable[[Any], bool]] = {
     "name": _str, "command": lambda v: _strs(v) and bool(v),
     "env": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
-    "gpus": _opt(lambda v: isinstance(v, list) and all(_int(g) for g in v)), "port": _opt(_int), "host": _str,
+    "gpus": _opt(lambda v: isinstance(v, list) and all(_int(g) for g in v)), "port": _opt(_int), "ready_host": _str,
     "engine": _opt(_str), "ready_url": _opt(_str), "ready_log": _opt(_str), "smoke": lambda v: isinstance(v, bool),
     "model": _opt(_str), "start_timeout": _num, "grace": _num, "stop_timeout": _num, "cwd": _opt(_str),
     "containment": _str,
