@@ -273,7 +273,7 @@ class _Client:
         except asyncio.TimeoutError:
             rec.error = f"timeout after {self.plan.timeout_s:g} s"
         except aiohttp.ClientConnectorError as exc:
-            rec.error = _short(f"cannot connect: {exc.os_error.strerror or exc}")
+            rec.error = _short(f"cannot connect: {_connect_failure(exc)}")
         except aiohttp.ServerDisconnectedError:
             rec.error = "server disconnected"
         except aiohttp.ClientPayloadError as exc:
@@ -360,7 +360,7 @@ async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str |
     try:
         status, doc = await _get_json(session, base + "/v1/models")
     except (aiohttp.ClientConnectorError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError) as exc:
-        why = exc.os_error.strerror if isinstance(exc, aiohttp.ClientConnectorError) else (
+        why = _connect_failure(exc) if isinstance(exc, aiohttp.ClientConnectorError) else (
             "no answer within {:g} s".format(PROBE_TIMEOUT_S) if isinstance(exc, asyncio.TimeoutError)
             else "disconnected")
         raise ServerFailed(f"cannot reach the server at {base}: {why}",
@@ -378,6 +378,12 @@ async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str |
         raise ServerFailed(f"the server at {base} lists no model on GET /v1/models (HTTP {status})",
                            hint="name one with --model")
     return data[0]["id"]
+
+
+def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    if isinstance(exc.os_error, ConnectionRefusedError):
+        return "connection refused"
+    return exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
 
 
 async def _server_facts(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:

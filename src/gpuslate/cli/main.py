@@ -14,6 +14,7 @@ from .exits import ExitStatus, exit_status_for
 COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
     "logs": "logs", "swap": "swap", "log": "log", "sim": "sim",
+    "bench": "bench",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 
