@@ -15,6 +15,8 @@ COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
     "logs": "logs", "swap": "swap", "log": "log", "sim": "sim",
     "bench": "bench",
+    "experiment": "experiment",
+    "demo": "demo",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 
