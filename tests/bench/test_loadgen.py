@@ -1,0 +1,192 @@
+"""The load generator against the real simulated server (`gpuslate sim serve` as a subprocess).
+
+The server's performance model (gpuslate.sim.perfmodel) and its own token
+counters are the reference: what `bench` measures must agree with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuslate.bench import LoadPlan, Progress, run_bench, run_bench_async
+from gpuslate.errors import ServerFailed, UsageError
+from gpuslate.sim.perfmodel import PerfParams, throughput
+from simproc import sim_serve
+
+pytestmark = pytest.mark.timeout(90)
+
+# At time scale 4 the fixed HTTP turnaround (not scaled) stays ~1% of a request's time.
+SCALE = 4.0
+IN, OUT = 32, 128
+
+
+def modelled(c: int, mode: str = "baseline", **kw: object) -> float:
+    return throughput(mode, c, PerfParams(), prompt_tokens=IN, output_tokens=OUT, **kw) * SCALE  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_throughput_and_tokens_agree_with_the_server(api: str) -> None:
+    with sim_serve("--time-scale", str(SCALE)) as sim:
+        seen: list[Progress] = []
+        # requests == concurrency: every request runs the whole level in a full batch,
+        # the steady state the closed form describes.
+        plans = [LoadPlan(concurrency=(c,), requests=c, api=api, input_len=IN, output_len=OUT,
+                          warmup=2 if c == 1 else 0) for c in (1, 4, 16)]
+        for p in plans:
+            before = sim.counters()
+            result = run_bench(sim.url, p, on_progress=seen.append)
+            after = sim.counters()
+            (lv,) = result.levels
+            c = p.concurrency[0]
+            assert lv.completed == c and lv.failed == 0 and not lv.errors
+            # the server's own counts, warm-up included on both sides
+            generated = after["total_generated_tokens"] - before["total_generated_tokens"]
+            assert lv.output_tokens == c * OUT == generated - p.warmup * OUT
+            assert lv.input_tokens == c * IN
+            assert not lv.tokens_estimated
+            expected = modelled(c)
+            assert abs(lv.output_token_throughput / expected - 1) < 0.05, (c, lv.output_token_throughput, expected)
+            assert lv.total_token_throughput == pytest.approx(lv.output_token_throughput * (IN + OUT) / OUT)
+            assert lv.achieved_concurrency == pytest.approx(c, rel=0.05)
+            # TPOT at a full batch is the (scaled) step time
+            step_ms = (3.5 + 1.28 * c) / SCALE
+            assert lv.tpot_ms.mean == pytest.approx(step_ms, rel=0.15)
+            assert lv.accept_length is None  # baseline: no speculative steps
+            assert result.server["engine"] == "gpuslate-sim" and result.model == "sim-model"
+        assert seen[-1].done == 16 and seen[-1].total == 16
+        assert any(p.warmup for p in seen)
+
+
+def test_request_rate_poisson_with_max_concurrency() -> None:
+    with sim_serve("--time-scale", "50") as sim:
+        plan = LoadPlan(request_rate=200.0, max_concurrency=4, requests=60, input_len=8, output_len=16, seed=3)
+        result = run_bench(sim.url, plan)
+        (lv,) = result.levels
+        assert lv.completed == 60 and lv.failed == 0
+        assert lv.concurrency is None and lv.request_rate == 200.0 and lv.max_concurrency == 4
+        assert lv.achieved_concurrency <= 4.0 + 1e-9
+        # 60 Poisson arrivals at 200/s take about 0.3 s (gamma-distributed; wide bounds)
+        assert 0.1 < lv.duration_s < 2.0
+        assert sim.counters()["requests_finished"] == 60
+
+
+def test_server_without_streamed_usage_counts_chunks_and_says_so() -> None:
+    with sim_serve("--time-scale", "50", "--no-stream-usage") as sim:
+        for api in ("completions", "chat"):
+            result = run_bench(sim.url, LoadPlan(concurrency=(3,), requests=6, api=api, input_len=16, output_len=20))
+            (lv,) = result.levels
+            assert lv.completed == 6 and lv.tokens_estimated
+            # baseline steps stream one token per chunk, so the estimate is exact here
+            assert lv.output_tokens == 6 * 20
+            assert lv.input_tokens == 6 * 16  # the prompts' intended length
+
+
+def test_failures_are_counted_and_grouped_not_crashed_on() -> None:
+    with sim_serve("--time-scale", "50", "--context-length", "100") as sim:
+        # over the context length: every request gets vLLM's 400
+        too_long = run_bench(sim.url, LoadPlan(concurrency=(2,), requests=4, input_len=60, output_len=60))
+        (lv,) = too_long.levels
+        assert lv.completed == 0 and lv.failed == 4 and not too_long.ok
+        ((message, count),) = lv.errors.items()
+        assert count == 4 and message.startswith("HTTP 400: This model's maximum context length is 100")
+        assert lv.ttft_ms.mean is None and lv.output_token_throughput == 0.0
+        # an unknown model: 404 model_not_found, as vLLM answers
+        unknown = run_bench(sim.url, LoadPlan(concurrency=(1,), requests=2, model="nope", output_len=4, input_len=4))
+        assert unknown.levels[0].errors == {"HTTP 404: The model `nope` does not exist.": 2}
+
+
+def test_timeouts_are_failures_and_the_server_logs_no_traceback() -> None:
+    # at time scale 100 a hang-up used to print aiohttp's "Cannot write to closing transport"
+    with sim_serve("--time-scale", "100") as sim:
+        plan = LoadPlan(concurrency=(32,), requests=96, input_len=8, output_len=4000, timeout_s=0.05)
+        result = run_bench(sim.url, plan)
+        (lv,) = result.levels
+        assert lv.failed == 96 and lv.errors == {"timeout after 0.05 s": 96}
+        # the hung-up requests were aborted: the batch empties
+        deadline = time.monotonic() + 10
+        while sim.counters()["running"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim.counters()["running"] == 0
+        log = sim.stop()
+    assert "Traceback" not in log and "closing transport" not in log, log
+
+
+def test_mixed_success_and_failure_in_one_level() -> None:
+    with sim_serve("--time-scale", "50", "--context-length", "200") as sim:
+        data = Path(sim.url.replace(":", "_").replace("/", "_") + ".jsonl")
+        try:
+            data.write_text("\n".join([json.dumps({"prompt": "a" * 40, "output_len": 10}),
+                                       json.dumps({"prompt": "b" * 800, "output_len": 10})]) + "\n")
+            result = run_bench(sim.url, LoadPlan(concurrency=(1,), requests=4, dataset=str(data)))
+        finally:
+            data.unlink()
+        (lv,) = result.levels
+        assert lv.completed == 2 and lv.failed == 2 and not result.ok
+        assert lv.output_tokens == 20 and lv.input_tokens == 20
+
+
+def test_speculative_acceptance_length_per_level() -> None:
+    with sim_serve("--time-scale", "20", "--mode", "speculative") as sim:
+        plan = LoadPlan(concurrency=(1, 2), requests=4, input_len=8, output_len=61)
+        for lv in run_bench(sim.url, plan).levels:
+            # 61 tokens at 3 per step: 20 steps of 3 and one cut to 1 -> 61/21, level by level
+            assert lv.accept_length == pytest.approx(61 / 21, abs=1e-3)
+    with sim_serve("--time-scale", "20", "--mode", "speculative", "--spec-disable-threshold", "0") as sim:
+        result = run_bench(sim.url, LoadPlan(concurrency=(2,), requests=2, input_len=8, output_len=10))
+        # speculation switched off: no speculative step, nothing to report
+        assert result.levels[0].accept_length is None
+        assert result.server["mode"] == "speculative" and result.server["spec_disable_threshold"] == 0
+
+
+def test_duration_bounds_a_level() -> None:
+    with sim_serve("--time-scale", "50") as sim:
+        result = run_bench(sim.url, LoadPlan(concurrency=(2,), requests=None, duration_s=0.5,
+                                             input_len=8, output_len=32))
+        (lv,) = result.levels
+        assert lv.completed >= 4 and lv.failed == 0
+        assert 0.5 <= lv.duration_s < 1.5
+
+
+def test_stop_event_keeps_finished_requests() -> None:
+    with sim_serve("--time-scale", "20") as sim:
+        async def go() -> object:
+            stop = asyncio.Event()
+
+            def progress(p: Progress) -> None:
+                if p.done >= 3:
+                    stop.set()
+
+            return await run_bench_async(sim.url, LoadPlan(concurrency=(2, 4), requests=1000, input_len=8,
+                                                           output_len=20), on_progress=progress, stop=stop)
+
+        result = asyncio.run(go())
+        assert result.interrupted and not result.ok  # type: ignore[attr-defined]
+        (lv,) = result.levels  # type: ignore[attr-defined]
+        assert lv.interrupted and 3 <= lv.completed < 1000 and lv.failed == 0
+        assert result.to_json()["interrupted"] is True  # type: ignore[attr-defined]
+
+
+def test_bad_plan_sends_nothing() -> None:
+    with sim_serve("--time-scale", "50") as sim:
+        for plan in (LoadPlan(concurrency=()), LoadPlan(concurrency=(0,)), LoadPlan(requests=0),
+                     LoadPlan(request_rate=float("nan")), LoadPlan(output_len=0),
+                     LoadPlan(requests=None), LoadPlan(dataset="/nonexistent/prompts.jsonl")):
+            with pytest.raises(UsageError):
+                run_bench(sim.url, plan)
+        with pytest.raises(UsageError):
+            run_bench("ftp://127.0.0.1/", LoadPlan())
+        assert sim.counters()["requests_submitted"] == 0
+
+
+def test_unreachable_server_is_a_clear_server_failure() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connection refused
+        with pytest.raises(ServerFailed, match="cannot reach the server at .*connection refused"):
+            run_bench(f"http://127.0.0.1:{port}", LoadPlan(requests=1))
