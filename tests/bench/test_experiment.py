@@ -1,0 +1,108 @@
+"""experiment run/report against real simulated servers swapped as units on a simulated host:
+points written as they finish, a real SIGINT midway then --resume gives the same summary as an
+uninterrupted run, the recommendation finds the crossover the performance model implies."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import jsonschema  # noqa: F401  (the test extra; summary shape is checked by hand below)
+import pytest
+
+from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
+from gpuslate.sim.perfmodel import throughput
+from helpers import wait_for
+
+
+@pytest.fixture
+def exp_host(sim_host, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    yield sim_host
+    kill_leftovers(sim_host, [tmp_path / "state"])
+
+
+def implied_threshold() -> int:
+    return max(c for c in LEVELS if throughput("speculative", c) > throughput("baseline", c))
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", free_port())
+    full = cli("experiment", "run", str(spec), "--out", str(tmp_path / "full"), "--json", timeout=110)
+    assert full.returncode == 0, full.stderr
+    whole = json.loads(full.stdout)
+    assert whole["schema"] == "gpuslate.experiment.v1" and whole["complete"]
+    assert whole["run"]["points_run"] == 2 * len(LEVELS) * 2 and whole["run"]["points_skipped"] == 0
+    assert [t["action"] for t in whole["run"]["transitions"]] == ["up", "swap", "down"]
+    assert all(t["ok"] for t in whole["run"]["transitions"])
+    # the crossover the performance model implies (between 1 and 2 with the defaults)
+    rec = whole["recommendation"]
+    assert rec["decision"] == "disable_above" and rec["threshold"] == implied_threshold() == 1, rec
+    assert rec["crossover"] == [1, 2]
+    assert rec["engines"]["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3],
+                                                                                                   [2, 4, 0]]
+    assert not exp_host.held()  # the last deployment was stopped and its memory released
+
+    out = tmp_path / "part"
+    proc = popen_cli("experiment", "run", str(spec), "--out", str(out))
+    # interrupt inside the second deployment's sweep: the first one's points are all written
+    wait_for(lambda: len(list((out / "points").glob("speculative__*.json"))) >= 1, timeout=60, interval=0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err and "--resume" in err
+    assert not exp_host.held()  # the running deployment was stopped, memory verified released
+    kept = len(list((out / "points").glob("*.json")))
+    assert len(LEVELS) * 2 < kept < 2 * len(LEVELS) * 2
+    assert not list((out / "points").glob(".*"))  # no half-written point
+
+    again = cli("experiment", "run", str(spec), "--out", str(out), "--json", "--resume", timeout=110)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads(again.stdout)
+    assert resumed["run"]["points_skipped"] == kept
+    assert resumed["run"]["points_run"] == 2 * len(LEVELS) * 2 - kept
+    assert [t["action"] for t in resumed["run"]["transitions"]] == ["up", "down"]  # baseline not redone
+    assert deterministic(resumed) == deterministic(whole)
+
+    # the report alone gives the same summary, and its files are there
+    rep = cli("experiment", "report", str(out), "--json")
+    assert rep.returncode == 0, rep.stderr
+    assert deterministic(json.loads(rep.stdout)) == deterministic(whole)
+    for name in ("report.md", "summary.json", "summary.csv", "throughput_vs_concurrency.png"):
+        assert (out / name).is_file(), name
+    assert (out / "report.md").read_text().count("### Concurrency") == len(LEVELS)
+    assert len((out / "summary.csv").read_text().splitlines()) == 1 + 2 * len(LEVELS)
+    point = json.loads((out / "points" / "baseline__c00001__r00.json").read_text())
+    assert point["command"][-2:] == ["--time-scale", "10"] and point["gpuslate_version"]
+    assert point["engine"]["engine"] == "gpuslate-sim"
+    assert len(point["gpu_state_before"]["gpus"]) == 8
+    assert all(len(g["processes"]) == 1 for g in point["gpu_state_before"]["gpus"])  # the server's workers
+
+
+def test_resume_refuses_another_spec_and_existing_dir(exp_host, cli, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "x").write_text("mine")
+    r = cli("experiment", "run", str(spec), "--out", str(out))
+    assert r.returncode == 2 and "not an experiment folder" in r.stderr
+    assert not exp_host.held()
+    (out / "x").unlink()
+    (out / "experiment.json").write_text(json.dumps({"identity": {"other": 1}}))
+    r = cli("experiment", "run", str(spec), "--out", str(out))
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--resume")
+    assert r.returncode == 2 and "same spec" in r.stderr
+    r = cli("experiment", "report", str(tmp_path))
+    assert r.returncode == 2 and "not an experiment folder" in r.stderr
+
+
+def test_deployment_that_fails_to_start_is_cleaned_up(exp_host, cli, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    spec.write_text(spec.read_text().replace('"--mode", "speculative"]', '"--fail-startup"]'))
+    r = cli("experiment", "run", str(spec), "--out", str(tmp_path / "o"), timeout=110)
+    assert r.returncode == 6, r.stderr
+    assert "speculative did not come up" in r.stderr and "Traceback" not in r.stderr
+    assert not exp_host.held()
+    assert len(list((tmp_path / "o" / "points").glob("baseline__*.json"))) == len(LEVELS)
