@@ -507,6 +507,8 @@ class _Run:
         if not work:
             return False
         gathered = asyncio.gather(*work)
+        # Once the workers are cancelled the gather holds a CancelledError: mark it seen.
+        gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
         waiters: set[asyncio.Future[Any]] = {gathered}
         stopper = asyncio.ensure_future(self.stop.wait()) if self.stop is not None else None
         if stopper is not None:
