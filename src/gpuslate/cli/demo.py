@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import NotDoneError, UsageError
+from ..errors import Interrupted, NotDoneError, UsageError
 from .common import add_common, note, print_json
 from .exits import ExitStatus
 
@@ -110,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         hand = _start_by_hand(hand_port, display)
         out.rmdir()  # run_experiment creates it with its manifest
-        result = run_experiment(spec, out, sim=sim, on_event=display.note, on_progress=display.update)
+        try:
+            result = run_experiment(spec, out, sim=sim, on_event=display.note, on_progress=display.update)
+        except Interrupted:  # the experiment stopped its units; the hint to --resume does not apply here
+            raise Interrupted(f"interrupted; the partial results are in {out}") from None
         ok = True
     finally:
         display.close()
