@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from expkit import kill_leftovers, popen_cli
@@ -42,6 +43,8 @@ def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
     assert doc["clean"] == {"ok": True, "gpus": 8, "gpus_free": 8, "units_running": 0, "interrupted": False}
     assert elapsed < 60, elapsed
     exp = doc["experiment"]
+    jsonschema.validate(exp, json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json")
+                                        .read_text()))
     assert exp["complete"] and [d["role"] for d in exp["deployments"]] == [
         "baseline", "speculative", "speculative+threshold"]
     rec = exp["recommendation"]

@@ -8,7 +8,7 @@ import json
 import signal
 from pathlib import Path
 
-import jsonschema  # noqa: F401  (the test extra; summary shape is checked by hand below)
+import jsonschema
 import pytest
 
 from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
@@ -23,6 +23,9 @@ def exp_host(sim_host, tmp_path, monkeypatch):
     kill_leftovers(sim_host, [tmp_path / "state"])
 
 
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json").read_text())
+
+
 def implied_threshold() -> int:
     return max(c for c in LEVELS if throughput("speculative", c) > throughput("baseline", c))
 
@@ -32,6 +35,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     full = cli("experiment", "run", str(spec), "--out", str(tmp_path / "full"), "--json", timeout=110)
     assert full.returncode == 0, full.stderr
     whole = json.loads(full.stdout)
+    jsonschema.validate(whole, SCHEMA)
     assert whole["schema"] == "gpuslate.experiment.v1" and whole["complete"]
     assert whole["run"]["points_run"] == 2 * len(LEVELS) * 2 and whole["run"]["points_skipped"] == 0
     assert [t["action"] for t in whole["run"]["transitions"]] == ["up", "swap", "down"]
@@ -68,7 +72,10 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     # the report alone gives the same summary, and its files are there
     rep = cli("experiment", "report", str(out), "--json")
     assert rep.returncode == 0, rep.stderr
-    assert deterministic(json.loads(rep.stdout)) == deterministic(whole)
+    report_doc = json.loads(rep.stdout)
+    jsonschema.validate(report_doc, SCHEMA)
+    assert deterministic(report_doc) == deterministic(whole)
+    assert json.loads((out / "summary.json").read_text())["levels"] == report_doc["levels"]
     for name in ("report.md", "summary.json", "summary.csv", "throughput_vs_concurrency.png"):
         assert (out / name).is_file(), name
     assert (out / "report.md").read_text().count("### Concurrency") == len(LEVELS)

@@ -74,24 +74,25 @@ def aggregate(points: list[dict[str, Any]], time_scale: float = 1.0) -> list[dic
     rows = []
     for (dep, c), ps in groups.items():
         lv = [p["level"] for p in ps]
-        thr = [v["output_token_throughput"] / time_scale for v in lv]
+        thr = [_round(v["output_token_throughput"] / time_scale, 4) for v in lv]
         row: dict[str, Any] = {
             "deployment": dep, "role": ps[0].get("role"), "concurrency": c, "repeats": len(ps),
             "completed": sum(v["completed"] for v in lv), "failed": sum(v["failed"] for v in lv),
             "output_tokens": sum(v["output_tokens"] for v in lv),
             "input_tokens": sum(v["input_tokens"] for v in lv),
-            "output_token_throughput": {"mean": _mean(thr), "min": min(thr), "max": max(thr), "values": thr},
-            "request_throughput": _mean([v["request_throughput"] / time_scale for v in lv]),
-            "total_token_throughput": _mean([v["total_token_throughput"] / time_scale for v in lv]),
+            "output_token_throughput": {"mean": _round(_mean(thr), 4), "min": min(thr), "max": max(thr),
+                                        "values": thr},
+            "request_throughput": _round(_mean([v["request_throughput"] / time_scale for v in lv]), 4),
+            "total_token_throughput": _round(_mean([v["total_token_throughput"] / time_scale for v in lv]), 4),
             "tokens_estimated": any(v.get("tokens_estimated") for v in lv),
         }
         for stat in STATS:
-            row[stat] = {q: _mean([_num(v[stat].get(q)) * time_scale for v in lv])
+            row[stat] = {q: _round(_mean([_num(v[stat].get(q)) * time_scale for v in lv]), 4)
                          for q in ("mean", "p50", "p90", "p99")}
         tpot = row["tpot_ms"]["mean"]
-        row["per_request_tok_s"] = 1000.0 / tpot if tpot and tpot > 0 else None
+        row["per_request_tok_s"] = _round(1000.0 / tpot, 4) if tpot and tpot > 0 else None
         acc = [v["accept_length"] for v in lv if v.get("accept_length") is not None]
-        row["accept_length"] = _mean(acc) if acc else None
+        row["accept_length"] = _round(_mean(acc), 4) if acc else None
         rows.append(row)
     return rows
 
@@ -211,10 +212,10 @@ def level_tables(rows: list[dict[str, Any]]) -> list[tuple[int, list[list[str]]]
     levels: dict[int, list[list[str]]] = {}
     for r in rows:
         t = r["output_token_throughput"]
-        spread = (t["max"] - t["min"]) / t["mean"] if t["mean"] else 0.0
+        spread = (t["max"] - t["min"]) / t["mean"] if t["mean"] else 0.0  # mean 0: nothing completed
         levels.setdefault(r["concurrency"], [head]).append([
-            r["deployment"] + (f" ({r['role']})" if r["role"] else ""), f"{t['mean']:.1f}",
-            f"±{spread / 2:.1%}" if r["repeats"] > 1 else "-", f"{r['request_throughput']:.2f}",
+            r["deployment"] + (f" ({r['role']})" if r["role"] and r["role"] != r["deployment"] else ""),
+            f"{t['mean']:.1f}", f"±{spread / 2:.1%}" if r["repeats"] > 1 else "-", f"{r['request_throughput']:.2f}",
             _ms(r["ttft_ms"]["p50"]), _ms(r["ttft_ms"]["p99"]), _ms(r["itl_ms"]["p50"]), _ms(r["itl_ms"]["p99"]),
             _ms(r["tpot_ms"]["mean"]), _ms(r["e2e_ms"]["p50"]), f"{r['completed']}/{r['failed']}"])
     return sorted(levels.items())
@@ -260,8 +261,9 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
 
 
 def _mean(xs: list[float]) -> float:
+    """Mean of the finite values; NaN (reported as null) when there are none."""
     xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else 0.0
+    return sum(xs) / len(xs) if xs else math.nan
 
 
 def _num(v: Any) -> float:
@@ -272,5 +274,7 @@ def _round(v: float | None, nd: int = 2) -> float | None:
     return None if v is None or not math.isfinite(v) else round(v, nd)
 
 
-def _ms(v: float) -> str:
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
     return f"{v:.1f}" if v >= 10 else f"{v:.2f}"

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def scenario(quick: bool, port: int) -> str:
     """The demo's experiment spec (TOML), written next to its results."""
-    scale = 10 if quick else 4
+    scale = 5 if quick else 2
     serve = [sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port), "--memory", MEMORY,
              "--startup-seconds", "3", "--time-scale", str(scale)]
 
