@@ -225,7 +225,7 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     lines = [f"# Experiment {summary['name']}", ""]
     pts = summary["points"]
     lines.append(f"{pts['done']} of {pts['total']} points" + ("" if summary["complete"] else " (incomplete)")
-                 + f"; gpuslate {summary['gpuslate_version']}; spec `{summary['spec']}`.")
+                 + f"; gpuslate {summary['gpuslate_version']}; spec `{summary['spec']}` (a copy: `spec.toml`).")
     if summary["time_scale"] != 1:
         lines.append(f"Simulated servers ran at time-scale {summary['time_scale']:g}: throughputs are divided "
                      "and latencies multiplied by it (the raw figures are in `points/`).")

@@ -100,10 +100,9 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(out)  # a previous demo's results (checked above)
     out.mkdir(parents=True)
     port, hand_port = _free_port(), _free_port()
-    spec_path = out.parent / f".{out.name}.toml"
+    spec_path = work / "demo.toml"  # the results folder keeps a copy (spec.toml)
     spec_path.write_text(scenario(args.quick, port))
     spec = load_spec(spec_path)
-    spec_path.unlink()
     hand = None
     display = ProgressDisplay()
     ok = False
