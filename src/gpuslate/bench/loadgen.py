@@ -141,7 +141,7 @@ def normalize_url(url: str) -> str:
     """The server's base URL (``http://host:port``); a trailing ``/v1`` is accepted and dropped."""
     try:
         parts = urlsplit(url.strip())
-        port = parts.port  # raises on a bad port
+        parts.port  # noqa: B018 - raises ValueError on a malformed or out-of-range port
     except ValueError as exc:
         raise UsageError(f"invalid URL {url!r}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -151,7 +151,6 @@ def normalize_url(url: str) -> str:
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[: -len("/v1")]
-    del port
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
@@ -599,7 +598,7 @@ async def run_bench_async(url: str, plan: LoadPlan, *,
     plan.validate()
     base = normalize_url(url)
     dataset = load_dataset(plan.dataset, plan.output_len) if plan.dataset else None
-    _ensure_fd_limit(max(plan.peak_concurrency, min(plan.warmup, plan.peak_concurrency)))
+    _ensure_fd_limit(plan.peak_concurrency)
     started_at = iso_time(time.time())
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, read_bufsize=1 << 20) as session:
