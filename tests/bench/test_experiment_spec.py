@@ -67,6 +67,7 @@ def test_reference_to_project_gpuslate_toml(tmp_path):
     (('deployments = ["baseline", "speculative"]', 'deployments = ["baseline", "nope"]'), 3, "'nope' is not defined"),
     (('name = "t"', 'name = "t"\nclear = "yes"'), 3, "wrong type"),
     (("[load]", "[lode]"), 5, "unknown table"),
+    (("output_len = 16", "output_len = 2000000"), 5, "[load]: output length must be"),  # LoadPlan's own check
     (('port = 31000\nengine = "sglang"\n\n[units.spec', 'engine = "sglang"\n\n[units.spec'), 11,
      "needs a port"),
 ])

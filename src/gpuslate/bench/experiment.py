@@ -34,7 +34,7 @@ from .. import __version__
 from .._time import iso_time
 from ..api import status
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
-from ..units import down, swap, up
+from ..units import down, list_units, swap, up
 from . import LoadPlan, Progress, run_bench
 from .spec import Deployment, ExperimentSpec
 
@@ -146,7 +146,8 @@ class _Runner:
         self.spec, self.out, self.sim, self.note, self.on_progress = spec, out, sim, note, on_progress
         self.points = out / "points"
         self.t0 = time.monotonic()
-        self.running: str | None = None  # the unit this run started and that may still hold GPUs
+        self.running: str | None = None  # the unit this run started and that serves now
+        self.touched: list[str] = []  # units this run started: the ones an interrupt may stop
         all_keys = [k for d in spec.deployments for k in point_keys(spec, d)]
         self.total = len(all_keys)
         self.done = sum(1 for k in all_keys if (self.points / k.filename).is_file())
@@ -182,13 +183,11 @@ class _Runner:
         t = time.time()
         if self.running is not None:
             self.note(f"swap {self.running} -> {dep.name}")
-            old, self.running = self.running, None  # swap stops it whatever else happens
+            old = self.running
             r = swap(old, dep.unit, sim=self.sim, on_event=self.note)
             doc = r.to_json()
-            if r.ok:
-                self.running = dep.name
-            elif r.status == "down_failed":
-                self.running = old
+            if r.status != "down_failed":
+                self.running = dep.name if r.ok else None  # a failed NEW was stopped by up itself
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
             self.note(f"up {dep.name}" + (" (clearing its GPUs first)" if first_clear else ""))
@@ -196,10 +195,15 @@ class _Runner:
             doc = u.to_json()
             if u.ok:
                 self.running = dep.name
+        # up/swap clean up a NEW they were interrupted starting; from here on it is ours to stop
+        self.touched.append(dep.name)
         self._record({"deployment": dep.name, "action": doc["schema"].split(".")[1], "at": iso_time(t),
                       "ok": doc["ok"], "result": doc})
         if not doc["ok"]:
             what = doc.get("status")
+            if what == "down_failed":
+                raise NotDoneError(f"could not stop {self.running} cleanly; {dep.name} was not started",
+                                   hint=f"see {self.out}/transitions/ and 'gpuslate status'")
             raise ServerFailed(f"deployment {dep.name} did not come up ({what})",
                                hint=f"see {self.out}/transitions/ and 'gpuslate logs {dep.name}'")
 
@@ -216,16 +220,23 @@ class _Runner:
                            hint=f"see {self.out}/transitions/ and 'gpuslate status'")
 
     def _cleanup(self) -> str:
-        """After an error or interrupt: stop what this run started, with further signals held off."""
-        if self.running is None:
-            return "nothing was running"
-        name = self.running
+        """After an error or interrupt: stop every unit this run touched that still has processes
+        (an interrupted swap may leave the old one half-stopped), with further signals held off."""
+        stopped, failed = [], []
         with _signals_held():
-            try:
-                self._stop(name, "interrupted")
-            except BaseException as exc:  # report, never mask the original error
-                return f"stopping {name} failed: {exc}"
-        return f"{name} stopped and its GPUs verified free"
+            live = {u.record.name for u in list_units().units if u.processes}
+            for name in dict.fromkeys(reversed(self.touched)):
+                if name not in live:
+                    continue
+                try:
+                    self._stop(name, "interrupted")
+                    stopped.append(name)
+                except BaseException as exc:  # report, never mask the original error
+                    failed.append(f"stopping {name} failed: {exc}")
+        self.running = None
+        if failed:
+            return "; ".join(failed)
+        return (f"{', '.join(stopped)} stopped and GPUs verified free" if stopped else "nothing was running")
 
     def _record(self, doc: dict[str, Any]) -> None:
         self.result.transitions.append(doc)

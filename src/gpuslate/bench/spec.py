@@ -44,6 +44,7 @@ from typing import Any, Literal, get_args
 
 from ..errors import UsageError
 from ..units.spec import UnitSpec, load_config, resolve
+from .loadgen import LoadPlan
 
 Role = Literal["baseline", "speculative", "speculative+threshold"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -175,6 +176,12 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     _check_load(plan, fail)
     if "duration_s" in plan:
         plan["requests"] = None  # LoadPlan: requests=None with a duration
+    if "dataset" in plan:  # relative to the spec, not to wherever gpuslate runs
+        plan["dataset"] = str((p.parent / plan["dataset"]).resolve())
+    try:  # the load generator's own checks too, before any server is started
+        LoadPlan(concurrency=levels, **plan).validate()
+    except UsageError as exc:
+        raise fail("load", None, f"[load]: {exc}") from None
     if "request_rate" in plan and len(levels) > 1:
         raise fail("load", "request_rate", "request_rate replaces the concurrency levels: give one or the other")
     time_scale = float(exp.get("time_scale", 1.0))

@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     display = ProgressDisplay()
     ok = False
     try:
-        hand = _start_by_hand(hand_port, display)
+        hand = _start_by_hand(hand_port, work, display)
+        _await_ready(hand, work)
         out.rmdir()  # run_experiment creates it with its manifest
         try:
             result = run_experiment(spec, out, sim=sim, on_event=display.note, on_progress=display.update)
@@ -155,24 +156,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_by_hand(port: int, display: Any) -> subprocess.Popen[bytes]:
+def _start_by_hand(port: int, work: Path, display: Any) -> subprocess.Popen[bytes]:
     """A baseline server started by hand (not a unit), holding most of every GPU's memory."""
     display.note(f"a baseline server started by hand holds {MEMORY} on each of the 8 GPUs (port {port})")
-    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port),
-                             "--memory", MEMORY, "--startup-seconds", "0"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 30
-    for raw in proc.stderr:  # its log ends loading with SGLang's readiness line
-        if b"ready to roll" in raw:
-            break
-        if time.monotonic() > deadline:
-            break
-    if proc.poll() is not None:
-        raise NotDoneError("the demo's hand-started baseline server did not start")
-    proc.stderr.close()
+    log = work / "hand-started-baseline.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port),
+                                 "--memory", MEMORY, "--startup-seconds", "0"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f,
+                                start_new_session=True)
     return proc
+
+
+def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
+    """Until its log shows SGLang's readiness line (apart from starting it, so that an interrupt
+    while waiting still finds the process to stop)."""
+    log = work / "hand-started-baseline.log"
+    deadline = time.monotonic() + 30
+    while b"ready to roll" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise NotDoneError(f"the demo's hand-started baseline server did not start (see {log})")
+        time.sleep(0.02)
 
 
 def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool) -> dict[str, Any]:
