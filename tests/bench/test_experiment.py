@@ -5,7 +5,12 @@ uninterrupted run, the recommendation finds the crossover the performance model 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -13,7 +18,7 @@ import pytest
 
 from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
 from gpuslate.sim.perfmodel import throughput
-from helpers import wait_for
+from helpers import gpuslate_env, wait_for
 
 
 @pytest.fixture
@@ -113,3 +118,39 @@ def test_deployment_that_fails_to_start_is_cleaned_up(exp_host, cli, tmp_path):
     assert "speculative did not come up" in r.stderr and "Traceback" not in r.stderr
     assert not exp_host.held()
     assert len(list((tmp_path / "o" / "points").glob("baseline__*.json"))) == len(LEVELS)
+
+
+def test_progress_on_a_terminal(exp_host, tmp_path):
+    """On a terminal, a live progress line (deployment, level, requests, points, elapsed) on stderr;
+    the unit notes above it; the table on stdout."""
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=6, repeats=1)
+    master, slave = pty.openpty()
+    seen = bytearray()
+
+    def drain() -> None:  # read while it runs: a full pty would block the writer
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "experiment", "run", str(spec), "--out",
+                                 str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=slave, text=True,
+                                env=gpuslate_env())
+        os.close(slave)
+        out, _ = proc.communicate(timeout=100)
+        reader.join(10)
+    finally:
+        os.close(master)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "speculative (2/2) c=4 repeat 1" in text and "points 5/6" in text and "elapsed" in text
+    assert "gpuslate: swap baseline -> speculative" in text and "Traceback" not in text
+    assert "Recommendation:" in out and "concurrency 4" in out
+    assert not exp_host.held()
