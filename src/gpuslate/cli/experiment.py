@@ -104,7 +104,6 @@ def run_json(result: RunResult) -> dict[str, Any]:
 
 def print_report(rep: Report, out: Path) -> None:
     from ..bench.report import level_tables
-    from .render import one_line
 
     s = rep.summary
     pts = s["points"]
@@ -114,9 +113,10 @@ def print_report(rep: Report, out: Path) -> None:
         print(f"(simulated at time-scale {s['time_scale']:g}; figures unscaled to the modelled system)")
     for c, table in level_tables(s["levels"]):
         print(f"\nconcurrency {c}")
-        widths = [max(len(one_line(row[i], 40)) for row in table) for i in range(len(table[0]))]
+        # cells are figures and deployment names (checked like unit names): nothing to escape
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         for row in table:
-            print("  " + "  ".join(one_line(cell, 40).ljust(w) if i == 0 else one_line(cell, 40).rjust(w)
+            print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                                    for i, (cell, w) in enumerate(zip(row, widths))))
     rec = rep.recommendation
     if rec is not None:
