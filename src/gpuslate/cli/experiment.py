@@ -76,6 +76,19 @@ def run(args: argparse.Namespace) -> int:
         print_json({**rep.to_json(), "run": run_json(result)})
     else:
         print_report(rep, out)
+    return outcome(rep)
+
+
+def outcome(rep: Report) -> int:
+    """0; 7 when some requests failed (grouped in the points); 6 when no request succeeded at all."""
+    levels = rep.summary["levels"]
+    if levels and not any(r["completed"] for r in levels):
+        note("error: no request succeeded (see the errors in DIR/points/*.json)")
+        return ExitStatus.SERVER_FAILED
+    failed = sum(r["failed"] for r in levels)
+    if failed:
+        note(f"{failed} request(s) failed (see the errors in DIR/points/*.json)")
+        return ExitStatus.PARTIAL
     return ExitStatus.OK
 
 
