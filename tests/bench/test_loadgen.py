@@ -11,6 +11,7 @@ import json
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,3 +198,70 @@ def test_unreachable_server_is_a_clear_server_failure() -> None:
         port = s.getsockname()[1]  # bound, never listening: connection refused
         with pytest.raises(ServerFailed, match="cannot reach the server at .*connection refused"):
             run_bench(f"http://127.0.0.1:{port}", LoadPlan(requests=1))
+
+
+def _odd_server(events: list[bytes], pieces: int) -> Any:
+    """An OpenAI-ish server whose stream arrives cut at arbitrary byte offsets."""
+    from aiohttp import web
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "odd", "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        blob = b"".join(events)
+        step = max(1, len(blob) // pieces)
+        for i in range(0, len(blob), step):
+            await resp.write(blob[i:i + step])
+            await asyncio.sleep(0.0005)  # separate network reads
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+def _events(texts: list[str], usage: bool = True, done: bool = True) -> list[bytes]:
+    out = [b": a comment line\n\n"]
+    out += [b"data: " + json.dumps({"choices": [{"index": 0, "text": t, "finish_reason": None}]}).encode()
+            + b"\n\n" for t in texts]
+    out.append(b"data: " + json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}).encode()
+               + b"\n\n")
+    if usage:
+        out.append(b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 9}}\n\n')
+    if done:
+        out.append(b"data: [DONE]\n\n")
+    return out
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 7, 40, 160])
+def test_stream_parsing_survives_any_fragmentation(pieces: int) -> None:
+    from aiohttp import web
+
+    async def go(events: list[bytes]) -> Any:
+        runner = web.AppRunner(_odd_server(events, pieces))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return await run_bench_async(f"http://127.0.0.1:{port}", LoadPlan(requests=2, output_len=9))
+        finally:
+            await runner.cleanup()
+
+    texts = ["a", "b", "", "c", "dé", "e"]
+    (lv,) = asyncio.run(go(_events(texts))).levels
+    assert lv.completed == 2 and lv.output_tokens == 18 and lv.input_tokens == 14 and not lv.tokens_estimated
+    assert lv.itl_ms.mean is not None and lv.ttft_ms.mean is not None
+    # without usage: 5 text-carrying chunks counted, and said to be an estimate
+    (lv,) = asyncio.run(go(_events(texts, usage=False))).levels
+    assert lv.output_tokens == 10 and lv.tokens_estimated
+    # cut off before [DONE] and before any finish reason: a failure, not a crash
+    (lv,) = asyncio.run(go(_events(texts)[:4])).levels
+    assert lv.failed == 2 and lv.errors == {"stream ended before [DONE]": 2}
+    # an error event in the stream
+    (lv,) = asyncio.run(go([b'data: {"error": {"message": "engine died"}}\n\n'])).levels
+    assert lv.errors == {"error in stream: engine died": 2}

@@ -45,6 +45,7 @@ MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_RATE = 1_000_000.0
 PROBE_TIMEOUT_S = 10.0  # model list and server-info look-ups
 _ERROR_CHARS = 200  # an error message is cut to this before it is grouped
+_decode = json.JSONDecoder().decode  # str in: json.loads would sniff each bytes chunk's encoding
 
 
 @dataclass(frozen=True)
@@ -287,37 +288,50 @@ class _Client:
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
                            prompt: Prompt, st: float) -> None:
+        """Parse the server-sent events as they arrive.
+
+        Reading whole network buffers (not line by line) halves the client's CPU per
+        token; every event of one buffer is stamped with the buffer's arrival time,
+        which is when a line-by-line reader would have seen it too (give or take
+        the microseconds it spends parsing the events before it).
+        """
         last = st
         chunks = 0
         usage: dict[str, Any] | None = None
-        finished = False
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue  # blank separators, comments, event: lines
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                finished = True
+        finished = done = False
+        pending = b""
+        async for data in resp.content.iter_any():
+            now = time.perf_counter()
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()  # an incomplete last line waits for the next buffer
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, event: lines
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    finished = done = True
+                    break
+                obj = _decode(payload.decode())
+                if not isinstance(obj, dict):
+                    continue
+                if "error" in obj and "choices" not in obj:
+                    rec.error = _short(f"error in stream: {_error_message(payload)}")
+                    return
+                choices = obj.get("choices")
+                if choices:
+                    if _chunk_text(obj):
+                        if rec.ttft is None:
+                            rec.ttft = now - st
+                        else:
+                            rec.itl.append(now - last)
+                        last = now
+                        chunks += 1
+                    if choices[0].get("finish_reason"):
+                        finished = True
+                if obj.get("usage"):
+                    usage = obj["usage"]
+            if done:
                 break
-            obj = json.loads(data)
-            if not isinstance(obj, dict):
-                continue
-            if "error" in obj and "choices" not in obj:
-                rec.error = _short(f"error in stream: {_error_message(data)}")
-                return
-            if _chunk_text(obj):
-                now = time.perf_counter()
-                if rec.ttft is None:
-                    rec.ttft = now - st
-                else:
-                    rec.itl.append(now - last)
-                last = now
-                chunks += 1
-            choices = obj.get("choices")
-            if choices and choices[0].get("finish_reason"):
-                finished = True
-            if obj.get("usage"):
-                usage = obj["usage"]
         if not finished:
             rec.error = "stream ended before [DONE]"
             return
