@@ -107,13 +107,8 @@ class Engine:
         torch.manual_seed(seed)
         cfg = LlamaConfig(**SIZES[size], max_position_embeddings=8192, bos_token_id=1, eos_token_id=2,
                           pad_token_id=0)
-        previous = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):  # initialise the random weights on the GPU directly
-                self.model = LlamaForCausalLM(cfg).eval()
-        finally:
-            torch.set_default_dtype(previous)
+        with torch.device(device):  # initialise the random weights on the GPU directly
+            self.model = LlamaForCausalLM(cfg).to(dtype).eval()
         # EOS is handled per request (ignore_eos); generate() itself never stops early.
         self.model.generation_config.eos_token_id = None
         self.model.generation_config.pad_token_id = 0
