@@ -40,7 +40,7 @@ from .spec import Deployment, ExperimentSpec
 
 RUN_SCHEMA = "gpuslate.experiment.run.v1"
 POINT_SCHEMA = "gpuslate.experiment.point.v1"
-Phase = Literal["starting", "warmup", "running", "stopping"]
+Phase = Literal["starting", "warmup", "running"]
 Note = Callable[[str], None]
 
 
