@@ -54,26 +54,38 @@ TOK="$OUT_DIR/tokenizer"
 PYTHONPATH=src "$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; \
 import bench_loadgen as b; b.write_tokenizer(Path('$TOK'))"
 
-# one warm-up pass so that CUDA kernels and allocator pools exist before anything is timed
-PYTHONPATH=src "$PY" -m gpuslate bench "$URL" -c 8 -n 16 --input-len "$IN" --output-len "$OUT_LEN" \
-    >/dev/null
+# one untimed wave at every level first, so that the kernels, allocator pools and caches for
+# every batch size exist before either client is timed
+for c in $LEVELS; do
+    PYTHONPATH=src "$PY" -m gpuslate bench "$URL" -c "$c" -n "$c" --input-len "$IN" \
+        --output-len "$OUT_LEN" >/dev/null
+done
 
+run_gpuslate() {  # c n
+    "$PY" benchmarks/cpu_time.py "$OUT_DIR/gpuslate-c$1.cpu" \
+        env PYTHONPATH=src "$PY" -m gpuslate bench "$URL" -c "$1" -n "$2" --input-len "$IN" \
+        --output-len "$OUT_LEN" --json --out "$OUT_DIR/gpuslate-c$1.json" >/dev/null
+}
+run_sglang() {  # c n
+    [ "$SGLANG" = 1 ] || return 0
+    "$PY" benchmarks/cpu_time.py "$OUT_DIR/sglang-c$1.cpu" \
+        env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" benchmarks/sglang_bench_serving.py \
+        --backend sglang-oai --base-url "$URL" --model "random-llama-$SIZE" --tokenizer "$TOK" \
+        --dataset-name random-ids --random-input-len "$IN" --random-output-len "$OUT_LEN" \
+        --random-range-ratio 1.0 --num-prompts "$2" --max-concurrency "$1" --request-rate inf \
+        --disable-tqdm --seed 1 --ready-check-timeout-sec 0 --warmup-requests 1 \
+        --output-file "$OUT_DIR/sglang-c$1.jsonl" >"$OUT_DIR/sglang-c$1.log" 2>&1 \
+        || { echo "sglang client failed at c=$1:"; tail -20 "$OUT_DIR/sglang-c$1.log"; }
+}
+
+i=0
 for c in $LEVELS; do
     n=$(( c * PER_SLOT > 16 ? c * PER_SLOT : 16 ))
     echo "== c=$c n=$n"
-    "$PY" benchmarks/cpu_time.py "$OUT_DIR/gpuslate-c$c.cpu" \
-        env PYTHONPATH=src "$PY" -m gpuslate bench "$URL" -c "$c" -n "$n" --input-len "$IN" \
-        --output-len "$OUT_LEN" --json --out "$OUT_DIR/gpuslate-c$c.json" >/dev/null
-    if [ "$SGLANG" = 1 ]; then
-        "$PY" benchmarks/cpu_time.py "$OUT_DIR/sglang-c$c.cpu" \
-            env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" benchmarks/sglang_bench_serving.py \
-            --backend sglang-oai --base-url "$URL" --model "random-llama-$SIZE" --tokenizer "$TOK" \
-            --dataset-name random-ids --random-input-len "$IN" --random-output-len "$OUT_LEN" \
-            --random-range-ratio 1.0 --num-prompts "$n" --max-concurrency "$c" --request-rate inf \
-            --disable-tqdm --seed 1 --ready-check-timeout-sec 0 --warmup-requests 1 \
-            --output-file "$OUT_DIR/sglang-c$c.jsonl" >"$OUT_DIR/sglang-c$c.log" 2>&1 \
-            || { echo "sglang client failed at c=$c:"; tail -20 "$OUT_DIR/sglang-c$c.log"; }
-    fi
+    # alternate which client goes first, so that neither always meets a warmer server
+    if [ $((i % 2)) = 0 ]; then run_gpuslate "$c" "$n"; run_sglang "$c" "$n"
+    else run_sglang "$c" "$n"; run_gpuslate "$c" "$n"; fi
+    i=$((i + 1))
 done
 
 OUT_DIR="$OUT_DIR" LEVELS="$LEVELS" "$PY" - <<'EOF'
