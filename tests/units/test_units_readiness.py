@@ -55,12 +55,19 @@ def test_default_tcp_readiness_and_ready_url_with_path(units_host):
 
 def test_smoke_with_a_given_model_and_against_no_server(units_host):
     port = free_port()
-    spec = UnitSpec("nosmoke", command=serve_cmd(port, startup=0.1), gpus=[4], port=port, engine="sglang",
-                    smoke=True, model="no-such-model-is-fine-for-the-sim")
+    spec = UnitSpec("nosmoke", command=serve_cmd(port, "--model", "org/m-1", startup=0.1), gpus=[4], port=port,
+                    engine="sglang", smoke=True, model="org/m-1")
     result = up(spec)
-    # the simulated server accepts any model name; a server that is not there fails the smoke test
-    assert result.ok and result.smoke["ok"]
+    assert result.ok and result.smoke["ok"] and result.smoke["model"] == "org/m-1"
     down("nosmoke")
+    # a model the server does not serve fails the smoke test: the simulator answers 404
+    # model_not_found, as vLLM does (issue 10)
+    port = free_port()
+    wrong = up(UnitSpec("wrongmodel", command=serve_cmd(port, startup=0.1), gpus=[4], port=port, engine="sglang",
+                        smoke=True, model="no-such-model"))
+    assert wrong.status == "smoke_failed" and "HTTP 404" in wrong.smoke["error"], wrong.smoke
+    assert "model_not_found" in wrong.smoke["error"]
+    # a server that is not there fails the smoke test
     from gpuslate.units.readiness import smoke
 
     gone = smoke(UnitSpec("x", command=["true"], port=free_port(), model="m"), timeout=1)

@@ -17,6 +17,9 @@ from ..errors import UsageError
 COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
     "logs": "logs", "swap": "swap", "log": "log", "sim": "sim",
+    "bench": "bench",
+    "experiment": "experiment",
+    "demo": "demo",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 

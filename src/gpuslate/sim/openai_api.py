@@ -68,6 +68,31 @@ def error_body(message: str, *, type_: str = "invalid_request_error",
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+# OpenAI-style error types of the HTTP errors the routing layer raises itself.
+_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error",
+                     413: "invalid_request_error"}
+
+
+def http_error_body(status: int, reason: str, detail: str | None = None) -> dict[str, Any]:
+    """The OpenAI-shaped body of an error the HTTP layer raised (unknown route, wrong method,
+    body too large, ...): real clients parse ``error.message`` from every error."""
+    type_ = _HTTP_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return error_body(detail or reason, type_=type_, code=status)
+
+
+def model_not_found_body(model: str) -> dict[str, Any]:
+    """vLLM's wording for a model it does not serve, with OpenAI's ``code``."""
+    return error_body(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def requested_model(body: Any) -> str | None:
+    """The ``model`` a completions or chat request names (None: not given, the served one)."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", "model")
+    return model or None
+
+
 def _opt_bool(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if value is None:

@@ -220,6 +220,10 @@ class BatchScheduler:
             "requests_finished": c.requests_finished,
             "requests_aborted": c.requests_aborted,
             "busy_model_seconds": round(c.busy_model_seconds, 6),
+            # Raw sums behind avg_spec_accept_length: clients diff them to get the
+            # acceptance length of one stretch of load (gpuslate bench, per level).
+            "spec_tokens": c.spec_tokens,
+            "spec_request_steps": c.spec_request_steps,
             "avg_spec_accept_length": self.avg_spec_accept_length,
         }
 

@@ -29,7 +29,10 @@ from .openai_api import (
     ResponseBuilder,
     error_body,
     filler_text,
+    http_error_body,
+    model_not_found_body,
     parse_request,
+    requested_model,
 )
 from .scheduler import BatchScheduler, SchedulerStopped, SimRequest
 # Re-exported: the CLI wires `sim serve` through this module.
@@ -151,13 +154,24 @@ class SimServer:
             self.scheduler.cancel(req)
         return web.Response(status=200)
 
+    def _model_card(self) -> dict[str, Any]:
+        c = self.config
+        return {"id": c.model, "object": "model", "created": int(self.started_at),
+                "owned_by": "gpuslate-sim", "root": c.model, "max_model_len": c.context_length}
+
     async def models(self, request: web.Request) -> web.Response:
         if (resp := self._not_ready()) is not None:
             return resp
-        c = self.config
-        return web.json_response({"object": "list", "data": [{
-            "id": c.model, "object": "model", "created": int(self.started_at),
-            "owned_by": "gpuslate-sim", "root": c.model, "max_model_len": c.context_length}]})
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the OpenAI SDK's ``models.retrieve``)."""
+        if (resp := self._not_ready()) is not None:
+            return resp
+        model = request.match_info["model"]
+        if model != self.config.model:
+            return web.json_response(model_not_found_body(model), status=404)
+        return web.json_response(self._model_card())
 
     async def server_info(self, request: web.Request) -> web.Response:
         c = self.config
@@ -195,6 +209,10 @@ class SimServer:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise BadRequest(f"request body is not valid JSON: {exc}") from None
+            # Like vLLM: a model it does not serve is a 404 (SGLang's /generate names none).
+            model = requested_model(body) if kind != "generate" else None
+            if model is not None and model != self.config.model:
+                return web.json_response(model_not_found_body(model), status=404)
             spec = parse_request(kind, body, context_length=self.config.context_length,
                                  eos_after_tokens=self.config.eos_after_tokens)
         except BadRequest as exc:
@@ -227,13 +245,24 @@ class SimServer:
                       builder: ResponseBuilder) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+            await self._stream_events(resp, req, spec, builder)
+        except ConnectionResetError:
+            # The client hung up between two writes (aiohttp's "Cannot write to closing
+            # transport"): the request is aborted in _generate's finally, nothing to report.
+            pass
+        return resp
+
+    async def _stream_events(self, resp: web.StreamResponse, req: SimRequest, spec: GenerationSpec,
+                             builder: ResponseBuilder) -> None:
 
         async def send(obj: dict[str, Any] | str) -> None:
             payload = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
             await resp.write(f"data: {payload}\n\n".encode())
 
-        usage_field = spec.include_usage
+        # --no-stream-usage plays a server that ignores stream_options.include_usage.
+        usage_field = spec.include_usage and self.config.stream_usage
         if builder.kind == "chat":
             await send(builder.chunk(role=True, with_usage_field=usage_field))
         sent = 0
@@ -249,14 +278,13 @@ class SimServer:
                 sent += n
         except SchedulerStopped:
             await send(error_body("the server is shutting down", type_="service_unavailable", code=503))
-            return resp
+            return
         if builder.kind != "generate":
             await send(builder.chunk(finish_reason=spec.finish_reason, with_usage_field=usage_field))
-        if spec.include_usage:
+        if usage_field:
             await send(builder.usage_chunk(builder.usage(spec.prompt_tokens, sent)))
         await send("[DONE]")
         await resp.write_eof()
-        return resp
 
     @staticmethod
     def _shutting_down() -> web.Response:
@@ -267,19 +295,40 @@ class SimServer:
 SIM_KEY = web.AppKey("gpuslate_sim_server", SimServer)
 
 
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    """Every error as an OpenAI-shaped JSON body, also those aiohttp raises itself
+    (404 unknown route, 405 wrong method, 413 body too large), as the real engines answer."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        detail = f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else None
+        if exc.status == 413:
+            limit = request.app[SIM_KEY].config.max_body_bytes
+            detail = f"request body too large: the limit is {limit} bytes"
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        return web.json_response(http_error_body(exc.status, exc.reason, detail),
+                                 status=exc.status, headers=headers)
+    except ConnectionResetError:
+        # The client hung up while its request was read: nobody to answer, nothing to log.
+        return web.Response(status=499)
+
+
 def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
                log: Log | None = None) -> web.Application:
     """The aiohttp application; its startup hook starts the scheduler and the load."""
     config.validate()
     sim = SimServer(config, worker_pids=worker_pids, log=log)
-    # Long-context prompts exceed aiohttp's 1 MiB default body limit.
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_openai_errors])
     app[SIM_KEY] = sim
     app.on_startup.append(sim._on_startup)
     app.on_shutdown.append(sim._on_shutdown)
     app.router.add_get("/health", sim.health)
     app.router.add_get("/health_generate", sim.health_generate)
     app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/v1/models/{model}", sim.model)
     app.router.add_get("/get_server_info", sim.server_info)
     app.router.add_get("/server_info", sim.server_info)  # SGLang's newer name
     app.router.add_post("/v1/completions", sim.completions)

@@ -28,6 +28,9 @@ class ServerConfig:
     max_running_requests: int = 256
     context_length: int = 32768
     eos_after_tokens: int = 256
+    stream_usage: bool = True  # False: ignore stream_options.include_usage, as older servers do
+    # Long-context prompts exceed aiohttp's 1 MiB default body limit.
+    max_body_bytes: int = 64 * 1024 * 1024
     perf: PerfParams = field(default_factory=PerfParams)
 
     def validate(self) -> None:
@@ -51,7 +54,7 @@ class ServerConfig:
         if not math.isfinite(self.time_scale) or self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale}")
         for name, minimum in (("max_running_requests", 1), ("context_length", 2),
-                              ("eos_after_tokens", 1)):
+                              ("eos_after_tokens", 1), ("max_body_bytes", 1024)):
             if getattr(self, name) < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {getattr(self, name)}")
         self.perf.validate()
@@ -93,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eos-after-tokens", type=int, metavar="N",
                         help="tokens after which the model stops unless the request sets "
                         f"ignore_eos (default: {d.eos_after_tokens})")
+    parser.add_argument("--no-stream-usage", dest="stream_usage", action="store_false", default=None,
+                        help="never send usage in streams, even when asked (like servers without "
+                        "stream_options.include_usage)")
     for flag, attr, text in _PERF_FLAGS:
         parser.add_argument(flag, type=float, metavar="TOKENS" if attr == "accept_length" else "MS",
                             help=f"{text} (default: {getattr(d.perf, attr)})")

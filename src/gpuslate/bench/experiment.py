@@ -1,0 +1,298 @@
+"""``experiment run``: sweep each deployment on a verified clean slate, one point at a time.
+
+For each deployment of the spec, in order:
+
+1. bring it up through the units API: ``swap`` from the deployment before it
+   (down, verify its GPUs released, up, ready), or ``up`` for the first one
+   (``clear`` first when the spec says so); the result is recorded in
+   ``DIR/transitions/``;
+2. warm up (requests not counted) and sweep every level × repeat with
+   :func:`run_bench`, one single-level plan per *point*;
+3. write every finished point at once to ``DIR/points/`` (temp file + rename):
+   the figures, the deployment's command line, the GPU state just before the
+   point, gpuslate's version and the engine's as the server reports it.
+
+The last deployment is stopped at the end (and its GPUs verified free). An
+interrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops every unit
+this run started, verifies the GPUs, and raises :class:`Interrupted`; the
+points already written stay, and ``resume=True`` skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+
+from .. import __version__
+from .._time import iso_time
+from ..api import status
+from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
+from ..units import down, list_units, swap, up
+from . import LoadPlan, Progress, run_bench
+from .spec import Deployment, ExperimentSpec
+
+RUN_SCHEMA = "gpuslate.experiment.run.v1"
+POINT_SCHEMA = "gpuslate.experiment.point.v1"
+Phase = Literal["starting", "warmup", "running"]
+Note = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PointKey:
+    deployment: str
+    concurrency: int
+    repeat: int
+
+    @property
+    def filename(self) -> str:
+        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}.json"
+
+
+@dataclass(frozen=True)
+class ExperimentProgress:
+    """Where a run stands; passed to ``on_progress`` often (each request end)."""
+
+    deployment: str
+    deployment_index: int
+    deployments: int
+    phase: Phase
+    concurrency: int | None
+    repeat: int | None
+    done: int  # requests of the current point
+    total: int | None
+    points_done: int  # finished points, resumed ones included
+    points_total: int
+    elapsed_s: float
+    remaining_s: float | None  # estimate from the points timed in this run
+
+
+@dataclass
+class RunResult:
+    out_dir: str
+    points_run: int
+    points_skipped: int
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+def point_keys(spec: ExperimentSpec, dep: Deployment) -> list[PointKey]:
+    """A deployment's points in sweep order: every level once per repeat, so repeats are separate sweeps."""
+    return [PointKey(dep.name, c, r) for r in range(spec.repeats) for c in spec.levels]
+
+
+def plan_for(spec: ExperimentSpec, key: PointKey, *, warmup: int = 0) -> LoadPlan:
+    """The one-level plan of a point; the seed differs per repeat and is the same on every run."""
+    kw = dict(spec.load)
+    kw.pop("warmup", None)
+    return LoadPlan(concurrency=(key.concurrency,), seed=spec.load.get("seed", 0) + key.repeat, warmup=warmup,
+                    **{k: v for k, v in kw.items() if k != "seed"})
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Whole or not at all: a temp file in the same folder, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
+    """Create DIR with the run manifest, or check it belongs to this spec when resuming."""
+    manifest = out / "experiment.json"
+    if manifest.is_file():
+        if not resume:
+            raise UsageError(f"{out} already holds an experiment",
+                             hint="add --resume to continue it, or give another --out DIR")
+        try:
+            prev = json.loads(manifest.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read {manifest}: {exc}") from None
+        if prev.get("identity") != json.loads(json.dumps(spec.identity())):
+            raise UsageError(f"{out} holds an experiment with other deployments or another load plan; "
+                             "--resume needs the same spec", hint="give another --out DIR")
+        return
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out} exists and is not an experiment folder", hint="give another --out DIR")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.toml").write_text(spec.text)
+    write_json_atomic(manifest, {"schema": RUN_SCHEMA, "gpuslate_version": __version__,
+                                 "created_at": iso_time(time.time()), "spec": spec.to_json(),
+                                 "identity": spec.identity()})
+
+
+def run_experiment(spec: ExperimentSpec, out: str | Path, *, resume: bool = False, sim: str | None = None,
+                   on_event: Note | None = None,
+                   on_progress: Callable[[ExperimentProgress], None] | None = None) -> RunResult:
+    """Run (or resume) the experiment into ``out``; see the module docstring."""
+    out = Path(out)
+    prepare_dir(spec, out, resume)
+    return _Runner(spec, out, sim, on_event or (lambda _m: None), on_progress).run()
+
+
+class _Runner:
+    def __init__(self, spec: ExperimentSpec, out: Path, sim: str | None, note: Note,
+                 on_progress: Callable[[ExperimentProgress], None] | None) -> None:
+        self.spec, self.out, self.sim, self.note, self.on_progress = spec, out, sim, note, on_progress
+        self.points = out / "points"
+        self.t0 = time.monotonic()
+        self.running: str | None = None  # the unit this run started and that serves now
+        self.touched: list[str] = []  # units this run started: the ones an interrupt may stop
+        all_keys = [k for d in spec.deployments for k in point_keys(spec, d)]
+        self.total = len(all_keys)
+        self.done = sum(1 for k in all_keys if (self.points / k.filename).is_file())
+        self.skipped = self.done
+        self.point_seconds: list[float] = []
+        self.result = RunResult(str(out), 0, self.skipped)
+
+    def run(self) -> RunResult:
+        try:
+            for index, dep in enumerate(self.spec.deployments):
+                pending = [k for k in point_keys(self.spec, dep) if not (self.points / k.filename).is_file()]
+                if not pending:
+                    continue
+                self._progress(dep, index, "starting", None, None, 0, None)
+                self._bring_up(dep)
+                for n, key in enumerate(pending):
+                    self._point(dep, index, key, warmup=self.spec.load.get("warmup", 0) if n == 0 else 0)
+            if self.running is not None:
+                self._stop(self.running, "end of the experiment")
+        except BaseException as exc:
+            stopped = self._cleanup()
+            if isinstance(exc, KeyboardInterrupt):
+                raise Interrupted(f"interrupted; {stopped}; {self.done - self.skipped} new point(s) kept in "
+                                  f"{self.out}", hint=f"continue with: gpuslate experiment run "
+                                  f"{self.spec.path} --out {self.out} --resume") from None
+            raise
+        self.result.elapsed_s = time.monotonic() - self.t0
+        return self.result
+
+    # -- deployments ---------------------------------------------------------------
+
+    def _bring_up(self, dep: Deployment) -> None:
+        t = time.time()
+        if self.running is not None:
+            self.note(f"swap {self.running} -> {dep.name}")
+            old = self.running
+            r = swap(old, dep.unit, sim=self.sim, on_event=self.note)
+            doc = r.to_json()
+            if r.status != "down_failed":
+                self.running = dep.name if r.ok else None  # a failed NEW was stopped by up itself
+        else:
+            first_clear = self.spec.clear_first and self.result.transitions == []
+            self.note(f"up {dep.name}" + (" (clearing its GPUs first)" if first_clear else ""))
+            u = up(dep.unit, clear_first=first_clear, sim=self.sim, on_event=self.note)
+            doc = u.to_json()
+            if u.ok:
+                self.running = dep.name
+        # up/swap clean up a NEW they were interrupted starting; from here on it is ours to stop
+        self.touched.append(dep.name)
+        self._record({"deployment": dep.name, "action": doc["schema"].split(".")[1], "at": iso_time(t),
+                      "ok": doc["ok"], "result": doc})
+        if not doc["ok"]:
+            what = doc.get("status")
+            if what == "down_failed":
+                raise NotDoneError(f"could not stop {self.running} cleanly; {dep.name} was not started",
+                                   hint=f"see {self.out}/transitions/ and 'gpuslate status'")
+            raise ServerFailed(f"deployment {dep.name} did not come up ({what})",
+                               hint=f"see {self.out}/transitions/ and 'gpuslate logs {dep.name}'")
+
+    def _stop(self, name: str, why: str) -> dict[str, Any]:
+        self.note(f"down {name} ({why})")
+        t = time.time()
+        d = down(name, sim=self.sim, on_event=self.note)
+        doc = d.to_json()
+        self._record({"deployment": name, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
+        if d.ok:
+            self.running = None
+            return doc
+        raise NotDoneError(f"could not stop {name} cleanly: GPUs not verified free",
+                           hint=f"see {self.out}/transitions/ and 'gpuslate status'")
+
+    def _cleanup(self) -> str:
+        """After an error or interrupt: stop every unit this run touched that still has processes
+        (an interrupted swap may leave the old one half-stopped), with further signals held off."""
+        stopped, failed = [], []
+        with _signals_held():
+            live = {u.record.name for u in list_units().units if u.processes}
+            for name in dict.fromkeys(reversed(self.touched)):
+                if name not in live:
+                    continue
+                try:
+                    self._stop(name, "interrupted")
+                    stopped.append(name)
+                except BaseException as exc:  # report, never mask the original error
+                    failed.append(f"stopping {name} failed: {exc}")
+        self.running = None
+        if failed:
+            return "; ".join(failed)
+        return (f"{', '.join(stopped)} stopped and GPUs verified free" if stopped else "nothing was running")
+
+    def _record(self, doc: dict[str, Any]) -> None:
+        self.result.transitions.append(doc)
+        n = len(list((self.out / "transitions").glob("*.json"))) if (self.out / "transitions").is_dir() else 0
+        write_json_atomic(self.out / "transitions" / f"{n:03d}-{doc['deployment']}-{doc['action']}.json", doc)
+
+    # -- points --------------------------------------------------------------------
+
+    def _point(self, dep: Deployment, index: int, key: PointKey, warmup: int) -> None:
+        before = status(sim=self.sim).to_json()
+        plan = plan_for(self.spec, key, warmup=warmup)
+        t_start, started_at = time.monotonic(), iso_time(time.time())
+
+        def progress(p: Progress) -> None:
+            self._progress(dep, index, "warmup" if p.warmup else "running", key.concurrency, key.repeat,
+                           p.done, p.total)
+
+        self._progress(dep, index, "warmup" if warmup else "running", key.concurrency, key.repeat, 0,
+                       plan.requests)
+        bench = run_bench(dep.unit.url(""), plan, on_progress=progress)
+        doc = bench.to_json()
+        if not bench.levels:
+            raise ServerFailed(f"{dep.name} at concurrency {key.concurrency}: no result")
+        point = {
+            "schema": POINT_SCHEMA, "experiment": self.spec.name, "deployment": dep.name, "role": dep.role,
+            "concurrency": key.concurrency, "repeat": key.repeat, "seed": plan.seed,
+            "command": dep.unit.command, "unit": dep.unit.to_json(), "gpuslate_version": __version__,
+            "engine": doc.get("server", {}), "started_at": started_at, "finished_at": iso_time(time.time()),
+            "gpu_state_before": before, "level": doc["levels"][0], "bench": doc,
+        }
+        write_json_atomic(self.points / key.filename, point)
+        self.point_seconds.append(time.monotonic() - t_start)
+        self.done += 1
+        self.result.points_run += 1
+
+    def _progress(self, dep: Deployment, index: int, phase: Phase, concurrency: int | None,
+                  repeat: int | None, done: int, total: int | None) -> None:
+        if self.on_progress is None:
+            return
+        left = self.total - self.done
+        remaining = (sum(self.point_seconds) / len(self.point_seconds) * left) if self.point_seconds else None
+        self.on_progress(ExperimentProgress(dep.name, index, len(self.spec.deployments), phase, concurrency,
+                                            repeat, done, total, self.done, self.total,
+                                            time.monotonic() - self.t0, remaining))
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ignore SIGINT/SIGTERM while stopping servers, so a second Ctrl-C cannot leave one half-stopped.
+    Only the main thread may change signal handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

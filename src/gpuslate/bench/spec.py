@@ -1,0 +1,295 @@
+"""The experiment spec: deployments, roles and a load plan, from a TOML file.
+
+::
+
+    [experiment]
+    name = "eagle3-threshold"                      # default: the file's stem
+    deployments = ["baseline", "speculative"]      # sweep order; default: the [units.*] of this file, in order
+    config = "gpuslate.toml"                       # optional: where deployments not defined here are found
+    clear = false                                  # clear the first deployment's GPUs first (as `up --clear`)
+    time_scale = 1.0                               # simulated servers' --time-scale: reports unscale by it
+    min_margin = 0.0                               # a win must also beat the other side by this fraction
+    num_speculative_tokens = 3                     # for the vLLM/SGLang forms of the recommendation
+
+    [roles]                                        # default: deployments named after a role take it
+    baseline = "baseline"
+    speculative = "speculative"
+    "speculative+threshold" = "speculative-t1"
+
+    [load]
+    concurrency = [1, 2, 4, 8, 16, 32, 64]
+    requests = 64          # per level and repeat (or duration_s)
+    repeats = 2
+    warmup = 8             # requests before each deployment's first level, not counted
+    input_len = 128
+    output_len = 128
+    api = "completions"    # or "chat"
+    seed = 0
+
+    [units.baseline]       # exactly as in gpuslate.toml (same parser, same checks)
+    command = ["python", "-m", "sglang.launch_server", "--port", "30000"]
+    port = 30000
+    engine = "sglang"
+
+Every error is a UsageError naming ``FILE:LINE``. Nothing here starts anything.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from ..errors import UsageError
+from ..units.spec import UnitSpec, load_config, resolve
+from .loadgen import LoadPlan
+
+Role = Literal["baseline", "speculative", "speculative+threshold"]
+ROLES: tuple[str, ...] = get_args(Role)
+Api = Literal["completions", "chat"]
+
+# [load] key -> accepted types (bool is never accepted as an int)
+_LOAD_TYPES: dict[str, tuple[type, ...]] = {
+    "concurrency": (list, int), "request_rate": (int, float), "max_concurrency": (int,), "requests": (int,),
+    "duration_s": (int, float), "warmup": (int,), "seed": (int,), "api": (str,), "stream": (bool,),
+    "input_len": (int,), "output_len": (int,), "dataset": (str,), "model": (str,), "ignore_eos": (bool,),
+    "timeout_s": (int, float), "repeats": (int,),
+}
+_EXPERIMENT_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "deployments": (list,), "config": (str,), "clear": (bool,), "time_scale": (int, float),
+    "min_margin": (int, float), "num_speculative_tokens": (int,),
+}
+_TOP = ("experiment", "roles", "load", "units")
+MAX_LEVEL = 100_000
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    role: Role | None
+    unit: UnitSpec
+    source: str  # the file that defines the unit
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "source": self.source, "command": self.unit.command,
+                "unit": self.unit.to_json()}
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    path: str
+    name: str
+    deployments: tuple[Deployment, ...]
+    levels: tuple[int, ...]
+    repeats: int
+    load: dict[str, Any]  # LoadPlan keyword arguments, except concurrency
+    clear_first: bool = False
+    time_scale: float = 1.0
+    min_margin: float = 0.0
+    num_speculative_tokens: int = 3
+    text: str = field(default="", repr=False, compare=False)
+
+    def by_role(self, role: Role) -> Deployment | None:
+        return next((d for d in self.deployments if d.role == role), None)
+
+    def identity(self) -> dict[str, Any]:
+        """What must not change between a run and its --resume."""
+        return {"deployments": [[d.name, d.role, d.unit.command] for d in self.deployments],
+                "levels": list(self.levels), "repeats": self.repeats, "load": self.load}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "deployments": [d.to_json() for d in self.deployments],
+                "levels": list(self.levels), "repeats": self.repeats, "load": self.load,
+                "clear_first": self.clear_first, "time_scale": self.time_scale, "min_margin": self.min_margin,
+                "num_speculative_tokens": self.num_speculative_tokens}
+
+
+def load_spec(path: str | Path) -> ExperimentSpec:
+    """Parse and check an experiment spec; UsageError with ``FILE:LINE`` on the first problem."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"experiment spec {p} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {p}: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{p}: malformed TOML: {exc}") from None
+
+    def fail(table: str | None, key: str | None, msg: str) -> UsageError:
+        return UsageError(f"{p}:{line_of(text, table, key)}: {msg}")
+
+    for key in doc:
+        if key not in _TOP:
+            raise fail(None, key, f"unknown table or key {key!r} (known: {', '.join(_TOP)})")
+    exp = _table(doc, "experiment", fail)
+    _check_types(exp, _EXPERIMENT_TYPES, "experiment", fail)
+    load = _table(doc, "load", fail)
+    _check_types(load, _LOAD_TYPES, "load", fail)
+    roles_t = _table(doc, "roles", fail)
+
+    own = load_config(p)  # the [units.*] tables of this file, checked exactly as gpuslate.toml's
+    config_path: Path | None = None
+    if "config" in exp:
+        config_path = (p.parent / exp["config"]).resolve()
+        if not config_path.is_file():
+            raise fail("experiment", "config", f"config file {config_path} not found")
+    names = exp.get("deployments", list(own))
+    if not names:
+        raise fail("experiment", "deployments", "no deployments: list them in [experiment] deployments "
+                   "or define [units.NAME] tables")
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise fail("experiment", "deployments", "deployments must be distinct unit names")
+    referenced = load_config(config_path) if config_path else {}
+    roles = _roles(roles_t, names, fail)
+    deployments = []
+    for name in names:
+        if name in own:
+            source, where = p, f"{p}:{line_of(text, 'units.' + name, None)}"
+        elif name in referenced:
+            source, where = config_path, f"{config_path}"  # load_config already checked its lines
+        else:
+            hint = f" or in {config_path}" if config_path else " (or set [experiment] config = \"gpuslate.toml\")"
+            raise fail("experiment", "deployments", f"deployment {name!r} is not defined: no [units.{name}] "
+                       f"in this file{hint}")
+        try:
+            unit = resolve(name, config=source)
+        except UsageError as exc:
+            raise UsageError(f"{where}: [units.{name}]: {exc}") from None
+        if unit.port is None:
+            raise UsageError(f"{where}: [units.{name}]: an experiment needs the unit's port to send load to")
+        deployments.append(Deployment(name, roles.get(name), unit, str(source)))
+
+    levels = _levels(load, fail)
+    repeats = load.get("repeats", 1)
+    if not 1 <= repeats <= 100:
+        raise fail("load", "repeats", f"repeats must be 1..100, got {repeats}")
+    plan = {k: v for k, v in load.items() if k not in ("concurrency", "repeats")}
+    _check_load(plan, fail)
+    if "duration_s" in plan:
+        plan["requests"] = None  # LoadPlan: requests=None with a duration
+    if "dataset" in plan:  # relative to the spec, not to wherever gpuslate runs
+        plan["dataset"] = str((p.parent / plan["dataset"]).resolve())
+    try:  # the load generator's own checks too, before any server is started
+        LoadPlan(concurrency=levels, **plan).validate()
+    except UsageError as exc:
+        raise fail("load", None, f"[load]: {exc}") from None
+    if "request_rate" in plan and len(levels) > 1:
+        raise fail("load", "request_rate", "request_rate replaces the concurrency levels: give one or the other")
+    time_scale = float(exp.get("time_scale", 1.0))
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise fail("experiment", "time_scale", f"time_scale must be a number > 0, got {time_scale}")
+    min_margin = float(exp.get("min_margin", 0.0))
+    if not (math.isfinite(min_margin) and 0 <= min_margin < 10):
+        raise fail("experiment", "min_margin", f"min_margin must be a fraction >= 0, got {min_margin}")
+    nst = exp.get("num_speculative_tokens", 3)
+    if not 1 <= nst <= 64:
+        raise fail("experiment", "num_speculative_tokens", f"num_speculative_tokens must be 1..64, got {nst}")
+    name = exp.get("name", p.stem)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}", name):
+        raise fail("experiment", "name", f"invalid experiment name {name!r}: letters, digits, '.', '_', '+', '-'")
+    return ExperimentSpec(str(p), name, tuple(deployments), levels, repeats, plan, exp.get("clear", False),
+                          time_scale, min_margin, nst, text)
+
+
+def _table(doc: dict[str, Any], name: str, fail: Any) -> dict[str, Any]:
+    t = doc.get(name, {})
+    if not isinstance(t, dict):
+        raise fail(None, name, f"{name!r} must be a table ([{name}])")
+    return t
+
+
+def _check_types(table: dict[str, Any], types: dict[str, tuple[type, ...]], tname: str, fail: Any) -> None:
+    for key, value in table.items():
+        if key not in types:
+            raise fail(tname, key, f"unknown key {key!r} in [{tname}] (known: {', '.join(sorted(types))})")
+        ok = types[key]
+        if not isinstance(value, ok) or (isinstance(value, bool) and bool not in ok):
+            raise fail(tname, key, f"{key} in [{tname}] has the wrong type ({type(value).__name__}; "
+                       f"expected {' or '.join(t.__name__ for t in ok)})")
+
+
+def _roles(table: dict[str, Any], names: list[str], fail: Any) -> dict[str, Role]:
+    out: dict[str, Role] = {}
+    for role, dep in table.items():
+        if role not in ROLES:
+            raise fail("roles", role, f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        if not isinstance(dep, str) or dep not in names:
+            raise fail("roles", role, f"role {role!r} names {dep!r}, which is not one of the deployments "
+                       f"({', '.join(names)})")
+        if dep in out:
+            raise fail("roles", role, f"deployment {dep!r} has two roles")
+        out[dep] = role  # type: ignore[assignment]
+    for n in names:  # a deployment named after a role takes it, unless the role is given to another
+        if n not in out and n in ROLES and n not in table:
+            out[n] = n  # type: ignore[assignment]
+    return out
+
+
+def _levels(load: dict[str, Any], fail: Any) -> tuple[int, ...]:
+    raw = load.get("concurrency", [1])
+    raw = [raw] if isinstance(raw, int) else raw
+    if not raw or not all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= MAX_LEVEL for c in raw):
+        raise fail("load", "concurrency", f"concurrency must be a list of integers 1..{MAX_LEVEL}, got {raw!r}")
+    if len(set(raw)) != len(raw):
+        raise fail("load", "concurrency", f"concurrency levels repeat: {raw!r}")
+    return tuple(raw)
+
+
+def _check_load(plan: dict[str, Any], fail: Any) -> None:
+    def positive(key: str, lo: float = 1) -> None:
+        v = plan.get(key)
+        if v is not None and not (math.isfinite(v) and v >= lo):
+            raise fail("load", key, f"{key} must be >= {lo:g}, got {v!r}")
+
+    for key in ("requests", "input_len", "output_len", "max_concurrency"):
+        positive(key)
+    for key in ("warmup", "seed"):
+        positive(key, 0)
+    for key in ("duration_s", "timeout_s", "request_rate"):
+        v = plan.get(key)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise fail("load", key, f"{key} must be a number > 0, got {v!r}")
+    if plan.get("api", "completions") not in get_args(Api):
+        raise fail("load", "api", f"api must be one of {', '.join(get_args(Api))}, got {plan['api']!r}")
+    if "requests" in plan and "duration_s" in plan:
+        raise fail("load", "duration_s", "give requests or duration_s, not both")
+
+
+def line_of(text: str, table: str | None, key: str | None) -> int:
+    """Line (1-based) of ``key`` in ``[table]`` (or of the table's header, or of a top-level key); 1 if unsure."""
+    lines = text.splitlines()
+    start = -1
+    if table is not None:
+        want = _norm(table)
+        start = next((i for i, ln in enumerate(lines)
+                      if ln.lstrip().startswith("[") and _norm(ln.strip().split("#")[0]) == want), -1)
+        if start < 0:
+            # an inline table or dotted key at top level: `table = {...}` / `table.key = ...`
+            return line_of(text, None, table.split(".")[0])
+        if key is None:
+            return start + 1
+    pat = re.compile(r"\s*[\"']?" + re.escape(key or "") + r"[\"']?\s*[=.]")
+    for i in range(start + 1, len(lines)):
+        if lines[i].lstrip().startswith("["):
+            if table is not None:
+                break
+            continue
+        if pat.match(lines[i]):
+            return i + 1
+    if table is None and key is not None:  # a top-level table header `[key]` or `[key.x]`
+        hdr = re.compile(r"\s*\[+\s*[\"']?" + re.escape(key) + r"[\"']?\s*[\].]")
+        return next((i + 1 for i, ln in enumerate(lines) if hdr.match(ln)), 1)
+    return max(start + 1, 1)
+
+
+def _norm(header: str) -> str:
+    return re.sub(r"[\s\"'\[\]]", "", header)

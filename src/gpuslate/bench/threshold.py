@@ -1,0 +1,238 @@
+"""Where speculative decoding stops paying off: a pure decision from measured figures.
+
+Input: for a baseline and a speculative deployment, the output throughput
+(tokens/s) of every repeat at every concurrency level. Output: per level the
+winner and the margin with the run-to-run spread, the crossover, and the
+batch-size threshold above which speculation should be switched off, in the
+forms the engines take (see docs/experiment.md for the sources):
+
+* a flag value ``T`` meaning "speculate while the running batch is at most T"
+  (``gpuslate sim serve --spec-disable-threshold T``; the
+  ``--speculative-disable-batch-threshold``-style flags of patched engines);
+* an SGLang adaptive speculative configuration (``--speculative-adaptive
+  --speculative-adaptive-config FILE``): integer-string batch-size keys, each
+  a lower bound, mapping to ``{"candidate_steps": [...]}``; ``[0]`` disables
+  drafting for that slot;
+* a vLLM ``num_speculative_tokens_per_batch_size`` schedule inside
+  ``--speculative-config``: ``[[bs_lo, bs_hi, K], ...]``, inclusive ranges
+  starting at 1, ``K = 0`` switching speculation off, the last entry's K used
+  for every larger batch.
+
+The decision is deliberately conservative:
+
+* a level counts as a speculative win only when the slowest speculative
+  repeat beats the fastest baseline repeat by more than ``min_margin``
+  (a win beyond the spread); likewise for a baseline win; anything else is
+  a tie ("within noise");
+* the threshold is the largest level ``L`` such that speculation won at every
+  measured level up to and including ``L``: it is always a measured level, so
+  nothing is extrapolated between or past the levels measured;
+* speculation never winning at the smallest level gives "always off"
+  (threshold 0); winning at every level gives "never disable", with a note
+  that this holds only up to the largest level measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+Winner = Literal["speculative", "baseline", "tie"]
+Decision = Literal["disable_above", "always_off", "never_disable"]
+
+#: steps the SGLang adaptive config keeps available while speculation is on
+#: (the first slot of SGLang's own DEFAULT_ADAPTIVE_CONFIG)
+SGLANG_DEFAULT_STEPS: tuple[int, ...] = (1, 3, 5, 7)
+
+
+@dataclass(frozen=True)
+class LevelVerdict:
+    concurrency: int
+    baseline: tuple[float, ...]  # output tok/s of each repeat
+    speculative: tuple[float, ...]
+    winner: Winner
+
+    @property
+    def baseline_mean(self) -> float:
+        return sum(self.baseline) / len(self.baseline)
+
+    @property
+    def speculative_mean(self) -> float:
+        return sum(self.speculative) / len(self.speculative)
+
+    @property
+    def margin(self) -> float:
+        """Speculative over baseline, relative: +0.15 is 15% faster, -0.5 half as fast."""
+        b = self.baseline_mean
+        return self.speculative_mean / b - 1.0 if b > 0 else math.inf
+
+    @property
+    def spread(self) -> float:
+        """The larger of the two run-to-run spreads, (max - min) / mean of each deployment's repeats."""
+        return max(_rel_spread(self.baseline), _rel_spread(self.speculative))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"concurrency": self.concurrency, "winner": self.winner,
+                "baseline_tok_s": _r(self.baseline_mean), "speculative_tok_s": _r(self.speculative_mean),
+                "margin": _r(self.margin, 4), "spread": _r(self.spread, 4),
+                "baseline_repeats": [_r(v) for v in self.baseline],
+                "speculative_repeats": [_r(v) for v in self.speculative]}
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    levels: tuple[LevelVerdict, ...]
+    decision: Decision
+    threshold: int | None  # speculate while the batch is <= threshold; 0: always off; None: never disable
+    crossover: tuple[int, int] | None  # (last level speculation won, the next level measured)
+    crossover_in_noise: bool  # the level after the last win is a tie, not a clear baseline win
+    warnings: tuple[str, ...]
+    num_speculative_tokens: int
+
+    @property
+    def largest_level(self) -> int:
+        return self.levels[-1].concurrency
+
+    def flag_value(self) -> int | None:
+        """``--speculative-disable-batch-threshold``-style value; None means leave speculation on."""
+        return self.threshold
+
+    def sglang_adaptive_config(self) -> dict[str, dict[str, list[int]]]:
+        """JSON for ``--speculative-adaptive-config``: keys are batch-size lower bounds."""
+        on = {"candidate_steps": sorted(set(SGLANG_DEFAULT_STEPS) | {self.num_speculative_tokens})}
+        off = {"candidate_steps": [0]}
+        if self.decision == "always_off":
+            return {"1": off}
+        if self.decision == "never_disable":
+            return {"1": on}
+        assert self.threshold is not None
+        return {"1": on, str(self.threshold + 1): off}
+
+    def vllm_schedule(self) -> list[list[int]]:
+        """``num_speculative_tokens_per_batch_size`` for vLLM's ``--speculative-config``."""
+        k, top = self.num_speculative_tokens, self.largest_level
+        if self.decision == "always_off":
+            return [[1, max(1, top), 0]]
+        if self.decision == "never_disable":
+            return [[1, max(1, top), k]]
+        assert self.threshold is not None
+        return [[1, self.threshold, k], [self.threshold + 1, max(self.threshold + 1, top), 0]]
+
+    def vllm_speculative_config(self) -> dict[str, Any]:
+        return {"num_speculative_tokens": self.num_speculative_tokens,
+                "num_speculative_tokens_per_batch_size": self.vllm_schedule()}
+
+    def summary(self) -> str:
+        """One sentence for people."""
+        if self.decision == "always_off":
+            return ("speculation never won beyond the run-to-run spread: leave it off "
+                    f"(measured {self.levels[0].concurrency}..{self.largest_level})")
+        if self.decision == "never_disable":
+            return (f"speculation won at every level measured (up to {self.largest_level}): never disable it "
+                    "within that range")
+        assert self.crossover is not None
+        return (f"speculation wins up to concurrency {self.threshold}; disable it above {self.threshold} "
+                f"(crossover between {self.crossover[0]} and {self.crossover[1]})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision, "threshold": self.threshold,
+            "crossover": list(self.crossover) if self.crossover else None,
+            "crossover_in_noise": self.crossover_in_noise, "summary": self.summary(),
+            "warnings": list(self.warnings), "levels": [v.to_json() for v in self.levels],
+            "engines": {
+                "disable_batch_threshold": self.flag_value(),
+                "sglang_adaptive_config": self.sglang_adaptive_config(),
+                "vllm_speculative_config": self.vllm_speculative_config(),
+            },
+        }
+
+    def engine_lines(self) -> list[str]:
+        """The recommendation in each engine's own form, ready to paste."""
+        lines = []
+        if self.threshold is None:
+            lines.append("disable-threshold flag: none (keep speculation on)")
+        else:
+            lines.append(f"disable-threshold flag: {self.threshold}  "
+                         f"(e.g. gpuslate sim serve --spec-disable-threshold {self.threshold})")
+        lines.append("SGLang: --speculative-adaptive --speculative-adaptive-config FILE with FILE = "
+                     + json.dumps(self.sglang_adaptive_config()))
+        lines.append("vLLM: --speculative-config '" + json.dumps(self.vllm_speculative_config())
+                     + "'  (merge with your method/model keys)")
+        return lines
+
+
+def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int, Sequence[float]], *,
+              min_margin: float = 0.0, num_speculative_tokens: int = 3) -> Recommendation:
+    """Compare per-level, per-repeat output throughputs and recommend a disable threshold.
+
+    Only levels measured for both deployments (with at least one repeat each) are used.
+    Raises ValueError when there is no such level or a figure is not a finite number >= 0.
+    """
+    if not (math.isfinite(min_margin) and min_margin >= 0):
+        raise ValueError(f"min_margin must be a finite number >= 0, got {min_margin!r}")
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    common = sorted(c for c in set(baseline) & set(speculative) if baseline[c] and speculative[c])
+    if not common:
+        raise ValueError("no concurrency level was measured for both the baseline and the speculative deployment")
+    verdicts = []
+    for c in common:
+        b, s = tuple(float(v) for v in baseline[c]), tuple(float(v) for v in speculative[c])
+        if c < 1 or not all(math.isfinite(v) and v >= 0 for v in b + s):
+            raise ValueError(f"level {c}: figures must be finite numbers >= 0 and levels >= 1")
+        verdicts.append(LevelVerdict(c, b, s, _winner(b, s, min_margin)))
+
+    warnings: list[str] = []
+    if all(len(v.baseline) < 2 or len(v.speculative) < 2 for v in verdicts):
+        warnings.append("one repeat per level: no run-to-run spread was measured (set repeats >= 2)")
+    prefix = 0
+    while prefix < len(verdicts) and verdicts[prefix].winner == "speculative":
+        prefix += 1
+    if any(v.winner == "speculative" for v in verdicts[prefix:]):
+        later = [v.concurrency for v in verdicts[prefix:] if v.winner == "speculative"]
+        warnings.append("speculation wins again at concurrency " + ", ".join(map(str, later))
+                        + " after losing or tying below it; the threshold keeps only the wins from the smallest level")
+
+    crossover, in_noise = None, False
+    if prefix == len(verdicts):
+        decision: Decision = "never_disable"
+        threshold = None
+        warnings.append(f"not measured beyond concurrency {verdicts[-1].concurrency}: "
+                        "whether speculation keeps winning above it is unknown")
+    elif prefix == 0:
+        decision, threshold = "always_off", 0
+        if verdicts[0].winner == "tie":
+            in_noise = True
+            warnings.append(f"at concurrency {verdicts[0].concurrency} the difference is within the run-to-run "
+                            "spread: speculation is not shown to win anywhere")
+    else:
+        decision, threshold = "disable_above", verdicts[prefix - 1].concurrency
+        nxt = verdicts[prefix]
+        crossover = (threshold, nxt.concurrency)
+        if nxt.winner == "tie":
+            in_noise = True
+            warnings.append(f"the crossover is within noise: at concurrency {nxt.concurrency} neither wins beyond "
+                            f"the spread ({nxt.margin:+.1%} with {nxt.spread:.1%} spread); "
+                            f"the threshold stays at the last clear win, {threshold}")
+    return Recommendation(tuple(verdicts), decision, threshold, crossover, in_noise, tuple(warnings),
+                          num_speculative_tokens)
+
+
+def _winner(b: tuple[float, ...], s: tuple[float, ...], min_margin: float) -> Winner:
+    if min(s) > max(b) * (1.0 + min_margin):
+        return "speculative"
+    if min(b) > max(s) * (1.0 + min_margin):
+        return "baseline"
+    return "tie"
+
+
+def _rel_spread(xs: tuple[float, ...]) -> float:
+    mean = sum(xs) / len(xs)
+    return (max(xs) - min(xs)) / mean if mean > 0 else 0.0
+
+
+def _r(v: float, nd: int = 2) -> float | None:
+    return round(v, nd) if math.isfinite(v) else None

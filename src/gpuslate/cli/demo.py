@@ -1,0 +1,209 @@
+"""``gpuslate demo [--quick] [--out DIR]``: the motivating scenario end to end, no GPU needed.
+
+On a simulated 8-GPU host (made in a temporary folder, or ``--sim DIR``):
+
+1. a baseline server someone started by hand holds most of each GPU's memory;
+2. an experiment clears it (verified), then sweeps three deployments of the
+   simulated server on the same GPUs and port, each swapped in on a verified
+   clean slate: baseline, speculative (EAGLE-3-like), and speculative with a
+   disable threshold;
+3. the report: tables, plots, and where speculation should be switched off;
+4. everything stopped and verified clean (also after Ctrl-C or SIGTERM).
+
+``--quick`` keeps it within a minute on a 2-core machine: short outputs, few
+levels and the simulated servers at ``--time-scale 10``. The recommendation
+uses only output throughput, which a scaled run preserves (docs/bench.md);
+the report unscales the figures to the modelled system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import Interrupted, NotDoneError, UsageError
+from .common import add_common, note, print_json
+from .exits import ExitStatus
+
+SCHEMA = "gpuslate.demo.v1"
+MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="the whole loop on a simulated 8-GPU host: clear, swap, sweep, recommend",
+                       description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
+                       "folder, or --sim DIR): a baseline server holding the GPUs is cleared, then baseline, "
+                       "speculative and speculative-with-threshold servers are swapped in and swept; the report "
+                       "shows where speculation stops paying off. Everything is stopped and verified at the end.")
+    add_common(p)
+    p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
+    p.add_argument("--out", metavar="DIR", help="where the experiment and its report go (default: ./gpuslate-demo)")
+    p.set_defaults(handler=run)
+
+
+def scenario(quick: bool, port: int) -> str:
+    """The demo's experiment spec (TOML), written next to its results."""
+    scale = 5 if quick else 2
+    serve = [sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port), "--memory", MEMORY,
+             "--startup-seconds", "3", "--time-scale", str(scale)]
+
+    def unit(name: str, *extra: str) -> str:
+        return (f"[units.{json.dumps(name)}]\ncommand = {json.dumps(serve + list(extra))}\ngpus = \"0-7\"\n"
+                f"port = {port}\nengine = \"sglang\"\nstart_timeout = 60\ngrace = 5\nstop_timeout = 30\n")
+
+    levels = [1, 2, 4, 8, 16, 32] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
+    load = (f"concurrency = {levels}\nrequests = {32 if quick else 128}\nrepeats = {2 if quick else 3}\n"
+            f"warmup = 4\ninput_len = 64\noutput_len = {32 if quick else 128}\napi = \"completions\"\nseed = 0\n")
+    return (f"# gpuslate demo{' --quick' if quick else ''}: baseline vs speculative decoding on a simulated "
+            "8-GPU host\n\n"
+            f"[experiment]\nname = \"demo{'-quick' if quick else ''}\"\n"
+            "deployments = [\"baseline\", \"speculative\", \"speculative-t1\"]\n"
+            "clear = true            # the GPUs are held by a server started by hand: clear them first\n"
+            f"time_scale = {scale}          # the simulated servers run {scale}x faster: reports unscale\n\n"
+            "[roles]\nbaseline = \"baseline\"\nspeculative = \"speculative\"\n"
+            "\"speculative+threshold\" = \"speculative-t1\"\n\n"
+            f"[load]\n{load}\n"
+            + unit("baseline") + "\n" + unit("speculative", "--mode", "speculative") + "\n"
+            + unit("speculative-t1", "--mode", "speculative", "--spec-disable-threshold", "1"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.experiment import run_experiment
+    from ..bench.spec import load_spec
+    from ..sim.host import SimHost
+    from .experiment import ProgressDisplay, _sigterm_as_interrupt, print_report, run_json, write_report_for
+
+    out = Path(args.out or "gpuslate-demo").absolute()
+    _check_out(out)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="gpuslate-demo-"))
+    sim = getattr(args, "sim", None)
+    if sim is None:
+        sim = str(SimHost.init(work / "sim", gpus=8, memory=96 * 1024**3, release_delay=0.2).root)
+        note(f"simulated 8-GPU host (96 GiB each) in {sim}")
+    # the units and servers this demo starts inherit these: they see the simulated host, and
+    # their records stay out of the user's own state folder
+    os.environ["GPUSLATE_SIM"] = sim
+    os.environ["GPUSLATE_STATE_DIR"] = str(work / "state")
+    _sigterm_as_interrupt()
+    if out.exists():
+        shutil.rmtree(out)  # a previous demo's results (checked above)
+    out.mkdir(parents=True)
+    port, hand_port = _free_port(), _free_port()
+    spec_path = work / "demo.toml"  # the results folder keeps a copy (spec.toml)
+    spec_path.write_text(scenario(args.quick, port))
+    spec = load_spec(spec_path)
+    hand = None
+    display = ProgressDisplay()
+    ok = False
+    try:
+        hand = _start_by_hand(hand_port, work, display)
+        _await_ready(hand, work)
+        out.rmdir()  # run_experiment creates it with its manifest
+        try:
+            result = run_experiment(spec, out, sim=sim, on_event=display.note, on_progress=display.update)
+        except Interrupted:  # the experiment stopped its units; the hint to --resume does not apply here
+            raise Interrupted(f"interrupted; the partial results are in {out}") from None
+        ok = True
+    finally:
+        display.close()
+        clean = _finish(hand, sim, interrupted=not ok)
+    rep = write_report_for(out)
+    if args.json:
+        print_json({"schema": SCHEMA, "ok": clean["ok"], "sim": sim, "out": str(out),
+                    "elapsed_s": round(time.monotonic() - t0, 2), "clean": clean,
+                    "run": run_json(result), "experiment": rep.to_json()})
+    else:
+        print_report(rep, out)
+        print(f"\nVerified clean: {clean['gpus_free']}/{clean['gpus']} GPUs free, "
+              f"{clean['units_running']} unit(s) running; {time.monotonic() - t0:.0f} s in all.")
+    if sim.startswith(str(work)):
+        shutil.rmtree(work, ignore_errors=True)
+    return ExitStatus.OK if clean["ok"] else ExitStatus.TIMEOUT
+
+
+def _check_out(out: Path) -> None:
+    """Only an empty folder or a previous demo's results may be replaced."""
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise UsageError(f"--out {out}: folder {out.parent} does not exist")
+        return
+    if not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    if not any(out.iterdir()):
+        return
+    try:
+        name = json.loads((out / "experiment.json").read_text())["spec"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        name = None
+    if name not in ("demo", "demo-quick"):
+        raise UsageError(f"--out {out}: exists and does not hold a previous demo", hint="give another --out DIR")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_by_hand(port: int, work: Path, display: Any) -> subprocess.Popen[bytes]:
+    """A baseline server started by hand (not a unit), holding most of every GPU's memory."""
+    display.note(f"a baseline server started by hand holds {MEMORY} on each of the 8 GPUs (port {port})")
+    log = work / "hand-started-baseline.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port),
+                                 "--memory", MEMORY, "--startup-seconds", "0"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=f,
+                                start_new_session=True)
+    return proc
+
+
+def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
+    """Until its log shows SGLang's readiness line (apart from starting it, so that an interrupt
+    while waiting still finds the process to stop)."""
+    log = work / "hand-started-baseline.log"
+    deadline = time.monotonic() + 30
+    while b"ready to roll" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise NotDoneError(f"the demo's hand-started baseline server did not start (see {log})")
+        time.sleep(0.02)
+
+
+def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool) -> dict[str, Any]:
+    """Stop what the demo itself started (the hand-started server, if the experiment did not clear it),
+    then verify: every GPU free, no unit running."""
+    from .. import wait_free
+    from ..units import list_units
+
+    if hand is not None and hand.poll() is None:
+        try:
+            os.killpg(hand.pid, signal.SIGTERM)  # its own session and group: only what it started
+        except ProcessLookupError:
+            pass
+        try:
+            hand.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(hand.pid, signal.SIGKILL)
+            hand.wait()
+    elif hand is not None:
+        hand.wait()
+    free = wait_free(None, timeout=30, sim=sim)
+    units = [u for u in list_units().units if u.state in ("starting", "ready", "orphaned")]
+    busy = [r.index for r in free.readings if r.processes or r.memory is None or r.memory.used > free.max_used]
+    doc = {"ok": free.ok and not units, "gpus": len(free.gpus), "gpus_free": len(free.gpus) - len(busy),
+           "units_running": len(units), "interrupted": interrupted}
+    if not doc["ok"]:
+        note(f"error: not clean after the demo: {doc}")
+    elif interrupted:
+        note(f"interrupted: everything stopped; {doc['gpus_free']}/{doc['gpus']} GPUs verified free")
+    return doc

@@ -1,0 +1,197 @@
+"""``gpuslate experiment run SPEC.toml [--out DIR] [--resume]`` and ``gpuslate experiment report DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .common import add_common, note, print_json
+from .exits import ExitStatus
+
+if TYPE_CHECKING:
+    from ..bench.experiment import ExperimentProgress, RunResult
+    from ..bench.report import Report
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="sweep deployments on a verified clean slate; compare; recommend",
+                       description="A/B experiments between deployments (e.g. a baseline and a speculative-"
+                       "decoding server): each swapped in on a verified clean slate, swept over concurrency "
+                       "levels and repeats with the load generator of 'gpuslate bench', compared, and a "
+                       "speculation disable threshold recommended. See docs/experiment.md.")
+    add_common(p)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    r = verbs.add_parser("run", help="run (or --resume) an experiment spec",
+                         description="Run the experiment of SPEC.toml into DIR: every finished point is "
+                         "written at once, so an interrupted run loses nothing and --resume skips what is done. "
+                         "The report is written at the end.")
+    add_common(r)
+    r.add_argument("spec", metavar="SPEC.toml")
+    r.add_argument("--out", metavar="DIR", help="results folder (default: ./experiments/NAME)")
+    r.add_argument("--resume", action="store_true", help="continue the experiment in DIR, skipping finished points")
+    r.set_defaults(handler=run)
+    rep = verbs.add_parser("report", help="(re)write the report of an experiment folder",
+                           description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
+                           "report.md, summary.json and summary.csv, and the speculation recommendation.")
+    add_common(rep)
+    rep.add_argument("dir", metavar="DIR")
+    rep.set_defaults(handler=report)
+    p.set_defaults(handler=lambda args: _usage(p))
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    sys.stderr.write("gpuslate: error: experiment needs a verb: run SPEC.toml or report DIR "
+                     "(see 'gpuslate experiment --help')\n")
+    return ExitStatus.USAGE
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM ends a run like Ctrl-C: units stopped and verified, exit 130."""
+    def raise_interrupt(signum: int, frame: Any) -> NoReturn:
+        raise KeyboardInterrupt("terminated")
+
+    signal.signal(signal.SIGTERM, raise_interrupt)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.experiment import run_experiment
+    from ..bench.spec import load_spec
+
+    spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
+    out = Path(args.out) if args.out else Path("experiments") / spec.name
+    _sigterm_as_interrupt()
+    display = ProgressDisplay()
+    try:
+        result = run_experiment(spec, out, resume=args.resume, sim=getattr(args, "sim", None),
+                                on_event=display.note, on_progress=display.update)
+    finally:
+        display.close()
+    display.note(f"{result.points_run} point(s) run, {result.points_skipped} resumed, "
+                 f"in {result.elapsed_s:.1f} s; writing the report")
+    rep = write_report_for(out)
+    if args.json:
+        print_json({**rep.to_json(), "run": run_json(result)})
+    else:
+        print_report(rep, out)
+    return outcome(rep)
+
+
+def outcome(rep: Report) -> int:
+    """0; 7 when some requests failed (grouped in the points); 6 when no request succeeded at all."""
+    levels = rep.summary["levels"]
+    if levels and not any(r["completed"] for r in levels):
+        note("error: no request succeeded (see the errors in DIR/points/*.json)")
+        return ExitStatus.SERVER_FAILED
+    failed = sum(r["failed"] for r in levels)
+    if failed:
+        note(f"{failed} request(s) failed (see the errors in DIR/points/*.json)")
+        return ExitStatus.PARTIAL
+    return ExitStatus.OK
+
+
+def report(args: argparse.Namespace) -> int:
+    rep = write_report_for(Path(args.dir))
+    if args.json:
+        print_json(rep.to_json())
+    else:
+        print_report(rep, Path(args.dir))
+    return ExitStatus.OK
+
+
+def write_report_for(out: Path) -> Report:
+    from ..bench.report import write_report
+
+    return write_report(out)
+
+
+def run_json(result: RunResult) -> dict[str, Any]:
+    return {"points_run": result.points_run, "points_skipped": result.points_skipped,
+            "elapsed_s": round(result.elapsed_s, 3),
+            "transitions": [{"deployment": t["deployment"], "action": t["action"], "at": t["at"], "ok": t["ok"],
+                             "total_s": t["result"].get("total_s", t["result"].get("timings", {}).get("total_s"))}
+                            for t in result.transitions]}
+
+
+def print_report(rep: Report, out: Path) -> None:
+    from ..bench.report import level_tables
+
+    s = rep.summary
+    pts = s["points"]
+    print(f"Experiment {s['name']}: {pts['done']}/{pts['total']} points"
+          + ("" if s["complete"] else " (incomplete)") + f", in {out}")
+    if s["time_scale"] != 1:
+        print(f"(simulated at time-scale {s['time_scale']:g}; figures unscaled to the modelled system)")
+    for c, table in level_tables(s["levels"]):
+        print(f"\nconcurrency {c}")
+        # cells are figures and deployment names (checked like unit names): nothing to escape
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for row in table:
+            print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                                   for i, (cell, w) in enumerate(zip(row, widths))))
+    rec = rep.recommendation
+    if rec is not None:
+        print(f"\nRecommendation: {rec.summary()}")
+        for line in rec.engine_lines():
+            print(f"  {line}")
+        for w in rec.warnings:
+            print(f"  warning: {w}")
+    files = s.get("files", {})
+    print(f"\nReport: {out / 'report.md'}" + (f" ({len(files.get('plots', []))} plots)" if files.get("plots") else ""))
+    if s.get("plots_note"):
+        print(f"  {s['plots_note']}")
+
+
+class ProgressDisplay:
+    """Deployment, level, requests done, elapsed and remaining: a live line on a terminal
+    (stderr), otherwise one line per point. Notes from the units API go above it."""
+
+    def __init__(self) -> None:
+        self.live: Any = None
+        self.last: tuple[Any, ...] | None = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+
+            self._text = Text
+            self.live = Live(Text(""), console=Console(file=sys.stderr), transient=True, refresh_per_second=8)
+            self.live.start()
+
+    def note(self, msg: str) -> None:
+        if self.live is not None:
+            from rich.markup import escape
+
+            self.live.console.print(f"gpuslate: {escape(msg)}", highlight=False)
+        else:
+            note(msg)
+
+    def update(self, p: ExperimentProgress) -> None:
+        left = f", ~{_dur(p.remaining_s)} left" if p.remaining_s is not None else ""
+        where = (f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})"
+                 + (f" c={p.concurrency} repeat {p.repeat + 1}" if p.concurrency is not None and p.repeat is not None
+                    else ""))
+        reqs = f" {p.phase} {p.done}/{p.total if p.total is not None else '?'} requests" \
+            if p.phase in ("warmup", "running") else f" {p.phase}"
+        line = f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+        if self.live is not None:
+            self.live.update(self._text(line))
+            return
+        key = (p.deployment, p.concurrency, p.repeat, p.phase)
+        if key != self.last and p.done == 0:  # one line per point (and phase) when not on a terminal
+            self.last = key
+            note(line)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

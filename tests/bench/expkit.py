@@ -1,0 +1,93 @@
+"""Helpers for the experiment and demo tests: a small spec of simulated servers, the CLI as a
+process, and a teardown that kills whatever a test's units left (each by exact identity)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuslate.proc.procfs import ProcessId
+from gpuslate.proc.signals import send_signal
+from gpuslate.proc.tree import ProcTable
+from gpuslate.sim.host import SimHost
+from helpers import gpuslate_env
+
+LEVELS = (1, 2, 4)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_spec(path: Path, port: int, *, requests: int = 12, repeats: int = 2, scale: int = 10) -> Path:
+    """baseline and speculative simulated servers on one port, swept over LEVELS."""
+    serve = [sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port), "--memory", "40GiB",
+             "--startup-seconds", "0.5", "--time-scale", str(scale)]
+
+    def unit(name: str, *extra: str) -> str:
+        return (f"[units.{name}]\ncommand = {json.dumps(serve + list(extra))}\ngpus = \"0-7\"\nport = {port}\n"
+                "engine = \"sglang\"\nstart_timeout = 30\ngrace = 5\n\n")
+
+    path.write_text(f"[experiment]\nname = \"t\"\ntime_scale = {scale}\n\n"
+                    f"[load]\nconcurrency = {list(LEVELS)}\nrequests = {requests}\nrepeats = {repeats}\n"
+                    "warmup = 2\ninput_len = 32\noutput_len = 48\nseed = 7\n\n"
+                    + unit("baseline") + unit("speculative", "--mode", "speculative"))
+    return path
+
+
+def popen_cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "gpuslate", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=gpuslate_env(env), cwd=cwd,
+                            start_new_session=True)
+
+
+def kill_leftovers(host: SimHost, state_dirs: list[Path]) -> None:
+    """SIGKILL every process of the units recorded in ``state_dirs`` and every live holder on ``host``
+    (all started by the test)."""
+    from gpuslate.units import store
+    from gpuslate.units.contain import discard_cgroup, unit_processes
+
+    idents: set[ProcessId] = set()
+    table = ProcTable()
+    saved = os.environ.get("GPUSLATE_STATE_DIR")
+    records = []
+    try:
+        for d in state_dirs:
+            if d.is_dir():
+                os.environ["GPUSLATE_STATE_DIR"] = str(d)
+                records += store.load_all()
+    finally:
+        if saved is None:
+            os.environ.pop("GPUSLATE_STATE_DIR", None)
+        else:
+            os.environ["GPUSLATE_STATE_DIR"] = saved
+    for rec in records:
+        idents.update(st.ident for st in unit_processes(rec, table))
+    for held in host.held():
+        r = held.record
+        if held.alive and r.pid is not None and r.pid != os.getpid():
+            idents.add(ProcessId(r.pid, r.start_ticks))
+    for ident in idents:
+        send_signal(ident, signal.SIGKILL)
+    for rec in records:
+        discard_cgroup(rec.cgroup, wait=10.0)
+
+
+def deterministic(summary: dict) -> dict:
+    """The fields of a summary that the same seeds reproduce exactly (not the timings)."""
+    rec = summary["recommendation"] or {}
+    return {
+        "complete": summary["complete"], "points": summary["points"],
+        "deployments": [(d["name"], d["role"], d["points"]) for d in summary["deployments"]],
+        "levels": [(r["deployment"], r["concurrency"], r["repeats"], r["completed"], r["failed"],
+                    r["output_tokens"], r["input_tokens"]) for r in summary["levels"]],
+        "decision": rec.get("decision"), "threshold": rec.get("threshold"),
+        "winners": [lv["winner"] for lv in rec.get("levels", [])],
+    }

@@ -1,0 +1,84 @@
+"""gpuslate demo --quick end to end on a simulated 8-GPU host: the hand-started baseline cleared,
+three deployments swept, the recommendation, plots, and nothing left running; also after a real
+SIGINT or SIGTERM midway."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from expkit import kill_leftovers, popen_cli
+from helpers import wait_for
+
+
+@pytest.fixture
+def demo_env(sim_host, tmp_path, monkeypatch):
+    """The demo makes its state folder with mkdtemp: TMPDIR puts it where the teardown finds it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    yield sim_host
+    kill_leftovers(sim_host, list(tmp.glob("gpuslate-demo-*/state")))
+
+
+def unit_states(tmp_path: Path) -> list[str]:
+    return [json.loads(p.read_text())["phase"] for p in tmp_path.glob("tmp/gpuslate-demo-*/state/units/*.json")]
+
+
+def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
+    out = tmp_path / "demo"
+    t0 = time.monotonic()
+    r = cli("--sim", str(demo_env.root), "demo", "--quick", "--out", str(out), "--json", timeout=110)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "gpuslate.demo.v1" and doc["ok"]
+    assert doc["clean"] == {"ok": True, "gpus": 8, "gpus_free": 8, "units_running": 0, "interrupted": False}
+    assert elapsed < 60, elapsed
+    exp = doc["experiment"]
+    jsonschema.validate(exp, json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json")
+                                        .read_text()))
+    assert exp["complete"] and [d["role"] for d in exp["deployments"]] == [
+        "baseline", "speculative", "speculative+threshold"]
+    rec = exp["recommendation"]
+    assert rec["threshold"] == 1 and rec["crossover"] == [1, 2], rec
+    # speculation with the threshold keeps up with the better of the two at every level
+    assert all(c["ratio"] > 0.9 for c in exp["threshold_check"]), exp["threshold_check"]
+    assert len(exp["files"]["plots"]) == 4 and all((out / p).stat().st_size > 10_000 for p in exp["files"]["plots"])
+    # the hand-started baseline was cleared (verified) before the first deployment came up
+    first = json.loads(sorted((out / "transitions").glob("000-*.json"))[0].read_text())
+    assert first["action"] == "up" and first["result"]["cleared"]["ok"]
+    assert not demo_env.held()
+    assert unit_states(tmp_path) and set(unit_states(tmp_path)) == {"stopped"}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_demo_interrupted_leaves_nothing_running(demo_env, tmp_path, sig):
+    out = tmp_path / "demo"
+    proc = popen_cli("--sim", str(demo_env.root), "demo", "--quick", "--out", str(out))
+    wait_for(lambda: len(list((out / "points").glob("*.json"))) >= 2 or proc.poll() is not None, timeout=60,
+             interval=0.01)
+    assert proc.poll() is None
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "8/8 GPUs verified free" in err and "partial results" in err
+    assert not demo_env.held()
+    assert "ready" not in unit_states(tmp_path) and "starting" not in unit_states(tmp_path)
+
+
+def test_demo_refuses_a_foreign_out_dir(demo_env, cli, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    r = cli("--sim", str(demo_env.root), "demo", "--quick", "--out", str(out))
+    assert r.returncode == 2 and "does not hold a previous demo" in r.stderr
+    assert (out / "notes.txt").read_text() == "keep me" and not demo_env.held()

@@ -1,0 +1,156 @@
+"""experiment run/report against real simulated servers swapped as units on a simulated host:
+points written as they finish, a real SIGINT midway then --resume gives the same summary as an
+uninterrupted run, the recommendation finds the crossover the performance model implies."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
+from gpuslate.sim.perfmodel import throughput
+from helpers import gpuslate_env, wait_for
+
+
+@pytest.fixture
+def exp_host(sim_host, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    yield sim_host
+    kill_leftovers(sim_host, [tmp_path / "state"])
+
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json").read_text())
+
+
+def implied_threshold() -> int:
+    return max(c for c in LEVELS if throughput("speculative", c) > throughput("baseline", c))
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", free_port())
+    full = cli("experiment", "run", str(spec), "--out", str(tmp_path / "full"), "--json", timeout=110)
+    assert full.returncode == 0, full.stderr
+    whole = json.loads(full.stdout)
+    jsonschema.validate(whole, SCHEMA)
+    assert whole["schema"] == "gpuslate.experiment.v1" and whole["complete"]
+    assert whole["run"]["points_run"] == 2 * len(LEVELS) * 2 and whole["run"]["points_skipped"] == 0
+    assert [t["action"] for t in whole["run"]["transitions"]] == ["up", "swap", "down"]
+    assert all(t["ok"] for t in whole["run"]["transitions"])
+    # the crossover the performance model implies (between 1 and 2 with the defaults)
+    rec = whole["recommendation"]
+    assert rec["decision"] == "disable_above" and rec["threshold"] == implied_threshold() == 1, rec
+    assert rec["crossover"] == [1, 2]
+    assert rec["engines"]["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 3],
+                                                                                                   [2, 4, 0]]
+    assert not exp_host.held()  # the last deployment was stopped and its memory released
+
+    out = tmp_path / "part"
+    proc = popen_cli("experiment", "run", str(spec), "--out", str(out))
+    # interrupt inside the second deployment's sweep: the first one's points are all written
+    wait_for(lambda: len(list((out / "points").glob("speculative__*.json"))) >= 1, timeout=60, interval=0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err and "--resume" in err
+    assert not exp_host.held()  # the running deployment was stopped, memory verified released
+    kept = len(list((out / "points").glob("*.json")))
+    assert len(LEVELS) * 2 < kept < 2 * len(LEVELS) * 2
+    assert not list((out / "points").glob(".*"))  # no half-written point
+
+    again = cli("experiment", "run", str(spec), "--out", str(out), "--json", "--resume", timeout=110)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads(again.stdout)
+    assert resumed["run"]["points_skipped"] == kept
+    assert resumed["run"]["points_run"] == 2 * len(LEVELS) * 2 - kept
+    assert [t["action"] for t in resumed["run"]["transitions"]] == ["up", "down"]  # baseline not redone
+    assert deterministic(resumed) == deterministic(whole)
+
+    # the report alone gives the same summary, and its files are there
+    rep = cli("experiment", "report", str(out), "--json")
+    assert rep.returncode == 0, rep.stderr
+    report_doc = json.loads(rep.stdout)
+    jsonschema.validate(report_doc, SCHEMA)
+    assert deterministic(report_doc) == deterministic(whole)
+    assert json.loads((out / "summary.json").read_text())["levels"] == report_doc["levels"]
+    for name in ("report.md", "summary.json", "summary.csv", "throughput_vs_concurrency.png"):
+        assert (out / name).is_file(), name
+    assert (out / "report.md").read_text().count("### Concurrency") == len(LEVELS)
+    assert len((out / "summary.csv").read_text().splitlines()) == 1 + 2 * len(LEVELS)
+    point = json.loads((out / "points" / "baseline__c00001__r00.json").read_text())
+    assert point["command"][-2:] == ["--time-scale", "10"] and point["gpuslate_version"]
+    assert point["engine"]["engine"] == "gpuslate-sim"
+    assert len(point["gpu_state_before"]["gpus"]) == 8
+    assert all(len(g["processes"]) == 1 for g in point["gpu_state_before"]["gpus"])  # the server's workers
+
+
+def test_resume_refuses_another_spec_and_existing_dir(exp_host, cli, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "x").write_text("mine")
+    r = cli("experiment", "run", str(spec), "--out", str(out))
+    assert r.returncode == 2 and "not an experiment folder" in r.stderr
+    assert not exp_host.held()
+    (out / "x").unlink()
+    (out / "experiment.json").write_text(json.dumps({"identity": {"other": 1}}))
+    r = cli("experiment", "run", str(spec), "--out", str(out))
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--resume")
+    assert r.returncode == 2 and "same spec" in r.stderr
+    r = cli("experiment", "report", str(tmp_path))
+    assert r.returncode == 2 and "not an experiment folder" in r.stderr
+
+
+def test_deployment_that_fails_to_start_is_cleaned_up(exp_host, cli, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    spec.write_text(spec.read_text().replace('"--mode", "speculative"]', '"--fail-startup"]'))
+    r = cli("experiment", "run", str(spec), "--out", str(tmp_path / "o"), timeout=110)
+    assert r.returncode == 6, r.stderr
+    assert "speculative did not come up" in r.stderr and "Traceback" not in r.stderr
+    assert not exp_host.held()
+    assert len(list((tmp_path / "o" / "points").glob("baseline__*.json"))) == len(LEVELS)
+
+
+def test_progress_on_a_terminal(exp_host, tmp_path):
+    """On a terminal, a live progress line (deployment, level, requests, points, elapsed) on stderr;
+    the unit notes above it; the table on stdout."""
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=6, repeats=1)
+    master, slave = pty.openpty()
+    seen = bytearray()
+
+    def drain() -> None:  # read while it runs: a full pty would block the writer
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "experiment", "run", str(spec), "--out",
+                                 str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=slave, text=True,
+                                env=gpuslate_env())
+        os.close(slave)
+        out, _ = proc.communicate(timeout=100)
+        reader.join(10)
+    finally:
+        os.close(master)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "speculative (2/2) c=4 repeat 1" in text and "points 5/6" in text and "elapsed" in text
+    assert "gpuslate: swap baseline -> speculative" in text and "Traceback" not in text
+    assert "Recommendation:" in out and "concurrency 4" in out
+    assert not exp_host.held()

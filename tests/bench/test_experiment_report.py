@@ -1,0 +1,111 @@
+"""The report from points on disk (no server): aggregation over repeats, unscaling by time_scale,
+nulls for absent latencies, CSV, report.md, and the plots skipped (not crashed) without matplotlib."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+
+import pytest
+
+from gpuslate.bench.experiment import POINT_SCHEMA, write_json_atomic
+from gpuslate.bench.report import CSV_COLUMNS, aggregate, write_report
+
+
+def stat(v):
+    return {"mean": v, "p50": v, "p90": v, "p99": v}
+
+
+def point(dep, role, c, r, thr, *, ttft=10.0, failed=0):
+    return {"schema": POINT_SCHEMA, "deployment": dep, "role": role, "concurrency": c, "repeat": r,
+            "engine": {"engine": "gpuslate-sim", "version": "0"},
+            "level": {"completed": 8, "failed": failed, "output_tokens": 256, "input_tokens": 64,
+                      "output_token_throughput": thr, "request_throughput": thr / 32,
+                      "total_token_throughput": thr * 1.25, "ttft_ms": stat(ttft), "tpot_ms": stat(5.0),
+                      "itl_ms": stat(5.0), "e2e_ms": stat(100.0), "accept_length": None,
+                      "tokens_estimated": False}}
+
+
+def make_dir(tmp_path, points, *, scale=1.0):
+    out = tmp_path / "exp"
+    deps = [{"name": "base", "role": "baseline", "command": ["serve"]},
+            {"name": "spec", "role": "speculative", "command": ["serve", "--spec"]}]
+    write_json_atomic(out / "experiment.json", {"spec": {
+        "name": "x", "path": "x.toml", "deployments": deps, "levels": [1, 2], "repeats": 2, "time_scale": scale}})
+    for p in points:
+        write_json_atomic(out / "points" / f"{p['deployment']}-{p['concurrency']}-{p['repeat']}.json", p)
+    (out / "points" / ".half.json.123.tmp").write_text("{")  # a temp file of an interrupted write: ignored
+    return out
+
+
+FIGS = {("base", 1): (100, 104), ("base", 2): (200, 204), ("spec", 1): (130, 128), ("spec", 2): (150, 152)}
+
+
+def all_points():
+    return [point(d, "baseline" if d == "base" else "speculative", c, r, v)
+            for (d, c), vs in FIGS.items() for r, v in enumerate(vs)]
+
+
+def test_aggregate_and_unscale():
+    rows = aggregate(all_points(), time_scale=2.0)
+    base1 = next(r for r in rows if r["deployment"] == "base" and r["concurrency"] == 1)
+    assert base1["repeats"] == 2 and base1["completed"] == 16
+    assert base1["output_token_throughput"] == {"mean": 51.0, "min": 50.0, "max": 52.0, "values": [50.0, 52.0]}
+    assert base1["ttft_ms"]["p50"] == 20.0 and base1["per_request_tok_s"] == 100.0  # 1000 / (5 ms * 2)
+
+
+def test_absent_latencies_are_null():
+    p = point("base", "baseline", 1, 0, 10.0)
+    p["level"]["ttft_ms"] = stat(None)
+    row = aggregate([p])[0]
+    assert row["ttft_ms"] == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_report_files(tmp_path):
+    out = make_dir(tmp_path, all_points())
+    rep = write_report(out)
+    s = json.loads((out / "summary.json").read_text())
+    assert s == json.loads(json.dumps(rep.summary))
+    assert s["complete"] and s["points"] == {"done": 8, "total": 8}
+    assert s["recommendation"]["threshold"] == 1 and s["recommendation"]["crossover"] == [1, 2]
+    rows = list(csv.reader(io.StringIO((out / "summary.csv").read_text())))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) == 5
+    md = (out / "report.md").read_text()
+    assert "### Concurrency 1" in md and "### Concurrency 2" in md and "disable it above 1" in md
+    assert all((out / p).is_file() for p in s["files"]["plots"]) and len(s["files"]["plots"]) == 4
+
+
+def test_partial_dir_and_no_pair(tmp_path):
+    out = make_dir(tmp_path, [p for p in all_points() if p["deployment"] == "base"])
+    s = write_report(out).summary
+    assert not s["complete"] and s["points"] == {"done": 4, "total": 8} and s["recommendation"] is None
+
+
+def test_plots_skipped_without_matplotlib(tmp_path, monkeypatch):
+    import gpuslate.bench
+
+    monkeypatch.delitem(sys.modules, "gpuslate.bench.plots", raising=False)
+    monkeypatch.delattr(gpuslate.bench, "plots", raising=False)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out = make_dir(tmp_path, all_points())
+    s = write_report(out).summary
+    assert s["files"]["plots"] == [] and "plots skipped" in s["plots_note"]
+    assert "plots skipped" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("failed, completed, code", [(0, 8, 0), (3, 8, 7), (8, 0, 6)])
+def test_run_exit_code_from_failed_requests(tmp_path, failed, completed, code):
+    from gpuslate.cli.experiment import outcome
+
+    pts = all_points()
+    for p in pts if completed == 0 else pts[:1]:
+        p["level"].update(failed=failed, completed=completed)
+    assert outcome(write_report(make_dir(tmp_path, pts))) == code
+
+
+def test_report_cli(tmp_path, cli):
+    r = cli("experiment", "report", str(make_dir(tmp_path, all_points())))
+    assert r.returncode == 0, r.stderr
+    assert "Recommendation: speculation wins up to concurrency 1" in r.stdout and "concurrency 2" in r.stdout

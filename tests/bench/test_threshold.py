@@ -1,0 +1,140 @@
+"""The speculation threshold: a pure function of per-level, per-repeat throughputs.
+Property tests (hypothesis) plus the crossover the simulated server's model implies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslate.bench.threshold import recommend
+from gpuslate.sim.perfmodel import PerfParams, throughput
+
+LEVELS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def model_figures(mode: str, params: PerfParams, noise: float = 0.0) -> dict[int, list[float]]:
+    """Two repeats per level: the model's figure -/+ a relative noise."""
+    return {c: [throughput(mode, c, params) * (1 - noise), throughput(mode, c, params) * (1 + noise)]
+            for c in LEVELS}
+
+
+def test_simulated_pair_crossover_is_the_models():
+    p = PerfParams()
+    # where the model says speculation stops winning
+    implied = max(c for c in LEVELS if throughput("speculative", c, p) > throughput("baseline", c, p))
+    rec = recommend(model_figures("baseline", p, 0.01), model_figures("speculative", p, 0.01))
+    assert implied == 1
+    assert rec.decision == "disable_above" and rec.threshold == 1 and rec.crossover == (1, 2)
+    assert not rec.crossover_in_noise
+    assert rec.levels[0].winner == "speculative" and rec.levels[0].margin == pytest.approx(0.152, abs=0.01)
+    assert all(v.winner == "baseline" for v in rec.levels[1:])
+    assert rec.sglang_adaptive_config() == {"1": {"candidate_steps": [1, 3, 5, 7]}, "2": {"candidate_steps": [0]}}
+    assert rec.vllm_schedule() == [[1, 1, 3], [2, 64, 0]]
+    doc = rec.to_json()
+    json.dumps(doc)
+    assert doc["engines"]["disable_batch_threshold"] == 1
+
+
+def test_cheaper_speculation_moves_the_crossover_up():
+    p = PerfParams(spec_per_request_ms=5.0)  # a cheaper draft: wins up to larger batches
+    implied = [c for c in LEVELS if throughput("speculative", c, p) > throughput("baseline", c, p)]
+    rec = recommend(model_figures("baseline", p, 0.005), model_figures("speculative", p, 0.005))
+    assert rec.threshold == max(implied) == 4 and rec.crossover == (4, 8)
+
+
+def test_crossover_within_noise_warns_and_stays_at_last_clear_win():
+    base = {1: [100, 101], 2: [200, 230], 4: [300, 301]}
+    spec = {1: [150, 151], 2: [210, 220], 4: [200, 201]}
+    rec = recommend(base, spec)
+    assert rec.threshold == 1 and rec.crossover == (1, 2) and rec.crossover_in_noise
+    assert any("within noise" in w for w in rec.warnings)
+
+
+def test_single_repeat_warns_no_spread():
+    rec = recommend({1: [100], 2: [200]}, {1: [120], 2: [150]})
+    assert rec.threshold == 1 and any("no run-to-run spread" in w for w in rec.warnings)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError):
+        recommend({1: [1.0]}, {2: [1.0]})
+    with pytest.raises(ValueError):
+        recommend({1: [float("nan")]}, {1: [1.0]})
+
+
+# -- properties ---------------------------------------------------------------------
+
+levels_st = st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256]), min_size=1, max_size=8,
+                     unique=True).map(sorted)
+value = st.floats(min_value=1.0, max_value=1e4, allow_nan=False)
+
+
+@st.composite
+def experiments(draw):
+    levels = draw(levels_st)
+    repeats = draw(st.integers(1, 3))
+    base = {c: draw(st.lists(value, min_size=repeats, max_size=repeats)) for c in levels}
+    spec = {c: draw(st.lists(value, min_size=repeats, max_size=repeats)) for c in levels}
+    return base, spec
+
+
+@settings(max_examples=300, deadline=None)
+@given(experiments())
+def test_never_recommends_beyond_largest_level(exp):
+    base, spec = exp
+    rec = recommend(base, spec)
+    if rec.threshold is not None:
+        assert 0 <= rec.threshold <= max(base)
+        assert rec.threshold == 0 or rec.threshold in base  # always a measured level
+        sched = rec.vllm_schedule()
+        assert sched[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(sched, sched[1:]))
+        keys = sorted(int(k) for k in rec.sglang_adaptive_config())
+        assert keys[0] == 1 and (rec.threshold == 0 or keys[-1] == rec.threshold + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(experiments())
+def test_never_wins_beyond_spread_means_always_off(exp):
+    base, spec = exp
+    # speculation at most the slowest baseline repeat everywhere: never a win beyond the spread
+    spec = {c: [min(min(base[c]), v) for v in spec[c]] for c in spec}
+    rec = recommend(base, spec)
+    assert rec.decision == "always_off" and rec.threshold == 0
+    assert rec.sglang_adaptive_config() == {"1": {"candidate_steps": [0]}}
+    assert all(k == 0 for _, _, k in rec.vllm_schedule())
+
+
+@settings(max_examples=300, deadline=None)
+@given(experiments())
+def test_always_wins_means_never_disable(exp):
+    base, _ = exp
+    spec = {c: [max(base[c]) * 1.5 + i for i in range(len(base[c]))] for c in base}
+    rec = recommend(base, spec)
+    assert rec.decision == "never_disable" and rec.threshold is None
+    assert any("not measured beyond" in w for w in rec.warnings)
+    assert all(k == rec.num_speculative_tokens for _, _, k in rec.vllm_schedule())
+
+
+@settings(max_examples=300, deadline=None)
+@given(experiments(), st.data())
+def test_monotone_under_added_dominance(exp, data):
+    """Making speculation clearly dominant at more levels never lowers the threshold."""
+    base, spec = exp
+    before = recommend(base, spec)
+    better = dict(spec)
+    for c in data.draw(st.lists(st.sampled_from(sorted(base)), unique=True)):
+        better[c] = [max(base[c]) * 2 + 1] * len(spec[c])
+    after = recommend(base, better)
+    rank = lambda r: float("inf") if r.threshold is None else r.threshold  # noqa: E731
+    assert rank(after) >= rank(before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(experiments(), st.floats(min_value=0.0, max_value=0.5))
+def test_a_larger_noise_margin_never_raises_the_threshold(exp, margin):
+    base, spec = exp
+    rank = lambda r: float("inf") if r.threshold is None else r.threshold  # noqa: E731
+    assert rank(recommend(base, spec, min_margin=margin)) <= rank(recommend(base, spec))
