@@ -156,7 +156,7 @@ def test_timeout_names_the_holder(lock_path: Path, spawn_holder: Any) -> None:
     elapsed = time.monotonic() - start
     assert 0.4 <= elapsed < 3
     msg = str(ei.value)
-    assert msg.startswith("another gpuslate run holds the host lock: clear --gpus 0-7 (pid ")
+    assert msg.startswith("the host lock is still held by clear --gpus 0-7 (pid ")
     assert f"pid {holder.pid}, user " in msg and ", since " in msg and "\n" not in msg
     assert len(calls) == 1 and calls[0]["pid"] == holder.pid
     assert not lk.held
@@ -197,12 +197,29 @@ def test_stale_holder_file_of_a_dead_process_is_ignored(lock_path: Path, spawn_h
     # held by a process that left no info: the stale file must not be blamed
     holder_path.write_text(json.dumps({"pid": _dead_pid(), "user": "ghost", "purpose": "old run",
                                        "since": "2020-01-01T00:00:00.000Z"}))
-    spawn_holder(lock_path, raw=True)
+    raw = spawn_holder(lock_path, raw=True)
     with pytest.raises(NotDoneError) as ei:
         lk.acquire(timeout=0.3, on_wait=calls.append)
-    assert calls == [{"pid": None, "user": None, "purpose": None, "since": None}]
+    # another program holds the flock: found through /proc/locks by the file's inode
+    import pwd
+
+    assert [c["pid"] for c in calls] == [raw.pid]
+    assert calls[0]["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert "ghost" not in str(ei.value) and "old run" not in str(ei.value)
-    assert "(holder unknown)" in str(ei.value)
+    assert f"(pid {raw.pid}, user " in str(ei.value) and "None" not in str(ei.value)
+
+
+def test_holder_not_in_proc_locks_is_reported_unknown(lock_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      spawn_holder: Any) -> None:
+    # e.g. a holder in another mount namespace whose /proc/locks line we cannot match
+    spawn_holder(lock_path, raw=True)
+    monkeypatch.setattr(lockmod, "_kernel_holder", lambda fd: None)
+    calls: list[dict[str, Any]] = []
+    with pytest.raises(NotDoneError) as ei:
+        HostLock(lock_path, purpose="clear").acquire(timeout=0.2, on_wait=calls.append)
+    assert calls[0]["pid"] is None
+    assert "unknown process" in str(ei.value) and "None" not in str(ei.value)
+    assert "unknown process" in lockmod.describe_holder(calls[0])
 
 
 def test_holder_file_of_a_reused_pid_is_ignored(lock_path: Path) -> None:
@@ -217,11 +234,16 @@ def test_children_do_not_inherit_the_lock(lock_path: Path) -> None:
     # a server started by `up` must not keep the host locked after gpuslate exits
     lk = HostLock(lock_path, purpose="up")
     lk.acquire(timeout=0)
+    assert lk._fd is not None and not os.get_inheritable(lk._fd)
     child = subprocess.Popen(["sleep", "60"], close_fds=False)
     try:
+        # the child has no descriptor of the lock file (with one, the flock would outlive us)
+        held = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+        assert str(lock_path) not in held
         lk.release()
         other = HostLock(lock_path, purpose="clear")
-        other.acquire(timeout=0)
+        other.acquire(timeout=0)  # raises NotDoneError if the child kept the lock
+        assert other.held
         other.release()
     finally:
         child.kill()

@@ -231,7 +231,8 @@ def test_sim_dir_that_is_not_a_host(cli, tmp_path):
     (["sim", "hold", "--gpus", "9", "--memory", "1GiB"], "GPU 9 does not exist"),
     (["sim", "leak", "--gpu", "3", "--memory", "lots"], "invalid size"),
     (["sim", "init", "/tmp/x", "--memory=-3GiB"], "invalid size"),
-    (["sim", "init", "/tmp/x", "--gpus", "0"], "1 to 64 GPUs"),
+    (["sim", "init", "/tmp/x", "--gpus", "0"], "must be 1 to 64"),
+    (["sim", "init", "/tmp/x", "--count", "65"], "must be 1 to 64"),
     (["nosuchcommand"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_exit_2(sim_host, cli, args, needle):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, gpu_list, nonnegative_float, note, print_json, size
-
-EXIT_BY_STATUS = {"clean": 0, "dry_run": 0, "timeout": 4, "permission_denied": 5}
+from .._parse import format_gpu_list
+from .common import add_common, gpu_list, nonnegative_float, note, pid_type, print_json, size
+from .exits import exit_epilog, exit_status_for_result
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,11 +15,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "clear", help="terminate the jobs holding GPUs (SIGTERM, grace, SIGKILL) and verify the memory is free",
         description="Plan, act, verify: terminate whole jobs holding the selected GPUs (your own processes "
         "unless --all-users), then wait until every GPU is free. Monitors, GPU daemons, gpuslate and its "
-        "ancestors are never targets. Exit 0 clean, 2 bad input, 4 not free within --timeout, 5 permission "
-        "denied on some target.")
+        "ancestors are never targets.",
+        epilog=exit_epilog({0: "clean (or --dry-run)", 4: "not free within --timeout (with a diagnosis), "
+                            "or the host lock still held", 5: "permission denied on some target (the others "
+                            "were signaled), or an unsafe state folder", 130: "interrupted, or the "
+                            "confirmation answered no"}))
     add_common(p)
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to clear, e.g. 0,2-3 (default: all)")
-    p.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
+    p.add_argument("--pid", type=pid_type, action="append", default=[], metavar="PID",
                    help="only the job of this process (repeatable)")
     p.add_argument("--user", metavar="NAME", help="only this user's processes")
     p.add_argument("--match", metavar="REGEX", help="only processes whose command line or title matches")
@@ -32,18 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
                    help="give up after this long in total, with a diagnosis (default 60)")
     p.add_argument("--max-used", type=size, metavar="SIZE",
-                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without the v2 memory API)")
+                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)")
     p.add_argument("--dry-run", action="store_true", help="show the plan; signal nothing")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation on a terminal")
     p.set_defaults(handler=run_clear)
 
     w = sub.add_parser("wait", help="wait until GPUs are free; signals nothing",
                        description="Return 0 as soon as the selected GPUs are free (no process with a context, "
-                       "used memory at most --max-used), 4 on timeout with a diagnosis. Signals nothing.")
+                       "used memory at most --max-used), 4 on timeout with a diagnosis. Signals nothing.",
+                       epilog=exit_epilog({0: "free", 4: "not free within --timeout (with a diagnosis)"}))
     add_common(w)
     w.add_argument("--free", action="store_true", required=True, help="wait for the GPUs to be free")
     w.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to wait for (default: all)")
-    w.add_argument("--max-used", type=size, metavar="SIZE", help="as for clear")
+    w.add_argument("--max-used", type=size, metavar="SIZE",
+                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)")
     w.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
                    help="give up after this long (default 60)")
     w.set_defaults(handler=run_wait)
@@ -64,7 +69,7 @@ def run_clear(args: argparse.Namespace) -> int:
         from .render_clear import print_clear
 
         print_clear(result)
-    return EXIT_BY_STATUS[result.status]
+    return exit_status_for_result(result.status)
 
 
 def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
@@ -85,10 +90,10 @@ def run_wait(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     elif result.ok:
-        print(f"GPUs {','.join(map(str, result.gpus))} free after {result.elapsed_s:.3f} s")
+        print(f"GPUs {format_gpu_list(result.gpus)} free after {result.elapsed_s:.3f} s")
     else:
         from .render_clear import print_diagnosis
 
-        print(f"GPUs not free after {result.elapsed_s:.1f} s:")
+        print(f"GPUs {format_gpu_list(result.gpus)} not free after {result.elapsed_s:.1f} s:")
         print_diagnosis(result.diagnosis)
-    return 0 if result.ok else 4
+    return exit_status_for_result("free" if result.ok else "not_free")

@@ -7,14 +7,16 @@ import sys
 from typing import Any
 
 from .common import add_common, nonnegative_float, note, print_json, size
-from .exits import ExitStatus
+from .exits import exit_epilog, exit_status_for_result
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("down", help="stop a managed unit and verify its GPUs are released",
                        description="SIGTERM every process of the unit (cgroup, session, process group), grace, "
                        "SIGKILL; sweep processes of the unit that appeared meanwhile; then verify its GPU memory "
-                       "is released, as 'clear' does.")
+                       "is released, as 'clear' does.",
+                       epilog=exit_epilog({0: "stopped and its GPU memory released", 4: "not stopped or not "
+                                           "released within --timeout", 5: "permission denied on some process"}))
     add_common(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="default: the unit's (10)")
@@ -26,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def down_status(result: Any) -> int:
     if result.ok:
-        return ExitStatus.OK
-    return ExitStatus.PERMISSION_DENIED if result.report.permission_denied else ExitStatus.TIMEOUT
+        return exit_status_for_result("stopped")
+    return exit_status_for_result("permission_denied" if result.report.permission_denied else "timeout")
 
 
 def print_down(result: Any) -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from .common import add_common, print_json
+from .exits import exit_epilog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ps", help="list managed units: state, pid, uptime, port, GPUs, memory, time to ready",
                        description="List managed units with their state as the host shows it now: "
                        "starting, ready, exited, failed, stopped, or orphaned (the main process died while "
-                       "processes of the unit live on; 'gpuslate down NAME' cleans them up).")
+                       "processes of the unit live on; 'gpuslate down NAME' cleans them up).",
+                       epilog=exit_epilog({0: "listed", 5: "unsafe state folder"}))
     add_common(p)
     p.set_defaults(handler=run)
 

@@ -1,22 +1,64 @@
-"""Readable tables for people (rich). JSON output never comes through here."""
+"""Readable tables for people (rich). JSON output never comes through here.
+
+Everything shown that comes from a process (its title, command line, user,
+container, the audit log's copy of them) goes through :func:`safe` first: a
+process can name itself ``\\e[2J\\e[31m...`` and must not drive the terminal
+of whoever looks at it. ``gpuslate logs`` alone prints a server's own output
+raw, as ``docker logs`` does.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
-from ..proc.procfs import read_info
 from ..host.snapshot import GpuState, HolderProcess, Snapshot
+from ..proc.procfs import read_info
+
+#: C0 controls, DEL, C1 controls -> ``\xNN``; bidirectional overrides -> ``\uNNNN`` (they reorder what follows)
+_ESCAPES: dict[int, str] = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPES.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+#: width of piped output: wide enough that no column is ever cut
+PIPE_WIDTH = 1000
+
+
+def safe(text: object) -> str:
+    """``text`` with every control character shown as an escape, never sent to the terminal.
+
+    One ``str.translate``: cheap enough for every cell of every table.
+    """
+    return str(text).translate(_ESCAPES)
+
+
+def cell(text: object) -> str:
+    """A table cell from process data: escaped for the terminal and for rich markup."""
+    from rich.markup import escape
+
+    return escape(safe(text))
 
 
 def console(file: IO[str] | None = None) -> Any:
-    """A rich console; piped output keeps every column whole instead of squeezing to 80."""
-    import sys
-
+    """A rich console. On a terminal, its width; piped, :data:`PIPE_WIDTH` so that no
+    column is cut (use :func:`emit` to print without the padding that width brings)."""
     from rich.console import Console
 
     out = file or sys.stdout
-    return Console(file=out, highlight=False, width=None if out.isatty() else 200)
+    return Console(file=out, highlight=False, width=None if out.isatty() else PIPE_WIDTH)
+
+
+def emit(*renderables: Any, file: IO[str] | None = None) -> None:
+    """Print renderables; piped output carries no colours and no trailing spaces."""
+    out = file or sys.stdout
+    c = console(out)
+    if out.isatty():
+        c.print(*renderables)
+        return
+    with c.capture() as cap:
+        c.print(*renderables)
+    out.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
+    out.flush()
 
 
 def _na(v: object, fmt: str = "{}") -> str:
@@ -37,19 +79,35 @@ def one_line(text: str | None, limit: int = 100) -> str:
     one line, cut with an ellipsis (``--json`` has the whole command)."""
     from rich.markup import escape
 
-    line = " ".join((text or "").split())
+    line = safe(" ".join((text or "").split()))
     return escape(line if len(line) <= limit else line[: limit - 1] + "…")
 
 
-def _launcher_label(root_pid: int, members: list[HolderProcess]) -> str:
+def fitted_cell(markup: str) -> Any:
+    """A cell that is cut (``…``), never wrapped, when its column must shrink."""
+    from rich.text import Text
+
+    text = Text.from_markup(markup, overflow="ellipsis")
+    text.no_wrap = True
+    return text
+
+
+def _launcher(root_pid: int, members: list[HolderProcess]) -> tuple[str, str] | None:
+    """(user, command) of a job's launcher that holds no GPU itself; None when it does."""
     if any(p.pid == root_pid for p in members):
-        return ""
+        return None
     info = read_info(root_pid)
-    return f"{info.user}  {one_line(info.command)}" if info else "(exited)"
+    return (cell(info.user or "-"), one_line(info.command)) if info else ("-", "(exited)")
 
 
-def _stronger(a: str, b: str) -> str:
-    return a if a != "handle" else b
+def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
+    """Where a process holds memory, and apart from it where it only holds a device
+    handle (CUDA opens every device node): ``0 (+1-7 handle)``."""
+    handles = sorted(set(handle_gpus) - set(memory_gpus))
+    if not memory_gpus:
+        return format_gpu_list(handles) or "-"
+    text = format_gpu_list(memory_gpus)
+    return f"{text} (+{format_gpu_list(handles)} handle)" if handles else text
 
 
 def status_renderable(snap: Snapshot) -> Any:
@@ -79,43 +137,73 @@ def status_renderable(snap: Snapshot) -> Any:
             f"[red]error: {r.error}[/]" if r.error else "",
         )
 
-    procs = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
-    for col, just in (("GPU", "right"), ("PID", "right"), ("Kind", "left"), ("GPU memory", "right"),
-                      ("User", "left"), ("Command", "left")):
-        procs.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    procs = process_table((("GPU", "right"), ("PID", "right"), ("Kind", "left"), ("GPU memory", "right"),
+                           ("User", "left"), ("Command", "left")))
     # one row per process (its GPUs together), grouped under the job's launcher
-    rows: dict[int, dict[int, tuple[HolderProcess, list[int]]]] = {}
+    rows: dict[int, dict[int, _Row]] = {}
     for g in snap.gpus:
         for p in g.processes:
-            job = rows.setdefault(p.root_pid, {})
-            if p.pid in job:
-                first, gl = job[p.pid]
-                used = None if first.used_memory is None and p.used_memory is None else \
-                    (first.used_memory or 0) + (p.used_memory or 0)
-                job[p.pid] = (first._replace(used_memory=used, kind=_stronger(first.kind, p.kind)), gl + [g.index])
-            else:
-                job[p.pid] = (p, [g.index])
+            row = rows.setdefault(p.root_pid, {}).setdefault(p.pid, _Row(p))
+            row.add(g.index, p)
     for root, members in rows.items():
-        label = _launcher_label(root, [m for m, _ in members.values()])
-        if label:
-            procs.add_row("", str(root), "[dim]launcher[/]", "", "", f"[dim]{label}[/]")
-        for p, gl in sorted(members.values(), key=lambda m: (m[0].pid != root, min(m[1]), m[0].pid)):
+        launcher = _launcher(root, [m.proc for m in members.values()])
+        if launcher:
+            procs.add_row("", str(root), "[dim]launcher[/]", "", launcher[0], fitted_cell(f"[dim]{launcher[1]}[/]"))
+        for m in sorted(members.values(), key=lambda m: (m.proc.pid != root, m.first_gpu, m.proc.pid)):
+            p = m.proc
             branch = "" if p.pid == root else "└ "
-            kind = f"[dim]{p.kind}[/]" if p.kind == "handle" else p.kind
+            kind = f"[dim]{m.kind}[/]" if m.kind == "handle" else m.kind
             cmd = one_line(p.command) if p.visible else "[dim](exited, or not visible from this host's /proc)[/]"
             if p.container:
-                cmd = f"[magenta]container {p.container}[/] {cmd}"
-            procs.add_row(format_gpu_list(gl), f"{branch}{p.pid}", kind,
-                          format_size(p.used_memory) if p.used_memory is not None else "-", p.user or "-", cmd)
+                cmd = f"[magenta]container {cell(p.container)}[/] {cmd}"
+            procs.add_row(gpu_cell(m.memory_gpus, m.handle_gpus), f"{branch}{p.pid}", kind,
+                          format_size(m.used) if m.used is not None else "-", cell(p.user or "-"), fitted_cell(cmd))
     any_proc = bool(rows)
     parts: list[Any] = [head, gpus, Text("")]
     parts.append(procs if any_proc else Text("No processes hold the selected GPUs.", style="green"))
     if snap.host_processes:
-        others = ", ".join(f"{p.pid} ({p.name})" for p in snap.host_processes)
+        others = ", ".join(f"{p.pid} ({safe(p.name)})" for p in snap.host_processes)
         parts.append(Text(f"Holding only control devices (nvidiactl/uvm): {others}", style="dim"))
     for w in snap.warnings:
         parts.append(Text(f"warning: {w}", style="yellow"))
     return Group(*parts)
+
+
+class _Row:
+    """One process of the status table: its GPUs (memory apart from handles) and memory summed."""
+
+    def __init__(self, proc: HolderProcess) -> None:
+        self.proc = proc
+        self.memory_gpus: list[int] = []
+        self.handle_gpus: list[int] = []
+        self.used: int | None = None
+        self.kind = "handle"  # until a GPU where it holds a context says otherwise
+
+    def add(self, gpu: int, p: HolderProcess) -> None:
+        if p.kind == "handle":
+            self.handle_gpus.append(gpu)
+        else:
+            self.memory_gpus.append(gpu)
+            self.kind = p.kind
+        if p.used_memory is not None:
+            self.used = (self.used or 0) + p.used_memory
+
+    @property
+    def first_gpu(self) -> int:
+        return min(self.memory_gpus or self.handle_gpus)
+
+
+def process_table(columns: tuple[tuple[str, str], ...]) -> Any:
+    """A table of processes that fits the terminal by cutting the Command column
+    (the last) first: numbers, users and GPUs stay whole at 80 columns."""
+    from rich.table import Table
+
+    t = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
+    for name, just in columns:
+        # only Command may shrink (its cells are cut with an ellipsis, see fitted_cell)
+        t.add_column(name, justify=just, no_wrap=name != "Command",  # type: ignore[arg-type]
+                     min_width=8 if name == "Command" else None)
+    return t
 
 
 def time_label(epoch: float) -> str:
@@ -125,4 +213,4 @@ def time_label(epoch: float) -> str:
 
 
 def print_status(snap: Snapshot) -> None:
-    console().print(status_renderable(snap))
+    emit(status_renderable(snap))

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from ..host.audit import AuditLog, new_run_id
 from ..errors import Interrupted
 from ..gpu.types import GpuBackend, GpuReading
-from ..host.lock import HostLock, default_lock_dir
+from ..host.lock import HostLock, default_lock_dir, describe_holder
 from .plan import Plan, Selection, Target, make_plan
 from ..proc.procfs import read_cgroup, read_info
 from ..proc.terminate import Victim, VictimResult, terminate
@@ -121,9 +121,9 @@ def clear(
         if lock and not dry_run:
             root = sim if sim is not None else (str(be.host.root) if be.name == "sim" else sim_root_from_env())
             host_lock = HostLock(default_lock_dir(root) / "host.lock", purpose=_purpose(gpus, sel))
-            host_lock.acquire(on_wait=lambda h: note(
-                f"waiting for the host lock: {h.get('purpose') or 'another gpuslate run'} "
-                f"(pid {h.get('pid')}, user {h.get('user')}, since {h.get('since')})"))
+            # the wait for the lock counts against --timeout, like everything else
+            host_lock.acquire(timeout=timeout, on_wait=lambda h: note(
+                f"waiting for the host lock (at most {timeout:g} s): held by {describe_holder(h)}"))
         limit = default_max_used(be) if max_used is None else max_used
         plan = make_plan(be, gpus, sel)
         t_plan = time.monotonic()
@@ -133,12 +133,17 @@ def clear(
             timings["total_s"] = time.monotonic() - t_start
             return ClearResult("dry_run", plan.before.host, be.name, plan, [], before, before, [], [], timings,
                                limit, started_at)
-        if confirm is not None and plan.targets and not confirm(plan):
-            raise Interrupted("not confirmed: nothing was signaled")
+        if confirm is not None and plan.targets:
+            t_ask = time.monotonic()
+            if not confirm(plan):
+                raise Interrupted("not confirmed: nothing was signaled")
+            # the time a person took to answer is neither clear's work nor its timeout
+            t_start += time.monotonic() - t_ask
         deadline = t_start + timeout
         run_id = new_run_id()
         victims = [Victim(t.ident, _audit_info(t)) for t in plan.targets]
-        log = audit if audit is not None else (AuditLog() if victims else None)
+        log = audit if audit is not None else (
+            AuditLog(backend=be.name, sim_root=_sim_root(be)) if victims else None)
         results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
                             audit=log, on_event=note, clock_start=t_start)
@@ -166,6 +171,10 @@ def clear(
             host_lock.release()
         if backend is None:
             be.close()
+
+
+def _sim_root(be: GpuBackend) -> str | None:
+    return str(be.host.root) if be.name == "sim" else None  # type: ignore[attr-defined]
 
 
 def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:
