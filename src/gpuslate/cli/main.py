@@ -13,7 +13,7 @@ from .exits import ExitStatus, exit_status_for
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
-    "logs": "logs", "swap": "swap", "log": "log", "sim": "sim",
+    "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 
@@ -81,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE
+    if getattr(args, "sim", None):
+        # One simulated host for the whole run: the backend, the lock, the state
+        # folder (its audit log and units) and the servers `up` starts all follow it.
+        import os
+
+        os.environ["GPUSLATE_SIM"] = os.path.abspath(args.sim)
     try:
         return int(args.handler(args))
     except KeyboardInterrupt as exc:

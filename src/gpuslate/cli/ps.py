@@ -31,6 +31,7 @@ def _duration(s: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from .._parse import format_size
     from ..units import list_units
+    from .render import safe
     from .up import gpu_text
 
     result = list_units(sim=getattr(args, "sim", None))
@@ -47,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
         rows.append((r.name, u.state, str(r.pid), _duration(u.uptime_s), str(r.port or "-"), gpu_text(r.gpus),
                      format_size(u.gpu_memory) if u.gpu_memory is not None else "-",
                      f"{r.time_to_ready_s:.2f}s" if r.time_to_ready_s is not None else "-"))
+    rows = [tuple(safe(c) for c in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     for w in result.warnings:
-        print(f"warning: {w}")
+        print(f"warning: {safe(w)}")
     return 0

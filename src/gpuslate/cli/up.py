@@ -100,15 +100,19 @@ def up_status(result: Any) -> int:
 
 
 def report_failure(result: Any) -> None:
-    """The log tail and one error line on stderr (with --json too: stdout stays the document)."""
+    """The log tail and one error line on stderr (with --json too: stdout stays the document).
+
+    The tail is the server's own output, shown as it wrote it (like ``logs``)."""
+    from .render import safe
+
     r = result.record
     if result.log_tail:
         sys.stderr.write(f"--- last {len(result.log_tail)} lines of {r.log} ---\n")
         sys.stderr.write("\n".join(result.log_tail) + "\n---\n")
-    sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {r.failure}\n")
+    sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {safe(r.failure)}\n")
     t = result.teardown
     if t is not None:
-        left = "GPUs verified clean" if t.ok else "NOT clean: " + "; ".join(d.summary() for d in t.diagnosis)
+        left = "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis))
         sys.stderr.write(f"gpuslate: stopped what it left running; {left}\n")
 
 

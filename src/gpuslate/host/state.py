@@ -128,7 +128,13 @@ def _configured_dir(sim_root: str | os.PathLike[str] | None) -> Path:
     sim = sim_root if sim_root is not None else os.environ.get("GPUSLATE_SIM")
     if sim:
         # a simulated run never writes to the user's real audit log
-        return Path(sim).absolute() / "state"
+        root = Path(sim).absolute()
+        if not (root / "host.json").is_file():
+            from ..errors import BackendUnavailable
+
+            raise BackendUnavailable(f"no simulated host at {root}",
+                                     hint=f"create one with 'gpuslate sim init {root}'")
+        return root / "state"
     xdg = os.environ.get("XDG_STATE_HOME")
     # the XDG spec says a relative value is invalid and must be ignored
     if xdg and os.path.isabs(xdg):

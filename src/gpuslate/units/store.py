@@ -9,14 +9,13 @@ cgroup, and the processes seen in it once it was ready.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import PermissionDenied
 from ..proc.procfs import ProcessId
-from ..host.state import state_dir
+from ..host.state import read_state_file, state_dir, write_state_file
 
 SCHEMA = "gpuslate.unit.v1"
 
@@ -87,19 +86,21 @@ def log_path(name: str) -> Path:
 
 def save(rec: UnitRecord) -> None:
     path = record_path(rec.name)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(rec.to_json(), indent=2))
-        os.replace(tmp, path)  # readers see the old record or the new one, never half
+        # atomic (readers see the old record or the new one, never half), never through a symlink
+        write_state_file(path, json.dumps(rec.to_json(), indent=2).encode())
     except OSError as exc:
         raise PermissionDenied(f"cannot write unit state {path}: {exc.strerror or exc}") from None
 
 
 def load(name: str) -> UnitRecord | None:
     try:
-        doc = json.loads(record_path(name).read_text())
-    except FileNotFoundError:
-        return None
+        data = read_state_file(record_path(name))  # PermissionDenied for a symlink: never followed
+        if data is None:
+            return None
+        doc = json.loads(data)
+    except PermissionDenied:
+        raise
     except (OSError, ValueError):
         return None  # unreadable or torn by a crash: treated as unknown, never guessed at
     return UnitRecord.from_json(doc) if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
