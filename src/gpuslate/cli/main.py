@@ -81,13 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE
-    if getattr(args, "sim", None):
-        # One simulated host for the whole run: the backend, the lock, the state
-        # folder (its audit log and units) and the servers `up` starts all follow it.
-        import os
-
-        os.environ["GPUSLATE_SIM"] = os.path.abspath(args.sim)
     try:
+        _use_sim(args)
         return int(args.handler(args))
     except KeyboardInterrupt as exc:
         print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)
@@ -102,6 +97,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print_error(exc, status, args.json)
         return status
+
+
+def _use_sim(args: argparse.Namespace) -> None:
+    """``--sim DIR``: checked first (exit 3 for no simulated host, whatever the
+    command), then one simulated host for the whole run: the backend, the lock,
+    the state folder (audit log, units) and the servers ``up`` starts follow it."""
+    import os
+
+    if not getattr(args, "sim", None) or getattr(args, "sim_command", None) == "init":
+        return
+    from ..sim.host import SimHost
+
+    root = os.path.abspath(args.sim)
+    SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none
+    os.environ["GPUSLATE_SIM"] = root
 
 
 def _is_gpuslate_error(exc: BaseException) -> bool:

@@ -107,9 +107,8 @@ class UnitSpec:
                 parse_http_url(self.ready_url)
             elif self.port is not None:  # a path: with the unit's address and port
                 parse_http_url(self.url(self.ready_url))
-        if self.cwd is not None and not os.path.isdir(self.cwd):
-            what = "does not exist" if not os.path.lexists(self.cwd) else "is not a folder"
-            raise UsageError(f"invalid working directory {self.cwd!r}: it {what}")
+        if self.cwd is not None:
+            _check_cwd(self.cwd)
         for k, v in self.env.items():
             if not k or "=" in k or "\0" in k or "\0" in v:
                 raise UsageError(f"invalid environment variable {k!r}: a name without '=' and no NUL bytes")
@@ -213,7 +212,7 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
             out[str(k)] = str(v)
         return out
     if key == "cwd":  # relative to the file, not to wherever gpuslate runs
-        return str((path.parent / value).resolve())
+        return _check_cwd(str((path.parent / value).resolve()))
     if key in ("start_timeout", "grace", "stop_timeout"):
         return parse_seconds(value, what=key)
     if key == "port":
@@ -232,6 +231,13 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         except re.error as exc:
             raise UsageError(f"invalid pattern: {exc}") from None
     return value
+
+
+def _check_cwd(cwd: str) -> str:
+    if not os.path.isdir(cwd):
+        what = "does not exist" if not os.path.lexists(cwd) else "is not a folder"
+        raise UsageError(f"invalid working directory {cwd!r}: it {what}")
+    return cwd
 
 
 def _toml_type(v: object) -> str:
