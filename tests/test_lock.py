@@ -320,3 +320,24 @@ def test_existing_lock_dir_keeps_its_mode(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(d))
     assert default_lock_dir(None) == d
     assert stat.S_IMODE(d.stat().st_mode) == 0o755
+
+
+def test_clear_waits_for_the_lock_within_its_timeout(tmp_path: Path, spawn_holder: Any) -> None:
+    """`clear --timeout` counts the wait for the host lock; a program that is not
+    gpuslate holding the lock is named from /proc/locks, never as 'pid None'."""
+    from gpuslate.sim.host import SimHost
+
+    host = SimHost.init(tmp_path / "sim", gpus=2, memory=8 << 30)
+    raw = spawn_holder(default_lock_dir(str(host.root)) / "host.lock", raw=True)
+    env = dict(_env(), GPUSLATE_SIM=str(host.root), GPUSLATE_STATE_DIR=str(tmp_path / "state"))
+    env.pop("GPUSLATE_LOCK_DIR", None)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "gpuslate", "clear", "--yes", "--timeout", "0.5"],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert 0.5 <= time.monotonic() - start < 10
+    assert r.returncode == 4, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("gpuslate: waiting for the host lock (at most 0.5 s): held by process ")
+    assert f"(pid {raw.pid}, user " in lines[0], lines
+    assert lines[1].startswith("gpuslate: error: the host lock is still held by ") and f"pid {raw.pid}" in lines[1]
+    assert "None" not in r.stderr
