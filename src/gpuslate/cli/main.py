@@ -8,7 +8,7 @@ import sys
 from typing import Sequence
 
 from .common import add_common, print_error
-from .exits import ExitStatus, exit_status_for
+from .exits import ExitStatus, exit_epilog, exit_status_for
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
@@ -61,6 +61,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpuslate",
         description="Safe, verified, fast hand-off of NVIDIA GPUs between model-server deployments.",
+        epilog=exit_epilog({1: "internal error (a bug: please report it)", 4: "not done within the timeout",
+                            5: "permission denied, or an unsafe state folder", 6: "a managed server failed",
+                            7: "partial: some targets failed"}) + " Each command's --help lists its own.",
     )
     from .. import __version__
 
