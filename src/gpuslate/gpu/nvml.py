@@ -52,9 +52,19 @@ class NvmlBackend:
             getattr(nv, n) for n in ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
             if hasattr(nv, n)
         )
-        #: "v2" when 'used' excludes driver-reserved memory, "v1" on drivers before R510.
-        #: Learnt now, not at the first read: the default --max-used depends on it.
-        self.memory_api: MemoryApi = self._detect_memory_api()
+        self._memory_api: MemoryApi | None = None
+
+    @property
+    def memory_api(self) -> MemoryApi:
+        """"v2" when 'used' excludes driver-reserved memory, "v1" on drivers before R510.
+
+        A capability of the open backend, known before any reading (the default
+        --max-used of clear, wait and up depends on it); asked of the driver on
+        first use rather than in __init__, so that `status`, which never needs
+        it, does not pay for a query of GPU 0."""
+        if self._memory_api is None:
+            self._memory_api = self._detect_memory_api()
+        return self._memory_api
 
     def _detect_memory_api(self) -> MemoryApi:
         """Ask GPU 0 for v2 memory info once; a version error means a v1 driver.
@@ -218,7 +228,7 @@ class NvmlBackend:
                 if exc.value not in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
                     raise GpuQueryError(f"nvmlDeviceGetMemoryInfo_v2: {_describe(exc)}") from exc
                 self._missing.add("v2mem")
-        self.memory_api = "v1"
+        self._memory_api = "v1"
         m = self._call("nvmlDeviceGetMemoryInfo", h)
         return MemoryInfo(int(m.total), int(m.used), 0, int(m.free))
 
