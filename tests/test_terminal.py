@@ -127,7 +127,11 @@ def test_piped_output_has_no_padding_and_no_escapes(evil_job, cli):
 
 
 def test_piped_audit_log_neither_wraps_nor_injects(evil_job, cli):
-    assert cli("clear", "--gpus", "0-1", "--yes").returncode == 0
+    r = cli("clear", "--gpus", "0-1", "--yes")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()  # the report: one statement a line
+    assert "GPU memory before → after" in lines and "  GPU 1: 3.0 GiB → 0 B" in lines, r.stdout
+    assert [ln for ln in lines if ln.startswith("Clean: ")], r.stdout
     r = cli("audit")
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if "SIGTERM" in line]

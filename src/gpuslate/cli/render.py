@@ -49,14 +49,17 @@ def console(file: IO[str] | None = None) -> Any:
 
 
 def emit(*renderables: Any, file: IO[str] | None = None) -> None:
-    """Print renderables; piped output carries no colours and no trailing spaces."""
+    """Print renderables, each from a new line; piped output carries no colours and no
+    trailing spaces."""
     out = file or sys.stdout
     c = console(out)
     if out.isatty():
-        c.print(*renderables)
+        for r in renderables:  # one print each: print(a, b) would join them on one line
+            c.print(r)
         return
     with c.capture() as cap:
-        c.print(*renderables)
+        for r in renderables:
+            c.print(r)
     out.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
     out.flush()
 

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog=exit_epilog({2: "bad input, or no SUBCOMMAND"}, backend=False))
     add_common(p)
     ss = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", parser_class=type(p))
-    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+    p.set_defaults(handler=_no_subcommand)
 
     init = ss.add_parser("init", help="create (or reset) a simulated host in DIR",
                          description="Create a simulated GPU host in the folder DIR (or reset the one there: "
@@ -82,6 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     leak.add_argument("--gpu", type=whole(0, 1023), required=True, metavar="N", help="the GPU index")
     leak.add_argument("--memory", type=size, required=True, metavar="SIZE", help="memory left held, e.g. 2GiB")
     leak.set_defaults(handler=run_leak)
+
+
+def _no_subcommand(args: argparse.Namespace) -> int:
+    raise UsageError("gpuslate sim needs a SUBCOMMAND: init, hold, leak or serve (see 'gpuslate sim --help')")
 
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
