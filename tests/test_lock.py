@@ -341,3 +341,10 @@ def test_clear_waits_for_the_lock_within_its_timeout(tmp_path: Path, spawn_holde
     assert f"(pid {raw.pid}, user " in lines[0], lines
     assert lines[1].startswith("gpuslate: error: the host lock is still held by ") and f"pid {raw.pid}" in lines[1]
     assert "None" not in r.stderr
+
+
+def test_holder_file_symlink_is_not_followed(lock_path: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({"pid": os.getpid(), "user": "planted", "purpose": "x", "since": "y"}))
+    lock_path.with_name(lock_path.name + ".holder").symlink_to(elsewhere)
+    assert read_holder(lock_path.with_name(lock_path.name + ".holder"))["pid"] is None

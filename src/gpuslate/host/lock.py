@@ -257,9 +257,9 @@ def _kernel_holder(fd: int) -> dict[str, Any] | None:
 def read_holder(path: Path) -> dict[str, Any]:
     """What a ``.holder`` file says, if its process is still alive; else all ``None``."""
     unknown: dict[str, Any] = {"pid": None, "user": None, "purpose": None, "since": None}
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+    try:  # never through a symlink: in a shared folder anyone could plant one
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            doc = json.loads(f.read(64 * 1024))
     except (OSError, ValueError):
         return unknown
     if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not _alive(doc["pid"], doc.get("start_ticks")):
