@@ -41,16 +41,20 @@ class AuditLog:
     """Append-only JSON-lines log of signals, by default ``state_dir(sim_root)/audit.jsonl``.
 
     ``backend`` (``nvml`` or ``sim``) and ``sim_root`` go into every entry, with
-    the host name, so that an entry says which GPUs it was about.
+    the host name, so that an entry says which GPUs it was about; without them,
+    the backend ``open_backend()`` would choose (``$GPUSLATE_SIM``, else NVML).
     """
 
     def __init__(self, path: Path | None = None, *, backend: str | None = None,
                  sim_root: str | os.PathLike[str] | None = None) -> None:
+        if backend is None:  # as open_backend() chooses: the simulated host of $GPUSLATE_SIM, else NVML
+            sim_root = sim_root or os.environ.get("GPUSLATE_SIM") or None
+            backend = "sim" if sim_root else "nvml"
         if path is None:
             path = state_dir(sim_root) / "audit.jsonl"
         self.path = Path(path)
         self.backend = backend
-        self.sim_root = str(Path(sim_root).absolute()) if sim_root else None
+        self.sim_root = str(Path(sim_root).absolute()) if sim_root and backend == "sim" else None
         self._actor: dict[str, Any] | None = None
         self._host: str | None = None
 
