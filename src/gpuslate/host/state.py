@@ -65,10 +65,9 @@ def check_private(path: Path, uid: int | None = None) -> None:
                 f"refusing state directory {path}: {current} is owned by uid {st.st_uid}, not by you (uid {uid}) "
                 "or root", hint="use a folder of your own: set GPUSLATE_STATE_DIR")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            who = " and ".join(w for bit, w in ((stat.S_IWGRP, "group"), (stat.S_IWOTH, "others")) if st.st_mode & bit)
             raise PermissionDenied(
-                f"refusing state directory {path}: {current} is writable by "
-                f"{'group and others' if st.st_mode & stat.S_IWGRP and st.st_mode & stat.S_IWOTH else 'group' if st.st_mode & stat.S_IWGRP else 'others'}"
-                f" (mode {stat.S_IMODE(st.st_mode):o})",
+                f"refusing state directory {path}: {current} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})",
                 hint=f"chmod go-w {current}, or set GPUSLATE_STATE_DIR to a private folder")
         if st.st_uid == uid or current.parent == current:
             return
