@@ -120,7 +120,7 @@ def write_state_file(path: Path, data: bytes) -> None:
         raise
 
 
-def _configured_dir(sim_root: str | os.PathLike[str] | None) -> Path:
+def _configured_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
     env = os.environ.get("GPUSLATE_STATE_DIR")
     if env:
         return Path(env).expanduser()
