@@ -1,56 +1,63 @@
-"""`gpuslate status --json` against the tools it is compared with, side by side.
+"""`gpuslate status` (`--json` and the table) against the tools it is compared with, side by side.
 
-    python3 benchmarks/bench_status.py [--rounds 20] [--out results.json] [--hold-gib 8]
+    python3 benchmarks/bench_status.py --out DIR [--rounds 15] [--hold-gib 8] [--script PATH]
 
-Run on a GPU host with nvitop and gpustat importable (see README "Benchmarks").
-A torch process holding memory is started first so every tool has a process
-to report; it is the only process this script starts on the GPU.
+Run on a GPU host. nvitop and gpustat are used when importable (this script
+installs nothing: put their wheels on PYTHONPATH); a tool that is missing or
+fails is reported ``unavailable`` with its error, and the others still run.
+One torch process per visible GPU holds ``--hold-gib`` GiB, so that every tool
+has a process on every GPU to report; they are the only GPU processes this
+script starts. Writes ``bench-status.json``, ``bench-status.md`` (the table,
+ratios to the Python floor and the goals) and ``bench-status.log`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
-import select
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import report, summarize, time_commands  # noqa: E402
+from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus  # noqa: E402
+from _timing import markdown, summarize, time_commands  # noqa: E402
 
-HOLDER = r"""
-import sys, torch
-x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
-print("ready", flush=True); sys.stdin.read()
-"""
+FLOOR = "python: import pynvml; nvmlInit() (floor)"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--hold-gib", type=float, default=8)
-    ap.add_argument("--out")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--hold-gib", type=float, default=8, help="GiB held on every GPU (0: none)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for bench-status.json, .md and .log")
     ap.add_argument("--script", help="an installed `gpuslate` console script to time (default: python -m gpuslate)")
+    ap.add_argument("--as-is-only", action="store_true",
+                    help="skip the 'bytecode cached' set-up (see RESULTS.md), halving the run")
     a = ap.parse_args()
+    exit_on_sigterm()
+    a.out.mkdir(parents=True, exist_ok=True)
+    logs: list[str] = []
+
+    def log(msg: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S', time.gmtime())}Z] {msg}"
+        logs.append(line)
+        print(line, flush=True)
+
     py = sys.executable
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = dict(os.environ)
     if not a.script:  # an installed script brings its own package (and its bytecode)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.pop("GPUSLATE_SIM", None)
-    holder = None
-    if a.hold_gib > 0:
-        holder = subprocess.Popen([py, "-c", HOLDER, str(int(a.hold_gib * 2**30))], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
-        select.select([holder.stdout], [], [], 120)
-        assert holder.stdout.readline().strip() == "ready"
+    ngpu = visible_gpus()
     gs = [a.script] if a.script else [py, "-m", "gpuslate"]
     base = {
         "python -c pass": [py, "-c", "pass"],
-        "python: import pynvml; nvmlInit() (floor)": [py, "-c", "import pynvml; pynvml.nvmlInit()"],
+        FLOOR: [py, "-c", "import pynvml; pynvml.nvmlInit()"],
         "gpuslate status --json": [*gs, "status", "--json"],
         "gpuslate status (table)": [*gs, "status"],
         "nvitop --once": [py, "-m", "nvitop", "--once"],
@@ -64,36 +71,82 @@ def main() -> None:
     as_is = dict(env)
     cached = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cached["PYTHONPYCACHEPREFIX"] = "/tmp/gpuslate-bench-pycache"
-    commands: dict[str, list[str]] = {"nvidia-smi": ["nvidia-smi"]}
-    envs: dict[str, dict[str, str]] = {"nvidia-smi": env}
-    for label, e in (("bytecode cached", cached), ("bytecode as-is", as_is)):
-        if label == "bytecode as-is" and as_is.get("PYTHONDONTWRITEBYTECODE") is None:
-            continue
-        for name, cmd in base.items():
-            commands[f"{name} [{label}]"] = cmd
-            envs[f"{name} [{label}]"] = e
+    unavailable: dict[str, str] = {}
+    holders = Holders()
     try:
+        if a.hold_gib > 0:
+            holders.each(ngpu, int(a.hold_gib * GiB))
+            log(f"holding {a.hold_gib:g} GiB on each of {ngpu} GPUs")
+        for name, cmd in base.items():  # what is missing or fails is reported, not timed
+            p = subprocess.run(cmd, capture_output=True, text=True, env=as_is, timeout=120)
+            if p.returncode != 0:
+                unavailable[name] = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:300]
+                log(f"{name}: unavailable ({unavailable[name]})")
+        commands: dict[str, list[str]] = {"nvidia-smi": ["nvidia-smi"]}
+        envs: dict[str, dict[str, str]] = {"nvidia-smi": env}
+        for label, e in (("bytecode cached", cached), ("bytecode as-is", as_is)):
+            if label == "bytecode cached" and a.as_is_only:
+                continue
+            if label == "bytecode as-is" and as_is.get("PYTHONDONTWRITEBYTECODE") is None and not a.as_is_only:
+                continue
+            for name, cmd in base.items():
+                if name not in unavailable:
+                    commands[f"{name} [{label}]"] = cmd
+                    envs[f"{name} [{label}]"] = e
+        log(f"timing {len(commands)} commands, {a.rounds} rounds")
         times = time_commands(commands, a.rounds, envs)
     finally:
-        if holder:
-            holder.kill()
-            holder.wait()
+        holders.close()
     rows = []
     for label in ("bytecode cached", "bytecode as-is"):
         sub = {k: v for k, v in times.items() if k.endswith(f"[{label}]") or k == "nvidia-smi"}
-        if len(sub) > 1:
-            rows += summarize(sub, f"python: import pynvml; nvmlInit() (floor) [{label}]")
+        if len(sub) > 1 and f"{FLOOR} [{label}]" in sub:
+            rows += summarize(sub, f"{FLOOR} [{label}]")
+    goals = _goals(rows)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
-            "python": platform.python_version(), "rounds": a.rounds, "held_gib": a.hold_gib,
+            "python": platform.python_version(), "rounds": a.rounds, "held_gib_per_gpu": a.hold_gib, "gpus": ngpu,
             "command": "python3 benchmarks/bench_status.py " + " ".join(sys.argv[1:]),
-            "gpuslate_invoked_as": " ".join(gs),
+            "gpuslate_invoked_as": " ".join(gs), "unavailable": unavailable,
             "env_PYTHONDONTWRITEBYTECODE": env.get("PYTHONDONTWRITEBYTECODE")}
     try:
         meta["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
+                                     capture_output=True, text=True).stdout.strip().replace("\n", "; ")
     except OSError:
         pass
-    report(meta, rows, times, a.out)
+    md = "\n".join([f"- {meta['date']}, {meta['host']}, {ngpu} x {meta.get('gpu', '?')}, Python {meta['python']}; "
+                    f"{a.rounds} rounds; {a.hold_gib:g} GiB held on every GPU.",
+                    f"- Command: `{meta['command']}`", "", markdown(rows), "", *goals,
+                    *(f"- {k}: unavailable ({v})" for k, v in unavailable.items())])
+    print(md)
+    (a.out / "bench-status.json").write_text(json.dumps({"meta": meta, "rows": rows, "goals": goals,
+                                                        "times_ms": times}, indent=1))
+    (a.out / "bench-status.md").write_text(md + "\n")
+    (a.out / "bench-status.log").write_text("\n".join(logs) + "\n")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def _goals(rows: list[dict]) -> list[str]:
+    """The issue's goals, per set-up: --json <= 1.15x floor; table <= 1.25x floor and >= 1.5x faster than nvitop."""
+    out = []
+    for label in ("bytecode cached", "bytecode as-is"):
+        by = {str(r["command"]).removesuffix(f" [{label}]"): r for r in rows
+              if str(r["command"]).endswith(f"[{label}]")}
+        if "gpuslate status --json" not in by:
+            continue
+        j, t = by["gpuslate status --json"], by["gpuslate status (table)"]
+        line = (f"- {label}: `status --json` {j['x_floor']}x floor (goal <= 1.15: {_met(j['x_floor'] <= 1.15)}); "
+                f"table {t['x_floor']}x floor (goal <= 1.25: {_met(t['x_floor'] <= 1.25)})")
+        if "nvitop --once" in by:
+            ratio = float(by["nvitop --once"]["median_ms"]) / float(t["median_ms"])
+            line += f"; nvitop --once / table = {ratio:.2f} (goal >= 1.5: {_met(ratio >= 1.5)})"
+        if "gpustat --json" in by:
+            gpustat = float(by["gpustat --json"]["median_ms"]) / float(j["median_ms"])
+            line += f"; gpustat --json / status --json = {gpustat:.2f}"
+        out.append(line)
+    return out
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ def test_worker_tree_launcher_found_from_any_worker(sim_host, hold, cli):
     assert code == 0, doc
     roles = {t["pid"]: t["role"] for t in doc["targets"]}
     assert roles[h.pid] == "launcher"
-    assert {p for p, r in roles.items() if r in ("holder", "group member", "descendant")} >= set(h.workers)
+    assert {p for p, r in roles.items() if r in ("holder", "job member")} >= set(h.workers)
     assert all(is_gone(p) for p in h.pids)
     assert doc["status"] == "clean" and all(g["used"] == 0 for g in doc["after"])
     assert doc["timings"]["free_s"] >= doc["timings"]["exit_s"] > 0
@@ -52,7 +53,7 @@ def test_orphaned_workers_terminated(sim_host, hold, cli):
 
 
 def test_ignore_term_escalates_to_sigkill(sim_host, hold, cli):
-    h = hold("--gpus", "0", "--memory", "4GiB", "--ignore-term", "--workers", "2")
+    h = hold("--gpus", "0", "--memory", "4GiB", "--survive-term", "--workers", "2")
     code, doc = clear_json(cli, "--gpus", "0,1", "--grace", "0.3")
     assert code == 0, doc
     for t in doc["targets"]:
@@ -211,7 +212,7 @@ def test_pid_holding_no_gpu_is_bad_input(sim_host, hold, cli):
 
 
 def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
-    h = hold("--gpus", "0", "--memory", "2GiB", "--ignore-term")
+    h = hold("--gpus", "0", "--memory", "2GiB", "--survive-term")
     proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--grace", "30", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
     log = AuditLog(tmp_path / "state" / "audit.jsonl")
@@ -228,7 +229,7 @@ def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
 
 
 def test_every_signal_is_audited(sim_host, hold, tmp_path):
-    h = hold("--gpus", "0-1", "--memory", "2GiB", "--workers", "2", "--ignore-term")
+    h = hold("--gpus", "0-1", "--memory", "2GiB", "--workers", "2", "--survive-term")
     result = clear(grace=0.1)
     assert result.ok
     entries = AuditLog(tmp_path / "state" / "audit.jsonl").read()
@@ -239,7 +240,7 @@ def test_every_signal_is_audited(sim_host, hold, tmp_path):
 
 def test_two_clears_serialize_on_the_host_lock(sim_host, hold, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
-    a = hold("--gpus", "0", "--memory", "2GiB", "--ignore-term")
+    a = hold("--gpus", "0", "--memory", "2GiB", "--survive-term")
     b = hold("--gpus", "1", "--memory", "2GiB")
     first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "1.0", "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
@@ -256,7 +257,9 @@ def test_two_clears_serialize_on_the_host_lock(sim_host, hold, tmp_path, monkeyp
 
 
 def test_respawned_target_is_named_not_fought(sim_host, cli):
-    loop = (f"while true; do {sys.executable} -m gpuslate sim hold --gpus 0 --memory 2GiB "
+    # like a service manager, the loop starts each instance in a session of its own, so the
+    # loop is not part of the job it restarts (a loop in the job's own group would be ended with it)
+    loop = (f"while true; do setsid {sys.executable} -m gpuslate sim hold --gpus 0 --memory 2GiB "
             f"> {sim_host.root}/ready.$$; done")
     sup = subprocess.Popen(["bash", "-c", loop], env=gpuslate_env(), start_new_session=True)
     try:
@@ -270,6 +273,9 @@ def test_respawned_target_is_named_not_fought(sim_host, cli):
     finally:
         os.killpg(sup.pid, signal.SIGKILL)
         sup.wait()
+        for p in gpuslate.status([0]).gpus[0].processes:  # the instances it started, in their own sessions
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
 
 
 def test_zombie_target_is_tolerated(sim_host):

@@ -4,7 +4,8 @@ traceback, and a canary holder on another simulated host never signaled.
 Commands run in-process through ``main(argv)`` (fast enough for a few hundred
 examples); what would run for ever (``status --watch``, ``logs --follow``,
 ``sim hold``, ``sim serve``, ``up ... -- COMMAND``) is kept out of the vocabulary,
-and random words never start with '-' (argparse would take ``--w`` for ``--watch``).
+and random words never start with '-' (argparse would take ``--w`` for ``--watch``);
+the fleet options (``-H/--host``, ``--hosts``) are left out: this test stays on this host.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ COMMANDS = [["status"], ["clear"], ["clear", "--yes"], ["clear", "--dry-run"], [
 NUMBERS = ["0", "0.05", "-1", "nan", "inf", "-inf", "1e300", "", " ", "\uff11", "\u0663", "1_0", "0x10", "9" * 400,
            "1" + "0" * 30, "１GiB", "40XB", "1.5GB", "0-99999999999", "0,,1", "3-1", "0-7", "7", "\x00", "\x1b[2J"]
 OPTIONS = ["--gpus", "--pid", "--user", "--match", "--all-users", "--include-handles", "--grace", "--timeout",
-           "--max-used", "--dry-run", "--yes", "--json", "--limit", "--tail", "--port", "--host", "--ready",
+           "--max-used", "--dry-run", "--yes", "--json", "--limit", "--tail", "--port", "--ready-host", "--ready",
            "--ready-log", "--engine", "--cwd", "--env", "--containment", "--start-timeout", "--stop-timeout",
            "--config", "--rollback", "--memory", "--count", "--memory-api", "--reserved", "--release-delay",
            "--gpu", "--name", "--sim", "--smoke", "--model", "--help", "--version", "--bogus"]
@@ -81,7 +82,8 @@ def own_options(command: list[str]) -> tuple[list[str], list[str]]:
         if build:
             parser.lazy_build = None
             build(parser)
-    unsafe = {"--watch", "--follow", "--help", "--version"}
+    # --host/--hosts would reach out to other machines (this test stays on this one)
+    unsafe = {"--watch", "--follow", "--help", "--version", "--host", "--hosts", "--group", "--parallel"}
     valued = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings if o.startswith("--")}
     flags = {o for a in parser._actions if a.nargs == 0 for o in a.option_strings if o.startswith("--")}
     return sorted(valued - unsafe), sorted(flags - unsafe)

@@ -13,6 +13,12 @@ The CLI maps each class to an exit code in exactly one place
     ├── ServerFailed               a managed server exited or failed readiness
     ├── PartialFailure             some hosts or targets failed, the rest succeeded
     └── Interrupted                the user interrupted (Ctrl-C)
+
+Remote hosts (``--host``) fail in named ways, each under the class whose exit
+code fits: unreachable and gpuslate-missing hosts are an unavailable backend
+(3), a refused key or a changed host key a permission problem (5), a host
+that does not answer in time a timeout (4), an incompatible remote gpuslate a
+usage problem (2); a remote command that ran and failed keeps its own code.
 """
 
 from __future__ import annotations
@@ -79,3 +85,58 @@ class Interrupted(GpuslateError):
     """The user interrupted the operation."""
 
     code = "interrupted"
+
+
+# -- remote hosts (see gpuslate.remote) ------------------------------------------
+
+
+class HostUnreachable(BackendUnavailable):
+    """ssh could not reach the host (refused, no route, unknown name, closed)."""
+
+    code = "unreachable"
+
+
+class GpuslateMissing(BackendUnavailable):
+    """The host answers but has no gpuslate to run."""
+
+    code = "gpuslate_missing"
+
+
+class HostAuthRefused(PermissionDenied):
+    """The host refused every key ssh offered."""
+
+    code = "auth_refused"
+
+
+class HostKeyChanged(PermissionDenied):
+    """The host's key differs from the one in known_hosts (or is not known, in batch mode)."""
+
+    code = "host_key_changed"
+
+
+class HostTimedOut(NotDoneError):
+    """The host did not answer within the connect timeout."""
+
+    code = "timed_out"
+
+
+class RemoteIncompatible(UsageError):
+    """The remote gpuslate speaks a schema version this one does not understand."""
+
+    code = "incompatible"
+
+
+class RemoteCommandFailed(GpuslateError):
+    """The remote gpuslate ran and failed; ``exit_code`` is its own exit status."""
+
+    code = "command_failed"
+
+    def __init__(self, message: str, *, exit_code: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code
+
+
+class NotRun(PartialFailure):
+    """A host was not run because an earlier host failed (``swap`` without --keep-going)."""
+
+    code = "not_run"

@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 TORCH_HOLDER = r"""
 import signal, sys, torch
@@ -26,6 +27,24 @@ import subprocess, sys
 n, each = int(sys.argv[1]), sys.argv[2]
 kids = [subprocess.Popen([sys.executable, "-c", sys.argv[3], each], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True) for _ in range(n)]
+for k in kids:
+    assert k.stdout.readline().strip() == "ready"
+print("ready", " ".join(str(k.pid) for k in kids), flush=True)
+sys.stdin.read()
+"""
+
+# A tensor-parallel job: a launcher and one worker per listed GPU (rank r on cuda:GPUS[r]).
+# CUDA opens every device node, so each worker also holds a handle on the other GPUs.
+TORCH_TP = r"""
+import subprocess, sys
+gpus, each = sys.argv[1].split(","), sys.argv[2]
+worker = (
+    "import sys, torch\n"
+    "torch.cuda.set_device(int(sys.argv[1]))  # a context on this GPU only, as a TP rank has\n"
+    "x = torch.empty(int(sys.argv[2]), dtype=torch.uint8, device='cuda')\n"
+    "x.fill_(1); torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()\n")
+kids = [subprocess.Popen([sys.executable, "-c", worker, g, each], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True) for g in gpus]
 for k in kids:
     assert k.stdout.readline().strip() == "ready"
 print("ready", " ".join(str(k.pid) for k in kids), flush=True)
@@ -54,6 +73,19 @@ class Started:
         except ProcessLookupError:
             pass
         self.proc.wait(30)
+        # the workers are reparented once the launcher is gone: wait until their contexts are torn
+        # down too, so the next test starts on free GPUs
+        import pynvml
+
+        pynvml.nvmlInit()
+        deadline = time.monotonic() + 30
+        mine = {self.pid, *self.children}
+        while time.monotonic() < deadline:
+            listed = {p.pid for i in range(pynvml.nvmlDeviceGetCount())
+                      for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))}
+            if not listed & mine:
+                break
+            time.sleep(0.05)
 
 
 def start_python(code: str, *args: str, timeout: float = 120) -> Started:

@@ -166,3 +166,42 @@ def test_device_paths(monkeypatch):
     assert b.gpu_for_path("/dev/nvidiactl") is None
     assert b.gpu_for_path("/dev/nvidia-uvm") is None
     assert b.gpu_for_path("/dev/nvidia9") is None
+
+
+def test_early_init_overlaps_and_is_used_once(monkeypatch):
+    """start_early_init runs nvmlInit on its own thread while the caller goes on; the next
+    backend takes that result (one nvmlInit), a later one initialises itself."""
+    import threading
+
+    from gpuslate.gpu import nvml
+
+    nv = fake_pynvml()
+    inits: list[str] = []
+    release = threading.Event()
+
+    def slow_init():
+        release.wait(10)  # the driver "initialising": the caller is not held up meanwhile
+        inits.append(threading.current_thread().name)
+
+    nv.nvmlInit = slow_init
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.setattr(nvml, "_early", None)
+    nvml.start_early_init()
+    nvml.start_early_init()  # a second call starts nothing more
+    assert inits == []  # returned at once
+    release.set()
+    b = NvmlBackend()
+    assert inits == ["gpuslate-nvml-init"]
+    assert b.read([0])[0].error is None
+    NvmlBackend()
+    assert inits == ["gpuslate-nvml-init", threading.current_thread().name]
+
+
+def test_early_init_failure_is_reported_by_the_backend(monkeypatch):
+    from gpuslate.gpu import nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=12))
+    monkeypatch.setattr(nvml, "_early", None)
+    nvml.start_early_init()  # fails quietly on its thread
+    with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
+        NvmlBackend()

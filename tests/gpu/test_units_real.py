@@ -129,12 +129,11 @@ def real_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     yield script
     from gpuslate.proc.signals import send_signal
     from gpuslate.proc.tree import ProcTable
-    from gpuslate.units import store
-    from gpuslate.units.contain import unit_processes
+    from gpuslate.units.unit import load_units
 
     table = ProcTable()
-    for rec in store.load_all():  # only what this test's units started
-        for st in unit_processes(rec, table):
+    for unit in load_units():  # only what this test's units started
+        for st in unit.members(table):
             send_signal(st.ident, signal.SIGKILL)
 
 

@@ -32,22 +32,21 @@ def units_host(sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def _kill_leftovers(host: SimHost) -> None:
     """SIGKILL every process of this test's units and every live holder on its simulated host
     (all started by this test), each by exact identity."""
-    from gpuslate.units import store
-    from gpuslate.units.contain import discard_cgroup, unit_processes
+    from gpuslate.units.unit import load_units
 
     idents: set[ProcessId] = set()
     table = ProcTable()
-    records = store.load_all()
-    for rec in records:
-        idents.update(st.ident for st in unit_processes(rec, table))
+    units = load_units()
+    for unit in units:
+        idents.update(st.ident for st in unit.members(table))
     for held in host.held():
         r = held.record
         if held.alive and r.pid is not None and r.pid != os.getpid():
             idents.add(ProcessId(r.pid, r.start_ticks))
     for ident in idents:
         send_signal(ident, signal.SIGKILL)
-    for rec in records:  # the host's cgroup tree is shared: leave nothing in it
-        discard_cgroup(rec.cgroup, wait=10.0)  # init may take seconds to reap the killed processes
+    for unit in units:  # the host's cgroup tree is shared: leave nothing in it
+        unit.fence.release(wait=10.0)  # init may take seconds to reap the killed processes
 
 
 @pytest.fixture

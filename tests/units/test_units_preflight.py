@@ -66,7 +66,7 @@ def test_two_concurrent_ups_on_the_same_gpus(units_host, units):
     assert sorted(codes) == [0, 4], outs
     win, lose = (0, 1) if codes[0] == 0 else (1, 0)
     err = outs[lose][1]
-    assert "waiting for the host lock: up c%d" % win in err  # serialized, and said so
+    assert "waiting for the host lock: held by up c%d" % win in err  # serialized, and said so
     assert f"of unit c{win}" in err and "not free for unit c%d" % lose in err
     assert store.load(f"c{lose}") is None  # the loser started nothing
     assert units("ps").stdout.count("ready") == 1
@@ -97,3 +97,24 @@ def test_fence_falls_back_with_a_reason():
         assert note  # why no cgroup was used is recorded
     elif fence.cgroup:
         discard_cgroup(fence.cgroup)
+
+
+def test_a_new_command_does_not_inherit_the_last_runs_readiness(units_host, units):
+    import sys
+
+    r = units("up", "same", "--gpus", "5", "--ready-log", "custom-ready", "--", sys.executable, "-c",
+              "print('custom-ready', flush=True); import time; time.sleep(600)")
+    assert r.returncode == 0, r.stderr
+    assert units("down", "same").returncode == 0
+    port = free_port()
+    # the old --ready-log would never match this server's log: the new command is judged on its own
+    r = units("up", "same", "--gpus", "5", "--port", str(port), "--start-timeout", "20", "--json", "--",
+              *serve_cmd(port))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["readiness"]["kind"] == "tcp" and doc["command"] == serve_cmd(port)
+    assert units("down", "same").returncode == 0
+    r = units("up", "same", "--json")  # no command: the spec it last ran with, the new one
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["readiness"]["kind"] == "tcp"
+    assert units("down", "same").returncode == 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .._parse import format_gpu_list
-from .common import add_common, gpu_list, nonnegative_float, note, pid_type, print_json, size
+from .common import add_common, backend_for, gpu_list, nonnegative_float, note, pid_type, print_json, size
 from .exits import exit_epilog, exit_status_for_result
 
 
@@ -15,17 +15,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "clear", help="terminate the jobs holding GPUs (SIGTERM, grace, SIGKILL) and verify the memory is free",
         description="Plan, act, verify: terminate whole jobs holding the selected GPUs (your own processes "
         "unless --all-users), then wait until every GPU is free. Monitors, GPU daemons, gpuslate and its "
-        "ancestors are never targets.",
-        epilog=exit_epilog({0: "clean (or --dry-run)", 4: "not free within --timeout (with a diagnosis), "
-                            "or the host lock still held", 5: "permission denied on some target (the others "
-                            "were signaled), or an unsafe state folder", 130: "interrupted, or the "
-                            "confirmation answered no"}))
+        "ancestors are never targets. With --pid, --user or --match and no --gpus, only the GPUs the selected "
+        "jobs held are verified.",
+        epilog=exit_epilog({0: "clean (or --dry-run)", 4: "not free within --timeout, or held by processes "
+                            "that are not targets (at once, with the diagnosis), or the host lock still held",
+                            5: "permission denied on some target (the others were signaled), or an unsafe "
+                            "state folder", 130: "interrupted, or the confirmation answered no"}))
     add_common(p)
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to clear, e.g. 0,2-3 (default: all)")
     p.add_argument("--pid", type=pid_type, action="append", default=[], metavar="PID",
-                   help="only the job of this process (repeatable)")
+                   help="only the jobs of the GPU holders that are PID or its descendants (repeatable)")
     p.add_argument("--user", metavar="NAME", help="only this user's processes")
-    p.add_argument("--match", metavar="REGEX", help="only processes whose command line or title matches")
+    p.add_argument("--match", metavar="REGEX",
+                   help="only the jobs of holders whose command line or title matches (their jobs come along)")
+    p.add_argument("--holders-only", action="store_true",
+                   help="only the selected holders and their descendants, not the rest of their jobs")
     p.add_argument("--all-users", action="store_true",
                    help="allow other users' processes as targets (needed even as root)")
     p.add_argument("--include-handles", action="store_true",
@@ -59,10 +63,12 @@ def run_clear(args: argparse.Namespace) -> int:
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
 
+    # The CLI opens the backend and never closes it: the process exits right after,
+    # and nvmlShutdown would only add milliseconds to every clear (as for status).
     result = clear(args.gpus, pids=args.pid, user=args.user, match=args.match, all_users=args.all_users,
-                   include_handles=args.include_handles, grace=args.grace, timeout=args.timeout,
-                   max_used=args.max_used, dry_run=args.dry_run, sim=args.sim, confirm=_confirm if ask else None,
-                   on_event=note)
+                   include_handles=args.include_handles, holders_only=args.holders_only, grace=args.grace,
+                   timeout=args.timeout, max_used=args.max_used, dry_run=args.dry_run, sim=args.sim,
+                   backend=backend_for(args), confirm=_confirm if ask else None, on_event=note)
     if args.json:
         print_json(result.to_json())
     else:
@@ -86,14 +92,19 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
 def run_wait(args: argparse.Namespace) -> int:
     from ..slate.wait import wait_free
 
-    result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, sim=args.sim)
+    result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, backend=backend_for(args))
     if args.json:
         print_json(result.to_json())
-    elif result.ok:
-        print(f"GPUs {format_gpu_list(result.gpus)} free after {result.elapsed_s:.3f} s")
     else:
-        from .render_clear import print_diagnosis
-
-        print(f"GPUs {format_gpu_list(result.gpus)} not free after {result.elapsed_s:.1f} s:")
-        print_diagnosis(result.diagnosis)
+        print_wait(result.ok, result.gpus, result.elapsed_s, result.diagnosis)
     return exit_status_for_result("free" if result.ok else "not_free")
+
+
+def print_wait(ok: bool, gpus: list[int], elapsed_s: float, diagnosis: list) -> None:  # type: ignore[type-arg]
+    if ok:
+        print(f"GPUs {format_gpu_list(gpus)} free after {elapsed_s:.3f} s")
+        return
+    from .render_clear import print_diagnosis
+
+    print(f"GPUs {format_gpu_list(gpus)} not free after {elapsed_s:.1f} s:")
+    print_diagnosis(diagnosis)

@@ -14,15 +14,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("down", help="stop a managed unit and verify its GPUs are released",
                        description="SIGTERM every process of the unit (cgroup, session, process group), grace, "
                        "SIGKILL; sweep processes of the unit that appeared meanwhile; then verify its GPU memory "
-                       "is released, as 'clear' does.",
-                       epilog=exit_epilog({0: "stopped and its GPU memory released", 4: "not stopped or not "
-                                           "released within --timeout", 5: "permission denied on some process"}))
+                       "is released, as 'clear' does. A unit with a corrupt record is stopped by what can still "
+                       "be found of it (its cgroup, its GPUSLATE_UNIT marker, its port); the record is then "
+                       "set aside.",
+                       epilog=exit_epilog({0: "stopped and its GPU memory released", 2: "bad input, or unknown unit",
+                                           4: "not released in time (or held by processes not found in the "
+                                           "unit: see --clear)", 5: "permission denied on some process"}))
     add_common(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="default: the unit's (10)")
     p.add_argument("--timeout", type=nonnegative_float, metavar="SECONDS",
                    help="for stopping and memory release together (default: the unit's stop timeout, 60)")
     p.add_argument("--max-used", type=size, metavar="SIZE", help="most memory a free GPU may show (default: as clear)")
+    p.add_argument("--clear", action="store_true",
+                   help="also end processes holding the unit's GPUs that started while it ran but are not found "
+                   "in it (a late fork that left the session and renamed itself), with 'clear' rules")
     p.set_defaults(handler=run)
 
 
@@ -37,6 +43,10 @@ def print_down(result: Any) -> None:
     procs = rep.results + rep.swept
     by = {s: sum(1 for r in procs if r.ended_by == s) for s in ("SIGTERM", "SIGKILL")}
     t = rep.timings
+    if result.set_aside:
+        print(f"Unit {result.name}: corrupt record ({result.corrupt}) moved to {result.set_aside}")
+    if result.cleared is not None:
+        print(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
     if not procs:
         print(f"Unit {result.name} ({result.previous_state}): no process left to stop; "
               f"GPU memory {'released' if rep.released else 'NOT released'} ({t['verify_s']:.2f} s)")
@@ -50,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ..units import down
 
     result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
-                  max_used=args.max_used, on_event=note)
+                  max_used=args.max_used, clear_strays=args.clear, on_event=note)
     if args.json:
         print_json(result.to_json())
     else:
@@ -59,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         for d in result.report.diagnosis:
             sys.stderr.write(f"gpuslate: {d.summary()}\n")
         alive = [r.victim.ident.pid for r in result.report.results + result.report.swept if r.alive]
-        why = f"processes still running: {alive}" if alive else "its GPU memory was not released in time"
+        strays = [s.pid for s in result.strays]
+        why = (f"processes still running: {alive}" if alive else
+               f"its GPUs are held by processes not found in it: {strays} (add --clear to end them)"
+               if strays and result.cleared is None else "its GPU memory was not released in time")
         sys.stderr.write(f"gpuslate: error: unit {args.name} not fully stopped: {why}\n")
     return down_status(result)

@@ -56,10 +56,28 @@ _BY_RESULT: dict[str, ExitStatus] = {
 
 
 def exit_status_for(exc: BaseException) -> ExitStatus:
+    if isinstance(exc, errors.RemoteCommandFailed):
+        # the remote gpuslate's own status, when it is one of ours
+        try:
+            return ExitStatus(exc.exit_code)
+        except ValueError:
+            return ExitStatus.INTERNAL_ERROR
     for cls, status in _BY_ERROR:
         if isinstance(exc, cls):
             return status
     return ExitStatus.INTERNAL_ERROR
+
+
+def fleet_exit_code(codes: list[int]) -> int:
+    """One exit status for a run on several hosts: 0 when all succeeded; 7 (partial)
+    when some failed and others did not; when all failed, their common status if
+    they agree, else 7."""
+    failed = [c for c in codes if c != ExitStatus.OK]
+    if not failed:
+        return ExitStatus.OK
+    if len(failed) < len(codes) or len(set(failed)) > 1:
+        return ExitStatus.PARTIAL
+    return failed[0]
 
 
 def exit_status_for_result(status: str) -> ExitStatus:

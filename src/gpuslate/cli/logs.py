@@ -27,17 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..proc.tree import ProcTable
-    from ..units import store
-    from ..units.contain import unit_processes
+    from ..units import Unit, store
     from ..units.logfile import follow, tail_at
 
-    rec = store.load(args.name)
-    if rec is None:
+    unit = Unit.load(args.name)
+    if unit is None:
         raise UsageError(f"unknown unit {args.name!r}: see 'gpuslate ps'")
     if args.tail is not None and args.tail < 0:
         raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
-    path = Path(rec.log)
+    path = Path(unit.record.log) if unit.record else store.log_path(args.name)  # corrupt: where logs go
     out = sys.stdout
     lines, since = tail_at(path, args.tail)
     for line in lines:
@@ -47,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     def running() -> bool:
-        current = store.load(args.name) or rec
-        return bool(unit_processes(current, ProcTable()))
+        return (Unit.load(args.name) or unit).running()  # a restart is a new record: follow it
 
     try:
         for line in follow(path, since=since, keep_going=running):

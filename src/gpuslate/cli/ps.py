@@ -11,8 +11,9 @@ from .exits import exit_epilog
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ps", help="list managed units: state, pid, uptime, port, GPUs, memory, time to ready",
                        description="List managed units with their state as the host shows it now: "
-                       "starting, ready, exited, failed, stopped, or orphaned (the main process died while "
-                       "processes of the unit live on; 'gpuslate down NAME' cleans them up).",
+                       "starting, ready, exited, failed, stopped, orphaned (the main process died while "
+                       "processes of the unit live on, or 'up' vanished before it was ready; 'gpuslate down NAME' "
+                       "cleans them up), or corrupt (its record cannot be read).",
                        epilog=exit_epilog({0: "listed", 5: "unsafe state folder"}))
     add_common(p)
     p.set_defaults(handler=run)
@@ -45,9 +46,11 @@ def run(args: argparse.Namespace) -> int:
     rows = [head]
     for u in result.units:
         r = u.record
-        rows.append((r.name, u.state, str(r.pid), _duration(u.uptime_s), str(r.port or "-"), gpu_text(r.gpus),
+        ttr = r.time_to_ready_s if r is not None else None
+        rows.append((u.unit.name, u.state.value, str(u.pid or "-"), _duration(u.uptime_s),
+                     str((r.port if r else None) or "-"), gpu_text(u.unit.gpus),
                      format_size(u.gpu_memory) if u.gpu_memory is not None else "-",
-                     f"{r.time_to_ready_s:.2f}s" if r.time_to_ready_s is not None else "-"))
+                     f"{ttr:.2f}s" if ttr is not None else "-"))
     rows = [tuple(safe(c) for c in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:

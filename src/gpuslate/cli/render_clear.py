@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
-from ..slate.clear import ClearResult
-from ..slate.plan import Plan
+from ..slate.clear import ClearResult, ClearStatus
+from ..slate.plan import Plan, Role, Target
 from ..slate.wait import GpuDiagnosis
 from .render import cell, emit, fitted_cell, one_line, process_table
 
@@ -17,8 +17,12 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
         cols[5:5] = ["Signals", "Ended"]
     t = process_table(tuple((c, "right" if c in ("PID", "GPU memory") else "left") for c in cols))
     by_pid = {r.victim.ident.pid: r for r in result.results} if result else {}
-    for tg in plan.targets:
-        row: list[Any] = [str(tg.ident.pid), tg.role, cell(tg.user or "-"), format_gpu_list(tg.gpus) or "-",
+    targets = list(plan.targets)
+    if result is not None:  # what the jobs forked while they were stopped comes after the plan
+        planned = {tg.ident.pid for tg in targets}
+        targets += [_forked_target(r) for r in result.results if r.victim.ident.pid not in planned]
+    for tg in targets:
+        row: list[Any] = [str(tg.ident.pid), tg.role.value, cell(tg.user or "-"), format_gpu_list(tg.gpus) or "-",
                format_size(tg.used_memory) if tg.used_memory is not None else "-"]
         if result is not None:
             r = by_pid.get(tg.ident.pid)
@@ -35,18 +39,37 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
     return t
 
 
+def _forked_target(r: Any) -> Target:
+    i = r.victim.info
+    return Target(r.victim.ident, i.get("user"), i.get("uid"), i.get("command") or "", i.get("name") or "", [],
+                  None, Role.FORKED, i.get("reason") or "", i.get("job") or 0, None, None, None)
+
+
 def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
-    out: list[Any] = [f"[bold]Plan[/] for GPUs {format_gpu_list(plan.gpus)}: {len(plan.targets)} targets"]
+    verified = format_gpu_list(plan.gpus) if plan.gpus else "none"
+    n = len(plan.targets)
+    out: list[Any] = [f"[bold]Plan[/]: {n} target{'s' if n != 1 else ''}; verifies GPUs {verified}"]
     if plan.targets:
         out.append(plan_table(plan))
-    emit(*out, *_spared(plan), file=file)
+    emit(*out, *_reasons(plan), *_spared(plan), file=file)
+
+
+def _reasons(plan: Plan) -> list[str]:
+    """Why each target is one, and which will be SIGKILLed early because SIGTERM cannot work."""
+    out = []
+    for tg in plan.targets:
+        line = f"  {tg.ident.pid}: {cell(tg.reason)}"
+        if tg.ignores_sigterm:
+            line += f" [yellow]({cell(tg.ignores_sigterm)}: SIGKILL once the rest of its job has exited)[/]"
+        out.append(line)
+    return out
 
 
 def _spared(plan: Plan) -> list[str]:
     if not plan.spared:
         return []
-    return ["[bold]Spared[/]"] + [f"  {s.pid} {cell(s.user or '-')} [dim]{one_line(s.command, 60)}[/]: {cell(s.reason)}"
-                                  for s in plan.spared]
+    return ["[bold]Spared[/] (never signaled)"] + [
+        f"  {s.pid} {cell(s.user or '-')} [dim]{one_line(s.command, 60)}[/]: {cell(s.reason)}" for s in plan.spared]
 
 
 def _diagnosis(diag: list[GpuDiagnosis]) -> list[str]:
@@ -68,7 +91,7 @@ def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> No
 
 def print_clear(result: ClearResult) -> None:
     plan = result.plan
-    if result.status == "dry_run":
+    if result.status == ClearStatus.DRY_RUN:
         emit("[yellow]Dry run: nothing was signaled.[/]")
         print_plan(plan)
         return
@@ -88,11 +111,14 @@ def print_clear(result: ClearResult) -> None:
         out.append(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, 60)}) replaced {rs.replaces}; "
                    f"supervisor {cell(rs.supervisor or 'unknown')}. {cell(rs.remedy)}")
     out += _diagnosis(result.diagnosis)
-    if result.status == "clean":
+    if result.status == ClearStatus.CLEAN:
         out.append(f"[green]Clean[/]: GPUs {format_gpu_list(plan.gpus)} free (at most "
                    f"{format_size(result.max_used)} used each), verified.")
-    elif result.status == "permission_denied":
+    elif result.status == ClearStatus.PERMISSION_DENIED:
         out.append("[red]Some targets could not be signaled (permission denied).[/]")
+    elif result.status == ClearStatus.HELD_BY_OTHERS:
+        out.append("[red]Not free: every target is gone, and what still holds the GPUs is not a target "
+                   "(see above; --all-users, --include-handles or other --gpus may be what you meant).[/]")
     else:
         out.append("[red]Not free within the timeout.[/]")
     emit(*out)

@@ -57,7 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="the launcher holds nothing and spawns N workers holding memory round-robin")
     hold.add_argument("--orphan-workers", action="store_true",
                       help="workers double-fork away from the launcher (reparented to PID 1)")
-    hold.add_argument("--ignore-term", action="store_true", help="every process ignores SIGTERM")
+    hold.add_argument("--ignore-term", action="store_true",
+                      help="every process ignores SIGTERM (SIG_IGN: visible in /proc, so clear SIGKILLs it early)")
+    hold.add_argument("--survive-term", action="store_true",
+                      help="every process catches SIGTERM and carries on (only the grace period ends it)")
+    hold.add_argument("--handles", type=gpu_list, metavar="LIST",
+                      help="also hold a device handle (no memory) on these GPUs, as CUDA opens every device")
     hold.add_argument("--title", metavar="NAME",
                       help="process title, e.g. sglang::scheduler_TP{rank} ({rank}: the worker number)")
     hold.add_argument("--no-reap", action="store_true",
@@ -143,7 +148,7 @@ def run_hold(args: argparse.Namespace) -> int:
     host = _host(args)
     gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
-         ignore_term=args.ignore_term, title=args.title, reap=not args.no_reap)
+         ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title, reap=not args.no_reap)
 
 
 def run_leak(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(snap.to_json())
     else:
-        from .render import print_status
+        from .render_status import print_status
 
         print_status(snap)
     return 0
@@ -54,14 +54,10 @@ def _watch(args: argparse.Namespace, backend: object) -> int:
                 sys.stdout.write(json.dumps(take_snapshot(backend, args.gpus).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)
-        from rich.live import Live
+        from .render_status import print_status
 
-        from .render import status_renderable
-
-        with Live(status_renderable(take_snapshot(backend, args.gpus)), auto_refresh=False,
-                  screen=False) as live:
-            while True:
-                time.sleep(args.watch)
-                live.update(status_renderable(take_snapshot(backend, args.gpus)), refresh=True)
+        while True:
+            print_status(take_snapshot(backend, args.gpus), redraw=True)
+            time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how a watch ends: not a failure

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
 
-_LABELS = (("lock_wait_s", "wait for the host lock"), ("stop_old_s", "stop {old}"),
-           ("verify_clean_s", "verify GPUs clean"), ("preflight_new_s", "pre-flight {new}"),
+if TYPE_CHECKING:
+    from ..units.swap import SwapResult
+
+_LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
+           ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+           ("preflight_new_s", "pre-flight {new}"),
            ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
            ("rollback_s", "rollback to {old}"))
 
@@ -28,16 +33,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("new", metavar="NEW")
     p.add_argument("--rollback", action="store_true", help="if NEW fails, start OLD again")
     p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="do not read NEW's weight files into the page cache before stopping OLD")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..units import swap
+    from ..units.interrupts import sigterm_interrupts
     from .down import down_status, print_down
     from .up import print_up, report_failure, up_status
 
-    result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
-                  sim=getattr(args, "sim", None), on_event=note)
+    with sigterm_interrupts():  # a SIGTERM cleans up NEW's start like Ctrl-C (exit 130)
+        result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
+                      sim=getattr(args, "sim", None), on_event=note, prefetch=not args.no_prefetch)
     if args.json:
         print_json(result.to_json())
     else:
@@ -52,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {label.format(old=args.old, new=args.new):<28} {result.phases[key]:8.3f} s")
         print(f"  {'total':<28} {result.total_s:8.3f} s" +
               (f"  (gpuslate overhead {result.overhead_s:.3f} s)" if result.overhead_s is not None else ""))
+        print_prefetch(result)
+        print_downtime(result)
     if result.status == "down_failed":
         sys.stderr.write(f"gpuslate: error: could not stop {args.old} cleanly; {args.new} was not started\n")
         return down_status(result.down)
@@ -64,3 +75,37 @@ def run(args: argparse.Namespace) -> int:
                 report_failure(result.rollback)
         return up_status(result.up)
     return exit_status_for_result(result.status)
+
+
+_DOWNTIME_LABELS = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+                    ("preflight_new_s", "pre-flight {new}"), ("spawn_new_s", "spawn {new}"),
+                    ("start_to_port_open_s", "process start -> port open"),
+                    ("port_open_to_ready_s", "port open -> ready"), ("smoke_new_s", "smoke completion"))
+
+
+def print_prefetch(result: SwapResult) -> None:
+    from .._parse import format_size
+
+    pf = result.prefetch
+    if pf is None:
+        return
+    if pf.status in ("done", "partial"):
+        n = len(pf.plan.files)
+        took = f" in {pf.seconds:.3f} s, {format_size(int(pf.read_bytes / pf.seconds))}/s" if pf.seconds else ""
+        print(f"  prefetch: {pf.status}, {format_size(pf.read_bytes)} of {format_size(pf.plan.total)} in "
+              f"{n} file{'s' if n != 1 else ''}{took}")
+    else:
+        print(f"  prefetch: {pf.status}" + (f" ({pf.plan.warning or pf.error})" if pf.plan.warning or pf.error else ""))
+
+
+def print_downtime(result: SwapResult) -> None:
+    """Nothing served for downtime_s: its parts, one line each."""
+    if result.downtime_s is None or not result.downtime:
+        return
+    print(f"  {'downtime (nothing serves)':<28} {result.downtime_s:8.3f} s")
+    parts = result.downtime
+    for key, label in _DOWNTIME_LABELS:
+        if key in parts:
+            print(f"    {label.format(old=result.old, new=result.new):<26} {parts[key]:8.3f} s")
+    if "start_to_port_open_s" not in parts:
+        print(f"    {'process start -> ready':<26} {parts['start_to_ready_s']:8.3f} s")

@@ -57,7 +57,7 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
     p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
-    p.add_argument("--host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
+    p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
     p.add_argument("--engine", choices=("sglang", "vllm"),
                    help="readiness like the engine: sglang /health_generate; vllm /health then /v1/models")
     p.add_argument("--ready", metavar="URL", dest="ready_url", help="ready when GET URL (or a path) answers 200")
@@ -83,7 +83,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             if not eq or not key:
                 raise UsageError(f"invalid --env {item!r}: expected KEY=VALUE")
             env[key] = value
-    return {"gpus": args.gpus, "port": args.port, "host": args.host, "engine": args.engine,
+    return {"gpus": args.gpus, "port": args.port, "ready_host": args.ready_host, "engine": args.engine,
             "ready_url": args.ready_url, "ready_log": args.ready_log, "smoke": args.smoke, "model": args.model,
             "start_timeout": args.start_timeout, "grace": args.grace, "stop_timeout": args.stop_timeout,
             "env": env, "cwd": args.cwd, "containment": args.containment}
@@ -128,15 +128,16 @@ def print_up(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import resolve, up
-    from ..units import store
+    from ..units import Unit, resolve, up
+    from ..units.interrupts import sigterm_interrupts
 
     command = list(args.command)
-    prev = store.load(args.name)
+    prev = Unit.load(args.name)
     spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
-                   previous=prev.spec if prev else None)
-    result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
-                on_event=note)
+                   previous=prev.spec.to_json() if prev and prev.spec else None)
+    with sigterm_interrupts():  # a SIGTERM cleans up like Ctrl-C (exit 130)
+        result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
+                    on_event=note)
     if args.json:
         print_json(result.to_json())
     elif result.ok:

@@ -30,13 +30,64 @@ def _import_pynvml() -> Any:
     return pynvml
 
 
+# nvmlInit started ahead of need (see start_early_init): (thread, [(pynvml or None, error or None)])
+_early: tuple[Any, list[tuple[Any, BaseException | None]]] | None = None
+
+
+def start_early_init() -> None:
+    """Load the driver library and run ``nvmlInit`` on a background thread now.
+
+    The driver's initialisation is tens of milliseconds of C code that releases
+    the GIL, so it overlaps the interpreter importing the rest of the command;
+    the next :class:`NvmlBackend` picks up the result instead of initialising
+    again. Harmless when no backend follows (a simulated host after all): the
+    thread is a daemon and a missing driver is only reported if a backend asks.
+    """
+    global _early
+    if _early is not None:
+        return
+    import threading
+
+    result: list[tuple[Any, BaseException | None]] = []
+
+    def work() -> None:
+        nv = None
+        try:
+            nv = _import_pynvml()
+            nv.nvmlInit()
+            result.append((nv, None))
+        except BaseException as exc:  # handed to the backend that asks for it
+            result.append((nv, exc))
+
+    thread = threading.Thread(target=work, name="gpuslate-nvml-init", daemon=True)
+    thread.start()
+    _early = (thread, result)
+
+
+def _take_early() -> tuple[Any, BaseException | None] | None:
+    """The early initialisation's outcome, once (later backends initialise themselves)."""
+    global _early
+    if _early is None:
+        return None
+    thread, result = _early
+    _early = None
+    thread.join()
+    return result[0] if result else None
+
+
 class NvmlBackend:
     name = "nvml"
 
     def __init__(self) -> None:
-        self._nv = nv = _import_pynvml()
+        early = _take_early()  # (pynvml, its nvmlInit error) when start_early_init ran
+        if early is not None and early[0] is None:  # pynvml itself could not be imported
+            raise early[1]  # type: ignore[misc]
+        self._nv = nv = early[0] if early is not None else _import_pynvml()
         try:
-            nv.nvmlInit()
+            if early is None:
+                nv.nvmlInit()
+            elif early[1] is not None:
+                raise early[1]
         except nv.NVMLError as exc:
             raise BackendUnavailable(
                 f"no NVIDIA driver available (NVML: {_describe(exc)})",
@@ -166,14 +217,12 @@ class NvmlBackend:
         if len(indices) < 2:
             return [self._read_one(i, full) for i in indices]
         # NVML is thread-safe and its calls release the GIL; reading GPUs in
-        # parallel keeps an 8-GPU host as fast to read as a 1-GPU host.
+        # parallel keeps an 8-GPU host as fast to read as a 1-GPU host. Each
+        # thread also takes its GPU's handle: the first query of a GPU can be
+        # slow (an idle GPU without persistence mode is initialised by it), and
+        # the threads write different keys of the handle cache.
         import threading
 
-        for i in indices:  # handles first, on this thread: the cache is a plain dict
-            try:
-                self._handle(i)
-            except (GpuQueryError, PermissionDenied):
-                pass
         out: list[GpuReading | None] = [None] * len(indices)
 
         def work(k: int) -> None:

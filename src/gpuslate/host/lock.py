@@ -282,7 +282,7 @@ def _alive(pid: int, start_ticks: object) -> bool:
         except PermissionError:
             return True
         return True
-    if st.state in ("Z", "X"):
+    if st.has_exited:
         return False
     # the same pid with another start time is a different process
     return not isinstance(start_ticks, int) or st.start_ticks == start_ticks

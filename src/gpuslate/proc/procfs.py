@@ -19,6 +19,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # containerd, cri-o, podman all use it).
 _CONTAINER_PATTERN = r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64})"
 
+#: process states of a task that has exited (zombie, dead)
+EXITED_STATES = frozenset({"Z", "X"})
+SIGTERM_BIT = 1 << (15 - 1)  # SIGTERM is signal 15: bit 14 of the SigIgn/SigCgt masks
+
 _boot_time: float | None = None
 _user_cache: dict[int, str] = {}
 
@@ -39,10 +43,16 @@ class ProcStat(NamedTuple):
     sid: int
     start_ticks: int
     flags: int
+    tty_nr: int = 0  # controlling terminal (0: none)
 
     @property
     def ident(self) -> ProcessId:
         return ProcessId(self.pid, self.start_ticks)
+
+    @property
+    def has_exited(self) -> bool:
+        """A zombie (or a dead task) has exited: only its exit status remains."""
+        return self.state in EXITED_STATES
 
     @property
     def is_kernel_thread(self) -> bool:
@@ -112,8 +122,57 @@ def read_stat(pid: int) -> ProcStat | None:
     # f[0] is field 3 (state); field N is f[N - 3]
     return ProcStat(
         pid=pid, name=name, state=f[0].decode(), ppid=int(f[1]), pgid=int(f[2]),
-        sid=int(f[3]), flags=int(f[6]), start_ticks=int(f[19]),
+        sid=int(f[3]), tty_nr=int(f[4]), flags=int(f[6]), start_ticks=int(f[19]),
     )
+
+
+class SignalFacts(NamedTuple):
+    """What ``/proc/PID/status`` says about a process's signals and namespaces."""
+
+    tgid: int  # the thread group (process) a task id belongs to
+    nspid: tuple[int, ...]  # its pid in each nested PID namespace, outermost first
+    sig_ign: int  # mask of ignored signals
+    sig_cgt: int  # mask of caught signals (a handler is installed)
+
+    @property
+    def is_namespace_init(self) -> bool:
+        """PID 1 of a PID namespace below ours (a container's entry point)."""
+        return len(self.nspid) > 1 and self.nspid[-1] == 1
+
+    @property
+    def ignores_sigterm(self) -> str | None:
+        """Why SIGTERM will provably do nothing, or None.
+
+        A namespace's init only receives signals it installed a handler for
+        (SIGKILL excepted), whoever sends them (pid_namespaces(7)).
+        """
+        if self.sig_ign & SIGTERM_BIT:
+            return "ignores SIGTERM (SIG_IGN)"
+        if self.is_namespace_init and not self.sig_cgt & SIGTERM_BIT:
+            return "PID 1 of its PID namespace without a SIGTERM handler: the kernel drops SIGTERM"
+        return None
+
+
+def read_signal_facts(pid: int) -> SignalFacts | None:
+    """Parse the lines of ``/proc/PID/status`` that decide how a process takes SIGTERM."""
+    try:
+        with open(f"{PROC}/{pid}/status", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Tgid", "NSpid", "SigIgn", "SigCgt"):
+            fields[key] = value.strip()
+    try:
+        return SignalFacts(
+            tgid=int(fields.get("Tgid", pid)),
+            nspid=tuple(int(x) for x in fields.get("NSpid", str(pid)).split()) or (pid,),
+            sig_ign=int(fields.get("SigIgn", "0"), 16), sig_cgt=int(fields.get("SigCgt", "0"), 16),
+        )
+    except ValueError:
+        return None
 
 
 def identity(pid: int) -> ProcessId | None:
@@ -128,7 +187,7 @@ def is_alive(ident: ProcessId) -> bool:
     released, only its exit status waits to be collected.
     """
     st = read_stat(ident.pid)
-    return st is not None and st.start_ticks == ident.start_ticks and st.state not in ("Z", "X")
+    return st is not None and st.start_ticks == ident.start_ticks and not st.has_exited
 
 
 def user_name(uid: int) -> str:

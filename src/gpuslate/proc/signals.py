@@ -29,7 +29,7 @@ def _check(ident: ProcessId) -> str | None:
         return NOT_RUNNING
     if st.start_ticks != ident.start_ticks:
         return PID_REUSED
-    if st.state in ("Z", "X"):
+    if st.has_exited:
         return NOT_RUNNING  # exited; only its exit status remains
     return None
 

@@ -23,6 +23,13 @@ class Victim(NamedTuple):
 
     ident: ProcessId
     info: dict[str, Any]
+    #: why SIGTERM will provably do nothing (SIG_IGN, a namespace's init without a handler), or None
+    ignores_sigterm: str | None = None
+    #: the job it belongs to, for reports
+    job: int | None = None
+    #: pids of the victims it started: one that ignores SIGTERM is SIGKILLed as soon as they have
+    #: exited (a namespace's init takes its whole namespace with it when it dies)
+    waits_for: tuple[int, ...] = ()
 
 
 class SignalRecord(NamedTuple):
@@ -48,10 +55,13 @@ class VictimResult:
     def alive(self) -> bool:
         return self.exited_at is None and not self.permission_denied
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.victim.info, "signals": [s.to_json() for s in self.signals],
+    def outcome_json(self) -> dict[str, Any]:
+        return {"signals": [s.to_json() for s in self.signals],
                 "exited_at_s": round(self.exited_at, 4) if self.exited_at is not None else None,
                 "ended_by": self.ended_by, "permission_denied": self.permission_denied}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.victim.info, **self.outcome_json()}
 
 
 class Poller:
@@ -83,13 +93,19 @@ class Poller:
 def terminate(
     victims: list[Victim], *, grace: float, kill_wait: float, action: str, run_id: str,
     audit: AuditLog | None, on_event: Callable[[str], None] | None = None,
-    clock_start: float | None = None,
+    clock_start: float | None = None, discover: Callable[[list[Victim]], list[Victim]] | None = None,
+    discover_every: float = 0.05,
 ) -> list[VictimResult]:
     """Terminate every victim: SIGTERM to all at once, wait up to ``grace`` seconds,
     SIGKILL the survivors, wait up to ``kill_wait`` seconds more.
 
-    Processes that cannot be signaled (permission) are recorded and skipped;
-    the others proceed. Returns one result per victim, in order.
+    A victim that provably ignores SIGTERM is SIGKILLed as soon as the victims
+    it started have exited, not after the whole grace. ``discover``,
+    called every ``discover_every`` seconds while waiting, returns processes the
+    victims started since (a job forking while it stops); they are signaled with
+    the phase's signal and reported. Processes that cannot be signaled
+    (permission) are recorded and skipped; the others proceed. Returns one result
+    per victim, in order, then the discovered ones.
     """
     t0 = clock_start if clock_start is not None else time.monotonic()
     results = [VictimResult(v) for v in victims]
@@ -111,17 +127,44 @@ def terminate(
                 r.ended_by = r.ended_by or ("gone" if outcome == NOT_RUNNING and not _sent(r) else
                                             "pid_reused" if outcome == PID_REUSED else sig.name)
 
-    def wait(who: list[VictimResult], until: float, ended_by: str) -> list[VictimResult]:
+    def adopt(phase: signal.Signals) -> list[VictimResult]:
+        if discover is None:
+            return []
+        new = [VictimResult(v) for v in discover([r.victim for r in results])]
+        if new:
+            results.extend(new)
+            note(f"{_processes(len(new))} forked by the job while stopping: {phase.name}")
+            signal_all(phase, new)
+        return [r for r in new if r.alive]
+
+    def early_kill(pending: list[VictimResult]) -> None:
+        """SIGKILL the victims SIGTERM cannot reach once the victims they started are gone."""
+        running = {r.victim.ident.pid for r in pending}
+        hopeless = [r for r in pending if r.victim.ignores_sigterm is not None and not _killed(r)
+                    and not running.intersection(r.victim.waits_for)]
+        if hopeless:
+            note(f"SIGKILL to {_processes(len(hopeless))} that SIGTERM cannot stop: "
+                 + "; ".join(f"{r.victim.ident.pid} {r.victim.ignores_sigterm}" for r in hopeless))
+            signal_all(signal.SIGKILL, hopeless)
+
+    def wait(who: list[VictimResult], until: float, phase: signal.Signals) -> list[VictimResult]:
         poll = Poller()
         pending = [r for r in who if r.alive]
+        next_discovery = time.monotonic() + discover_every
         while pending:
             for r in pending:
                 reap_if_child(r.victim.ident.pid)
                 if is_gone(r.victim.ident):
                     r.exited_at = time.monotonic() - t0
-                    r.ended_by = ended_by
+                    r.ended_by = "SIGKILL" if _killed(r) else phase.name
             pending = [r for r in pending if r.alive]
-            if not pending or time.monotonic() >= until:
+            if phase == signal.SIGTERM:
+                early_kill(pending)
+            now = time.monotonic()
+            if now >= next_discovery:
+                pending += adopt(phase)
+                next_discovery = now + discover_every
+            if not pending or now >= until:
                 break
             poll.sleep(until)
         return pending
@@ -131,11 +174,17 @@ def terminate(
         return results
     signal_all(signal.SIGTERM, alive)
     note(f"SIGTERM sent to {_processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED))}")
-    survivors = wait(alive, time.monotonic() + grace, "SIGTERM")
+    survivors = wait(alive, time.monotonic() + grace, signal.SIGTERM)
+    survivors += [r for r in adopt(signal.SIGTERM) if r not in survivors]
     if survivors:
-        note(f"{_processes(len(survivors))} survived SIGTERM for {grace:g} s: SIGKILL")
-        signal_all(signal.SIGKILL, survivors)
-        wait(survivors, time.monotonic() + kill_wait, "SIGKILL")
+        unkilled = [r for r in survivors if not _killed(r)]
+        if unkilled:
+            note(f"{_processes(len(unkilled))} survived SIGTERM for {grace:g} s: SIGKILL")
+            signal_all(signal.SIGKILL, unkilled)
+        wait(survivors, time.monotonic() + kill_wait, signal.SIGKILL)
+    late = adopt(signal.SIGKILL)
+    if late:
+        wait(late, time.monotonic() + kill_wait, signal.SIGKILL)
     return results
 
 
@@ -145,3 +194,7 @@ def _processes(n: int) -> str:
 
 def _sent(r: VictimResult) -> bool:
     return any(s.outcome == DELIVERED for s in r.signals)
+
+
+def _killed(r: VictimResult) -> bool:
+    return any(s.signal == "SIGKILL" and s.outcome == DELIVERED for s in r.signals)

@@ -1,47 +1,30 @@
-"""Process trees: who launched a GPU holder, and what belongs to its job.
+"""Process trees: a consistent, lazily read view of the host's process table.
 
-The launcher of a job (``root_pid``) is the leader of the holder's process
-group while it lives (this finds workers that double-forked away from their
-launcher, like SGLang schedulers reparented to PID 1), else the highest
-ancestor still in that group. The climb never crosses a *boundary*: PID 1, a
-kernel thread, a shell, a terminal multiplexer, sshd, or a container shim:
-those are where a user's session is, not part of the job.
+Which processes form a job, and which are protected, is decided in
+:mod:`.jobs`; this module only reads ``/proc`` once per process per decision.
 """
 
 from __future__ import annotations
 
-from .procfs import ProcStat, list_pids, read_stat
+import os
 
-SHELLS = frozenset({"bash", "sh", "dash", "zsh", "fish", "ksh", "mksh", "tcsh", "csh", "busybox"})
-MULTIPLEXERS = frozenset({"tmux", "tmux: server", "tmux: client", "screen", "SCREEN", "zellij", "byobu"})
-SESSION_DAEMONS = frozenset({
-    "sshd", "sshd-session", "sshd-auth", "login", "su", "sudo", "systemd", "init",
-    "tini", "dumb-init", "docker-init", "conmon", "runc", "crun",
-})
-
-
-def is_boundary(st: ProcStat) -> bool:
-    """True for processes that end a climb towards a job's launcher."""
-    return (
-        st.pid <= 1
-        or st.is_kernel_thread
-        or st.name in SHELLS
-        or st.name in MULTIPLEXERS
-        or st.name in SESSION_DAEMONS
-        or st.name.startswith("containerd-shim")
-    )
+from .jobs import Protection, job_root
+from .procfs import PROC, ProcStat, list_pids, read_cmdline, read_stat
 
 
 class ProcTable:
     """A lazily filled view of the host's processes for one decision.
 
     Reads each ``/proc/PID/stat`` at most once; the full table (needed to
-    find descendants) is only built when asked for.
+    find descendants and group members) is only built when asked for.
     """
 
     def __init__(self) -> None:
         self._stats: dict[int, ProcStat | None] = {}
+        self._argv: dict[int, tuple[str, ...]] = {}
+        self._uids: dict[int, int | None] = {}
         self._children: dict[int, list[int]] | None = None
+        self._groups: dict[int, list[int]] | None = None
         self._complete = False
 
     def get(self, pid: int) -> ProcStat | None:
@@ -50,6 +33,20 @@ class ProcTable:
                 return None
             self._stats[pid] = read_stat(pid)
         return self._stats[pid]
+
+    def argv(self, pid: int) -> tuple[str, ...]:
+        if pid not in self._argv:
+            self._argv[pid] = tuple(read_cmdline(pid))
+        return self._argv[pid]
+
+    def uid(self, pid: int) -> int | None:
+        """The owner of a process (the owner of its /proc folder); None once it is gone."""
+        if pid not in self._uids:
+            try:
+                self._uids[pid] = os.stat(f"{PROC}/{pid}").st_uid
+            except OSError:
+                self._uids[pid] = None
+        return self._uids[pid]
 
     def load_all(self) -> None:
         if self._complete:
@@ -72,10 +69,15 @@ class ProcTable:
         return self._children.get(pid, [])
 
     def descendants(self, pid: int) -> list[int]:
+        """Every descendant, whatever it is (units use this for their own trees)."""
         out: list[int] = []
         stack = list(self.children(pid))
+        seen = {pid}
         while stack:
             p = stack.pop()
+            if p in seen:
+                continue
+            seen.add(p)
             out.append(p)
             stack.extend(self.children(p))
         return out
@@ -90,28 +92,13 @@ class ProcTable:
         return out
 
     def group_members(self, pgid: int) -> list[int]:
-        return [st.pid for st in self.all() if st.pgid == pgid]
+        if self._groups is None:
+            groups: dict[int, list[int]] = {}
+            for st in self.all():
+                groups.setdefault(st.pgid, []).append(st.pid)
+            self._groups = groups
+        return self._groups.get(pgid, [])
 
     def root_pid(self, pid: int) -> int:
-        """The launcher of the job that ``pid`` belongs to (see module doc)."""
-        st = self.get(pid)
-        if st is None:
-            return pid
-        leader = self.get(st.pgid)
-        if leader is not None and leader.state not in ("Z", "X") and not is_boundary(leader):
-            return leader.pid
-        return self.climb_in_group(pid)[-1]
-
-    def climb_in_group(self, pid: int) -> list[int]:
-        """``pid`` and its ancestors while they stay in its process group, short of a boundary."""
-        chain = [pid]
-        st = self.get(pid)
-        if st is None:
-            return chain
-        cur = st
-        while True:
-            parent = self.get(cur.ppid) if cur.ppid > 0 else None
-            if parent is None or parent.pgid != st.pgid or is_boundary(parent) or parent.pid in chain:
-                return chain
-            chain.append(parent.pid)
-            cur = parent
+        """The root of the job that ``pid`` belongs to, as anyone sees it (see :mod:`.jobs`)."""
+        return job_root(self, pid, Protection(self, None))

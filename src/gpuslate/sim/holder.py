@@ -58,7 +58,7 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
     Returns the open fds, which the caller keeps for its whole life.
     """
     fds = [os.open(host.dev / "nvidiactl", os.O_RDONLY), os.open(host.dev / "nvidia-uvm", os.O_RDONLY)]
-    me = identity(os.getpid())
+    me = identity(host_pid())
     assert me is not None
     for gpu, nbytes in held:
         fds.append(os.open(host.device_path(gpu), os.O_RDONLY))
@@ -67,9 +67,26 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
     return fds
 
 
+def host_pid() -> int:
+    """This process's pid as the host (and a real driver) sees it.
+
+    Inside a PID namespace ``os.getpid()`` is the namespace's number (1 for its
+    init); ``/proc/self`` resolves in the namespace of the mounted /proc, which
+    is the host's unless the namespace mounted its own.
+    """
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
 def _sleep_forever() -> NoReturn:
     while True:
         signal.pause()
+
+
+def _stay(signum: int, frame: object) -> None:
+    pass
 
 
 def _reap(signum: int, frame: object) -> None:
@@ -88,6 +105,8 @@ def hold(
     workers: int = 0,
     orphan_workers: bool = False,
     ignore_term: bool = False,
+    survive_term: bool = False,
+    handles: list[int] | None = None,
     title: str | None = None,
     reap: bool = True,
     out: IO[str] = sys.stdout,
@@ -102,15 +121,25 @@ def hold(
     host.check_gpus(gpus)
     if workers < 0 or workers > 256:
         raise UsageError(f"invalid --workers {workers}: 0 to 256")
+    if handles and workers:
+        raise UsageError("--handles applies to a single holder (without --workers)")
     if orphan_workers and not workers:
         raise UsageError("--orphan-workers needs --workers N")
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by every worker
+    elif survive_term:
+        # a handler that never exits: a server stuck in its shutdown path. Unlike
+        # SIG_IGN it cannot be seen from outside, so only the grace ends it
+        signal.signal(signal.SIGTERM, _stay)
     if title and not (workers and "{rank}" in title):  # a per-rank title names workers only
         set_title(title.replace("{rank}", "0"))
 
+    if handles:
+        host.check_gpus(handles)
     if not workers:
-        _hold_here(host, assign(gpus, memory, 1)[0])  # the fds stay open for the process's life
+        # like CUDA, which opens every device node: handles on the other GPUs, memory where it computes
+        extra = [(g, 0) for g in handles or [] if g not in gpus]
+        _hold_here(host, assign(gpus, memory, 1)[0] + extra)  # the fds stay open for the process's life
         _announce(out, [])
         _sleep_forever()
 
@@ -167,7 +196,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: in
         if title:
             set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
         fds = _hold_here(host, held)
-        os.write(w, f"{os.getpid()}\n".encode())
+        os.write(w, f"{host_pid()}\n".encode())
         os.close(w)
     except BaseException as exc:  # report, never fall back into the launcher's stack
         try:
@@ -179,5 +208,5 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: in
 
 
 def _announce(out: IO[str], workers: list[int]) -> None:
-    out.write(json.dumps({"ready": True, "pid": os.getpid(), "workers": workers}) + "\n")
+    out.write(json.dumps({"ready": True, "pid": host_pid(), "workers": workers}) + "\n")
     out.flush()

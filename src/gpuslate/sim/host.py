@@ -203,7 +203,7 @@ class SimHost:
                 out.append(HeldMemory(rec, True))
                 continue
             st = read_stat(rec.pid)
-            if st is not None and st.start_ticks == rec.start_ticks and st.state not in ("Z", "X"):
+            if st is not None and st.start_ticks == rec.start_ticks and not st.has_exited:
                 out.append(HeldMemory(rec, True))
                 continue
             dead_at = self._dead_since(rec.path, now)

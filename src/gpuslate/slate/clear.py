@@ -11,20 +11,25 @@
 
 from __future__ import annotations
 
+import os
 import time
+from enum import Enum
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ..host.audit import AuditLog, new_run_id
-from ..errors import Interrupted
+from .._parse import format_gpu_list
+from .._time import iso_time
+from ..errors import Interrupted, UsageError
+from ..gpu import open_backend, sim_root_from_env
 from ..gpu.types import GpuBackend, GpuReading
+from ..host.audit import AuditLog, new_run_id
 from ..host.lock import HostLock, default_lock_dir, describe_holder
-from .plan import Plan, Selection, Target, make_plan
-from ..proc.procfs import read_cgroup, read_info
+from ..host.snapshot import Snapshot, take_snapshot
+from ..proc.jobs import Protection
+from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from .._time import iso_time
-from ..host.snapshot import Snapshot, take_snapshot
-from .wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
+from .plan import Plan, Role, Selection, Target, VerifyMode, make_plan, resolve
+from .wait import GpuDiagnosis, default_max_used, diagnose, is_released, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -46,8 +51,16 @@ class Respawn(NamedTuple):
         return self._asdict()
 
 
+class ClearStatus(str, Enum):
+    CLEAN = "clean"  # every verified GPU is free
+    TIMEOUT = "timeout"  # not free within the timeout
+    HELD_BY_OTHERS = "held_by_others"  # every target is gone; what still holds the GPUs is not a target
+    PERMISSION_DENIED = "permission_denied"  # some target could not be signaled
+    DRY_RUN = "dry_run"
+
+
 class ClearResult(NamedTuple):
-    status: str  # clean | timeout | permission_denied | dry_run
+    status: ClearStatus
     host: str
     backend: str
     plan: Plan
@@ -62,21 +75,23 @@ class ClearResult(NamedTuple):
 
     @property
     def ok(self) -> bool:
-        return self.status in ("clean", "dry_run")
+        return self.status in (ClearStatus.CLEAN, ClearStatus.DRY_RUN)
 
     def to_json(self) -> dict[str, Any]:
         by_pid = {r.victim.ident.pid: r for r in self.results}
         targets = []
         for t in self.plan.targets:
             doc = t.to_json()
-            r = by_pid.get(t.ident.pid)
-            doc.update(r.to_json() if r else {"signals": [], "exited_at_s": None, "ended_by": None,
-                                               "permission_denied": False})
+            r = by_pid.pop(t.ident.pid, None)
+            doc.update(r.outcome_json() if r else {"signals": [], "exited_at_s": None, "ended_by": None,
+                                                   "permission_denied": False})
             targets.append(doc)
+        targets += [r.to_json() for r in by_pid.values()]  # forked by a job while it was stopped
         return {
-            "schema": SCHEMA, "status": self.status, "ok": self.ok, "host": self.host, "backend": self.backend,
-            "dry_run": self.status == "dry_run", "started_at": iso_time(self.started_at),
-            "gpus": self.plan.gpus, "max_used": self.max_used,
+            "schema": SCHEMA, "status": self.status.value, "ok": self.ok, "host": self.host,
+            "backend": self.backend, "dry_run": self.status == ClearStatus.DRY_RUN,
+            "started_at": iso_time(self.started_at), "gpus": self.plan.gpus,
+            "verify": self.plan.verify_mode.value, "max_used": self.max_used,
             "before": [_mem(r) for r in self.before], "after": [_mem(r) for r in self.after],
             "targets": targets, "spared": [s.to_json() for s in self.plan.spared],
             "respawned": [r.to_json() for r in self.respawned],
@@ -93,8 +108,8 @@ def _mem(r: GpuReading) -> dict[str, Any]:
 def clear(
     gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: str | None = None,
     match: str | None = None, all_users: bool = False, include_handles: bool = False,
-    grace: float = 10.0, timeout: float = 60.0, max_used: int | None = None, dry_run: bool = False,
-    sim: str | None = None, backend: GpuBackend | None = None,
+    holders_only: bool = False, grace: float = 10.0, timeout: float = 60.0, max_used: int | None = None,
+    dry_run: bool = False, sim: str | None = None, backend: GpuBackend | None = None,
     confirm: Callable[[Plan], bool] | None = None, on_event: Callable[[str], None] | None = None,
     lock: bool = True, audit: AuditLog | None = None,
 ) -> ClearResult:
@@ -102,16 +117,17 @@ def clear(
 
     Raises :class:`~gpuslate.errors.UsageError` on bad input before anything is
     signaled, and :class:`~gpuslate.errors.Interrupted` when ``confirm`` says no.
+    The time ``confirm`` takes (a person reading the plan) counts in no timing
+    and not against ``timeout``.
     """
-    from ..errors import UsageError
-    from ..gpu import open_backend, sim_root_from_env
-
     for name, v in (("grace", grace), ("timeout", timeout)):
         if not v >= 0:
             raise UsageError(f"invalid --{name} {v}: must be at least 0")
     if max_used is not None and max_used < 0:
         raise UsageError("invalid --max-used: must not be negative")
-    sel = Selection(tuple(pids), user, match, all_users, include_handles)
+    sel = Selection(tuple(gpus) if gpus is not None else None, tuple(pids), user, match, all_users,
+                    include_handles, holders_only)
+    resolve(sel)  # bad input fails before the backend is even opened
     note = on_event or (lambda _m: None)
     t_start = time.monotonic()
     started_at = time.time()
@@ -125,31 +141,30 @@ def clear(
             host_lock.acquire(timeout=timeout, on_wait=lambda h: note(
                 f"waiting for the host lock (at most {timeout:g} s): held by {describe_holder(h)}"))
         limit = default_max_used(be) if max_used is None else max_used
-        plan = make_plan(be, gpus, sel)
+        plan = make_plan(be, sel)
         t_plan = time.monotonic()
-        before = [g.reading for g in plan.before.gpus]
+        before = plan.before_verified
         timings = {"plan_s": t_plan - t_start}
         if dry_run:
             timings["total_s"] = time.monotonic() - t_start
-            return ClearResult("dry_run", plan.before.host, be.name, plan, [], before, before, [], [], timings,
-                               limit, started_at)
+            return ClearResult(ClearStatus.DRY_RUN, plan.before.host, be.name, plan, [], before, before, [], [],
+                               timings, limit, started_at)
         if confirm is not None and plan.targets:
             t_ask = time.monotonic()
             if not confirm(plan):
                 raise Interrupted("not confirmed: nothing was signaled")
-            # the time a person took to answer is neither clear's work nor its timeout
-            t_start += time.monotonic() - t_ask
+            t_start += time.monotonic() - t_ask  # a person reading the plan is not clear's time
         deadline = t_start + timeout
         run_id = new_run_id()
-        victims = [Victim(t.ident, _audit_info(t)) for t in plan.targets]
+        victims = [Victim(t.ident, _audit_info(t), t.ignores_sigterm, t.job, t.waits_for) for t in plan.targets]
         log = audit if audit is not None else (
             AuditLog(backend=be.name, sim_root=_sim_root(be)) if victims else None)
         results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
-                            audit=log, on_event=note, clock_start=t_start)
+                            audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan))
         t_exit = time.monotonic()
         timings["exit_s"] = t_exit - t_start
-        ok, after, respawned = _verify(be, plan, limit, deadline)
+        ok, after, respawned, held = _verify(be, plan, results, limit, deadline)
         t_free = time.monotonic()
         if ok:
             timings["free_s"] = t_free - t_start
@@ -157,13 +172,20 @@ def clear(
         if not ok:
             snap = take_snapshot(be, plan.gpus)
             victims_by_pid = {r.victim.ident.pid: r for r in results}
+            released = plan.verify_mode == VerifyMode.RELEASED
             diagnosis = diagnose(snap, limit, victims=victims_by_pid,
                                  spared={s.pid: s.reason for s in plan.spared},
-                                 planned=_planned(plan))
+                                 planned=_planned(plan), only=set(victims_by_pid) if released else None)
             respawned = respawned or _respawns(plan, snap)
         timings["total_s"] = time.monotonic() - t_start
-        denied = any(r.permission_denied for r in results)
-        status = "permission_denied" if denied else ("clean" if ok else "timeout")
+        if any(r.permission_denied for r in results):
+            status = ClearStatus.PERMISSION_DENIED
+        elif ok:
+            status = ClearStatus.CLEAN
+        elif held and not respawned:
+            status = ClearStatus.HELD_BY_OTHERS
+        else:
+            status = ClearStatus.TIMEOUT
         return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
                            respawned, timings, limit, started_at)
     finally:
@@ -178,14 +200,13 @@ def _sim_root(be: GpuBackend) -> str | None:
 
 
 def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:
-    from .._parse import format_gpu_list
-
     return f"gpuslate clear --gpus {format_gpu_list(list(gpus)) if gpus else 'all'}"
 
 
 def _audit_info(t: Target) -> dict[str, Any]:
     return {"pid": t.ident.pid, "start_ticks": t.ident.start_ticks, "user": t.user, "command": t.command,
-            "gpus": t.gpus, "used_memory": t.used_memory, "role": t.role, "container": t.container}
+            "gpus": t.gpus, "used_memory": t.used_memory, "role": t.role.value, "job": t.job,
+            "container": t.container}
 
 
 def _planned(plan: Plan) -> set[int]:
@@ -193,29 +214,96 @@ def _planned(plan: Plan) -> set[int]:
         {p.pid for g in plan.before.gpus for p in g.processes}
 
 
-def _verify(be: GpuBackend, plan: Plan, limit: int, deadline: float,
-            ) -> tuple[bool, list[GpuReading], list[Respawn]]:
-    """Poll until free; stop early, without waiting out the timeout, when a
-    target was restarted by a supervisor (the GPU will not become free)."""
+class _ForkWatch:
+    """Finds what a job forks while it is being stopped (a launcher's cleanup hook, a
+    supervisor loop inside the job): processes started after the plan whose parent is
+    a victim, or that joined the process group a target launcher leads. Only
+    /proc entries not seen before are read, so a call costs one directory listing.
+    (A pid reused since the plan goes unnoticed: that needs the pid space to wrap
+    within one clear.)"""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.seen: set[int] = set(plan.known)
+        self.spared = {s.pid for s in plan.spared}
+        self.groups = {t.ident.pid for t in plan.targets if t.role == Role.LAUNCHER}
+        self.me = os.getuid()
+
+    def __call__(self, victims: list[Victim]) -> list[Victim]:
+        new_pids = [p for p in list_pids() if p not in self.seen]
+        if not new_pids:
+            return []
+        self.seen.update(new_pids)
+        idents = {v.ident.pid: v for v in victims}
+        table = ProcTable()
+        protect = Protection(table, os.getpid())
+        found: list[Victim] = []
+        for pid in sorted(new_pids):
+            st = table.get(pid)
+            if st is None or st.has_exited or pid in self.spared:
+                continue
+            parent = idents.get(st.ppid)
+            job = parent.job if parent is not None else (st.pgid if st.pgid in self.groups else None)
+            if job is None or protect(pid):
+                continue
+            uid = table.uid(pid)
+            if uid != self.me and not self.plan.selection.all_users:
+                continue
+            argv = table.argv(pid)
+            info = {"pid": pid, "start_ticks": st.start_ticks, "user": user_name(uid) if uid is not None else None,
+                    "uid": uid, "command": " ".join(argv) if argv else f"[{st.name}]", "name": st.name,
+                    "gpus": [], "used_memory": None, "role": Role.FORKED.value,
+                    "reason": f"started by {st.ppid} after the plan, while its job was being stopped",
+                    "job": job, "ignores_sigterm": None, "container": None, "cgroup": None}
+            found.append(Victim(st.ident, info, None, job))
+            idents[pid] = found[-1]
+        return found
+
+
+def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
+            ) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
+    """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
+    Stop early, without waiting out the timeout, when waiting cannot help: a target
+    was restarted by a supervisor, or what holds a GPU that must be free is a live
+    process that is not a target (another user's job without --all-users, a spared
+    process). Returns (done, readings, respawned, held by others)."""
     planned = _planned(plan)
+    targets = {r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}
+    released = plan.verify_mode == VerifyMode.RELEASED
+    invisible_before = {p.pid for g in plan.before.gpus for p in g.processes if not p.visible}
     checked: set[int] = set()
     respawned: list[Respawn] = []
+    held = False
 
-    def restarted(readings: list[GpuReading]) -> bool:
-        new = {p.pid for r in readings for p in (r.processes or [])} - planned - checked
+    def hopeless(readings: list[GpuReading]) -> bool:
+        nonlocal held
+        listed = {p.pid for r in readings for p in (r.processes or [])}
+        if listed & targets:
+            return False  # a target's context is still being torn down: its memory is not free yet
+        new = listed - planned - checked
         if new:
             checked.update(new)
             respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
-        return bool(respawned)
+        if respawned:
+            return True
+        if released:
+            return False  # other jobs may hold these GPUs: that is theirs, not a failure
+        for pid in listed - targets:
+            st = read_stat(pid)
+            if (st is not None and not st.has_exited) or pid in invisible_before:
+                held = True
+                return True
+        return False
 
-    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=restarted)
-    return ok, readings, respawned
+    done = (lambda r: is_released(r, limit, targets)) if released else None
+    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done)
+    return ok, readings, respawned, held
 
 
 def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:
     """New holders that look like a target restarted: same command line or same service cgroup."""
     planned = _planned(plan)
-    by_cmd = {t.command: t for t in plan.targets if t.role == "holder"}
+    by_cmd = {t.command: t for t in plan.targets if t.role == Role.HOLDER}
     by_cgroup = {t.cgroup: t for t in plan.targets if t.cgroup and t.cgroup.endswith(".service")}
     out: list[Respawn] = []
     table = ProcTable()

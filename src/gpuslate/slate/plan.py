@@ -1,14 +1,21 @@
-"""Planning a clear: which processes are targets, which are spared, and why.
+"""Planning a clear: exactly which processes are targets, which are spared, and why.
 
-A target is a whole job: the process holding a selected GPU; its ancestors
-while they stay in its process group (short of a shell, multiplexer, sshd or
-PID 1, so a Jupyter kernel is a target and the Jupyter server is not); the
-group's leader (the launcher of workers that were reparented away); every
-descendant; and every process of the job's groups that holds a selected GPU.
+The plan is the contract: ``--dry-run`` shows it, the act signals exactly its
+targets (plus what their jobs fork while being stopped, reported with their
+own role), and nothing spared is ever signaled.
 
-Never a target: gpuslate itself and its ancestors, PID 1, kernel threads,
-and, unless asked, processes that only hold device handles (monitors, the
-persistence daemon, DCGM, MPS control).
+Two halves:
+
+* :func:`decide` is a pure function of the facts (a consistent process view,
+  the GPU holds that NVML and the fd scan report, the caller's identity) and
+  the selection. Every invariant of the safety model is tested on it with
+  generated process forests (tests/slate/test_plan_model.py).
+* :func:`make_plan` gathers those facts from /proc and the backend, calls
+  :func:`decide`, and annotates each target with what the act needs (identity,
+  whether SIGTERM can work).
+
+Which processes form a job, and which are protected, is the job rule of
+:mod:`gpuslate.proc.jobs`.
 """
 
 from __future__ import annotations
@@ -16,13 +23,17 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from typing import Any, NamedTuple, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, NamedTuple, Sequence
 
+from .._parse import format_gpu_list, format_size
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
-from ..proc.procfs import ProcessId, read_cgroup, read_info
-from ..proc.tree import ProcTable, is_boundary
-from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..host.snapshot import Snapshot, resolve_gpus, take_snapshot
+from ..proc.jobs import ProcessView, Protection, descendants, job_members, job_root
+from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name
+from ..proc.tree import ProcTable
 
 #: GPU daemons spared unless --include-handles, whatever they hold
 GPU_DAEMONS = frozenset({
@@ -31,55 +42,59 @@ GPU_DAEMONS = frozenset({
 })
 
 
-class Target(NamedTuple):
-    ident: ProcessId
-    user: str | None
-    uid: int | None
-    command: str
-    name: str
-    gpus: list[int]
-    used_memory: int | None
-    role: str  # holder | launcher | ancestor | descendant | group member
-    container: str | None
-    cgroup: str | None
+class Role(str, Enum):
+    """Why a process is a target."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
-                "uid": self.uid, "command": self.command, "name": self.name, "gpus": self.gpus,
-                "used_memory": self.used_memory, "role": self.role, "container": self.container,
-                "cgroup": self.cgroup}
+    HOLDER = "holder"  # a selected process holding a selected GPU
+    LAUNCHER = "launcher"  # the root of a selected holder's job
+    JOB_MEMBER = "job member"  # another process of that job
+    FORKED = "forked while stopping"  # started by the job after the plan was made
 
 
-class Spared(NamedTuple):
+class VerifyMode(str, Enum):
+    """What 'done' means for the verified GPUs."""
+
+    FREE = "free"  # no process with a context, used memory at most --max-used: the whole GPU
+    RELEASED = "released"  # the selected jobs hold nothing on them any more; other jobs may
+
+
+class Hold(NamedTuple):
+    """One process's hold on one GPU, as the driver (or the fd scan, for handles) reports it."""
+
     pid: int
-    user: str | None
-    command: str | None
-    gpus: list[int]
-    kind: str
-    reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return self._asdict()
+    gpu: int
+    kind: str  # compute | graphics | mps | handle
+    used_memory: int | None
 
 
-class Plan(NamedTuple):
-    gpus: list[int]
-    targets: list[Target]
-    spared: list[Spared]
-    before: Snapshot
+@dataclass(frozen=True)
+class Selection:
+    """What the user asked for. ``gpus`` None: every GPU."""
 
-
-class Selection(NamedTuple):
-    """What the user asked for (validated)."""
-
+    gpus: tuple[int, ...] | None = None
     pids: tuple[int, ...] = ()
     user: str | None = None
     match: str | None = None
     all_users: bool = False
     include_handles: bool = False
+    holders_only: bool = False
+
+    @property
+    def narrows(self) -> bool:
+        """A selector other than GPUs: then only the selected jobs' GPUs are verified."""
+        return bool(self.pids) or self.user is not None or self.match is not None
 
 
-def validate(sel: Selection) -> tuple[int | None, re.Pattern[str] | None]:
+@dataclass(frozen=True)
+class Resolved:
+    """A validated selection: the user as a uid, the pattern compiled."""
+
+    sel: Selection
+    uid: int | None
+    rx: re.Pattern[str] | None
+
+
+def resolve(sel: Selection) -> Resolved:
     """Check the selection before anything is looked at or signaled."""
     uid = None
     if sel.user is not None:
@@ -88,7 +103,7 @@ def validate(sel: Selection) -> tuple[int | None, re.Pattern[str] | None]:
         except KeyError:
             try:
                 uid = pwd.getpwuid(int(sel.user)).pw_uid
-            except (KeyError, ValueError):
+            except (KeyError, ValueError, OverflowError):
                 raise UsageError(f"no such user: {sel.user!r}") from None
         if uid != os.getuid() and not sel.all_users:
             raise UsageError(f"--user {sel.user} selects another user's processes: add --all-users to say so")
@@ -96,132 +111,317 @@ def validate(sel: Selection) -> tuple[int | None, re.Pattern[str] | None]:
     if sel.match is not None:
         try:
             rx = re.compile(sel.match)
-        except re.error as exc:
+        except (re.error, RecursionError, OverflowError) as exc:
             raise UsageError(f"invalid --match regular expression {sel.match!r}: {exc}") from None
     for pid in sel.pids:
         if pid <= 0:
-            raise UsageError(f"invalid --pid {pid}")
-    return uid, rx
+            raise UsageError(f"invalid --pid {pid}: a process id is a positive number")
+    return Resolved(sel, uid, rx)
 
 
-def make_plan(backend: GpuBackend, gpus: Sequence[int] | None, sel: Selection) -> Plan:
-    uid_filter, rx = validate(sel)
-    chosen = resolve_gpus(backend, gpus)
-    snap = take_snapshot(backend, chosen)
-    table = ProcTable()
-    me = os.getpid()
-    protected = {me, *table.ancestors(me), 1}
-    my_uid = os.getuid()
+class Facts(NamedTuple):
+    """Everything a decision depends on."""
 
-    for pid in sel.pids:
-        if table.get(pid) is None:
-            raise UsageError(f"process {pid} does not exist")
+    view: ProcessView
+    holds: tuple[Hold, ...]  # visible processes only, thread ids already mapped to their process
+    gpu_count: int
+    caller_pid: int | None
+    caller_uid: int
 
-    # every visible holder of a selected GPU, with all its selected GPUs
-    holders: dict[int, tuple[HolderProcess, list[int], int | None]] = {}
-    for g in snap.gpus:
-        for p in g.processes:
-            if not p.visible:
-                continue
-            if p.pid in holders:
-                h, gl, used = holders[p.pid]
-                strongest = p if h.kind == "handle" else h
-                total = None if used is None and p.used_memory is None else (used or 0) + (p.used_memory or 0)
-                holders[p.pid] = (strongest, gl + [g.index], total)
-            else:
-                holders[p.pid] = (p, [g.index], p.used_memory)
 
-    spared: dict[int, Spared] = {}
+class TargetDecision(NamedTuple):
+    pid: int
+    role: Role
+    reason: str
+    job: int  # root pid of the job it belongs to
 
-    def spare(p: HolderProcess, gl: list[int], reason: str) -> None:
-        spared.setdefault(p.pid, Spared(p.pid, p.user, p.command, gl, p.kind, reason))
 
-    def never_reason(pid: int, name: str | None, kind: str) -> str | None:
-        st = table.get(pid)
-        if pid in protected:
-            return "gpuslate itself or one of its ancestors (the shell, the SSH session)"
-        if st is not None and st.is_kernel_thread:
-            return "a kernel thread"
+class SpareDecision(NamedTuple):
+    pid: int
+    reason: str
+    job: int | None  # the job it was found inside, if any
+
+
+class Decision(NamedTuple):
+    targets: tuple[TargetDecision, ...]
+    spared: tuple[SpareDecision, ...]
+    verify_gpus: tuple[int, ...]
+
+
+def _protected_message(pid: int, why: str) -> str:
+    if pid == 1:
+        return "PID 1 is never a target"
+    return f"{pid} is {why}: it is never a target"
+
+
+def decide(facts: Facts, res: Resolved) -> Decision:
+    """The plan, as a pure function of the facts and the selection (see the module doc)."""
+    sel = res.sel
+    view = facts.view
+    protect = Protection(view, facts.caller_pid)
+    chosen = set(sel.gpus) if sel.gpus is not None else set(range(facts.gpu_count))
+
+    memory: dict[int, dict[int, int]] = {}  # pid -> gpu -> bytes, for processes with a GPU context
+    handles: dict[int, set[int]] = {}
+    for h in facts.holds:
+        if h.kind == "handle":
+            handles.setdefault(h.pid, set()).add(h.gpu)
+        else:
+            per = memory.setdefault(h.pid, {})
+            per[h.gpu] = per.get(h.gpu, 0) + (h.used_memory or 0)
+    relevant = sorted(p for p in set(memory) | set(handles)
+                      if (set(memory.get(p, ())) | handles.get(p, set())) & chosen)
+
+    def alive(pid: int) -> bool:
+        st = view.get(pid)
+        return st is not None and not st.has_exited
+
+    def intrinsic(pid: int) -> str | None:
+        """Why a process is never a target of this run, whatever the selection."""
+        why = protect.reason(pid)
+        if why:
+            return why
+        st = view.get(pid)
+        name = st.name if st is not None else ""
         if name in GPU_DAEMONS and not sel.include_handles:
-            return f"a GPU daemon ({name}); add --include-handles to include it"
-        if kind == "handle" and not sel.include_handles:
-            return ("holds only a device handle, no GPU memory (a monitor such as nvidia-persistenced, "
-                    "nv-hostengine or dcgm-exporter); add --include-handles to include it")
+            return f"a known GPU daemon ({name}); add --include-handles to include it"
+        if pid not in memory and pid in handles and not sel.include_handles:
+            return ("device handle only, no GPU memory (a monitor, the persistence daemon, DCGM); "
+                    "add --include-handles to include it")
+        uid = view.uid(pid)
+        if uid != facts.caller_uid and not sel.all_users:
+            owner = user_name(uid) if uid is not None else "unknown"
+            return f"another user's process ({owner}); add --all-users to include other users' jobs"
         return None
 
-    explicit = set(sel.pids)
-    matched_pids: set[int] = set()
+    # --pid P: P itself, its descendants, and its group when it leads one; never its ancestors
+    family: set[int] | None = None
+    if sel.pids:
+        family = set()
+        for pid in sel.pids:
+            if not alive(pid):
+                raise UsageError(f"process {pid} does not exist")
+            why = protect.reason(pid)
+            if why:
+                raise UsageError(_protected_message(pid, why))
+            fam = {pid, *descendants(view, pid, protect)}
+            st = view.get(pid)
+            if st is not None and st.pgid == pid:
+                for m in view.group_members(pid):
+                    if not protect(m):
+                        fam |= {m, *descendants(view, m, protect)}
+            if not fam & set(relevant):
+                raise UsageError(f"process {pid} holds none of the selected GPUs, and none of its "
+                                 "descendants does")
+            family |= fam
+
+    spared: dict[int, SpareDecision] = {}
+    unselected: dict[int, str] = {}
     selected: list[int] = []
-    for pid, (p, gl, _used) in sorted(holders.items()):
-        if explicit:
-            family = {pid, p.root_pid, *table.ancestors(pid)}
-            hit = explicit & family
-            if not hit:
-                spare(p, gl, "not selected by --pid")
-                continue
-            matched_pids |= hit
-        why = never_reason(pid, p.name, p.kind)
+    for pid in relevant:
+        if not alive(pid):
+            continue  # exited while the driver tears its context down: nothing to signal
+        why = intrinsic(pid)
         if why:
-            spare(p, gl, why)
+            spared[pid] = SpareDecision(pid, why, None)
             continue
-        if uid_filter is not None and p.uid != uid_filter:
-            spare(p, gl, f"not selected by --user {sel.user}")
-            continue
-        if rx is not None and not (rx.search(p.command or "") or rx.search(p.name or "")):
-            spare(p, gl, f"not selected by --match {sel.match}")
-            continue
-        if p.uid != my_uid and not sel.all_users:
-            spare(p, gl, f"another user's process ({p.user}); add --all-users to include other users' jobs")
-            continue
-        selected.append(pid)
-    missing = explicit - matched_pids
-    if missing:
-        pid = min(missing)
-        raise UsageError(f"process {pid} holds none of the selected GPUs and launched none of their holders")
+        here = {g: b for g, b in memory.get(pid, {}).items() if g in chosen}
+        if pid in memory and not here:
+            unselected[pid] = f"holds {_where(memory[pid])} (not selected)"
+        elif family is not None and pid not in family:
+            unselected[pid] = "not selected by --pid: neither a selected process nor one of its descendants"
+        elif res.uid is not None and view.uid(pid) != res.uid:
+            unselected[pid] = f"not selected by --user {sel.user}"
+        elif res.rx is not None and not _matches(res.rx, view, pid):
+            unselected[pid] = f"does not match --match {sel.match}"
+        else:
+            selected.append(pid)
 
-    roles = _expand_jobs(table, selected, holders, protected)
-    targets: list[Target] = []
-    for pid, role in sorted(roles.items()):
-        info = read_info(pid)
-        if info is None:
-            continue  # exited while we planned: nothing to do
-        held = holders.get(pid)
-        gl = held[1] if held else []
-        used = held[2] if held else None
-        hp = held[0] if held else None
-        if role != "holder":
-            why = never_reason(pid, info.name, "job")
-            if why or info.uid != my_uid and not sel.all_users:
-                if hp is not None:
-                    spare(hp, gl, why or f"another user's process ({info.user}) in the job; add --all-users")
-                continue
-        targets.append(Target(info.ident, info.user, info.uid, info.command, info.name, gl, used, role,
-                              info.container, read_cgroup(pid)))
-    return Plan(chosen, targets, sorted(spared.values()), snap)
-
-
-def _expand_jobs(table: ProcTable, selected: list[int], holders: dict[int, Any],
-                 protected: set[int]) -> dict[int, str]:
-    roles: dict[int, str] = {}
-    groups: set[int] = set()
+    targets: dict[int, TargetDecision] = {}
+    memory_holders = set(memory)
+    jobs: dict[int, tuple[int, list[int]]] = {}
+    for pid in selected:  # every selected holder is a holder first, whatever job it is also in
+        if sel.holders_only:
+            jobs[pid] = (pid, [pid, *descendants(view, pid, protect)])
+        else:
+            root = job_root(view, pid, protect)
+            jobs[pid] = (root, job_members(view, root, memory_holders, protect))
+        mine = {g: b for g, b in memory.get(pid, {}).items() if g in chosen}
+        reason = f"holds {_where(mine)}" if mine else \
+            f"holds a device handle on GPU {format_gpu_list(sorted(handles.get(pid, set()) & chosen))}"
+        targets[pid] = TargetDecision(pid, Role.HOLDER, reason, jobs[pid][0])
     for pid in selected:
-        roles[pid] = "holder"
-        st = table.get(pid)
+        root, members = jobs[pid]
+        for m in members:
+            if m in spared and spared[m].job is None:  # spared as a holder, and part of this job
+                spared[m] = SpareDecision(m, f"{spared[m].reason} (found inside the job of {root})", root)
+            if m in targets or m in spared or not alive(m):
+                continue
+            why = intrinsic(m)
+            if why:
+                spared[m] = SpareDecision(m, f"{why} (found inside the job of {root})", root)
+                continue
+            targets[m] = TargetDecision(m, *_member_role(view, m, root, memory.get(m)), root)
+    for pid, why in unselected.items():
+        if pid not in targets:
+            spared[pid] = SpareDecision(pid, why, None)
+
+    if sel.gpus is not None:
+        verify = tuple(sorted(chosen))
+    elif sel.narrows:
+        verify = tuple(sorted({g for t in targets for g in memory.get(t, {})}))
+    else:
+        verify = tuple(range(facts.gpu_count))
+    return Decision(tuple(targets[p] for p in sorted(targets)), tuple(spared[p] for p in sorted(spared)), verify)
+
+
+def _where(per_gpu: dict[int, int]) -> str:
+    return ", ".join(f"{format_size(b)} on GPU {g}" for g, b in sorted(per_gpu.items()))
+
+
+def _matches(rx: re.Pattern[str], view: ProcessView, pid: int) -> bool:
+    st = view.get(pid)
+    name = st.name if st is not None else ""
+    return bool(rx.search(" ".join(view.argv(pid))) or rx.search(name))
+
+
+def _member_role(view: ProcessView, pid: int, root: int, memory: dict[int, int] | None) -> tuple[Role, str]:
+    st = view.get(pid)
+    root_st = view.get(root)
+    if pid == root:
+        if root_st is not None and root_st.pgid == root:
+            return Role.LAUNCHER, f"launcher of the job: leads process group {root}"
+        return Role.LAUNCHER, "launcher of the job: its highest ancestor in the holder's process group"
+    if memory:
+        return Role.JOB_MEMBER, f"holds {_where(memory)}, in the job of {root}"
+    if st is not None and root_st is not None and st.pgid == root_st.pgid:
+        return Role.JOB_MEMBER, f"in process group {st.pgid} of the job's launcher {root}"
+    return Role.JOB_MEMBER, f"descendant of {st.ppid if st else '?'}, in the job of {root}"
+
+
+# --- the records a plan reports, and the gathering of facts ------------------------------------
+
+
+class Target(NamedTuple):
+    ident: ProcessId
+    user: str | None
+    uid: int | None
+    command: str
+    name: str
+    gpus: list[int]  # where it holds GPU memory
+    used_memory: int | None
+    role: Role
+    reason: str
+    job: int
+    ignores_sigterm: str | None  # why SIGTERM will provably do nothing; it is then SIGKILLed early
+    waits_for: tuple[int, ...]  # the targets it started: it is SIGKILLed early once they have exited
+    container: str | None
+    cgroup: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
+                "uid": self.uid, "command": self.command, "name": self.name, "gpus": self.gpus,
+                "used_memory": self.used_memory, "role": self.role.value, "reason": self.reason,
+                "job": self.job, "ignores_sigterm": self.ignores_sigterm, "container": self.container,
+                "cgroup": self.cgroup}
+
+
+class Spared(NamedTuple):
+    pid: int
+    user: str | None
+    command: str | None
+    gpus: list[int]  # every GPU it holds memory or a handle on
+    kind: str  # compute | graphics | mps | handle | process (no GPU hold)
+    reason: str
+    job: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+class Plan(NamedTuple):
+    gpus: list[int]  # the GPUs the clear verifies
+    targets: list[Target]
+    spared: list[Spared]
+    before: Snapshot  # every GPU of the host
+    selection: Selection
+    known: frozenset[int]  # every pid on the host when the plan was made: later ones are new
+
+    @property
+    def verify_mode(self) -> VerifyMode:
+        return VerifyMode.RELEASED if self.selection.narrows else VerifyMode.FREE
+
+    @property
+    def before_verified(self) -> list[Any]:
+        return [g.reading for g in self.before.gpus if g.index in self.gpus]
+
+
+def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
+    """Gather the facts and decide (see the module doc)."""
+    res = resolve(sel)
+    if sel.gpus is not None:
+        resolve_gpus(backend, sel.gpus)
+    snap = take_snapshot(backend, None, full=False)  # memory and processes: all a plan needs
+    table = ProcTable()
+    table.load_all()
+    reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
+    holds = attribute(reported, lambda pid: table.get(pid) is not None, _tgid)
+    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid())
+    decision = decide(facts, res)
+
+    by_pid: dict[int, tuple[str, int | None, list[int], list[int]]] = {}
+    for h in holds:
+        kind, used, mem_gpus, all_gpus = by_pid.get(h.pid, ("handle", None, [], []))
+        if h.kind != "handle":
+            kind = h.kind
+            used = (used or 0) + (h.used_memory or 0)
+            mem_gpus = sorted({*mem_gpus, h.gpu})
+        by_pid[h.pid] = (kind, used, mem_gpus, sorted({*all_gpus, h.gpu}))
+
+    targets: list[Target] = []
+    target_pids = {d.pid for d in decision.targets}
+    protect = Protection(table, os.getpid())
+    for d in decision.targets:
+        st = table.get(d.pid)
         if st is None:
             continue
-        groups.add(st.pgid)
-        leader = table.get(st.pgid)
-        if leader is not None and leader.state not in ("Z", "X") and not is_boundary(leader):
-            roles.setdefault(leader.pid, "launcher")
-        for a in table.climb_in_group(pid)[1:]:
-            roles.setdefault(a, "ancestor")
-    # holders of the selected GPUs in the job's groups: workers reparented away
-    for pid, (p, _gl, _u) in holders.items():
-        if p.pgid in groups and pid not in roles:
-            roles[pid] = "group member"
-    for pid in list(roles):
-        for d in table.descendants(pid):
-            roles.setdefault(d, "descendant")
-    for pid in protected:
-        roles.pop(pid, None)
-    return roles
+        argv = table.argv(d.pid)
+        uid = table.uid(d.pid)
+        _kind, used, mem_gpus, _all = by_pid.get(d.pid, ("process", None, [], []))
+        container, cgroup = read_cgroups(d.pid)
+        sig = read_signal_facts(d.pid)
+        deaf = sig.ignores_sigterm if sig else None
+        waits = tuple(sorted(set(descendants(table, d.pid, protect)) & target_pids)) if deaf else ()
+        targets.append(Target(st.ident, user_name(uid) if uid is not None else None, uid,
+                              " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus, used, d.role,
+                              d.reason, d.job, deaf, waits, container, cgroup))
+    spared: list[Spared] = []
+    for s in decision.spared:
+        st = table.get(s.pid)
+        argv = table.argv(s.pid)
+        uid = table.uid(s.pid)
+        kind, _used, _mem, all_gpus = by_pid.get(s.pid, ("process", None, [], []))
+        spared.append(Spared(s.pid, user_name(uid) if uid is not None else None,
+                             " ".join(argv) if argv else (f"[{st.name}]" if st else None), all_gpus, kind,
+                             s.reason, s.job))
+    return Plan(list(decision.verify_gpus), targets, spared, snap, sel,
+                frozenset(st.pid for st in table.all()))
+
+
+def attribute(holds: Sequence[Hold], is_process: Callable[[int], bool],
+              tgid_of: Callable[[int], int | None]) -> tuple[Hold, ...]:
+    """Holds by process: a driver may report a thread id, which /proc does not list
+    among processes; its hold belongs to the process the thread is part of."""
+    out: list[Hold] = []
+    for h in holds:
+        if not is_process(h.pid):
+            tgid = tgid_of(h.pid)
+            if tgid is not None and tgid != h.pid:
+                h = h._replace(pid=tgid)
+        out.append(h)
+    return tuple(out)
+
+
+def _tgid(pid: int) -> int | None:
+    sig = read_signal_facts(pid)
+    return sig.tgid if sig is not None else None

@@ -39,6 +39,24 @@ def is_free(r: GpuReading, max_used: int) -> bool:
             and not r.processes and r.memory.used <= max_used)
 
 
+def is_released(r: GpuReading, max_used: int, ended: frozenset[int] | set[int]) -> bool:
+    """The processes ``ended`` hold nothing on this GPU any more, whoever else does.
+
+    None of them is listed by the driver, and the memory not accounted for by the
+    processes still listed is at most ``max_used`` (their teardown is over). When
+    the driver does not report a listed process's memory, only the first part can
+    be checked. A failed query is never released.
+    """
+    if r.error is not None or r.memory is None or r.processes is None:
+        return False
+    if any(p.pid in ended for p in r.processes):
+        return False
+    others = [p.used_memory for p in r.processes]
+    if any(u is None for u in others):
+        return True
+    return r.memory.used - sum(u or 0 for u in others) <= max_used
+
+
 class Problem(NamedTuple):
     """One reason a GPU is not free."""
 
@@ -89,13 +107,16 @@ class WaitResult(NamedTuple):
 
 def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float, *,
                     give_up: Callable[[list[GpuReading]], bool] | None = None,
+                    done: Callable[[GpuReading], bool] | None = None,
                     ) -> tuple[bool, list[GpuReading]]:
-    """Poll memory and processes (the cheap query) until all GPUs are free, the
-    deadline passes, or ``give_up(readings)`` says waiting longer is pointless."""
+    """Poll memory and processes (the cheap query) until all GPUs are free (or
+    ``done``, when given), the deadline passes, or ``give_up(readings)`` says
+    waiting longer is pointless."""
     poll = Poller()
+    ok = done if done is not None else (lambda r: is_free(r, max_used))
     while True:
         readings = backend.read(gpus, full=False)
-        if all(is_free(r, max_used) for r in readings):
+        if all(ok(r) for r in readings):
             return True, readings
         if time.monotonic() >= deadline or (give_up is not None and give_up(readings)):
             return False, readings
@@ -123,18 +144,21 @@ def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None,
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
-             spared: dict[int, str] | None = None, planned: set[int] | None = None) -> list[GpuDiagnosis]:
+             spared: dict[int, str] | None = None, planned: set[int] | None = None,
+             only: set[int] | None = None) -> list[GpuDiagnosis]:
     """Explain every GPU of ``snap`` that is not free.
 
     ``victims``/``spared``/``planned`` come from ``clear``: what it tried to end,
-    what it left alone and why, and every pid its plan knew about.
+    what it left alone and why, and every pid its plan knew about. With ``only``
+    (a clear of selected jobs), a GPU is explained when those processes still hold
+    it, and other processes on it are not problems: their memory is theirs.
     """
     victims = victims or {}
     spared = spared or {}
     out: list[GpuDiagnosis] = []
     for g in snap.gpus:
         r = g.reading
-        if is_free(r, max_used):
+        if is_free(r, max_used) if only is None else is_released(r, max_used, only):
             continue
         problems: list[Problem] = []
         if r.error:
@@ -146,7 +170,8 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
             if p.kind == "handle":
                 continue  # holds no memory and no context: never what keeps a GPU busy
             accounted += p.used_memory or 0
-            problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
+            if only is None or p.pid in only:
+                problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
         used = r.memory.used if r.memory else None
         if used is not None and used > max_used and used - accounted > max_used:
             orphan = used - accounted

@@ -5,6 +5,8 @@
     swap(old, new)      down + verify + up, phases timed; optional rollback
     list_units()        every unit with its live state (ps)
     resolve(name, ...)  a unit's spec from gpuslate.toml / the command line / its last run
+    Unit.load(name)     one unit, loaded once: record (or why it is corrupt), spec, fence
+    unit_state(facts)   the pure decision behind ps's states
 
 Each returns a result object with ``ok`` and ``to_json()``; nothing here
 prints or exits. See docs/units.md.
@@ -15,7 +17,9 @@ from __future__ import annotations
 from .lifecycle import DownResult, UpResult, down, up
 from .listing import PsResult, UnitStatus, list_units
 from .spec import UnitSpec, resolve
+from .state import UnitFacts, UnitState, unit_state
 from .swap import SwapResult, swap
+from .unit import Unit
 
 __all__ = ["up", "down", "swap", "list_units", "resolve", "UnitSpec", "UpResult", "DownResult",
-           "SwapResult", "PsResult", "UnitStatus"]
+           "SwapResult", "PsResult", "UnitStatus", "Unit", "UnitState", "UnitFacts", "unit_state"]

@@ -1,4 +1,4 @@
-"""Which processes belong to a unit, and how the unit is fenced in at launch.
+"""How a unit is fenced in at launch, and the cgroup operations its fence uses later.
 
 Every unit runs in its own session and process group. Where the host allows,
 it also gets a cgroup of its own, so that a descendant that left the session
@@ -10,6 +10,9 @@ it also gets a cgroup of its own, so that a descendant that left the session
 * ``scope``: a transient ``systemd-run --user --scope`` unit;
 * ``session``: neither is possible; the session, the process group, the
   descendants of the main process and the processes recorded at readiness.
+
+Which processes belong to a unit *later* (for ``down``, ``ps``, ``logs``,
+``swap``) is the unit's fence object's business: see :mod:`.fence`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from ..proc.procfs import ProcStat, read_cgroup
-from ..proc.tree import ProcTable
-from .store import UnitRecord
+from ..proc.procfs import read_cgroup, read_stat
+
 
 def _cgroup2_mount() -> Path:
     """Where the cgroup v2 hierarchy is mounted: /sys/fs/cgroup on unified hosts,
@@ -42,7 +45,9 @@ def _cgroup2_mount() -> Path:
 CGROUP_ROOT = _cgroup2_mount()
 
 
-class Fence(NamedTuple):
+class LaunchFence(NamedTuple):
+    """How to start a unit fenced in; what it becomes afterwards is a :class:`.fence.Fence`."""
+
     kind: str  # cgroup | scope | session
     cgroup: str | None  # for kind cgroup: the path made for the unit (relative to CGROUP_ROOT)
     argv_prefix: list[str]  # for kind scope: systemd-run ...
@@ -53,7 +58,7 @@ def _cgroup_v2() -> bool:
     return (CGROUP_ROOT / "cgroup.procs").exists() and (CGROUP_ROOT / "cgroup.controllers").exists()
 
 
-def choose_fence(name: str, wanted: str = "auto") -> tuple[Fence, str | None]:
+def choose_fence(name: str, wanted: str = "auto") -> tuple[LaunchFence, str | None]:
     """The strongest fence this host allows (or ``wanted``); with why a stronger one was not used."""
     notes: list[str] = []
     if wanted in ("auto", "cgroup"):
@@ -66,10 +71,10 @@ def choose_fence(name: str, wanted: str = "auto") -> tuple[Fence, str | None]:
         if fence:
             return fence, None
         notes.append(why)
-    return Fence("session", None, [], None), "; ".join(n for n in notes if n) or None
+    return LaunchFence("session", None, [], None), "; ".join(n for n in notes if n) or None
 
 
-def _own_cgroup(name: str) -> tuple[Fence | None, str]:
+def _own_cgroup(name: str) -> tuple[LaunchFence | None, str]:
     if not _cgroup_v2():
         return None, "no cgroup v2 hierarchy at /sys/fs/cgroup"
     mine = read_cgroup(os.getpid())
@@ -91,10 +96,10 @@ def _own_cgroup(name: str) -> tuple[Fence | None, str]:
             f.write("0")
 
     rel = "/" + str(child.relative_to(CGROUP_ROOT))
-    return Fence("cgroup", rel, [], join), ""
+    return LaunchFence("cgroup", rel, [], join), ""
 
 
-def _systemd_scope(name: str) -> tuple[Fence | None, str]:
+def _systemd_scope(name: str) -> tuple[LaunchFence | None, str]:
     exe = shutil.which("systemd-run")
     if exe is None:
         return None, "no systemd-run"
@@ -110,7 +115,7 @@ def _systemd_scope(name: str) -> tuple[Fence | None, str]:
     if not ok:
         return None, "systemd-run --user --scope failed"
     prefix = [exe, "--user", "--scope", "--quiet", "--collect", f"--unit=gpuslate-{name}-{uuid.uuid4().hex[:8]}", "--"]
-    return Fence("scope", None, prefix, None), ""
+    return LaunchFence("scope", None, prefix, None), ""
 
 
 def discard_cgroup(cgroup: str | None, wait: float = 0.0) -> None:
@@ -123,8 +128,6 @@ def discard_cgroup(cgroup: str | None, wait: float = 0.0) -> None:
     processes is never removed."""
     if not cgroup:
         return
-    import time
-
     path = CGROUP_ROOT / cgroup.lstrip("/")
     deadline = time.monotonic() + wait
     delay = 0.001
@@ -167,23 +170,12 @@ def collect_stale_cgroups() -> None:
             pass
 
 
-def _in_unit_env(pid: int, name: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:  # gone, or another user's process: not readable, and not ours to stop
-        return False
-    return f"\0GPUSLATE_UNIT={name}\0".encode() in b"\0" + env
-
-
 def _only_zombies(path: Path) -> bool:
-    from ..proc.procfs import read_stat
-
     try:
         pids = [int(x) for x in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return False
-    return all((st := read_stat(p)) is None or st.state in ("Z", "X") for p in pids)
+    return all((st := read_stat(p)) is None or st.has_exited for p in pids)
 
 
 def cgroup_pids(cgroup: str | None) -> list[int]:
@@ -213,43 +205,18 @@ def cgroup_kill(cgroup: str | None) -> bool:
         return False
 
 
-def unit_processes(rec: UnitRecord, table: ProcTable) -> list[ProcStat]:
-    """Every live process of the unit: its cgroup, its session and process group, the main
-    process's descendants, and the processes recorded at readiness (identity checked)."""
-    main = table.get(rec.pid)
-    main_is_ours = main is not None and main.start_ticks == rec.start_ticks
-    # The kernel keeps a session or group id from being reused while any member
-    # lives; a live process with the leader's pid but another start time means
-    # all members are gone and the number now names someone else's session.
-    ids_valid = main is None or main_is_ours
-    found: dict[int, ProcStat] = {}
-
-    def add(st: ProcStat | None) -> None:
-        if st is not None and st.state not in ("Z", "X"):
-            found[st.pid] = st
-
-    for pid in cgroup_pids(rec.cgroup):
-        add(table.get(pid))
-    if ids_valid:
-        for st in table.all():
-            if st.sid == rec.sid or st.pgid == rec.pgid:
-                add(st)
-    if main_is_ours:
-        add(main)
-        for pid in table.descendants(rec.pid):
-            add(table.get(pid))
-    for ident in rec.member_ids:
-        st = table.get(ident.pid)
-        if st is not None and st.start_ticks == ident.start_ticks:
-            add(st)
-    if rec.cgroup is None:
-        # Without a cgroup, a descendant that double-forked into a session of
-        # its own is found by the environment every descendant inherits
-        # (GPUSLATE_UNIT, set at launch), among processes started since.
-        for st in table.all():
-            if st.pid not in found and st.start_ticks >= rec.start_ticks and _in_unit_env(st.pid, rec.name):
-                add(st)
-    # never ourselves, nor whatever runs us (gpuslate started from inside the unit)
-    for pid in [os.getpid(), *table.ancestors(os.getpid())]:
-        found.pop(pid, None)
-    return sorted(found.values(), key=lambda s: s.pid)
+def gpuslate_cgroups(name: str) -> list[str]:
+    """The cgroups gpuslate made for units named ``name`` (beside its own cgroup), relative to
+    the mount: how a unit whose record is unreadable is still found."""
+    if not _cgroup_v2():
+        return []
+    mine = read_cgroup(os.getpid())
+    if mine is None:
+        return []
+    parent = CGROUP_ROOT / mine.lstrip("/")
+    try:
+        found = [e.name for e in os.scandir(parent) if e.is_dir() and e.name.startswith(f"gpuslate-{name}-")
+                 and len(e.name) == len(f"gpuslate-{name}-") + 8]
+    except OSError:
+        return []
+    return ["/" + str((parent / n).relative_to(CGROUP_ROOT)) for n in sorted(found)]

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from ..errors import UsageError
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
-from .contain import Fence, choose_fence, discard_cgroup
+from .contain import LaunchFence, choose_fence, discard_cgroup
 from .spec import UnitSpec
 
 # Popen objects of the units this process started: kept so their exit status
@@ -63,7 +63,7 @@ def launch(spec: UnitSpec) -> Launched:
             if spec.containment == "cgroup":
                 raise UsageError(f"cannot move the unit into cgroup {fence.cgroup}: {exc}") from None
             note = f"cgroup {fence.cgroup} refused the process"
-            fence = Fence("session", None, [], None)
+            fence = LaunchFence("session", None, [], None)
             proc, t_spawn, at = _spawn(spec, fence, fd, added)
         except BaseException:  # e.g. command not found: the new cgroup must not stay behind
             discard_cgroup(fence.cgroup)
@@ -77,7 +77,7 @@ def launch(spec: UnitSpec) -> Launched:
     return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, t_spawn, at)
 
 
-def _spawn(spec: UnitSpec, fence: Fence, fd: int, added: dict[str, str],
+def _spawn(spec: UnitSpec, fence: LaunchFence, fd: int, added: dict[str, str],
            ) -> tuple[subprocess.Popen[bytes], float, float]:
     env = {**os.environ, **added}  # without --gpus the caller's CUDA_VISIBLE_DEVICES (if any) stays
     argv = [*fence.argv_prefix, *spec.command]

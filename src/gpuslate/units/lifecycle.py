@@ -8,27 +8,40 @@ racing the first one's workers for memory.
 
 from __future__ import annotations
 
+import os
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NamedTuple
+from enum import Enum
+from typing import Any, Callable, Literal, NamedTuple
 
 from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
-from ..gpu import GpuBackend, open_backend
-from ..host.lock import HostLock, default_lock_dir
-from ..proc.procfs import read_stat
+from ..gpu import GpuBackend
+from ..proc.procfs import read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from .._time import iso_time
 from ..host.snapshot import resolve_gpus
+from ..slate.clear import ClearResult, clear
 from ..slate.wait import default_max_used
 from . import logfile, store
-from .contain import collect_stale_cgroups, unit_processes
+from .contain import collect_stale_cgroups
+from .fence import fence_of
+from .hostctx import backend_for, host_lock
+from .interrupts import deferred_interrupts
 from .launch import Launched, exit_status, launch
 from .preflight import check_gpus, check_port
 from .readiness import Probe, smoke
 from .spec import UnitSpec
+from .state import Phase, UnitState, unit_state
 from .stop import StopReport, stop_unit
+from .unit import Stray, Unit, load_units, unit_of_pids
+
+class _Unloaded(Enum):
+    TOKEN = 0
+
+
+#: ``up(unit=...)`` default: the caller did not load the unit (``None`` means it has no record)
+NOT_LOADED = _Unloaded.TOKEN
 
 UP_SCHEMA = "gpuslate.up.v1"
 DOWN_SCHEMA = "gpuslate.down.v1"
@@ -36,43 +49,18 @@ LOG_TAIL = 20
 Note = Callable[[str], None]
 
 
-@contextmanager
-def host_lock(backend: GpuBackend, purpose: str, use: bool, on_event: Note | None) -> Iterator[float]:
-    """Hold the host lock (when ``use``); yields the seconds spent waiting for it."""
-    if not use:
-        yield 0.0
-        return
-    root = str(backend.host.root) if backend.name == "sim" else None  # type: ignore[attr-defined]
-    lock = HostLock(default_lock_dir(root) / "host.lock", purpose=purpose)
-    t0 = time.monotonic()
-    lock.acquire(on_wait=lambda h: (on_event or (lambda _m: None))(
-        f"waiting for the host lock: {h.get('purpose') or 'another gpuslate run'} "
-        f"(pid {h.get('pid')}, user {h.get('user')}, since {h.get('since')})"))
-    try:
-        yield time.monotonic() - t0
-    finally:
-        lock.release()
-
-
-@contextmanager
-def backend_for(sim: str | None, backend: GpuBackend | None) -> Iterator[GpuBackend]:
-    be = backend if backend is not None else open_backend(sim)
-    try:
-        yield be
-    finally:
-        if backend is None:
-            be.close()
+UpStatus = Literal["ready", "exited", "timeout", "smoke_failed"]
 
 
 class UpResult(NamedTuple):
-    status: str  # ready | exited | timeout | smoke_failed
+    status: UpStatus
     record: store.UnitRecord
     readiness: dict[str, Any]  # kind, target, detail
     smoke: dict[str, Any] | None
     timings: dict[str, float]  # lock_s, preflight_s, launch_s, time_to_ready_s, smoke_s, total_s
     log_tail: list[str]  # the last lines of the log when it failed
     teardown: StopReport | None  # how the failed unit was cleaned up
-    cleared: Any  # the ClearResult of --clear, if it ran
+    cleared: ClearResult | None  # --clear, if it ran
     fence_note: str | None
 
     @property
@@ -101,42 +89,53 @@ class UpResult(NamedTuple):
 
 class DownResult(NamedTuple):
     name: str
-    previous_state: str
+    previous_state: UnitState
     report: StopReport
     timings: dict[str, float]
+    strays: list[Stray] = []  # GPU holders started while the unit ran, not found in it
+    cleared: ClearResult | None = None  # --clear: how the strays were ended
+    corrupt: str | None = None  # why the unit's record was unreadable
+    set_aside: str | None = None  # where the corrupt record was moved once the unit was stopped
 
     @property
     def ok(self) -> bool:
-        return self.report.ok
+        return self.report.ok and (self.cleared is None or self.cleared.ok)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": DOWN_SCHEMA, "ok": self.ok, "name": self.name, "previous_state": self.previous_state,
-                **self.report.to_json(), "timings": {k: round(v, 4) for k, v in self.timings.items()}}
-
-
-def is_running(rec: store.UnitRecord | None) -> bool:
-    return rec is not None and bool(unit_processes(rec, ProcTable()))
+        return {"schema": DOWN_SCHEMA, "ok": self.ok, "name": self.name, "previous_state": self.previous_state.value,
+                **self.report.to_json(), "timings": {k: round(v, 4) for k, v in self.timings.items()},
+                "strays": [s.to_json() for s in self.strays],
+                "cleared": self.cleared.to_json() if self.cleared is not None else None,
+                "corrupt": self.corrupt, "record_set_aside": self.set_aside}
 
 
 def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, backend: GpuBackend | None = None,
-       lock: bool = True, max_used: int | None = None, on_event: Note | None = None) -> UpResult:
-    """Start ``spec`` as a managed unit and return once it is ready, or failed and was cleaned up."""
+       lock: bool = True, max_used: int | None = None, on_event: Note | None = None,
+       unit: Unit | None | _Unloaded = NOT_LOADED) -> UpResult:
+    """Start ``spec`` as a managed unit and return once it is ready, or failed and was cleaned up.
+
+    ``unit``: the unit as the caller loaded it (None: it has no record), used only when the
+    caller holds the host lock (``lock=False``, as ``swap`` does); else it is loaded under the lock."""
     spec.validate()
+    note = on_event or (lambda _m: None)
     t0 = time.monotonic()
     with backend_for(sim, backend) as be, host_lock(be, f"up {spec.name}", lock, on_event) as waited:
         t_lock = time.monotonic()
-        prev = store.load(spec.name)
-        if is_running(prev):
-            raise UsageError(f"unit {spec.name} is already running (pid {prev.pid}): "  # type: ignore[union-attr]
+        prev = unit if not isinstance(unit, _Unloaded) and not lock else Unit.load(spec.name)
+        if prev is not None and prev.corrupt:
+            found = [st.pid for st in prev.members()]
+            raise UsageError(prev.describe_problem() + (f"; processes of it still run: {found}" if found else
+                             "; it may describe a live server"),
+                             hint=f"'gpuslate down {spec.name}' stops what is left of it and sets the record aside")
+        if prev is not None and prev.running():
+            raise UsageError(f"unit {spec.name} is already running (pid {prev.record.pid}): "  # type: ignore[union-attr]
                              f"stop it first with 'gpuslate down {spec.name}'")
         gpus = resolve_gpus(be, spec.gpus)
         limit = default_max_used(be) if max_used is None else max_used
         if spec.port is not None:
-            check_port(spec.host, spec.port, for_unit=spec.name)
+            check_port(spec.ready_host, spec.port, for_unit=spec.name)
         cleared = None
         if clear_first:
-            from ..slate.clear import clear
-
             cleared = clear(gpus, grace=spec.grace, timeout=spec.stop_timeout, max_used=limit, backend=be,
                             lock=False, on_event=on_event)
             if not cleared.ok:
@@ -144,68 +143,87 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
                                    + "; ".join(d.summary() for d in cleared.diagnosis),
                                    hint="see 'gpuslate clear --gpus ... --json' for the whole story")
         collect_stale_cgroups()  # under the host lock
-        check_gpus(be, gpus, limit, for_unit=spec.name, records=store.load_all())
+        check_gpus(be, gpus, limit, for_unit=spec.name,
+                   owners=lambda: unit_of_pids([u for u in load_units() if u.name != spec.name], ProcTable()))
         t_pre = time.monotonic()
-        launched = launch(spec)
-        rec = store.UnitRecord(
-            name=spec.name, spec=spec.to_json(), phase=store.STARTING, pid=launched.ident.pid,
-            start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
-            containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
-            port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me())
-        store.save(rec)
+        # from the fork until the record is on disk, an interrupt would leave a server no record
+        # names: it is held back and acted on once the unit can be found (and stopped)
+        with deferred_interrupts(lambda _s: note(f"interrupted: stopping {spec.name}, please wait")) as pending:
+            launched = launch(spec)
+            rec = store.UnitRecord(
+                name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
+                start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
+                containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
+                port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me())
+            store.save(rec)
+        current = Unit(spec.name, store.record_path(spec.name), rec, None, spec, fence_of(rec))
         t_launch = time.monotonic()
         timings = {"lock_wait_s": waited, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
-        status, probe = _await_ready(spec, launched, rec, be, limit, on_event)
-        sm = None
-        if status == "ready":
-            t_ready = time.monotonic()
-            rec.time_to_ready_s = round(t_ready - launched.spawned, 4)
-            rec.ready_at = time.time()
-            timings["time_to_ready_s"] = t_ready - launched.spawned
-            if spec.smoke:
-                sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
-                timings["smoke_s"] = sm["latency_s"]
-                status = "ready" if sm["ok"] else "smoke_failed"
+        try:
+            if pending:
+                raise KeyboardInterrupt("interrupted while starting")
+            status, probe = _await_ready(spec, launched)
+            sm = None
+            if status == "ready":
+                t_ready = time.monotonic()
+                rec.time_to_ready_s = round(t_ready - launched.spawned, 4)
+                rec.ready_at = time.time()
+                timings["time_to_ready_s"] = t_ready - launched.spawned
+                if spec.smoke:
+                    sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
+                    timings["smoke_s"] = sm["latency_s"]
+                    status = "ready" if sm["ok"] else "smoke_failed"
+        except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/up.py), a bug: leave nothing half-started
+            _stop_interrupted(current, be, spec, limit, note, str(exc) or type(exc).__name__)
+            raise
         teardown, tail = None, []
         if status == "ready":
-            rec.phase = store.READY
-            rec.members = [[st.pid, st.start_ticks] for st in unit_processes(rec, ProcTable())]
+            rec.phase = Phase.READY
+            rec.members = [[st.pid, st.start_ticks] for st in current.members()]
         else:
             rec.failure = _failure(status, spec, probe, sm, rec)
             rec.exit_code = exit_status(rec.pid)
             tail = logfile.tail(launched.log, LOG_TAIL)
-            teardown = stop_unit(rec, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                                 action="up-failed", max_used=limit, on_event=on_event)
-            rec.phase, rec.stopped_at = store.FAILED, time.time()
+            with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
+                teardown = stop_unit(current, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                                     action="up-failed", max_used=limit, on_event=on_event)
+                rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         store.save(rec)
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
                         timings, tail, teardown, cleared, launched.fence_note)
 
 
-def _await_ready(spec: UnitSpec, launched: Launched, rec: store.UnitRecord, be: GpuBackend, limit: int,
-                 on_event: Note | None) -> tuple[str, Probe]:
+def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
     probe = Probe(spec, launched.log)
     deadline = launched.spawned + spec.start_timeout
     poll = Poller(first=0.002, cap=0.02)
-    try:
-        while True:
-            if launched.proc.poll() is not None:
-                return "exited", probe
-            if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
-                return "ready", probe
-            if time.monotonic() >= deadline:
-                return "timeout", probe
-            poll.sleep(deadline)
-    except BaseException:  # Ctrl-C while starting: leave nothing half-started behind
-        stop_unit(rec, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                  action="up-interrupted", max_used=limit, on_event=on_event)
-        rec.phase, rec.failure, rec.stopped_at = store.FAILED, "interrupted while starting", time.time()
+    while True:
+        if launched.proc.poll() is not None:
+            return "exited", probe
+        if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
+            return "ready", probe
+        if time.monotonic() >= deadline:
+            return "timeout", probe
+        poll.sleep(deadline)
+
+
+def _stop_interrupted(unit: Unit, be: GpuBackend, spec: UnitSpec, limit: int, note: Note, why: str) -> None:
+    """Stop a unit whose start was interrupted; further Ctrl-C or SIGTERM cannot cut this short."""
+    rec = unit.record
+    assert rec is not None
+    note(f"stopping {spec.name}, please wait")
+    with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
+        stop_unit(unit, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                  action="up-interrupted", max_used=limit, on_event=note)
+        rec.phase, rec.stopped_at = Phase.FAILED, time.time()
+        rec.failure = f"interrupted while starting ({why})"
+        rec.exit_code = exit_status(rec.pid)
         store.save(rec)
-        raise
 
 
-def _failure(status: str, spec: UnitSpec, probe: Probe, sm: dict[str, Any] | None, rec: store.UnitRecord) -> str:
+def _failure(status: UpStatus, spec: UnitSpec, probe: Probe, sm: dict[str, Any] | None,
+             rec: store.UnitRecord) -> str:
     if status == "exited":
         code = exit_status(rec.pid)
         return f"the server exited before it was ready (exit code {code})"
@@ -215,40 +233,81 @@ def _failure(status: str, spec: UnitSpec, probe: Probe, sm: dict[str, Any] | Non
 
 
 def _me() -> dict[str, Any]:
-    import os
-
-    from ..proc.procfs import user_name
-
     st = read_stat(os.getpid())
     return {"pid": os.getpid(), "start_ticks": st.start_ticks if st else None, "user": user_name(os.getuid())}
 
 
 def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None, lock: bool = True,
          grace: float | None = None, timeout: float | None = None, max_used: int | None = None,
-         on_event: Note | None = None) -> DownResult:
-    """Stop every process of unit ``name`` and verify its GPUs are released."""
-    from .listing import classify
+         clear_strays: bool = False, on_event: Note | None = None, unit: Unit | None = None) -> DownResult:
+    """Stop every process of unit ``name`` and verify its GPUs are released.
 
-    rec = store.load(name)
-    if rec is None:
-        raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-    spec = UnitSpec.from_json(rec.spec)
+    Processes that hold memory on the unit's GPUs, started while it ran but not found in it
+    (a late fork that left the session and renamed itself, without a cgroup) keep the GPUs
+    busy: ``down`` names them (not ok); with ``clear_strays`` it ends them with ``clear``.
+    A unit whose record is corrupt is stopped by what can still be found of it (its cgroup,
+    its ``GPUSLATE_UNIT`` marker, its port), and the record is then set aside.
+    ``unit``: as loaded by a caller that holds the host lock (``lock=False``)."""
     for label, v in (("grace", grace), ("timeout", timeout)):
         if v is not None and not v >= 0:
             raise UsageError(f"invalid --{label} {v}: must be at least 0")
+    if unit is None and not store.record_path(name).exists():
+        raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
+    note = on_event or (lambda _m: None)
     t0 = time.monotonic()
     with backend_for(sim, backend) as be, host_lock(be, f"down {name}", lock, on_event) as waited:
-        rec = store.load(name) or rec  # it may have changed while we waited
+        u = unit if unit is not None and not lock else Unit.load(name)  # it may have changed while we waited
+        if u is None:
+            raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
+        spec = u.spec or UnitSpec(name)  # corrupt: the defaults
+        grace_s = spec.grace if grace is None else grace
+        limit = default_max_used(be) if max_used is None else max_used
         collect_stale_cgroups()  # under the host lock
-        previous = classify(rec, ProcTable())
-        report = stop_unit(rec, be, grace=spec.grace if grace is None else grace,
-                           timeout=spec.stop_timeout if timeout is None else timeout, run_id=new_run_id(),
-                           action="down", max_used=max_used, on_event=on_event)
-        if rec.phase != store.FAILED:
-            rec.phase = store.STOPPED
-        rec.stopped_at = rec.stopped_at if previous in ("failed", "stopped", "exited") else time.time()
-        if rec.exit_code is None:
-            rec.exit_code = exit_status(rec.pid)
-        store.save(rec)
+        table = ProcTable()
+        previous = unit_state(u.facts(table, u.members(table)))
+        if u.corrupt:
+            note(u.describe_problem() + "; stopping what is found of it")
+        strays: list[Stray] = []
+        cleared: list[ClearResult] = []
+
+        def leftovers(deadline: float) -> bool:
+            table = ProcTable()
+            readings = be.read(u.gpus, full=False)
+            mine = [st.pid for st in u.members(table)]
+            if not u.strays(readings, table, mine):
+                return True
+            claimed = unit_of_pids([o for o in load_units() if o.name != name], table)
+            strays[:] = u.strays(readings, table, mine, claimed)
+            if not strays:
+                return True
+            who = ", ".join(f"pid {s.pid} ({s.name}, GPU {','.join(map(str, s.gpus))})" for s in strays)
+            if not clear_strays:
+                note(f"GPU memory of unit {name} is held by processes started while it ran but not found "
+                     f"in it: {who}; 'gpuslate down {name} --clear' ends them")
+                return False
+            note(f"clearing what unit {name} left on its GPUs: {who}")
+            cleared.append(clear(u.gpus, pids=[s.pid for s in strays], grace=grace_s,
+                                 timeout=max(0.0, deadline - time.monotonic()), max_used=limit, backend=be,
+                                 lock=False, on_event=on_event))
+            return cleared[-1].ok
+
+        report = stop_unit(u, be, grace=grace_s, timeout=spec.stop_timeout if timeout is None else timeout,
+                           run_id=new_run_id(), action="down", max_used=limit, on_event=on_event,
+                           before_verify=leftovers)
+        aside = None
+        rec = u.record
+        if rec is None:
+            if report.ok:
+                aside = str(store.set_aside(u.path))
+        else:
+            if rec.phase != Phase.FAILED:
+                rec.phase = Phase.STOPPED
+            if previous not in (UnitState.FAILED, UnitState.STOPPED, UnitState.EXITED) or rec.stopped_at is None:
+                rec.stopped_at = time.time()
+            if rec.exit_code is None:
+                rec.exit_code = exit_status(rec.pid)
+            store.save(rec)
         return DownResult(name, previous, report, {"lock_wait_s": waited, **report.timings,
-                                                   "total_s": time.monotonic() - t0})
+                                                   "total_s": time.monotonic() - t0},
+                          strays, cleared[-1] if cleared else None,
+                          u.problem.reason if u.problem else None, aside)

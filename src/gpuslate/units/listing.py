@@ -1,59 +1,74 @@
 """``ps``: every unit with its state as the host shows it now, not as it was recorded.
 
-States: ``starting`` / ``ready`` (the main process lives), ``exited`` (it
-ended by itself and nothing of the unit is left), ``failed`` (``up`` gave up
-on it), ``stopped`` (``down`` stopped it), ``orphaned`` (the main process is
-dead but processes of the unit live on, typically workers still holding GPU
-memory; ``down`` cleans them up).
+The state is :func:`~.state.unit_state` of facts gathered here once for all
+units: their live processes, the GPU memory on their GPUs, the processes
+started while a unit ran that hold its GPUs without being found in it, and,
+for a unit whose ``up`` vanished while it was starting, one readiness probe.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..gpu import GpuBackend
-from ..proc.procfs import ProcStat, ticks_to_epoch
+from ..gpu.types import GpuReading
+from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
+from .._parse import format_size
 from .._time import iso_time
-from . import store
-from .contain import unit_processes
-from .lifecycle import backend_for
+from .hostctx import backend_for
+from .state import UnitState, unit_state
+from .store import UnitRecord
+from .unit import Stray, Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
-STATES = ("starting", "ready", "exited", "failed", "stopped", "orphaned")
-
-
-def classify(rec: store.UnitRecord, table: ProcTable, procs: Sequence[ProcStat] | None = None) -> str:
-    procs = unit_processes(rec, table) if procs is None else procs
-    main_alive = any(st.pid == rec.pid and st.start_ticks == rec.start_ticks for st in procs)
-    if rec.phase in (store.FAILED, store.STOPPED):
-        # what gpuslate could not stop (permission) is still running: say so
-        return "orphaned" if procs else rec.phase
-    if main_alive:
-        return "starting" if rec.phase == store.STARTING else "ready"
-    return "orphaned" if procs else "exited"
+STATES = tuple(s.value for s in UnitState)
 
 
 class UnitStatus(NamedTuple):
-    record: store.UnitRecord
-    state: str
+    unit: Unit
+    state: UnitState
     processes: list[int]
-    gpu_memory: int | None  # bytes the unit's processes hold on its GPUs; None if unknown
+    gpu_memory: int | None  # bytes the unit's processes (and strays) hold on its GPUs; None if unknown
     uptime_s: float | None
+    strays: list[Stray] = []
+
+    @property
+    def record(self) -> UnitRecord | None:  # None: corrupt
+        return self.unit.record
+
+    @property
+    def pid(self) -> int | None:
+        r = self.unit.record
+        return r.pid if r else (self.unit.problem.salvage.get("pid") if self.unit.problem else None)
 
     def to_json(self) -> dict[str, Any]:
-        r = self.record
-        return {
-            "name": r.name, "state": self.state, "pid": r.pid, "start_ticks": r.start_ticks,
-            "pgid": r.pgid, "sid": r.sid, "containment": r.containment, "cgroup": r.cgroup,
-            "port": r.port, "gpus": r.gpus, "gpu_memory": self.gpu_memory, "processes": self.processes,
+        r = self.unit.record
+        p = self.unit.problem
+        doc: dict[str, Any] = {
+            "name": self.unit.name, "state": self.state.value, "pid": self.pid,
+            "gpu_memory": self.gpu_memory, "processes": self.processes,
             "uptime_s": round(self.uptime_s, 3) if self.uptime_s is not None else None,
+            "strays": [s.to_json() for s in self.strays],
+            "record_file": str(self.unit.path), "corrupt_reason": p.reason if p else None,
+        }
+        if r is None:
+            salvage = p.salvage if p else {}
+            doc.update({"start_ticks": salvage.get("start_ticks"), "pgid": None, "sid": None,
+                        "containment": None, "cgroup": self.unit.fence.cgroup, "port": salvage.get("port"),
+                        "gpus": self.unit.gpus, "launched_at": None, "ready_at": None, "stopped_at": None,
+                        "time_to_ready_s": None, "exit_code": None, "failure": None, "command": None, "log": None})
+            return doc
+        doc.update({
+            "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid, "containment": r.containment,
+            "cgroup": r.cgroup, "port": r.port, "gpus": r.gpus,
             "launched_at": iso_time(r.launched_at), "ready_at": iso_time(r.ready_at) if r.ready_at else None,
             "stopped_at": iso_time(r.stopped_at) if r.stopped_at else None,
             "time_to_ready_s": r.time_to_ready_s, "exit_code": r.exit_code, "failure": r.failure,
             "command": r.spec.get("command"), "log": r.log,
-        }
+        })
+        return doc
 
 
 class PsResult(NamedTuple):
@@ -61,33 +76,47 @@ class PsResult(NamedTuple):
     warnings: list[str]
 
     def get(self, name: str) -> UnitStatus | None:
-        return next((u for u in self.units if u.record.name == name), None)
+        return next((u for u in self.units if u.unit.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PS_SCHEMA, "units": [u.to_json() for u in self.units], "warnings": self.warnings}
 
 
 def list_units(*, sim: str | None = None, backend: GpuBackend | None = None) -> PsResult:
-    """Every recorded unit, classified against the live host."""
-    records = store.load_all()
+    """Every recorded unit (corrupt records included), classified against the live host."""
+    units = load_units()
     table = ProcTable()
     warnings: list[str] = []
-    memory: dict[int, dict[int, int]] = {}  # gpu -> pid -> bytes
-    wanted = sorted({g for r in records for g in r.gpus})
+    members = {u.name: u.members(table) for u in units}
+    readings: list[GpuReading] = []
+    wanted = sorted({g for u in units for g in u.gpus})
+    known = False
     if wanted:
         try:
             with backend_for(sim, backend) as be:
-                for reading in be.read(wanted, full=False):
-                    memory[reading.index] = {p.pid: p.used_memory or 0 for p in reading.processes or []}
+                readings = be.read(wanted, full=False)
+            known = True
         except Exception as exc:  # ps still lists the units when the GPUs cannot be read
             warnings.append(f"GPU memory unknown: {exc}")
+    owner = {st.pid: name for name, procs in members.items() for st in procs}
     out: list[UnitStatus] = []
-    for rec in records:
-        procs = unit_processes(rec, table)
-        state = classify(rec, table, procs)
+    for u in units:
+        procs = members[u.name]
         pids = {st.pid for st in procs}
-        mem = sum(b for g in rec.gpus for pid, b in memory.get(g, {}).items() if pid in pids) if memory else None
-        main = next((st for st in procs if st.pid == rec.pid and st.start_ticks == rec.start_ticks), None)
+        strays = u.strays(readings, table, pids, (p for p, n in owner.items() if n != u.name))
+        state = unit_state(u.facts(table, procs, strays))
+        held = pids | {s.pid for s in strays}
+        mem = sum(p.used_memory or 0 for r in readings if r.index in u.gpus for p in r.processes or []
+                  if p.pid in held) if known else None
+        rec = u.record
+        main = next((st for st in procs if rec and st.pid == rec.pid and st.start_ticks == rec.start_ticks), None)
         uptime = time.time() - ticks_to_epoch(main.start_ticks) if main else None
-        out.append(UnitStatus(rec, state, sorted(pids), mem, uptime))
+        if u.problem is not None:
+            warnings.append(f"{u.describe_problem()}; 'gpuslate down {u.name}' stops what is found of it "
+                            f"({len(procs)} process{'es' if len(procs) != 1 else ''}) and sets the record aside")
+        for s in strays:
+            warnings.append(f"unit {u.name}: pid {s.pid} ({s.name}) holds {format_size(s.used_memory)} on GPU "
+                            f"{','.join(map(str, s.gpus))}; it started while the unit ran but is not found in it: "
+                            f"'gpuslate down {u.name} --clear' ends it")
+        out.append(UnitStatus(u, state, sorted(pids), mem, uptime, strays))
     return PsResult(out, warnings)

@@ -6,36 +6,25 @@ import errno
 import os
 import socket
 from pathlib import Path
-from typing import Sequence
+from typing import Callable
 
 from .._parse import format_size
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..proc.procfs import read_info
-from ..proc.tree import ProcTable
 from ..host.snapshot import Snapshot, take_snapshot
 from ..slate.wait import is_free
-from . import store
-from .contain import unit_processes
-
-
-def unit_of_pids(records: Sequence[store.UnitRecord], table: ProcTable) -> dict[int, str]:
-    """pid -> name of the unit it belongs to, for every live process of every unit."""
-    out: dict[int, str] = {}
-    for rec in records:
-        for st in unit_processes(rec, table):
-            out.setdefault(st.pid, rec.name)
-    return out
 
 
 def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit: str,
-               records: Sequence[store.UnitRecord]) -> Snapshot:
-    """Raise NotDoneError naming every holder (and its unit) unless all ``gpus`` are free."""
+               owners: Callable[[], dict[int, str]]) -> Snapshot:
+    """Raise NotDoneError naming every holder (and its unit: ``owners()`` maps pid -> unit,
+    asked only when a GPU is busy) unless all ``gpus`` are free."""
     snap = take_snapshot(backend, gpus)
     busy = [g for g in snap.gpus if not is_free(g.reading, max_used)]
     if not busy:
         return snap
-    owners = unit_of_pids([r for r in records if r.name != for_unit], ProcTable())
+    owner_of = owners()
     parts: list[str] = []
     units: set[str] = set()
     for g in busy:
@@ -46,7 +35,7 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
         for p in g.processes:
             if p.kind == "handle":
                 continue
-            unit = owners.get(p.pid)
+            unit = owner_of.get(p.pid)
             if unit:
                 units.add(unit)
             holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "")
@@ -78,6 +67,15 @@ def port_in_use(host: str, port: int) -> bool:
 
 def port_owner(port: int) -> str | None:
     """'pid N (user: command)' of the process listening on ``port``, if this host shows it."""
+    pid = port_listener(port)
+    if pid is None:
+        return None
+    info = read_info(pid)
+    return f"pid {pid}" + (f" ({info.user}: {info.command[:60]})" if info else "")
+
+
+def port_listener(port: int) -> int | None:
+    """The pid of a process listening on TCP ``port`` (any address), if ``/proc`` shows one."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -98,8 +96,7 @@ def port_owner(port: int) -> str | None:
         for fd in fds:
             try:
                 if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    info = read_info(pid)
-                    return f"pid {pid}" + (f" ({info.user}: {info.command[:60]})" if info else "")
+                    return pid
             except OSError:
                 continue
     return None

@@ -69,7 +69,7 @@ class Probe:
         return status == 200
 
     def _tcp(self, timeout: float) -> bool:
-        with socket.create_connection((self.spec.host, int(self.spec.port or 0)), timeout=min(timeout, 1.0)):
+        with socket.create_connection((self.spec.ready_host, int(self.spec.port or 0)), timeout=min(timeout, 1.0)):
             self.detail = f"{self.target}: accepting connections"
             return True
 

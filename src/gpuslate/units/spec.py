@@ -40,7 +40,7 @@ class UnitSpec:
     env: dict[str, str] = field(default_factory=dict)
     gpus: list[int] | None = None  # None: every GPU (CUDA_VISIBLE_DEVICES left as it is)
     port: int | None = None
-    host: str = "127.0.0.1"
+    ready_host: str = "127.0.0.1"  # the address readiness checks use
     engine: str | None = None
     ready_url: str | None = None
     ready_log: str | None = None
@@ -51,6 +51,9 @@ class UnitSpec:
     stop_timeout: float = 60.0  # stopping, including the GPU memory release
     cwd: str | None = None
     containment: str = "auto"
+    # weight files to read into the page cache before a swap stops the old unit;
+    # None: detected from the command (--model-path, --model, a model folder); []: none
+    prefetch: list[str] | None = None
 
     @property
     def readiness(self) -> tuple[str, str]:
@@ -61,12 +64,12 @@ class UnitSpec:
             return "http", self.url(self.ready_url)
         if self.engine:
             return self.engine, self.url("/health_generate" if self.engine == "sglang" else "/health")
-        return "tcp", f"{self.host}:{self.port}"
+        return "tcp", f"{self.ready_host}:{self.port}"
 
     def url(self, path: str) -> str:
         if "://" in path:
             return path
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = f"[{self.ready_host}]" if ":" in self.ready_host else self.ready_host
         return f"http://{host}:{self.port}{path if path.startswith('/') else '/' + path}"
 
     def validate(self) -> UnitSpec:
@@ -101,7 +104,7 @@ class UnitSpec:
     def _validate_inputs(self) -> None:
         """Everything that would otherwise fail only after the server was launched:
         the address and URL readiness uses, the working folder, the environment."""
-        self.host = parse_host(self.host)
+        self.ready_host = parse_host(self.ready_host)
         if self.ready_url:
             if "://" in self.ready_url:
                 parse_http_url(self.ready_url)
@@ -127,10 +130,10 @@ class UnitSpec:
 # -- gpuslate.toml ----------------------------------------------------------------
 
 _TYPES: dict[str, tuple[type, ...]] = {
-    "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "host": (str,),
+    "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
     "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
-    "containment": (str,),
+    "containment": (str,), "prefetch": (list,),
 }
 
 
@@ -201,6 +204,8 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         return value
     if key == "gpus":
         return parse_gpu_list(",".join(map(str, value)) if isinstance(value, list) else str(value))
+    if key == "prefetch" and not all(isinstance(p, str) for p in value):
+        raise UsageError("must be a list of paths (strings)")
     if key == "env":
         out: dict[str, str] = {}
         for k, v in value.items():
@@ -217,7 +222,7 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         return parse_seconds(value, what=key)
     if key == "port":
         return parse_int(str(value), low=1, high=65535, what="port")
-    if key == "host":
+    if key == "ready_host":
         return parse_host(value)
     if key == "engine" and value not in ENGINES:
         raise UsageError(f"must be one of {', '.join(ENGINES)}")
@@ -264,13 +269,15 @@ def _line_of(text: str, unit: str | None, key: str | None) -> int:
 
 def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list[str] | None = None,
             config: str | os.PathLike[str] | None = None, previous: dict[str, Any] | None = None) -> UnitSpec:
-    """The spec of unit ``name``: the config file's table (else ``previous``, the spec it last ran
-    with), then ``overrides`` (options given, not None), then ``command`` if given."""
+    """The spec of unit ``name``: the config file's table (else, when no ``command`` is given,
+    ``previous``, the spec it last ran with), then ``overrides`` (options given, not None), then
+    ``command`` if given. A new command never inherits the last run's options (its readiness
+    check belonged to the old command)."""
     path = find_config(config)
     base: dict[str, Any] | None = None
     if path is not None:
         base = load_config(path).get(name)
-    if base is None and previous is not None:
+    if base is None and previous is not None and not command:
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:
         where = f"in {path}" if path else f"no {CONFIG_NAME} here"

@@ -21,8 +21,7 @@ from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from ..host.snapshot import take_snapshot
 from ..slate.wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
-from .contain import cgroup_kill, cgroup_pids, discard_cgroup, unit_processes
-from .store import UnitRecord
+from .unit import Unit
 
 _SWEEPS = 3
 
@@ -55,19 +54,24 @@ class StopReport(NamedTuple):
         }
 
 
-def _victim(st: ProcStat, rec: UnitRecord) -> Victim:
+def _victim(st: ProcStat, unit: Unit) -> Victim:
     info = read_info(st.pid)
     return Victim(st.ident, {
-        "pid": st.pid, "start_ticks": st.start_ticks, "name": st.name, "unit": rec.name,
+        "pid": st.pid, "start_ticks": st.start_ticks, "name": st.name, "unit": unit.name,
         "command": info.command if info else None, "user": info.user if info else None,
-        "pgid": st.pgid, "sid": st.sid, "gpus": rec.gpus,
+        "pgid": st.pgid, "sid": st.sid, "gpus": unit.gpus,
     })
 
 
-def stop_unit(rec: UnitRecord, backend: GpuBackend, *, grace: float, timeout: float, run_id: str,
+def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, run_id: str,
               audit: AuditLog | None = None, action: str = "down", max_used: int | None = None,
-              on_event: Callable[[str], None] | None = None) -> StopReport:
-    """Stop all of ``rec``'s processes and wait (up to ``timeout`` in all) for its GPUs to be free."""
+              on_event: Callable[[str], None] | None = None,
+              before_verify: Callable[[float], bool] | None = None) -> StopReport:
+    """Stop all of ``unit``'s processes and wait (up to ``timeout`` in all) for its GPUs to be free.
+
+    ``before_verify(deadline)`` runs once the unit's processes are gone, before the GPUs are
+    polled (``down --clear`` ends stray holders there); False means they cannot come free, so
+    the diagnosis is taken at once instead of polling until the deadline."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     limit = default_max_used(backend) if max_used is None else max_used
@@ -76,11 +80,11 @@ def stop_unit(rec: UnitRecord, backend: GpuBackend, *, grace: float, timeout: fl
 
     def round_(grace_s: float) -> list[VictimResult]:
         nonlocal log
-        procs = [st for st in unit_processes(rec, ProcTable()) if (st.pid, st.start_ticks) not in done]
+        procs = [st for st in unit.members(ProcTable()) if (st.pid, st.start_ticks) not in done]
         if not procs:
             return []
         log = log or AuditLog()
-        res = terminate([_victim(st, rec) for st in procs], grace=min(grace_s, max(0.0, deadline - time.monotonic())),
+        res = terminate([_victim(st, unit) for st in procs], grace=min(grace_s, max(0.0, deadline - time.monotonic())),
                         kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
                         audit=log, on_event=on_event, clock_start=t0)
         done.update((r.victim.ident.pid, r.victim.ident.start_ticks) for r in res)
@@ -88,12 +92,12 @@ def stop_unit(rec: UnitRecord, backend: GpuBackend, *, grace: float, timeout: fl
 
     results = round_(grace)
     killed = False
-    if rec.cgroup and cgroup_pids(rec.cgroup):
+    if unit.fence.cgroup and unit.members(ProcTable()):
         # whatever forked between our SIGTERM and now: the kernel ends it all at once
         log = log or AuditLog()
         entry = log.before_signal(run_id=run_id, action=action, signal="SIGKILL",
-                                  target={"cgroup": rec.cgroup, "unit": rec.name}, reason="cgroup.kill")
-        killed = cgroup_kill(rec.cgroup)
+                                  target={"cgroup": unit.fence.cgroup, "unit": unit.name}, reason="cgroup.kill")
+        killed = unit.fence.kill()
         log.outcome(entry, DELIVERED if killed else "error", None if killed else "cgroup.kill not available")
     swept: list[VictimResult] = []
     for _ in range(_SWEEPS):
@@ -102,12 +106,17 @@ def stop_unit(rec: UnitRecord, backend: GpuBackend, *, grace: float, timeout: fl
             break
         swept += more
     t_exit = time.monotonic()
-    ok, readings = poll_until_free(backend, rec.gpus, limit, deadline) if rec.gpus else (True, [])
+    gpus = unit.gpus
+    can_free = before_verify(deadline) if before_verify is not None and gpus else True
+    if can_free:
+        ok, readings = poll_until_free(backend, gpus, limit, deadline) if gpus else (True, [])
+    else:
+        ok, readings = False, backend.read(gpus, full=False)
     t_free = time.monotonic()
     diagnosis: list[GpuDiagnosis] = []
     if not ok:
         everyone = {r.victim.ident.pid: r for r in results + swept}
-        diagnosis = diagnose(take_snapshot(backend, rec.gpus), limit, victims=everyone)
-    discard_cgroup(rec.cgroup)
+        diagnosis = diagnose(take_snapshot(backend, gpus), limit, victims=everyone)
+    unit.fence.release()
     timings = {"stop_s": t_exit - t0, "verify_s": t_free - t_exit, "total_s": time.monotonic() - t0}
     return StopReport(results, swept, killed, ok, readings, diagnosis, timings)

@@ -9,18 +9,23 @@ cgroup, and the processes seen in it once it was ready.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import os
+import re
+import time
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from ..errors import PermissionDenied
 from ..proc.procfs import ProcessId
-from ..host.state import read_state_file, state_dir, write_state_file
+from ..host.state import state_dir, write_state_file
+from .state import Phase
 
 SCHEMA = "gpuslate.unit.v1"
 
-#: phases recorded by up/down; ``ps`` derives exited/orphaned from them and the live processes
-STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
+#: phases recorded by up/down; ``ps`` derives the state from them and what lives (units/state.py)
+STARTING, READY, FAILED, STOPPED = Phase.STARTING, Phase.READY, Phase.FAILED, Phase.STOPPED
+CONTAINMENTS = ("cgroup", "scope", "session")
 
 
 @dataclass
@@ -60,8 +65,126 @@ class UnitRecord:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> UnitRecord:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in doc.items() if k in known})
+        """The record in ``doc``; :class:`CorruptRecord` when a field is missing or of the wrong type
+        (a record is trusted to name processes to signal: nothing in it is guessed)."""
+        if not isinstance(doc, dict):
+            raise CorruptRecord(f"not a JSON object but {type(doc).__name__}")
+        if doc.get("schema") != SCHEMA:
+            raise CorruptRecord(f"schema {doc.get('schema')!r}, expected {SCHEMA!r}")
+        for f in fields(cls):
+            if f.name not in doc:
+                if f.default is not MISSING or f.default_factory is not MISSING:
+                    continue
+                raise CorruptRecord(f"field {f.name!r} is missing")
+            check = _CHECKS[f.name]
+            if not check(doc[f.name]):
+                raise CorruptRecord(f"field {f.name!r} is invalid: {_short(doc[f.name])}")
+        rec = cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+        rec.phase = Phase(rec.phase)
+        return rec
+
+
+class CorruptRecord(ValueError):
+    """A unit record that cannot be trusted (torn, hand-edited, from another version)."""
+
+
+def _int(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(a, str) for a in v)
+
+
+_SPEC_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "name": _str, "command": lambda v: _strs(v) and bool(v),
+    "env": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+    "gpus": _opt(lambda v: isinstance(v, list) and all(_int(g) for g in v)), "port": _opt(_int), "ready_host": _str,
+    "engine": _opt(_str), "ready_url": _opt(_str), "ready_log": _opt(_str), "smoke": lambda v: isinstance(v, bool),
+    "model": _opt(_str), "start_timeout": _num, "grace": _num, "stop_timeout": _num, "cwd": _opt(_str),
+    "containment": _str,
+}
+
+
+def _spec(v: Any) -> bool:
+    """The spec the unit last ran with: ``up NAME`` may run it again, so its types are checked too
+    (its values, e.g. a port range, by ``UnitSpec.validate`` when it is loaded)."""
+    return (isinstance(v, dict) and "command" in v
+            and all(check(v[k]) for k, check in _SPEC_CHECKS.items() if k in v))
+
+
+_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "name": lambda v: isinstance(v, str) and bool(v),
+    "spec": _spec,
+    "phase": lambda v: isinstance(v, str) and v in {p.value for p in Phase},
+    "pid": lambda v: _int(v, 1), "start_ticks": _int, "pgid": lambda v: _int(v, 1), "sid": lambda v: _int(v, 1),
+    "containment": lambda v: isinstance(v, str) and v in CONTAINMENTS,
+    "cgroup": _opt(lambda v: isinstance(v, str) and v.startswith("/") and ".." not in v.split("/")),
+    "log": lambda v: isinstance(v, str) and bool(v),
+    "gpus": lambda v: isinstance(v, list) and all(_int(g) for g in v),
+    "port": _opt(lambda v: _int(v, 1) and v <= 65535),
+    "env": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+    "launched_at": _num, "ready_at": _opt(_num), "time_to_ready_s": _opt(_num), "stopped_at": _opt(_num),
+    "exit_code": _opt(lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "failure": _opt(lambda v: isinstance(v, str)),
+    "members": lambda v: isinstance(v, list) and all(
+        isinstance(m, list) and len(m) == 2 and _int(m[0], 1) and _int(m[1]) for m in v),
+    "launched_by": lambda v: isinstance(v, dict),
+}
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Unreadable(NamedTuple):
+    """A record file that exists but is not a valid record: why, and what could still be read of it."""
+
+    path: Path
+    reason: str
+    salvage: dict[str, Any]  # pid, start_ticks, port, cgroup, launched_at: each only if it reads as one
+
+
+_SALVAGE = {"pid": r'"pid"\s*:\s*(\d+)', "start_ticks": r'"start_ticks"\s*:\s*(\d+)',
+            "port": r'"port"\s*:\s*(\d+)', "cgroup": r'"cgroup"\s*:\s*"(/[^"\\]*)"',
+            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)'}
+
+
+def salvage(text: str) -> dict[str, Any]:
+    """Fields of a torn record that still read whole. ``port`` and ``gpus`` may come from the
+    spec (written before the top-level fields): the same port, GPUs as asked for (the last
+    list seen is the resolved one when it is there)."""
+    out: dict[str, Any] = {}
+    lists = re.findall(r'"gpus"\s*:\s*\[([\d,\s]*)\]', text)
+    if lists:
+        out["gpus"] = [int(g) for g in lists[-1].replace(",", " ").split()]
+    for key, pattern in _SALVAGE.items():
+        m = re.search(pattern, text)
+        if m:
+            v = m.group(1)
+            out[key] = v if key == "cgroup" else float(v) if key == "launched_at" else int(v)
+    if "cgroup" in out and ".." in out["cgroup"].split("/"):
+        del out["cgroup"]
+    return out
+
+
+def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a record that parses but is invalid that are still valid one by one."""
+    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus")
+    return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 
 def units_dir() -> Path:
@@ -93,23 +216,48 @@ def save(rec: UnitRecord) -> None:
         raise PermissionDenied(f"cannot write unit state {path}: {exc.strerror or exc}") from None
 
 
-def load(name: str) -> UnitRecord | None:
+def read(name: str) -> UnitRecord | Unreadable | None:
+    """Unit ``name``'s record; :class:`Unreadable` (with the reason) when the file is not a valid
+    record; None when there is none. Never raises for what the file contains."""
+    path = record_path(name)
     try:
-        data = read_state_file(record_path(name))  # PermissionDenied for a symlink: never followed
-        if data is None:
-            return None
-        doc = json.loads(data)
-    except PermissionDenied:
-        raise
-    except (OSError, ValueError):
-        return None  # unreadable or torn by a crash: treated as unknown, never guessed at
-    return UnitRecord.from_json(doc) if isinstance(doc, dict) and doc.get("schema") == SCHEMA else None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return Unreadable(path, f"cannot open: {exc.strerror or exc}", {})
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(1 << 20)
+    text = raw.decode("utf-8", "replace")
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return Unreadable(path, f"not valid JSON ({exc})", salvage(text))
+    try:
+        rec = UnitRecord.from_json(doc)
+    except CorruptRecord as exc:
+        return Unreadable(path, str(exc), salvage_doc(doc) if isinstance(doc, dict) else {})
+    if rec.name != name:
+        return Unreadable(path, f"names unit {rec.name!r}, not {name!r}", {})
+    return rec
 
 
-def load_all() -> list[UnitRecord]:
-    out: list[UnitRecord] = []
-    for p in sorted(units_dir().glob("*.json")):
-        rec = load(p.stem)
-        if rec is not None:
-            out.append(rec)
-    return out
+def load(name: str) -> UnitRecord | None:
+    """Unit ``name``'s record if it is valid (see :func:`read` for why it is not)."""
+    rec = read(name)
+    return rec if isinstance(rec, UnitRecord) else None
+
+
+def names() -> list[str]:
+    """Every unit with a record file, valid or not."""
+    return sorted(p.stem for p in units_dir().glob("*.json") if not p.name.startswith("."))
+
+
+def set_aside(path: Path) -> Path:
+    """Move a corrupt record out of the way (kept beside, for a human to look at)."""
+    dest = path.with_name(f".{path.name}.corrupt.{int(time.time())}")
+    try:
+        os.replace(path, dest)
+    except OSError as exc:
+        raise PermissionDenied(f"cannot move corrupt record {path} aside: {exc.strerror or exc}") from None
+    return dest

@@ -2,36 +2,58 @@
 each phase timed. With ``rollback``, a NEW that fails is followed by OLD started
 again (with the spec it last ran with) and made ready.
 
+The figure that matters to the people using the servers is the *downtime*:
+from the moment the old server is told to stop until the new one is ready (and
+has answered its smoke completion, when it has one). To shorten it, NEW's
+weight files are read into the page cache first, while OLD still serves
+(:mod:`.prefetch`); the swap waits for that read before it stops OLD.
+
 The whole swap holds the host lock once, so no ``clear`` or other ``up`` can
 slip in between the old server leaving the GPUs and the new one taking them.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Callable, NamedTuple
+from dataclasses import replace
+from typing import Any, Callable, Literal, NamedTuple
 
+from .._time import iso_time
 from ..errors import UsageError
 from ..gpu import GpuBackend
-from ..proc.tree import ProcTable
 from . import store
-from .contain import unit_processes
-from .lifecycle import DownResult, UpResult, backend_for, down, host_lock, up
+from .hostctx import backend_for, host_lock
+from .lifecycle import DownResult, UpResult, down, up
+from .prefetch import Prefetch, PrefetchReport, plan_prefetch
+from .readiness import Probe
 from .spec import UnitSpec, resolve
+from .unit import Unit
+
+SwapStatus = Literal["swapped", "down_failed", "up_failed", "rolled_back", "rollback_failed"]
 
 SWAP_SCHEMA = "gpuslate.swap.v1"
+#: the downtime's parts, in order: they add up to downtime_s. start_to_ready_s is split
+#: into start_to_port_open_s + port_open_to_ready_s when the unit has a port.
+DOWNTIME_PARTS = ("stop_old_s", "verify_clean_s", "preflight_new_s", "spawn_new_s", "start_to_ready_s",
+                  "smoke_new_s")
 
 
 class SwapResult(NamedTuple):
     old: str
     new: str
-    status: str  # swapped | down_failed | up_failed | rolled_back | rollback_failed
+    status: SwapStatus
     down: DownResult
     up: UpResult | None
     rollback: UpResult | None
     phases: dict[str, float]  # lock_wait_s, stop_old_s, verify_clean_s, preflight_new_s, launch_new_s,
     #                           ready_new_s, smoke_new_s, rollback_s (present when they ran)
     total_s: float
+    # from the old server told to stop to the new one ready (and smoke-tested); None unless swapped
+    downtime_s: float | None = None
+    downtime: dict[str, float] | None = None  # its breakdown, see DOWNTIME_PARTS
+    prefetch: PrefetchReport | None = None
+    stop_old_at: float | None = None  # epoch: the old server was told to stop
 
     @property
     def ok(self) -> bool:
@@ -39,11 +61,13 @@ class SwapResult(NamedTuple):
 
     @property
     def overhead_s(self) -> float | None:
-        """Total minus the old server's teardown and the new server's startup: what gpuslate adds."""
+        """Total minus the old server's teardown, the new server's startup and the prefetch
+        (done while the old server serves): what gpuslate adds."""
         if not self.ok:
             return None
         p = self.phases
-        return self.total_s - p["stop_old_s"] - p["verify_clean_s"] - p["ready_new_s"] - p.get("smoke_new_s", 0.0)
+        return (self.total_s - p.get("prefetch_wait_s", 0.0) - p["stop_old_s"] - p["verify_clean_s"]
+                - p["ready_new_s"] - p.get("smoke_new_s", 0.0))
 
     def to_json(self) -> dict[str, Any]:
         ov = self.overhead_s
@@ -51,6 +75,10 @@ class SwapResult(NamedTuple):
             "schema": SWAP_SCHEMA, "ok": self.ok, "status": self.status, "old": self.old, "new": self.new,
             "phases": {k: round(v, 4) for k, v in self.phases.items()}, "total_s": round(self.total_s, 4),
             "overhead_s": round(ov, 4) if ov is not None else None,
+            "downtime_s": round(self.downtime_s, 4) if self.downtime_s is not None else None,
+            "downtime": {k: round(v, 4) for k, v in self.downtime.items()} if self.downtime else None,
+            "stop_old_at": iso_time(self.stop_old_at) if self.stop_old_at is not None else None,
+            "prefetch": self.prefetch.to_json() if self.prefetch else None,
             "down": self.down.to_json(), "up": self.up.to_json() if self.up else None,
             "rollback": self.rollback.to_json() if self.rollback else None,
         }
@@ -58,44 +86,156 @@ class SwapResult(NamedTuple):
 
 def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str | None = None,
          sim: str | None = None, backend: GpuBackend | None = None, lock: bool = True,
-         on_event: Callable[[str], None] | None = None) -> SwapResult:
-    """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec)."""
+         on_event: Callable[[str], None] | None = None, prefetch: bool = True,
+         prefetch_memory: int | None = None, prefetch_timeout: float = 600.0) -> SwapResult:
+    """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec).
+
+    Each unit is loaded once, under the host lock, and handed to ``down`` and ``up``.
+    With ``prefetch`` (the default), NEW's weight files are read into the page cache
+    before OLD is stopped, for up to ``prefetch_timeout`` seconds; ``prefetch_memory``
+    bounds it instead of the host's MemAvailable.
+    """
     t0 = time.monotonic()
-    old_rec = store.load(old)
-    if old_rec is None:
+    note = on_event or (lambda _m: None)
+    new_name = new.name if isinstance(new, UnitSpec) else new
+    if not store.record_path(old).exists():  # before waiting for the lock: a typo fails at once
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
-    old_spec = UnitSpec.from_json(old_rec.spec).validate()
-    if isinstance(new, UnitSpec):
-        new_spec = new.validate()
+    pf: Prefetch | None = None
+    try:
+        with backend_for(sim, backend) as be, \
+                host_lock(be, f"swap {old} -> {new_name}", lock, on_event) as waited:
+            old_unit = Unit.load(old)
+            if old_unit is None:
+                raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
+            if old_unit.spec is None:
+                raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
+            new_unit = old_unit if new_name == old else Unit.load(new_name)
+            if new_unit is not None and new_unit.corrupt:
+                raise UsageError(new_unit.describe_problem(),
+                                 hint=f"'gpuslate down {new_name}' stops what is left of it")
+            if isinstance(new, UnitSpec):
+                new_spec = new.validate()
+            else:
+                new_spec = resolve(new, config=config, previous=new_unit.spec.to_json() if new_unit and new_unit.spec
+                                   else None)
+            if new_name != old and new_unit is not None and new_unit.running():
+                raise UsageError(f"unit {new_name} is already running: nothing to swap to")
+            phases: dict[str, float] = {"lock_wait_s": waited}
+            pf_report = None
+            pf = _start_prefetch(new_spec, prefetch_memory, note) if prefetch else None
+            if pf is not None:
+                t_pf = time.monotonic()
+                pf_report = pf.wait(prefetch_timeout)  # OLD still serves meanwhile
+                phases["prefetch_wait_s"] = time.monotonic() - t_pf
+                if pf_report.status == "partial":
+                    note(f"prefetch not done after {prefetch_timeout:g} s: stopping {old} anyway; "
+                         "the rest is read in the background")
+                elif pf_report.status == "failed":
+                    note(f"prefetch failed ({pf_report.error}); going on without it")
+            stop_at = time.time()
+            t_stop = time.monotonic()
+            d = down(old, backend=be, lock=False, on_event=on_event, unit=old_unit)
+            phases["stop_old_s"] = d.report.timings["stop_s"]
+            phases["verify_clean_s"] = d.report.timings["verify_s"]
+            if not d.ok:
+                return SwapResult(old, new_spec.name, "down_failed", d, None, None, phases, time.monotonic() - t0,
+                                  prefetch=pf_report, stop_old_at=stop_at)
+            t_up = time.monotonic()
+            watch = _PortWatch(new_spec) if new_spec.port is not None else None
+            try:
+                u = up(new_spec, backend=be, lock=False, on_event=on_event, unit=new_unit)
+            finally:
+                if watch is not None:
+                    watch.stop()
+            t_ready = time.monotonic()
+            phases["preflight_new_s"] = u.timings["preflight_s"]
+            phases["launch_new_s"] = u.timings["launch_s"]
+            if u.time_to_ready is not None:
+                phases["ready_new_s"] = u.time_to_ready
+            if "smoke_s" in u.timings:
+                phases["smoke_new_s"] = u.timings["smoke_s"]
+            if u.ok:
+                parts = _downtime_parts(phases, t_stop, t_up, t_ready, u, watch)
+                return SwapResult(old, new_spec.name, "swapped", d, u, None, phases, time.monotonic() - t0,
+                                  downtime_s=t_ready - t_stop, downtime=parts, prefetch=pf_report,
+                                  stop_old_at=stop_at)
+            if not rollback:
+                return SwapResult(old, new_spec.name, "up_failed", d, u, None, phases, time.monotonic() - t0,
+                                  prefetch=pf_report, stop_old_at=stop_at)
+            note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
+            t_rb = time.monotonic()
+            rb = up(old_unit.spec, backend=be, lock=False, on_event=on_event, unit=old_unit)
+            phases["rollback_s"] = time.monotonic() - t_rb
+            status: SwapStatus = "rolled_back" if rb.ok else "rollback_failed"
+            return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0,
+                              prefetch=pf_report, stop_old_at=stop_at)
+    finally:
+        if pf is not None:
+            pf.cancel()  # a failed or interrupted swap leaves no reader behind
+
+
+def _start_prefetch(spec: UnitSpec, memory: int | None, note: Callable[[str], None]) -> Prefetch | None:
+    """Plan NEW's prefetch and start reading; ``None`` when there is nothing to read."""
+    from .._parse import format_size
+
+    plan = plan_prefetch(spec.command, spec.prefetch, cwd=spec.cwd, available=memory)
+    if not plan.files:
+        return None
+    if plan.warning:  # it would not fit: reported, skipped
+        note(plan.warning)
     else:
-        prev = store.load(new)
-        new_spec = resolve(new, config=config, previous=prev.spec if prev else None)
-    new_rec = store.load(new_spec.name)
-    if new_spec.name != old and new_rec is not None and unit_processes(new_rec, ProcTable()):
-        raise UsageError(f"unit {new_spec.name} is already running: nothing to swap to")
-    with backend_for(sim, backend) as be, \
-            host_lock(be, f"swap {old} -> {new_spec.name}", lock, on_event) as waited:
-        phases: dict[str, float] = {"lock_wait_s": waited}
-        d = down(old, backend=be, lock=False, on_event=on_event)
-        phases["stop_old_s"] = d.report.timings["stop_s"]
-        phases["verify_clean_s"] = d.report.timings["verify_s"]
-        if not d.ok:
-            return SwapResult(old, new_spec.name, "down_failed", d, None, None, phases, time.monotonic() - t0)
-        u = up(new_spec, backend=be, lock=False, on_event=on_event)
-        phases["preflight_new_s"] = u.timings["preflight_s"]
-        phases["launch_new_s"] = u.timings["launch_s"]
-        if u.time_to_ready is not None:
-            phases["ready_new_s"] = u.time_to_ready
-        if "smoke_s" in u.timings:
-            phases["smoke_new_s"] = u.timings["smoke_s"]
-        if u.ok:
-            return SwapResult(old, new_spec.name, "swapped", d, u, None, phases, time.monotonic() - t0)
-        if not rollback:
-            return SwapResult(old, new_spec.name, "up_failed", d, u, None, phases, time.monotonic() - t0)
-        if on_event:
-            on_event(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
-        t_rb = time.monotonic()
-        rb = up(old_spec, backend=be, lock=False, on_event=on_event)
-        phases["rollback_s"] = time.monotonic() - t_rb
-        status = "rolled_back" if rb.ok else "rollback_failed"
-        return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0)
+        note(f"prefetching {format_size(plan.total)} of {spec.name}'s weights "
+             f"({_files(len(plan.files))}) while the old server still serves")
+    return Prefetch(plan)
+
+
+def _files(n: int) -> str:
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
+class _PortWatch:
+    """Watches NEW's port from the swap's side, to split its start into process start ->
+    port open -> ready (most servers bind their port before they load their weights)."""
+
+    def __init__(self, spec: UnitSpec) -> None:
+        self.opened: float | None = None  # time.monotonic() of the first accepted connection
+        self._probe = Probe(replace(spec, engine=None, ready_url=None, ready_log=None), store.log_path(spec.name))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuslate-portwatch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._probe.check(timeout=0.5):
+                self.opened = time.monotonic()
+                return
+            self._stop.wait(0.002)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+
+def _downtime_parts(phases: dict[str, float], t_stop: float, t_up: float, t_ready: float, u: UpResult,
+                    watch: _PortWatch | None) -> dict[str, float]:
+    """The downtime (``t_stop`` -> ``t_ready``, monotonic) split into parts that add up to it.
+
+    ``spawn_new_s`` is gpuslate's own work between the pre-flight and the fork (fence, log
+    file); ``start_to_ready_s`` runs from the fork to readiness, as ``up`` measured it;
+    ``smoke_new_s`` from readiness until ``up`` returned (the smoke completion, if any,
+    and the unit's state file). The rest of ``down`` counts as verification.
+    """
+    to_mono = time.monotonic() - time.time()  # the unit record keeps epoch times
+    spawned = u.record.launched_at + to_mono
+    ready = (u.record.ready_at + to_mono) if u.record.ready_at else t_ready
+    parts = {"stop_old_s": phases["stop_old_s"]}
+    parts["verify_clean_s"] = max(0.0, t_up - t_stop - parts["stop_old_s"])
+    parts["preflight_new_s"] = max(0.0, min(phases["preflight_new_s"], spawned - t_up))
+    parts["spawn_new_s"] = max(0.0, spawned - t_up - parts["preflight_new_s"])
+    parts["start_to_ready_s"] = max(0.0, ready - spawned)
+    if watch is not None and watch.opened is not None:
+        opened = min(max(watch.opened, spawned), ready)
+        parts["start_to_port_open_s"] = opened - spawned
+        parts["port_open_to_ready_s"] = ready - opened
+    parts["smoke_new_s"] = max(0.0, t_ready - ready)
+    return parts

@@ -1,0 +1,232 @@
+"""Global ``-H/--host``, ``--hosts FILE``, ``--group``, ``--parallel``: any command on remote hosts.
+
+``main`` takes these options off the command line (before or after the
+command, never after ``--``), checks the rest with the local parser (bad
+input fails here, before any host is contacted), then runs the same command
+on every host as ``gpuslate COMMAND ARGS... --json`` and renders each host's
+document with the renderers a local run uses, under a heading per host, and
+a summary. This module stays light to import: the heavy parts load on use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+from ..errors import UsageError
+from .exits import exit_status_for
+
+if TYPE_CHECKING:
+    from ..remote.fleet import FleetResult, HostOutcome
+    from ..remote.hosts import HostSpec
+    from ..remote.ssh import SshOptions
+
+_VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group": "group",
+           "--parallel": "parallel", "--connect-timeout": "connect_timeout"}
+_FLAGS = {"--keep-going": "keep_going"}
+#: commands whose output is text, not a JSON document
+TEXT_COMMANDS = frozenset({"logs"})
+
+
+class FleetArgs(NamedTuple):
+    hosts: list[str]
+    hosts_file: str | None
+    group: str | None
+    parallel: int
+    connect_timeout: float
+    keep_going: bool
+
+
+def add_fleet_help(parser: argparse.ArgumentParser) -> None:
+    """The options in ``gpuslate --help`` (``main`` takes them off before argparse parses)."""
+    g = parser.add_argument_group("remote hosts (before or after the command; see docs/remote.md)")
+    g.add_argument("-H", "--host", metavar="[USER@]HOST[:PORT]", action="append",
+                   help="run the command on this host over ssh (repeatable)")
+    g.add_argument("--hosts", metavar="FILE", help="inventory: one host a line, [group] sections, or Ansible INI")
+    g.add_argument("--group", metavar="NAME", help="only this group of the --hosts inventory")
+    g.add_argument("--parallel", metavar="N", help="hosts at a time (default 32)")
+    g.add_argument("--connect-timeout", metavar="SECONDS", help="ssh connect timeout per host (default 10)")
+    g.add_argument("--keep-going", action="store_true", help="swap: go on to the next host after a failure")
+
+
+def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str]]:
+    """(the fleet options, the rest of argv); ``None`` when no host was asked for."""
+    found: dict[str, Any] = {"hosts": [], "hosts_file": None, "group": None, "parallel": None,
+                             "connect_timeout": None, "keep_going": False}
+    rest: list[str] = []
+    words: list[str] = []  # positional words so far: 'sim serve' owns its own --host (a bind address)
+    it = iter(enumerate(argv))
+    for i, arg in it:
+        if arg == "--":
+            rest += argv[i:]
+            break
+        # --name=VALUE, -H=VALUE, -HVALUE, or the value in the next word (as argparse reads them)
+        name, eq, value = arg.partition("=") if arg.startswith("--") or arg[2:3] == "=" else (arg[:2], "", arg[2:])
+        if name == "--host" and any(words[j:j + 2] == ["sim", "serve"] for j in range(len(words))):
+            rest.append(arg)
+            continue
+        if name in _FLAGS and not eq:
+            found[_FLAGS[name]] = True
+            continue
+        if name in _VALUED and (eq or value or arg == name):
+            if not (eq or value):
+                nxt = next(it, None)
+                if nxt is None or nxt[1].startswith("-"):
+                    raise UsageError(f"option {arg} needs a value")
+                value = nxt[1]
+            key = _VALUED[name]
+            if key == "hosts":
+                found["hosts"].append(value)
+            else:
+                found[key] = value
+            continue
+        if not arg.startswith("-"):
+            words.append(arg)
+        rest.append(arg)
+    given = found["hosts"] or found["hosts_file"] is not None
+    if not given:
+        extra = [o for o, k in (("--group", "group"), ("--parallel", "parallel"),
+                                ("--connect-timeout", "connect_timeout"), ("--keep-going", "keep_going"))
+                 if found[k]]
+        if extra:
+            raise UsageError(f"{extra[0]} needs --host or --hosts FILE")
+        return None, rest
+    return FleetArgs(found["hosts"], found["hosts_file"], found["group"],
+                     _number(found["parallel"], "--parallel", 32, int),
+                     _number(found["connect_timeout"], "--connect-timeout", 10.0, float),
+                     found["keep_going"]), rest
+
+
+def _number(text: str | None, option: str, default: Any, kind: type) -> Any:
+    if text is None:
+        return default
+    try:
+        v = kind(text)
+    except ValueError:
+        raise UsageError(f"invalid {option} {text!r}: a number") from None
+    if not v > 0 or v == float("inf"):
+        raise UsageError(f"invalid {option} {text!r}: must be greater than 0")
+    return v
+
+
+def remote_words(argv: Sequence[str], *, json_output: bool = True) -> list[str]:
+    """The command as the remote gpuslate gets it: the local ``--json`` dropped, one
+    added (before a ``--``, after which words belong to the unit's command)."""
+    cut = list(argv).index("--") if "--" in argv else len(argv)
+    head = [a for a in argv[:cut] if a != "--json"]
+    return head + (["--json"] if json_output else []) + list(argv[cut:])
+
+
+class Progress:
+    """``hosts 12/32 done (1 failed), 20 pending`` on a terminal's stderr, redrawn in place."""
+
+    def __init__(self, total: int) -> None:
+        self.enabled = sys.stderr.isatty()
+        self._lock = threading.Lock()
+        self.restart(total)
+
+    def restart(self, total: int) -> None:
+        self.total, self.ok, self.failed, self._drawn = total, 0, 0, False
+
+    def done(self, outcome: HostOutcome) -> None:
+        with self._lock:
+            if outcome.ok:
+                self.ok += 1
+            else:
+                self.failed += 1
+            if self.enabled:
+                finished = self.ok + self.failed
+                sys.stderr.write(f"\rgpuslate: hosts {finished}/{self.total} done ({self.failed} failed), "
+                                 f"{self.total - finished} pending ")
+                sys.stderr.flush()
+                self._drawn = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._drawn:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+                self._drawn = False
+
+
+def exit_code_of(outcome: HostOutcome) -> int:
+    """A host's exit status: 0, or its failure's (the remote's own for a command that failed)."""
+    return 0 if outcome.error is None else int(exit_status_for(outcome.error))
+
+
+def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:
+    """``gpuslate COMMAND`` (``argv``, already checked into ``args``) on every selected host."""
+    from ..remote.fleet import run_parallel, run_sequential
+    from ..remote.hosts import select_hosts
+    from ..remote.ssh import SshOptions
+    from .exits import fleet_exit_code
+
+    if getattr(args, "watch", None) or getattr(args, "follow", False):
+        raise UsageError(f"{command} --{'watch' if command == 'status' else 'follow'} does not work with "
+                         "--host: run it on the host (ssh -t HOST gpuslate ...)")
+    if command == "sim" and getattr(args, "sim_command", None) in ("hold", "serve"):
+        raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
+    inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
+    hosts = select_hosts(fleet.hosts, inventory, fleet.group)
+    opts = SshOptions.from_env(fleet.connect_timeout)
+    text = command in TEXT_COMMANDS
+    words = remote_words(argv, json_output=not text)
+    progress = Progress(len(hosts))
+    try:
+        if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
+            result = _clear_asking_once(hosts, words, opts, fleet, progress)
+        elif command == "swap":
+            result = run_sequential(hosts, words, opts, keep_going=fleet.keep_going, on_done=progress.done)
+        else:
+            result = run_parallel(hosts, words, opts, parallel=fleet.parallel, on_done=progress.done,
+                                  fallback_status=command == "status", text_output=text)
+    finally:
+        progress.close()
+    if args.json:
+        from .common import print_json
+
+        print_json(result.to_json(exit_code_of))
+    else:
+        from .render_fleet import print_fleet
+
+        print_fleet(result, command)
+    return fleet_exit_code([exit_code_of(h) for h in result.hosts])
+
+
+def _read_inventory(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read the inventory {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read the inventory {path}: not UTF-8 text") from None
+
+
+def _clear_asking_once(hosts: list[HostSpec], words: list[str], opts: SshOptions, fleet: FleetArgs,
+                       progress: Progress) -> FleetResult:
+    """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
+    from ..errors import Interrupted
+    from ..remote.fleet import FleetResult, run_parallel
+    from .render_fleet import print_plans
+
+    cut = words.index("--json")
+    plans = run_parallel(hosts, [*words[:cut], "--dry-run", *words[cut:]], opts, parallel=fleet.parallel,
+                         on_done=progress.done)
+    progress.close()
+    planned = [o.host for o in plans.hosts if o.ok]
+    n = print_plans(plans)
+    if not planned:
+        return plans
+    sys.stderr.write(f"Terminate {n} process{'es' if n != 1 else ''} on {len(planned)} "
+                     f"host{'s' if len(planned) != 1 else ''}? [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise Interrupted("not confirmed: nothing was signaled")
+    progress.restart(len(planned))
+    done = run_parallel(planned, [*words[:cut], "--yes", *words[cut:]], opts, parallel=fleet.parallel,
+                        on_done=progress.done)
+    by_host = {o.host: o for o in done.hosts}
+    return FleetResult(done.command, [by_host.get(o.host, o) for o in plans.hosts])

@@ -1,0 +1,107 @@
+"""Plain-text tables with optional ANSI colour, for the commands on the fast path.
+
+``gpuslate status`` must stay close to the Python floor, and importing rich
+costs more than everything else the command does (about 25 ms of imports and
+10 ms of layout on the H200). Its table is simple enough to lay out here:
+fixed columns, one line per row, one column that may be cut to fit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Literal, NamedTuple, Sequence
+
+Style = Literal["bold", "dim", "red", "green", "yellow", "cyan", "magenta"]
+Justify = Literal["left", "right"]
+_SGR: dict[str, str] = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36",
+                        "magenta": "35"}
+
+
+class Cell(NamedTuple):
+    """Text (already one clean line) and the styles it is shown in."""
+
+    text: str
+    styles: tuple[Style, ...] = ()
+
+
+class Column(NamedTuple):
+    header: str
+    justify: Justify = "left"
+    max_width: int | None = None  # cut longer cells with an ellipsis
+
+
+def use_color(out: IO[str]) -> bool:
+    """Colour for terminals only, and never when NO_COLOR is set or TERM is dumb (as rich does)."""
+    return out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+
+def width_of(out: IO[str]) -> int | None:
+    """The terminal's width; ``None`` (no limit) when piped, so no column is squeezed."""
+    if not out.isatty():
+        return None
+    try:
+        return os.get_terminal_size(out.fileno()).columns
+    except (OSError, ValueError):
+        return 80
+
+
+def safe(text: object) -> str:
+    """``text`` with every character that is not printable (C0 and C1 controls, DEL, ESC
+    starting a sequence, bidirectional overrides) shown as an escape (``\\x1b``,
+    ``\\u202e``), never sent to the terminal: a process can name itself
+    ``\\e[2J\\e[31m...``. The one escaping function for whatever gpuslate shows
+    from processes (``logs`` alone prints a server's output raw, like ``docker logs``)."""
+    s = str(text)
+    if s.isprintable():  # the common case, at C speed
+        return s
+    return "".join(c if c.isprintable() else _escape(c) for c in s)
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def clean(text: str | None) -> str:
+    """One printable line: whitespace runs become one space, the rest goes through :func:`safe`."""
+    return safe(" ".join((text or "").split()))
+
+
+def cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+def paint(text: str, styles: Sequence[Style], color: bool) -> str:
+    if not color or not styles or not text:
+        return text
+    return f"\x1b[{';'.join(_SGR[s] for s in styles)}m{text}\x1b[0m"
+
+
+def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: bool, width: int | None,
+          shrink: int | None = None, gap: int = 1) -> list[str]:
+    """Lines of a table: a bold header, then one line per row.
+
+    With ``width``, column ``shrink`` (the only one allowed to lose text) is cut
+    so that the line fits; the others are shown whole.
+    """
+    limits = [c.max_width for c in columns]
+    cells = [[Cell(cut(cell.text, limits[i]) if limits[i] else cell.text, cell.styles)
+              for i, cell in enumerate(row)] for row in rows]
+    widths = [max([len(c.header)] + [len(r[i].text) for r in cells]) for i, c in enumerate(columns)]
+    if width is not None and shrink is not None:
+        over = sum(widths) + gap * (len(widths) - 1) - width
+        if over > 0:
+            widths[shrink] = max(len(columns[shrink].header), widths[shrink] - over)
+            cells = [[Cell(cut(c.text, widths[shrink]), c.styles) if i == shrink else c for i, c in enumerate(r)]
+                     for r in cells]
+    sep = " " * gap
+
+    def line(row: Sequence[Cell]) -> str:
+        parts = []
+        for i, (cell, col) in enumerate(zip(row, columns)):
+            pad = " " * (widths[i] - len(cell.text))
+            text = paint(cell.text, cell.styles, color)
+            parts.append(pad + text if col.justify == "right" else text + pad)
+        return sep.join(parts).rstrip()
+
+    return [line([Cell(c.header, ("bold",)) for c in columns])] + [line(r) for r in cells]

@@ -1,0 +1,148 @@
+"""The ``status`` table, laid out without rich (see :mod:`.plain` for why)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO
+
+from .._parse import format_gpu_list, format_size
+from ..host.snapshot import GpuState, HolderProcess, Snapshot
+from ..proc.procfs import read_info
+from .plain import Cell, Column, Style, clean, cut, paint, table, use_color, width_of
+
+COMMAND_LIMIT = 100
+_GPU_COLUMNS = (Column("GPU", "right"), Column("Name", max_width=22), Column("Memory used/total", "right"),
+                Column("Reserved", "right"), Column("Util", "right"), Column("Temp", "right"),
+                Column("Power", "right"), Column("Perf"), Column(""))
+_PROC_COLUMNS = (Column("GPU", "right"), Column("PID", "right"), Column("Kind"), Column("GPU memory", "right"),
+                 Column("User"), Column("Command"))
+
+
+def _na(v: object, fmt: str = "{}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _memory_cell(g: GpuState) -> Cell:
+    m = g.memory
+    if m is None:
+        return Cell("unknown", ("red",))
+    pct = 100 * m.used / m.total if m.total else 0
+    color: Style = "green" if m.used == 0 else ("yellow" if pct < 90 else "red")
+    return Cell(f"{format_size(m.used)}/{format_size(m.total)}", (color,))
+
+
+def _launcher(root_pid: int, members: list[HolderProcess], local: bool) -> tuple[str, str] | None:
+    """(user, command) of a job's launcher that holds no GPU itself; None when it does."""
+    if any(p.pid == root_pid for p in members):
+        return None
+    if not local:  # another host's launcher: this host's /proc knows nothing of it
+        return ("-", "(holds no GPU itself)")
+    info = read_info(root_pid)
+    return (clean(info.user or "-"), cut(clean(info.command), COMMAND_LIMIT)) if info else ("-", "(exited)")
+
+
+def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
+    """Where a process holds memory, and apart from it where it only holds a device
+    handle (CUDA opens every device node): ``0 (+1-7 handle)``."""
+    handles = sorted(set(handle_gpus) - set(memory_gpus))
+    if not memory_gpus:
+        return format_gpu_list(handles) or "-"
+    text = format_gpu_list(memory_gpus)
+    return f"{text} (+{format_gpu_list(handles)} handle)" if handles else text
+
+
+class _Row:
+    """One process of the table: its GPUs (memory apart from handles) and memory summed."""
+
+    def __init__(self, proc: HolderProcess) -> None:
+        self.proc = proc
+        self.memory_gpus: list[int] = []
+        self.handle_gpus: list[int] = []
+        self.used: int | None = None
+        self.kind = "handle"  # until a GPU where it holds a context says otherwise
+
+    def add(self, gpu: int, p: HolderProcess) -> None:
+        if p.kind == "handle":
+            self.handle_gpus.append(gpu)
+        else:
+            self.memory_gpus.append(gpu)
+            self.kind = p.kind
+        if p.used_memory is not None:
+            self.used = (self.used or 0) + p.used_memory
+
+    @property
+    def first_gpu(self) -> int:
+        return min(self.memory_gpus or self.handle_gpus)
+
+
+def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
+    rows = []
+    for g in snap.gpus:
+        r = g.reading
+        rows.append([
+            Cell(str(r.index)), Cell(clean(r.name or "-").removeprefix("NVIDIA ")), _memory_cell(g),
+            Cell(format_size(r.memory.reserved) if r.memory else "-"),
+            Cell(_na(r.utilization_pct, "{}%")), Cell(_na(r.temperature_c, "{}°C")),
+            Cell(f"{_na(r.power_w, '{:.0f}')}/{_na(r.power_limit_w, '{:.0f}')}W"),
+            Cell(r.pstate or "-"), Cell(f"error: {clean(r.error)}" if r.error else "", ("red",)),
+        ])
+    return rows
+
+
+def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
+    """One row per process (its GPUs together), grouped under the job's launcher."""
+    jobs: dict[int, dict[int, _Row]] = {}
+    for g in snap.gpus:
+        for p in g.processes:
+            jobs.setdefault(p.root_pid, {}).setdefault(p.pid, _Row(p)).add(g.index, p)
+    rows: list[list[Cell]] = []
+    for root, members in jobs.items():
+        launcher = _launcher(root, [m.proc for m in members.values()], local)
+        if launcher:
+            rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(launcher[0]),
+                         Cell(launcher[1], ("dim",))])
+        for m in sorted(members.values(), key=lambda m: (m.proc.pid != root, m.first_gpu, m.proc.pid)):
+            p = m.proc
+            branch = "" if p.pid == root else "└ "
+            if not p.visible:
+                cmd = Cell("(exited, or not visible from this host's /proc)", ("dim",))
+            else:
+                text = cut(clean(p.command), COMMAND_LIMIT)
+                cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
+            rows.append([Cell(gpu_cell(m.memory_gpus, m.handle_gpus)), Cell(f"{branch}{p.pid}"),
+                         Cell(m.kind, ("dim",) if m.kind == "handle" else ()),
+                         Cell(format_size(m.used) if m.used is not None else "-"),
+                         Cell(clean(p.user or "-")), cmd])
+    return rows
+
+
+def status_lines(snap: Snapshot, *, color: bool, width: int | None, local: bool = True) -> list[str]:
+    """The table: a head line, the GPUs (only the model name may be cut, never a number),
+    the processes under their launchers (only the command may be cut), host-level holders, warnings.
+    ``local=False``: another host's snapshot (``--host``): nothing is read from this host's /proc."""
+    head = (f"{paint(clean(snap.host), ('bold',), color)}  backend {paint(clean(snap.backend), ('cyan',), color)}  "
+            f"driver {clean(snap.driver_version) or '-'}  {paint(time_label(snap.taken_at), ('dim',), color)}")
+    lines = [head, *table(_GPU_COLUMNS, _gpu_rows(snap), color=color, width=width, shrink=1), ""]
+    procs = _process_rows(snap, local)
+    if procs:
+        lines += table(_PROC_COLUMNS, procs, color=color, width=width, shrink=5)
+    else:
+        lines.append(paint("No processes hold the selected GPUs.", ("green",), color))
+    if snap.host_processes:
+        others = ", ".join(f"{p.pid} ({clean(p.name)})" for p in snap.host_processes)
+        lines.append(paint(f"Holding only control devices (nvidiactl/uvm): {others}", ("dim",), color))
+    lines += [paint(f"warning: {clean(w)}", ("yellow",), color) for w in snap.warnings]
+    return lines
+
+
+def time_label(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def print_status(snap: Snapshot, out: IO[str] | None = None, *, redraw: bool = False, local: bool = True) -> None:
+    """Print the table; ``redraw`` (``--watch`` on a terminal) first clears the screen."""
+    out = out or sys.stdout
+    text = "\n".join(status_lines(snap, color=use_color(out), width=width_of(out), local=local)) + "\n"
+    out.write(("\x1b[H\x1b[2J" + text) if redraw and out.isatty() else text)
+    out.flush()

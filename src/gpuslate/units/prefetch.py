@@ -1,0 +1,250 @@
+"""Weight prefetch: read the next server's model files into the page cache while the
+old server still serves, so that the new one's start reads memory, not disk.
+
+A swap's downtime (nothing serves) runs from stopping the old server until the
+new one is ready, and a model server's start is often mostly reading its
+weights. Reading them *before* the old server is stopped moves that time out
+of the downtime. The files come from the unit's ``prefetch`` list or, without
+one, from its command: the value of ``--model-path`` / ``--model`` /
+``--model-dir`` (SGLang, vLLM) or a positional folder holding weights (``vllm
+serve DIR``, ``transformers serve DIR``), when it exists on this host.
+
+The page cache is only a cache: prefetching more than the host's available
+memory (``MemAvailable``) would evict the first files before the server reads
+them, and push out the memory of running processes' files. Such a prefetch is
+skipped, with a warning, rather than done in part.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
+
+from .._time import iso_time
+
+#: options whose value names the model (SGLang, vLLM, TGI, llama.cpp-style servers)
+MODEL_OPTIONS = ("--model-path", "--model", "--model-dir", "--model-id", "--weights")
+#: files that make a folder named positionally a model folder
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz")
+#: fraction of MemAvailable a prefetch may fill: the rest stays for everything else on the host
+FIT_FRACTION = 0.9
+CHUNK = 16 * 1024 * 1024  # large sequential reads: what disks and readahead like best
+
+PrefetchStatus = Literal["done", "skipped", "partial", "failed", "none"]
+
+
+class PrefetchPlan(NamedTuple):
+    """What a prefetch would read, and whether it may (a pure decision on gathered facts)."""
+
+    paths: list[str]  # the folders/files named by the unit
+    files: list[tuple[str, int]]  # (file, size), each once
+    total: int
+    available: int | None  # bytes the page cache may take (MemAvailable, or the injected bound)
+    fits: bool
+    warning: str | None
+
+
+class PrefetchReport(NamedTuple):
+    status: PrefetchStatus
+    plan: PrefetchPlan
+    read_bytes: int
+    started_at: float | None  # epoch
+    finished_at: float | None
+    error: str | None
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.plan
+        return {"status": self.status, "paths": p.paths, "files": len(p.files), "bytes": p.total,
+                "read_bytes": self.read_bytes, "available": p.available, "warning": p.warning,
+                "error": self.error,
+                "started_at": iso_time(self.started_at) if self.started_at else None,
+                "finished_at": iso_time(self.finished_at) if self.finished_at else None,
+                "seconds": round(self.seconds, 4) if self.seconds is not None else None}
+
+
+def model_paths(command: Sequence[str], *, exists: Callable[[str], bool],
+                is_model_dir: Callable[[str], bool]) -> list[str]:
+    """The model locations a server command names: the value of a :data:`MODEL_OPTIONS`
+    option when it exists, and any argument (or ``--option=value``) that is a folder
+    holding weight files (``vllm serve DIR``, a draft model's folder). Pure: the file
+    system is asked only through ``exists`` and ``is_model_dir``."""
+    found: list[str] = []
+    args = list(command)
+
+    def add(p: str) -> None:
+        if p not in found:
+            found.append(p)
+
+    for i, arg in enumerate(args[1:], start=1):  # args[0] is the program
+        name, eq, inline = arg.partition("=")
+        if name in MODEL_OPTIONS:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+            if value and exists(value):
+                add(value)
+        elif arg.startswith("-"):
+            if eq and inline and is_model_dir(inline):
+                add(inline)
+        elif is_model_dir(arg):
+            add(arg)
+    return found
+
+
+def _is_model_dir(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and any(n.endswith(WEIGHT_SUFFIXES) for n in os.listdir(path))
+    except OSError:
+        return False
+
+
+def _files_of(paths: Iterable[str]) -> list[tuple[str, int]]:
+    """Every regular file under ``paths`` (symlinks followed, as a server reading them does: the
+    Hugging Face cache links snapshot files to blobs), each real file once."""
+    seen: set[str] = set()
+    out: list[tuple[str, int]] = []
+
+    def add(path: str) -> None:
+        try:
+            real = os.path.realpath(path)
+            st = os.stat(real)
+        except OSError:
+            return
+        if real not in seen and os.path.isfile(real):
+            seen.add(real)
+            out.append((real, st.st_size))
+
+    for p in paths:
+        if os.path.isdir(p):
+            for dirpath, _dirs, names in os.walk(p, followlinks=True):
+                for n in sorted(names):
+                    add(os.path.join(dirpath, n))
+        else:
+            add(p)
+    return out
+
+
+def mem_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes: what can be cached without swapping."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def decide(paths: list[str], files: list[tuple[str, int]], available: int | None) -> PrefetchPlan:
+    """Prefetch only what fits in the page cache as a whole (a partial prefetch evicts itself)."""
+    from .._parse import format_size
+
+    total = sum(size for _, size in files)
+    if not files:
+        return PrefetchPlan(paths, files, total, available, False, None)
+    if available is None:
+        return PrefetchPlan(paths, files, total, None, False,
+                            "prefetch skipped: the available memory is unknown (/proc/meminfo)")
+    if total > FIT_FRACTION * available:
+        return PrefetchPlan(paths, files, total, available, False,
+                            f"prefetch skipped: {format_size(total)} of weights would not fit in the page cache "
+                            f"({format_size(available)} available)")
+    return PrefetchPlan(paths, files, total, available, True, None)
+
+
+def plan_prefetch(command: Sequence[str], explicit: Sequence[str] | None, *, cwd: str | None = None,
+                  available: int | None = None) -> PrefetchPlan:
+    """Gather the facts (which files, how much memory) and decide. ``explicit`` (the unit's
+    ``prefetch`` list) replaces detection; ``[]`` turns it off. Relative paths are taken
+    from the unit's working directory, as the server itself would. ``available`` overrides
+    MemAvailable (tests; hosts that want a tighter bound)."""
+    base = cwd or os.getcwd()
+
+    def full(p: str) -> str:
+        return os.path.join(base, os.path.expanduser(p))
+
+    if explicit is not None:
+        paths = [full(p) for p in explicit if os.path.exists(full(p))]
+    else:
+        paths = [full(p) for p in model_paths(command, exists=lambda p: os.path.exists(full(p)),
+                                              is_model_dir=lambda p: _is_model_dir(full(p)))]
+    files = _files_of(paths)
+    return decide(paths, files, available if available is not None else mem_available())
+
+
+class Prefetch:
+    """Reads a plan's files in a background thread; :meth:`wait` returns the report."""
+
+    def __init__(self, plan: PrefetchPlan) -> None:
+        self.plan = plan
+        self._read = 0
+        self._error: str | None = None
+        self._started: float | None = None
+        self._finished: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if plan.fits:
+            # a daemon: a prefetch never keeps a process alive that has finished its swap
+            self._thread = threading.Thread(target=self._run, name="gpuslate-prefetch", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        self._started = time.time()
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        path = ""
+        try:
+            for path, _size in self.plan.files:  # let the kernel start reading every file at once
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+            for path, _size in self.plan.files:  # then read every byte, so that all of it is cached
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    while not self._stop.is_set():
+                        n = os.readv(fd, [view])
+                        if n <= 0:
+                            break
+                        self._read += n
+                finally:
+                    os.close(fd)
+                if self._stop.is_set():
+                    break
+        except OSError as exc:
+            self._error = f"{path}: {exc.strerror or exc}"
+        finally:
+            self._finished = time.time()
+
+    def wait(self, timeout: float | None = None) -> PrefetchReport:
+        """Wait up to ``timeout`` seconds; a prefetch still running then is reported ``partial``
+        and goes on in the background (what it has read still helps)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.report()
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def report(self) -> PrefetchReport:
+        p = self.plan
+        if self._thread is None:
+            status: PrefetchStatus = "skipped" if p.warning else "none"
+        elif self._error:
+            status = "failed"
+        elif self._thread.is_alive() or self._read < p.total:
+            status = "partial"
+        else:
+            status = "done"
+        return PrefetchReport(status, p, self._read, self._started,
+                              None if self._thread is not None and self._thread.is_alive() else self._finished,
+                              self._error)

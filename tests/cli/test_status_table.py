@@ -1,0 +1,74 @@
+"""The `status` table without rich: nothing heavy on its import path, control characters
+from process titles never reach the terminal, and a narrow terminal cuts only text columns."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gpuslate.cli.render_status import status_lines
+from gpuslate.gpu.sim import SimBackend
+from gpuslate.host.snapshot import take_snapshot
+from helpers import gpuslate_env
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def imported_modules(*args: str) -> set[str]:
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpuslate", *args], capture_output=True,
+                       text=True, env=gpuslate_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    return {line.rsplit("|", 1)[1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("args", [("status",), ("status", "--json")])
+def test_status_imports_neither_rich_nor_the_other_commands(sim_host, args):
+    mods = imported_modules(*args)
+    assert "gpuslate.host.snapshot" in mods  # the probe does see gpuslate's imports
+    heavy = {m for m in mods if m.split(".")[0] in ("rich", "aiohttp", "psutil", "asyncio")}
+    assert not heavy, heavy
+    assert not {m for m in mods if m.startswith(("gpuslate.slate", "gpuslate.units", "gpuslate.bench"))}
+
+
+def test_escape_sequences_in_titles_are_neutralised(sim_host, hold, cli):
+    hold("--gpus", "0", "--memory", "1GiB", "--workers", "1", "--title", "evil\x1b[2J\x07title{rank}")
+    r = cli("status")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\x07" not in r.stdout  # piped: no colour, no control characters
+    assert "evil\\x1b[2J\\x07title0" in r.stdout  # shown as escapes, not sent
+
+
+def test_narrow_terminal_cuts_only_name_and_command(sim_host, hold):
+    hold("--gpus", "0,1", "--memory", "3GiB", "--workers", "2", "--title", "a-very-long-title-" * 6 + "{rank}")
+    snap = take_snapshot(SimBackend(sim_host.root))
+    lines = status_lines(snap, color=True, width=60)
+    visible = [SGR.sub("", ln) for ln in lines]
+    assert all("\x1b" not in ln for ln in visible)
+    table_lines = visible[1:]  # the head line is not a table
+    assert max(len(ln) for ln in table_lines) <= 60, table_lines
+    assert sum("3.0 GiB/96.0 GiB" in ln for ln in visible) == 2  # numbers whole
+    assert any("…" in ln and "compute" in ln for ln in visible)  # the command was cut
+    wide = status_lines(snap, color=False, width=None)  # piped: nothing cut but at 100 characters
+    assert not any("\x1b" in ln for ln in wide)
+    assert any("a-very-long-title-" * 5 in ln for ln in wide)
+
+
+def test_watch_table_redraws_until_ctrl_c(sim_host, hold):
+    import signal
+
+    hold("--gpus", "1", "--memory", "2GiB")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "status", "--watch", "0.05"],
+                            stdout=subprocess.PIPE, text=True, env=gpuslate_env())
+    try:
+        heads = 0
+        while heads < 3:  # one table per refresh; piped, so no screen clearing
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, "the watch ended by itself"
+            assert "\x1b" not in line
+            heads += line.startswith("GPU Name")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(5) == 0

@@ -1,0 +1,271 @@
+"""The planner as a model: generated process forests and selections, and the safety
+invariants of ``clear`` checked on every example (issue 7).
+
+The forests have what real hosts have: process groups and sessions, launchers that
+exited (orphans reparented to PID 1 or to a subreaper), zombies, kernel threads,
+handle-only monitors and GPU daemons, other users' processes, gpuslate's own
+ancestors, shells (interactive and running scripts), threads of holders reported
+by the driver instead of their process, and holders in other PID namespaces that
+this host's /proc does not show.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuslate.errors import UsageError
+from gpuslate.proc.jobs import Protection, ancestors
+from gpuslate.proc.procfs import ProcStat
+from gpuslate.slate.plan import GPU_DAEMONS, Facts, Hold, Resolved, Role, Selection, attribute, decide
+
+ME, OTHER = 1000, 1001
+KTHREAD = 0x00200000
+NAMES = ["python", "python", "python", "bash", "sh", "sleep", "torchrun", "sglang::scheduler", "sshd",
+         "tmux: server", "systemd", "nvidia-persistenced", "nv-hostengine", "containerd-shim", "unshare"]
+SHELL_ARGV = [("bash",), ("-bash",), ("bash", "run.sh"), ("bash", "-c", "python serve.py"), ("sh", "-l")]
+
+
+class Forest:
+    """A process table that ``decide`` sees exactly like the real ``ProcTable``."""
+
+    def __init__(self, procs: dict[int, ProcStat], argvs: dict[int, tuple[str, ...]], uids: dict[int, int]):
+        self.procs, self.argvs, self.uids = procs, argvs, uids
+
+    def get(self, pid: int) -> ProcStat | None:
+        return self.procs.get(pid)
+
+    def children(self, pid: int) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.ppid == pid]
+
+    def group_members(self, pgid: int) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.pgid == pgid]
+
+    def argv(self, pid: int) -> tuple[str, ...]:
+        return self.argvs.get(pid, ())
+
+    def uid(self, pid: int) -> int | None:
+        return self.uids.get(pid)
+
+
+class World(NamedTuple):
+    forest: Forest
+    holds: tuple[Hold, ...]
+    threads: dict[int, int]  # thread id -> its process
+    caller: int
+    gpus: int
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> World:
+    n = draw(st.integers(3, 28))
+    procs: dict[int, ProcStat] = {
+        1: ProcStat(1, "systemd", "S", 0, 1, 1, 1, 0),
+        2: ProcStat(2, "kthreadd", "S", 0, 0, 0, 1, KTHREAD),
+    }
+    argvs: dict[int, tuple[str, ...]] = {1: ("/sbin/init",)}
+    uids = {1: 0, 2: 0}
+    for pid in range(3, 3 + n):
+        if draw(st.integers(0, 9)) == 0:  # a kernel thread
+            procs[pid] = ProcStat(pid, f"kworker/{pid}", "I", 2, 0, 0, pid, KTHREAD)
+            uids[pid] = 0
+            continue
+        users = [p for p in procs if p > 2 and not procs[p].is_kernel_thread]
+        parent = draw(st.sampled_from([1, *users])) if users else 1
+        pst = procs[parent]
+        how = draw(st.sampled_from(["inherit", "inherit", "own group", "new session", "join group"]))
+        if how == "own group":
+            pgid, sid = pid, pst.sid
+        elif how == "new session":
+            pgid, sid = pid, pid
+        elif how == "join group":
+            same = [p.pgid for p in procs.values() if p.sid == pst.sid and p.pgid > 2]
+            pgid, sid = (draw(st.sampled_from(same)) if same else pid), pst.sid
+        else:
+            pgid, sid = (pst.pgid, pst.sid) if parent != 1 else (pid, pid)
+        name = draw(st.sampled_from(NAMES))
+        state = draw(st.sampled_from(["S", "S", "S", "R", "Z"]))
+        tty = draw(st.sampled_from([0, 0, 34816]))
+        procs[pid] = ProcStat(pid, name, state, parent, pgid, sid, pid, 0, tty)
+        argvs[pid] = draw(st.sampled_from(SHELL_ARGV)) if name in ("bash", "sh") else (name, "--serve")
+        uids[pid] = draw(st.sampled_from([ME, ME, ME, OTHER]))
+    # launchers that exited: their children were reparented to PID 1 or to a subreaper
+    for pid in draw(st.lists(st.sampled_from(sorted(procs)), max_size=3)):
+        if pid > 2 and pid in procs and not procs[pid].is_kernel_thread:
+            heir = draw(st.sampled_from([1, *[p for p in procs if procs[p].name == "systemd" and p != pid]]))
+            for c, cs in list(procs.items()):
+                if cs.ppid == pid:
+                    procs[c] = cs._replace(ppid=heir)
+            del procs[pid]
+    alive = sorted(p for p, s in procs.items() if p > 2 and not s.is_kernel_thread)
+    caller = draw(st.sampled_from(alive)) if alive else 1
+    gpus = draw(st.integers(1, 4))
+    holds: list[Hold] = []
+    for pid in draw(st.lists(st.sampled_from(alive), max_size=12)) if alive else []:
+        for g in draw(st.sets(st.integers(0, gpus - 1), min_size=1, max_size=gpus)):
+            kind = draw(st.sampled_from(["compute", "compute", "handle", "mps"]))
+            holds.append(Hold(pid, g, kind, draw(st.integers(0, 80)) * 2**30 if kind != "handle" else None))
+    threads: dict[int, int] = {}
+    for i, h in enumerate(list(holds)):
+        if draw(st.integers(0, 6)) == 0:  # the driver names a thread of the holder
+            tid = 10_000 + i
+            threads[tid] = h.pid
+            holds[i] = h._replace(pid=tid)
+    for g in draw(st.sets(st.integers(0, gpus - 1), max_size=2)):  # a holder in another PID namespace
+        holds.append(Hold(99_999, g, "compute", 2**30))
+    return World(Forest(procs, argvs, uids), tuple(holds), threads, caller, gpus)
+
+
+@st.composite
+def selections(draw: st.DrawFn, w: World) -> Resolved:
+    pids = tuple(draw(st.lists(st.sampled_from(sorted(w.forest.procs)), max_size=2)))
+    match = draw(st.sampled_from([None, None, "python", "sglang", "serve$", "^bash"]))
+    user_uid = draw(st.sampled_from([None, None, ME]))
+    gpus = draw(st.one_of(st.none(), st.sets(st.integers(0, w.gpus - 1), min_size=1).map(tuple)))
+    sel = Selection(gpus=gpus, pids=pids, user=str(user_uid) if user_uid is not None else None, match=match,
+                    all_users=draw(st.booleans()), include_handles=draw(st.booleans()),
+                    holders_only=draw(st.integers(0, 4)) == 0)
+    return Resolved(sel, user_uid, re.compile(match) if match else None)
+
+
+def independent_protection(w: World) -> set[int]:
+    """What must never be a target, derived without the planner's help (the easy, sure part)."""
+    f = w.forest
+    out = {1, w.caller, *ancestors(f, w.caller)}
+    out |= {p for p, s in f.procs.items() if s.is_kernel_thread}
+    out |= {p for p, s in f.procs.items() if s.name in ("sshd", "tmux: server", "systemd")
+            or s.name.startswith("containerd-shim")}
+    out |= {p for p, s in f.procs.items() if s.name in ("bash", "sh")
+            and (f.argv(p) in (("bash",), ("-bash",), ("sh", "-l")) or (s.pid == s.sid and s.tty_nr))}
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_plan_invariants(data: st.DataObject) -> None:
+    w = data.draw(worlds())
+    res = data.draw(selections(w))
+    sel = res.sel
+    f = w.forest
+    holds = attribute(w.holds, lambda pid: pid in f.procs, w.threads.get)
+    facts = Facts(f, holds, w.gpus, w.caller, ME)
+    protected = independent_protection(w)
+    try:
+        d = decide(facts, res)
+    except UsageError as exc:
+        # only a bad --pid is refused: one that is gone, protected, or holds nothing selected
+        assert sel.pids, exc
+        return
+    # bad --pids are refused, never silently widened
+    for pid in sel.pids:
+        assert pid in f.procs and not f.procs[pid].has_exited and pid not in protected
+
+    targets = {t.pid: t for t in d.targets}
+    spared = {s.pid: s for s in d.spared}
+    assert len(targets) == len(d.targets) and len(spared) == len(d.spared)
+    # one verdict per process; nothing protected, spared, gone or another user's (without --all-users)
+    assert not set(targets) & set(spared)
+    assert not set(targets) & protected
+    for pid in targets:
+        assert pid in f.procs and not f.procs[pid].has_exited
+        assert sel.all_users or f.uid(pid) == ME
+        if not sel.include_handles:
+            assert f.procs[pid].name not in GPU_DAEMONS
+    # threads never appear: holds are attributed to their process
+    assert not set(targets) & set(w.threads) and not set(spared) & set(w.threads)
+
+    # every selected holder (computed here independently) is a target
+    chosen = set(sel.gpus) if sel.gpus is not None else set(range(w.gpus))
+    mem: dict[int, set[int]] = {}
+    handle: dict[int, set[int]] = {}
+    for h in holds:
+        (handle if h.kind == "handle" else mem).setdefault(h.pid, set()).add(h.gpu)
+    family: set[int] | None = None
+    if sel.pids:
+        prot = Protection(f, w.caller)
+        family = set()
+        for p in sel.pids:
+            family |= {p} | set(_desc(f, p, prot))
+            if f.procs[p].pgid == p:
+                for m in f.group_members(p):
+                    if not prot(m):
+                        family |= {m} | set(_desc(f, m, prot))
+    selected = set()
+    for pid in set(mem) | set(handle):
+        s = f.procs.get(pid)
+        if s is None or s.has_exited or pid in protected:
+            continue
+        if s.name in GPU_DAEMONS and not sel.include_handles:
+            continue
+        if f.uid(pid) != ME and not sel.all_users:
+            continue
+        on_chosen = mem.get(pid, set()) & chosen
+        handle_only = pid not in mem
+        if not (on_chosen or (handle_only and sel.include_handles and handle.get(pid, set()) & chosen)):
+            continue
+        if family is not None and pid not in family:
+            continue
+        if res.uid is not None and f.uid(pid) != res.uid:
+            continue
+        if res.rx is not None and not (res.rx.search(" ".join(f.argv(pid))) or res.rx.search(s.name)):
+            continue
+        if pid in spared and "not selected" not in spared[pid].reason:
+            continue  # spared for a reason of its own that this oracle does not model (an interactive shell)
+        selected.add(pid)
+    assert selected <= set(targets), (selected - set(targets), d)
+    assert {p for p, t in targets.items() if t.role == Role.HOLDER} == selected
+
+    # every target is a selected holder or within one's job, never elsewhere: the job's anchors are
+    # the holders, their ancestors within their process group, and their groups; the rest descends from them
+    holder_groups = {f.procs[h].pgid for h in selected}
+    anchors = set(selected) | {p for p, s in f.procs.items() if s.pgid in holder_groups or p in holder_groups}
+    anchors |= {a for h in selected for a in ancestors(f, h) if f.procs.get(a) and
+                f.procs[a].pgid == f.procs[h].pgid}
+    for pid, t in targets.items():
+        assert pid in anchors or any(a in anchors for a in ancestors(f, pid)), (pid, t)
+        if sel.holders_only:
+            assert pid in selected or any(a in selected for a in ancestors(f, pid))
+
+    # the verified GPUs: as asked, else where the selected jobs hold memory, else all
+    if sel.gpus is not None:
+        assert set(d.verify_gpus) == set(sel.gpus)
+    elif sel.narrows:
+        assert set(d.verify_gpus) <= {g for p in targets for g in mem.get(p, set())}
+    else:
+        assert set(d.verify_gpus) == set(range(w.gpus))
+    # the same facts give the same plan: what --dry-run shows is what the act gets
+    assert decide(facts, res) == d
+
+
+def _desc(f: Forest, pid: int, prot: Protection) -> list[int]:
+    out, stack, seen = [], list(f.children(pid)), {pid}
+    while stack:
+        p = stack.pop()
+        if p in seen or prot(p):
+            continue
+        seen.add(p)
+        out.append(p)
+        stack.extend(f.children(p))
+    return out
+
+
+def test_caller_pid_1_and_ancestors_refused_by_pid() -> None:
+    procs = {1: ProcStat(1, "systemd", "S", 0, 1, 1, 1, 0),
+             10: ProcStat(10, "python", "S", 1, 10, 10, 10, 0),  # a pytest run
+             11: ProcStat(11, "python", "S", 10, 10, 10, 11, 0),  # the holder it started
+             12: ProcStat(12, "sleep", "S", 10, 10, 10, 12, 0),  # its other child
+             13: ProcStat(13, "gpuslate", "S", 10, 10, 10, 13, 0)}
+    f = Forest(procs, {}, {p: ME for p in procs})
+    facts = Facts(f, (Hold(11, 0, "compute", 2**30),), 1, 13, ME)
+    for pid, msg in ((1, "PID 1 is never a target"), (10, "ancestor of this gpuslate"), (13, "gpuslate itself")):
+        try:
+            decide(facts, Resolved(Selection(pids=(pid,)), None, None))
+        except UsageError as exc:
+            assert msg in str(exc)
+        else:
+            raise AssertionError(f"--pid {pid} was accepted")
+    d = decide(facts, Resolved(Selection(pids=(11,)), None, None))
+    assert [t.pid for t in d.targets] == [11]  # never the caller's other child (12)

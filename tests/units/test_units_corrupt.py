@@ -1,0 +1,108 @@
+"""A corrupt unit record (torn, fields missing, wrong types) is reported by `ps` as `corrupt`, is
+fatal to no other unit, blocks a second `up` of that name, and `down` still stops what the unit
+runs (found by its cgroup, its GPUSLATE_UNIT marker, its port)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from gpuslate.units import store
+from gpuslate.units.readiness import http
+from helpers import is_gone, wait_for
+from test_units_lifecycle import gpus_clean, ps
+from unitkit import free_port, serve_cmd
+
+
+def corrupt(path, how: str) -> str:
+    doc = json.loads(path.read_text())
+    if how == "truncated":
+        path.write_text(path.read_text()[:40])  # torn by a crash: not even the pid survives
+        return "not valid JSON"
+    if how == "missing":
+        del doc["pid"], doc["sid"]
+        path.write_text(json.dumps(doc))
+        return "field 'pid' is missing"
+    doc["gpus"] = "0-1"  # wrong type
+    path.write_text(json.dumps(doc))
+    return "field 'gpus' is invalid"
+
+
+def no_traceback(r) -> None:
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("containment,how", [("auto", "truncated"), ("session", "truncated"),
+                                             ("session", "missing"), ("auto", "wrongtype")])
+def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, units, containment, how):
+    port, other = free_port(), free_port()
+    r = units("up", "a", "--gpus", "0-1", "--port", str(port), "--containment", containment, "--json", "--",
+              *serve_cmd(port))
+    assert r.returncode == 0, r.stderr
+    a = json.loads(r.stdout)
+    workers = json.loads(http("GET", f"http://127.0.0.1:{port}/get_server_info")[1])["worker_pids"]
+    reason = corrupt(store.record_path("a"), how)
+
+    # an unrelated unit starts, swaps and is listed as usual
+    r = units("up", "b", "--gpus", "2", "--port", str(other), "--", *serve_cmd(other))
+    assert r.returncode == 0, r.stderr
+    r = units("swap", "b", "b")
+    assert r.returncode == 0, r.stderr
+    listed = ps(units)
+    assert listed["b"]["state"] == "ready"
+    bad = listed["a"]
+    assert bad["state"] == "corrupt" and reason in bad["corrupt_reason"]
+    assert bad["record_file"] == str(store.record_path("a"))
+    assert {a["pid"], *workers} <= set(bad["processes"])  # found all the same
+    table = units("ps")
+    no_traceback(table)
+    assert "corrupt" in table.stdout and "gpuslate down a" in table.stdout
+
+    # a second `up a` refuses: the corrupt record may describe this very server
+    spare = free_port()
+    r = units("up", "a", "--gpus", "3", "--port", str(spare), "--", *serve_cmd(spare))
+    no_traceback(r)
+    assert r.returncode == 2 and "corrupt record" in r.stderr and "gpuslate down a" in r.stderr
+    assert not any(h.record.gpu == 3 for h in units_host.held())  # nothing was started
+    r = units("swap", "b", "a")
+    no_traceback(r)
+    assert r.returncode == 2 and "corrupt record" in r.stderr and ps(units)["b"]["state"] == "ready"
+
+    # down stops everything of it, verifies its GPUs, and sets the record aside
+    r = units("down", "a", "--json")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["corrupt"] and doc["record_set_aside"] and doc["previous_state"] == "corrupt"
+    wait_for(lambda: all(is_gone(p) for p in (a["pid"], *workers)))
+    wait_for(lambda: gpus_clean(units_host, [0, 1]))
+    assert not store.record_path("a").exists()
+    assert "a" not in ps(units) and ps(units)["b"]["state"] == "ready"
+    r = units("up", "a", "--gpus", "3", "--port", str(spare), "--", *serve_cmd(spare))
+    assert r.returncode == 0, r.stderr
+    assert units("down", "a").returncode == 0 and units("down", "b").returncode == 0
+
+
+RENAMED = ("import runpy, sys, setproctitle\n"
+           "setproctitle.setproctitle('renamed-server')\n"  # overwrites the GPUSLATE_UNIT marker
+           "sys.argv = ['gpuslate', *sys.argv[1:]]\n"
+           "runpy.run_module('gpuslate', run_name='__main__')\n")
+
+
+def test_renamed_server_of_a_corrupt_record_is_found_by_its_port(units_host, units):
+    port = free_port()
+    cmd = [sys.executable, "-c", RENAMED, *serve_cmd(port)[3:]]  # `sim serve ...` run renamed, in-process
+    r = units("up", "r", "--gpus", "4-5", "--port", str(port), "--containment", "session", "--json", "--", *cmd)
+    assert r.returncode == 0, r.stderr
+    main = json.loads(r.stdout)["pid"]
+    workers = json.loads(http("GET", f"http://127.0.0.1:{port}/get_server_info")[1])["worker_pids"]
+    assert b"GPUSLATE_UNIT=r" not in open(f"/proc/{main}/environ", "rb").read()
+    corrupt(store.record_path("r"), "missing")  # no pid, no sid: the port and the GPUs still read
+    assert set(ps(units)["r"]["processes"]) == {main, *workers}
+    r = units("down", "r", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["memory_released"]  # its GPUs, as the record still shows them, verified
+    wait_for(lambda: all(is_gone(p) for p in (main, *workers)))
+    assert gpus_clean(units_host, [4, 5])

@@ -1,0 +1,108 @@
+"""An interrupted `up` stops what it started and verifies the GPUs, and neither a second Ctrl-C nor
+a SIGTERM cuts that short; a SIGTERM to `up` cleans up like Ctrl-C; after a SIGKILL of `up`, `ps`
+judges the unit by what lives and what it answers, never `starting` for ever."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from gpuslate.units import store
+from gpuslate.units.readiness import http
+from helpers import gpuslate_env, is_gone, wait_for
+from test_units_lifecycle import gpus_clean, ps
+from unitkit import free_port, serve_cmd
+
+
+class Up:
+    """`gpuslate up ...` as a process whose stderr lines are collected as they come."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "up", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=gpuslate_env(), start_new_session=True)
+        self.err: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.err.extend(iter(self.proc.stderr.readline, "")),
+                                        daemon=True)
+        self._reader.start()
+
+    def said(self, text: str) -> int:
+        return sum(text in line for line in list(self.err))
+
+    def finish(self, timeout: float = 30) -> int:
+        rc = self.proc.wait(timeout)
+        self._reader.join(5)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return rc
+
+
+def holding(host, gpu: int):
+    return next((h.record.pid for h in host.held() if h.alive and h.record.gpu == gpu), None)
+
+
+HOLD = [sys.executable, "-m", "gpuslate", "sim", "hold", "--memory", "2GiB", "--gpus", "0", "--ignore-term"]
+
+
+def test_cleanup_after_ctrl_c_survives_a_second_ctrl_c_and_sigterm(units_host):
+    up = Up("web", "--gpus", "0", "--ready-log", "never printed", "--start-timeout", "60", "--grace", "2", "--",
+            *HOLD)
+    pid = wait_for(lambda: holding(units_host, 0), timeout=20)
+    os.kill(up.proc.pid, signal.SIGINT)
+    wait_for(lambda: up.said("stopping web, please wait"), timeout=10)
+    # the holder ignores SIGTERM: cleanup lasts the whole 2 s grace; interrupt it twice more
+    os.kill(up.proc.pid, signal.SIGINT)
+    os.kill(up.proc.pid, signal.SIGTERM)
+    wait_for(lambda: up.said("stopping web, please wait") >= 3, timeout=10)  # both noted, neither obeyed
+    assert up.proc.poll() is None or is_gone(pid)
+    rc = up.finish()
+    assert rc == 130, up.err
+    assert is_gone(pid) and gpus_clean(units_host, [0])  # gone before up exited: cleanup ran to its end
+    assert not any("Traceback" in line for line in up.err), up.err
+    rec = store.load("web")
+    assert rec.phase == "failed" and "interrupted" in rec.failure
+    assert ps_state("web") == "failed"
+
+
+def test_sigterm_to_up_cleans_up_like_ctrl_c(units_host):
+    up = Up("web", "--gpus", "0", "--ready-log", "never printed", "--start-timeout", "60", "--grace", "0.5",
+            "--", *HOLD)
+    pid = wait_for(lambda: holding(units_host, 0), timeout=20)
+    os.kill(up.proc.pid, signal.SIGTERM)
+    rc = up.finish()
+    assert rc == 130, up.err
+    assert up.said("stopping web, please wait") and not any("Traceback" in line for line in up.err)
+    assert is_gone(pid) and gpus_clean(units_host, [0])
+    assert store.load("web").phase == "failed"
+
+
+def test_sigkill_of_up_leaves_a_unit_judged_by_what_lives(units_host, units):
+    port = free_port()
+    up = Up("web", "--gpus", "0-1", "--port", str(port), "--engine", "sglang", "--start-timeout", "60", "--",
+            *serve_cmd(port, startup=4.0))
+    wait_for(lambda: store.load("web") is not None, timeout=20)
+    os.kill(up.proc.pid, signal.SIGKILL)
+    up.finish()
+    early = ps(units)["web"]["state"]
+    assert early in ("orphaned", "ready")  # loading, nobody waits for it: never `starting` for ever
+    wait_for(lambda: serving(port), timeout=20, interval=0.05)
+    assert ps(units)["web"]["state"] == "ready"  # it answers its readiness check
+    r = units("down", "web", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["previous_state"] == "ready" and ps(units)["web"]["state"] == "stopped"
+
+
+def serving(port: int) -> bool:
+    try:
+        return json.loads(http("GET", f"http://127.0.0.1:{port}/get_server_info")[1])["status"] == "ready"
+    except OSError:
+        return False
+
+
+def ps_state(name: str) -> str:
+    from unitkit import run_units
+
+    return ps(run_units)[name]["state"]
