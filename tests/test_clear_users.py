@@ -25,18 +25,32 @@ USER = "gpuslate-tester"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
+MARKER = "gpuslate test user, removed by the tests"
+
+
 @pytest.fixture(scope="module")
-def other_user() -> pwd.struct_passwd:
+def other_user() -> Iterator[pwd.struct_passwd]:
+    """A second user for the module; removed afterwards (as is one an earlier run left behind)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create a second user")
     try:
-        return pwd.getpwnam(USER)
+        existing = pwd.getpwnam(USER)
     except KeyError:
-        pass
-    if not shutil.which("useradd"):
-        pytest.skip("useradd is not available to create a second user")
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
-    return pwd.getpwnam(USER)
+        existing = None
+    if existing is not None and existing.pw_gecos != MARKER:
+        yield existing  # someone's own user of that name: use it, never remove it
+        return
+    if existing is None:
+        if not shutil.which("useradd"):
+            pytest.skip("useradd is not available to create a second user")
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", MARKER, USER],
+                       check=True)
+    try:
+        yield pwd.getpwnam(USER)
+    finally:
+        subprocess.run(["userdel", USER], check=False, capture_output=True)
+        with pytest.raises(KeyError):
+            pwd.getpwnam(USER)
 
 
 @pytest.fixture
@@ -45,9 +59,13 @@ def shared_host(other_user, monkeypatch) -> Iterator[SimHost]:
     base = Path(tempfile.mkdtemp(prefix="gpuslate-users-"))
     base.chmod(0o755)
     host = SimHost.init(base / "host", gpus=4, memory=96 * GiB, release_delay=0.1)
-    for d in (host.root, host.alloc, base / "locks", base / "state-root", base / "state-user"):
+    for d in (host.root, host.alloc, base / "locks"):
         d.mkdir(exist_ok=True)
         d.chmod(0o1777)
+    # state folders are private to their user (gpuslate refuses shared ones, like sshd's StrictModes)
+    for d, owner in ((base / "state-root", 0), (base / "state-user", other_user.pw_uid)):
+        d.mkdir(mode=0o700)
+        os.chown(d, owner, -1)
     monkeypatch.setenv("GPUSLATE_SIM", str(host.root))
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(base / "locks"))
     monkeypatch.setenv("GPUSLATE_STATE_DIR", str(base / "state-root"))

@@ -156,7 +156,7 @@ def test_timeout_names_the_holder(lock_path: Path, spawn_holder: Any) -> None:
     elapsed = time.monotonic() - start
     assert 0.4 <= elapsed < 3
     msg = str(ei.value)
-    assert msg.startswith("another gpuslate run holds the host lock: clear --gpus 0-7 (pid ")
+    assert msg.startswith("the host lock is still held by clear --gpus 0-7 (pid ")
     assert f"pid {holder.pid}, user " in msg and ", since " in msg and "\n" not in msg
     assert len(calls) == 1 and calls[0]["pid"] == holder.pid
     assert not lk.held
@@ -197,12 +197,29 @@ def test_stale_holder_file_of_a_dead_process_is_ignored(lock_path: Path, spawn_h
     # held by a process that left no info: the stale file must not be blamed
     holder_path.write_text(json.dumps({"pid": _dead_pid(), "user": "ghost", "purpose": "old run",
                                        "since": "2020-01-01T00:00:00.000Z"}))
-    spawn_holder(lock_path, raw=True)
+    raw = spawn_holder(lock_path, raw=True)
     with pytest.raises(NotDoneError) as ei:
         lk.acquire(timeout=0.3, on_wait=calls.append)
-    assert calls == [{"pid": None, "user": None, "purpose": None, "since": None}]
+    # another program holds the flock: found through /proc/locks by the file's inode
+    import pwd
+
+    assert [c["pid"] for c in calls] == [raw.pid]
+    assert calls[0]["user"] == pwd.getpwuid(os.getuid()).pw_name
     assert "ghost" not in str(ei.value) and "old run" not in str(ei.value)
-    assert "(holder unknown)" in str(ei.value)
+    assert f"(pid {raw.pid}, user " in str(ei.value) and "None" not in str(ei.value)
+
+
+def test_holder_not_in_proc_locks_is_reported_unknown(lock_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      spawn_holder: Any) -> None:
+    # e.g. a holder in another mount namespace whose /proc/locks line we cannot match
+    spawn_holder(lock_path, raw=True)
+    monkeypatch.setattr(lockmod, "_kernel_holder", lambda fd: None)
+    calls: list[dict[str, Any]] = []
+    with pytest.raises(NotDoneError) as ei:
+        HostLock(lock_path, purpose="clear").acquire(timeout=0.2, on_wait=calls.append)
+    assert calls[0]["pid"] is None
+    assert "unknown process" in str(ei.value) and "None" not in str(ei.value)
+    assert "unknown process" in lockmod.describe_holder(calls[0])
 
 
 def test_holder_file_of_a_reused_pid_is_ignored(lock_path: Path) -> None:
@@ -217,11 +234,16 @@ def test_children_do_not_inherit_the_lock(lock_path: Path) -> None:
     # a server started by `up` must not keep the host locked after gpuslate exits
     lk = HostLock(lock_path, purpose="up")
     lk.acquire(timeout=0)
+    assert lk._fd is not None and not os.get_inheritable(lk._fd)
     child = subprocess.Popen(["sleep", "60"], close_fds=False)
     try:
+        # the child has no descriptor of the lock file (with one, the flock would outlive us)
+        held = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+        assert str(lock_path) not in held
         lk.release()
         other = HostLock(lock_path, purpose="clear")
-        other.acquire(timeout=0)
+        other.acquire(timeout=0)  # raises NotDoneError if the child kept the lock
+        assert other.held
         other.release()
     finally:
         child.kill()
@@ -298,3 +320,31 @@ def test_existing_lock_dir_keeps_its_mode(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(d))
     assert default_lock_dir(None) == d
     assert stat.S_IMODE(d.stat().st_mode) == 0o755
+
+
+def test_clear_waits_for_the_lock_within_its_timeout(tmp_path: Path, spawn_holder: Any) -> None:
+    """`clear --timeout` counts the wait for the host lock; a program that is not
+    gpuslate holding the lock is named from /proc/locks, never as 'pid None'."""
+    from gpuslate.sim.host import SimHost
+
+    host = SimHost.init(tmp_path / "sim", gpus=2, memory=8 << 30)
+    raw = spawn_holder(default_lock_dir(str(host.root)) / "host.lock", raw=True)
+    env = dict(_env(), GPUSLATE_SIM=str(host.root), GPUSLATE_STATE_DIR=str(tmp_path / "state"))
+    env.pop("GPUSLATE_LOCK_DIR", None)
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "gpuslate", "clear", "--yes", "--timeout", "0.5"],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert 0.5 <= time.monotonic() - start < 10
+    assert r.returncode == 4, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("gpuslate: waiting for the host lock (at most 0.5 s): held by process ")
+    assert f"(pid {raw.pid}, user " in lines[0], lines
+    assert lines[1].startswith("gpuslate: error: the host lock is still held by ") and f"pid {raw.pid}" in lines[1]
+    assert "None" not in r.stderr
+
+
+def test_holder_file_symlink_is_not_followed(lock_path: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({"pid": os.getpid(), "user": "planted", "purpose": "x", "since": "y"}))
+    lock_path.with_name(lock_path.name + ".holder").symlink_to(elsewhere)
+    assert read_holder(lock_path.with_name(lock_path.name + ".holder"))["pid"] is None

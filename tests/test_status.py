@@ -111,12 +111,39 @@ def test_json_schema(sim_host, hold, cli):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     schema = json.loads((Path(__file__).parents[1] / "docs" / "schemas" / "status.v1.json").read_text())
-    jsonschema.validate(doc, schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=_format_checker(jsonschema))
+    validator.validate(doc)
+    # the checker really checks: a document a format-blind validator would pass fails here
+    for bad in ({**doc, "taken_at": "yesterday"},
+                {**doc, "gpus": [{**doc["gpus"][0], "processes": [{**p0, "started": "2026-13-45T99:00:00Z"}
+                                                                  for p0 in doc["gpus"][0]["processes"]]}]}):
+        with pytest.raises(jsonschema.ValidationError, match="date-time"):
+            validator.validate(bad)
     assert doc["schema"] == "gpuslate.status.v1" and doc["backend"] == "sim"
     p = doc["gpus"][0]["processes"][0]
     assert p["root_pid"] == h.pid and p["kind"] == "compute" and p["used_memory"] == 3 * GiB
     assert p["started"].endswith("Z") and doc["taken_at"].endswith("Z")
     assert doc["gpus"][5]["memory"]["used"] == GiB and doc["gpus"][5]["processes"] == []
+
+
+def _format_checker(jsonschema):
+    """jsonschema checks "date-time" only with an optional package installed; without it
+    every string passes. Check RFC 3339 here, so the test cannot pass a wrong time."""
+    import datetime
+    import re
+
+    checker = jsonschema.FormatChecker()
+
+    @checker.checks("date-time", raises=ValueError)
+    def date_time(value: object) -> bool:
+        if not isinstance(value, str):
+            return True
+        if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", value, re.ASCII):
+            raise ValueError(f"{value!r} is not an RFC 3339 date-time")
+        datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))  # month 13 fails here
+        return True
+
+    return checker
 
 
 def test_leak_without_process(sim_host, cli):
@@ -231,7 +258,8 @@ def test_sim_dir_that_is_not_a_host(cli, tmp_path):
     (["sim", "hold", "--gpus", "9", "--memory", "1GiB"], "GPU 9 does not exist"),
     (["sim", "leak", "--gpu", "3", "--memory", "lots"], "invalid size"),
     (["sim", "init", "/tmp/x", "--memory=-3GiB"], "invalid size"),
-    (["sim", "init", "/tmp/x", "--gpus", "0"], "1 to 64 GPUs"),
+    (["sim", "init", "/tmp/x", "--gpus", "0"], "must be 1 to 64"),
+    (["sim", "init", "/tmp/x", "--count", "65"], "must be 1 to 64"),
     (["nosuchcommand"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_exit_2(sim_host, cli, args, needle):

@@ -1,12 +1,25 @@
-"""Parsing and formatting of the values users type: GPU lists and sizes."""
+"""Parsing and formatting of the values users type: GPU lists, sizes, seconds, addresses and URLs.
+
+Every parser accepts ASCII digits only (``\\d`` would take full-width and other
+Unicode digits, which ``int()`` then accepts too) and bounds what it returns, so
+that no input can make gpuslate build a huge list, overflow a float or hang.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import UsageError
 
-_SIZE_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$"
+#: the highest GPU index accepted: far above any host, low enough that a range is cheap
+MAX_GPU_INDEX = 1023
+#: the largest size accepted (1 EiB): above any GPU, far below float and int overflow
+MAX_SIZE = 1024**6
+#: the longest duration accepted (about 115 days): longer ones overflow sleep() and friends
+MAX_SECONDS = 1e7
+
+_SIZE_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]{0,3})\s*", re.ASCII)
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
@@ -20,33 +33,123 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise UsageError(f"invalid size {text!r}: must not be negative")
-        return text
-    m = re.match(_SIZE_PATTERN, str(text))
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise UsageError(
-            f"invalid size {text!r}: expected a number with an optional unit "
-            "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 40GiB"
-        )
-    return int(round(float(m.group(1)) * _UNITS[unit]))
+        value = text
+    else:
+        shown = _shown(text)
+        m = _SIZE_PATTERN.fullmatch(str(text))
+        unit = m.group(2).lower() if m else ""
+        if not m or unit not in _UNITS:
+            raise UsageError(
+                f"invalid size {shown}: expected a number with an optional unit "
+                "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 40GiB"
+            )
+        number = float(m.group(1)) * _UNITS[unit]  # inf for 400 digits: caught below
+        if not number <= MAX_SIZE:
+            raise UsageError(f"invalid size {shown}: at most 1 EiB")
+        value = int(round(number))
+    if value > MAX_SIZE:
+        raise UsageError(f"invalid size {_shown(text)}: at most 1 EiB")
+    return value
+
+
+def _shown(text: object, limit: int = 40) -> str:
+    """``repr`` of a user's value, cut: a 400-digit number makes no readable error line."""
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 4] + "...'"
+
+
+def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "value") -> float:
+    """A finite number of seconds, 0 (or more than 0) up to :data:`MAX_SECONDS`."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"invalid number {_shown(text)}: expected a number of seconds") from None
+    low_ok = v >= 0 if allow_zero else v > 0
+    if not (low_ok and math.isfinite(v)):
+        bound = "at least 0" if allow_zero else "greater than 0"
+        raise UsageError(f"invalid {what} {_shown(text)}: must be a number {bound}")
+    if v > MAX_SECONDS:
+        raise UsageError(f"invalid {what} {_shown(text)}: at most {MAX_SECONDS:.0f} seconds")
+    return v
+
+
+def parse_int(text: str, *, low: int, high: int, what: str = "value") -> int:
+    """A whole number written with ASCII digits (an optional sign), ``low`` to ``high``."""
+    s = str(text).strip()
+    if not re.fullmatch(r"[-+]?[0-9]{1,19}", s, re.ASCII):
+        raise UsageError(f"invalid {what} {_shown(text)}: expected a whole number")
+    v = int(s)
+    if not low <= v <= high:
+        raise UsageError(f"invalid {what} {_shown(text)}: must be {low} to {high}")
+    return v
 
 
 def parse_gpu_list(text: str) -> list[int]:
     """Parse ``"0,2-3"`` into ``[0, 2, 3]`` (sorted, without duplicates)."""
     out: set[int] = set()
+    shown = _shown(text)
     for part in str(text).split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        m = re.fullmatch(r"([0-9]{1,6})(?:-([0-9]{1,6}))?", part, re.ASCII)
         if not m:
             raise UsageError(
-                f"invalid GPU list {text!r}: expected indexes and ranges like 0,2-3"
+                f"invalid GPU list {shown}: expected indexes and ranges like 0,2-3"
+                + (f" (GPU indexes are 0 to {MAX_GPU_INDEX})" if re.fullmatch(r"[0-9-]+", part) else "")
             )
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
-            raise UsageError(f"invalid GPU range {part!r} in {text!r}: end before start")
+            raise UsageError(f"invalid GPU range {_shown(part)} in {shown}: end before start")
+        if hi > MAX_GPU_INDEX:
+            raise UsageError(f"invalid GPU list {shown}: GPU indexes are 0 to {MAX_GPU_INDEX}")
         out.update(range(lo, hi + 1))
     return sorted(out)
+
+
+def parse_host(text: str) -> str:
+    """An address to connect to: an IPv4 or IPv6 literal, or a host name (RFC 1123).
+
+    A name made only of digits and dots is an IPv4 address and must be a valid one
+    (``999.1.1.1`` is no host name), so a typo fails here rather than in a resolver.
+    """
+    import ipaddress
+
+    s = str(text)
+    shown = _shown(text)
+    if s.startswith("[") and s.endswith("]"):
+        s = s[1:-1]
+    try:
+        return str(ipaddress.ip_address(s))
+    except ValueError:
+        pass
+    if re.fullmatch(r"[0-9.]+", s, re.ASCII) or ":" in s:
+        raise UsageError(f"invalid address {shown}: not a valid IPv4 or IPv6 address")
+    label = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    if len(s) > 253 or not re.fullmatch(rf"{label}(?:\.{label})*\.?", s, re.ASCII):
+        raise UsageError(f"invalid address {shown}: expected an IP address or a host name")
+    return s
+
+
+def parse_http_url(text: str) -> str:
+    """An absolute ``http://`` or ``https://`` URL whose host and port parse."""
+    from urllib.parse import urlsplit
+
+    shown = _shown(text, 80)
+    s = str(text)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in s):
+        raise UsageError(f"invalid URL {shown}: contains spaces or control characters")
+    try:
+        parts = urlsplit(s)
+        port = parts.port  # raises ValueError for a bad port
+        host = parts.hostname
+    except ValueError as exc:
+        raise UsageError(f"invalid URL {shown}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise UsageError(f"invalid URL {shown}: expected http://HOST[:PORT]/PATH")
+    parse_host(host)
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"invalid URL {shown}: port must be 1 to 65535")
+    return s
 
 
 def format_size(n: int | None) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuslate.host.audit import AuditLog
-from gpuslate.cli import log as log_cmd
+from gpuslate.cli import audit as log_cmd
 from gpuslate.cli.common import add_common
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -38,7 +38,7 @@ def test_escape_sequences_in_titles_are_neutralised(sim_host, hold, cli):
     r = cli("status")
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "\x07" not in r.stdout  # piped: no colour, no control characters
-    assert "evil?[2J?title0" in r.stdout
+    assert "evil\\x1b[2J\\x07title0" in r.stdout  # shown as escapes, not sent
 
 
 def test_narrow_terminal_cuts_only_name_and_command(sim_host, hold):

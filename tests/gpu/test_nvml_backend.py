@@ -120,6 +120,19 @@ def test_v1_memory_fallback(monkeypatch):
     assert nv.calls.count("mem v2") == 1  # the missing API is tried once, then remembered
 
 
+def test_memory_api_is_known_when_the_backend_opens(monkeypatch):
+    from gpuslate.slate.wait import DEFAULT_MAX_USED_V1, DEFAULT_MAX_USED_V2, default_max_used
+
+    old, nv = backend(monkeypatch, v2_memory=False)
+    # before any read: the default --max-used of clear/wait/up is decided from this
+    assert old.memory_api == "v1" and default_max_used(old) == DEFAULT_MAX_USED_V1
+    assert nv.calls == ["mem v2"]
+    new, nv = backend(monkeypatch)
+    assert new.memory_api == "v2" and default_max_used(new) == DEFAULT_MAX_USED_V2
+    none, _ = backend(monkeypatch, gpus=0)
+    assert none.memory_api == "v2"
+
+
 def test_process_api_fallback_and_invalid_pids(monkeypatch):
     b, nv = backend(monkeypatch, v3_procs=False)
     (r,) = b.read([0])

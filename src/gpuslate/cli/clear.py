@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, backend_for, gpu_list, nonnegative_float, note, print_json, size
-from .exits import exit_status_for_clear
+from .._parse import format_gpu_list
+from .common import add_common, backend_for, gpu_list, nonnegative_float, note, pid_type, print_json, size
+from .exits import exit_epilog, exit_status_for_result
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,12 +16,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Plan, act, verify: terminate whole jobs holding the selected GPUs (your own processes "
         "unless --all-users), then wait until every GPU is free. Monitors, GPU daemons, gpuslate and its "
         "ancestors are never targets. With --pid, --user or --match and no --gpus, only the GPUs the selected "
-        "jobs held are verified. Exit 0 clean, 2 bad input (nothing signaled), 4 not free within --timeout or "
-        "held by processes that are not targets (at once, with the diagnosis), 5 permission denied on some "
-        "target, 130 interrupted or not confirmed.")
+        "jobs held are verified.",
+        epilog=exit_epilog({0: "clean (or --dry-run)", 4: "not free within --timeout, or held by processes "
+                            "that are not targets (at once, with the diagnosis), or the host lock still held",
+                            5: "permission denied on some target (the others were signaled), or an unsafe "
+                            "state folder", 130: "interrupted, or the confirmation answered no"}))
     add_common(p)
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to clear, e.g. 0,2-3 (default: all)")
-    p.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
+    p.add_argument("--pid", type=pid_type, action="append", default=[], metavar="PID",
                    help="only the jobs of the GPU holders that are PID or its descendants (repeatable)")
     p.add_argument("--user", metavar="NAME", help="only this user's processes")
     p.add_argument("--match", metavar="REGEX",
@@ -36,18 +39,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
                    help="give up after this long in total, with a diagnosis (default 60)")
     p.add_argument("--max-used", type=size, metavar="SIZE",
-                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without the v2 memory API)")
+                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)")
     p.add_argument("--dry-run", action="store_true", help="show the plan; signal nothing")
     p.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation on a terminal")
     p.set_defaults(handler=run_clear)
 
     w = sub.add_parser("wait", help="wait until GPUs are free; signals nothing",
                        description="Return 0 as soon as the selected GPUs are free (no process with a context, "
-                       "used memory at most --max-used), 4 on timeout with a diagnosis. Signals nothing.")
+                       "used memory at most --max-used), 4 on timeout with a diagnosis. Signals nothing.",
+                       epilog=exit_epilog({0: "free", 4: "not free within --timeout (with a diagnosis)"}))
     add_common(w)
     w.add_argument("--free", action="store_true", required=True, help="wait for the GPUs to be free")
     w.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to wait for (default: all)")
-    w.add_argument("--max-used", type=size, metavar="SIZE", help="as for clear")
+    w.add_argument("--max-used", type=size, metavar="SIZE",
+                   help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)")
     w.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
                    help="give up after this long (default 60)")
     w.set_defaults(handler=run_wait)
@@ -70,7 +75,7 @@ def run_clear(args: argparse.Namespace) -> int:
         from .render_clear import print_clear
 
         print_clear(result)
-    return exit_status_for_clear(result.status)
+    return exit_status_for_result(result.status)
 
 
 def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
@@ -92,14 +97,14 @@ def run_wait(args: argparse.Namespace) -> int:
         print_json(result.to_json())
     else:
         print_wait(result.ok, result.gpus, result.elapsed_s, result.diagnosis)
-    return 0 if result.ok else 4
+    return exit_status_for_result("free" if result.ok else "not_free")
 
 
 def print_wait(ok: bool, gpus: list[int], elapsed_s: float, diagnosis: list) -> None:  # type: ignore[type-arg]
     if ok:
-        print(f"GPUs {','.join(map(str, gpus))} free after {elapsed_s:.3f} s")
+        print(f"GPUs {format_gpu_list(gpus)} free after {elapsed_s:.3f} s")
         return
     from .render_clear import print_diagnosis
 
-    print(f"GPUs not free after {elapsed_s:.1f} s:")
+    print(f"GPUs {format_gpu_list(gpus)} not free after {elapsed_s:.1f} s:")
     print_diagnosis(diagnosis)

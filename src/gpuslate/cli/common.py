@@ -7,9 +7,10 @@ import json
 import sys
 from typing import Any
 
-from .._parse import parse_gpu_list, parse_size
+from .._parse import parse_gpu_list, parse_int, parse_seconds, parse_size
 from ..errors import GpuslateError, UsageError
 from ..gpu import GpuBackend, open_backend
+from .exits import error_type_for
 
 
 def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -37,23 +38,38 @@ def size(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
+    """Seconds, more than 0 and finite (at most ``MAX_SECONDS``)."""
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number greater than 0")
-    return v
+        return parse_seconds(text, allow_zero=False)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def nonnegative_float(text: str) -> float:
+    """Seconds, at least 0 and finite (at most ``MAX_SECONDS``)."""
     try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number of at least 0")
-    return v
+        return parse_seconds(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def whole(low: int, high: int):  # type: ignore[no-untyped-def]
+    """An argparse type: a whole number in ASCII digits from ``low`` to ``high``
+    (``int`` alone takes full-width digits and numbers of any length)."""
+
+    def parse(text: str) -> int:
+        try:
+            return parse_int(text, low=low, high=high)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "whole number"  # argparse names the type in its own messages
+    return parse
+
+
+#: argparse types for process ids and ports
+pid_type = whole(1, 2**31 - 1)
+port_type = whole(1, 65535)
 
 
 def backend_for(args: argparse.Namespace) -> GpuBackend:
@@ -61,8 +77,12 @@ def backend_for(args: argparse.Namespace) -> GpuBackend:
 
 
 def note(msg: str) -> None:
-    """A progress line for people, on stderr (stdout stays for the result or JSON)."""
-    sys.stderr.write(f"gpuslate: {msg}\n")
+    """A progress line for people, on stderr (stdout stays for the result or JSON).
+
+    Escaped: progress lines quote process titles and the lock's holder file."""
+    from .render import safe
+
+    sys.stderr.write(f"gpuslate: {safe(msg)}\n")
     sys.stderr.flush()
 
 
@@ -73,12 +93,14 @@ def print_json(doc: Any) -> None:
 
 def print_error(exc: BaseException, status: int, as_json: bool) -> None:
     """One line on stderr (plus a hint line when there is one); a JSON document with --json."""
+    from .render import safe
+
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None
-    sys.stderr.write(f"gpuslate: error: {msg}\n")
+    # one line each, escaped: messages can quote process titles and file contents
+    sys.stderr.write(f"gpuslate: error: {safe(' '.join(msg.splitlines()))}\n")
     if hint:
-        sys.stderr.write(f"gpuslate: hint: {hint}\n")
+        sys.stderr.write(f"gpuslate: hint: {safe(' '.join(hint.splitlines()))}\n")
     if as_json:
-        code = exc.code if isinstance(exc, GpuslateError) else "internal"
         print_json({"schema": "gpuslate.error.v1",
-                    "error": {"type": code, "message": msg, "hint": hint, "exit_code": int(status)}})
+                    "error": {"type": error_type_for(exc), "message": msg, "hint": hint, "exit_code": int(status)}})

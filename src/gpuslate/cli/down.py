@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from .common import add_common, nonnegative_float, note, print_json, size
-from .exits import ExitStatus
+from .exits import exit_epilog, exit_status_for_result
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "SIGKILL; sweep processes of the unit that appeared meanwhile; then verify its GPU memory "
                        "is released, as 'clear' does. A unit with a corrupt record is stopped by what can still "
                        "be found of it (its cgroup, its GPUSLATE_UNIT marker, its port); the record is then "
-                       "set aside. Exit 0 stopped and released, 4 not released in time (or held by processes "
-                       "not found in the unit: see --clear), 5 permission denied, 2 unknown unit.")
+                       "set aside.",
+                       epilog=exit_epilog({0: "stopped and its GPU memory released", 2: "bad input, or unknown unit",
+                                           4: "not released in time (or held by processes not found in the "
+                                           "unit: see --clear)", 5: "permission denied on some process"}))
     add_common(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="default: the unit's (10)")
@@ -32,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def down_status(result: Any) -> int:
     if result.ok:
-        return ExitStatus.OK
-    return ExitStatus.PERMISSION_DENIED if result.report.permission_denied else ExitStatus.TIMEOUT
+        return exit_status_for_result("stopped")
+    return exit_status_for_result("permission_denied" if result.report.permission_denied else "timeout")
 
 
 def print_down(result: Any) -> None:

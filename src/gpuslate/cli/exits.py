@@ -1,6 +1,9 @@
-"""Exit codes: the one place where errors become process exit statuses.
+"""Exit codes: the one place where errors and results become process exit statuses.
 
-Later commands use the same table; README.md documents it.
+Commands never pick a number themselves: an error goes through
+:func:`exit_status_for`, a finished result through :func:`exit_status_for_result`
+(by its status), and the JSON error document's ``type`` through
+:func:`error_type_for`. README.md documents the table.
 """
 
 from __future__ import annotations
@@ -34,6 +37,23 @@ _BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (
     (errors.GpuQueryError, ExitStatus.INTERNAL_ERROR),
 )
 
+#: the status of every result a command reports (clear, wait, up, down, swap) -> its exit code
+_BY_RESULT: dict[str, ExitStatus] = {
+    # done
+    "clean": ExitStatus.OK, "dry_run": ExitStatus.OK, "free": ExitStatus.OK, "ready": ExitStatus.OK,
+    "stopped": ExitStatus.OK, "swapped": ExitStatus.OK,
+    # not done in time (GPUs not free, server not ready, unit not stopped)
+    "timeout": ExitStatus.TIMEOUT, "not_free": ExitStatus.TIMEOUT, "down_failed": ExitStatus.TIMEOUT,
+    "held_by_others": ExitStatus.TIMEOUT,  # clear: every target gone, the GPUs held by what is not one
+    "permission_denied": ExitStatus.PERMISSION_DENIED,
+    # a managed server failed
+    "exited": ExitStatus.SERVER_FAILED, "smoke_failed": ExitStatus.SERVER_FAILED, "failed": ExitStatus.SERVER_FAILED,
+    "up_failed": ExitStatus.SERVER_FAILED, "rolled_back": ExitStatus.SERVER_FAILED,
+    "rollback_failed": ExitStatus.SERVER_FAILED,
+    "partial": ExitStatus.PARTIAL,
+    "interrupted": ExitStatus.INTERRUPTED,
+}
+
 
 def exit_status_for(exc: BaseException) -> ExitStatus:
     if isinstance(exc, errors.RemoteCommandFailed):
@@ -60,12 +80,35 @@ def fleet_exit_code(codes: list[int]) -> int:
     return failed[0]
 
 
-def exit_status_for_clear(status: object) -> ExitStatus:
-    """The exit status of a finished ``clear`` (its result, not an exception)."""
-    from ..slate.clear import ClearStatus  # only `clear` pays for importing it
+def exit_status_for_result(status: str) -> ExitStatus:
+    """The exit code of a result by its status (a ``str`` enum member or its value)."""
+    try:
+        return _BY_RESULT[str(getattr(status, "value", status))]
+    except KeyError:
+        raise AssertionError(f"no exit code for result status {status!r}") from None
 
-    return {
-        ClearStatus.CLEAN: ExitStatus.OK, ClearStatus.DRY_RUN: ExitStatus.OK,
-        ClearStatus.TIMEOUT: ExitStatus.TIMEOUT, ClearStatus.HELD_BY_OTHERS: ExitStatus.TIMEOUT,
-        ClearStatus.PERMISSION_DENIED: ExitStatus.PERMISSION_DENIED,
-    }[status]  # type: ignore[index]
+
+def error_type_for(exc: BaseException) -> str:
+    """``error.type`` of the JSON error document: the error's code; an interrupt is ``interrupted``."""
+    if isinstance(exc, errors.GpuslateError):
+        return exc.code
+    if isinstance(exc, KeyboardInterrupt):
+        return errors.Interrupted.code
+    return "internal"
+
+
+_COMMON_HELP: dict[int, str] = {
+    ExitStatus.OK: "ok", ExitStatus.USAGE: "bad input (nothing was done)",
+    ExitStatus.BACKEND_UNAVAILABLE: "no GPU backend (no NVIDIA driver, no simulated host)",
+    ExitStatus.INTERRUPTED: "interrupted",
+}
+
+
+def exit_epilog(specific: dict[int, str] | None = None, *, backend: bool = True) -> str:
+    """The "exit status" paragraph of a command's help: the common codes and its own."""
+    table = dict(_COMMON_HELP)
+    if not backend:
+        del table[ExitStatus.BACKEND_UNAVAILABLE]
+    table.update(specific or {})
+    return "exit status: " + "; ".join(f"{int(code)} {text}" for code, text in sorted(table.items())) + \
+        " (see README.md, Exit codes)."

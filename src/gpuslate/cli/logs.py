@@ -7,18 +7,22 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from .common import add_common
+from .common import add_common, whole
+from .exits import exit_epilog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="show a unit's output (stdout and stderr)",
                        description="Print a unit's log (its stdout and stderr, rotated at every start: "
-                       "older runs are NAME.log.1 ... .5 next to it).")
+                       "older runs are NAME.log.1 ... .5 next to it). The server's output is printed as it "
+                       "wrote it, like 'docker logs'.",
+                       epilog=exit_epilog({0: "printed (with --follow: until the unit is gone or Ctrl-C)",
+                                           2: "bad input or unknown unit"}, backend=False))
     add_common(p)
     p.add_argument("name", metavar="NAME")
     p.add_argument("-f", "--follow", action="store_true",
                    help="keep printing new lines until the unit is gone (or Ctrl-C)")
-    p.add_argument("-n", "--tail", type=int, metavar="N", help="only the last N lines")
+    p.add_argument("-n", "--tail", type=whole(0, 10**9), metavar="N", help="only the last N lines")
     p.set_defaults(handler=run)
 
 

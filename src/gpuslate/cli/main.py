@@ -9,17 +9,15 @@ import sys
 from typing import Sequence
 
 from .common import add_common, print_error
-from .exits import ExitStatus, exit_status_for
+from .exits import ExitStatus, exit_epilog, exit_status_for
 from . import fleet as fleet_cli
 from ..errors import UsageError
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
-    "logs": "logs", "swap": "swap", "log": "log", "sim": "sim",
-    "bench": "bench",
-    "experiment": "experiment",
-    "demo": "demo",
+    "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
+    "bench": "bench", "experiment": "experiment", "demo": "demo",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 
@@ -71,6 +69,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpuslate",
         description="Safe, verified, fast hand-off of NVIDIA GPUs between model-server deployments.",
+        epilog=exit_epilog({1: "internal error (a bug: please report it)", 4: "not done within the timeout",
+                            5: "permission denied, or an unsafe state folder", 6: "a managed server failed",
+                            7: "partial: some targets failed"}) + " Each command's --help lists its own.",
     )
     from .. import __version__
 
@@ -108,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if fleet is not None:  # the same command on every selected host
             return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
+        _use_sim(args)
         return int(args.handler(args))
     except KeyboardInterrupt as exc:
         print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)
@@ -122,6 +124,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print_error(exc, status, args.json)
         return status
+
+
+def _use_sim(args: argparse.Namespace) -> None:
+    """``--sim DIR``: checked first (exit 3 for no simulated host, whatever the
+    command), then one simulated host for the whole run: the backend, the lock,
+    the state folder (audit log, units) and the servers ``up`` starts follow it."""
+    import os
+
+    if not getattr(args, "sim", None) or getattr(args, "sim_command", None) == "init":
+        return
+    from ..sim.host import SimHost
+
+    root = os.path.abspath(args.sim)
+    SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none
+    os.environ["GPUSLATE_SIM"] = root
 
 
 def _is_gpuslate_error(exc: BaseException) -> bool:

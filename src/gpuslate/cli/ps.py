@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_common, print_json
+from .exits import exit_epilog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="List managed units with their state as the host shows it now: "
                        "starting, ready, exited, failed, stopped, orphaned (the main process died while "
                        "processes of the unit live on, or 'up' vanished before it was ready; 'gpuslate down NAME' "
-                       "cleans them up), or corrupt (its record cannot be read).")
+                       "cleans them up), or corrupt (its record cannot be read).",
+                       epilog=exit_epilog({0: "listed", 5: "unsafe state folder"}))
     add_common(p)
     p.set_defaults(handler=run)
 
@@ -30,6 +32,7 @@ def _duration(s: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from .._parse import format_size
     from ..units import list_units
+    from .render import safe
     from .up import gpu_text
 
     result = list_units(sim=getattr(args, "sim", None))
@@ -48,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
                      str((r.port if r else None) or "-"), gpu_text(u.unit.gpus),
                      format_size(u.gpu_memory) if u.gpu_memory is not None else "-",
                      f"{ttr:.2f}s" if ttr is not None else "-"))
+    rows = [tuple(safe(c) for c in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     for w in result.warnings:
-        print(f"warning: {w}")
+        print(f"warning: {safe(w)}")
     return 0

@@ -59,7 +59,7 @@ def _wait(doc: dict[str, Any], label: str) -> None:
 
 
 def _log(doc: dict[str, Any], label: str) -> None:
-    from .log import print_log
+    from .audit import print_log
 
     print_log(list(doc.get("entries") or []), str(doc.get("path") or "?"))
 
@@ -172,7 +172,7 @@ def _render_generic(doc: dict[str, Any], label: str) -> None:
 
 
 _RENDERERS: dict[str, Callable[[dict[str, Any], str], None]] = {
-    "status": _status, "clear": _clear, "wait": _wait, "log": _log, "ps": _ps, "up": _up, "down": _down,
+    "status": _status, "clear": _clear, "wait": _wait, "log": _log, "audit": _log, "ps": _ps, "up": _up, "down": _down,
     "swap": _swap, "": _text,
 }
 

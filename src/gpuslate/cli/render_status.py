@@ -32,17 +32,48 @@ def _memory_cell(g: GpuState) -> Cell:
     return Cell(f"{format_size(m.used)}/{format_size(m.total)}", (color,))
 
 
-def _launcher_label(root_pid: int, members: list[HolderProcess], local: bool) -> str:
+def _launcher(root_pid: int, members: list[HolderProcess], local: bool) -> tuple[str, str] | None:
+    """(user, command) of a job's launcher that holds no GPU itself; None when it does."""
     if any(p.pid == root_pid for p in members):
-        return ""
+        return None
     if not local:  # another host's launcher: this host's /proc knows nothing of it
-        return "(holds no GPU itself)"
+        return ("-", "(holds no GPU itself)")
     info = read_info(root_pid)
-    return f"{clean(info.user)}  {cut(clean(info.command), COMMAND_LIMIT)}" if info else "(exited)"
+    return (clean(info.user or "-"), cut(clean(info.command), COMMAND_LIMIT)) if info else ("-", "(exited)")
 
 
-def _stronger(a: str, b: str) -> str:
-    return a if a != "handle" else b
+def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
+    """Where a process holds memory, and apart from it where it only holds a device
+    handle (CUDA opens every device node): ``0 (+1-7 handle)``."""
+    handles = sorted(set(handle_gpus) - set(memory_gpus))
+    if not memory_gpus:
+        return format_gpu_list(handles) or "-"
+    text = format_gpu_list(memory_gpus)
+    return f"{text} (+{format_gpu_list(handles)} handle)" if handles else text
+
+
+class _Row:
+    """One process of the table: its GPUs (memory apart from handles) and memory summed."""
+
+    def __init__(self, proc: HolderProcess) -> None:
+        self.proc = proc
+        self.memory_gpus: list[int] = []
+        self.handle_gpus: list[int] = []
+        self.used: int | None = None
+        self.kind = "handle"  # until a GPU where it holds a context says otherwise
+
+    def add(self, gpu: int, p: HolderProcess) -> None:
+        if p.kind == "handle":
+            self.handle_gpus.append(gpu)
+        else:
+            self.memory_gpus.append(gpu)
+            self.kind = p.kind
+        if p.used_memory is not None:
+            self.used = (self.used or 0) + p.used_memory
+
+    @property
+    def first_gpu(self) -> int:
+        return min(self.memory_gpus or self.handle_gpus)
 
 
 def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
@@ -61,33 +92,27 @@ def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
 
 def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
     """One row per process (its GPUs together), grouped under the job's launcher."""
-    jobs: dict[int, dict[int, tuple[HolderProcess, list[int]]]] = {}
+    jobs: dict[int, dict[int, _Row]] = {}
     for g in snap.gpus:
         for p in g.processes:
-            job = jobs.setdefault(p.root_pid, {})
-            if p.pid in job:
-                first, gl = job[p.pid]
-                used = None if first.used_memory is None and p.used_memory is None else \
-                    (first.used_memory or 0) + (p.used_memory or 0)
-                job[p.pid] = (first._replace(used_memory=used, kind=_stronger(first.kind, p.kind)), gl + [g.index])
-            else:
-                job[p.pid] = (p, [g.index])
+            jobs.setdefault(p.root_pid, {}).setdefault(p.pid, _Row(p)).add(g.index, p)
     rows: list[list[Cell]] = []
     for root, members in jobs.items():
-        label = _launcher_label(root, [m for m, _ in members.values()], local)
-        if label:
-            rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(""),
-                         Cell(label, ("dim",))])
-        for p, gl in sorted(members.values(), key=lambda m: (m[0].pid != root, min(m[1]), m[0].pid)):
+        launcher = _launcher(root, [m.proc for m in members.values()], local)
+        if launcher:
+            rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(launcher[0]),
+                         Cell(launcher[1], ("dim",))])
+        for m in sorted(members.values(), key=lambda m: (m.proc.pid != root, m.first_gpu, m.proc.pid)):
+            p = m.proc
             branch = "" if p.pid == root else "└ "
             if not p.visible:
                 cmd = Cell("(exited, or not visible from this host's /proc)", ("dim",))
             else:
                 text = cut(clean(p.command), COMMAND_LIMIT)
                 cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
-            rows.append([Cell(format_gpu_list(gl)), Cell(f"{branch}{p.pid}"),
-                         Cell(p.kind, ("dim",) if p.kind == "handle" else ()),
-                         Cell(format_size(p.used_memory) if p.used_memory is not None else "-"),
+            rows.append([Cell(gpu_cell(m.memory_gpus, m.handle_gpus)), Cell(f"{branch}{p.pid}"),
+                         Cell(m.kind, ("dim",) if m.kind == "handle" else ()),
+                         Cell(format_size(m.used) if m.used is not None else "-"),
                          Cell(clean(p.user or "-")), cmd])
     return rows
 

@@ -5,39 +5,55 @@ from __future__ import annotations
 import argparse
 import os
 
+from .._parse import format_gpu_list
 from ..errors import UsageError
-from .common import add_common, gpu_list, nonnegative_float, print_json, size
+from .common import add_common, gpu_list, nonnegative_float, print_json, size, whole
+from .exits import exit_epilog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sim", help="simulated GPU hosts: init, hold, leak",
+    p = sub.add_parser("sim", help="simulated GPU hosts: sim init, sim hold, sim leak, sim serve",
                        description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
-                       "Memory is held by real processes and discovered like real devices.")
+                       "Memory is held by real processes and discovered like real devices.",
+                       epilog=exit_epilog({2: "bad input, or no SUBCOMMAND"}, backend=False))
     add_common(p)
     ss = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", parser_class=type(p))
-    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+    p.set_defaults(handler=_no_subcommand)
 
-    init = ss.add_parser("init", help="create (or reset) a simulated host in DIR")
+    init = ss.add_parser("init", help="create (or reset) a simulated host in DIR",
+                         description="Create a simulated GPU host in the folder DIR (or reset the one there: "
+                         "its holders' records and leaks are forgotten). Point gpuslate at it with --sim DIR "
+                         "or GPUSLATE_SIM=DIR.",
+                         epilog=exit_epilog({2: "bad input, or DIR is neither empty nor a simulated host"},
+                                            backend=False))
     add_common(init)
-    init.add_argument("dir", metavar="DIR")
-    init.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
-    init.add_argument("--memory", type=size, default="97887MiB",
+    init.add_argument("dir", metavar="DIR", help="the folder of the simulated host (created if missing)")
+    init.add_argument("--count", type=whole(1, 64), default=8, metavar="N", help="number of GPUs, 1 to 64 (default 8)")
+    # --gpus is a GPU *list* everywhere else; kept, hidden, for scripts written before --count
+    init.add_argument("--gpus", dest="count", type=whole(1, 64), help=argparse.SUPPRESS)
+    init.add_argument("--memory", type=size, default="97887MiB", metavar="SIZE",
                       help="memory per GPU (default 97887MiB, an RTX PRO 6000 Blackwell)")
-    init.add_argument("--reserved", type=size, default="0",
-                      help="driver-reserved memory per GPU, reported apart from 'used' (default 0)")
-    init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", help="GPU model name")
+    init.add_argument("--reserved", type=size, default=None, metavar="SIZE",
+                      help="driver-reserved memory per GPU (default 0; with --memory-api v1, 645MB like an "
+                      "idle H200)")
+    init.add_argument("--memory-api", choices=("v2", "v1"), default="v2",
+                      help="the NVML memory API the simulated driver has: v2 reports reserved memory apart "
+                      "from 'used'; v1 (drivers before R510) counts it as used (default v2)")
+    init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", metavar="NAME", help="GPU model name")
     init.add_argument("--release-delay", type=nonnegative_float, default=0.2, metavar="SECONDS",
                       help="time the simulated driver takes to release a dead holder's memory (default 0.2)")
     init.set_defaults(handler=run_init)
 
     hold = ss.add_parser("hold", help="hold simulated GPU memory until killed",
                          description="Hold memory on simulated GPUs with real processes until killed. "
-                         "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held.")
+                         "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held.",
+                         epilog=exit_epilog({0: "ended by SIGTERM or SIGINT (after it was ready)",
+                                             2: "bad input, or no simulated host"}))
     add_common(hold)
     hold.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to hold (default: all)")
-    hold.add_argument("--memory", type=size, required=True,
+    hold.add_argument("--memory", type=size, required=True, metavar="SIZE",
                       help="memory held on each listed GPU, e.g. 40GiB; 0 holds the device open only")
-    hold.add_argument("--workers", type=int, default=0, metavar="N",
+    hold.add_argument("--workers", type=whole(0, 256), default=0, metavar="N",
                       help="the launcher holds nothing and spawns N workers holding memory round-robin")
     hold.add_argument("--orphan-workers", action="store_true",
                       help="workers double-fork away from the launcher (reparented to PID 1)")
@@ -56,15 +72,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = ss.add_parser("serve", help="a simulated OpenAI-compatible inference server",
                           description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
                           "endpoints) generating tokens on a documented performance model of continuous "
-                          "batching; its workers hold simulated GPU memory. See docs/sim-server.md.")
+                          "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
+                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT", 1: "failed to start (e.g. its "
+                                              "port is in use, or --fail-startup)"}))
     serve.lazy_build = _serve_options  # type: ignore[attr-defined]
     serve.set_defaults(handler=run_serve)
 
-    leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)")
+    leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)",
+                         description="Leave SIZE of memory on simulated GPU N held by no process, like an "
+                         "orphaned CUDA context, until the next 'gpuslate sim init' of the host: what "
+                         "'clear' and 'wait' must diagnose rather than wait out.",
+                         epilog=exit_epilog({2: "bad input, or no simulated host"}))
     add_common(leak)
-    leak.add_argument("--gpu", type=int, required=True)
-    leak.add_argument("--memory", type=size, required=True)
+    leak.add_argument("--gpu", type=whole(0, 1023), required=True, metavar="N", help="the GPU index")
+    leak.add_argument("--memory", type=size, required=True, metavar="SIZE", help="memory left held, e.g. 2GiB")
     leak.set_defaults(handler=run_leak)
+
+
+def _no_subcommand(args: argparse.Namespace) -> int:
+    raise UsageError("gpuslate sim needs a SUBCOMMAND: init, hold, leak or serve (see 'gpuslate sim --help')")
 
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
@@ -74,10 +100,10 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
     add_arguments(serve)
     serve.add_argument("--gpus", type=gpu_list, metavar="LIST",
                        help="simulated GPUs the workers hold (default: $CUDA_VISIBLE_DEVICES, else all)")
-    serve.add_argument("--workers", type=int, default=None, metavar="N",
+    serve.add_argument("--workers", type=whole(0, 256), default=None, metavar="N",
                        help="worker processes, one per GPU like tensor-parallel ranks (default: one per GPU; "
                        "0 without a simulated host)")
-    serve.add_argument("--memory", type=size, default="20GiB",
+    serve.add_argument("--memory", type=size, default="20GiB", metavar="SIZE",
                        help="memory each GPU holds while the server runs (default 20GiB)")
     serve.add_argument("--title", default="sglang::scheduler_TP{rank}", metavar="NAME",
                        help="worker process title ({rank}: the worker number)")
@@ -98,18 +124,20 @@ def _host(args: argparse.Namespace):  # -> SimHost
 def run_init(args: argparse.Namespace) -> int:
     from ..sim.host import SimHost
 
-    host = SimHost.init(args.dir, gpus=args.gpus, memory=args.memory, name=args.name,
-                        release_delay=args.release_delay, reserved=args.reserved)
+    host = SimHost.init(args.dir, gpus=args.count, memory=args.memory, name=args.name,
+                        release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api)
     cfg = host.config
     if args.json:
         print_json({"schema": "gpuslate.sim.init.v1", "root": str(host.root), "gpus": cfg["gpus"],
                     "memory": cfg["memory"], "reserved": cfg["reserved"], "name": cfg["name"],
-                    "release_delay": cfg["release_delay"]})
+                    "release_delay": cfg["release_delay"], "memory_api": cfg["memory_api"]})
     else:
         from .._parse import format_size
+        from .render import safe
 
-        print(f"Simulated host at {host.root}: {cfg['gpus']} × {cfg['name']} "
-              f"({format_size(cfg['memory'])}), release delay {cfg['release_delay']} s")
+        print(f"Simulated host at {host.root}: {cfg['gpus']} × {safe(cfg['name'])} "
+              f"({format_size(cfg['memory'])}, NVML memory API {cfg['memory_api']}), "
+              f"release delay {cfg['release_delay']} s")
         print(f"Use it with:  export GPUSLATE_SIM={host.root}   (or --sim {host.root})")
     return 0
 
@@ -130,7 +158,7 @@ def run_leak(args: argparse.Namespace) -> int:
         print_json({"schema": "gpuslate.sim.leak.v1", "gpu": args.gpu, "memory": args.memory,
                     "record": str(path)})
     else:
-        print(f"Leaked {args.memory} bytes on simulated GPU {args.gpu} (held by no process until "
+        print(f"Leaked {args.memory} bytes on simulated GPU {format_gpu_list([args.gpu])} (held by no process until "
               "the next 'gpuslate sim init')")
     return 0
 

@@ -6,12 +6,14 @@ import argparse
 import time
 
 from .common import add_common, backend_for, gpu_list, positive_float, print_json
+from .exits import exit_epilog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="show every GPU and every process that holds it",
                        description="Show every GPU (never truncated) with memory, utilization, "
-                       "temperature, power and P-state, and its processes grouped under their launcher.")
+                       "temperature, power and P-state, and its processes grouped under their launcher.",
+                       epilog=exit_epilog({0: "shown (with --watch: ended by Ctrl-C)"}))
     add_common(p)
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="only these GPUs, e.g. 0,2-3")
     p.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",

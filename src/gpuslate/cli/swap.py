@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .common import add_common, note, print_json
-from .exits import ExitStatus
+from .exits import exit_epilog, exit_status_for_result
 
 if TYPE_CHECKING:
     from ..units.swap import SwapResult
@@ -23,7 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("swap", help="down OLD, verify its GPUs clean, up NEW and wait until it serves",
                        description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs "
                        "are clean, up NEW (from gpuslate.toml or its last run) and wait until it is ready; each "
-                       "phase timed. With --rollback, if NEW fails, OLD is started again and made ready.")
+                       "phase timed. With --rollback, if NEW fails, OLD is started again and made ready.",
+                       epilog=exit_epilog({0: "NEW is ready", 4: "OLD not stopped in time (NEW not started), or "
+                                           "NEW not ready in time", 5: "permission denied stopping OLD",
+                                           6: "NEW failed (with --rollback, OLD is serving again if it "
+                                           "could be restarted)"}))
     add_common(p)
     p.add_argument("old", metavar="OLD")
     p.add_argument("new", metavar="NEW")
@@ -37,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..units import swap
     from ..units.interrupts import sigterm_interrupts
-    from .down import print_down
+    from .down import down_status, print_down
     from .up import print_up, report_failure, up_status
 
     with sigterm_interrupts():  # a SIGTERM cleans up NEW's start like Ctrl-C (exit 130)
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print_downtime(result)
     if result.status == "down_failed":
         sys.stderr.write(f"gpuslate: error: could not stop {args.old} cleanly; {args.new} was not started\n")
-        return ExitStatus.PERMISSION_DENIED if result.down.report.permission_denied else ExitStatus.TIMEOUT
+        return down_status(result.down)
     if result.up is not None and not result.up.ok:
         report_failure(result.up)
         if result.rollback is not None:
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 report_failure(result.rollback)
         return up_status(result.up)
-    return ExitStatus.OK
+    return exit_status_for_result(result.status)
 
 
 _DOWNTIME_LABELS = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),

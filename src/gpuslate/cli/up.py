@@ -6,16 +6,21 @@ import argparse
 import sys
 from typing import Any
 
+from .._parse import format_gpu_list
 from ..errors import UsageError
-from .common import add_common, gpu_list, nonnegative_float, note, positive_float, print_json, size
-from .exits import ExitStatus
+from .common import add_common, gpu_list, nonnegative_float, note, port_type, positive_float, print_json, size
+from .exits import exit_epilog, exit_status_for_result
+
+UP_EXITS = {0: "ready", 4: "not ready within --start-timeout, or its GPUs or port busy at pre-flight",
+            5: "permission denied", 6: "the server failed (exited before ready, failed its smoke test)"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start a server as a managed unit and wait until it is ready",
                        description="Start COMMAND as the managed unit NAME (its own session, process group and, "
                        "where the host allows, cgroup), with its GPUs verified free and its port unused first, "
-                       "and return once it is ready. Units can be declared in gpuslate.toml. See docs/units.md.")
+                       "and return once it is ready. Units can be declared in gpuslate.toml. See docs/units.md.",
+                       epilog=exit_epilog(UP_EXITS))
     add_common(p)
     p.add_argument("name", metavar="NAME")
     add_spec_options(p)
@@ -51,7 +56,7 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
 def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
-    p.add_argument("--port", type=int, metavar="PORT", help="the port it serves on (checked unused first)")
+    p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
     p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
     p.add_argument("--engine", choices=("sglang", "vllm"),
                    help="readiness like the engine: sglang /health_generate; vllm /health then /v1/models")
@@ -85,32 +90,29 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def gpu_text(gpus: list[int]) -> str:
-    out: list[str] = []
-    for g in gpus:
-        if out and int(out[-1].split("-")[-1]) == g - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{g}"
-        else:
-            out.append(str(g))
-    return ",".join(out) or "-"
+    """A unit's GPUs as every command prints GPU lists (``0,2-3``); ``-`` for none."""
+    return format_gpu_list(gpus) or "-"
 
 
 def up_status(result: Any) -> int:
     """Exit status of an UpResult: a start timeout is a timeout (4), any other failure 6."""
-    if result.ok:
-        return ExitStatus.OK
-    return ExitStatus.TIMEOUT if result.status == "timeout" else ExitStatus.SERVER_FAILED
+    return exit_status_for_result(result.status)
 
 
 def report_failure(result: Any) -> None:
-    """The log tail and one error line on stderr (with --json too: stdout stays the document)."""
+    """The log tail and one error line on stderr (with --json too: stdout stays the document).
+
+    The tail is the server's own output, shown as it wrote it (like ``logs``)."""
+    from .render import safe
+
     r = result.record
     if result.log_tail:
         sys.stderr.write(f"--- last {len(result.log_tail)} lines of {r.log} ---\n")
         sys.stderr.write("\n".join(result.log_tail) + "\n---\n")
-    sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {r.failure}\n")
+    sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {safe(r.failure)}\n")
     t = result.teardown
     if t is not None:
-        left = "GPUs verified clean" if t.ok else "NOT clean: " + "; ".join(d.summary() for d in t.diagnosis)
+        left = "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis))
         sys.stderr.write(f"gpuslate: stopped what it left running; {left}\n")
 
 

@@ -13,7 +13,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from ..errors import BackendUnavailable, GpuQueryError, PermissionDenied
-from .types import GpuProcess, GpuReading, MemoryInfo
+from .types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
 
 # PIDs that some drivers report for contexts they cannot attribute
 _INVALID_PIDS = frozenset({0, 4294967295})
@@ -77,8 +77,6 @@ def _take_early() -> tuple[Any, BaseException | None] | None:
 
 class NvmlBackend:
     name = "nvml"
-    #: "v2" when 'used' excludes driver-reserved memory, "v1" on older drivers
-    memory_api = "v2"
 
     def __init__(self) -> None:
         early = _take_early()  # (pynvml, its nvmlInit error) when start_early_init ran
@@ -105,6 +103,40 @@ class NvmlBackend:
             getattr(nv, n) for n in ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
             if hasattr(nv, n)
         )
+        self._memory_api: MemoryApi | None = None
+
+    @property
+    def memory_api(self) -> MemoryApi:
+        """"v2" when 'used' excludes driver-reserved memory, "v1" on drivers before R510.
+
+        A capability of the open backend, known before any reading (the default
+        --max-used of clear, wait and up depends on it); asked of the driver on
+        first use rather than in __init__, so that `status`, which never needs
+        it, does not pay for a query of GPU 0."""
+        if self._memory_api is None:
+            self._memory_api = self._detect_memory_api()
+        return self._memory_api
+
+    def _detect_memory_api(self) -> MemoryApi:
+        """Ask GPU 0 for v2 memory info once; a version error means a v1 driver.
+
+        Any other failure (no GPU, GPU 0 broken) says nothing about the API: v2 is
+        assumed and a later read of a v1 driver's GPU still falls back per call.
+        """
+        nv = self._nv
+        if not hasattr(nv, "nvmlMemory_v2"):
+            return "v1"  # an nvidia-ml-py too old to ask for v2
+        try:
+            if int(nv.nvmlDeviceGetCount()) == 0:
+                return "v2"
+            nv.nvmlDeviceGetMemoryInfo(self._handle(0), version=nv.nvmlMemory_v2)
+        except (GpuQueryError, PermissionDenied):
+            return "v2"
+        except nv.NVMLError as exc:
+            if exc.value in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
+                self._missing.add("v2mem")
+                return "v1"
+        return "v2"
 
     # -- the choke point -------------------------------------------------
     def _call(self, fn_name: str, *args: Any) -> Any:
@@ -245,7 +277,7 @@ class NvmlBackend:
                 if exc.value not in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
                     raise GpuQueryError(f"nvmlDeviceGetMemoryInfo_v2: {_describe(exc)}") from exc
                 self._missing.add("v2mem")
-        self.memory_api = "v1"
+        self._memory_api = "v1"
         m = self._call("nvmlDeviceGetMemoryInfo", h)
         return MemoryInfo(int(m.total), int(m.used), 0, int(m.free))
 

@@ -12,16 +12,17 @@ import re
 from typing import Sequence
 
 from ..sim.host import SimHost
-from .types import GpuProcess, GpuReading, MemoryInfo
+from .types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
 
 
 class SimBackend:
     name = "sim"
-    memory_api = "v2"  # the simulated driver reports reserved memory apart from 'used'
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.host = SimHost(root)
-        self.host.config  # fail now, clearly, if the folder is no simulated host
+        # fails now, clearly, if the folder is no simulated host; like NVML, the
+        # memory API is known from the moment the backend is open
+        self.memory_api: MemoryApi = "v1" if self.host.memory_api == "v1" else "v2"
         self._dev_re = re.compile(re.escape(str(self.host.dev)) + r"/nvidia(\d+)")
 
     def driver_version(self) -> str | None:
@@ -61,9 +62,12 @@ class SimBackend:
         for i in indices:
             u = min(used[i], total - reserved)
             busy = u / total
+            # v1 has no 'reserved' field: the driver's own memory is part of 'used'
+            memory = MemoryInfo(total, u, reserved, total - reserved - u) if self.memory_api == "v2" else \
+                MemoryInfo(total, u + reserved, 0, total - reserved - u)
             out.append(GpuReading(
                 index=i, uuid=cfg["uuids"][i], name=cfg["name"], minor=i,
-                memory=MemoryInfo(total, u, reserved, total - reserved - u),
+                memory=memory,
                 # a simulated GPU has no load of its own: these follow memory
                 utilization_pct=0 if not procs[i] else min(100, int(20 + 80 * busy)),
                 temperature_c=int(27 + 40 * busy),

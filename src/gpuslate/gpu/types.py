@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import Literal, NamedTuple, Protocol, Sequence
 
 #: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
 PROCESS_KINDS = ("compute", "graphics", "mps", "handle")
+
+
+#: NVML's memory API: "v2" reports driver-reserved memory apart from 'used'
+#: (drivers R510 and later), "v1" counts it as used
+MemoryApi = Literal["v1", "v2"]
 
 
 class MemoryInfo(NamedTuple):
@@ -50,6 +55,8 @@ class GpuBackend(Protocol):
     """What every GPU backend provides (NVML on real hosts, ``sim`` on simulated ones)."""
 
     name: str
+    #: known from the moment the backend is open (decides the default --max-used)
+    memory_api: MemoryApi
 
     def driver_version(self) -> str | None: ...
 

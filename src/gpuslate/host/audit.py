@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import PermissionDenied, UsageError
+from .state import open_state_file, state_dir
 
 OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "error")
 
@@ -37,14 +38,23 @@ def _new_entry_id() -> str:
 
 
 class AuditLog:
-    """Append-only JSON-lines log of signals, by default ``state_dir()/audit.jsonl``."""
+    """Append-only JSON-lines log of signals, by default ``state_dir(sim_root)/audit.jsonl``.
 
-    def __init__(self, path: Path | None = None) -> None:
+    ``backend`` (``nvml`` or ``sim``) and ``sim_root`` go into every entry, with
+    the host name, so that an entry says which GPUs it was about; without them,
+    the backend ``open_backend()`` would choose (``$GPUSLATE_SIM``, else NVML).
+    """
+
+    def __init__(self, path: Path | None = None, *, backend: str | None = None,
+                 sim_root: str | os.PathLike[str] | None = None) -> None:
+        if backend is None:  # as open_backend() chooses: the simulated host of $GPUSLATE_SIM, else NVML
+            sim_root = sim_root or os.environ.get("GPUSLATE_SIM") or None
+            backend = "sim" if sim_root else "nvml"
         if path is None:
-            from .state import state_dir
-
-            path = state_dir() / "audit.jsonl"
+            path = state_dir(sim_root) / "audit.jsonl"
         self.path = Path(path)
+        self.backend = backend
+        self.sim_root = str(Path(sim_root).absolute()) if sim_root and backend == "sim" else None
         self._actor: dict[str, Any] | None = None
         self._host: str | None = None
 
@@ -61,7 +71,8 @@ class AuditLog:
         entry_id = _new_entry_id()
         self._append(lambda now: {
             "event": "signal", "id": entry_id, "run_id": run_id, "action": action,
-            "time": now, "host": self._hostname(), "actor": self._actor_info(),
+            "time": now, "host": self._hostname(), "backend": self.backend, "sim": self.sim_root,
+            "actor": self._actor_info(),
             "signal": signal, "target": target, "reason": reason,
         }, durable=True)
         return entry_id
@@ -78,9 +89,11 @@ class AuditLog:
     def _append(self, make: Callable[[str], dict[str, Any]], *, durable: bool) -> None:
         from .._time import iso_time
 
-        created = not self.path.exists()
+        created = not os.path.lexists(self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_state_file(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        except PermissionDenied as exc:  # a symlink
+            raise PermissionDenied(str(exc), hint="no signal was sent" if durable else None) from None
         except OSError as exc:
             raise self._error("open", exc, durable) from None
         try:
@@ -132,8 +145,10 @@ class AuditLog:
 
     # -- reading ---------------------------------------------------------------
 
-    def read(self, *, limit: int | None = None, since: float | None = None) -> list[dict[str, Any]]:
-        """Signal entries, oldest first, each merged with its outcome.
+    def read(self, *, limit: int | None = None, since: float | None = None,
+             where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+        """Signal entries, oldest first, each merged with its outcome; only those
+        ``where(entry)`` accepts when given (``limit`` counts those).
 
         Merged keys: ``outcome`` (``None`` when the run was interrupted before
         recording one), ``outcome_time`` and ``outcome_detail``. ``limit``
@@ -149,12 +164,14 @@ class AuditLog:
 
             since_iso = iso_time(since)
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(open_state_file(self.path, os.O_RDONLY), "rb") as f:
                 if limit is None and since_iso is None:
-                    return _merge_forward(f)
-                return _merge_backward(f, limit, since_iso)
+                    return [e for e in _merge_forward(f) if where is None or where(e)]
+                return _merge_backward(f, limit, since_iso, where)
         except FileNotFoundError:
             return []
+        except PermissionDenied:
+            raise
         except OSError as exc:
             raise PermissionDenied(f"cannot read the audit log {self.path}: {exc.strerror or exc}") from None
 
@@ -216,7 +233,8 @@ def _merge_forward(f: Any) -> list[dict[str, Any]]:
     return [_merged(e, outcomes.get(e["id"])) for e in signals]
 
 
-def _merge_backward(f: Any, limit: int | None, since_iso: str | None) -> list[dict[str, Any]]:
+def _merge_backward(f: Any, limit: int | None, since_iso: str | None,
+                    where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
     # An outcome is always written after its signal, so walking backwards meets
     # it first; the first outcome met for an id is the last one recorded.
     newest_first: list[dict[str, Any]] = []
@@ -231,7 +249,10 @@ def _merge_backward(f: Any, limit: int | None, since_iso: str | None) -> list[di
         elif event == "signal":
             if since_iso is not None and str(doc.get("time", "")) < since_iso:
                 break  # file order is time order (times are taken under the write lock)
-            newest_first.append(_merged(doc, outcomes.pop(doc["id"], None)))
+            entry = _merged(doc, outcomes.pop(doc["id"], None))
+            if where is not None and not where(entry):
+                continue
+            newest_first.append(entry)
             if limit is not None and len(newest_first) >= limit:
                 break
     newest_first.reverse()

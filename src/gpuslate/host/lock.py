@@ -4,7 +4,8 @@ It is an ``flock`` on a file in a folder every user of the host can write, so
 the kernel releases it the moment a holder dies, however it dies. Next to the
 lock file the holder keeps ``<lock>.holder`` (pid, user, purpose, since) so a
 waiter can say whom it waits for; that file is only ever advice, the flock
-alone decides.
+alone decides. When another program holds the flock (no holder file), the
+holder is found in ``/proc/locks`` by the lock file's device and inode.
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ class HostLock:
         """Take the lock, waiting up to ``timeout`` seconds (``None``: for ever).
 
         When another run holds it, ``on_wait`` is called once with the holder's
-        ``{"pid", "user", "purpose", "since"}`` (values ``None`` when unknown)
-        before waiting. Raises :class:`NotDoneError` when the time runs out.
+        ``{"pid", "user", "purpose", "since"}`` (values ``None`` when unknown;
+        :func:`describe_holder` words it) before waiting. Raises
+        :class:`NotDoneError` when the time runs out.
         """
         if self._fd is not None:
             raise GpuslateError(f"the host lock {self.path} is already held by this process")
@@ -156,7 +158,7 @@ class HostLock:
                 return info
             now = time.monotonic()
             if now >= settle or (deadline is not None and now >= deadline):
-                return info
+                return _kernel_holder(fd) or info
             time.sleep(_POLL_MIN)
             if _try_lock(fd, self.path):
                 return None
@@ -170,7 +172,7 @@ class HostLock:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._busy_error()
+                    raise self._busy_error(fd)
                 time.sleep(min(interval, left))
             else:
                 time.sleep(interval)
@@ -178,13 +180,11 @@ class HostLock:
                 return
             interval = min(interval * 1.5, _POLL_MAX)
 
-    def _busy_error(self) -> NotDoneError:
+    def _busy_error(self, fd: int) -> NotDoneError:
         info = read_holder(self.holder_path)
         if info["pid"] is None:
-            who = "holder unknown"
-        else:
-            who = f"pid {info['pid']}, user {info['user'] or '?'}, since {info['since'] or '?'}"
-        return NotDoneError(f"another gpuslate run holds the host lock: {info['purpose'] or 'unknown purpose'} ({who})",
+            info = _kernel_holder(fd) or info
+        return NotDoneError(f"the host lock is still held by {describe_holder(info)}",
                             hint=f"lock file: {self.path}")
 
     # -- the holder file -------------------------------------------------------
@@ -210,12 +210,56 @@ class HostLock:
             os.close(fd)
 
 
+def describe_holder(info: dict[str, Any]) -> str:
+    """Who holds the lock, in words, for "waiting for ..." and timeout messages."""
+    if info.get("pid") is None:
+        return "an unknown process (not found in the holder file or /proc/locks)"
+    purpose = info.get("purpose") or "another gpuslate run"
+    since = f", since {info['since']}" if info.get("since") else ""
+    return f"{purpose} (pid {info['pid']}, user {info.get('user') or '?'}{since})"
+
+
+def _kernel_holder(fd: int) -> dict[str, Any] | None:
+    """The holder of the flock on ``fd``'s file as ``/proc/locks`` names it, or ``None``.
+
+    For a program that is not gpuslate (no holder file) or a gpuslate whose file
+    is gone. The line to match: ``N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF``
+    (device numbers in hex); ``->`` lines are waiters, not holders.
+    """
+    from ..proc.procfs import read_info
+
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->" or fields[1] != "FLOCK":
+            continue
+        if fields[5] != dev:
+            continue
+        try:
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if pid <= 0:
+            continue
+        info = read_info(pid)
+        name = info.name if info is not None else None
+        return {"pid": pid, "user": info.user if info is not None else None,
+                "purpose": f"process {name!r}" if name else "a process of another PID namespace", "since": None}
+    return None
+
+
 def read_holder(path: Path) -> dict[str, Any]:
     """What a ``.holder`` file says, if its process is still alive; else all ``None``."""
     unknown: dict[str, Any] = {"pid": None, "user": None, "purpose": None, "since": None}
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+    try:  # never through a symlink: in a shared folder anyone could plant one
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
+            doc = json.loads(f.read(64 * 1024))
     except (OSError, ValueError):
         return unknown
     if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not _alive(doc["pid"], doc.get("start_ticks")):

@@ -31,6 +31,9 @@ SCHEMA = "gpuslate.simhost.v1"
 DEFAULT_NAME = "NVIDIA RTX PRO 6000 Blackwell"
 DEFAULT_MEMORY = 97887 * 1024**2  # what the seed host reported per GPU
 DRIVER_VERSION = "sim-580.95.05"
+#: what an idle H200 reports as driver-reserved (the v1 memory API counts it as used)
+V1_DEFAULT_RESERVED = 645 * 1024**2
+MEMORY_APIS = ("v2", "v1")
 
 
 class AllocRecord(NamedTuple):
@@ -66,10 +69,17 @@ class SimHost:
         memory: int = DEFAULT_MEMORY,
         name: str = DEFAULT_NAME,
         release_delay: float = 0.2,
-        reserved: int = 0,
+        reserved: int | None = None,
+        memory_api: str = "v2",
     ) -> "SimHost":
+        """``memory_api="v1"`` simulates a driver before R510: reserved memory
+        (default then 645 MiB, like an idle H200) is reported inside 'used'."""
+        if memory_api not in MEMORY_APIS:
+            raise UsageError(f"invalid --memory-api {memory_api!r}: v2 or v1")
+        if reserved is None:
+            reserved = V1_DEFAULT_RESERVED if memory_api == "v1" else 0
         if gpus < 1 or gpus > 64:
-            raise UsageError(f"invalid --gpus {gpus}: a simulated host has 1 to 64 GPUs")
+            raise UsageError(f"invalid --count {gpus}: a simulated host has 1 to 64 GPUs")
         if memory <= 0:
             raise UsageError("invalid --memory: must be more than 0")
         if reserved < 0 or reserved >= memory:
@@ -94,7 +104,7 @@ class SimHost:
         seed = uuidlib.uuid4().hex[:8]
         config = {
             "schema": SCHEMA, "name": name, "gpus": gpus, "memory": memory, "reserved": reserved,
-            "release_delay": release_delay, "driver_version": DRIVER_VERSION,
+            "release_delay": release_delay, "driver_version": DRIVER_VERSION, "memory_api": memory_api,
             "uuids": [f"GPU-{seed}-5141-4d00-8000-{i:012x}" for i in range(gpus)],
             "created_at": time.time(),
         }
@@ -105,20 +115,31 @@ class SimHost:
     @property
     def config(self) -> dict[str, Any]:
         if self._config is None:
+            hint = f"create one with 'gpuslate sim init {self.root}'"
+            if not self.root.is_dir():
+                what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
+                raise BackendUnavailable(f"no simulated host at {self.root}: it {what}", hint=hint)
             try:
-                text = (self.root / "host.json").read_text()
+                text = (self.root / "host.json").read_bytes().decode("utf-8")
             except FileNotFoundError:
-                raise BackendUnavailable(
-                    f"no simulated host at {self.root}", hint=f"create one with 'gpuslate sim init {self.root}'"
-                ) from None
+                raise BackendUnavailable(f"no simulated host at {self.root}", hint=hint) from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise BackendUnavailable(f"cannot read {self.root}/host.json: {exc}") from None
             try:
                 cfg = json.loads(text)
-                if cfg.get("schema") != SCHEMA:
-                    raise ValueError(cfg.get("schema"))
             except ValueError:
                 raise BackendUnavailable(f"{self.root}/host.json is not a gpuslate simulated host") from None
+            problem = _config_problem(cfg)
+            if problem:
+                raise BackendUnavailable(f"{self.root}/host.json is not a valid gpuslate simulated host: {problem}",
+                                         hint=f"recreate it with 'gpuslate sim init {self.root}'")
+            cfg.setdefault("memory_api", "v2")  # hosts made before the option existed
             self._config = cfg
         return self._config
+
+    @property
+    def memory_api(self) -> str:
+        return str(self.config["memory_api"])
 
     @property
     def gpu_count(self) -> int:
@@ -206,6 +227,36 @@ class SimHost:
         with os.fdopen(fd, "w") as f:
             f.write(repr(now))
         return now
+
+
+def _config_problem(cfg: object) -> str | None:
+    """What is wrong with a parsed ``host.json``, or ``None``: every field is
+    checked here so that no later read can fail on a hand-edited or torn file."""
+    if not isinstance(cfg, dict) or cfg.get("schema") != SCHEMA:
+        return f"schema is not {SCHEMA}"
+
+    def whole(key: str, low: int, high: int | None = None) -> bool:
+        v = cfg.get(key)
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high)
+
+    if not whole("gpus", 1, 64):
+        return "gpus must be a whole number from 1 to 64"
+    if not whole("memory", 1):
+        return "memory must be a positive number of bytes"
+    if not whole("reserved", 0) or cfg["reserved"] >= cfg["memory"]:
+        return "reserved must be a number of bytes below memory"
+    delay = cfg.get("release_delay")
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 1e7:
+        return "release_delay must be a number of seconds"
+    for key in ("name", "driver_version"):
+        if not isinstance(cfg.get(key), str):
+            return f"{key} must be a string"
+    uuids = cfg.get("uuids")
+    if not isinstance(uuids, list) or len(uuids) != cfg["gpus"] or not all(isinstance(u, str) for u in uuids):
+        return "uuids must list one string per GPU"
+    if cfg.get("memory_api", "v2") not in MEMORY_APIS:
+        return "memory_api must be v2 or v1"
+    return None
 
 
 def _atomic_write(path: Path, text: str) -> None:

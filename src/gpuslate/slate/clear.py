@@ -22,7 +22,7 @@ from ..errors import Interrupted, UsageError
 from ..gpu import open_backend, sim_root_from_env
 from ..gpu.types import GpuBackend, GpuReading
 from ..host.audit import AuditLog, new_run_id
-from ..host.lock import HostLock, default_lock_dir
+from ..host.lock import HostLock, default_lock_dir, describe_holder
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
@@ -137,9 +137,9 @@ def clear(
         if lock and not dry_run:
             root = sim if sim is not None else (str(be.host.root) if be.name == "sim" else sim_root_from_env())
             host_lock = HostLock(default_lock_dir(root) / "host.lock", purpose=_purpose(gpus, sel))
-            host_lock.acquire(on_wait=lambda h: note(
-                f"waiting for the host lock: {h.get('purpose') or 'another gpuslate run'} "
-                f"(pid {h.get('pid')}, user {h.get('user')}, since {h.get('since')})"))
+            # the wait for the lock counts against --timeout, like everything else
+            host_lock.acquire(timeout=timeout, on_wait=lambda h: note(
+                f"waiting for the host lock (at most {timeout:g} s): held by {describe_holder(h)}"))
         limit = default_max_used(be) if max_used is None else max_used
         plan = make_plan(be, sel)
         t_plan = time.monotonic()
@@ -157,7 +157,8 @@ def clear(
         deadline = t_start + timeout
         run_id = new_run_id()
         victims = [Victim(t.ident, _audit_info(t), t.ignores_sigterm, t.job, t.waits_for) for t in plan.targets]
-        log = audit if audit is not None else (AuditLog() if victims else None)
+        log = audit if audit is not None else (
+            AuditLog(backend=be.name, sim_root=_sim_root(be)) if victims else None)
         results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
                             audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan))
@@ -192,6 +193,10 @@ def clear(
             host_lock.release()
         if backend is None:
             be.close()
+
+
+def _sim_root(be: GpuBackend) -> str | None:
+    return str(be.host.root) if be.name == "sim" else None  # type: ignore[attr-defined]
 
 
 def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..gpu import GpuBackend, open_backend
-from ..host.lock import HostLock, default_lock_dir
+from ..host.lock import HostLock, default_lock_dir, describe_holder
 
 Note = Callable[[str], None]
 
@@ -27,8 +27,7 @@ def host_lock(backend: GpuBackend, purpose: str, use: bool, on_event: Note | Non
     lock = HostLock(default_lock_dir(root) / "host.lock", purpose=purpose)
     t0 = time.monotonic()
     lock.acquire(on_wait=lambda h: (on_event or (lambda _m: None))(
-        f"waiting for the host lock: {h.get('purpose') or 'another gpuslate run'} "
-        f"(pid {h.get('pid')}, user {h.get('user')}, since {h.get('since')})"))
+        f"waiting for the host lock: held by {describe_holder(h)}"))
     try:
         yield time.monotonic() - t0
     finally:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._parse import parse_gpu_list
+from .._parse import parse_gpu_list, parse_host, parse_http_url, parse_int, parse_seconds
 from ..errors import UsageError
 
 CONFIG_NAME = "gpuslate.toml"
@@ -95,9 +95,28 @@ class UnitSpec:
                 raise UsageError(f"invalid --ready-log pattern {self.ready_log!r}: {exc}") from None
         for name in ("start_timeout", "grace", "stop_timeout"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v >= 0 and v != float("inf")):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise UsageError(f"invalid {name} {v!r}: a number of seconds, at least 0")
+            parse_seconds(v, what=name)
+        self._validate_inputs()
         return self
+
+    def _validate_inputs(self) -> None:
+        """Everything that would otherwise fail only after the server was launched:
+        the address and URL readiness uses, the working folder, the environment."""
+        self.ready_host = parse_host(self.ready_host)
+        if self.ready_url:
+            if "://" in self.ready_url:
+                parse_http_url(self.ready_url)
+            elif self.port is not None:  # a path: with the unit's address and port
+                parse_http_url(self.url(self.ready_url))
+        if self.cwd is not None:
+            _check_cwd(self.cwd)
+        for k, v in self.env.items():
+            if not k or "=" in k or "\0" in k or "\0" in v:
+                raise UsageError(f"invalid environment variable {k!r}: a name without '=' and no NUL bytes")
+        if any("\0" in a for a in self.command):
+            raise UsageError("invalid command: an argument contains a NUL byte")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,6 +171,7 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
         where = f"{path}:{_line_of(text, name, None)}"
         if not isinstance(table, dict):
             raise UsageError(f"{where}: units.{name} must be a table")
+        unit: dict[str, Any] = {}
         for key, value in table.items():
             line = f"{path}:{_line_of(text, name, key)}"
             if key not in _TYPES:
@@ -159,29 +179,74 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
                                  f"(known: {', '.join(sorted(_TYPES))})")
             if not isinstance(value, _TYPES[key]) or (isinstance(value, bool) and bool not in _TYPES[key]):
                 raise UsageError(f"{line}: {key} in [units.{name}] has the wrong type "
-                                 f"({type(value).__name__}; expected {' or '.join(t.__name__ for t in _TYPES[key])})")
-        try:
-            out[name] = _normalize(table, path)
-        except UsageError as exc:
-            raise UsageError(f"{where}: [units.{name}]: {exc}") from None
+                                 f"({_toml_type(value)}; expected {' or '.join(t.__name__ for t in _TYPES[key])})")
+            try:
+                unit[key] = _normalize(key, value, path)
+            except UsageError as exc:
+                raise UsageError(f"{line}: {key} in [units.{name}]: {exc}") from None
+        out[name] = unit
     return out
 
 
-def _normalize(table: dict[str, Any], path: Path) -> dict[str, Any]:
-    t = dict(table)
-    if isinstance(t.get("command"), str):
-        t["command"] = shlex.split(t["command"])
-    if "command" in t and not all(isinstance(a, str) for a in t["command"]):
-        raise UsageError("command must be a string or a list of strings")
-    if "gpus" in t:
-        t["gpus"] = parse_gpu_list(",".join(map(str, t["gpus"])) if isinstance(t["gpus"], list) else str(t["gpus"]))
-    if "prefetch" in t and not all(isinstance(p, str) for p in t["prefetch"]):
-        raise UsageError("prefetch must be a list of paths (strings)")
-    if "env" in t:
-        t["env"] = {str(k): str(v) for k, v in t["env"].items()}
-    if "cwd" in t:  # relative to the file, not to wherever gpuslate runs
-        t["cwd"] = str((path.parent / t["cwd"]).resolve())
-    return t
+def _normalize(key: str, value: Any, path: Path) -> Any:
+    """One value of a ``[units.NAME]`` table, checked and in the form UnitSpec takes.
+
+    Raises :class:`UsageError` with what is wrong; the caller adds ``FILE:LINE``.
+    """
+    if key == "command":
+        if isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as exc:  # e.g. 'sleep "5': No closing quotation
+                raise UsageError(f"cannot split the command line: {exc}") from None
+        if not all(isinstance(a, str) for a in value):
+            raise UsageError("must be a string or a list of strings")
+        return value
+    if key == "gpus":
+        return parse_gpu_list(",".join(map(str, value)) if isinstance(value, list) else str(value))
+    if key == "prefetch" and not all(isinstance(p, str) for p in value):
+        raise UsageError("must be a list of paths (strings)")
+    if key == "env":
+        out: dict[str, str] = {}
+        for k, v in value.items():
+            # a number or a boolean reads as it is written; a list or a table has no one way to
+            if isinstance(v, bool):
+                v = "true" if v else "false"
+            elif not isinstance(v, (str, int, float)):
+                raise UsageError(f"env value of {k!r} must be a string or a number, not a {_toml_type(v)}")
+            out[str(k)] = str(v)
+        return out
+    if key == "cwd":  # relative to the file, not to wherever gpuslate runs
+        return _check_cwd(str((path.parent / value).resolve()))
+    if key in ("start_timeout", "grace", "stop_timeout"):
+        return parse_seconds(value, what=key)
+    if key == "port":
+        return parse_int(str(value), low=1, high=65535, what="port")
+    if key == "ready_host":
+        return parse_host(value)
+    if key == "engine" and value not in ENGINES:
+        raise UsageError(f"must be one of {', '.join(ENGINES)}")
+    if key == "containment" and value not in CONTAINMENTS:
+        raise UsageError(f"must be one of {', '.join(CONTAINMENTS)}")
+    if key == "ready_url" and "://" in value:
+        parse_http_url(value)
+    if key == "ready_log":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise UsageError(f"invalid pattern: {exc}") from None
+    return value
+
+
+def _check_cwd(cwd: str) -> str:
+    if not os.path.isdir(cwd):
+        what = "does not exist" if not os.path.lexists(cwd) else "is not a folder"
+        raise UsageError(f"invalid working directory {cwd!r}: it {what}")
+    return cwd
+
+
+def _toml_type(v: object) -> str:
+    return {list: "list", dict: "table"}.get(type(v), type(v).__name__)
 
 
 def _line_of(text: str, unit: str | None, key: str | None) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 from ..errors import PermissionDenied
 from ..proc.procfs import ProcessId
-from ..host.state import state_dir
+from ..host.state import state_dir, write_state_file
 from .state import Phase
 
 SCHEMA = "gpuslate.unit.v1"
@@ -209,10 +209,9 @@ def log_path(name: str) -> Path:
 
 def save(rec: UnitRecord) -> None:
     path = record_path(rec.name)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(rec.to_json(), indent=2))
-        os.replace(tmp, path)  # readers see the old record or the new one, never half
+        # atomic (readers see the old record or the new one, never half), never through a symlink
+        write_state_file(path, json.dumps(rec.to_json(), indent=2).encode())
     except OSError as exc:
         raise PermissionDenied(f"cannot write unit state {path}: {exc.strerror or exc}") from None
 

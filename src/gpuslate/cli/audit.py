@@ -1,0 +1,146 @@
+"""``gpuslate audit``: every signal gpuslate sent, and what became of it.
+
+``gpuslate log`` is its old name (too close to ``logs``, a unit's output): a
+hidden alias that says so on stderr and keeps its ``gpuslate.log.v1`` document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from .common import add_common, note, print_json
+from .exits import exit_epilog
+
+SCHEMA = "gpuslate.audit.v1"
+OLD_SCHEMA = "gpuslate.log.v1"  # the same document under the command's old name
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    description = ("Show the audit log (newest last): who sent which signal to which process on which GPUs, "
+                   "and the outcome. An entry without an outcome belongs to a run that was interrupted after "
+                   "recording it. With a simulated host (--sim or GPUSLATE_SIM), only its entries.")
+    epilog = exit_epilog({5: "the audit log or its folder is unsafe or unreadable"}, backend=False)
+    p = sub.add_parser("audit", help="show the audit log of every signal gpuslate sent",
+                       description=description, epilog=epilog)
+    old = sub.add_parser("log", description=description, epilog=epilog)  # no help=: hidden from the list
+    for parser, alias in ((p, False), (old, True)):
+        add_common(parser)
+        parser.add_argument("--limit", type=_limit, default=50, metavar="N",
+                            help="show the newest N entries (default 50; 0 shows all)")
+        parser.set_defaults(handler=run, audit_alias=alias)
+
+
+def _limit(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a whole number of at least 0")
+    return v
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..host.audit import AuditLog
+
+    alias = getattr(args, "audit_alias", False)
+    if alias:
+        note("'gpuslate log' is now 'gpuslate audit' (the old name will go away)")
+    sim = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM") or None
+    log = AuditLog(sim_root=sim)
+    limit = getattr(args, "limit", 50)
+    entries = log.read(limit=limit or None, where=_of_host(log.sim_root))
+    if getattr(args, "json", False):
+        print_json({"schema": OLD_SCHEMA if alias else SCHEMA, "path": str(log.path), "entries": entries})
+    else:
+        print_log(entries, str(log.path))
+    return 0
+
+
+def _of_host(sim_root: str | None) -> Any:
+    """Entries about this backend: a simulated host's own, or the driver's. Entries
+    written before backends were recorded (no ``backend``) are shown everywhere."""
+
+    def where(e: dict[str, Any]) -> bool:
+        backend = e.get("backend")
+        if backend is None:
+            return True
+        return e.get("sim") == sim_root if sim_root else backend != "sim"
+
+    return where
+
+
+_OUTCOME_STYLE = {
+    "delivered": "green", "not_running": "dim", "pid_reused": "yellow",
+    "permission_denied": "red", "error": "red",
+}
+
+
+def print_log(entries: list[dict[str, Any]], path: str) -> None:
+    from rich.table import Table
+
+    from .._parse import format_gpu_list
+    from .render import cell, emit, fitted_cell, one_line
+
+    if not entries:
+        emit(f"no signals recorded in {cell(path)}")
+        return
+    table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
+    for col, just in (("Time", "left"), ("By", "left"), ("Action", "left"), ("Signal", "left"),
+                      ("PID", "right"), ("User", "left"), ("Command", "left"), ("GPUs", "left"),
+                      ("Outcome", "left")):
+        # on a narrow terminal the command is cut first and the outcome wraps at spaces;
+        # piped, nothing is cut or wrapped
+        table.add_column(col, justify=just,  # type: ignore[arg-type]
+                         no_wrap=col not in ("Command", "Outcome"),
+                         min_width=len("delivered") if col == "Outcome" else 8 if col == "Command" else None)
+    for e in entries:
+        target = e.get("target") if isinstance(e.get("target"), dict) else {}
+        actor = e.get("actor") if isinstance(e.get("actor"), dict) else {}
+        gpus = target.get("gpus")
+        try:
+            gpu_text = format_gpu_list(gpus) if gpus else "-"
+        except (TypeError, ValueError):
+            gpu_text = str(gpus)
+        table.add_row(
+            cell(_local_time(e.get("time"))), cell(_by(actor)), cell(e.get("action") or "-"),
+            cell(e.get("signal") or "-"), cell(target.get("pid", "-")),
+            cell(target.get("user") or "-"), fitted_cell(one_line(str(target.get("command") or "-"), 200)),
+            cell(gpu_text), _outcome_cell(e),
+        )
+    emit(table, f"[dim]{len(entries)} entries from {cell(path)}[/]")
+
+
+def _by(actor: dict[str, Any]) -> str:
+    user = str(actor.get("user") or "?")
+    sudo = actor.get("sudo_user")
+    return f"{user} (sudo {sudo})" if sudo else user
+
+
+def _outcome_cell(e: dict[str, Any]) -> str:
+    from .render import cell
+
+    outcome = e.get("outcome")
+    if outcome is None:
+        return "[yellow]unknown (run interrupted)[/]"
+    text = cell(outcome)
+    if e.get("outcome_detail"):
+        text += f" [dim]{cell(e['outcome_detail'])}[/]"
+    style = _OUTCOME_STYLE.get(str(outcome))
+    return f"[{style}]{text}[/]" if style else text
+
+
+def _local_time(iso: object) -> str:
+    """The stored UTC time as local time, like ``status`` shows times."""
+    import calendar
+    import time
+
+    if not isinstance(iso, str):
+        return "-"
+    try:
+        epoch = calendar.timegm(time.strptime(iso[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return iso
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))

@@ -1,0 +1,128 @@
+"""Bad input that used to give a traceback or a hang (issue 8): each gives the
+documented exit code (2, or 3 for a broken simulated host), one clear line on
+stderr, and starts or signals nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import gpuslate_env, is_gone
+
+HUGE = "9" * 400
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(lines) <= 2 and lines[0].startswith("gpuslate: error: "), lines  # a hint may follow
+    assert len(lines) == 1 or lines[1].startswith("gpuslate: hint: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["status", "--gpus", "0-99999999999"], "GPU indexes are 0 to 1023"),
+    (["clear", "--gpus", "0-99999999999", "--dry-run"], "GPU indexes are 0 to 1023"),
+    (["status", "--gpus", "\uff10"], "invalid GPU list"),  # a full-width 0
+    (["status", "--gpus", "\u0661-\u0663"], "invalid GPU list"),  # Arabic-Indic digits
+    (["clear", "--pid", "\uff11\uff12", "--dry-run"], "expected a whole number"),
+    (["clear", "--max-used", HUGE, "--dry-run"], "at most 1 EiB"),
+    (["clear", "--max-used", HUGE + "GiB", "--dry-run"], "at most 1 EiB"),
+    (["clear", "--max-used", "1" + "0" * 20, "--dry-run"], "at most 1 EiB"),
+    (["sim", "hold", "--memory", HUGE], "at most 1 EiB"),
+    (["status", "--watch", "1e300"], "at most 10000000 seconds"),
+    (["clear", "--timeout", "1e300", "--dry-run"], "at most 10000000 seconds"),
+    (["clear", "--grace", "nan", "--dry-run"], "must be a number at least 0"),
+    (["sim", "leak", "--gpu", "\uff13", "--memory", "1GiB"], "expected a whole number"),
+])
+def test_bad_values_exit_2_at_once(sim_host, hold, cli, args, needle):
+    canary = hold("--gpus", "0", "--memory", "1GiB")
+    t0 = time.monotonic()
+    r = cli(*args, timeout=20)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in one_line_error(r)
+    assert time.monotonic() - t0 < 10  # no hang building a range of 10^11 GPUs
+    assert not is_gone(canary.pid)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--cwd", "/etc/passwd"], "invalid working directory '/etc/passwd': it is not a folder"),
+    (["--cwd", "/no/such/dir"], "it does not exist"),
+    (["--ready-host", "999.1.1.1"], "invalid address '999.1.1.1'"),
+    (["--ready-host", "bad host"], "invalid address"),
+    (["--ready", "http://[::1"], "invalid URL 'http://[::1'"),
+    (["--ready", "http://127.0.0.1:99999/x"], "invalid URL"),
+    (["--ready", "ftp://127.0.0.1/x"], "invalid URL"),
+    (["--port", "\uff18\uff10"], "expected a whole number"),
+])
+def test_bad_unit_options_start_nothing(sim_host, cli, tmp_path, args, needle):
+    marker = tmp_path / "started"
+    r = cli("up", "web", "--port", "18080", *args, "--", "touch", str(marker), timeout=30)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in one_line_error(r)
+    assert not marker.exists()  # the server was never launched
+    assert cli("ps", "--json").stdout.count('"name"') == 0
+
+
+@pytest.mark.parametrize("body,line,needle", [
+    ('command = "sleep \\"5"', 3, "cannot split the command line: No closing quotation"),
+    ('command = "sleep 5"\nenv = {A = [1, 2]}', 4, "env value of 'A' must be a string or a number, not a list"),
+    ('command = "sleep 5"\ngrace = -5', 4, "invalid grace -5"),
+    ('command = "sleep 5"\nport = 70000', 4, "must be 1 to 65535"),
+    ('command = "sleep 5"\nstart_timeout = 1e300', 4, "at most 10000000 seconds"),
+    ('command = "sleep 5"\nready_host = "999.1.1.1"', 4, "invalid address"),
+    ('command = "sleep 5"\nready_url = "http://[::1"', 4, "invalid URL"),
+    ('command = "sleep 5"\ngpus = "\uff10"', 4, "invalid GPU list"),
+    ('command = "sleep 5"\nengine = "tgi"', 4, "must be one of sglang, vllm"),
+    ('command = "sleep 5"\ncwd = "/etc/passwd"', 4, "it is not a folder"),
+])
+def test_bad_unit_file_names_file_and_line(sim_host, cli, tmp_path, body, line, needle):
+    cfg = tmp_path / "gpuslate.toml"
+    cfg.write_text(f"# units\n[units.web]\n{body}\n")
+    r = cli("up", "web", "--config", str(cfg), timeout=30)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    first = one_line_error(r)
+    assert f"{cfg}:{line}: " in first and needle in first, first
+
+
+def test_sim_naming_a_file_or_a_broken_host_exits_3(cli, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUSLATE_SIM", raising=False)
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    broken = []
+    for i, text in enumerate(['{"schema": "gpuslate.simhost.v1", "gpus": "eight"}',
+                              '{"schema": "gpuslate.simhost.v1"}', "[1, 2]", "\xff\xfe", "{"]):
+        d = tmp_path / f"broken{i}"
+        d.mkdir()
+        (d / "host.json").write_bytes(text.encode("latin-1"))
+        broken.append(d)
+    for root in (a_file, *broken):
+        for args in (["status"], ["clear", "--dry-run"], ["wait", "--free", "--timeout", "0"], ["ps"],
+                     ["audit"], ["sim", "leak", "--gpu", "0", "--memory", "1GiB"], ["down", "web"]):
+            r = subprocess.run([sys.executable, "-m", "gpuslate", "--sim", str(root), *args],
+                               capture_output=True, text=True, env=gpuslate_env(), timeout=30)
+            assert r.returncode == 3, (root, args, r.stderr)
+            first = one_line_error(r)
+            assert str(root) in first and ("simulated host" in first or "host.json" in first), first
+
+
+def test_interrupt_is_reported_as_interrupted(sim_host, monkeypatch, capsys):
+    from gpuslate.cli.main import main
+    from gpuslate.host import snapshot
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(snapshot, "take_snapshot", interrupted)
+    assert main(["--json", "status"]) == 130
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["error"]["type"] == "interrupted" and doc["error"]["exit_code"] == 130
+    assert err == "gpuslate: error: interrupted\n"

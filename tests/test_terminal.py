@@ -1,0 +1,195 @@
+"""What a person sees: tables on real pseudo-terminals of 80, 120 and 200 columns,
+piped output, and process titles that try to drive the terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import SRC, gpuslate_env, is_gone, wait_for
+
+EVIL = "\x1b[2J\x1b[31mEVIL\x9b31m\u202eworker"
+LONG = " --model-path /models/meta-llama/Meta-Llama-3.1-405B-Instruct-FP8 --tensor-parallel-size 8 --port 30000"
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # rich's own colours: the only escapes allowed
+
+
+def on_pty(args: list[str], cols: int, *, answer: str | None = None, after: float = 0.0,
+           stdout_pipe: bool = False) -> tuple[int, str, str]:
+    """Run gpuslate with a pseudo-terminal of ``cols`` columns as its terminal
+    (stdin, stderr, and stdout unless ``stdout_pipe``); answer a prompt if asked.
+    Returns (exit code, what the terminal showed, stdout when piped)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
+    env = gpuslate_env({"TERM": "xterm-256color"})
+    for k in ("COLUMNS", "LINES", "NO_COLOR"):
+        env.pop(k, None)
+    p = subprocess.Popen([sys.executable, "-m", "gpuslate", *args], stdin=slave, stderr=slave,
+                         stdout=subprocess.PIPE if stdout_pipe else slave, env=env, start_new_session=True)
+    os.close(slave)
+    shown = b""
+    answered = answer is None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        if not answered and b"[y/N]" in shown:
+            time.sleep(after)  # a person taking their time to answer: what the test is about
+            os.write(master, answer.encode() + b"\n")
+            answered = True
+        if p.poll() is not None and not ready:
+            break
+    out = p.stdout.read().decode() if stdout_pipe else ""
+    p.wait(30)
+    os.close(master)
+    return p.returncode, shown.decode("utf-8", "replace").replace("\r\n", "\n"), out
+
+
+def visible(text: str) -> str:
+    return SGR.sub("", text)
+
+
+def assert_no_raw_escapes(text: str) -> None:
+    rest = SGR.sub("", text)
+    assert "\x1b" not in rest and "\x9b" not in rest and "\u202e" not in rest, repr(rest[:400])
+    assert "\\x1b[2J\\x1b[31mEVIL\\x9b31m\\u202eworker" in rest
+
+
+@pytest.fixture
+def evil_job(sim_host, hold):
+    return hold("--gpus", "0-1", "--memory", "3GiB", "--workers", "2", "--title", EVIL + LONG)
+
+
+@pytest.mark.parametrize("cols", [80, 120])
+def test_status_table_fits_and_keeps_numbers_readable(evil_job, cols):
+    code, shown, _ = on_pty(["status"], cols)
+    assert code == 0, shown
+    lines = visible(shown).splitlines()
+    assert max(len(line) for line in lines) <= cols, "\n".join(lines)
+    header = next(line for line in lines if line.split()[:2] == ["GPU", "PID"])
+    assert header.split() == ["GPU", "PID", "Kind", "GPU", "memory", "User", "Command"]
+    for w in evil_job.workers:
+        row = next(line for line in lines if f"└ {w} " in line)
+        # the PID, the memory and the user whole; the command cut, with an ellipsis
+        assert re.search(rf"^ +[01] └ {w} compute +3\.0 GiB root ", row), row
+        assert row.endswith("…")
+    assert_no_raw_escapes(shown)
+
+
+def test_clear_plan_fits_80_columns(evil_job):
+    code, shown, _ = on_pty(["clear", "--dry-run"], 80)
+    assert code == 0, shown
+    lines = visible(shown).splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    for pid in evil_job.workers:
+        row = next(line for line in lines if line.lstrip().startswith(f"{pid} "))
+        assert re.match(rf" *{pid} holder +root +[01] +3\.0 GiB \\x1b", row), row
+    assert_no_raw_escapes(shown)
+
+
+def test_launcher_row_at_200_columns_has_user_under_user(evil_job):
+    code, shown, _ = on_pty(["status"], 200)
+    assert code == 0
+    lines = visible(shown).splitlines()
+    header = next(line for line in lines if line.split()[:2] == ["GPU", "PID"])
+    row = next(line for line in lines if "launcher" in line)
+    user_col, cmd_col = header.index("User"), header.index("Command")
+    assert row[user_col:user_col + 4] == "root", (header, row)
+    assert row[cmd_col:].startswith("\\x1b[2J")
+
+
+def test_piped_output_has_no_padding_and_no_escapes(evil_job, cli):
+    for args in (["status"], ["clear", "--dry-run"]):
+        r = cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert all(line == line.rstrip() for line in r.stdout.splitlines()), args
+        assert "\x1b" not in r.stdout
+        assert_no_raw_escapes(r.stdout)
+
+
+def test_piped_audit_log_neither_wraps_nor_injects(evil_job, cli):
+    r = cli("clear", "--gpus", "0-1", "--yes")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()  # the report: one statement a line
+    assert "GPU memory before → after" in lines and "  GPU 1: 3.0 GiB → 0 B" in lines, r.stdout
+    assert [ln for ln in lines if ln.startswith("Clean: ")], r.stdout
+    r = cli("audit")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if "SIGTERM" in line]
+    assert len(rows) == 3  # one line per entry: nothing wrapped mid-word onto a next line
+    assert all(line == line.rstrip() for line in r.stdout.splitlines())
+    for row in rows[1:]:
+        assert_no_raw_escapes(row)
+        assert "--tensor-parallel-size 8 --port 30000" in row  # whole, piped
+
+
+def test_audit_table_on_an_80_column_terminal(evil_job, cli):
+    assert cli("clear", "--gpus", "0-1", "--yes").returncode == 0
+    code, shown, _ = on_pty(["audit"], 80)
+    assert code == 0
+    assert max(len(line) for line in visible(shown).splitlines()) <= 80
+    assert "\x1b[2J" not in shown and "\x9b" not in shown
+
+
+def test_prompt_escapes_and_its_wait_is_not_counted(evil_job):
+    code, shown, out = on_pty(["clear", "--gpus", "0-1", "--json", "--timeout", "1.5"], 100, answer="y",
+                              after=2.0, stdout_pipe=True)
+    assert code == 0, shown
+    assert "Terminate these 3 processes? [y/N]" in shown
+    assert_no_raw_escapes(shown)
+    doc = json.loads(out)
+    # the 2 s the person took are neither in the timings nor spent from --timeout 1.5
+    assert doc["status"] == "clean" and doc["timings"]["total_s"] < 1.5, doc["timings"]
+    assert all(is_gone(p) for p in evil_job.pids)
+
+
+def test_prompt_answered_no_signals_nothing(evil_job):
+    code, shown, _ = on_pty(["clear", "--gpus", "0-1"], 80, answer="n")
+    assert code == 130
+    assert "not confirmed: nothing was signaled" in shown
+    assert not any(is_gone(p) for p in evil_job.pids)
+
+
+HANDLES = textwrap.dedent("""
+    import os, sys, time
+    from gpuslate.sim.host import SimHost
+    from gpuslate.proc.procfs import identity
+    host = SimHost(sys.argv[1])
+    fds = [os.open(host.device_path(g), os.O_RDWR) for g in range(4)]  # like CUDA: every device node
+    host.add_record(0, identity(os.getpid()), 2 << 30)  # memory on GPU 0 only
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_gpu_column_shows_memory_gpus_and_marks_handles_apart(sim_host, cli):
+    p = subprocess.Popen([sys.executable, "-c", HANDLES, str(sim_host.root)], stdout=subprocess.PIPE, text=True,
+                         env=gpuslate_env(), start_new_session=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        r = cli("status")
+        row = next(line for line in r.stdout.splitlines() if f" {p.pid} " in line)
+        assert row.split()[:5] == ["0", "(+1-3", "handle)", str(p.pid), "compute"], row
+        assert "2.0 GiB" in row
+    finally:
+        p.kill()
+        p.wait()
