@@ -51,8 +51,8 @@ def popen_cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = N
 def kill_leftovers(host: SimHost, state_dirs: list[Path]) -> None:
     """SIGKILL every process of the units recorded in ``state_dirs`` and every live holder on ``host``
     (all started by the test)."""
-    from gpuslate.units import store
-    from gpuslate.units.contain import discard_cgroup, unit_processes
+    from gpuslate.units.contain import discard_cgroup
+    from gpuslate.units.unit import load_units
 
     idents: set[ProcessId] = set()
     table = ProcTable()
@@ -62,14 +62,14 @@ def kill_leftovers(host: SimHost, state_dirs: list[Path]) -> None:
         for d in state_dirs:
             if d.is_dir():
                 os.environ["GPUSLATE_STATE_DIR"] = str(d)
-                records += store.load_all()
+                records += [u for u in load_units() if u.record is not None]
     finally:
         if saved is None:
             os.environ.pop("GPUSLATE_STATE_DIR", None)
         else:
             os.environ["GPUSLATE_STATE_DIR"] = saved
-    for rec in records:
-        idents.update(st.ident for st in unit_processes(rec, table))
+    for unit in records:
+        idents.update(st.ident for st in unit.members(table))
     for held in host.held():
         r = held.record
         if held.alive and r.pid is not None and r.pid != os.getpid():
@@ -77,7 +77,7 @@ def kill_leftovers(host: SimHost, state_dirs: list[Path]) -> None:
     for ident in idents:
         send_signal(ident, signal.SIGKILL)
     for rec in records:
-        discard_cgroup(rec.cgroup, wait=10.0)
+        discard_cgroup(rec.record.cgroup, wait=10.0)
 
 
 def deterministic(summary: dict) -> dict:
