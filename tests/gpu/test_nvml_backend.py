@@ -121,7 +121,7 @@ def test_v1_memory_fallback(monkeypatch):
 
 
 def test_memory_api_is_known_when_the_backend_opens(monkeypatch):
-    from gpuslate.slate.wait import DEFAULT_MAX_USED_V1, DEFAULT_MAX_USED_V2, default_max_used
+    from gpuslate.host.session import DEFAULT_MAX_USED_V1, DEFAULT_MAX_USED_V2, default_max_used
 
     old, nv = backend(monkeypatch, v2_memory=False)
     # before any read: the default --max-used of clear/wait/up is decided from this

@@ -19,17 +19,16 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .._parse import format_gpu_list
 from .._time import iso_time
 from ..errors import Interrupted, UsageError
-from ..gpu import open_backend, sim_root_from_env
 from ..gpu.types import GpuBackend, GpuReading
 from ..host.audit import AuditLog, new_run_id
-from ..host.lock import HostLock, default_lock_dir, describe_holder
+from ..host.session import HostSession
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from .plan import Plan, Role, Selection, Target, VerifyMode, make_plan, resolve
-from .wait import GpuDiagnosis, default_max_used, diagnose, is_released, poll_until_free
+from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -131,16 +130,10 @@ def clear(
     note = on_event or (lambda _m: None)
     t_start = time.monotonic()
     started_at = time.time()
-    be = backend if backend is not None else open_backend(sim)
-    host_lock: HostLock | None = None
-    try:
-        if lock and not dry_run:
-            root = sim if sim is not None else (str(be.host.root) if be.name == "sim" else sim_root_from_env())
-            host_lock = HostLock(default_lock_dir(root) / "host.lock", purpose=_purpose(gpus, sel))
-            # the wait for the lock counts against --timeout, like everything else
-            host_lock.acquire(timeout=timeout, on_wait=lambda h: note(
-                f"waiting for the host lock (at most {timeout:g} s): held by {describe_holder(h)}"))
-        limit = default_max_used(be) if max_used is None else max_used
+    with HostSession(sim, backend) as host, \
+            host.locked(_purpose(gpus, sel), timeout=timeout, on_event=note, use=lock and not dry_run):
+        be = host.backend
+        limit = host.max_used(max_used)
         plan = make_plan(be, sel)
         t_plan = time.monotonic()
         before = plan.before_verified
@@ -157,8 +150,7 @@ def clear(
         deadline = t_start + timeout
         run_id = new_run_id()
         victims = [Victim(t.ident, _audit_info(t), t.ignores_sigterm, t.job, t.waits_for) for t in plan.targets]
-        log = audit if audit is not None else (
-            AuditLog(backend=be.name, sim_root=_sim_root(be)) if victims else None)
+        log = audit if audit is not None else (host.audit_log() if victims else None)
         results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
                             audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan))
@@ -188,15 +180,6 @@ def clear(
             status = ClearStatus.TIMEOUT
         return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
                            respawned, timings, limit, started_at)
-    finally:
-        if host_lock is not None:
-            host_lock.release()
-        if backend is None:
-            be.close()
-
-
-def _sim_root(be: GpuBackend) -> str | None:
-    return str(be.host.root) if be.name == "sim" else None  # type: ignore[attr-defined]
 
 
 def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:

@@ -22,16 +22,10 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .._parse import format_size
 from ..gpu.types import GpuBackend, GpuReading
 from ..proc.terminate import Poller, VictimResult
+from ..host.session import HostSession
 from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
 
-MiB = 1024**2
-DEFAULT_MAX_USED_V2 = 64 * MiB
-DEFAULT_MAX_USED_V1 = 1024 * MiB
 WAIT_SCHEMA = "gpuslate.wait.v1"
-
-
-def default_max_used(backend: GpuBackend) -> int:
-    return DEFAULT_MAX_USED_V1 if getattr(backend, "memory_api", "v2") == "v1" else DEFAULT_MAX_USED_V2
 
 
 def is_free(r: GpuReading, max_used: int) -> bool:
@@ -126,21 +120,15 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
 def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
               sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
     """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
-    from ..gpu import open_backend
-
-    own = backend is None
-    be = backend if backend is not None else open_backend(sim)
-    try:
+    with HostSession(sim, backend) as host:
+        be = host.backend
         sel = resolve_gpus(be, gpus)
-        limit = default_max_used(be) if max_used is None else max_used
+        limit = host.max_used(max_used)
         t0 = time.monotonic()
         ok, readings = poll_until_free(be, sel, limit, t0 + timeout)
         elapsed = time.monotonic() - t0
         diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
         return WaitResult(ok, sel, limit, elapsed, readings, diag)
-    finally:
-        if own:
-            be.close()
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,

@@ -22,11 +22,10 @@ from ..proc.tree import ProcTable
 from .._time import iso_time
 from ..host.snapshot import resolve_gpus
 from ..slate.clear import ClearResult, clear
-from ..slate.wait import default_max_used
 from . import logfile, store
 from .contain import collect_stale_cgroups
 from .fence import fence_of
-from .hostctx import backend_for, host_lock
+from ..host.session import HostSession
 from .interrupts import deferred_interrupts
 from .launch import Launched, exit_status, launch
 from .preflight import check_gpus, check_port
@@ -119,7 +118,9 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
     spec.validate()
     note = on_event or (lambda _m: None)
     t0 = time.monotonic()
-    with backend_for(sim, backend) as be, host_lock(be, f"up {spec.name}", lock, on_event) as waited:
+    with HostSession(sim, backend) as host, \
+            host.locked(f"up {spec.name}", timeout=spec.start_timeout, on_event=on_event, use=lock) as waited:
+        be = host.backend
         t_lock = time.monotonic()
         prev = unit if not isinstance(unit, _Unloaded) and not lock else Unit.load(spec.name)
         if prev is not None and prev.corrupt:
@@ -131,7 +132,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
             raise UsageError(f"unit {spec.name} is already running (pid {prev.record.pid}): "  # type: ignore[union-attr]
                              f"stop it first with 'gpuslate down {spec.name}'")
         gpus = resolve_gpus(be, spec.gpus)
-        limit = default_max_used(be) if max_used is None else max_used
+        limit = host.max_used(max_used)
         if spec.port is not None:
             check_port(spec.ready_host, spec.port, for_unit=spec.name)
         cleared = None
@@ -255,13 +256,15 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
         raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
     note = on_event or (lambda _m: None)
     t0 = time.monotonic()
-    with backend_for(sim, backend) as be, host_lock(be, f"down {name}", lock, on_event) as waited:
+    with HostSession(sim, backend) as host, \
+            host.locked(f"down {name}", timeout=timeout, on_event=on_event, use=lock) as waited:
+        be = host.backend
         u = unit if unit is not None and not lock else Unit.load(name)  # it may have changed while we waited
         if u is None:
             raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
         spec = u.spec or UnitSpec(name)  # corrupt: the defaults
         grace_s = spec.grace if grace is None else grace
-        limit = default_max_used(be) if max_used is None else max_used
+        limit = host.max_used(max_used)
         collect_stale_cgroups()  # under the host lock
         table = ProcTable()
         previous = unit_state(u.facts(table, u.members(table)))

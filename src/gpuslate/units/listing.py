@@ -17,7 +17,7 @@ from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .._parse import format_size
 from .._time import iso_time
-from .hostctx import backend_for
+from ..host.session import HostSession
 from .state import UnitState, unit_state
 from .store import UnitRecord
 from .unit import Stray, Unit, load_units
@@ -93,8 +93,8 @@ def list_units(*, sim: str | None = None, backend: GpuBackend | None = None) -> 
     known = False
     if wanted:
         try:
-            with backend_for(sim, backend) as be:
-                readings = be.read(wanted, full=False)
+            with HostSession(sim, backend) as host:
+                readings = host.backend.read(wanted, full=False)
             known = True
         except Exception as exc:  # ps still lists the units when the GPUs cannot be read
             warnings.append(f"GPU memory unknown: {exc}")

@@ -20,7 +20,8 @@ from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from ..host.snapshot import take_snapshot
-from ..slate.wait import GpuDiagnosis, default_max_used, diagnose, poll_until_free
+from ..host.session import default_max_used
+from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .unit import Unit
 
 _SWEEPS = 3

@@ -23,7 +23,7 @@ from .._time import iso_time
 from ..errors import UsageError
 from ..gpu import GpuBackend
 from . import store
-from .hostctx import backend_for, host_lock
+from ..host.session import HostSession
 from .lifecycle import DownResult, UpResult, down, up
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
@@ -102,8 +102,9 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
     pf: Prefetch | None = None
     try:
-        with backend_for(sim, backend) as be, \
-                host_lock(be, f"swap {old} -> {new_name}", lock, on_event) as waited:
+        with HostSession(sim, backend) as host, \
+                host.locked(f"swap {old} -> {new_name}", on_event=on_event, use=lock) as waited:
+            be = host.backend
             old_unit = Unit.load(old)
             if old_unit is None:
                 raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
