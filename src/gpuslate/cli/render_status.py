@@ -7,7 +7,7 @@ import time
 from typing import IO
 
 from .._parse import format_gpu_list, format_size
-from ..host.snapshot import GpuState, HolderProcess, Snapshot
+from ..host.snapshot import GpuState, HolderProcess, Holding, Snapshot
 from ..proc.procfs import read_info
 from .plain import Cell, Column, Style, clean, cut, paint, table, use_color, width_of
 
@@ -52,30 +52,6 @@ def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
     return f"{text} (+{format_gpu_list(handles)} handle)" if handles else text
 
 
-class _Row:
-    """One process of the table: its GPUs (memory apart from handles) and memory summed."""
-
-    def __init__(self, proc: HolderProcess) -> None:
-        self.proc = proc
-        self.memory_gpus: list[int] = []
-        self.handle_gpus: list[int] = []
-        self.used: int | None = None
-        self.kind = "handle"  # until a GPU where it holds a context says otherwise
-
-    def add(self, gpu: int, p: HolderProcess) -> None:
-        if p.kind == "handle":
-            self.handle_gpus.append(gpu)
-        else:
-            self.memory_gpus.append(gpu)
-            self.kind = p.kind
-        if p.used_memory is not None:
-            self.used = (self.used or 0) + p.used_memory
-
-    @property
-    def first_gpu(self) -> int:
-        return min(self.memory_gpus or self.handle_gpus)
-
-
 def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
     rows = []
     for g in snap.gpus:
@@ -92,27 +68,30 @@ def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
 
 def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
     """One row per process (its GPUs together), grouped under the job's launcher."""
-    jobs: dict[int, dict[int, _Row]] = {}
+    procs: dict[int, HolderProcess] = {}
     for g in snap.gpus:
         for p in g.processes:
-            jobs.setdefault(p.root_pid, {}).setdefault(p.pid, _Row(p)).add(g.index, p)
+            procs.setdefault(p.pid, p)
+    jobs: dict[int, dict[int, Holding]] = {}
+    for pid, h in snap.holders().items():
+        jobs.setdefault(procs[pid].root_pid, {})[pid] = h
     rows: list[list[Cell]] = []
     for root, members in jobs.items():
-        launcher = _launcher(root, [m.proc for m in members.values()], local)
+        launcher = _launcher(root, [procs[pid] for pid in members], local)
         if launcher:
             rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(launcher[0]),
                          Cell(launcher[1], ("dim",))])
-        for m in sorted(members.values(), key=lambda m: (m.proc.pid != root, m.first_gpu, m.proc.pid)):
-            p = m.proc
+        for m in sorted(members.values(), key=lambda m: (m.pid != root, m.first_gpu, m.pid)):
+            p = procs[m.pid]
             branch = "" if p.pid == root else "└ "
             if not p.visible:
                 cmd = Cell("(exited, or not visible from this host's /proc)", ("dim",))
             else:
                 text = cut(clean(p.command), COMMAND_LIMIT)
                 cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
-            rows.append([Cell(gpu_cell(m.memory_gpus, m.handle_gpus)), Cell(f"{branch}{p.pid}"),
+            rows.append([Cell(gpu_cell(m.memory_gpus, list(m.handles))), Cell(f"{branch}{p.pid}"),
                          Cell(m.kind, ("dim",) if m.kind == "handle" else ()),
-                         Cell(format_size(m.used) if m.used is not None else "-"),
+                         Cell(format_size(m.used_memory) if m.used_memory is not None else "-"),
                          Cell(clean(p.user or "-")), cmd])
     return rows
 

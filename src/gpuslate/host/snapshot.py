@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from .._time import iso_time
 from ..errors import UsageError
@@ -84,6 +84,52 @@ class GpuState(NamedTuple):
         }
 
 
+class Holding(NamedTuple):
+    """One process's holds across GPUs: where it has a context (and how much memory), and
+    where it holds only a device handle (CUDA opens every device node)."""
+
+    pid: int
+    kind: str  # compute | graphics | mps where it has a context anywhere, else handle
+    memory: dict[int, int | None]  # gpu -> bytes of its context there (None: not reported)
+    handles: tuple[int, ...]  # GPUs where it holds only a device handle
+    used_memory: int | None  # the reported bytes, summed; None when no GPU reported any
+
+    @property
+    def memory_gpus(self) -> list[int]:
+        return sorted(self.memory)
+
+    @property
+    def gpus(self) -> list[int]:
+        return sorted({*self.memory, *self.handles})
+
+    @property
+    def first_gpu(self) -> int:
+        return min(self.memory or self.handles)
+
+
+def holdings(entries: Iterable[tuple[int, int, str, int | None]]) -> dict[int, Holding]:
+    """(pid, gpu, kind, used memory) entries, one per process and GPU, by process, in order."""
+    memory: dict[int, dict[int, int | None]] = {}
+    handles: dict[int, set[int]] = {}
+    kinds: dict[int, str] = {}
+    for pid, gpu, kind, used in entries:
+        kinds.setdefault(pid, "handle")
+        handles.setdefault(pid, set())
+        if kind == "handle":
+            handles[pid].add(gpu)
+        else:
+            kinds[pid] = kind
+            per = memory.setdefault(pid, {})
+            per[gpu] = used if per.get(gpu) is None else (per[gpu] or 0) + (used or 0)
+    out: dict[int, Holding] = {}
+    for pid, kind in kinds.items():
+        mem = memory.get(pid, {})
+        known = [b for b in mem.values() if b is not None]
+        out[pid] = Holding(pid, kind, mem, tuple(sorted(handles[pid] - set(mem))),
+                           sum(known) if known else None)
+    return out
+
+
 class Snapshot(NamedTuple):
     host: str
     backend: str
@@ -101,6 +147,10 @@ class Snapshot(NamedTuple):
             "host_processes": [p.to_json() for p in self.host_processes],
             "warnings": self.warnings,
         }
+
+    def holders(self) -> dict[int, Holding]:
+        """Every process holding one of the snapshot's GPUs, its holds together."""
+        return holdings((p.pid, g.index, p.kind, p.used_memory) for g in self.gpus for p in g.processes)
 
 
 

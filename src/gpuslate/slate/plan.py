@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from .._parse import format_gpu_list, format_size
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
-from ..host.snapshot import Snapshot, resolve_gpus, take_snapshot
+from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
 from ..proc.jobs import ProcessView, Protection, descendants, job_members, job_root
 from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name
 from ..proc.tree import ProcTable
@@ -369,14 +369,7 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
     facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid())
     decision = decide(facts, res)
 
-    by_pid: dict[int, tuple[str, int | None, list[int], list[int]]] = {}
-    for h in holds:
-        kind, used, mem_gpus, all_gpus = by_pid.get(h.pid, ("handle", None, [], []))
-        if h.kind != "handle":
-            kind = h.kind
-            used = (used or 0) + (h.used_memory or 0)
-            mem_gpus = sorted({*mem_gpus, h.gpu})
-        by_pid[h.pid] = (kind, used, mem_gpus, sorted({*all_gpus, h.gpu}))
+    held = holdings(holds)
 
     targets: list[Target] = []
     target_pids = {d.pid for d in decision.targets}
@@ -387,20 +380,23 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
             continue
         argv = table.argv(d.pid)
         uid = table.uid(d.pid)
-        _kind, used, mem_gpus, _all = by_pid.get(d.pid, ("process", None, [], []))
+        h = held.get(d.pid)
+        used, mem_gpus = (h.used_memory, h.memory_gpus) if h else (None, [])
         container, cgroup = read_cgroups(d.pid)
         sig = read_signal_facts(d.pid)
         deaf = sig.ignores_sigterm if sig else None
         waits = tuple(sorted(set(descendants(table, d.pid, protect)) & target_pids)) if deaf else ()
         targets.append(Target(st.ident, user_name(uid) if uid is not None else None, uid,
-                              " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus, used, d.role,
+                              " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus,
+                              used if mem_gpus else None, d.role,
                               d.reason, d.job, deaf, waits, container, cgroup))
     spared: list[Spared] = []
     for s in decision.spared:
         st = table.get(s.pid)
         argv = table.argv(s.pid)
         uid = table.uid(s.pid)
-        kind, _used, _mem, all_gpus = by_pid.get(s.pid, ("process", None, [], []))
+        h = held.get(s.pid)
+        kind, all_gpus = (h.kind, h.gpus) if h else ("process", [])
         spared.append(Spared(s.pid, user_name(uid) if uid is not None else None,
                              " ".join(argv) if argv else (f"[{st.name}]" if st else None), all_gpus, kind,
                              s.reason, s.job))
