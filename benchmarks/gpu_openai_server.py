@@ -116,6 +116,7 @@ class Engine:
         self.vocab = cfg.vocab_size
         self.eos = cfg.eos_token_id
         self.max_batch = max_batch
+        self.gather_s = 0.01
         self.params = sum(p.numel() for p in self.model.parameters())
         self.waiting: list[Request] = []
         self.cond = threading.Condition()
@@ -141,6 +142,12 @@ class Engine:
             with self.cond:
                 while not self.waiting:
                     self.cond.wait()
+                # gather for a moment: the clients of a closed loop resubmit within about a
+                # millisecond of each other when a batch ends, and a batch of one that starts
+                # before the rest arrive would make them wait its whole decode
+                deadline = time.monotonic() + self.gather_s
+                while len(self.waiting) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                    self.cond.wait(left)
                 batch, self.waiting = self.waiting[: self.max_batch], self.waiting[self.max_batch:]
             try:
                 self._run(batch)
