@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslate.errors import UsageError
-from gpuslate.proc.jobs import Protection, ancestors
+from gpuslate.proc.jobs import Protection, ancestors, descendants
 from gpuslate.proc.procfs import ProcStat
 from gpuslate.slate.plan import GPU_DAEMONS, Facts, Hold, Resolved, Role, Selection, attribute, decide
 
@@ -188,11 +188,11 @@ def test_plan_invariants(data: st.DataObject) -> None:
         prot = Protection(f, w.caller)
         family = set()
         for p in sel.pids:
-            family |= {p} | set(_desc(f, p, prot))
+            family |= {p} | set(descendants(f, p, prot))
             if f.procs[p].pgid == p:
                 for m in f.group_members(p):
                     if not prot(m):
-                        family |= {m} | set(_desc(f, m, prot))
+                        family |= {m} | set(descendants(f, m, prot))
     selected = set()
     for pid in set(mem) | set(handle):
         s = f.procs.get(pid)
@@ -238,18 +238,6 @@ def test_plan_invariants(data: st.DataObject) -> None:
         assert set(d.verify_gpus) == set(range(w.gpus))
     # the same facts give the same plan: what --dry-run shows is what the act gets
     assert decide(facts, res) == d
-
-
-def _desc(f: Forest, pid: int, prot: Protection) -> list[int]:
-    out, stack, seen = [], list(f.children(pid)), {pid}
-    while stack:
-        p = stack.pop()
-        if p in seen or prot(p):
-            continue
-        seen.add(p)
-        out.append(p)
-        stack.extend(f.children(p))
-    return out
 
 
 def test_caller_pid_1_and_ancestors_refused_by_pid() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .jobs import Protection, job_root
+from .jobs import Protection, ancestors, job_root
 from .procfs import PROC, ProcStat, list_pids, read_cmdline, read_stat
 
 
@@ -84,12 +84,7 @@ class ProcTable:
 
     def ancestors(self, pid: int) -> list[int]:
         """Parent, grandparent, ... up to PID 1 (cycle-safe)."""
-        out: list[int] = []
-        st = self.get(pid)
-        while st is not None and st.ppid > 0 and st.ppid not in out and len(out) < 4096:
-            out.append(st.ppid)
-            st = self.get(st.ppid)
-        return out
+        return ancestors(self, pid)
 
     def group_members(self, pgid: int) -> list[int]:
         if self._groups is None:
