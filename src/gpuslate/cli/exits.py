@@ -9,8 +9,12 @@ Commands never pick a number themselves: an error goes through
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from .. import errors
+
+if TYPE_CHECKING:
+    from ..remote.fleet import HostOutcome
 
 
 class ExitStatus(IntEnum):
@@ -112,3 +116,9 @@ def exit_epilog(specific: dict[int, str] | None = None, *, backend: bool = True)
     table.update(specific or {})
     return "exit status: " + "; ".join(f"{int(code)} {text}" for code, text in sorted(table.items())) + \
         " (see README.md, Exit codes)."
+
+
+def exit_code_of(outcome: HostOutcome) -> int:
+    """A host's exit status in a fleet run: 0, or its failure's (the remote's own for a command
+    that failed there)."""
+    return 0 if outcome.error is None else int(exit_status_for(outcome.error))

@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from ..errors import UsageError
-from .exits import exit_status_for
+from .exits import exit_code_of
 
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult, HostOutcome
@@ -149,11 +149,6 @@ class Progress:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
                 self._drawn = False
-
-
-def exit_code_of(outcome: HostOutcome) -> int:
-    """A host's exit status: 0, or its failure's (the remote's own for a command that failed)."""
-    return 0 if outcome.error is None else int(exit_status_for(outcome.error))
 
 
 def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:

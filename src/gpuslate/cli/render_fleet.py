@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .._parse import format_size
 from ..remote.fleet import FleetResult, HostOutcome
-from .fleet import exit_code_of
+from .exits import exit_code_of
 from .render import console, one_line
 
 
