@@ -103,7 +103,8 @@ def test_sim_naming_a_file_or_a_broken_host_exits_3(cli, tmp_path, monkeypatch):
         d.mkdir()
         (d / "host.json").write_bytes(text.encode("latin-1"))
         broken.append(d)
-    for root in (a_file, *broken):
+    too_long = tmp_path / ("a" * 300)  # a name the kernel refuses (ENAMETOOLONG), found by the fuzz test
+    for root in (a_file, *broken, too_long):
         for args in (["status"], ["clear", "--dry-run"], ["wait", "--free", "--timeout", "0"], ["ps"],
                      ["audit"], ["sim", "leak", "--gpu", "0", "--memory", "1GiB"], ["down", "web"]):
             r = subprocess.run([sys.executable, "-m", "gpuslate", "--sim", str(root), *args],

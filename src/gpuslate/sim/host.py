@@ -116,7 +116,11 @@ class SimHost:
     def config(self) -> dict[str, Any]:
         if self._config is None:
             hint = f"create one with 'gpuslate sim init {self.root}'"
-            if not self.root.is_dir():
+            try:
+                is_dir = self.root.is_dir()
+            except OSError as exc:  # a name too long, a path through a file: not a host either
+                raise BackendUnavailable(f"no simulated host at {self.root}: {exc.strerror}", hint=hint) from None
+            if not is_dir:
                 what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
                 raise BackendUnavailable(f"no simulated host at {self.root}: it {what}", hint=hint)
             try:
