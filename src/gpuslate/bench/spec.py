@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ..errors import UsageError
+from .._toml import line_of
 from ..units.spec import UnitSpec, load_config, resolve
 from .loadgen import LoadPlan
 
@@ -262,34 +263,3 @@ def _check_load(plan: dict[str, Any], fail: Any) -> None:
         raise fail("load", "api", f"api must be one of {', '.join(get_args(Api))}, got {plan['api']!r}")
     if "requests" in plan and "duration_s" in plan:
         raise fail("load", "duration_s", "give requests or duration_s, not both")
-
-
-def line_of(text: str, table: str | None, key: str | None) -> int:
-    """Line (1-based) of ``key`` in ``[table]`` (or of the table's header, or of a top-level key); 1 if unsure."""
-    lines = text.splitlines()
-    start = -1
-    if table is not None:
-        want = _norm(table)
-        start = next((i for i, ln in enumerate(lines)
-                      if ln.lstrip().startswith("[") and _norm(ln.strip().split("#")[0]) == want), -1)
-        if start < 0:
-            # an inline table or dotted key at top level: `table = {...}` / `table.key = ...`
-            return line_of(text, None, table.split(".")[0])
-        if key is None:
-            return start + 1
-    pat = re.compile(r"\s*[\"']?" + re.escape(key or "") + r"[\"']?\s*[=.]")
-    for i in range(start + 1, len(lines)):
-        if lines[i].lstrip().startswith("["):
-            if table is not None:
-                break
-            continue
-        if pat.match(lines[i]):
-            return i + 1
-    if table is None and key is not None:  # a top-level table header `[key]` or `[key.x]`
-        hdr = re.compile(r"\s*\[+\s*[\"']?" + re.escape(key) + r"[\"']?\s*[\].]")
-        return next((i + 1 for i, ln in enumerate(lines) if hdr.match(ln)), 1)
-    return max(start + 1, 1)
-
-
-def _norm(header: str) -> str:
-    return re.sub(r"[\s\"'\[\]]", "", header)

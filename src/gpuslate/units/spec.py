@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._parse import parse_gpu_list, parse_host, parse_http_url, parse_int, parse_seconds
+from .._toml import line_of
 from ..errors import UsageError
 
 CONFIG_NAME = "gpuslate.toml"
@@ -250,21 +251,8 @@ def _toml_type(v: object) -> str:
 
 
 def _line_of(text: str, unit: str | None, key: str | None) -> int:
-    """Best-effort line number of ``[units.UNIT]`` or of ``key`` inside it (1 if not found)."""
-    lines = text.splitlines()
-    start = 0
-    if unit is not None:
-        header = re.compile(r"\s*\[\s*units\s*\.\s*[\"']?" + re.escape(unit) + r"[\"']?\s*\]")
-        start = next((i for i, ln in enumerate(lines) if header.match(ln)), 0)
-        if key is None:
-            return start + 1
-    keypat = re.compile(r"\s*[\"']?" + re.escape(key or "") + r"[\"']?\s*[=.]")
-    for i in range(start, len(lines)):
-        if i > start and unit is not None and lines[i].lstrip().startswith("["):
-            break
-        if keypat.match(lines[i]):
-            return i + 1
-    return start + 1
+    """Line of ``[units.UNIT]``, or of ``key`` inside it (1 if not found)."""
+    return line_of(text, f"units.{unit}" if unit is not None else None, key)
 
 
 def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list[str] | None = None,
