@@ -326,12 +326,12 @@ def measure(mode: str, concurrency: int, time_scale: float, requests_each: int,
 
 
 def test_measured_speculative_wins_at_1_and_loses_at_16() -> None:
-    base_1 = measure("baseline", 1, time_scale=20.0, requests_each=3, max_tokens=240)
-    spec_1 = measure("speculative", 1, time_scale=20.0, requests_each=3, max_tokens=240)
+    base_1 = measure("baseline", 1, time_scale=5.0, requests_each=3, max_tokens=240)
+    spec_1 = measure("speculative", 1, time_scale=5.0, requests_each=3, max_tokens=240)
     # One long request per client: a second round would start with stragglers
     # (HTTP turnaround is not time-scaled) and measure the loop, not the model.
-    base_16 = measure("baseline", 16, time_scale=20.0, requests_each=1, max_tokens=100)
-    spec_16 = measure("speculative", 16, time_scale=20.0, requests_each=1, max_tokens=100)
+    base_16 = measure("baseline", 16, time_scale=5.0, requests_each=1, max_tokens=100)
+    spec_16 = measure("speculative", 16, time_scale=5.0, requests_each=1, max_tokens=100)
     assert spec_1 > base_1 * 1.03, (spec_1, base_1)
     assert spec_16 < base_16 * 0.8, (spec_16, base_16)
     # Real HTTP and event-loop overhead only ever slow the simulator down.
