@@ -1,12 +1,36 @@
-"""Where things are in a TOML file, for error messages that say FILE:LINE.
+"""TOML files (gpuslate.toml, experiment specs): reading them, and where things are in them.
 
 ``tomllib`` parses without positions, so a value rejected after parsing is
-found again in the text: best effort, and 1 when unsure.
+found again in the text for a FILE:LINE message: best effort, and 1 when unsure.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from typing import Any
+
+from .errors import UsageError
+
+
+def read_toml(path: str | os.PathLike[str], what: str) -> tuple[str, dict[str, Any]]:
+    """(text, document) of a TOML file; a UsageError naming ``what`` when it is missing,
+    unreadable or malformed (tomllib's message already says the line and column)."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: malformed TOML: {exc}") from None
 
 
 def line_of(text: str, table: str | None, key: str | None) -> int:

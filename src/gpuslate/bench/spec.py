@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from ..errors import UsageError
-from .._toml import line_of
+from .._toml import line_of, read_toml
 from ..units.spec import UnitSpec, load_config, resolve
 from .loadgen import LoadPlan
 
@@ -109,21 +109,8 @@ class ExperimentSpec:
 
 def load_spec(path: str | Path) -> ExperimentSpec:
     """Parse and check an experiment spec; UsageError with ``FILE:LINE`` on the first problem."""
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UsageError(f"experiment spec {p} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {p}: {exc}") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{p}: malformed TOML: {exc}") from None
+    text, doc = read_toml(p, "experiment spec")
 
     def fail(table: str | None, key: str | None, msg: str) -> UsageError:
         return UsageError(f"{p}:{line_of(text, table, key)}: {msg}")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._parse import parse_gpu_list, parse_host, parse_http_url, parse_int, parse_seconds
-from .._toml import line_of
+from .._toml import line_of, read_toml
 from ..errors import UsageError
 
 CONFIG_NAME = "gpuslate.toml"
@@ -151,19 +151,7 @@ def find_config(path: str | os.PathLike[str] | None) -> Path | None:
 
 def load_config(path: Path) -> dict[str, dict[str, Any]]:
     """The ``[units.NAME]`` tables of a config file, each checked; UsageError with the line otherwise."""
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # the message already says "(at line L, column C)"
-        raise UsageError(f"{path}: malformed TOML: {exc}") from None
+    text, doc = read_toml(path, "unit configuration")
     units = doc.get("units", {})
     if not isinstance(units, dict):
         raise UsageError(f"{path}:{_line_of(text, None, 'units')}: 'units' must be a table of [units.NAME] tables")
