@@ -12,96 +12,110 @@ import types
 
 import pytest
 
+import inspect
+import threading
+
+import pytest
+
 from gpuslate.errors import BackendUnavailable
+from gpuslate.gpu import nvml
+from gpuslate.gpu.libnvml import Nvml, NvmlError
 from gpuslate.gpu.nvml import NvmlBackend
 
 GiB = 1024**3
+NOT_FOUND, NOT_SUPPORTED, LIBRARY_NOT_FOUND, UNKNOWN, NO_PERMISSION = 13, 3, 12, 999, 4
+MESSAGES = {13: "Function Not Found", 3: "Not Supported", 12: "NVML Shared Library Not Found",
+            999: "Unknown Error", 4: "Insufficient Permissions"}
 
 
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        self.value = value
-
-    def __str__(self) -> str:
-        return {13: "Function Not Found", 3: "Not Supported", 12: "Library Not Found",
-                999: "Unknown Error", 4: "Insufficient Permissions"}.get(self.value, str(self.value))
+def err(code: int, fn: str) -> NvmlError:
+    return NvmlError(code, fn, MESSAGES.get(code))
 
 
-def fake_pynvml(gpus: int = 2, *, v2_memory: bool = True, v3_procs: bool = True, broken: set[int] = frozenset(),
-                init_error: int | None = None) -> types.ModuleType:
-    nv = types.ModuleType("pynvml")
-    nv.NVMLError = NVMLError
-    nv.NVML_ERROR_NO_PERMISSION = 4
-    nv.NVML_ERROR_FUNCTION_NOT_FOUND = 13
-    nv.NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-    nv.NVML_ERROR_NOT_SUPPORTED = 3
-    nv.NVML_TEMPERATURE_GPU = 0
-    nv.nvmlMemory_v2 = 0x02000028
-    calls: list[str] = []
-    nv.calls = calls
+class FakeNvml:
+    """A driver double with the binding's interface (see test_double_matches_the_binding)."""
 
-    def init():
-        if init_error is not None:
-            raise NVMLError(init_error)
+    def __init__(self, gpus: int = 2, *, v2_memory: bool = True, v3_procs: bool = True,
+                 broken: frozenset[int] = frozenset(), init_error: int | None = None) -> None:
+        self.gpus, self.v2_memory, self.v3_procs = gpus, v2_memory, v3_procs
+        self.broken, self.init_error = broken, init_error
+        self.calls: list[str] = []
+        self.inits: list[str] = []
 
-    nv.nvmlInit = init
-    nv.nvmlShutdown = lambda: None
-    nv.nvmlSystemGetDriverVersion = lambda: "580.159.03"
-    nv.nvmlDeviceGetCount = lambda: gpus
-    nv.nvmlDeviceGetHandleByIndex = lambda i: i
-    nv.nvmlDeviceGetMinorNumber = lambda h: h
-    nv.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
-    nv.nvmlDeviceGetName = lambda h: b"NVIDIA H200"
-    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=7, memory=1)
-    nv.nvmlDeviceGetTemperature = lambda h, s: 30
+    def init(self) -> None:
+        if self.init_error is not None:
+            raise err(self.init_error, "nvmlInit_v2")
+        self.inits.append(threading.current_thread().name)
 
-    def power(h):
-        raise NVMLError(3)  # not supported: an optional fact, not an error
+    def shutdown(self) -> None:
+        pass
 
-    nv.nvmlDeviceGetPowerUsage = power
-    nv.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700000
-    nv.nvmlDeviceGetPerformanceState = lambda h: 0
+    def driver_version(self) -> str:
+        return "580.159.03"
 
-    def memory(h, version=None):
-        calls.append(f"mem v{2 if version else 1}")
-        if version:
-            if not v2_memory:
-                raise NVMLError(13)
-            return types.SimpleNamespace(total=140 * GiB, used=0, reserved=645 * 1024**2, free=140 * GiB - 645 * 1024**2)
-        return types.SimpleNamespace(total=140 * GiB, used=645 * 1024**2, free=140 * GiB - 645 * 1024**2)
+    def device_count(self) -> int:
+        return self.gpus
 
-    nv.nvmlDeviceGetMemoryInfo = memory
+    def handle(self, index: int) -> int:
+        return index
 
-    def procs(kind, version):
-        def fn(h):
-            calls.append(f"{kind} {version}")
-            if h in broken and kind == "compute":
-                raise NVMLError(999)
-            if version == "v3" and not v3_procs:
-                raise NVMLError(13)
-            if kind == "compute":
-                return [types.SimpleNamespace(pid=1234, usedGpuMemory=10 * GiB),
-                        types.SimpleNamespace(pid=0, usedGpuMemory=GiB),
-                        types.SimpleNamespace(pid=4294967295, usedGpuMemory=GiB)]
-            if kind == "mps":
-                return [types.SimpleNamespace(pid=777, usedGpuMemory=None)]
-            raise NVMLError(3)
+    def minor_number(self, h: int) -> int:
+        return h
 
-        return fn
+    def uuid(self, h: int) -> str:
+        return f"GPU-{h}"
 
-    for kind, base in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                       ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-                       ("mps", "nvmlDeviceGetMPSComputeRunningProcesses")):
-        setattr(nv, f"{base}_v3", procs(kind, "v3"))
-        setattr(nv, f"{base}_v2", procs(kind, "v2"))
-        setattr(nv, base, procs(kind, "v1"))
-    return nv
+    def name(self, h: int) -> str:
+        return "NVIDIA H200"
+
+    def utilization(self, h: int) -> int:
+        return 7
+
+    def temperature(self, h: int) -> int:
+        return 30
+
+    def power_usage(self, h: int) -> int:
+        raise err(NOT_SUPPORTED, "nvmlDeviceGetPowerUsage")  # an optional fact, not an error
+
+    def power_limit(self, h: int) -> int:
+        return 700000
+
+    def performance_state(self, h: int) -> int:
+        return 0
+
+    def memory(self, h: int, version: int) -> tuple[int, int, int, int]:
+        self.calls.append(f"mem v{version}")
+        if version == 2:
+            if not self.v2_memory:
+                raise err(NOT_FOUND, "nvmlDeviceGetMemoryInfo_v2")
+            return 140 * GiB, 0, 645 * 1024**2, 140 * GiB - 645 * 1024**2
+        return 140 * GiB, 645 * 1024**2, 0, 140 * GiB - 645 * 1024**2
+
+    def processes(self, h: int, kind: str, version: int) -> list[tuple[int, int | None]]:
+        self.calls.append(f"{kind} v{version}")
+        if h in self.broken and kind == "compute":
+            raise err(UNKNOWN, "nvmlDeviceGetComputeRunningProcesses_v3")
+        if version == 3 and not self.v3_procs:
+            raise err(NOT_FOUND, f"{kind}_v3")
+        if kind == "compute":
+            return [(1234, 10 * GiB), (0, GiB), (4294967295, GiB)]
+        if kind == "mps":
+            return [(777, None)]
+        raise err(NOT_SUPPORTED, kind)
 
 
-def backend(monkeypatch, **kw) -> tuple[NvmlBackend, types.ModuleType]:
-    nv = fake_pynvml(**kw)
-    monkeypatch.setitem(sys.modules, "pynvml", nv)
-    return NvmlBackend(), nv
+def test_double_matches_the_binding():
+    """The double has exactly the binding's public methods, with the same parameters."""
+    def methods(cls: type) -> dict[str, list[str]]:
+        return {n: list(inspect.signature(f).parameters) for n, f in vars(cls).items()
+                if callable(f) and not n.startswith("_")}
+
+    assert methods(FakeNvml) == methods(Nvml)
+
+
+def backend(monkeypatch, **kw) -> tuple[NvmlBackend, FakeNvml]:
+    nv = FakeNvml(**kw)
+    return NvmlBackend(nv), nv  # type: ignore[arg-type]
 
 
 def test_v2_memory_separates_reserved(monkeypatch):
@@ -156,7 +170,21 @@ def test_failed_process_query_is_an_error_not_empty(monkeypatch):
 
 def test_no_driver(monkeypatch):
     with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
-        backend(monkeypatch, init_error=12)
+        backend(monkeypatch, init_error=LIBRARY_NOT_FOUND)
+
+
+def test_no_library(monkeypatch):
+    """No libnvidia-ml.so.1 at all: the binding says so, the backend says no driver."""
+    monkeypatch.setattr(nvml, "open_library", lambda: Nvml("libnvidia-ml-absent.so.1"))
+    with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
+        NvmlBackend()
+
+
+def test_permission_error_is_permission_denied(monkeypatch):
+    b, nv = backend(monkeypatch)
+    nv.handle = lambda i: (_ for _ in ()).throw(err(NO_PERMISSION, "nvmlDeviceGetHandleByIndex_v2"))
+    (r,) = b.read([0])
+    assert r.memory is None and "Insufficient Permissions" in r.error
 
 
 def test_device_paths(monkeypatch):
@@ -165,43 +193,53 @@ def test_device_paths(monkeypatch):
     assert b.gpu_for_path("/dev/nvidia1") == 1
     assert b.gpu_for_path("/dev/nvidiactl") is None
     assert b.gpu_for_path("/dev/nvidia-uvm") is None
+    assert b.gpu_for_path("/dev/nvidia-caps/nvidia-cap1") is None
     assert b.gpu_for_path("/dev/nvidia9") is None
+    assert b.gpu_for_path("/dev/nvidia١") is None  # a non-ASCII digit is no minor number
 
 
 def test_early_init_overlaps_and_is_used_once(monkeypatch):
-    """start_early_init runs nvmlInit on its own thread while the caller goes on; the next
-    backend takes that result (one nvmlInit), a later one initialises itself."""
-    import threading
-
-    from gpuslate.gpu import nvml
-
-    nv = fake_pynvml()
-    inits: list[str] = []
+    """start_early_init runs nvmlInit and takes the handles on its own thread while the
+    caller goes on; the next backend takes that result (one nvmlInit), a later one
+    initialises itself."""
+    nv = FakeNvml()
     release = threading.Event()
+    init = nv.init
 
-    def slow_init():
+    def slow_init() -> None:
         release.wait(10)  # the driver "initialising": the caller is not held up meanwhile
-        inits.append(threading.current_thread().name)
+        init()
 
-    nv.nvmlInit = slow_init
-    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    handles: list[str] = []
+    nv.init = slow_init  # type: ignore[method-assign]
+    nv.handle = lambda i: handles.append(threading.current_thread().name) or i  # type: ignore[method-assign]
+    monkeypatch.setattr(nvml, "open_library", lambda: nv)
     monkeypatch.setattr(nvml, "_early", None)
     nvml.start_early_init()
     nvml.start_early_init()  # a second call starts nothing more
-    assert inits == []  # returned at once
+    assert nv.inits == []  # returned at once
     release.set()
     b = NvmlBackend()
-    assert inits == ["gpuslate-nvml-init"]
-    assert b.read([0])[0].error is None
+    assert nv.inits == ["gpuslate-nvml-init"]
+    assert len(handles) == 2 and "gpuslate-nvml-init" not in handles  # one thread per GPU
+    assert b.read([0, 1])[1].error is None and len(handles) == 2  # the early handles are used
     NvmlBackend()
-    assert inits == ["gpuslate-nvml-init", threading.current_thread().name]
+    assert nv.inits == ["gpuslate-nvml-init", threading.current_thread().name]
 
 
 def test_early_init_failure_is_reported_by_the_backend(monkeypatch):
-    from gpuslate.gpu import nvml
-
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error=12))
+    monkeypatch.setattr(nvml, "open_library", lambda: FakeNvml(init_error=LIBRARY_NOT_FOUND))
     monkeypatch.setattr(nvml, "_early", None)
     nvml.start_early_init()  # fails quietly on its thread
     with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
         NvmlBackend()
+
+
+def test_early_handle_error_is_the_gpus_error(monkeypatch):
+    nv = FakeNvml()
+    nv.handle = lambda i: (_ for _ in ()).throw(err(UNKNOWN, "nvmlDeviceGetHandleByIndex_v2")) if i == 1 else i
+    monkeypatch.setattr(nvml, "open_library", lambda: nv)
+    monkeypatch.setattr(nvml, "_early", None)
+    nvml.start_early_init()
+    r0, r1 = NvmlBackend().read([0, 1])
+    assert r0.error is None and r1.memory is None and "Unknown Error" in r1.error

@@ -1,7 +1,9 @@
 """The NVML backend: the only module that talks to the NVIDIA driver.
 
-Every NVML call goes through :func:`_call`, the single choke point that turns
-``NVMLError`` into gpuslate errors. Optional facts (utilization, temperature,
+It calls the driver through :mod:`.libnvml` (a small ctypes binding), and every
+error NVML returns becomes a gpuslate error in one place, :func:`_error` (through
+the choke point :meth:`NvmlBackend._call`, or directly where the backend chooses
+between API versions). Optional facts (utilization, temperature,
 power) that a GPU does not support are ``None``; essential facts (memory,
 processes) that fail make the GPU's ``error`` field non-null, never an empty
 process list.
@@ -9,100 +11,134 @@ process list.
 
 from __future__ import annotations
 
-import re
+import ctypes
+import threading
 from typing import Any, Callable, Sequence
 
 from ..errors import BackendUnavailable, GpuQueryError, PermissionDenied
+from .libnvml import (ERROR_ARGUMENT_VERSION_MISMATCH, ERROR_FUNCTION_NOT_FOUND, ERROR_NO_PERMISSION,
+                      ERROR_NOT_SUPPORTED, Handle, Nvml, NvmlError)
 from .types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
 
 # PIDs that some drivers report for contexts they cannot attribute
 _INVALID_PIDS = frozenset({0, 4294967295})
-_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
+# codes meaning "this driver lacks that version of the function": try an older one
+_VERSION_ERRORS = frozenset({ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH})
+_NO_DRIVER_HINT = ("set GPUSLATE_SIM=DIR or pass --sim DIR to use a simulated host "
+                   "(create one with 'gpuslate sim init DIR')")
+
+#: how the backend gets the driver library (tests substitute a double here)
+open_library: Callable[[], Nvml] = Nvml
 
 
-def _import_pynvml() -> Any:
-    try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise BackendUnavailable(
-            "the nvidia-ml-py package is not installed", hint="pip install nvidia-ml-py"
-        ) from exc
-    return pynvml
+class _Early:
+    """The outcome of :func:`start_early_init`: the library, initialised, and the
+    handle of every GPU (or the error taking it), or why there is none."""
+
+    def __init__(self) -> None:
+        self.library: Nvml | None = None
+        self.error: NvmlError | None = None
+        self.handles: dict[int, Handle | NvmlError] = {}
+        self.thread: threading.Thread | None = None
 
 
-# nvmlInit started ahead of need (see start_early_init): (thread, [(pynvml or None, error or None)])
-_early: tuple[Any, list[tuple[Any, BaseException | None]]] | None = None
+_early: _Early | None = None
 
 
 def start_early_init() -> None:
-    """Load the driver library and run ``nvmlInit`` on a background thread now.
+    """Load the driver library, run ``nvmlInit`` and take every GPU's handle on a
+    background thread now.
 
-    The driver's initialisation is tens of milliseconds of C code that releases
-    the GIL, so it overlaps the interpreter importing the rest of the command;
-    the next :class:`NvmlBackend` picks up the result instead of initialising
-    again. Harmless when no backend follows (a simulated host after all): the
-    thread is a daemon and a missing driver is only reported if a backend asks.
+    Initialisation (about 11 ms on an H200 host) and the first handle of each GPU
+    (about 7 ms each, taken on one thread per GPU) are C code that runs without
+    the GIL, so they overlap the interpreter importing the rest of the command;
+    the next :class:`NvmlBackend` picks the result up instead of starting again.
+    Harmless when no backend follows (a simulated host after all): the thread is
+    a daemon and a missing driver is only reported if a backend asks.
     """
     global _early
     if _early is not None:
         return
-    import threading
-
-    result: list[tuple[Any, BaseException | None]] = []
+    early = _early = _Early()
 
     def work() -> None:
-        nv = None
         try:
-            nv = _import_pynvml()
-            nv.nvmlInit()
-            result.append((nv, None))
-        except BaseException as exc:  # handed to the backend that asks for it
-            result.append((nv, exc))
+            lib = open_library()
+            lib.init()
+        except NvmlError as exc:  # handed to the backend that asks for it
+            early.error = exc
+            return
+        early.library = lib
+        try:
+            count = lib.device_count()
+        except NvmlError:
+            return  # the backend asks again, and reports it
+        early.handles = _take_handles(lib, range(count))
 
-    thread = threading.Thread(target=work, name="gpuslate-nvml-init", daemon=True)
-    thread.start()
-    _early = (thread, result)
+    early.thread = threading.Thread(target=work, name="gpuslate-nvml-init", daemon=True)
+    early.thread.start()
 
 
-def _take_early() -> tuple[Any, BaseException | None] | None:
+def _take_early() -> _Early | None:
     """The early initialisation's outcome, once (later backends initialise themselves)."""
     global _early
-    if _early is None:
-        return None
-    thread, result = _early
-    _early = None
-    thread.join()
-    return result[0] if result else None
+    early, _early = _early, None
+    if early is not None and early.thread is not None:
+        early.thread.join()
+    return early
+
+
+def _take_handles(lib: Nvml, indices: Sequence[int]) -> dict[int, Handle | NvmlError]:
+    """The handles of ``indices``, one thread per GPU: the first handle of a GPU is
+    the slow call (the driver attaches to the device), and GPUs attach in parallel."""
+    out: dict[int, Handle | NvmlError] = {}
+
+    def take(i: int) -> None:
+        try:
+            out[i] = lib.handle(i)
+        except NvmlError as exc:
+            out[i] = exc
+
+    _each_in_parallel(take, list(indices))
+    return out
+
+
+def _each_in_parallel(fn: Callable[[int], None], items: list[int]) -> None:
+    """``fn(item)`` for every item, on a thread each when there are several
+    (NVML is thread-safe and its calls release the GIL)."""
+    if len(items) < 2:
+        for i in items:
+            fn(i)
+        return
+    threads = [threading.Thread(target=fn, args=(i,)) for i in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 class NvmlBackend:
     name = "nvml"
 
-    def __init__(self) -> None:
-        early = _take_early()  # (pynvml, its nvmlInit error) when start_early_init ran
-        if early is not None and early[0] is None:  # pynvml itself could not be imported
-            raise early[1]  # type: ignore[misc]
-        self._nv = nv = early[0] if early is not None else _import_pynvml()
+    def __init__(self, library: Nvml | None = None) -> None:
+        early = _take_early() if library is None else None
+        handles: dict[int, Handle | NvmlError] = {}
         try:
-            if early is None:
-                nv.nvmlInit()
-            elif early[1] is not None:
-                raise early[1]
-        except nv.NVMLError as exc:
-            raise BackendUnavailable(
-                f"no NVIDIA driver available (NVML: {_describe(exc)})",
-                hint="set GPUSLATE_SIM=DIR or pass --sim DIR to use a simulated host "
-                "(create one with 'gpuslate sim init DIR')",
-            ) from exc
-        self._handles: dict[int, Any] = {}
+            if early is not None and early.error is not None:
+                raise early.error
+            if early is not None and early.library is not None:
+                self._nv = early.library
+                handles = early.handles
+            else:
+                self._nv = library if library is not None else open_library()
+                self._nv.init()
+        except NvmlError as exc:
+            raise BackendUnavailable(f"no NVIDIA driver available (NVML: {exc})", hint=_NO_DRIVER_HINT) from exc
+        self._handles: dict[int, Handle | NvmlError] = handles
         self._minors: dict[int, int | None] = {}
         self._minor_to_index: dict[int, int] | None = None
         # API versions this driver lacks are remembered so each is tried once
         self._missing: set[str] = set()
-        self._version_errors = frozenset(
-            getattr(nv, n) for n in ("NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
-            if hasattr(nv, n)
-        )
         self._memory_api: MemoryApi | None = None
 
     @property
@@ -123,76 +159,59 @@ class NvmlBackend:
         Any other failure (no GPU, GPU 0 broken) says nothing about the API: v2 is
         assumed and a later read of a v1 driver's GPU still falls back per call.
         """
-        nv = self._nv
-        if not hasattr(nv, "nvmlMemory_v2"):
-            return "v1"  # an nvidia-ml-py too old to ask for v2
         try:
-            if int(nv.nvmlDeviceGetCount()) == 0:
+            if self.device_count() == 0:
                 return "v2"
-            nv.nvmlDeviceGetMemoryInfo(self._handle(0), version=nv.nvmlMemory_v2)
+            self._nv.memory(self._handle(0), 2)
         except (GpuQueryError, PermissionDenied):
             return "v2"
-        except nv.NVMLError as exc:
-            if exc.value in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
+        except NvmlError as exc:
+            if exc.code in _VERSION_ERRORS | {ERROR_NOT_SUPPORTED}:
                 self._missing.add("v2mem")
                 return "v1"
         return "v2"
 
     # -- the choke point -------------------------------------------------
-    def _call(self, fn_name: str, *args: Any) -> Any:
-        nv = self._nv
+    def _call(self, method: str, *args: Any) -> Any:
+        """One call of the binding; NVML's errors become gpuslate's."""
         try:
-            return getattr(nv, fn_name)(*args)
-        except nv.NVMLError as exc:
-            if exc.value == nv.NVML_ERROR_NO_PERMISSION:
-                raise PermissionDenied(f"{fn_name}: {_describe(exc)}") from exc
-            raise GpuQueryError(f"{fn_name}: {_describe(exc)}") from exc
+            return getattr(self._nv, method)(*args)
+        except NvmlError as exc:
+            raise _error(exc) from exc
 
-    def _optional(self, fn_name: str, *args: Any) -> Any:
+    def _optional(self, method: str, *args: Any) -> Any:
         """A fact some GPUs lack: ``None`` instead of an error."""
         try:
-            return self._call(fn_name, *args)
+            return self._call(method, *args)
         except (GpuQueryError, PermissionDenied):
             return None
 
-    def _first_available(self, names: Sequence[str], *args: Any) -> Any:
-        """Call the newest API version this driver has (``_v3`` -> ``_v2`` -> v1)."""
-        nv = self._nv
-        last: BaseException | None = None
-        for fn_name in names:
-            if fn_name in self._missing or not hasattr(nv, fn_name):
-                continue
-            try:
-                return getattr(nv, fn_name)(*args)
-            except nv.NVMLError as exc:
-                if exc.value in self._version_errors:
-                    self._missing.add(fn_name)
-                    last = exc
-                    continue
-                raise GpuQueryError(f"{fn_name}: {_describe(exc)}") from exc
-        raise GpuQueryError(f"{names[-1]}: {_describe(last) if last else 'not available'}")
-
     # -- backend protocol ------------------------------------------------
     def driver_version(self) -> str | None:
-        v = self._optional("nvmlSystemGetDriverVersion")
-        return v.decode() if isinstance(v, bytes) else v
+        return self._optional("driver_version")
 
     def device_count(self) -> int:
-        return int(self._call("nvmlDeviceGetCount"))
+        return int(self._call("device_count"))
 
-    def _handle(self, index: int) -> Any:
+    def _handle(self, index: int) -> Handle:
         h = self._handles.get(index)
         if h is None:
-            h = self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+            try:
+                h = self._nv.handle(index)
+            except NvmlError as exc:
+                h = exc
+            self._handles[index] = h
+        if isinstance(h, NvmlError):
+            raise _error(h)
         return h
 
     def device_prefixes(self) -> tuple[str, ...]:
         return ("/dev/nvidia",)
 
     def gpu_for_path(self, path: str) -> int | None:
-        m = re.fullmatch(r"/dev/nvidia(\d+)", path)
-        if not m:
-            return None
+        digits = path[len("/dev/nvidia"):] if path.startswith("/dev/nvidia") else ""
+        if not (digits.isascii() and digits.isdigit()):
+            return None  # nvidiactl, nvidia-uvm, nvidia-caps/...: no GPU of their own
         if self._minor_to_index is None:
             mapping: dict[int, int] = {}
             for i in range(self.device_count()):
@@ -200,12 +219,12 @@ class NvmlBackend:
                 if minor is not None:
                     mapping[minor] = i
             self._minor_to_index = mapping
-        return self._minor_to_index.get(int(m.group(1)))
+        return self._minor_to_index.get(int(digits))
 
     def _minor(self, index: int) -> int | None:
         if index not in self._minors:
             try:
-                self._minors[index] = int(self._call("nvmlDeviceGetMinorNumber", self._handle(index)))
+                self._minors[index] = int(self._call("minor_number", self._handle(index)))
             except (GpuQueryError, PermissionDenied):
                 self._minors[index] = None
         return self._minors[index]
@@ -214,26 +233,16 @@ class NvmlBackend:
         if indices is None:
             indices = range(self.device_count())
         indices = list(indices)
-        if len(indices) < 2:
-            return [self._read_one(i, full) for i in indices]
-        # NVML is thread-safe and its calls release the GIL; reading GPUs in
-        # parallel keeps an 8-GPU host as fast to read as a 1-GPU host. Each
-        # thread also takes its GPU's handle: the first query of a GPU can be
-        # slow (an idle GPU without persistence mode is initialised by it), and
-        # the threads write different keys of the handle cache.
-        import threading
-
-        out: list[GpuReading | None] = [None] * len(indices)
+        # one thread per GPU: a slow GPU (its first query attaches the driver to an
+        # idle GPU without persistence mode) delays no other, and an 8-GPU host reads
+        # as fast as a 1-GPU host; the threads write different keys of the caches
+        out: dict[int, GpuReading] = {}
 
         def work(k: int) -> None:
             out[k] = self._read_one(indices[k], full)
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(len(indices))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return [r if r is not None else self._read_one(indices[k], full) for k, r in enumerate(out)]
+        _each_in_parallel(work, list(range(len(indices))))
+        return [out[k] if k in out else self._read_one(indices[k], full) for k in range(len(indices))]
 
     def _read_one(self, index: int, full: bool) -> GpuReading:
         errors: list[str] = []
@@ -247,18 +256,16 @@ class NvmlBackend:
         util = temp = None
         power = limit = None
         if full:
-            uuid = _text(self._optional("nvmlDeviceGetUUID", h))
-            name = _text(self._optional("nvmlDeviceGetName", h))
-            rates = self._optional("nvmlDeviceGetUtilizationRates", h)
-            util = int(rates.gpu) if rates is not None else None
-            t = self._optional("nvmlDeviceGetTemperature", h, self._nv.NVML_TEMPERATURE_GPU)
-            temp = int(t) if t is not None else None
-            p = self._optional("nvmlDeviceGetPowerUsage", h)
+            uuid = self._optional("uuid", h)
+            name = self._optional("name", h)
+            util = self._optional("utilization", h)
+            temp = self._optional("temperature", h)
+            p = self._optional("power_usage", h)
             power = p / 1000.0 if p is not None else None
-            pl = self._optional("nvmlDeviceGetEnforcedPowerLimit", h)
+            pl = self._optional("power_limit", h)
             limit = pl / 1000.0 if pl is not None else None
-            ps = self._optional("nvmlDeviceGetPerformanceState", h)
-            pstate = f"P{int(ps)}" if ps is not None and int(ps) != 32 else None
+            ps = self._optional("performance_state", h)
+            pstate = f"P{ps}" if ps is not None and ps != 32 else None  # 32: unknown
         return GpuReading(
             index=index, uuid=uuid, name=name, minor=self._minor(index) if full else None,
             memory=memory, utilization_pct=util, temperature_c=temp, power_w=power,
@@ -266,53 +273,66 @@ class NvmlBackend:
             error="; ".join(errors) if errors else None,
         )
 
-    def _memory(self, h: Any) -> MemoryInfo:
-        nv = self._nv
+    def _memory(self, h: Handle) -> MemoryInfo:
         # v2 separates driver-reserved memory from 'used' (v1 counts it as used)
-        if "v2mem" not in self._missing and hasattr(nv, "nvmlMemory_v2"):
+        if "v2mem" not in self._missing:
             try:
-                m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-                return MemoryInfo(int(m.total), int(m.used), int(m.reserved), int(m.free))
-            except nv.NVMLError as exc:
-                if exc.value not in self._version_errors | {nv.NVML_ERROR_NOT_SUPPORTED}:
-                    raise GpuQueryError(f"nvmlDeviceGetMemoryInfo_v2: {_describe(exc)}") from exc
+                return MemoryInfo(*self._nv.memory(h, 2))
+            except NvmlError as exc:
+                if exc.code not in _VERSION_ERRORS | {ERROR_NOT_SUPPORTED}:
+                    raise _error(exc) from exc
                 self._missing.add("v2mem")
         self._memory_api = "v1"
-        m = self._call("nvmlDeviceGetMemoryInfo", h)
-        return MemoryInfo(int(m.total), int(m.used), 0, int(m.free))
+        return MemoryInfo(*self._call("memory", h, 1))
 
-    def _processes(self, h: Any) -> list[GpuProcess]:
+    def _processes(self, h: Handle) -> list[GpuProcess]:
         found: dict[int, GpuProcess] = {}
-        for kind, base in (
-            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-            ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
-        ):
+        for kind in ("compute", "graphics", "mps"):
             try:
-                procs = self._first_available((f"{base}_v3", f"{base}_v2", base), h)
-            except GpuQueryError as exc:
+                procs = self._newest("processes", kind, h)
+            except NvmlError as exc:
                 # MPS and graphics queries are unsupported on many setups;
                 # a compute query failure is essential and propagates.
-                if kind != "compute" and "Not Supported" in str(exc):
+                if kind != "compute" and exc.code == ERROR_NOT_SUPPORTED:
                     continue
-                raise
-            for p in procs:
-                pid = int(p.pid)
+                raise _error(exc) from exc
+            for pid, used in procs:
                 if pid in _INVALID_PIDS:
                     continue
-                used = p.usedGpuMemory
-                used = None if used is None or used == _NOT_AVAILABLE else int(used)
                 prev = found.get(pid)
                 # a process can appear as compute and as MPS; keep the larger figure
                 if prev is None or (used or 0) > (prev.used_memory or 0):
                     found[pid] = GpuProcess(pid, kind, used)
         return sorted(found.values())
 
+    def _newest(self, method: str, kind: str, h: Handle) -> Any:
+        """Call the newest version of a function family this driver has (3, 2, then 1)."""
+        last: NvmlError | None = None
+        for version in (3, 2, 1):
+            key = f"{kind} v{version}"
+            if key in self._missing:
+                continue
+            try:
+                return getattr(self._nv, method)(h, kind, version)
+            except NvmlError as exc:
+                if exc.code not in _VERSION_ERRORS:
+                    raise
+                self._missing.add(key)
+                last = exc
+        raise last if last is not None else NvmlError(ERROR_FUNCTION_NOT_FOUND, method)
+
     def close(self) -> None:
         try:
-            self._nv.nvmlShutdown()
-        except self._nv.NVMLError:
+            self._nv.shutdown()
+        except NvmlError:
             pass
+
+
+def _error(exc: NvmlError) -> GpuQueryError | PermissionDenied:
+    """NVML's error as gpuslate's: the function and the driver's message."""
+    if exc.code == ERROR_NO_PERMISSION:
+        return PermissionDenied(f"{exc.function}: {exc}")
+    return GpuQueryError(f"{exc.function}: {exc}")
 
 
 def _guard(errors: list[str], fn: Callable[[], Any]) -> Any:
@@ -323,21 +343,8 @@ def _guard(errors: list[str], fn: Callable[[], Any]) -> Any:
         return None
 
 
-def _text(v: Any) -> str | None:
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # pynvml can fail to format unknown codes
-        return repr(exc)
-
-
 def nvml_library_present() -> bool:
     """Cheap check used by tests and the CLI: can the driver library be loaded?"""
-    import ctypes
-
     try:
         ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:

@@ -10,6 +10,7 @@ guard), which leaves a window of microseconds.
 from __future__ import annotations
 
 import os
+import select
 import signal as _signal
 
 from .procfs import ProcessId, read_stat
@@ -83,3 +84,86 @@ def reap_if_child(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+class ExitWatch:
+    """Sleeps until one of the watched processes exits, instead of polling.
+
+    Each process is watched through a pidfd, opened and then checked against its
+    start time like a signal (so it is the very process meant). A pidfd becomes
+    readable when the whole process has exited: every thread, not only the
+    leader, which can be a zombie while other threads still tear down GPU
+    contexts. :meth:`exited` says so per process; ``None`` for a process that
+    could not be watched (no pidfds here), which the caller then checks by
+    polling /proc, as :meth:`wait` then sleeps only ``fallback`` seconds.
+    """
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._fds: dict[int, int] = {}  # pid -> pidfd
+        self._done: set[int] = set()
+        self.complete = True  # every process added is watched by a pidfd
+
+    def add(self, ident: ProcessId) -> None:
+        if ident.pid in self._fds or ident.pid in self._done:
+            return
+        fd = _open_checked(ident)
+        if fd is None:
+            self.complete = False
+            return
+        if fd < 0:  # already gone or reused: nothing to wait for
+            self._done.add(ident.pid)
+            return
+        self._fds[ident.pid] = fd
+        self._poll.register(fd, select.POLLIN)
+
+    def exited(self, pid: int) -> bool | None:
+        if pid in self._done:
+            return True
+        return False if pid in self._fds else None
+
+    def wait(self, timeout: float, fallback: float) -> None:
+        """Return when a watched process exits, or after ``timeout`` seconds; at
+        most ``fallback`` seconds when some process is not watched, and at once
+        when no process is left to wait for."""
+        if not self.complete:
+            timeout = min(timeout, fallback)
+        if not self._fds:  # nothing left to wake on: poll /proc again after the fallback delay
+            if not self.complete and timeout > 0:
+                select.select([], [], [], timeout)
+            return
+        ready = self._poll.poll(max(0.0, timeout) * 1000.0)
+        if ready:
+            by_fd = {fd: pid for pid, fd in self._fds.items()}
+            for fd, _ in ready:
+                pid = by_fd[fd]
+                self._poll.unregister(fd)
+                os.close(self._fds.pop(pid))
+                self._done.add(pid)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _open_checked(ident: ProcessId) -> int | None:
+    """A pidfd of exactly ``ident``; -1 when it has exited or its pid was reused,
+    ``None`` when pidfds are not available."""
+    global _HAVE_PIDFD
+    if not _HAVE_PIDFD:
+        return None
+    try:
+        fd = os.pidfd_open(ident.pid)
+    except ProcessLookupError:
+        return -1
+    except PermissionError:
+        return None
+    except OSError:  # ENOSYS (old kernel, some sandboxes): fall back for good
+        _HAVE_PIDFD = False
+        return None
+    st = read_stat(ident.pid)
+    if st is None or st.start_ticks != ident.start_ticks:
+        os.close(fd)
+        return -1
+    return fd
