@@ -9,7 +9,7 @@ then runs `clear --pid ... --json` in a fresh interpreter that is the real CLI
 with timing wrappers around its phases and around every NVML call:
 
     interpreter start   spawn -> first line of the probe (fork, exec, site)
-    imports             pynvml, gpuslate's CLI, the clear modules
+    imports             gpuslate's NVML binding (ctypes), its CLI, the clear modules
     nvml init           open_backend (nvmlInit; on a simulated host, reading host.json)
     lock                the host lock
     plan                make_plan: NVML reads (full), the /proc fd scan, the process table, the rules
@@ -58,24 +58,20 @@ def wrap(owner, attr, name):
             with lock: spans.append((name, s, now()))
     setattr(owner, attr, w)
 s = now()
-try:
-    import pynvml
-    for n in dir(pynvml):
-        f = getattr(pynvml, n)
-        if n.startswith("nvml") and callable(f) and not isinstance(f, type):
-            def mk(f, n):
-                def w(*a, **k):
-                    s = time.perf_counter()
-                    try: return f(*a, **k)
-                    finally:
-                        d = (time.perf_counter() - s) * 1000
-                        with lock:
-                            c = nv_calls.setdefault(n, [0, 0.0, 0.0, d]); c[0] += 1; c[1] += d; c[2] = max(c[2], d)
-                return w
-            setattr(pynvml, n, mk(f, n))
-except ImportError:
-    pass
-spans.append(("import pynvml", s, now()))
+import gpuslate.gpu.libnvml as libnvml  # gpuslate's ctypes binding: every NVML call goes through Nvml
+def mk(f, n):
+    def w(*a, **k):
+        s = time.perf_counter()
+        try: return f(*a, **k)
+        finally:
+            d = (time.perf_counter() - s) * 1000
+            with lock:
+                c = nv_calls.setdefault(n, [0, 0.0, 0.0, d]); c[0] += 1; c[1] += d; c[2] = max(c[2], d)
+    return w
+for n, f in list(vars(libnvml.Nvml).items()):
+    if callable(f) and not n.startswith("_"):
+        setattr(libnvml.Nvml, n, mk(f, f"Nvml.{n}"))
+spans.append(("import NVML binding (ctypes)", s, now()))
 s = now()
 import gpuslate.cli.main as cm
 cmd = sys.argv[1]

@@ -148,6 +148,43 @@ def test_entry_is_synced_before_before_signal_returns(state: Path, monkeypatch: 
     assert seen[0].endswith("\n") and json.loads(seen[0].splitlines()[-1])["id"] == eid
 
 
+def test_one_phase_is_one_fsync_and_every_line_precedes_every_signal(state: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """terminate writes a phase's lines (a job of several processes) with one fsync, and
+    every line is on disk before the first of those signals is sent."""
+    from gpuslate.proc import terminate as term
+    from gpuslate.proc.procfs import read_stat
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)]
+    try:
+        log = AuditLog()
+        events: list[str] = []
+        real_fsync, real_send = os.fsync, term.send_signal
+
+        def fsync(fd: int) -> None:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(log.path):
+                lines = log.path.read_text().splitlines()
+                events.append(f"fsync {sum(json.loads(x)['event'] == 'signal' for x in lines)}")
+            real_fsync(fd)
+
+        def send(ident, sig):  # type: ignore[no-untyped-def]
+            events.append("signal")
+            return real_send(ident, sig)
+
+        monkeypatch.setattr(audit.os, "fsync", fsync)
+        monkeypatch.setattr(term, "send_signal", send)
+        victims = [term.Victim(read_stat(p.pid).ident, {"pid": p.pid}) for p in procs]
+        results = term.terminate(victims, grace=5, kill_wait=5, action="clear", run_id=new_run_id(), audit=log)
+        assert all(r.ended_by == "SIGTERM" for r in results)
+        assert events == ["fsync 3", "signal", "signal", "signal"]
+        outcomes = [e for e in map(json.loads, log.path.read_text().splitlines()) if e["event"] == "outcome"]
+        assert sorted(o["outcome"] for o in outcomes) == ["delivered"] * 3
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_killed_right_after_before_signal_reads_as_interrupted(state: Path) -> None:
     # The caller's pattern: record, then signal. A run killed at that point
     # leaves its entry, without outcome.

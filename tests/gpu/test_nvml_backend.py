@@ -176,8 +176,9 @@ def test_no_driver(monkeypatch):
 def test_no_library(monkeypatch):
     """No libnvidia-ml.so.1 at all: the binding says so, the backend says no driver."""
     monkeypatch.setattr(nvml, "open_library", lambda: Nvml("libnvidia-ml-absent.so.1"))
+    monkeypatch.setattr(nvml, "_early", None)
     with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
-        NvmlBackend()
+        nvml.open_nvml()
 
 
 def test_permission_error_is_permission_denied(monkeypatch):
@@ -219,12 +220,29 @@ def test_early_init_overlaps_and_is_used_once(monkeypatch):
     nvml.start_early_init()  # a second call starts nothing more
     assert nv.inits == []  # returned at once
     release.set()
-    b = NvmlBackend()
+    b = nvml.open_nvml()
     assert nv.inits == ["gpuslate-nvml-init"]
     assert len(handles) == 2 and "gpuslate-nvml-init" not in handles  # one thread per GPU
     assert b.read([0, 1])[1].error is None and len(handles) == 2  # the early handles are used
-    NvmlBackend()
+    nvml.open_nvml()
     assert nv.inits == ["gpuslate-nvml-init", threading.current_thread().name]
+
+
+def test_prefetched_reading_is_returned_once(monkeypatch):
+    """status: the first full reading is taken on the early thread; the next full
+    read of all or some GPUs returns it, later reads ask the driver."""
+    nv = FakeNvml()
+    monkeypatch.setattr(nvml, "open_library", lambda: nv)
+    monkeypatch.setattr(nvml, "_early", None)
+    nvml.start_early_init(prefetch=True)
+    b = nvml.open_nvml()
+    assert sorted(nv.calls) == ["compute v3", "compute v3", "graphics v3", "graphics v3", "mem v2", "mem v2",
+                                "mps v3", "mps v3"]
+    nv.calls.clear()
+    (r1,) = b.read([1])
+    assert nv.calls == [] and r1.index == 1 and r1.name == "NVIDIA H200"  # the prefetched one
+    b.read([1])
+    assert "mem v2" in nv.calls  # asked again
 
 
 def test_early_init_failure_is_reported_by_the_backend(monkeypatch):
@@ -232,7 +250,7 @@ def test_early_init_failure_is_reported_by_the_backend(monkeypatch):
     monkeypatch.setattr(nvml, "_early", None)
     nvml.start_early_init()  # fails quietly on its thread
     with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
-        NvmlBackend()
+        nvml.open_nvml()
 
 
 def test_early_handle_error_is_the_gpus_error(monkeypatch):
@@ -241,5 +259,5 @@ def test_early_handle_error_is_the_gpus_error(monkeypatch):
     monkeypatch.setattr(nvml, "open_library", lambda: nv)
     monkeypatch.setattr(nvml, "_early", None)
     nvml.start_early_init()
-    r0, r1 = NvmlBackend().read([0, 1])
+    r0, r1 = nvml.open_nvml().read([0, 1])
     assert r0.error is None and r1.memory is None and "Unknown Error" in r1.error

@@ -78,3 +78,32 @@ def test_cli_status_json(started):
                        env=gpuslate_env({"GPUSLATE_SIM": "", "COLUMNS": "160"}), timeout=60)
     print("\n" + r.stdout)
     assert r.returncode == 0 and str(p.pid) in r.stdout
+
+
+def test_binding_agrees_with_pynvml(started):
+    """gpuslate's own ctypes binding reads what NVIDIA's Python binding reads, on every GPU,
+    with a process of ours holding memory on GPU 0."""
+    import pynvml
+
+    from gpuslate.gpu.libnvml import Nvml
+
+    p = start_python(TORCH_HOLDER, str(GiB))
+    started.append(p)
+    pynvml.nvmlInit()
+    nv = Nvml()
+    nv.init()
+    assert nv.device_count() == pynvml.nvmlDeviceGetCount()
+    assert nv.driver_version() == pynvml.nvmlSystemGetDriverVersion()
+    for i in range(nv.device_count()):
+        h, ph = nv.handle(i), pynvml.nvmlDeviceGetHandleByIndex(i)
+        assert nv.uuid(h) == pynvml.nvmlDeviceGetUUID(ph) and nv.name(h) == pynvml.nvmlDeviceGetName(ph)
+        assert nv.minor_number(h) == pynvml.nvmlDeviceGetMinorNumber(ph)
+        assert nv.power_limit(h) == pynvml.nvmlDeviceGetEnforcedPowerLimit(ph)
+        total, used, reserved, free = nv.memory(h, 2)
+        m = pynvml.nvmlDeviceGetMemoryInfo(ph, version=pynvml.nvmlMemory_v2)
+        assert (total, reserved) == (m.total, m.reserved) and abs(used - m.used) <= 64 * 2**20
+        mine = dict(nv.processes(h, "compute", 3))
+        theirs = {q.pid: q.usedGpuMemory for q in pynvml.nvmlDeviceGetComputeRunningProcesses(ph)}
+        assert mine == theirs
+        if i == 0:
+            assert mine[p.pid] >= GiB

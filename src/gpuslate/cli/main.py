@@ -100,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if fleet is None and _chosen_command(argv) in _EARLY_NVML and not _sim_given(argv) and "-h" not in argv and "--help" not in argv:
         from ..gpu.nvml import start_early_init
 
-        start_early_init()  # the driver initialises while the command's modules import
+        # the driver initialises while the command's modules import; status shows
+        # nothing but a first full reading, which is taken meanwhile too
+        start_early_init(prefetch=_chosen_command(argv) == "status")
     parser = build_parser(argv)
     args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
     if not getattr(args, "handler", None):

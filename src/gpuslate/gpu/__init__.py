@@ -23,6 +23,6 @@ def open_backend(sim: str | os.PathLike[str] | None = None) -> GpuBackend:
         from .sim import SimBackend
 
         return SimBackend(root)
-    from .nvml import NvmlBackend
+    from .nvml import open_nvml
 
-    return NvmlBackend()
+    return open_nvml()

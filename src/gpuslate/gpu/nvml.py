@@ -32,29 +32,28 @@ open_library: Callable[[], Nvml] = Nvml
 
 
 class _Early:
-    """The outcome of :func:`start_early_init`: the library, initialised, and the
-    handle of every GPU (or the error taking it), or why there is none."""
+    """The outcome of :func:`start_early_init`: a backend, or why there is none."""
 
     def __init__(self) -> None:
-        self.library: Nvml | None = None
+        self.backend: NvmlBackend | None = None
         self.error: NvmlError | None = None
-        self.handles: dict[int, Handle | NvmlError] = {}
         self.thread: threading.Thread | None = None
 
 
 _early: _Early | None = None
 
 
-def start_early_init() -> None:
-    """Load the driver library, run ``nvmlInit`` and take every GPU's handle on a
-    background thread now.
+def start_early_init(*, prefetch: bool = False) -> None:
+    """Open the driver on a background thread now: load the library, run
+    ``nvmlInit``, take every GPU's handle and, with ``prefetch``, the first full
+    reading of every GPU (``status`` shows nothing else).
 
-    Initialisation (about 11 ms on an H200 host) and the first handle of each GPU
-    (about 7 ms each, taken on one thread per GPU) are C code that runs without
-    the GIL, so they overlap the interpreter importing the rest of the command;
-    the next :class:`NvmlBackend` picks the result up instead of starting again.
+    Initialisation (about 11 ms on an H200 host), the first handle of each GPU
+    (about 7 ms each, taken on one thread per GPU) and the reading are C calls
+    that run without the GIL, so they overlap the interpreter importing the
+    rest of the command; :func:`open_nvml` then returns the backend ready.
     Harmless when no backend follows (a simulated host after all): the thread is
-    a daemon and a missing driver is only reported if a backend asks.
+    a daemon and a missing driver is only reported if a backend is asked for.
     """
     global _early
     if _early is not None:
@@ -65,27 +64,37 @@ def start_early_init() -> None:
         try:
             lib = open_library()
             lib.init()
-        except NvmlError as exc:  # handed to the backend that asks for it
+        except NvmlError as exc:  # reported by open_nvml, if a backend is asked for
             early.error = exc
             return
-        early.library = lib
         try:
-            count = lib.device_count()
+            handles = _take_handles(lib, range(lib.device_count()))
         except NvmlError:
-            return  # the backend asks again, and reports it
-        early.handles = _take_handles(lib, range(count))
+            handles = {}  # the backend asks again, and reports it
+        backend = NvmlBackend(lib, initialised=True, handles=handles)
+        if prefetch:
+            backend.prefetch()
+        early.backend = backend
 
     early.thread = threading.Thread(target=work, name="gpuslate-nvml-init", daemon=True)
     early.thread.start()
 
 
-def _take_early() -> _Early | None:
-    """The early initialisation's outcome, once (later backends initialise themselves)."""
+def open_nvml() -> NvmlBackend:
+    """The backend :func:`start_early_init` opened (once), else a new one."""
     global _early
     early, _early = _early, None
     if early is not None and early.thread is not None:
         early.thread.join()
-    return early
+    if early is not None and early.error is not None:
+        raise _unavailable(early.error)
+    if early is not None and early.backend is not None:
+        return early.backend
+    return NvmlBackend()
+
+
+def _unavailable(exc: NvmlError) -> BackendUnavailable:
+    return BackendUnavailable(f"no NVIDIA driver available (NVML: {exc})", hint=_NO_DRIVER_HINT)
 
 
 def _take_handles(lib: Nvml, indices: Sequence[int]) -> dict[int, Handle | NvmlError]:
@@ -118,28 +127,32 @@ def _each_in_parallel(fn: Callable[[int], None], items: list[int]) -> None:
 
 
 class NvmlBackend:
+    """The GPUs as NVML reports them. ``library`` is the driver library (a double
+    in tests), initialised here unless ``initialised``; ``handles`` are GPU
+    handles (or the errors taking them) already taken."""
+
     name = "nvml"
 
-    def __init__(self, library: Nvml | None = None) -> None:
-        early = _take_early() if library is None else None
-        handles: dict[int, Handle | NvmlError] = {}
+    def __init__(self, library: Nvml | None = None, *, initialised: bool = False,
+                 handles: dict[int, Handle | NvmlError] | None = None) -> None:
         try:
-            if early is not None and early.error is not None:
-                raise early.error
-            if early is not None and early.library is not None:
-                self._nv = early.library
-                handles = early.handles
-            else:
-                self._nv = library if library is not None else open_library()
+            self._nv = library if library is not None else open_library()
+            if not initialised:
                 self._nv.init()
         except NvmlError as exc:
-            raise BackendUnavailable(f"no NVIDIA driver available (NVML: {exc})", hint=_NO_DRIVER_HINT) from exc
-        self._handles: dict[int, Handle | NvmlError] = handles
+            raise _unavailable(exc) from exc
+        self._handles: dict[int, Handle | NvmlError] = dict(handles or {})
         self._minors: dict[int, int | None] = {}
         self._minor_to_index: dict[int, int] | None = None
         # API versions this driver lacks are remembered so each is tried once
         self._missing: set[str] = set()
         self._memory_api: MemoryApi | None = None
+        self._prefetched: list[GpuReading] | None = None
+
+    def prefetch(self) -> None:
+        """Take the full reading of every GPU now; the next full read of all or
+        some of them returns it (once) instead of asking the driver again."""
+        self._prefetched = self.read(None, full=True)
 
     @property
     def memory_api(self) -> MemoryApi:
@@ -230,9 +243,14 @@ class NvmlBackend:
         return self._minors[index]
 
     def read(self, indices: Sequence[int] | None = None, *, full: bool = True) -> list[GpuReading]:
+        pre, self._prefetched = self._prefetched, None
         if indices is None:
             indices = range(self.device_count())
         indices = list(indices)
+        if pre is not None and full:
+            by_index = {r.index: r for r in pre}
+            if all(i in by_index for i in indices):
+                return [by_index[i] for i in indices]
         # one thread per GPU: a slow GPU (its first query attaches the driver to an
         # idle GPU without persistence mode) delays no other, and an 8-GPU host reads
         # as fast as a 1-GPU host; the threads write different keys of the caches

@@ -68,25 +68,38 @@ class AuditLog:
         :class:`PermissionDenied` when the entry cannot be written: the caller
         must then not send the signal.
         """
-        entry_id = _new_entry_id()
-        self._append(lambda now: {
+        return self.before_signals(run_id=run_id, action=action, signal=signal, targets=[target],
+                                   reason=reason)[0]
+
+    def before_signals(self, *, run_id: str, action: str, signal: str, targets: list[dict[str, Any]],
+                       reason: str | None = None) -> list[str]:
+        """:meth:`before_signal` for several targets at once: one write and one
+        fsync for all their lines (a job of nine processes is signaled after one
+        disk flush, not nine), each line still on disk before any signal goes out."""
+        ids = [_new_entry_id() for _ in targets]
+        host, actor = self._hostname(), self._actor_info()
+        self._append(lambda now: [{
             "event": "signal", "id": entry_id, "run_id": run_id, "action": action,
-            "time": now, "host": self._hostname(), "backend": self.backend, "sim": self.sim_root,
-            "actor": self._actor_info(),
-            "signal": signal, "target": target, "reason": reason,
-        }, durable=True)
-        return entry_id
+            "time": now, "host": host, "backend": self.backend, "sim": self.sim_root,
+            "actor": actor, "signal": signal, "target": target, "reason": reason,
+        } for entry_id, target in zip(ids, targets)], durable=True)
+        return ids
 
     def outcome(self, entry_id: str, outcome: str, detail: str | None = None) -> None:
         """Record what became of a signal recorded by :meth:`before_signal`."""
-        if outcome not in OUTCOMES:
-            raise UsageError(f"invalid audit outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
+        self.outcomes([(entry_id, outcome, detail)])
+
+    def outcomes(self, results: list[tuple[str, str, str | None]]) -> None:
+        """:meth:`outcome` for several signals: (entry id, outcome, detail) each, one write."""
+        for _, outcome, _ in results:
+            if outcome not in OUTCOMES:
+                raise UsageError(f"invalid audit outcome {outcome!r}: expected one of {', '.join(OUTCOMES)}")
         # No fsync of its own: losing it to a power cut reads back as "interrupted",
         # which is honest, and the next before_signal's fsync flushes it anyway.
-        self._append(lambda now: {"event": "outcome", "id": entry_id, "time": now,
-                                  "outcome": outcome, "detail": detail}, durable=False)
+        self._append(lambda now: [{"event": "outcome", "id": entry_id, "time": now, "outcome": outcome,
+                                   "detail": detail} for entry_id, outcome, detail in results], durable=False)
 
-    def _append(self, make: Callable[[str], dict[str, Any]], *, durable: bool) -> None:
+    def _append(self, make: Callable[[str], list[dict[str, Any]]], *, durable: bool) -> None:
         from .._time import iso_time
 
         created = not os.path.lexists(self.path)
@@ -100,8 +113,8 @@ class AuditLog:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # The time is taken under the lock so that file order is time order,
             # which lets read(since=...) stop at the first older entry.
-            line = json.dumps(make(iso_time(time.time())), separators=(",", ":"), default=str)
-            data = (line + "\n").encode("utf-8", "backslashreplace")
+            lines = [json.dumps(e, separators=(",", ":"), default=str) for e in make(iso_time(time.time()))]
+            data = "".join(line + "\n" for line in lines).encode("utf-8", "backslashreplace")
             # A writer that died mid-line left no newline: start on a fresh line
             # so that the torn fragment does not swallow this entry too.
             size = os.fstat(fd).st_size

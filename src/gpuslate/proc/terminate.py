@@ -119,13 +119,17 @@ def terminate(
     note = on_event or (lambda _m: None)
 
     def signal_all(sig: signal.Signals, who: list[VictimResult]) -> None:
+        # every line on disk first (one fsync for the whole phase), then the signals
+        entries = audit.before_signals(run_id=run_id, action=action, signal=sig.name,
+                                       targets=[r.victim.info for r in who]) if audit and who else []
+        outcomes = []
         for r in who:
-            entry = audit.before_signal(run_id=run_id, action=action, signal=sig.name,
-                                        target=r.victim.info) if audit else None
             outcome = send_signal(r.victim.ident, sig)
             r.signals.append(SignalRecord(sig.name, time.monotonic() - t0, outcome))
-            if audit and entry:
-                audit.outcome(entry, outcome)
+            outcomes.append(outcome)
+        if entries:
+            audit.outcomes([(e, o, None) for e, o in zip(entries, outcomes)])  # type: ignore[union-attr]
+        for r, outcome in zip(who, outcomes):
             if outcome == PERMISSION_DENIED:
                 r.permission_denied = True
                 note(f"permission denied signaling {r.victim.ident.pid}")
