@@ -5,6 +5,7 @@
 #
 #   all   bench_status, bench_clear, profile_clear, then bench_swap_downtime with the time left
 #   fast  the first three (for the 2-GPU machine)
+#   status | clear  bench_status alone | bench_clear and profile_clear
 #   swap  bench_swap_downtime only
 #
 # Knobs (environment): STATUS_ROUNDS (10), CLEAR_REPS (3), SWAP_SIZE_GB (22); LIMIT_S bounds the
@@ -51,11 +52,13 @@ step() {  # step SECONDS CMD...: run with a limit; never stop the whole script
   return 0
 }
 
-if [ "$WHAT" = all ] || [ "$WHAT" = fast ]; then
-  step 150 python3 benchmarks/bench_status.py --out "$OUT" --rounds "${STATUS_ROUNDS:-10}" --hold-gib 8 "${SCRIPT[@]}"
+case $WHAT in all|fast|status)
+  step 150 python3 benchmarks/bench_status.py --out "$OUT" --rounds "${STATUS_ROUNDS:-10}" --hold-gib 8 "${SCRIPT[@]}";;
+esac
+case $WHAT in all|fast|clear)
   step 240 python3 benchmarks/bench_clear.py --out "$OUT" --reps "${CLEAR_REPS:-3}" --i-own-this-machine "${SCRIPT[@]}"
-  step 90 python3 benchmarks/profile_clear.py --out "$OUT" --runs 3 --status
-fi
+  step 90 python3 benchmarks/profile_clear.py --out "$OUT" --runs 3 --status;;
+esac
 if [ "$WHAT" = all ] || [ "$WHAT" = swap ]; then
   left=$((LIMIT - SECONDS - 20))
   if [ $left -gt 120 ]; then
