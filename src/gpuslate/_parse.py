@@ -19,7 +19,8 @@ MAX_SIZE = 1024**6
 #: the longest duration accepted (about 115 days): longer ones overflow sleep() and friends
 MAX_SECONDS = 1e7
 
-_SIZE_PATTERN = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]{0,3})\s*", re.ASCII)
+# compiled on first use (re caches it), not at import: most commands never parse a size
+_SIZE_PATTERN = r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]{0,3})\s*"
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
@@ -36,7 +37,7 @@ def parse_size(text: str | int) -> int:
         value = text
     else:
         shown = _shown(text)
-        m = _SIZE_PATTERN.fullmatch(str(text))
+        m = re.fullmatch(_SIZE_PATTERN, str(text), re.ASCII)
         unit = m.group(2).lower() if m else ""
         if not m or unit not in _UNITS:
             raise UsageError(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -67,8 +66,7 @@ class Hold(NamedTuple):
     used_memory: int | None
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     """What the user asked for. ``gpus`` None: every GPU."""
 
     gpus: tuple[int, ...] | None = None
@@ -85,8 +83,7 @@ class Selection:
         return bool(self.pids) or self.user is not None or self.match is not None
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     """A validated selection: the user as a uid, the pattern compiled."""
 
     sel: Selection
