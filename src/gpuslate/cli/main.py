@@ -59,10 +59,6 @@ def _chosen_command(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _sim_given(argv: Sequence[str]) -> bool:
-    return bool(os.environ.get("GPUSLATE_SIM")) or any(a == "--sim" or a.startswith("--sim=") for a in argv)
-
-
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given ``argv`` naming a command, only that command's module is
     imported and registered (start-up time is part of every command's cost)."""
@@ -86,10 +82,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# commands on the fast path that open the NVIDIA driver first thing
-_EARLY_NVML = frozenset({"status", "clear", "wait"})
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:  # -H/--host, --hosts, --group...: taken off here, wherever they are (see cli/fleet.py)
@@ -97,12 +89,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:  # a malformed --parallel, a missing value: nothing was contacted
         print_error(exc, ExitStatus.USAGE, "--json" in argv)
         return ExitStatus.USAGE
-    if fleet is None and _chosen_command(argv) in _EARLY_NVML and not _sim_given(argv) and "-h" not in argv and "--help" not in argv:
-        from ..gpu.nvml import start_early_init
-
-        # the driver initialises while the command's modules import; status shows
-        # nothing but a first full reading, which is taken meanwhile too
-        start_early_init(prefetch=_chosen_command(argv) == "status")
     parser = build_parser(argv)
     args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
     if not getattr(args, "handler", None):
