@@ -130,7 +130,7 @@ def seed_allowed(h: Holders, ours: list[int], own_machine: bool) -> str | None:
 def measure(method: str, h: Holders, pids: list[int], gs: list[str], env: dict[str, str],
             own_machine: bool) -> dict:
     rec: dict = {"method": method}
-    if method == "gpuslate":
+    if method in ("gpuslate", "gpuslate-isolated"):
         s, p = timed([*gs, "clear", "--json"], env)
         rec["seconds"] = s
         rec["exit_code"] = p.returncode
@@ -203,6 +203,9 @@ def main() -> int:
     ap.add_argument("--tree-gib", type=float, default=15, help="GiB per worker in tree (default 15)")
     ap.add_argument("--floor-runs", type=int, default=10)
     ap.add_argument("--script", help="the installed `gpuslate` console script (default: python -m gpuslate from src)")
+    ap.add_argument("--isolated-script",
+                    help="also time this console script: gpuslate installed in a venv of its own, as pipx installs "
+                         "it (method gpuslate-isolated); its interpreter also times the floor, as 'isolated floor'")
     ap.add_argument("--workloads", default="one-per-gpu,tree")
     ap.add_argument("--methods", default="gpuslate,careful,seed,teardown")
     ap.add_argument("--i-own-this-machine", action="store_true",
@@ -226,12 +229,20 @@ def main() -> int:
     # Python floor, and gpuslate's start-up warm (bytecode cache, page cache)
     for _ in range(2):
         subprocess.run([*gs, "clear", "--dry-run", "--json"], capture_output=True, env=env)
+    iso = [a.isolated_script] if a.isolated_script else None
+    iso_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the venv's own packages only
+    iso_floor_cmd = [_interpreter(a.isolated_script), *FLOOR[1:]] if a.isolated_script else None
+    if iso:
+        for _ in range(2):
+            subprocess.run([*iso, "clear", "--dry-run", "--json"], capture_output=True, env=iso_env)
     floor = [timed(FLOOR, env)[0] for _ in range(a.floor_runs)]
-    log(f"python floor: median {ms(median(floor))} ms of {len(floor)}")
+    iso_floor = [timed(iso_floor_cmd, iso_env)[0] for _ in range(a.floor_runs)] if iso_floor_cmd else []
+    log(f"python floor: median {ms(median(floor))} ms of {len(floor)}"
+        + (f"; in the isolated venv: {ms(median(iso_floor))} ms" if iso_floor else ""))
     h = Holders(use_forkserver=not a.no_forkserver)
     log("fork server: " + ("up" if h.server else "not used (fresh python processes)"))
     runs: list[dict] = []
-    methods = a.methods.split(",")
+    methods = a.methods.split(",") + (["gpuslate-isolated"] if iso else [])
     try:
         for rep in range(a.reps):
             for workload in a.workloads.split(","):
@@ -240,7 +251,9 @@ def main() -> int:
                     pids = start_workload(h, workload, ngpu, a.gib, a.tree_gib)
                     setup = time.monotonic() - t0
                     try:
-                        rec = measure(method, h, pids, gs, env, a.i_own_this_machine)
+                        isolated = method == "gpuslate-isolated"
+                        rec = measure(method, h, pids, iso if isolated else gs, iso_env if isolated else env,
+                                      a.i_own_this_machine)
                     finally:
                         h.kill()
                         if not wait_all_free():
@@ -249,13 +262,16 @@ def main() -> int:
                     runs.append(rec)
                     log(json.dumps({k: v for k, v in rec.items() if k not in ("output", "after")}))
         floor += [timed(FLOOR, env)[0] for _ in range(a.floor_runs)]  # and again at the end
+        if iso_floor_cmd:
+            iso_floor += [timed(iso_floor_cmd, iso_env)[0] for _ in range(a.floor_runs)]
     finally:
         h.close()
-    summary = summarize(runs, floor, a, ngpu)
+    summary = summarize(runs, floor, a, ngpu, iso_floor)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(), "gpus": ngpu,
             "gpu": _gpu_name(), "python": platform.python_version(), "reps": a.reps,
             "command": "python3 benchmarks/bench_clear.py " + " ".join(sys.argv[1:]),
             "gpuslate_invoked_as": " ".join(gs), "python_floor_ms": [round(x * 1000, 1) for x in floor],
+            "isolated_script": a.isolated_script, "isolated_floor_ms": [round(x * 1000, 1) for x in iso_floor],
             "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE"),
             "fuser": shutil.which("fuser"), "wall_s": round(time.monotonic() - t_start, 1)}
     md = markdown(summary, meta)
@@ -274,9 +290,17 @@ def _gpu_name() -> str:
         return "?"
 
 
-def summarize(runs: list[dict], floor: list[float], a: argparse.Namespace, ngpu: int) -> list[dict]:
+def _interpreter(script: str) -> str:
+    """The interpreter of a console script (its #! line)."""
+    with open(script) as f:
+        return f.readline()[2:].strip().split()[0]
+
+
+def summarize(runs: list[dict], floor: list[float], a: argparse.Namespace, ngpu: int,
+              iso_floor: list[float]) -> list[dict]:
     out = []
     f = median(floor)
+    fi = median(iso_floor)
     for workload in a.workloads.split(","):
         def med(method: str) -> float | None:
             return median([r["seconds"] for r in runs if r["workload"] == workload and r["method"] == method
@@ -304,7 +328,15 @@ def summarize(runs: list[dict], floor: list[float], a: argparse.Namespace, ngpu:
         row["seed_note"] = next(((r["skipped"] + (f"; timed instead: {r['variant']}" if "variant" in r else ""))
                                  for r in mine if r["method"] == "seed" and "skipped" in r), None)
         row["runs"] = {m: sum(1 for r in mine if r["method"] == m and "seconds" in r) for m in
-                       ("gpuslate", "careful", "seed", "teardown")}
+                       ("gpuslate", "careful", "seed", "teardown", "gpuslate-isolated")}
+        gi = med("gpuslate-isolated")
+        if gi is not None:
+            row.update(gpuslate_isolated_s=gi, isolated_floor_s=fi,
+                       careful_over_gpuslate_isolated=round(c / gi, 2) if c else None,
+                       gpuslate_isolated_minus_teardown_and_floor_ms=round((gi - t - fi) * 1000, 1) if t and fi else None,
+                       goal_isolated_faster_than_careful=bool(c and gi < c),
+                       false_clean_isolated=sum(1 for r in mine if r["method"] == "gpuslate-isolated" and "seconds" in r
+                                                and r.get("status") == "clean" and not r["verified_free_after"]))
         out.append(row)
     return out
 
@@ -327,6 +359,19 @@ def markdown(summary: list[dict], meta: dict) -> str:
                      f"({ms(r['careful_memory_free_s'])}) | {ms(r['seed_s'])} | {ms(r['teardown_s'])} | "
                      f"{r['careful_over_gpuslate'] or '-'} | {r['seed_over_gpuslate'] or '-'} | "
                      f"{over if over is not None else '-'} | {goals} | {fc['gpuslate']}/{fc['careful']}/{fc['seed']} |")
+    iso = [r for r in summary if r.get("gpuslate_isolated_s") is not None]
+    if iso:
+        lines += ["", f"gpuslate installed in a venv of its own (`{meta['isolated_script']}`, as `pipx install` "
+                  "makes one: no other package's start-up hooks), same repetitions; its Python floor: median "
+                  f"{ms(median([x / 1000 for x in meta['isolated_floor_ms']]))} ms.", "",
+                  "| workload | gpuslate (own venv) ms | careful ms | careful ÷ gpuslate | "
+                  "gpuslate − teardown − floor ms | goal (< careful) | false clean |",
+                  "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+        for r in iso:
+            over = r["gpuslate_isolated_minus_teardown_and_floor_ms"]
+            lines.append(f"| {r['workload']} | **{ms(r['gpuslate_isolated_s'])}** | {ms(r['careful_s'])} | "
+                         f"{r['careful_over_gpuslate_isolated'] or '-'} | {over if over is not None else '-'} | "
+                         f"{'yes' if r['goal_isolated_faster_than_careful'] else 'NO'} | {r['false_clean_isolated']} |")
     for r in summary:
         if r["seed_note"]:
             lines.append(f"\nseed, {r['workload']}: {r['seed_note']}")

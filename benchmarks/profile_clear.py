@@ -111,6 +111,11 @@ import io
 buf = io.StringIO(); real = sys.stdout; sys.stdout = buf
 s = now()
 try:
+    import gpuslate.cli.boot as boot  # as the console script does: the driver starts first
+    early = boot.early_command(sys.argv[1:])
+    if early:
+        from gpuslate.gpu.nvml import start_early_init
+        start_early_init(prefetch=early == "status")
     rc = cm.main(sys.argv[1:])
 finally:
     sys.stdout = real

@@ -39,6 +39,22 @@ else  # no build backend offline: the same layout by hand (package + pip's conso
   echo "== pip could not build gpuslate offline: installed by hand into /tmp/gs (package + console script)"
 fi
 python3 -m compileall -q /tmp/gs /tmp/site >/dev/null 2>&1
+# The same gpuslate in a venv of its own, as `pipx install gpuslate` makes one: its Python starts
+# without the image's site-packages and their start-up hooks (.pth files). pynvml is copied in too,
+# for the Python floor measured in that venv.
+rm -rf /tmp/gsv
+if python3 -m venv --without-pip /tmp/gsv 2>/dev/null; then
+  SP=$(/tmp/gsv/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cp -r /tmp/gs/gpuslate /tmp/gs/gpuslate-*.dist-info "$SP"/ 2>/dev/null || cp -r /tmp/gs/gpuslate "$SP"/
+  cp "$(python3 -c 'import pynvml; print(pynvml.__file__)')" "$SP"/
+  sed "1s|.*|#!/tmp/gsv/bin/python3|" /tmp/gs/bin/gpuslate > /tmp/gsv/bin/gpuslate && chmod +x /tmp/gsv/bin/gpuslate
+  /tmp/gsv/bin/python3 -m compileall -q "$SP" >/dev/null 2>&1
+  ISOLATED=(--isolated-script /tmp/gsv/bin/gpuslate)
+  echo "== isolated venv: /tmp/gsv ($(env -u PYTHONPATH /tmp/gsv/bin/gpuslate --version 2>&1))"
+else
+  ISOLATED=()
+  echo "== no isolated venv (python3 -m venv failed)"
+fi
 export PYTHONPATH=/tmp/site:/tmp/gs
 SCRIPT=(--script /tmp/gs/bin/gpuslate)
 echo "== gpuslate: ${SCRIPT[*]:-python3 -m gpuslate} ($(python3 -c 'import gpuslate, os; print(os.path.dirname(gpuslate.__file__))'))"
@@ -56,7 +72,7 @@ case $WHAT in all|fast|status)
   step 150 python3 benchmarks/bench_status.py --out "$OUT" --rounds "${STATUS_ROUNDS:-10}" --hold-gib 8 "${SCRIPT[@]}";;
 esac
 case $WHAT in all|fast|clear)
-  step 240 python3 benchmarks/bench_clear.py --out "$OUT" --reps "${CLEAR_REPS:-3}" --i-own-this-machine "${SCRIPT[@]}"
+  step 300 python3 benchmarks/bench_clear.py --out "$OUT" --reps "${CLEAR_REPS:-3}" --i-own-this-machine "${SCRIPT[@]}" "${ISOLATED[@]}"
   step 90 python3 benchmarks/profile_clear.py --out "$OUT" --runs 3 --status;;
 esac
 if [ "$WHAT" = all ] || [ "$WHAT" = swap ]; then
