@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--hold-gib", type=float, default=8, help="GiB held on every GPU (0: none)")
     ap.add_argument("--out", type=Path, required=True, help="folder for bench-status.json, .md and .log")
     ap.add_argument("--script", help="an installed `gpuslate` console script to time (default: python -m gpuslate)")
+    ap.add_argument("--isolated-script",
+                    help="also time gpuslate installed in a venv of its own (as pipx makes one), with that venv's "
+                         "python for its own floor: the set-up 'own venv'")
     ap.add_argument("--as-is-only", action="store_true",
                     help="skip the 'bytecode cached' set-up (see RESULTS.md), halving the run")
     a = ap.parse_args()
@@ -93,12 +96,21 @@ def main() -> None:
                 if name not in unavailable:
                     commands[f"{name} [{label}]"] = cmd
                     envs[f"{name} [{label}]"] = e
+        if a.isolated_script:  # its own interpreter and packages only (no PYTHONPATH, no other site-packages)
+            with open(a.isolated_script) as f:
+                ipy = f.readline()[2:].strip().split()[0]
+            iso_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+            for name, cmd in {"python -c pass": [ipy, "-c", "pass"], FLOOR: [ipy, *base[FLOOR][1:]],
+                              "gpuslate status --json": [a.isolated_script, "status", "--json"],
+                              "gpuslate status (table)": [a.isolated_script, "status"]}.items():
+                commands[f"{name} [own venv]"] = cmd
+                envs[f"{name} [own venv]"] = iso_env
         log(f"timing {len(commands)} commands, {a.rounds} rounds")
         times = time_commands(commands, a.rounds, envs)
     finally:
         holders.close()
     rows = []
-    for label in ("bytecode cached", "bytecode as-is"):
+    for label in ("bytecode cached", "bytecode as-is", "own venv"):
         sub = {k: v for k, v in times.items() if k.endswith(f"[{label}]") or k == "nvidia-smi"}
         if len(sub) > 1 and f"{FLOOR} [{label}]" in sub:
             rows += summarize(sub, f"{FLOOR} [{label}]")
@@ -131,7 +143,7 @@ def _met(ok: bool) -> str:
 def _goals(rows: list[dict]) -> list[str]:
     """The issue's goals, per set-up: --json <= 1.15x floor; table <= 1.25x floor and >= 1.5x faster than nvitop."""
     out = []
-    for label in ("bytecode cached", "bytecode as-is"):
+    for label in ("bytecode cached", "bytecode as-is", "own venv"):
         by = {str(r["command"]).removesuffix(f" [{label}]"): r for r in rows
               if str(r["command"]).endswith(f"[{label}]")}
         if "gpuslate status --json" not in by:

@@ -51,6 +51,8 @@ if python3 -m venv --without-pip /tmp/gsv 2>/dev/null; then
   /tmp/gsv/bin/python3 -m compileall -q "$SP" >/dev/null 2>&1
   ISOLATED=(--isolated-script /tmp/gsv/bin/gpuslate)
   echo "== isolated venv: /tmp/gsv ($(env -u PYTHONPATH /tmp/gsv/bin/gpuslate --version 2>&1))"
+  env -u PYTHONPATH /tmp/gsv/bin/python3 -X importtime /tmp/gsv/bin/gpuslate status --json \
+    2> "$OUT/importtime-own-venv-status.txt" >/dev/null
 else
   ISOLATED=()
   echo "== no isolated venv (python3 -m venv failed)"
@@ -69,7 +71,7 @@ step() {  # step SECONDS CMD...: run with a limit; never stop the whole script
 }
 
 case $WHAT in all|fast|status)
-  step 150 python3 benchmarks/bench_status.py --out "$OUT" --rounds "${STATUS_ROUNDS:-10}" --hold-gib 8 "${SCRIPT[@]}";;
+  step 180 python3 benchmarks/bench_status.py --out "$OUT" --rounds "${STATUS_ROUNDS:-10}" --hold-gib 8 "${SCRIPT[@]}" "${ISOLATED[@]}";;
 esac
 case $WHAT in all|fast|clear)
   step 300 python3 benchmarks/bench_clear.py --out "$OUT" --reps "${CLEAR_REPS:-3}" --i-own-this-machine "${SCRIPT[@]}" "${ISOLATED[@]}"
