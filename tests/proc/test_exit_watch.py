@@ -76,3 +76,45 @@ def test_wrong_start_time_is_not_watched():
     finally:
         p.kill()
         p.wait()
+
+
+def test_terminate_without_pidfds_polls(monkeypatch):
+    """Where pidfds are missing (old kernels, some sandboxes), waiting falls back to polling /proc."""
+    from gpuslate.proc import signals
+    from gpuslate.proc.terminate import Victim, terminate
+
+    monkeypatch.setattr(signals, "_HAVE_PIDFD", False)
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        victims = [Victim(read_stat(p.pid).ident, {"pid": p.pid}) for p in procs]
+        t = time.monotonic()
+        results = terminate(victims, grace=10, kill_wait=5, action="clear", run_id="r", audit=None)
+        assert all(r.ended_by == "SIGTERM" for r in results) and time.monotonic() - t < 5
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_bug_on_the_early_thread_prints_nothing_and_is_redone(monkeypatch, capfd):
+    """An unexpected error while the driver opens in the background is not printed there;
+    the backend is opened again on the caller's thread."""
+    import gpuslate.gpu.nvml as nvml
+
+    calls: list[str] = []
+
+    class Lib:
+        def init(self) -> None:
+            calls.append("init")
+
+        def device_count(self) -> int:
+            if len(calls) == 1:
+                raise RuntimeError("a bug")
+            return 0
+
+    monkeypatch.setattr(nvml, "open_library", Lib)
+    monkeypatch.setattr(nvml, "_early", None)
+    nvml.start_early_init()
+    backend = nvml.open_nvml()
+    assert calls == ["init", "init"] and backend.read() == []
+    assert "Traceback" not in capfd.readouterr().err

@@ -68,13 +68,16 @@ def start_early_init(*, prefetch: bool = False) -> None:
             early.error = exc
             return
         try:
-            handles = _take_handles(lib, range(lib.device_count()))
-        except NvmlError:
-            handles = {}  # the backend asks again, and reports it
-        backend = NvmlBackend(lib, initialised=True, handles=handles)
-        if prefetch:
-            backend.prefetch()
-        early.backend = backend
+            try:
+                handles = _take_handles(lib, range(lib.device_count()))
+            except NvmlError:
+                handles = {}  # the backend asks again, and reports it
+            backend = NvmlBackend(lib, initialised=True, handles=handles)
+            if prefetch:
+                backend.prefetch()
+            early.backend = backend
+        except Exception:  # noqa: BLE001 - never a traceback from a background thread:
+            pass  # open_nvml starts over on the caller's thread, where errors are reported
 
     early.thread = threading.Thread(target=work, name="gpuslate-nvml-init", daemon=True)
     early.thread.start()

@@ -102,10 +102,11 @@ class ExitWatch:
         self._poll = select.poll()
         self._fds: dict[int, int] = {}  # pid -> pidfd
         self._done: set[int] = set()
+        self._unwatched: set[int] = set()
         self.complete = True  # every process added is watched by a pidfd
 
     def add(self, ident: ProcessId) -> None:
-        if ident.pid in self._fds or ident.pid in self._done:
+        if ident.pid in self._fds or ident.pid in self._done or ident.pid in self._unwatched:
             return
         fd = _open_checked(ident)
         if fd is None:
@@ -135,11 +136,15 @@ class ExitWatch:
         ready = self._poll.poll(max(0.0, timeout) * 1000.0)
         if ready:
             by_fd = {fd: pid for pid, fd in self._fds.items()}
-            for fd, _ in ready:
+            for fd, events in ready:
                 pid = by_fd[fd]
                 self._poll.unregister(fd)
                 os.close(self._fds.pop(pid))
-                self._done.add(pid)
+                if events & select.POLLIN:
+                    self._done.add(pid)
+                else:  # a pidfd this kernel cannot poll (POLLNVAL, POLLERR): watch it through /proc
+                    self._unwatched.add(pid)
+                    self.complete = False
 
     def close(self) -> None:
         for fd in self._fds.values():
