@@ -9,6 +9,12 @@ import time
 from typing import Sequence
 
 
+def interpreter_of(script: str) -> str:
+    """The interpreter of a console script (its #! line), e.g. to time a floor in the same venv."""
+    with open(script) as f:
+        return f.readline()[2:].strip().split()[0]
+
+
 def time_commands(commands: dict[str, Sequence[str]], rounds: int,
                   env: dict[str, str] | dict[str, dict[str, str]] | None = None,
                   warmup: int = 2) -> dict[str, list[float]]:

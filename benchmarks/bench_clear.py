@@ -48,6 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _gpuhold import (GiB, Holders, descends_from, device_holders, exit_on_sigterm,  # noqa: E402
                       gpu_usage, visible_gpus, wait_all_free)
+from _timing import interpreter_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE = 64 * 2**20
@@ -231,7 +232,7 @@ def main() -> int:
         subprocess.run([*gs, "clear", "--dry-run", "--json"], capture_output=True, env=env)
     iso = [a.isolated_script] if a.isolated_script else None
     iso_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the venv's own packages only
-    iso_floor_cmd = [_interpreter(a.isolated_script), *FLOOR[1:]] if a.isolated_script else None
+    iso_floor_cmd = [interpreter_of(a.isolated_script), *FLOOR[1:]] if a.isolated_script else None
     if iso:
         for _ in range(2):
             subprocess.run([*iso, "clear", "--dry-run", "--json"], capture_output=True, env=iso_env)
@@ -288,12 +289,6 @@ def _gpu_name() -> str:
                               capture_output=True, text=True).stdout.strip().replace("\n", "; ")
     except OSError:
         return "?"
-
-
-def _interpreter(script: str) -> str:
-    """The interpreter of a console script (its #! line)."""
-    with open(script) as f:
-        return f.readline()[2:].strip().split()[0]
 
 
 def summarize(runs: list[dict], floor: list[float], a: argparse.Namespace, ngpu: int,

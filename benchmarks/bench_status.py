@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus  # noqa: E402
-from _timing import markdown, summarize, time_commands  # noqa: E402
+from _timing import interpreter_of, markdown, summarize, time_commands  # noqa: E402
 
 FLOOR = "python: import pynvml; nvmlInit() (floor)"
 
@@ -97,8 +97,7 @@ def main() -> None:
                     commands[f"{name} [{label}]"] = cmd
                     envs[f"{name} [{label}]"] = e
         if a.isolated_script:  # its own interpreter and packages only (no PYTHONPATH, no other site-packages)
-            with open(a.isolated_script) as f:
-                ipy = f.readline()[2:].strip().split()[0]
+            ipy = interpreter_of(a.isolated_script)
             iso_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
             for name, cmd in {"python -c pass": [ipy, "-c", "pass"], FLOOR: [ipy, *base[FLOOR][1:]],
                               "gpuslate status --json": [a.isolated_script, "status", "--json"],

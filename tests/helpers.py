@@ -8,9 +8,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from gpuslate.proc.procfs import read_stat
+from gpuslate.proc.procfs import ProcessId, read_stat
+from gpuslate.proc.signals import send_signal
+from gpuslate.proc.tree import ProcTable
+
+if TYPE_CHECKING:
+    from gpuslate.sim.host import SimHost
+    from gpuslate.units.unit import Unit
 
 GiB = 1024**3
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -21,6 +27,24 @@ def gpuslate_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra or {})
     return env
+
+
+def kill_leftovers(host: SimHost, units: Sequence[Unit]) -> None:
+    """SIGKILL every process of ``units`` and every live holder on the simulated ``host`` (all
+    started by the test), each by exact identity; then release the units' fences (the host's
+    cgroup tree is shared: leave nothing in it)."""
+    idents: set[ProcessId] = set()
+    table = ProcTable()
+    for unit in units:
+        idents.update(st.ident for st in unit.members(table))
+    for held in host.held():
+        r = held.record
+        if held.alive and r.pid is not None and r.pid != os.getpid():
+            idents.add(ProcessId(r.pid, r.start_ticks))
+    for ident in idents:
+        send_signal(ident, signal.SIGKILL)
+    for unit in units:
+        unit.fence.release(wait=10.0)  # init may take seconds to reap the killed processes
 
 
 

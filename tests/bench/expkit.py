@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from gpuslate.proc.procfs import ProcessId
-from gpuslate.proc.signals import send_signal
-from gpuslate.proc.tree import ProcTable
 from gpuslate.sim.host import SimHost
+import helpers
 from helpers import gpuslate_env
 
 LEVELS = (1, 2, 4)
@@ -49,35 +46,23 @@ def popen_cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = N
 
 
 def kill_leftovers(host: SimHost, state_dirs: list[Path]) -> None:
-    """SIGKILL every process of the units recorded in ``state_dirs`` and every live holder on ``host``
-    (all started by the test)."""
-    from gpuslate.units.contain import discard_cgroup
+    """Kill what the units recorded in ``state_dirs`` and the holders on ``host`` left (see
+    helpers.kill_leftovers)."""
     from gpuslate.units.unit import load_units
 
-    idents: set[ProcessId] = set()
-    table = ProcTable()
     saved = os.environ.get("GPUSLATE_STATE_DIR")
-    records = []
+    units = []
     try:
         for d in state_dirs:
             if d.is_dir():
                 os.environ["GPUSLATE_STATE_DIR"] = str(d)
-                records += [u for u in load_units() if u.record is not None]
+                units += [u for u in load_units() if u.record is not None]
     finally:
         if saved is None:
             os.environ.pop("GPUSLATE_STATE_DIR", None)
         else:
             os.environ["GPUSLATE_STATE_DIR"] = saved
-    for unit in records:
-        idents.update(st.ident for st in unit.members(table))
-    for held in host.held():
-        r = held.record
-        if held.alive and r.pid is not None and r.pid != os.getpid():
-            idents.add(ProcessId(r.pid, r.start_ticks))
-    for ident in idents:
-        send_signal(ident, signal.SIGKILL)
-    for rec in records:
-        discard_cgroup(rec.record.cgroup, wait=10.0)
+    helpers.kill_leftovers(host, units)
 
 
 def deterministic(summary: dict) -> dict:

@@ -11,7 +11,6 @@ process list.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any, Callable, Sequence
 
@@ -375,7 +374,7 @@ def _guard(errors: list[str], fn: Callable[[], Any]) -> Any:
 def nvml_library_present() -> bool:
     """Cheap check used by tests and the CLI: can the driver library be loaded?"""
     try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
+        open_library()
+    except NvmlError:
         return False
     return True

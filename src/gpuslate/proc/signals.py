@@ -24,43 +24,54 @@ PERMISSION_DENIED = "permission_denied"
 _HAVE_PIDFD = hasattr(os, "pidfd_open") and hasattr(_signal, "pidfd_send_signal")
 
 
-def _check(ident: ProcessId) -> str | None:
+def _check(ident: ProcessId, *, zombie_is_gone: bool = True) -> str | None:
+    """Why ``ident`` cannot be signaled or waited for (gone, reused), or None."""
     st = read_stat(ident.pid)
     if st is None:
         return NOT_RUNNING
     if st.start_ticks != ident.start_ticks:
         return PID_REUSED
-    if st.has_exited:
+    if zombie_is_gone and st.has_exited:
         return NOT_RUNNING  # exited; only its exit status remains
     return None
+
+
+def _pidfd_open(pid: int) -> int | str | None:
+    """A pidfd for ``pid`` (whoever has it now: check the identity after), or why not
+    (NOT_RUNNING, PERMISSION_DENIED); None where pidfds are missing."""
+    global _HAVE_PIDFD
+    if not _HAVE_PIDFD:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return NOT_RUNNING
+    except PermissionError:
+        return PERMISSION_DENIED
+    except OSError:  # ENOSYS (old kernel, some sandboxes): fall back for good
+        _HAVE_PIDFD = False
+        return None
 
 
 def send_signal(ident: ProcessId, sig: int) -> str:
     """Send ``sig`` to the process ``ident`` names; return the outcome (never raises for
     the ordinary cases: gone, reused, not permitted)."""
-    global _HAVE_PIDFD
-    if _HAVE_PIDFD:
+    fd = _pidfd_open(ident.pid)
+    if isinstance(fd, str):
+        return fd
+    if fd is not None:
         try:
-            fd = os.pidfd_open(ident.pid)
+            problem = _check(ident)
+            if problem:
+                return problem
+            _signal.pidfd_send_signal(fd, sig)
+            return DELIVERED
         except ProcessLookupError:
             return NOT_RUNNING
         except PermissionError:
             return PERMISSION_DENIED
-        except OSError:  # ENOSYS (old kernel, some sandboxes): fall back for good
-            _HAVE_PIDFD = False
-        else:
-            try:
-                problem = _check(ident)
-                if problem:
-                    return problem
-                _signal.pidfd_send_signal(fd, sig)
-                return DELIVERED
-            except ProcessLookupError:
-                return NOT_RUNNING
-            except PermissionError:
-                return PERMISSION_DENIED
-            finally:
-                os.close(fd)
+        finally:
+            os.close(fd)
     problem = _check(ident)
     if problem:
         return problem
@@ -106,16 +117,21 @@ class ExitWatch:
         self.complete = True  # every process added is watched by a pidfd
 
     def add(self, ident: ProcessId) -> None:
-        if ident.pid in self._fds or ident.pid in self._done or ident.pid in self._unwatched:
+        pid = ident.pid
+        if pid in self._fds or pid in self._done or pid in self._unwatched:
             return
-        fd = _open_checked(ident)
-        if fd is None:
+        fd = _pidfd_open(pid)
+        if fd is None or fd == PERMISSION_DENIED:  # not watchable here: the caller polls /proc
             self.complete = False
             return
-        if fd < 0:  # already gone or reused: nothing to wait for
-            self._done.add(ident.pid)
+        if isinstance(fd, str):  # already gone: nothing to wait for
+            self._done.add(pid)
             return
-        self._fds[ident.pid] = fd
+        if _check(ident, zombie_is_gone=False):  # the pid names another process now
+            os.close(fd)
+            self._done.add(pid)
+            return
+        self._fds[pid] = fd
         self._poll.register(fd, select.POLLIN)
 
     def exited(self, pid: int) -> bool | None:
@@ -150,25 +166,3 @@ class ExitWatch:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-
-
-def _open_checked(ident: ProcessId) -> int | None:
-    """A pidfd of exactly ``ident``; -1 when it has exited or its pid was reused,
-    ``None`` when pidfds are not available."""
-    global _HAVE_PIDFD
-    if not _HAVE_PIDFD:
-        return None
-    try:
-        fd = os.pidfd_open(ident.pid)
-    except ProcessLookupError:
-        return -1
-    except PermissionError:
-        return None
-    except OSError:  # ENOSYS (old kernel, some sandboxes): fall back for good
-        _HAVE_PIDFD = False
-        return None
-    st = read_stat(ident.pid)
-    if st is None or st.start_ticks != ident.start_ticks:
-        os.close(fd)
-        return -1
-    return fd
