@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import pytest
 
 from gpuslate.sim.host import SimHost
-from helpers import GiB, Holder, gpuslate_env, run_cli
+from helpers import GiB, Holder, gpuslate_env, program_named, run_cli
 
 
 @pytest.fixture
@@ -32,10 +32,13 @@ def hold(sim_host: SimHost) -> Iterator[Callable[..., Holder]]:
     """Start ``gpuslate sim hold ARGS`` as a real process tree; wait for its ready line."""
     started: list[Holder] = []
 
-    def start(*args: str, new_session: bool = True, host: SimHost | None = None) -> Holder:
+    def start(*args: str, new_session: bool = True, host: SimHost | None = None,
+              program: str | None = None) -> Holder:
+        """``program``: run the holder as that program (its /proc/PID/exe), not only titled so."""
         root = (host or sim_host).root
+        exe = program_named(program, sim_host.root.parent / "programs") if program else sys.executable
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuslate", "--sim", str(root), "sim", "hold", *args],
+            [exe, "-m", "gpuslate", "--sim", str(root), "sim", "hold", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=gpuslate_env(), start_new_session=new_session,
         )

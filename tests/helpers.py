@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,28 @@ def kill_leftovers(host: SimHost, units: Sequence[Unit]) -> None:
         unit.fence.release(wait=10.0)  # init may take seconds to reap the killed processes
 
 
+
+
+def program_named(name: str, root: Path) -> str:
+    """An interpreter that *is* the program ``name`` as the kernel sees it (``/proc/PID/exe``
+    ends in ``/name``), for tests of what a process runs as opposed to what it calls itself
+    (``--title`` renames a process; it does not make it a GPU daemon or an sshd).
+    A copy of this interpreter with this virtual environment's packages, made once under
+    ``root``."""
+    exe = root / "bin" / name
+    if not exe.exists():
+        real = Path(os.path.realpath(sys.executable))
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        site = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        lib = root / "lib" / site.parent.name
+        lib.mkdir(parents=True, exist_ok=True)
+        if not (lib / "site-packages").exists():
+            (lib / "site-packages").symlink_to(site)
+        (root / "pyvenv.cfg").write_text(f"home = {real.parent}\ninclude-system-site-packages = false\n")
+        tmp = exe.with_suffix(".tmp")
+        shutil.copy2(real, tmp)
+        os.replace(tmp, exe)
+    return str(exe)
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.005) -> object:

@@ -66,7 +66,7 @@ def test_ignore_term_escalates_to_sigkill(sim_host, hold, cli):
 
 def test_handle_holders_spared_and_reported(sim_host, hold, cli):
     mon = hold("--gpus", "0-7", "--memory", "0", "--title", "my-monitor")
-    daemon = hold("--gpus", "0-7", "--memory", "0", "--title", "nv-hostengine")
+    daemon = hold("--gpus", "0-7", "--memory", "0", program="nv-hostengine")
     srv = hold("--gpus", "0", "--memory", "4GiB")
     code, doc = clear_json(cli)
     assert code == 0, doc

@@ -6,7 +6,12 @@ exited (orphans reparented to PID 1 or to a subreaper), zombies, kernel threads,
 handle-only monitors and GPU daemons, other users' processes, gpuslate's own
 ancestors, shells (interactive and running scripts), threads of holders reported
 by the driver instead of their process, and holders in other PID namespaces that
-this host's /proc does not show.
+this host's /proc does not show; and, since issue 15, what a process says about
+itself apart from what it is (a name drawn apart from its program, so that a
+python process calls itself ``sshd`` and an sshd calls itself ``python``),
+programs that cannot be read, process groups that mean nothing from here
+(pgid 0), nested PID namespaces with their inits, signal forwarders (processes
+that handle SIGTERM), and session leaders on terminals.
 """
 
 from __future__ import annotations
@@ -18,22 +23,38 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslate.errors import UsageError
-from gpuslate.proc.jobs import Protection, ancestors, descendants
-from gpuslate.proc.procfs import ProcStat
+from gpuslate.proc.jobs import Protection, ancestors, descendants, program
+from gpuslate.proc.procfs import ProcStat, SignalFacts
 from gpuslate.slate.plan import GPU_DAEMONS, Facts, Hold, Resolved, Role, Selection, attribute, decide
 
 ME, OTHER = 1000, 1001
 KTHREAD = 0x00200000
+TERM = 1 << 14
 NAMES = ["python", "python", "python", "bash", "sh", "sleep", "torchrun", "sglang::scheduler", "sshd",
          "tmux: server", "systemd", "nvidia-persistenced", "nv-hostengine", "containerd-shim", "unshare"]
-SHELL_ARGV = [("bash",), ("-bash",), ("bash", "run.sh"), ("bash", "-c", "python serve.py"), ("sh", "-l")]
+#: what a process runs, drawn apart from what it calls itself (None: /proc/PID/exe unreadable)
+EXES = ["/usr/bin/python3.11", "/usr/bin/python3.11", "/usr/bin/python3.11", "/usr/bin/bash", "/usr/bin/dash",
+        "/usr/bin/sleep", "/usr/sbin/sshd", "/usr/bin/tmux", "/usr/lib/systemd/systemd", "/usr/bin/nvidia-smi",
+        "/usr/bin/nv-hostengine", "/usr/bin/containerd-shim-runc-v2", "/usr/bin/unshare", "/usr/sbin/runuser",
+        "/usr/bin/python3.11 (deleted)", None]
+SHELL_ARGV = [("bash",), ("-bash",), ("bash", "run.sh"), ("bash", "-c", "python serve.py"), ("sh", "-l"),
+              ("bash", "-o", "vi"), ("bash", "--rcfile", "x.sh"), ("bash", "-eo", "pipefail", "run.sh")]
+SHELLS = {"bash", "dash", "sh"}
+#: how each shell argv above reads: True for a script or command (not interactive)
+RUNS_SCRIPT = {("bash", "run.sh"), ("bash", "-c", "python serve.py"), ("bash", "-eo", "pipefail", "run.sh")}
+HOST_NS = 4026531836
 
 
 class Forest:
     """A process table that ``decide`` sees exactly like the real ``ProcTable``."""
 
-    def __init__(self, procs: dict[int, ProcStat], argvs: dict[int, tuple[str, ...]], uids: dict[int, int]):
+    def __init__(self, procs: dict[int, ProcStat], argvs: dict[int, tuple[str, ...]], uids: dict[int, int],
+                 exes: dict[int, str | None] | None = None, sigs: dict[int, SignalFacts] | None = None,
+                 ns: dict[int, tuple[int, ...]] | None = None):
         self.procs, self.argvs, self.uids = procs, argvs, uids
+        self.exes = exes if exes is not None else {p: _default_exe(s) for p, s in procs.items()}
+        self.sigs = sigs if sigs is not None else {}
+        self.ns = ns if ns is not None else {}
 
     def get(self, pid: int) -> ProcStat | None:
         return self.procs.get(pid)
@@ -44,11 +65,33 @@ class Forest:
     def group_members(self, pgid: int) -> list[int]:
         return [p.pid for p in self.procs.values() if p.pgid == pgid]
 
+    def session_members(self, sid: int) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.sid == sid]
+
+    def all_pids(self) -> list[int]:
+        return sorted(self.procs)
+
     def argv(self, pid: int) -> tuple[str, ...]:
         return self.argvs.get(pid, ())
 
     def uid(self, pid: int) -> int | None:
         return self.uids.get(pid)
+
+    def exe(self, pid: int) -> str | None:
+        return self.exes.get(pid)
+
+    def signal_facts(self, pid: int) -> SignalFacts | None:
+        return self.sigs.get(pid, SignalFacts(pid, (pid,), 0, 0)) if pid in self.procs else None
+
+    def pid_ns(self, pid: int) -> tuple[int, ...] | None:
+        return self.ns.get(pid, (HOST_NS,)) if pid in self.procs else None
+
+
+def _default_exe(s: ProcStat) -> str | None:
+    """For hand-built forests: the program a process of that name usually runs."""
+    if s.is_kernel_thread:
+        return None
+    return {"python": "/usr/bin/python3.11", "gpuslate": "/usr/bin/python3.11"}.get(s.name, f"/usr/bin/{s.name}")
 
 
 class World(NamedTuple):
@@ -68,10 +111,14 @@ def worlds(draw: st.DrawFn) -> World:
     }
     argvs: dict[int, tuple[str, ...]] = {1: ("/sbin/init",)}
     uids = {1: 0, 2: 0}
+    exes: dict[int, str | None] = {1: "/usr/lib/systemd/systemd", 2: None}
+    sigs: dict[int, SignalFacts] = {}
+    ns: dict[int, tuple[int, ...]] = {}
     for pid in range(3, 3 + n):
         if draw(st.integers(0, 9)) == 0:  # a kernel thread
             procs[pid] = ProcStat(pid, f"kworker/{pid}", "I", 2, 0, 0, pid, KTHREAD)
             uids[pid] = 0
+            exes[pid] = None
             continue
         users = [p for p in procs if p > 2 and not procs[p].is_kernel_thread]
         parent = draw(st.sampled_from([1, *users])) if users else 1
@@ -89,9 +136,24 @@ def worlds(draw: st.DrawFn) -> World:
         name = draw(st.sampled_from(NAMES))
         state = draw(st.sampled_from(["S", "S", "S", "R", "Z"]))
         tty = draw(st.sampled_from([0, 0, 34816]))
+        exe = draw(st.sampled_from(EXES))
+        if draw(st.integers(0, 12)) == 0:  # seen from inside a namespace whose leaders live outside it
+            pgid, sid = 0, 0
         procs[pid] = ProcStat(pid, name, state, parent, pgid, sid, pid, 0, tty)
-        argvs[pid] = draw(st.sampled_from(SHELL_ARGV)) if name in ("bash", "sh") else (name, "--serve")
+        argvs[pid] = draw(st.sampled_from(SHELL_ARGV)) if program(exe) in SHELLS else (name, "--serve")
         uids[pid] = draw(st.sampled_from([ME, ME, ME, OTHER]))
+        exes[pid] = exe
+        parent_ns = ns.get(parent, (HOST_NS,))
+        parent_nspid = sigs[parent].nspid if parent in sigs else (parent,)
+        if draw(st.integers(0, 8)) == 0:  # the init of a new PID namespace
+            ns[pid] = (HOST_NS + pid, *parent_ns)
+            nspid = (*parent_nspid[:-1], pid, 1) if len(parent_nspid) > 1 else (pid, 1)
+        else:
+            ns[pid] = parent_ns
+            nspid = (pid, *[pid + 1000 * k for k in range(1, len(parent_ns))])
+        handles_term = draw(st.integers(0, 3)) == 0
+        ignores_term = not handles_term and draw(st.integers(0, 9)) == 0
+        sigs[pid] = SignalFacts(pid, nspid, TERM if ignores_term else 0, TERM if handles_term else 0)
     # launchers that exited: their children were reparented to PID 1 or to a subreaper
     for pid in draw(st.lists(st.sampled_from(sorted(procs)), max_size=3)):
         if pid > 2 and pid in procs and not procs[pid].is_kernel_thread:
@@ -116,7 +178,7 @@ def worlds(draw: st.DrawFn) -> World:
             holds[i] = h._replace(pid=tid)
     for g in draw(st.sets(st.integers(0, gpus - 1), max_size=2)):  # a holder in another PID namespace
         holds.append(Hold(99_999, g, "compute", 2**30))
-    return World(Forest(procs, argvs, uids), tuple(holds), threads, caller, gpus)
+    return World(Forest(procs, argvs, uids, exes, sigs, ns), tuple(holds), threads, caller, gpus)
 
 
 @st.composite
@@ -132,14 +194,24 @@ def selections(draw: st.DrawFn, w: World) -> Resolved:
 
 
 def independent_protection(w: World) -> set[int]:
-    """What must never be a target, derived without the planner's help (the easy, sure part)."""
+    """What must never be a target, derived without the planner's help (the easy, sure part):
+    by what a process runs, never by what it calls itself."""
     f = w.forest
     out = {1, w.caller, *ancestors(f, w.caller)}
     out |= {p for p, s in f.procs.items() if s.is_kernel_thread}
-    out |= {p for p, s in f.procs.items() if s.name in ("sshd", "tmux: server", "systemd")
-            or s.name.startswith("containerd-shim")}
-    out |= {p for p, s in f.procs.items() if s.name in ("bash", "sh")
-            and (f.argv(p) in (("bash",), ("-bash",), ("sh", "-l")) or (s.pid == s.sid and s.tty_nr))}
+    for p, s in f.procs.items():
+        exe = f.exes.get(p)
+        if s.has_exited:
+            continue
+        prog = program(exe)
+        if prog is None and f.uid(p) == ME:  # unknown (another user's: unreadable, and unsignalable, to ME)
+            out.add(p)
+        elif prog is None:
+            continue
+        elif prog in ("sshd", "tmux", "systemd") or prog.startswith("containerd-shim"):
+            out.add(p)
+        elif prog in SHELLS and (f.argv(p) not in RUNS_SCRIPT or (s.pid == s.sid and s.tty_nr)):
+            out.add(p)
     return out
 
 
@@ -173,7 +245,7 @@ def test_plan_invariants(data: st.DataObject) -> None:
         assert pid in f.procs and not f.procs[pid].has_exited
         assert sel.all_users or f.uid(pid) == ME
         if not sel.include_handles:
-            assert f.procs[pid].name not in GPU_DAEMONS
+            assert program(f.exes.get(pid)) not in GPU_DAEMONS
     # threads never appear: holds are attributed to their process
     assert not set(targets) & set(w.threads) and not set(spared) & set(w.threads)
 
@@ -198,7 +270,7 @@ def test_plan_invariants(data: st.DataObject) -> None:
         s = f.procs.get(pid)
         if s is None or s.has_exited or pid in protected:
             continue
-        if s.name in GPU_DAEMONS and not sel.include_handles:
+        if program(f.exes.get(pid)) in GPU_DAEMONS and not sel.include_handles:
             continue
         if f.uid(pid) != ME and not sel.all_users:
             continue

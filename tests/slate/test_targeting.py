@@ -159,7 +159,7 @@ def test_pid_on_a_shared_gpu_waits_only_for_the_selected_jobs_memory(sim_host, h
 
 
 def test_held_by_non_targets_fails_fast_with_the_diagnosis(sim_host, hold, cli):
-    daemon = hold("--memory", "3GiB", "--gpus", "6", "--title", "nv-hostengine")
+    daemon = hold("--memory", "3GiB", "--gpus", "6", program="nv-hostengine")
     job = hold("--memory", "2GiB", "--gpus", "6")
     t0 = time.monotonic()
     code, doc, err = clear_json(cli, "--gpus", "6", "--timeout", "60")

@@ -73,7 +73,7 @@ def _of_host(sim_root: str | None) -> Any:
 
 
 _OUTCOME_STYLE = {
-    "delivered": "green", "not_running": "dim", "pid_reused": "yellow",
+    "delivered": "green", "not_running": "dim", "pid_reused": "yellow", "refused": "yellow",
     "permission_denied": "red", "error": "red",
 }
 

@@ -49,6 +49,7 @@ _BY_RESULT: dict[str, ExitStatus] = {
     # not done in time (GPUs not free, server not ready, unit not stopped)
     "timeout": ExitStatus.TIMEOUT, "not_free": ExitStatus.TIMEOUT, "down_failed": ExitStatus.TIMEOUT,
     "held_by_others": ExitStatus.TIMEOUT,  # clear: every target gone, the GPUs held by what is not one
+    "nothing_selected": ExitStatus.TIMEOUT,  # clear: the selector chose nothing this caller may signal
     "permission_denied": ExitStatus.PERMISSION_DENIED,
     # a managed server failed
     "exited": ExitStatus.SERVER_FAILED, "smoke_failed": ExitStatus.SERVER_FAILED, "failed": ExitStatus.SERVER_FAILED,

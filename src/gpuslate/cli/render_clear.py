@@ -32,6 +32,8 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
                 f"{r.ended_by} @{r.exited_at:.3f}s"
             if r is not None and r.permission_denied:
                 ended = "[red]permission denied[/]"
+            if r is not None and r.refused is not None:
+                ended = "[yellow]refused at act time[/]"
             row += [sigs or "-", ended]
         container = f"[magenta]container {cell(tg.container)}[/] " if tg.container else ""
         row.append(fitted_cell(container + one_line(tg.command)))
@@ -110,8 +112,15 @@ def print_clear(result: ClearResult) -> None:
     for rs in result.respawned:
         out.append(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, 60)}) replaced {rs.replaces}; "
                    f"supervisor {cell(rs.supervisor or 'unknown')}. {cell(rs.remedy)}")
+    refused = [r for r in result.results if r.refused is not None]
+    if refused:
+        out.append("[bold]Refused at act time[/] (not signaled; what they started was):")
+        out += [f"  {r.victim.ident.pid}: {cell(r.refused or '')}" for r in refused]
     out += _diagnosis(result.diagnosis)
-    if result.status == ClearStatus.CLEAN:
+    if result.status == ClearStatus.NOTHING_SELECTED:
+        out.append("[red]Nothing you may signal was selected[/]: every process the selector chose is spared "
+                   "(see above); nothing was signaled and nothing was verified.")
+    elif result.status == ClearStatus.CLEAN:
         out.append(f"[green]Clean[/]: GPUs {format_gpu_list(plan.gpus)} free (at most "
                    f"{format_size(result.max_used)} used each), verified.")
     elif result.status == ClearStatus.PERMISSION_DENIED:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 from ..errors import PermissionDenied, UsageError
 from .state import open_state_file, state_dir
 
-OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "error")
+OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "refused", "error")
 
 _BLOCK = 64 * 1024
 

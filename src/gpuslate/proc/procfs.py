@@ -7,6 +7,7 @@ cost on the ``status`` path, which must stay close to the Python floor.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import re
@@ -22,6 +23,10 @@ _CONTAINER_PATTERN = r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64}
 #: process states of a task that has exited (zombie, dead)
 EXITED_STATES = frozenset({"Z", "X"})
 SIGTERM_BIT = 1 << (15 - 1)  # SIGTERM is signal 15: bit 14 of the SigIgn/SigCgt masks
+PF_KTHREAD = 0x00200000  # task flag (field 9 of /proc/PID/stat) of kernel threads
+#: at most this much of a command line is read: another user's 600 KB argv must not make
+#: planning (and a --match regular expression run over it) unbounded
+CMDLINE_MAX = 64 * 1024
 
 _boot_time: float | None = None
 _user_cache: dict[int, str] = {}
@@ -56,8 +61,9 @@ class ProcStat(NamedTuple):
 
     @property
     def is_kernel_thread(self) -> bool:
-        # PF_KTHREAD; kthreadd (pid 2) and its children
-        return bool(self.flags & 0x00200000) or self.pid == 2 or self.ppid == 2
+        """PF_KTHREAD, the kernel's own mark, and nothing else: a container's PID 2 is a
+        user process (behind tini or ``docker --init``), and a name proves nothing."""
+        return bool(self.flags & PF_KTHREAD)
 
 
 class ProcessInfo(NamedTuple):
@@ -202,14 +208,53 @@ def user_name(uid: int) -> str:
 
 
 def read_cmdline(pid: int) -> list[str]:
+    """argv as the process shows it (it may rewrite it), cut at :data:`CMDLINE_MAX` bytes."""
     try:
         with open(f"{PROC}/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+            raw = f.read(CMDLINE_MAX)
     except OSError:
         return []
     # setproctitle-style titles overwrite argv with one string padded by NULs
     raw = raw.rstrip(b"\0")
     return [p.decode("utf-8", "replace") for p in raw.split(b"\0")] if raw else []
+
+
+def read_exe(pid: int) -> str | None:
+    """The path of the program a process runs (``/proc/PID/exe``): a kernel fact that,
+    unlike its name or argv, the process cannot rewrite. ``None`` when it cannot be read
+    (another user's process for a non-root caller, a non-dumpable setuid program, a
+    zombie, a kernel thread); " (deleted)" is kept, it says the file was replaced."""
+    try:
+        return os.readlink(f"{PROC}/{pid}/exe")
+    except OSError:
+        return None
+
+
+_NS_GET_PARENT = 0xB702  # ioctl_ns(2): _IO(0xb7, 0x2)
+
+
+def read_pid_ns(pid: int) -> tuple[int, ...] | None:
+    """The PID namespaces a process lives in, as inodes: its own first, then each
+    parent (``ioctl(NS_GET_PARENT)``) up to the first one this process may not see
+    beyond. None when ``/proc/PID/ns/pid`` cannot be opened (another user's process
+    for a non-root caller, a process that has gone)."""
+    try:
+        fd = os.open(f"{PROC}/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chain: list[int] = []
+    try:
+        while len(chain) < 33:  # the kernel nests PID namespaces 32 deep at most
+            chain.append(os.fstat(fd).st_ino)
+            try:
+                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+            except OSError:  # EPERM: the caller's own namespace or above; ENOTTY: old kernel
+                break
+            os.close(fd)
+            fd = parent
+    finally:
+        os.close(fd)
+    return tuple(chain)
 
 
 def read_cgroups(pid: int) -> tuple[str | None, str | None]:

@@ -1,7 +1,10 @@
 """SIGTERM, grace, SIGKILL: the termination engine shared by ``clear`` and ``down``.
 
 Every signal is written to the audit log before it is sent; the identity of
-each process is checked at the moment of each signal (see :mod:`.signals`).
+each process is checked at the moment of each signal (see :mod:`.signals`);
+a caller's *gate* (``clear``'s act-time gate, :mod:`gpuslate.slate.gate`) is
+asked right before each signal phase which victims must not be signaled now,
+and those are refused for the rest of the run, in the result and the audit log.
 Waiting sleeps on the victims' pidfds and wakes at each exit, the moment the
 last thread of a process is gone (where pidfds are missing, it polls /proc
 with an adaptive interval): no fixed sleeps, and no CPU spent while waiting.
@@ -13,6 +16,7 @@ import signal
 import time
 from typing import Any, Callable, NamedTuple
 
+from ..errors import PermissionDenied
 from ..host.audit import AuditLog
 from .procfs import ProcessId
 from .signals import (DELIVERED, NOT_RUNNING, PERMISSION_DENIED, PID_REUSED, ExitWatch, is_gone, reap_if_child,
@@ -34,6 +38,12 @@ class Victim(NamedTuple):
     waits_for: tuple[int, ...] = ()
 
 
+#: the gate: (signal, the victims about to receive it, the pids the run means to end) ->
+#: {pid: why it must not be signaled}
+Gate = Callable[[int, list[ProcessId], set[int]], dict[int, str]]
+REFUSED = "refused"
+
+
 class SignalRecord(NamedTuple):
     signal: str
     at: float  # seconds after the termination started
@@ -52,15 +62,18 @@ class VictimResult:
         self.exited_at: float | None = None  # seconds after start; None: still running
         self.ended_by: str | None = None  # SIGTERM | SIGKILL | gone (before any signal) | pid_reused
         self.permission_denied = False
+        self.refused: str | None = None  # why the act-time gate did not let it be signaled
 
     @property
     def alive(self) -> bool:
-        return self.exited_at is None and not self.permission_denied
+        """Still to be waited for: running, signalable, and not refused by the gate."""
+        return self.exited_at is None and not self.permission_denied and self.refused is None
 
     def outcome_json(self) -> dict[str, Any]:
         return {"signals": [s.to_json() for s in self.signals],
                 "exited_at_s": round(self.exited_at, 4) if self.exited_at is not None else None,
-                "ended_by": self.ended_by, "permission_denied": self.permission_denied}
+                "ended_by": self.ended_by, "permission_denied": self.permission_denied,
+                "refused": self.refused}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.victim.info, **self.outcome_json()}
@@ -101,7 +114,7 @@ def terminate(
     victims: list[Victim], *, grace: float, kill_wait: float, action: str, run_id: str,
     audit: AuditLog | None, on_event: Callable[[str], None] | None = None,
     clock_start: float | None = None, discover: Callable[[list[Victim]], list[Victim]] | None = None,
-    discover_every: float = 0.05,
+    discover_every: float = 0.05, gate: Gate | None = None,
 ) -> list[VictimResult]:
     """Terminate every victim: SIGTERM to all at once, wait up to ``grace`` seconds,
     SIGKILL the survivors, wait up to ``kill_wait`` seconds more.
@@ -112,24 +125,46 @@ def terminate(
     victims started since (a job forking while it stops); they are signaled with
     the phase's signal and reported. Processes that cannot be signaled
     (permission) are recorded and skipped; the others proceed. Returns one result
-    per victim, in order, then the discovered ones.
+    per victim, in order, then the discovered ones. ``gate``, when given, is asked
+    before each phase which of its victims must not be signaled (see the module doc).
     """
     t0 = clock_start if clock_start is not None else time.monotonic()
     results = [VictimResult(v) for v in victims]
     note = on_event or (lambda _m: None)
 
     def signal_all(sig: signal.Signals, who: list[VictimResult]) -> None:
+        refused: dict[int, str] = {}
+        if gate is not None and who:
+            intended = {r.victim.ident.pid for r in results if r.refused is None}
+            refused = gate(sig, [r.victim.ident for r in who], intended)
         # every line on disk first (one fsync for the whole phase), then the signals
-        entries = audit.before_signals(run_id=run_id, action=action, signal=sig.name,
-                                       targets=[r.victim.info for r in who]) if audit and who else []
-        outcomes = []
+        try:
+            entries = audit.before_signals(run_id=run_id, action=action, signal=sig.name,
+                                           targets=[r.victim.info for r in who]) if audit and who else []
+        except PermissionDenied as exc:
+            sent = [r for r in results if _sent(r)]
+            if not sent:
+                raise
+            raise PermissionDenied(exc.message, hint=(
+                f"{sig.name} was not sent (it could not be audited), after earlier signals went to "
+                f"{_processes(len(sent))}: {', '.join(str(r.victim.ident.pid) for r in sent[:10])}; "
+                "set GPUSLATE_STATE_DIR to a writable directory")) from None
+        outcomes: list[tuple[str, str | None]] = []
         for r in who:
+            why = refused.get(r.victim.ident.pid)
+            if why is not None:
+                r.refused = why
+                r.signals.append(SignalRecord(sig.name, time.monotonic() - t0, REFUSED))
+                outcomes.append((REFUSED, why))
+                note(f"{r.victim.ident.pid} not signaled: {why}")
+                continue
             outcome = send_signal(r.victim.ident, sig)
             r.signals.append(SignalRecord(sig.name, time.monotonic() - t0, outcome))
-            outcomes.append(outcome)
+            outcomes.append((outcome, None))
         if entries:
-            audit.outcomes([(e, o, None) for e, o in zip(entries, outcomes)])  # type: ignore[union-attr]
-        for r, outcome in zip(who, outcomes):
+            audit.outcomes([(e, o, d) for e, (o, d) in zip(entries, outcomes)])  # type: ignore[union-attr]
+        outcomes_only = [o for o, _ in outcomes]
+        for r, outcome in zip(who, outcomes_only):
             if outcome == PERMISSION_DENIED:
                 r.permission_denied = True
                 note(f"permission denied signaling {r.victim.ident.pid}")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 
 from .jobs import Protection, ancestors, job_root
-from .procfs import PROC, ProcStat, list_pids, read_cmdline, read_stat
+from .procfs import (PROC, ProcStat, SignalFacts, list_pids, read_cmdline, read_exe, read_pid_ns,
+                     read_signal_facts, read_stat)
 
 
 class ProcTable:
@@ -23,6 +24,10 @@ class ProcTable:
         self._stats: dict[int, ProcStat | None] = {}
         self._argv: dict[int, tuple[str, ...]] = {}
         self._uids: dict[int, int | None] = {}
+        self._exes: dict[int, str | None] = {}
+        self._sigs: dict[int, SignalFacts | None] = {}
+        self._ns: dict[int, tuple[int, ...] | None] = {}
+        self._sessions: dict[int, list[int]] | None = None
         self._children: dict[int, list[int]] | None = None
         self._groups: dict[int, list[int]] | None = None
         self._complete = False
@@ -47,6 +52,21 @@ class ProcTable:
             except OSError:
                 self._uids[pid] = None
         return self._uids[pid]
+
+    def exe(self, pid: int) -> str | None:
+        if pid not in self._exes:
+            self._exes[pid] = read_exe(pid)
+        return self._exes[pid]
+
+    def signal_facts(self, pid: int) -> SignalFacts | None:
+        if pid not in self._sigs:
+            self._sigs[pid] = read_signal_facts(pid)
+        return self._sigs[pid]
+
+    def pid_ns(self, pid: int) -> tuple[int, ...] | None:
+        if pid not in self._ns:
+            self._ns[pid] = read_pid_ns(pid)
+        return self._ns[pid]
 
     def load_all(self) -> None:
         if self._complete:
@@ -93,6 +113,17 @@ class ProcTable:
                 groups.setdefault(st.pgid, []).append(st.pid)
             self._groups = groups
         return self._groups.get(pgid, [])
+
+    def all_pids(self) -> list[int]:
+        return [st.pid for st in self.all()]
+
+    def session_members(self, sid: int) -> list[int]:
+        if self._sessions is None:
+            sessions: dict[int, list[int]] = {}
+            for st in self.all():
+                sessions.setdefault(st.sid, []).append(st.pid)
+            self._sessions = sessions
+        return self._sessions.get(sid, [])
 
     def root_pid(self, pid: int) -> int:
         """The root of the job that ``pid`` belongs to, as anyone sees it (see :mod:`.jobs`)."""

@@ -3,7 +3,8 @@
 
 1. Plan (under the host lock): the targets and the spared, with reasons.
 2. Act: SIGTERM to every target at once, grace, SIGKILL to survivors; each
-   signal audited before it is sent and sent only to the exact process.
+   signal audited before it is sent and sent only to the exact process, after
+   the act-time gate (:mod:`.gate`) has checked it again against fresh facts.
 3. Verify: poll until every target is gone and every selected GPU is free;
    on timeout, a diagnosis per GPU. A restarted target is named with its
    supervisor, not fought in a loop.
@@ -18,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from .._parse import format_gpu_list
 from .._time import iso_time
-from ..errors import Interrupted, UsageError
+from ..errors import Interrupted, NotDoneError, UsageError
 from ..gpu.types import GpuBackend, GpuReading
 from ..host.audit import AuditLog, new_run_id
 from ..host.session import HostSession
@@ -27,6 +28,7 @@ from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
+from .gate import ActGate
 from .plan import Plan, Role, Selection, Target, VerifyMode, make_plan, resolve
 from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free
 
@@ -55,6 +57,7 @@ class ClearStatus(str, Enum):
     TIMEOUT = "timeout"  # not free within the timeout
     HELD_BY_OTHERS = "held_by_others"  # every target is gone; what still holds the GPUs is not a target
     PERMISSION_DENIED = "permission_denied"  # some target could not be signaled
+    NOTHING_SELECTED = "nothing_selected"  # a selector chose no process this caller may signal
     DRY_RUN = "dry_run"
 
 
@@ -142,6 +145,14 @@ def clear(
             timings["total_s"] = time.monotonic() - t_start
             return ClearResult(ClearStatus.DRY_RUN, plan.before.host, be.name, plan, [], before, before, [], [],
                                timings, limit, started_at)
+        if t_plan - t_start > timeout:
+            raise NotDoneError(f"planning took {t_plan - t_start:.1f} s, more than --timeout {timeout:g} s: "
+                               "nothing was signaled")
+        if sel.narrows and not plan.targets:
+            # verifying an empty set of GPUs proves nothing: say that nothing was chosen
+            timings["total_s"] = time.monotonic() - t_start
+            return ClearResult(ClearStatus.NOTHING_SELECTED, plan.before.host, be.name, plan, [], before,
+                               before, [], [], timings, limit, started_at)
         if confirm is not None and plan.targets:
             t_ask = time.monotonic()
             if not confirm(plan):
@@ -153,7 +164,8 @@ def clear(
         log = audit if audit is not None else (host.audit_log() if victims else None)
         results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
-                            audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan))
+                            audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan),
+                            gate=ActGate())
         t_exit = time.monotonic()
         timings["exit_s"] = t_exit - t_start
         ok, after, respawned, held = _verify(be, plan, results, limit, deadline)
@@ -202,14 +214,15 @@ class _ForkWatch:
     supervisor loop inside the job): processes started after the plan whose parent is
     a victim, or that joined the process group a target launcher leads. Only
     /proc entries not seen before are read, so a call costs one directory listing.
-    (A pid reused since the plan goes unnoticed: that needs the pid space to wrap
-    within one clear.)"""
+    A parent is a victim by identity (pid and start time), never by pid alone, and a
+    group counts only while its launcher is still the planned process: a reused pid
+    or group id brings nobody in."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.seen: set[int] = set(plan.known)
         self.spared = {s.pid for s in plan.spared}
-        self.groups = {t.ident.pid for t in plan.targets if t.role == Role.LAUNCHER}
+        self.groups = {t.ident.pid: t.ident for t in plan.targets if t.role == Role.LAUNCHER}
         self.me = os.getuid()
 
     def __call__(self, victims: list[Victim]) -> list[Victim]:
@@ -219,14 +232,18 @@ class _ForkWatch:
         self.seen.update(new_pids)
         idents = {v.ident.pid: v for v in victims}
         table = ProcTable()
-        protect = Protection(table, os.getpid())
+        protect = Protection(table, os.getpid(), os.getuid())
         found: list[Victim] = []
         for pid in sorted(new_pids):
             st = table.get(pid)
             if st is None or st.has_exited or pid in self.spared:
                 continue
             parent = idents.get(st.ppid)
-            job = parent.job if parent is not None else (st.pgid if st.pgid in self.groups else None)
+            if parent is not None and not _is(table, parent.ident):
+                parent = None  # the parent's pid names another process now
+            launcher = self.groups.get(st.pgid)
+            in_group = launcher is not None and _is(table, launcher)
+            job = parent.job if parent is not None else (st.pgid if in_group else None)
             if job is None or protect(pid):
                 continue
             uid = table.uid(pid)
@@ -243,6 +260,12 @@ class _ForkWatch:
         return found
 
 
+def _is(table: ProcTable, ident: Any) -> bool:
+    """Whether ``ident``'s pid still names that very process (alive or a zombie)."""
+    st = table.get(ident.pid)
+    return st is not None and st.start_ticks == ident.start_ticks
+
+
 def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
             ) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
     """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
@@ -251,7 +274,8 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
     process that is not a target (another user's job without --all-users, a spared
     process). Returns (done, readings, respawned, held by others)."""
     planned = _planned(plan)
-    targets = {r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}
+    refused = {r.victim.ident.pid for r in results if r.refused is not None}
+    targets = ({r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}) - refused
     released = plan.verify_mode == VerifyMode.RELEASED
     invisible_before = {p.pid for g in plan.before.gpus for p in g.processes if not p.visible}
     checked: set[int] = set()

@@ -30,7 +30,7 @@ from .._parse import format_gpu_list, format_size
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
-from ..proc.jobs import ProcessView, Protection, descendants, job_members, job_root
+from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
 from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name
 from ..proc.tree import ProcTable
 
@@ -155,7 +155,7 @@ def decide(facts: Facts, res: Resolved) -> Decision:
     """The plan, as a pure function of the facts and the selection (see the module doc)."""
     sel = res.sel
     view = facts.view
-    protect = Protection(view, facts.caller_pid)
+    protect = Protection(view, facts.caller_pid, facts.caller_uid)
     chosen = set(sel.gpus) if sel.gpus is not None else set(range(facts.gpu_count))
 
     memory: dict[int, dict[int, int]] = {}  # pid -> gpu -> bytes, for processes with a GPU context
@@ -173,22 +173,27 @@ def decide(facts: Facts, res: Resolved) -> Decision:
         st = view.get(pid)
         return st is not None and not st.has_exited
 
-    def intrinsic(pid: int) -> str | None:
-        """Why a process is never a target of this run, whatever the selection."""
-        why = protect.reason(pid)
-        if why:
-            return why
-        st = view.get(pid)
-        name = st.name if st is not None else ""
-        if name in GPU_DAEMONS and not sel.include_handles:
-            return f"a known GPU daemon ({name}); add --include-handles to include it"
-        if pid not in memory and pid in handles and not sel.include_handles:
-            return ("device handle only, no GPU memory (a monitor, the persistence daemon, DCGM); "
-                    "add --include-handles to include it")
+    def foreign(pid: int) -> str | None:
         uid = view.uid(pid)
         if uid != facts.caller_uid and not sel.all_users:
             owner = user_name(uid) if uid is not None else "unknown"
             return f"another user's process ({owner}); add --all-users to include other users' jobs"
+        return None
+
+    def intrinsic(pid: int) -> str | None:
+        """Why a process is never a target of this run, whatever the selection."""
+        why = protect.reason(pid)
+        if why and why != UNKNOWN_PROGRAM:
+            return why
+        why = foreign(pid) or why  # say whose, before saying that its program cannot be read
+        if why:
+            return why
+        prog = program(view.exe(pid)) or ""
+        if prog in GPU_DAEMONS and not sel.include_handles:
+            return f"a known GPU daemon ({prog}); add --include-handles to include it"
+        if pid not in memory and pid in handles and not sel.include_handles:
+            return ("device handle only, no GPU memory (a monitor, the persistence daemon, DCGM); "
+                    "add --include-handles to include it")
         return None
 
     # --pid P: P itself, its descendants, and its group when it leads one; never its ancestors
@@ -199,11 +204,11 @@ def decide(facts: Facts, res: Resolved) -> Decision:
             if not alive(pid):
                 raise UsageError(f"process {pid} does not exist")
             why = protect.reason(pid)
-            if why:
+            if why and not (why == UNKNOWN_PROGRAM and foreign(pid)):  # another user's: spared below
                 raise UsageError(_protected_message(pid, why))
             fam = {pid, *descendants(view, pid, protect)}
             st = view.get(pid)
-            if st is not None and st.pgid == pid:
+            if st is not None and st.pgid == pid and st.pgid > 0:
                 for m in view.group_members(pid):
                     if not protect(m):
                         fam |= {m, *descendants(view, m, protect)}
@@ -237,12 +242,16 @@ def decide(facts: Facts, res: Resolved) -> Decision:
     targets: dict[int, TargetDecision] = {}
     memory_holders = set(memory)
     jobs: dict[int, tuple[int, list[int]]] = {}
+    left: dict[int, int] = {}  # protected processes the job rule met and left -> the job's root
     for pid in selected:  # every selected holder is a holder first, whatever job it is also in
+        met: list[int] = []
         if sel.holders_only:
-            jobs[pid] = (pid, [pid, *descendants(view, pid, protect)])
+            jobs[pid] = (pid, [pid, *descendants(view, pid, protect, met.append)])
         else:
-            root = job_root(view, pid, protect)
-            jobs[pid] = (root, job_members(view, root, memory_holders, protect))
+            root = job_root(view, pid, protect, met.append)
+            jobs[pid] = (root, job_members(view, root, memory_holders, protect, met.append))
+        for p in met:
+            left.setdefault(p, jobs[pid][0])
         mine = {g: b for g, b in memory.get(pid, {}).items() if g in chosen}
         reason = f"holds {_where(mine)}" if mine else \
             f"holds a device handle on GPU {format_gpu_list(sorted(handles.get(pid, set()) & chosen))}"
@@ -262,6 +271,9 @@ def decide(facts: Facts, res: Resolved) -> Decision:
     for pid, why in unselected.items():
         if pid not in targets:
             spared[pid] = SpareDecision(pid, why, None)
+    for pid, root in left.items():  # considered and left: the caller's own ancestors too
+        if pid not in targets and pid not in spared and alive(pid):
+            spared[pid] = SpareDecision(pid, f"{protect.reason(pid)} (met by the job rule of {root})", root)
 
     if sel.gpus is not None:
         verify = tuple(sorted(chosen))
@@ -276,10 +288,14 @@ def _where(per_gpu: dict[int, int]) -> str:
     return ", ".join(f"{format_size(b)} on GPU {g}" for g, b in sorted(per_gpu.items()))
 
 
+#: --match sees at most this much of a command line: matching is bounded whatever a process's argv
+MATCH_MAX = 4096
+
+
 def _matches(rx: re.Pattern[str], view: ProcessView, pid: int) -> bool:
     st = view.get(pid)
     name = st.name if st is not None else ""
-    return bool(rx.search(" ".join(view.argv(pid))) or rx.search(name))
+    return bool(rx.search(" ".join(view.argv(pid))[:MATCH_MAX]) or rx.search(name))
 
 
 def _member_role(view: ProcessView, pid: int, root: int, memory: dict[int, int] | None) -> tuple[Role, str]:
@@ -370,7 +386,7 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
 
     targets: list[Target] = []
     target_pids = {d.pid for d in decision.targets}
-    protect = Protection(table, os.getpid())
+    protect = Protection(table, os.getpid(), os.getuid())
     for d in decision.targets:
         st = table.get(d.pid)
         if st is None:

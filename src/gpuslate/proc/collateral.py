@@ -1,0 +1,115 @@
+"""What a signal takes with it: the processes besides its target that it may end.
+
+Signalling one process can end others. The kernel ends every process of a PID
+namespace when the namespace's init exits; a session leader on a terminal
+hangs the terminal's session up when it exits; and any process that handles a
+signal may pass it on to its children (``runuser``, ``su``, ``timeout``,
+``tini``, a launcher's own handler: a *signal forwarder*). ``clear`` must not
+end a process it spares that way, so before every signal its act-time gate
+(:mod:`gpuslate.slate.gate`) asks :func:`collateral` what the signal may
+reach, and refuses the signal when that includes a process that is not a
+victim of the same run.
+
+Everything here is a pure function of a :class:`~gpuslate.proc.jobs.ProcessView`,
+and errs wide: a fact that cannot be read (a signal mask, a namespace)
+counts as the worst case, so an unknown fact can only spare a target, never
+widen what dies. What cannot be seen at all is documented in docs/clear.md
+("What gpuslate never does"): a child that asked for ``PR_SET_PDEATHSIG`` dies
+with its parent, and /proc does not say so.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import NamedTuple
+
+from .jobs import ProcessView
+from .procfs import SignalFacts
+
+
+class Collateral(NamedTuple):
+    """A process that a signal to another may end, and why."""
+
+    pid: int
+    why: str
+
+
+def _catchable(sig: int) -> bool:
+    return sig not in (signal.SIGKILL, signal.SIGSTOP)
+
+
+def _handles(facts: SignalFacts | None, sig: int) -> bool:
+    """Whether the process has a handler for ``sig`` (unknown: it may have)."""
+    return facts is None or bool(facts.sig_cgt & (1 << (sig - 1)))
+
+
+def _alive(view: ProcessView, pid: int) -> bool:
+    st = view.get(pid)
+    return st is not None and not st.has_exited
+
+
+def raw_descendants(view: ProcessView, pid: int) -> list[int]:
+    """Every live descendant, whatever it is (what a forwarder's signal can reach)."""
+    out: list[int] = []
+    seen = {pid}
+    stack = list(view.children(pid))
+    while stack:
+        p = stack.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        if _alive(view, p):
+            out.append(p)
+        stack.extend(view.children(p))
+    return out
+
+
+def namespace_members(view: ProcessView, init: int, facts: SignalFacts | None) -> list[int]:
+    """The live processes the kernel ends when ``init`` (PID 1 of a namespace) exits:
+    its namespace's members and everything in namespaces below it. A process whose
+    namespace cannot be read counts as a member unless its depth rules it out."""
+    chain = view.pid_ns(init)
+    ns = chain[0] if chain else None
+    depth = len(facts.nspid) if facts is not None else 0
+    out: list[int] = []
+    for pid in view.all_pids():
+        if pid == init or not _alive(view, pid):
+            continue
+        theirs = view.pid_ns(pid)
+        if theirs is not None and ns is not None:
+            if ns in theirs:
+                out.append(pid)
+            continue
+        f = view.signal_facts(pid)
+        if f is not None and len(f.nspid) < depth:
+            continue  # in a namespace above the init's: not ended by it
+        out.append(pid)  # unknown: it may be a member
+    return out
+
+
+def collateral(view: ProcessView, pid: int, sig: int) -> list[Collateral]:
+    """The live processes besides ``pid`` that sending ``sig`` to ``pid`` may end."""
+    st = view.get(pid)
+    if st is None or st.has_exited:
+        return []
+    facts = view.signal_facts(pid)
+    found: dict[int, str] = {}
+    if facts is None or facts.is_namespace_init:
+        # its exit ends its PID namespace; unknown facts count as if it were an init
+        why = ("a member of the PID namespace it is init of" if facts is not None else
+               "possibly a member of its PID namespace (its /proc/PID/status cannot be read)")
+        if facts is not None:
+            for m in namespace_members(view, pid, facts):
+                found.setdefault(m, why)
+        else:
+            for m in raw_descendants(view, pid):
+                found.setdefault(m, why)
+    if _catchable(sig) and _handles(facts, sig):
+        name = signal.Signals(sig).name
+        for d in raw_descendants(view, pid):
+            found.setdefault(d, f"a descendant of a process that handles {name} and may forward it")
+    if st.pid == st.sid and st.tty_nr != 0:
+        for m in view.session_members(st.sid):
+            if m != pid and _alive(view, m):
+                found.setdefault(m, "in the session it leads on a terminal, which its exit hangs up")
+    return [Collateral(p, why) for p, why in sorted(found.items())]
