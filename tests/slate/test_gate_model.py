@@ -199,3 +199,18 @@ def test_renamed_processes_are_what_they_run() -> None:
     assert {t.pid for t in d.targets} == {60}
     spared = {s.pid: s.reason for s in d.spared}
     assert "sshd" in spared[61] and "cannot be read" in spared[62]
+
+
+def test_a_stopped_group_its_exit_would_orphan_is_collateral() -> None:
+    # a launcher (70, group 70) started a job-control group 71 in its session; 72 of that group is
+    # stopped and another user's: the launcher's exit may orphan group 71 and SIGHUP it
+    f = _forest([
+        (70, "python3", 1, 70, 70, "/usr/bin/python3", ME, SignalFacts(70, (70,), 0, 0), HOST),
+        (71, "python3", 70, 71, 70, "/usr/bin/python3", ME, SignalFacts(71, (71,), 0, 0), HOST),
+        (72, "python3", 71, 71, 70, "/usr/bin/python3", OTHER, SignalFacts(72, (72,), 0, 0), HOST),
+    ])
+    f.procs[72] = f.procs[72]._replace(state="T")
+    refused = refusals(f, [ProcessId(70, 70)], signal.SIGKILL, {70}, 99)
+    assert "72" in refused[70] and "orphan" in refused[70]
+    f.procs[72] = f.procs[72]._replace(state="S")
+    assert refusals(f, [ProcessId(70, 70)], signal.SIGKILL, {70}, 99) == {}

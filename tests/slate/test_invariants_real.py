@@ -340,3 +340,37 @@ def test_match_against_a_huge_argv_is_bounded(sim_host, tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_target_that_becomes_sshd_before_the_act_is_refused(sim_host, tmp_path):
+    """Protection is checked again at the act: a holder that execs into a program that is
+    protected (here a copy of the interpreter named sshd) between the plan and the signal is
+    not signaled."""
+    import gpuslate
+    from helpers import program_named
+
+    sshd = program_named("sshd", tmp_path / "programs")
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([PY, "-c", textwrap.dedent(f"""\
+        import os, subprocess, sys
+        h = subprocess.Popen([{PY!r}, "-m", "gpuslate", "--sim", {str(sim_host.root)!r}, "sim", "hold",
+                              "--gpus", "0", "--memory", "1GiB"], stdout=open({str(ready)!r}, "w"))
+        sys.stdin.readline()
+        os.execv({sshd!r}, [{sshd!r}, "-c", "import time; time.sleep(60)"])
+    """)], stdin=subprocess.PIPE, text=True, env=gpuslate_env(), start_new_session=True)
+    try:
+        (holder,) = ready_pids(ready, 1)
+
+        def confirm(plan: object) -> bool:
+            assert p.stdin is not None
+            p.stdin.write("exec\n")
+            p.stdin.flush()
+            wait_for(lambda: os.readlink(f"/proc/{p.pid}/exe").endswith("/sshd"))
+            return True
+
+        result = gpuslate.clear([0], grace=2, timeout=5, confirm=confirm)
+        by = {r.victim.ident.pid: r for r in result.results}
+        assert p.pid in by and by[p.pid].refused and "sshd" in by[p.pid].refused, result.to_json()
+        assert is_gone(holder) and p.poll() is None
+    finally:
+        kill_tree(p)

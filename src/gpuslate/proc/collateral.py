@@ -24,7 +24,7 @@ import signal
 from typing import NamedTuple
 
 from .jobs import ProcessView
-from .procfs import SignalFacts
+from .procfs import ProcStat, SignalFacts
 
 
 class Collateral(NamedTuple):
@@ -87,6 +87,22 @@ def namespace_members(view: ProcessView, init: int, facts: SignalFacts | None) -
     return out
 
 
+def _orphaned_stopped(view: ProcessView, st: ProcStat) -> list[int]:
+    """Stopped processes of groups that ``st``'s exit may orphan: the kernel sends SIGHUP and
+    SIGCONT to a newly orphaned process group that has a stopped member (POSIX job control).
+    A group is kept from orphanhood by a member whose parent is in another group of the same
+    session; when ``st`` is such a parent, its exit may be what orphans the group."""
+    out: list[int] = []
+    groups = {c.pgid for c in (view.get(k) for k in view.children(st.pid))
+              if c is not None and c.pgid > 0 and c.pgid != st.pgid and c.sid == st.sid}
+    for g in groups:
+        members = [view.get(m) for m in view.group_members(g)]
+        stopped = [m.pid for m in members if m is not None and m.state in ("T", "t")]
+        if stopped:
+            out.extend(stopped)
+    return out
+
+
 def collateral(view: ProcessView, pid: int, sig: int) -> list[Collateral]:
     """The live processes besides ``pid`` that sending ``sig`` to ``pid`` may end."""
     st = view.get(pid)
@@ -112,4 +128,6 @@ def collateral(view: ProcessView, pid: int, sig: int) -> list[Collateral]:
         for m in view.session_members(st.sid):
             if m != pid and _alive(view, m):
                 found.setdefault(m, "in the session it leads on a terminal, which its exit hangs up")
+    for m in _orphaned_stopped(view, st):
+        found.setdefault(m, "stopped, in a process group its exit may orphan (the kernel then sends SIGHUP)")
     return [Collateral(p, why) for p, why in sorted(found.items())]
