@@ -39,8 +39,9 @@ def _catchable(sig: int) -> bool:
 
 
 def _handles(facts: SignalFacts | None, sig: int) -> bool:
-    """Whether the process has a handler for ``sig`` (unknown: it may have)."""
-    return facts is None or bool(facts.sig_cgt & (1 << (sig - 1)))
+    """Whether the process may act on ``sig`` rather than die of it: a handler, or the signal
+    blocked (a ``signalfd`` reader takes it that way); unknown: it may."""
+    return facts is None or bool((facts.sig_cgt | facts.sig_blk) & (1 << (sig - 1)))
 
 
 def _alive(view: ProcessView, pid: int) -> bool:

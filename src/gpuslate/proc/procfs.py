@@ -139,6 +139,7 @@ class SignalFacts(NamedTuple):
     nspid: tuple[int, ...]  # its pid in each nested PID namespace, outermost first
     sig_ign: int  # mask of ignored signals
     sig_cgt: int  # mask of caught signals (a handler is installed)
+    sig_blk: int = 0  # mask of blocked signals (a signalfd reader takes them while blocked)
 
     @property
     def is_namespace_init(self) -> bool:
@@ -169,13 +170,14 @@ def read_signal_facts(pid: int) -> SignalFacts | None:
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key in ("Tgid", "NSpid", "SigIgn", "SigCgt"):
+        if key in ("Tgid", "NSpid", "SigIgn", "SigCgt", "SigBlk"):
             fields[key] = value.strip()
     try:
         return SignalFacts(
             tgid=int(fields.get("Tgid", pid)),
             nspid=tuple(int(x) for x in fields.get("NSpid", str(pid)).split()) or (pid,),
             sig_ign=int(fields.get("SigIgn", "0"), 16), sig_cgt=int(fields.get("SigCgt", "0"), 16),
+            sig_blk=int(fields.get("SigBlk", "0"), 16),
         )
     except ValueError:
         return None
