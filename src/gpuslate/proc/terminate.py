@@ -38,9 +38,9 @@ class Victim(NamedTuple):
     waits_for: tuple[int, ...] = ()
 
 
-#: the gate: (signal, the victims about to receive it, the pids the run means to end) ->
+#: the gate: (signal, the victims about to receive it, the processes the run means to end) ->
 #: {pid: why it must not be signaled}
-Gate = Callable[[int, list[ProcessId], set[int]], dict[int, str]]
+Gate = Callable[[int, list[ProcessId], set[ProcessId]], dict[int, str]]
 REFUSED = "refused"
 
 
@@ -135,7 +135,7 @@ def terminate(
     def signal_all(sig: signal.Signals, who: list[VictimResult]) -> None:
         refused: dict[int, str] = {}
         if gate is not None and who:
-            intended = {r.victim.ident.pid for r in results if r.refused is None}
+            intended = {r.victim.ident for r in results if r.refused is None}
             refused = gate(sig, [r.victim.ident for r in who], intended)
         # every line on disk first (one fsync for the whole phase), then the signals
         try:

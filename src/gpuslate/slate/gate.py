@@ -34,19 +34,20 @@ from ..proc.procfs import ProcessId
 from ..proc.tree import ProcTable
 
 
-def refusals(view: ProcessView, victims: Iterable[ProcessId], sig: int, intended: set[int],
+def refusals(view: ProcessView, victims: Iterable[ProcessId], sig: int, intended: Iterable[ProcessId],
              caller_pid: int | None, caller_uid: int | None = None) -> dict[int, str]:
     """Which of ``victims`` must not receive ``sig`` now, and why.
 
-    ``intended`` is every pid this run means to end (the planned targets and what
-    their jobs forked since); a victim is refused when it is protected, or when the
-    signal may end a live process outside ``intended``. Victims that are gone or
+    ``intended`` is every process this run means to end (the planned targets and
+    what their jobs forked since), by identity: a pid that names another process
+    now is not intended. A victim is refused when it is protected, or when the
+    signal may end a live process that is not intended. Victims that are gone or
     whose pid now names another process are left to the signalling, which will
     not signal them.
     """
     protect = Protection(view, caller_pid, caller_uid)
     mine = [v for v in victims if _same(view, v)]
-    allowed = set(intended)
+    allowed = {v.pid for v in intended if _same(view, v)}
     refused: dict[int, str] = {}
     changed = True
     while changed:
@@ -79,7 +80,7 @@ class ActGate:
         self.caller = os.getpid() if caller_pid is None else caller_pid
         self.uid = os.getuid() if caller_uid is None else caller_uid
 
-    def __call__(self, sig: int, victims: list[ProcessId], intended: set[int]) -> dict[int, str]:
+    def __call__(self, sig: int, victims: list[ProcessId], intended: set[ProcessId]) -> dict[int, str]:
         table = ProcTable()
         table.load_all()
         return refusals(table, victims, sig, intended, self.caller, self.uid)
