@@ -374,3 +374,31 @@ def test_a_target_that_becomes_sshd_before_the_act_is_refused(sim_host, tmp_path
         assert is_gone(holder) and p.poll() is None
     finally:
         kill_tree(p)
+
+
+@ROOT_ONLY
+def test_a_users_own_program_named_sshd_protects_nothing(sim_host, hold, other_user):
+    """Anyone can copy a program to ~/bin/sshd; only root can make the copy root's. A holder whose
+    program is a user's file named sshd is cleared; the same copy made root's is protected."""
+    from helpers import program_named
+
+    exe = program_named("sshd", sim_host.root.parent / "programs")
+    os.chown(exe, other_user.pw_uid, -1)
+    job = hold("--gpus", "0", "--memory", "1GiB", program="sshd")
+    assert os.readlink(f"/proc/{job.pid}/exe").endswith("/sshd")
+    code, doc, err = clear("--gpus", "0")
+    assert code == 0 and [t["pid"] for t in doc["targets"]] == [job.pid], (doc, err)
+    os.chown(exe, 0, -1)
+    daemon = hold("--gpus", "1", "--memory", "1GiB", program="sshd")
+    code, doc, err = clear("--gpus", "1", "--timeout", "2")
+    assert code == 4 and doc["targets"] == [] and alive(daemon.pid), (doc, err)
+
+
+def test_a_stopped_target_is_killed_early_not_after_the_grace(sim_host, hold):
+    job = hold("--gpus", "2", "--memory", "1GiB")
+    os.kill(job.pid, signal.SIGSTOP)
+    wait_for(lambda: (read_stat(job.pid) or read_stat(1)).state in ("T", "t"))  # type: ignore[union-attr]
+    code, doc, err = clear("--gpus", "2", "--grace", "20")
+    assert code == 0, (doc, err)
+    (t,) = doc["targets"]
+    assert "stopped" in t["ignores_sigterm"] and doc["timings"]["total_s"] < 5

@@ -55,6 +55,7 @@ class Forest:
         self.exes = exes if exes is not None else {p: _default_exe(s) for p, s in procs.items()}
         self.sigs = sigs if sigs is not None else {}
         self.ns = ns if ns is not None else {}
+        self.user_programs: set[int] = set()  # programs a user made (not root's): they protect nothing
 
     def get(self, pid: int) -> ProcStat | None:
         return self.procs.get(pid)
@@ -79,6 +80,9 @@ class Forest:
 
     def exe(self, pid: int) -> str | None:
         return self.exes.get(pid)
+
+    def exe_is_system(self, pid: int) -> bool:
+        return pid not in self.user_programs and self.exes.get(pid) is not None
 
     def signal_facts(self, pid: int) -> SignalFacts | None:
         return self.sigs.get(pid, SignalFacts(pid, (pid,), 0, 0)) if pid in self.procs else None
@@ -178,7 +182,9 @@ def worlds(draw: st.DrawFn) -> World:
             holds[i] = h._replace(pid=tid)
     for g in draw(st.sets(st.integers(0, gpus - 1), max_size=2)):  # a holder in another PID namespace
         holds.append(Hold(99_999, g, "compute", 2**30))
-    return World(Forest(procs, argvs, uids, exes, sigs, ns), tuple(holds), threads, caller, gpus)
+    forest = Forest(procs, argvs, uids, exes, sigs, ns)
+    forest.user_programs = set(draw(st.lists(st.sampled_from(sorted(procs)), max_size=3)))
+    return World(forest, tuple(holds), threads, caller, gpus)
 
 
 @st.composite
@@ -204,6 +210,8 @@ def independent_protection(w: World) -> set[int]:
         if s.has_exited:
             continue
         prog = program(exe)
+        if prog is not None and p in f.user_programs:
+            continue  # a user's own program named sshd protects nothing
         if prog is None and f.uid(p) == ME:  # unknown (another user's: unreadable, and unsignalable, to ME)
             out.add(p)
         elif prog is None:
@@ -244,7 +252,7 @@ def test_plan_invariants(data: st.DataObject) -> None:
     for pid in targets:
         assert pid in f.procs and not f.procs[pid].has_exited
         assert sel.all_users or f.uid(pid) == ME
-        if not sel.include_handles:
+        if not sel.include_handles and pid not in f.user_programs:
             assert program(f.exes.get(pid)) not in GPU_DAEMONS
     # threads never appear: holds are attributed to their process
     assert not set(targets) & set(w.threads) and not set(spared) & set(w.threads)
@@ -270,7 +278,7 @@ def test_plan_invariants(data: st.DataObject) -> None:
         s = f.procs.get(pid)
         if s is None or s.has_exited or pid in protected:
             continue
-        if program(f.exes.get(pid)) in GPU_DAEMONS and not sel.include_handles:
+        if program(f.exes.get(pid)) in GPU_DAEMONS and not sel.include_handles and pid not in f.user_programs:
             continue
         if f.uid(pid) != ME and not sel.all_users:
             continue

@@ -9,7 +9,8 @@ table), and documented word for word in docs/clear.md ("The job rule"):
 from kernel facts, never from what a process says about itself (its name and
 argv are its own to rewrite): gpuslate itself and each of its ancestors; PID 1
 and kernel threads (``PF_KTHREAD``); by the program it runs
-(``/proc/PID/exe``): init systems, subreapers and session infrastructure
+(``/proc/PID/exe``, when that file is root's and writable by no one else: a
+user's own copy named ``sshd`` protects nothing): init systems, subreapers and session infrastructure
 (``systemd``, tini, sshd, login, su, sudo, container runtimes and shims),
 terminal multiplexers, and interactive shells (a program listed in
 ``/etc/shells`` started without a script or ``-c`` command, a login shell, or
@@ -105,6 +106,10 @@ class ProcessView(Protocol):
         """``/proc/PID/exe``; None when it cannot be read."""
         ...
 
+    def exe_is_system(self, pid: int) -> bool:
+        """Whether that program's file is root's and writable by no one else."""
+        ...
+
     def signal_facts(self, pid: int) -> SignalFacts | None: ...
 
     def pid_ns(self, pid: int) -> tuple[int, ...] | None:
@@ -147,7 +152,7 @@ def shell_runs_script(argv: tuple[str, ...]) -> bool:
     return False
 
 
-def is_interactive_shell(st: ProcStat, argv: tuple[str, ...], exe: str | None) -> bool:
+def is_interactive_shell(st: ProcStat, argv: tuple[str, ...], exe: str | None, system: bool = True) -> bool:
     """A shell (a program of ``/etc/shells``) that reads commands from a person rather
     than running a script.
 
@@ -156,7 +161,7 @@ def is_interactive_shell(st: ProcStat, argv: tuple[str, ...], exe: str | None) -
     their session on a terminal (then they are someone's login session). What a
     shell is comes from its executable, never from its name.
     """
-    if program(exe) not in shells():
+    if not system or program(exe) not in shells():
         return False
     if st.pid == st.sid and st.tty_nr != 0:
         return True
@@ -180,6 +185,8 @@ def static_protection(view: ProcessView, pid: int) -> str | None:
     prog = program(exe)
     if prog is None:
         return UNKNOWN_PROGRAM
+    if not view.exe_is_system(pid):
+        return None  # a program of a user's own: whatever its file is called, it protects nothing
     if prog in MULTIPLEXERS:
         return f"a terminal multiplexer ({prog})"
     if prog in SESSION_DAEMONS or prog.startswith("containerd-shim"):

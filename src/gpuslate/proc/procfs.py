@@ -232,6 +232,18 @@ def read_exe(pid: int) -> str | None:
         return None
 
 
+def read_exe_is_system(pid: int) -> bool:
+    """Whether the program a process runs is a system program: the very file it runs
+    (``stat`` follows ``/proc/PID/exe`` to the inode, even a deleted one) is owned by
+    root and writable by no one else. Any user can copy a program to ``~/bin/sshd``;
+    no user but root can make that copy root's. False when it cannot be read."""
+    try:
+        st = os.stat(f"{PROC}/{pid}/exe")
+    except OSError:
+        return False
+    return st.st_uid == 0 and not st.st_mode & 0o022
+
+
 _NS_GET_PARENT = 0xB702  # ioctl_ns(2): _IO(0xb7, 0x2)
 
 

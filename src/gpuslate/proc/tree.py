@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 from .jobs import Protection, ancestors, job_root
-from .procfs import (PROC, ProcStat, SignalFacts, list_pids, read_cmdline, read_exe, read_pid_ns,
-                     read_signal_facts, read_stat)
+from .procfs import (PROC, ProcStat, SignalFacts, list_pids, read_cmdline, read_exe, read_exe_is_system,
+                     read_pid_ns, read_signal_facts, read_stat)
 
 
 class ProcTable:
@@ -25,6 +25,7 @@ class ProcTable:
         self._argv: dict[int, tuple[str, ...]] = {}
         self._uids: dict[int, int | None] = {}
         self._exes: dict[int, str | None] = {}
+        self._system: dict[int, bool] = {}
         self._sigs: dict[int, SignalFacts | None] = {}
         self._ns: dict[int, tuple[int, ...] | None] = {}
         self._sessions: dict[int, list[int]] | None = None
@@ -57,6 +58,11 @@ class ProcTable:
         if pid not in self._exes:
             self._exes[pid] = read_exe(pid)
         return self._exes[pid]
+
+    def exe_is_system(self, pid: int) -> bool:
+        if pid not in self._system:
+            self._system[pid] = read_exe_is_system(pid)
+        return self._system[pid]
 
     def signal_facts(self, pid: int) -> SignalFacts | None:
         if pid not in self._sigs:

@@ -188,7 +188,7 @@ def decide(facts: Facts, res: Resolved) -> Decision:
         why = foreign(pid) or why  # say whose, before saying that its program cannot be read
         if why:
             return why
-        prog = program(view.exe(pid)) or ""
+        prog = (program(view.exe(pid)) or "") if view.exe_is_system(pid) else ""
         if prog in GPU_DAEMONS and not sel.include_handles:
             return f"a known GPU daemon ({prog}); add --include-handles to include it"
         if pid not in memory and pid in handles and not sel.include_handles:
@@ -398,6 +398,8 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         container, cgroup = read_cgroups(d.pid)
         sig = read_signal_facts(d.pid)
         deaf = sig.ignores_sigterm if sig else None
+        if deaf is None and st.state in ("T", "t"):
+            deaf = "stopped (SIGTERM stays pending until it is continued)"
         waits = tuple(sorted(set(descendants(table, d.pid, protect)) & target_pids)) if deaf else ()
         targets.append(Target(st.ident, user_name(uid) if uid is not None else None, uid,
                               " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus,
