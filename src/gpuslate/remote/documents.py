@@ -102,6 +102,7 @@ def clear_result(d: dict[str, Any]) -> ClearResult:
                      for s in t.get("signals") or []]
         r.exited_at, r.ended_by = t.get("exited_at_s"), t.get("ended_by")
         r.permission_denied = bool(t.get("permission_denied"))
+        r.refused = t.get("refused")
         results.append(r)
     started = parse_iso_time(d.get("started_at"))
     before = Snapshot(d.get("host") or "?", d.get("backend") or "?", None, started, [], [], [])
