@@ -86,7 +86,7 @@ class ClearResult(NamedTuple):
             doc = t.to_json()
             r = by_pid.pop(t.ident.pid, None)
             doc.update(r.outcome_json() if r else {"signals": [], "exited_at_s": None, "ended_by": None,
-                                                   "permission_denied": False})
+                                                   "permission_denied": False, "refused": None})
             targets.append(doc)
         targets += [r.to_json() for r in by_pid.values()]  # forked by a job while it was stopped
         return {
