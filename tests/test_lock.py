@@ -253,15 +253,16 @@ def test_children_do_not_inherit_the_lock(lock_path: Path) -> None:
 # -- permissions and folders -----------------------------------------------------
 
 
-def test_lock_files_are_world_writable_whatever_the_umask(lock_path: Path) -> None:
+def test_lock_files_are_readable_by_all_writable_by_none_but_their_owner(lock_path: Path) -> None:
+    # others take the flock on a read-only descriptor and read the holder file; none may write them
     old = os.umask(0o077)
     try:
         with HostLock(lock_path, purpose="clear") as lk:
             pass
     finally:
         os.umask(old)
-    assert stat.S_IMODE(lock_path.stat().st_mode) == 0o666
-    assert stat.S_IMODE(lk.holder_path.stat().st_mode) == 0o666
+    assert stat.S_IMODE(lock_path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(lk.holder_path.stat().st_mode) == 0o644
 
 
 def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
