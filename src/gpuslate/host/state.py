@@ -194,7 +194,9 @@ def open_dir(path: str | os.PathLike[str], *, trust: Trust = Trust.PRIVATE, crea
     ``mode``, those above with ``parents_mode`` (each exactly, whatever the umask).
     Raises :class:`PermissionDenied`, one line naming the component at fault."""
     uid = os.geteuid() if uid is None else uid
-    path = Path(os.path.join(os.getcwd(), os.fspath(path)))  # absolute, '..' left for the walk
+    path = Path(path)
+    if not path.is_absolute():
+        path = Path(os.getcwd(), path)  # '..' is left for the walk: it is not what the text says
     parts = [p for p in path.parts[1:] if p not in ("", ".")]
     root = os.open("/", _DIR_FLAGS)
     return _walk(path, parts, [(root, Path("/"), os.fstat(root))], trust=trust, uid=uid, what=what,
