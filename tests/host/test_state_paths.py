@@ -180,3 +180,43 @@ def test_shared_lock_files_are_0644_and_still_every_users_lock(alice, shared_bas
     with HostLock(locks / "host.lock", purpose="clear"):
         pass
     assert theirs.read_text() == "mine\n"
+
+
+SWAPPER = """
+import os, sys, time
+base, target, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+locks, aside = os.path.join(base, "locks"), os.path.join(base, "locks.aside")
+print("swapping", flush=True)
+while not os.path.exists(stop):
+    os.rename(locks, aside)           # her real folder goes aside ...
+    os.symlink(target, locks)         # ... a link to the root-only folder takes its place
+    os.unlink(locks)
+    os.rename(aside, locks)
+"""
+
+
+def test_lock_folder_swapped_for_a_link_while_root_walks_it(alice, alices_host, root_only):
+    """A race, not a still picture: alice swaps SIMDIR/locks for a link to a root-only folder in a
+    tight loop while root takes and releases the host lock 300 times. Every attempt either works in
+    her real folder or is refused; none ever writes where the link points."""
+    from gpuslate.errors import PermissionDenied
+    from gpuslate.host.lock import HostLock
+
+    locks = alices_host.root / "locks"
+    as_user(alice, ["mkdir", "-m", "755", str(locks)])
+    stop = alices_host.root / "stop"
+    p = subprocess.Popen([user_python(), "-c", SWAPPER, str(alices_host.root), str(root_only), str(stop)],
+                         user=alice.pw_uid, group=alice.pw_gid, extra_groups=[], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "swapping\n"
+        outcomes = {"locked": 0, "refused": 0}
+        for _ in range(300):
+            try:
+                with HostLock(locks / "host.lock", purpose="clear"):
+                    outcomes["locked"] += 1
+            except PermissionDenied:
+                outcomes["refused"] += 1
+        assert list(root_only.iterdir()) == [], outcomes
+    finally:
+        as_user(alice, ["touch", str(stop)])
+        p.wait(10)

@@ -48,6 +48,7 @@ from ..errors import BackendUnavailable, PermissionDenied
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _MAX_LINKS = 40  # symbolic links followed in one walk, as the kernel's MAXSYMLINKS
+_MAX_RETRIES = 8  # components that changed between a look and an open, per walk: then it is an attack
 _STATE_HINT = "use a folder of your own: set GPUSLATE_STATE_DIR"
 
 
@@ -207,8 +208,16 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
           what: str, create: bool, mode: int, parents_mode: int) -> StateDir:
     """Follow ``parts`` from the folder on top of ``stack`` (descriptor, path, stat), checking each step;
     ``..`` goes back up the folders actually walked, a trusted link's target is walked in its place."""
-    links = 0
+    links = retries = 0
     todo = list(reversed(parts))
+
+    def again(name: str) -> None:
+        """Look at ``name`` once more (it changed under us), a bounded number of times."""
+        nonlocal retries
+        retries += 1
+        if retries > _MAX_RETRIES:
+            raise PermissionDenied(f"refusing {what} {path}: its folders keep changing while they are walked")
+        todo.append(name)
     try:
         _check_dir(path, stack[-1][1], stack[-1][2], trust, uid, what, final=not todo)
         while todo:
@@ -231,7 +240,7 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
                 try:
                     os.mkdir(name, want, dir_fd=parent_fd)
                 except FileExistsError:
-                    todo.append(name)  # made meanwhile by someone else: look at it as it is
+                    again(name)  # made meanwhile by someone else: look at it as it is
                     continue
                 except OSError as exc:
                     raise PermissionDenied(f"cannot create {what} {path}: {exc.strerror or exc}",
@@ -268,8 +277,8 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
             after = os.fstat(fd)
             stack.append((fd, here, after))
             if (after.st_dev, after.st_ino) != (st.st_dev, st.st_ino):
-                todo.append(name)  # swapped between the look and the open: look again
                 os.close(stack.pop()[0])
+                again(name)  # swapped between the look and the open: look again
                 continue
             _check_dir(path, here, after, trust, uid, what, final=final)
         fd, _, _ = stack.pop()
