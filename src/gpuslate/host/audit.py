@@ -8,6 +8,11 @@ Several gpuslate processes may append to one file at once. Each entry is one
 complete line written by one ``os.write`` on an ``O_APPEND`` descriptor while
 holding ``flock``, so lines never interleave. A reader takes no lock: it skips
 a line it cannot parse (a torn write from a crashed writer, or one in flight).
+
+The log's folder is reached by host/state.py's checked walk once per
+``AuditLog`` and held open; each write opens the log relative to it, and only
+if it is a regular file of ours with one link (a FIFO, a link or another
+user's file is refused: no signal is then sent).
 """
 
 from __future__ import annotations

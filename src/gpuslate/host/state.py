@@ -118,6 +118,11 @@ class StateDir:
             if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
                 os.close(fd)
                 continue
+            try:
+                self._check_file(name, after, writing)  # the file itself, as it is now
+            except PermissionDenied:
+                os.close(fd)
+                raise
             return fd
         raise PermissionDenied(f"refusing {self.file_what} {self.path / name}: it keeps changing while opened")
 
