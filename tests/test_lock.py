@@ -253,15 +253,16 @@ def test_children_do_not_inherit_the_lock(lock_path: Path) -> None:
 # -- permissions and folders -----------------------------------------------------
 
 
-def test_lock_files_are_world_writable_whatever_the_umask(lock_path: Path) -> None:
+def test_lock_files_are_readable_by_all_writable_by_none_but_their_owner(lock_path: Path) -> None:
+    # others take the flock on a read-only descriptor and read the holder file; none may write them
     old = os.umask(0o077)
     try:
         with HostLock(lock_path, purpose="clear") as lk:
             pass
     finally:
         os.umask(old)
-    assert stat.S_IMODE(lock_path.stat().st_mode) == 0o666
-    assert stat.S_IMODE(lk.holder_path.stat().st_mode) == 0o666
+    assert stat.S_IMODE(lock_path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(lk.holder_path.stat().st_mode) == 0o644
 
 
 def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
@@ -348,3 +349,36 @@ def test_holder_file_symlink_is_not_followed(lock_path: Path, tmp_path: Path) ->
     elsewhere.write_text(json.dumps({"pid": os.getpid(), "user": "planted", "purpose": "x", "since": "y"}))
     lock_path.with_name(lock_path.name + ".holder").symlink_to(elsewhere)
     assert read_holder(lock_path.with_name(lock_path.name + ".holder"))["pid"] is None
+
+
+def test_holder_file_hard_linked_to_a_file_elsewhere_is_never_written(lock_path: Path, tmp_path: Path) -> None:
+    # without fs.protected_hardlinks, anyone may link a file of root's into a shared lock folder
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.link(victim, lock_path.with_name(lock_path.name + ".holder"))
+    with HostLock(lock_path, purpose="clear") as lk:
+        assert lk.held
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_lock_or_holder_file_that_is_not_a_regular_file_never_hangs(lock_path: Path, kind: str) -> None:
+    def plant(path: Path) -> None:
+        os.mkfifo(path) if kind == "fifo" else path.mkdir()
+
+    holder = lock_path.with_name(lock_path.name + ".holder")
+    plant(holder)  # the holder file is only advice: the lock is still taken, the advice skipped
+    with HostLock(lock_path, purpose="clear") as lk:
+        assert lk.held and read_holder(holder)["pid"] is None
+    lock_path.unlink()
+    plant(lock_path)  # the lock file itself: refused, never waited on
+    with pytest.raises(GpuslateError, match=f"host.lock: it is a {'FIFO' if kind == 'fifo' else 'directory'}"):
+        HostLock(lock_path, purpose="clear").acquire(timeout=0)
+
+
+def test_a_link_loop_on_the_way_is_refused_not_followed_for_ever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "a" / "locks"))
+    with pytest.raises(GpuslateError, match="too many symbolic links"):
+        default_lock_dir(None)

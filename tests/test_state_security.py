@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -105,8 +106,8 @@ def test_unit_record_is_never_read_or_written_through_a_symlink(tmp_path, monkey
     target.write_text("{}")
     path = store.record_path("web")
     path.symlink_to(target)
-    found = store.read("web")  # reported as unreadable (ps shows it corrupt), never followed
-    assert isinstance(found, store.Unreadable) and "symbolic links" in found.reason
+    with pytest.raises(PermissionDenied, match="web.json: it is a symbolic link, not a regular file"):
+        store.read("web")  # refused (ps and down exit 5 saying why), never followed
     with pytest.raises(PermissionDenied, match="symbolic link"):
         read_state_file(path)
     write_state_file(path, b'{"new": 1}')  # replaces the link itself, atomically
@@ -156,3 +157,128 @@ def test_audit_sim_is_honoured(tmp_path, monkeypatch, hold, cli, sim_host):
     r = cli("log", "--json")  # the old name: still works, says so on stderr, keeps its schema
     assert r.returncode == 0 and "is now 'gpuslate audit'" in r.stderr
     assert json.loads(r.stdout)["schema"] == "gpuslate.log.v1"
+
+
+# -- the walk from a trusted root (issue 15, class F) ------------------------------
+
+
+def test_fifo_as_the_audit_log_is_refused_not_waited_on(sim_host, hold, cli):
+    state = Path(os.environ["GPUSLATE_STATE_DIR"])
+    state.mkdir(mode=0o700)
+    os.mkfifo(state / "audit.jsonl", 0o600)
+    r = cli("audit", timeout=30)  # a blocking open would wait for a writer for ever
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    assert "audit.jsonl: it is a FIFO, not a regular file" in r.stderr.splitlines()[0]
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    r = cli("clear", "--gpus", "0", "--yes", "--timeout", "5", timeout=30)
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    assert "a FIFO, not a regular file" in r.stderr and "no signal was sent" in r.stderr
+    assert not is_gone(h.pid)
+
+
+def test_hard_linked_audit_log_is_not_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))
+    log = AuditLog()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep\n")
+    os.link(elsewhere, log.path)
+    with pytest.raises(PermissionDenied, match="2 hard links") as ei:
+        log.before_signal(run_id="r", action="clear", signal="SIGTERM", target={"pid": 1})
+    assert "no signal was sent" in (ei.value.hint or "")
+    assert elsewhere.read_text() == "keep\n"
+
+
+def test_a_link_of_ours_on_the_way_is_followed_and_its_target_checked(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o755)
+    (tmp_path / "link").symlink_to(real)  # ours (root's or the user's): followed, like ~ -> /data/home
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "link" / "state"))
+    assert state_dir() == tmp_path / "link" / "state"
+    assert (real / "state").is_dir()
+    real.chmod(0o777)  # the target is walked by the same rules as any folder
+    with pytest.raises(PermissionDenied, match=r"real is writable by group and others"):
+        state_dir()
+    real.chmod(0o755)
+    # '..' is the parent of the folder actually reached, not of the link's name
+    (real / "sub").mkdir()
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "link" / "sub" / ".." / "state"))
+    assert (state_dir().resolve()) == real / "state"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_a_link_another_user_owns_is_refused_wherever_it_is(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    os.chown(link, OTHER_UID, -1, follow_symlinks=False)
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(link / "state"))
+    with pytest.raises(PermissionDenied, match=f"link is a symbolic link owned by uid {OTHER_UID}"):
+        state_dir()
+    assert not (real / "state").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_a_folder_another_user_owns_above_a_link_is_refused(tmp_path, monkeypatch):
+    # the bug: the old check walked up from the resolved path and never saw the user's folder above the link
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, -1)
+    target = tmp_path / "root-only"
+    target.mkdir(mode=0o700)
+    (theirs / "state").symlink_to(target)
+    os.chown(theirs / "state", 0, 0, follow_symlinks=False)  # even a link owned by root: its folder is theirs
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(theirs / "state"))
+    with pytest.raises(PermissionDenied, match=f"theirs is owned by uid {OTHER_UID}"):
+        AuditLog()
+    assert list(target.iterdir()) == []
+
+
+def test_sticky_folders_on_the_way_are_passed_the_state_folder_itself_never_shared(tmp_path, monkeypatch):
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: others cannot rename what we own in it
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(shared / "state"))
+    assert state_dir() == shared / "state"
+    (shared / "state").chmod(0o1777)
+    with pytest.raises(PermissionDenied, match="state is writable by group and others"):
+        state_dir()
+    shared.chmod(0o777)  # not sticky: anyone could swap 'state'
+    (shared / "state").chmod(0o700)
+    with pytest.raises(PermissionDenied, match="tmp is writable by group and others"):
+        state_dir()
+
+
+def test_state_folders_and_files_are_private_whatever_the_umask(tmp_path, monkeypatch):
+    from gpuslate.units import store
+
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "a" / "b" / "state"))
+    old = os.umask(0)
+    try:
+        log = AuditLog()
+        log.before_signal(run_id="r", action="clear", signal="SIGTERM", target={"pid": 1})
+        store.log_path("web")  # makes units/logs
+        write_state_file(store.record_path("web"), b"{}")  # as store.save writes a record
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "a", tmp_path / "a" / "b", log.path.parent, store.units_dir(), store.units_dir() / "logs"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    for f in (log.path, store.record_path("web")):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    assert store.names() == ["web"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "directory"])
+def test_only_regular_files_are_state_files(tmp_path, kind):
+    import socket
+
+    path = tmp_path / "rec.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+    with pytest.raises(PermissionDenied, match=f"rec.json: it is a {kind if kind != 'fifo' else 'FIFO'}"):
+        read_state_file(path)

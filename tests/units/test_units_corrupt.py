@@ -5,13 +5,17 @@ runs (found by its cgroup, its GPUSLATE_UNIT marker, its port)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
+import subprocess
 import sys
 
 import pytest
 
 from gpuslate.units import store
 from gpuslate.units.readiness import http
-from helpers import is_gone, wait_for
+from helpers import gpuslate_env, is_gone, wait_for
 from test_units_lifecycle import gpus_clean, ps
 from unitkit import free_port, serve_cmd
 
@@ -106,3 +110,89 @@ def test_renamed_server_of_a_corrupt_record_is_found_by_its_port(units_host, uni
     assert json.loads(r.stdout)["memory_released"]  # its GPUs, as the record still shows them, verified
     wait_for(lambda: all(is_gone(p) for p in (main, *workers)))
     assert gpus_clean(units_host, [4, 5])
+
+
+# -- names and files that are not unit records (issue 15, class F) ----------------
+
+BAD_NAMES = ["../../app/settings", "../x", "a/b", "..", ".", "-x", "a" * 65, "a\x1b]0;pwned\x07b", "a b", "é", "",
+             ".hidden", "a\tb"]
+
+
+def test_a_path_as_unit_name_is_refused_by_every_command_and_signals_nothing(units_host, units, tmp_path):
+    """`down ../../app/settings` once read app/settings.json as a corrupt record, ended what listened on
+    the port it named and renamed the file away. Every command refuses the name: exit 2, one line."""
+    port = free_port()
+    server = subprocess.Popen(serve_cmd(port, startup=0.0), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=gpuslate_env(), start_new_session=True)
+    try:
+        wait_for(lambda: answers(port), timeout=20)
+        settings = tmp_path / "app" / "settings.json"
+        settings.parent.mkdir()
+        settings.write_text(json.dumps({"port": port, "pid": server.pid, "gpus": [0]}))
+        (tmp_path / "state" / "units").mkdir(parents=True, exist_ok=True)
+        name = "../../app/settings"  # from state/units: tmp_path/app/settings.json
+        for args in (["down", name], ["down", name, "--clear"], ["logs", name], ["swap", name, "b"],
+                     ["swap", "b", name], ["up", name, "--port", str(free_port()), "--", "true"]):
+            r = units(*args)
+            assert r.returncode == 2, (args, r.stdout, r.stderr)
+            assert r.stderr.count("\n") == 1 and "invalid unit name '../../app/settings'" in r.stderr, r.stderr
+        assert server.poll() is None  # nothing signaled
+        assert json.loads(settings.read_text())["port"] == port and os.listdir(settings.parent) == ["settings.json"]
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(10)
+
+
+def answers(port: int) -> bool:
+    try:
+        return http("GET", f"http://127.0.0.1:{port}/get_server_info")[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_unit_names_are_usage_errors(units_host, units, name):
+    for args in (["down", "--", name], ["logs", "--", name], ["swap", "--", name, "b"], ["swap", "--", "b", name]):
+        r = units(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        line = r.stderr.strip()
+        assert "\n" not in line and "invalid unit name" in line and "\x1b" not in line and "\x07" not in line
+    r = units("up", name, "--port", str(free_port()), "--", "true")
+    assert r.returncode == 2 and "\x1b" not in r.stderr, r.stderr
+    assert not units_host.held()
+
+
+@pytest.mark.parametrize("name", [*BAD_NAMES, "a\0b", "a/../b", "a\nb"])
+def test_library_refuses_bad_unit_names_before_touching_anything(units_host, name):
+    from gpuslate.errors import UsageError
+    from gpuslate.units import down, resolve
+
+    for call in (lambda: store.read(name), lambda: store.record_path(name), lambda: store.log_path(name),
+                 lambda: down(name), lambda: resolve(name, command=["true"])):
+        with pytest.raises(UsageError, match="invalid unit name"):
+            call()
+
+
+@pytest.mark.parametrize("cmd", [["ps"], ["down", "web"], ["logs", "web"], ["up", "web", "--port", "1", "--", "true"]])
+def test_fifo_as_a_unit_record_is_refused_not_waited_on(units_host, units, tmp_path, cmd):
+    units_dir = tmp_path / "state" / "units"
+    units_dir.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(units_dir / "web.json")
+    try:
+        r = units(*cmd, timeout=30)  # a blocking open of the FIFO would wait here for ever
+        no_traceback(r)
+        assert r.returncode == 5, (r.stdout, r.stderr)
+        assert "web.json: it is a FIFO, not a regular file" in r.stderr.splitlines()[0]
+        assert stat.S_ISFIFO(os.lstat(units_dir / "web.json").st_mode)  # not renamed away either
+    finally:
+        os.unlink(units_dir / "web.json")  # the fixture's teardown lists the units
+
+
+def test_files_no_unit_can_have_are_not_listed(units_host, units, tmp_path):
+    units_dir = tmp_path / "state" / "units"
+    units_dir.mkdir(parents=True, exist_ok=True)
+    for junk in ("-x.json", "a b.json", ".web.json.123.tmp", "notes.txt"):
+        (units_dir / junk).write_text("{}")
+    r = units("ps", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["units"] == []

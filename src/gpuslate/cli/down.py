@@ -8,6 +8,7 @@ from typing import Any
 
 from .common import add_common, nonnegative_float, note, print_json, size
 from .exits import exit_epilog, exit_status_for_result
+from .up import unit_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            4: "not released in time (or held by processes not found in the "
                                            "unit: see --clear)", 5: "permission denied on some process"}))
     add_common(p)
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", type=unit_name)
     p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="default: the unit's (10)")
     p.add_argument("--timeout", type=nonnegative_float, metavar="SECONDS",
                    help="for stopping and memory release together (default: the unit's stop timeout, 60)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .common import add_common, whole
 from .exits import exit_epilog
+from .up import unit_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog=exit_epilog({0: "printed (with --follow: until the unit is gone or Ctrl-C)",
                                            2: "bad input or unknown unit"}, backend=False))
     add_common(p)
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", type=unit_name)
     p.add_argument("-f", "--follow", action="store_true",
                    help="keep printing new lines until the unit is gone (or Ctrl-C)")
     p.add_argument("-n", "--tail", type=whole(0, 10**9), metavar="N", help="only the last N lines")

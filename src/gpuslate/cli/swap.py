@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
+from .up import unit_name
 
 if TYPE_CHECKING:
     from ..units.swap import SwapResult
@@ -29,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            6: "NEW failed (with --rollback, OLD is serving again if it "
                                            "could be restarted)"}))
     add_common(p)
-    p.add_argument("old", metavar="OLD")
-    p.add_argument("new", metavar="NEW")
+    p.add_argument("old", metavar="OLD", type=unit_name)
+    p.add_argument("new", metavar="NEW", type=unit_name)
     p.add_argument("--rollback", action="store_true", help="if NEW fails, start OLD again")
     p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
     p.add_argument("--no-prefetch", action="store_true",

@@ -22,12 +22,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "and return once it is ready. Units can be declared in gpuslate.toml. See docs/units.md.",
                        epilog=exit_epilog(UP_EXITS))
     add_common(p)
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", type=unit_name)
     add_spec_options(p)
     command_after_dashes(p)
     p.add_argument("--clear", action="store_true", help="clear the GPUs first (with 'gpuslate clear' rules)")
     p.add_argument("--max-used", type=size, metavar="SIZE", help="most memory a free GPU may show (default: as clear)")
     p.set_defaults(handler=run)
+
+
+def unit_name(text: str) -> str:
+    """The argparse type of every unit name (``up``/``down``/``logs`` NAME, ``swap`` OLD and NEW):
+    the one :class:`~gpuslate.units.names.UnitName` type, so a bad name is exit 2 before anything."""
+    from ..units.names import UnitName  # here, not at the top: the units package is heavy to import
+
+    try:
+        return UnitName(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+unit_name.__name__ = "unit name"  # argparse names the type in its own messages
 
 
 def command_after_dashes(p: argparse.ArgumentParser) -> None:

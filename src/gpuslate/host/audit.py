@@ -8,6 +8,11 @@ Several gpuslate processes may append to one file at once. Each entry is one
 complete line written by one ``os.write`` on an ``O_APPEND`` descriptor while
 holding ``flock``, so lines never interleave. A reader takes no lock: it skips
 a line it cannot parse (a torn write from a crashed writer, or one in flight).
+
+The log's folder is reached by host/state.py's checked walk once per
+``AuditLog`` and held open; each write opens the log relative to it, and only
+if it is a regular file of ours with one link (a FIFO, a link or another
+user's file is refused: no signal is then sent).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import PermissionDenied, UsageError
-from .state import open_state_file, state_dir
+from .state import StateDir, open_dir, open_state_dir
 
 OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "refused", "error")
 
@@ -50,8 +55,13 @@ class AuditLog:
         if backend is None:  # as open_backend() chooses: the simulated host of $GPUSLATE_SIM, else NVML
             sim_root = sim_root or os.environ.get("GPUSLATE_SIM") or None
             backend = "sim" if sim_root else "nvml"
+        # The folder is walked and checked once (host/state.py) and held open: every
+        # append opens the log relative to it, so a folder swapped between two
+        # signal phases is never written.
+        self._dir: StateDir | None = None
         if path is None:
-            path = state_dir(sim_root) / "audit.jsonl"
+            self._dir = open_state_dir(sim_root)  # an unsafe state folder refuses before any plan acts
+            path = self._dir.path / "audit.jsonl"
         self.path = Path(path)
         self.backend = backend
         self.sim_root = str(Path(sim_root).absolute()) if sim_root and backend == "sim" else None
@@ -99,14 +109,22 @@ class AuditLog:
         self._append(lambda now: [{"event": "outcome", "id": entry_id, "time": now, "outcome": outcome,
                                    "detail": detail} for entry_id, outcome, detail in results], durable=False)
 
+    def _folder(self) -> StateDir:
+        """The log's folder, held open (an explicit path's is walked on first use:
+        ``FileNotFoundError`` when it does not exist)."""
+        if self._dir is None:
+            self._dir = open_dir(self.path.parent)
+        return self._dir
+
     def _append(self, make: Callable[[str], list[dict[str, Any]]], *, durable: bool) -> None:
         from .._time import iso_time
 
-        created = not os.path.lexists(self.path)
+        hint = "no signal was sent" if durable else None
         try:
-            fd = open_state_file(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-        except PermissionDenied as exc:  # a symlink
-            raise PermissionDenied(str(exc), hint="no signal was sent" if durable else None) from None
+            folder = self._folder()
+            fd = folder.open(self.path.name, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        except PermissionDenied as exc:  # a symlink, a FIFO, a folder another user could change
+            raise PermissionDenied(f"cannot open the audit log {self.path}: {exc}", hint=hint) from None
         except OSError as exc:
             raise self._error("open", exc, durable) from None
         try:
@@ -123,8 +141,8 @@ class AuditLog:
             _write_all(fd, data)
             if durable:
                 os.fsync(fd)
-                if created:  # the new file's name must survive a crash too
-                    _fsync_dir(self.path.parent)
+                if not size:  # a new file: its name must survive a crash too
+                    _fsync_dir(folder.fd)
         except OSError as exc:
             raise self._error("write", exc, durable) from None
         finally:
@@ -177,7 +195,7 @@ class AuditLog:
 
             since_iso = iso_time(since)
         try:
-            with os.fdopen(open_state_file(self.path, os.O_RDONLY), "rb") as f:
+            with os.fdopen(self._folder().open(self.path.name, os.O_RDONLY), "rb") as f:
                 if limit is None and since_iso is None:
                     return [e for e in _merge_forward(f) if where is None or where(e)]
                 return _merge_backward(f, limit, since_iso, where)
@@ -198,17 +216,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
+def _fsync_dir(dfd: int) -> None:
     try:
         os.fsync(dfd)
     except OSError:
         pass  # some filesystems refuse fsync on directories; the entry itself is synced
-    finally:
-        os.close(dfd)
 
 
 def _parse(line: str) -> dict[str, Any] | None:

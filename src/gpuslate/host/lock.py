@@ -6,6 +6,14 @@ lock file the holder keeps ``<lock>.holder`` (pid, user, purpose, since) so a
 waiter can say whom it waits for; that file is only ever advice, the flock
 alone decides. When another program holds the flock (no holder file), the
 holder is found in ``/proc/locks`` by the lock file's device and inode.
+
+The folder is shared by design, so it is opened as host/state.py opens a
+``Trust.SHARED`` folder: walked one component at a time, never through a
+symbolic link another user owns, and files in it only if they are regular
+(never a FIFO that would hang us). The lock file is created 0644 and opened
+read-only (``flock`` needs no more, so nobody needs to write it); the holder
+file is 0644 and written only by its owner, through a descriptor of a file
+with one link: another user can make us wait, never write elsewhere.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GpuslateError, NotDoneError, PermissionDenied
+from .state import StateDir, Trust, open_dir
 
 SYSTEM_LOCK_DIR = Path("/run/lock/gpuslate")
 TEMP_LOCK_DIR_NAME = "gpuslate-locks"
@@ -33,7 +42,8 @@ def default_lock_dir(sim_root: str | None) -> Path:
     ``/run/lock/gpuslate`` when usable, else ``<tmp>/gpuslate-locks``.
 
     Folders outside the simulated host are shared by every user, so they are
-    created world-writable and sticky (0o1777), like ``/tmp``.
+    created world-writable and sticky (0o1777), like ``/tmp``; a simulated
+    host's is created 0755. An existing folder keeps its mode.
     """
     env = os.environ.get("GPUSLATE_LOCK_DIR")
     if env:
@@ -68,20 +78,18 @@ def _is_under(path: Path, root: str | None) -> bool:
 
 
 def _make_dir(path: Path, *, shared: bool) -> None:
+    """Create (or check) the lock folder by the walk of :func:`open_lock_dir`."""
+    open_lock_dir(path, create=True, mode=0o1777 if shared else 0o755).close()
+
+
+def open_lock_dir(path: Path, *, create: bool = False, mode: int = 0o755) -> StateDir:
+    """The lock folder, walked under the ``Trust.SHARED`` rules and held open."""
     try:
-        path.mkdir(mode=0o1777 if shared else 0o777, parents=True)
-    except FileExistsError:
-        if not path.is_dir():
-            raise PermissionDenied(f"cannot use lock directory {path}: it exists and is not a directory") from None
-        return  # someone else's: its mode is theirs to choose
-    except OSError as exc:
-        raise PermissionDenied(f"cannot create lock directory {path}: {exc.strerror or exc}",
+        return open_dir(path, trust=Trust.SHARED, create=create, mode=mode, parents_mode=0o755,
+                        what="lock directory")
+    except FileNotFoundError as exc:
+        raise PermissionDenied(f"cannot use {exc.strerror}",
                                hint="set GPUSLATE_LOCK_DIR to a directory every gpuslate user can write") from None
-    if shared:
-        try:
-            os.chmod(path, 0o1777)  # explicit: the umask must not shut other users out
-        except OSError as exc:
-            raise PermissionDenied(f"cannot make lock directory {path} shared: {exc.strerror or exc}") from None
 
 
 class HostLock:
@@ -92,6 +100,7 @@ class HostLock:
         self.holder_path = self.path.with_name(self.path.name + ".holder")
         self.purpose = purpose
         self._fd: int | None = None
+        self._dir: StateDir | None = None  # the lock's folder, held open while the lock is
 
     @property
     def held(self) -> bool:
@@ -108,7 +117,13 @@ class HostLock:
         if self._fd is not None:
             raise GpuslateError(f"the host lock {self.path} is already held by this process")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        fd = _open_shared(self.path)
+        folder = open_lock_dir(self.path.parent)
+        try:
+            fd = _open_lock_file(folder, self.path.name)
+        except BaseException:
+            folder.close()
+            raise
+        self._dir = folder
         try:
             if not _try_lock(fd, self.path):
                 info = self._wait_for_holder(fd, deadline)
@@ -121,6 +136,7 @@ class HostLock:
         except BaseException:
             if self._fd is None:
                 os.close(fd)
+                self._close_dir()
             else:
                 self.release()
             raise
@@ -132,9 +148,16 @@ class HostLock:
             return
         try:
             # clear the advice first: once unlocked, the file is the next holder's
-            _truncate_holder(self.holder_path)
+            if self._dir is not None:
+                _truncate_holder(self._dir, self.holder_path.name)
         finally:
             os.close(fd)  # closing drops the flock
+            self._close_dir()
+
+    def _close_dir(self) -> None:
+        folder, self._dir = self._dir, None
+        if folder is not None:
+            folder.close()
 
     def __enter__(self) -> HostLock:
         self.acquire()
@@ -153,7 +176,7 @@ class HostLock:
         """
         settle = time.monotonic() + _HOLDER_SETTLE
         while True:
-            info = read_holder(self.holder_path)
+            info = self._read_holder()
             if info["pid"] is not None:
                 return info
             now = time.monotonic()
@@ -181,13 +204,17 @@ class HostLock:
             interval = min(interval * 1.5, _POLL_MAX)
 
     def _busy_error(self, fd: int) -> NotDoneError:
-        info = read_holder(self.holder_path)
+        info = self._read_holder()
         if info["pid"] is None:
             info = _kernel_holder(fd) or info
         return NotDoneError(f"the host lock is still held by {describe_holder(info)}",
                             hint=f"lock file: {self.path}")
 
     # -- the holder file -------------------------------------------------------
+
+    def _read_holder(self) -> dict[str, Any]:
+        assert self._dir is not None
+        return _read_holder_in(self._dir, self.holder_path.name)
 
     def _write_holder(self) -> None:
         from ..proc.procfs import identity, user_name
@@ -197,9 +224,10 @@ class HostLock:
         ident = identity(pid)
         doc = {"pid": pid, "start_ticks": ident.start_ticks if ident else None,
                "user": user_name(os.getuid()), "purpose": self.purpose, "since": iso_time(time.time())}
+        assert self._dir is not None
         try:
-            fd = _open_shared(self.holder_path, write=True)
-        except PermissionDenied:
+            fd = self._dir.open(self.holder_path.name, os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError:  # PermissionDenied too: another user's file, a FIFO, a link
             return  # only advice: never fail a run because of it
         try:
             os.ftruncate(fd, 0)
@@ -256,15 +284,25 @@ def _kernel_holder(fd: int) -> dict[str, Any] | None:
 
 def read_holder(path: Path) -> dict[str, Any]:
     """What a ``.holder`` file says, if its process is still alive; else all ``None``."""
-    unknown: dict[str, Any] = {"pid": None, "user": None, "purpose": None, "since": None}
-    try:  # never through a symlink: in a shared folder anyone could plant one
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-            doc = json.loads(f.read(64 * 1024))
+    try:
+        folder = open_lock_dir(path.parent)
+    except PermissionDenied:
+        return dict(_UNKNOWN)
+    with folder:
+        return _read_holder_in(folder, path.name)
+
+
+_UNKNOWN: dict[str, Any] = {"pid": None, "user": None, "purpose": None, "since": None}
+
+
+def _read_holder_in(folder: StateDir, name: str) -> dict[str, Any]:
+    try:  # never through a symlink, never a FIFO: in a shared folder anyone could plant one
+        doc = json.loads(folder.read(name, 64 * 1024) or b"")
     except (OSError, ValueError):
-        return unknown
+        return dict(_UNKNOWN)
     if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not _alive(doc["pid"], doc.get("start_ticks")):
-        return unknown
-    return {k: doc.get(k) for k in unknown}
+        return dict(_UNKNOWN)
+    return {k: doc.get(k) for k in _UNKNOWN}
 
 
 def _alive(pid: int, start_ticks: object) -> bool:
@@ -300,48 +338,25 @@ def _try_lock(fd: int, path: Path) -> bool:
     return True
 
 
-def _open_shared(path: Path, *, write: bool = False) -> int:
-    """Open (creating, mode 0o666) a file other users of the host must also open.
+def _open_lock_file(folder: StateDir, name: str) -> int:
+    """The lock file, read-only (``flock`` needs no more), created 0644 when missing.
 
     Never ``O_CREAT`` on an existing file: in a sticky world-writable folder,
     ``fs.protected_regular`` refuses that for files another user owns.
     """
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC  # CLOEXEC: servers we start must not inherit the lock
-    for _ in range(3):
-        try:
-            return os.open(path, flags)
-        except FileNotFoundError:
-            pass
-        except PermissionError:
-            if write:
-                break
-            try:  # a file made read-only by someone: flock works on a read-only descriptor too
-                return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError as exc:
-                raise _open_error(path, exc) from None
-        except OSError as exc:
-            raise _open_error(path, exc) from None
-        try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue  # another process created it first: open theirs
-        except OSError as exc:
-            raise _open_error(path, exc) from None
-        os.fchmod(fd, 0o666)  # the umask must not keep other users out
-        return fd
-    raise PermissionDenied(f"cannot open the host lock {path}: permission denied")
-
-
-def _open_error(path: Path, exc: OSError) -> PermissionDenied:
-    if exc.errno == errno.ELOOP:
-        return PermissionDenied(f"cannot open the host lock {path}: it is a symbolic link")
-    return PermissionDenied(f"cannot open the host lock {path}: {exc.strerror or exc}",
-                            hint="set GPUSLATE_LOCK_DIR to a directory every gpuslate user can write")
-
-
-def _truncate_holder(path: Path) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return folder.open(name, os.O_RDONLY | os.O_CREAT, 0o644)
+    except PermissionDenied as exc:
+        raise PermissionDenied(f"cannot open the host lock {folder.path / name}: {exc}",
+                               hint="set GPUSLATE_LOCK_DIR to a directory every gpuslate user can write") from None
+    except OSError as exc:
+        raise PermissionDenied(f"cannot open the host lock {folder.path / name}: {exc.strerror or exc}",
+                               hint="set GPUSLATE_LOCK_DIR to a directory every gpuslate user can write") from None
+
+
+def _truncate_holder(folder: StateDir, name: str) -> None:
+    try:
+        fd = folder.open(name, os.O_WRONLY)
     except OSError:
         return
     try:

@@ -27,11 +27,11 @@ from typing import Any
 from .._parse import parse_gpu_list, parse_host, parse_http_url, parse_int, parse_seconds
 from .._toml import line_of, read_toml
 from ..errors import UsageError
+from .names import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
 ENGINES = ("sglang", "vllm")
 CONTAINMENTS = ("auto", "cgroup", "scope", "session")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @dataclass
@@ -74,8 +74,7 @@ class UnitSpec:
         return f"http://{host}:{self.port}{path if path.startswith('/') else '/' + path}"
 
     def validate(self) -> UnitSpec:
-        if not _NAME.fullmatch(self.name):
-            raise UsageError(f"invalid unit name {self.name!r}: letters, digits, '.', '_', '-' (at most 64)")
+        self.name = UnitName(self.name)
         if not self.command:
             raise UsageError(f"unit {self.name!r} has no command: give one after '--' or in {CONFIG_NAME}")
         if self.port is not None and not 1 <= self.port <= 65535:

@@ -4,6 +4,11 @@ The record is what lets any later gpuslate process (``ps``, ``down``, ``swap``)
 find a unit's processes after the ``up`` that started it has exited: the main
 process's identity (pid + start time), its process group and session, its
 cgroup, and the processes seen in it once it was ready.
+
+Every file here is reached through the state folder's checked walk
+(host/state.py: from ``/``, one component at a time, never through another
+user's link, regular files only) and named only by a :class:`~.names.UnitName`,
+so no name or planted file leads a record read or write outside ``units/``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any, Callable, NamedTuple
 
 from ..errors import PermissionDenied
 from ..proc.procfs import ProcessId
-from ..host.state import state_dir, write_state_file
+from ..host.state import StateDir, open_state_dir
+from .names import UnitName, is_unit_name
 from .state import Phase
 
 SCHEMA = "gpuslate.unit.v1"
@@ -187,45 +193,61 @@ def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 
+def _units() -> StateDir:
+    """``state_dir()/units``, walked from ``/`` and checked (host/state.py), held open."""
+    with open_state_dir() as state:
+        return state.subdir("units", create=True)
+
+
+def _file(name: str) -> str:
+    return f"{UnitName(name)}.json"
+
+
 def units_dir() -> Path:
-    path = state_dir() / "units"
-    try:
-        path.mkdir(mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise PermissionDenied(f"cannot create {path}: {exc.strerror or exc}",
-                               hint="set GPUSLATE_STATE_DIR to a writable directory") from None
-    return path
+    with _units() as units:
+        return units.path
 
 
 def record_path(name: str) -> Path:
-    return units_dir() / f"{name}.json"
+    """Where unit ``name``'s record is (for messages); :class:`UsageError` for an invalid name."""
+    return units_dir() / _file(name)
 
 
 def log_path(name: str) -> Path:
-    logs = units_dir() / "logs"
-    logs.mkdir(mode=0o700, exist_ok=True)
-    return logs / f"{name}.log"
+    file = f"{UnitName(name)}.log"
+    with _units() as units, units.subdir("logs", create=True) as logs:
+        return logs.path / file
 
 
 def save(rec: UnitRecord) -> None:
-    path = record_path(rec.name)
-    try:
-        # atomic (readers see the old record or the new one, never half), never through a symlink
-        write_state_file(path, json.dumps(rec.to_json(), indent=2).encode())
-    except OSError as exc:
-        raise PermissionDenied(f"cannot write unit state {path}: {exc.strerror or exc}") from None
+    file = _file(rec.name)
+    with _units() as units:
+        try:
+            # atomic (readers see the old record or the new one, never half), never through a symlink
+            units.write_atomic(file, json.dumps(rec.to_json(), indent=2).encode())
+        except PermissionDenied:
+            raise
+        except OSError as exc:
+            raise PermissionDenied(f"cannot write unit state {units.path / file}: {exc.strerror or exc}") from None
 
 
 def read(name: str) -> UnitRecord | Unreadable | None:
     """Unit ``name``'s record; :class:`Unreadable` (with the reason) when the file is not a valid
-    record; None when there is none. Never raises for what the file contains."""
-    path = record_path(name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return Unreadable(path, f"cannot open: {exc.strerror or exc}", {})
+    record; None when there is none. Never raises for what the file contains; raises
+    :class:`PermissionDenied` when it is not a regular file of ours (a FIFO, a link, a device:
+    never opened in a way that could hang or lead elsewhere), :class:`UsageError` for an
+    invalid name."""
+    file = _file(name)
+    with _units() as units:
+        path = units.path / file
+        try:
+            fd = units.open(file, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except PermissionDenied:
+            raise
+        except OSError as exc:
+            return Unreadable(path, f"cannot open: {exc.strerror or exc}", {})
     with os.fdopen(fd, "rb") as f:
         raw = f.read(1 << 20)
     text = raw.decode("utf-8", "replace")
@@ -249,15 +271,19 @@ def load(name: str) -> UnitRecord | None:
 
 
 def names() -> list[str]:
-    """Every unit with a record file, valid or not."""
-    return sorted(p.stem for p in units_dir().glob("*.json") if not p.name.startswith("."))
+    """Every unit with a record file, valid or not (files whose name no unit can have are not units)."""
+    with _units() as units:
+        return sorted(n[:-5] for n in units.names() if n.endswith(".json") and is_unit_name(n[:-5]))
 
 
 def set_aside(path: Path) -> Path:
     """Move a corrupt record out of the way (kept beside, for a human to look at)."""
-    dest = path.with_name(f".{path.name}.corrupt.{int(time.time())}")
-    try:
-        os.replace(path, dest)
-    except OSError as exc:
-        raise PermissionDenied(f"cannot move corrupt record {path} aside: {exc.strerror or exc}") from None
-    return dest
+    file = _file(path.name[:-5]) if path.name.endswith(".json") else _file(path.name)
+    dest = f".{file}.corrupt.{int(time.time())}"
+    with _units() as units:
+        try:
+            units.rename(file, dest)
+        except OSError as exc:
+            raise PermissionDenied(f"cannot move corrupt record {units.path / file} aside: "
+                                   f"{exc.strerror or exc}") from None
+        return units.path / dest
