@@ -32,6 +32,7 @@ from gpuslate.proc.procfs import list_pids, read_cmdline, read_stat
 from gpuslate.sim.host import SimHost
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "salloc", "squeue")
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 #: GRES device nodes: (major, minor) of harmless character devices, one per GPU
 DEVICE_NUMBERS = [(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (1, 11), (5, 0), (5, 2)]
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -41,7 +42,7 @@ def missing() -> str | None:
     """Why no cluster can start here, or None."""
     if os.geteuid() != 0:
         return "Slurm's daemons need root"
-    lacking = [b for b in BINARIES if shutil.which(b, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
+    lacking = [b for b in BINARIES if shutil.which(b, path=SYSTEM_PATH) is None]
     if lacking:
         return f"no {', '.join(lacking)}: apt-get install slurmctld slurmd slurm-client munge"
     return None
@@ -65,6 +66,7 @@ class SlurmCluster:
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SALLOC_", "SBATCH_",
                                                                               "SRUN_", "GPUSLATE_"))},
                     "SLURM_CONF": str(self.conf)}
+        self.env["PATH"] = self.env.get("PATH", "") + os.pathsep + SYSTEM_PATH
         self.env["PYTHONPATH"] = SRC + (os.pathsep + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
         self._pidfiles: list[Path] = []
 

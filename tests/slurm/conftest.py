@@ -7,6 +7,7 @@ Without root or the Debian packages the tests skip, except in CI (``CI=true``:
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -30,3 +31,4 @@ def cluster() -> Iterator[SlurmCluster]:
         yield c
     finally:
         c.stop()
+        shutil.rmtree(root, ignore_errors=True)
