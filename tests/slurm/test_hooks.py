@@ -80,7 +80,8 @@ def test_epilog_ends_only_the_ended_jobs_processes(sim_host, slurm_env, job_hold
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["schema"] == "gpuslate.slurm.v1" and doc["status"] == "clean"
-    assert {mine["pid"], *mine["workers"]} <= {f["pid"] for f in doc["found"]}
+    assert set(mine["workers"]) <= {f["pid"] for f in doc["found"]}  # the holders of the job
+    assert {mine["pid"], *mine["workers"]} == {t["pid"] for t in doc["clear"]["targets"]}  # and their launcher
     assert all(f["found_by"] == "environment" for f in doc["found"])
     for pid in (mine["pid"], *mine["workers"]):
         assert is_gone(pid)

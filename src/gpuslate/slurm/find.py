@@ -14,6 +14,11 @@ process never qualifies. Unknown never widens: an environment that cannot be
 read, or is larger than :data:`MAX_ENVIRON` bytes, says nothing; gpuslate
 itself and its ancestors are never members. The decision
 (:func:`job_processes`) is a pure function of gathered :class:`ProcessFacts`.
+
+The epilog applies the rule where it matters and nowhere else: to the
+processes the GPUs list (to find what to end) and to every process a plan
+would signal (the gate); on a clean node that is no process at all, so the
+hook costs one GPU reading, not one read of every process's environment.
 """
 
 from __future__ import annotations
@@ -89,21 +94,25 @@ def _read_bounded(path: str, limit: int) -> bytes | None:
     return data if len(data) <= limit else None
 
 
-def gather(uid: int) -> list[ProcessFacts]:
-    """Facts for every process of ``uid`` (the environment and cgroups of no other user are read)."""
-    out: list[ProcessFacts] = []
-    for pid in list_pids():
-        try:
-            owner = os.stat(f"{PROC}/{pid}").st_uid
-        except OSError:
-            continue
-        if owner != uid:
-            continue
-        raw = _read_bounded(f"{PROC}/{pid}/environ", MAX_ENVIRON)
-        cg = _read_bounded(f"{PROC}/{pid}/cgroup", 64 * 1024)
-        out.append(ProcessFacts(pid, owner, env_job_id(raw) if raw is not None else None,
-                                cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset()))
-    return out
+def facts_of(pid: int, uid: int) -> ProcessFacts | None:
+    """One process's facts; None when it is gone. The environment and cgroups of a
+    process not owned by ``uid`` are not read (its uid alone excludes it)."""
+    try:
+        owner = os.stat(f"{PROC}/{pid}").st_uid
+    except OSError:
+        return None
+    if owner != uid:
+        return ProcessFacts(pid, owner, None, frozenset())
+    raw = _read_bounded(f"{PROC}/{pid}/environ", MAX_ENVIRON)
+    cg = _read_bounded(f"{PROC}/{pid}/cgroup", 64 * 1024)
+    return ProcessFacts(pid, owner, env_job_id(raw) if raw is not None else None,
+                        cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset())
+
+
+def gather(uid: int, pids: Iterable[int] | None = None) -> list[ProcessFacts]:
+    """Facts for ``pids`` (default: every process on the host)."""
+    out = [facts_of(pid, uid) for pid in (list_pids() if pids is None else pids)]
+    return [f for f in out if f is not None]
 
 
 def own_lineage() -> frozenset[int]:
@@ -119,6 +128,7 @@ def own_lineage() -> frozenset[int]:
     return frozenset(pids)
 
 
-def find_job_processes(job_id: int, uid: int) -> list[JobProcess]:
-    """The processes of job ``job_id`` (user ``uid``) on this host now."""
-    return job_processes(gather(uid), job_id, uid, own_lineage())
+def find_job_processes(job_id: int, uid: int, among: Iterable[int] | None = None) -> list[JobProcess]:
+    """The processes of job ``job_id`` (user ``uid``) on this host now, among ``among``
+    (default: all; the epilog asks about the GPU holders and the plan's targets only)."""
+    return job_processes(gather(uid, among), job_id, uid, own_lineage())

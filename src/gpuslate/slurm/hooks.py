@@ -4,12 +4,13 @@ its GPUs are not free in time.
 
 Epilog, in order:
 
-1. Find the job's processes (:mod:`.find`: its uid and its ``SLURM_JOB_ID``, or
-   its cgroup), and among them those holding a GPU (memory or a handle).
+1. Find the job's processes among those holding a GPU (memory, a context or a
+   handle, on any GPU): :mod:`.find`'s rule, its uid and its ``SLURM_JOB_ID``,
+   or its cgroup.
 2. End them with ``clear``'s plan/act/verify, selected by pid (``--pid`` with
    ``--all-users --include-handles``: the epilog runs as root for any user),
    audited with the job id in every entry. The plan is gated before any
-   signal: if it would signal any process the job-finding rule did not find
+   signal: if it would signal any process the job-finding rule does not find
    (a job member that cleared its environment, another job's process in the
    same process group), nothing is signaled and the node is drained instead.
    Unknown never widens what is signaled.
@@ -60,7 +61,7 @@ class HookResult(NamedTuple):
     hook: Hook
     status: HookStatus
     job: SlurmJob
-    found: list[JobProcess]  # the job's processes on this node (epilog)
+    found: list[JobProcess]  # the job's processes holding a GPU on this node (epilog)
     clear: ClearResult | None  # ending the ones that held GPUs (epilog)
     refused: str | None  # why the job's processes were not ended, when they were not
     diagnosis: list[GpuDiagnosis]
@@ -83,14 +84,17 @@ class HookResult(NamedTuple):
 
 
 class _Gate:
-    """``clear``'s confirmation, used as a gate: the plan may signal only found processes."""
+    """``clear``'s confirmation, used as a gate: the plan may signal only processes the
+    job-finding rule finds in the job (each target is checked against it, afresh)."""
 
-    def __init__(self, allowed: set[int]) -> None:
-        self.allowed = allowed
+    def __init__(self, job: SlurmJob) -> None:
+        self.job = job
         self.refused: str | None = None
 
     def __call__(self, plan: Plan) -> bool:
-        outside = [t for t in plan.targets if t.ident.pid not in self.allowed]
+        pids = [t.ident.pid for t in plan.targets]
+        inside = {p.pid for p in find_job_processes(self.job.job_id, self.job.uid, among=pids)}
+        outside = [t for t in plan.targets if t.ident.pid not in inside]
         if outside:
             shown = ", ".join(f"{t.ident.pid} ({t.name})" for t in outside[:5])
             self.refused = (f"the plan reached beyond the job: {shown} "
@@ -120,17 +124,16 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
         audit = AuditLog(backend=be.name, sim_root=host.sim_root,
                          context={"slurm_job": job.job_id, "slurm_hook": Hook.EPILOG.value, "slurm_node": job.node})
         for _attempt in range(_ATTEMPTS):
-            found = find_job_processes(job.job_id, job.uid)
+            found = find_job_processes(job.job_id, job.uid, among=_gpu_processes(be))
             timings["find_s"] = time.monotonic() - t0
-            holders = _holders(be, {p.pid for p in found})
             refused = None
-            if not holders:
+            if not found:
                 break
-            gate = _Gate({p.pid for p in found})
+            gate = _Gate(job)
             try:
-                cleared = clear(None, pids=holders, all_users=True, include_handles=True, grace=grace,
-                                timeout=max(0.0, deadline - time.monotonic()), max_used=limit, backend=be,
-                                confirm=gate, audit=audit)
+                cleared = clear(None, pids=[p.pid for p in found], all_users=True, include_handles=True,
+                                grace=grace, timeout=max(0.0, deadline - time.monotonic()), max_used=limit,
+                                backend=be, confirm=gate, audit=audit)
                 break
             except Interrupted:
                 refused = gate.refused or "the plan was refused; nothing was signaled"
@@ -159,12 +162,10 @@ def _check_times(grace: float, timeout: float) -> None:
             raise UsageError(f"invalid --{name} {v}: must be at least 0")
 
 
-def _holders(be: GpuBackend, pids: set[int]) -> list[int]:
-    """Those of ``pids`` the GPUs list (memory, a context or a device handle), on any GPU."""
-    if not pids:
-        return []
+def _gpu_processes(be: GpuBackend) -> list[int]:
+    """Every process the GPUs list (memory, a context or a device handle), on any GPU."""
     snap = take_snapshot(be, None, full=False)
-    return sorted({p.pid for g in snap.gpus for p in g.processes if p.pid in pids})
+    return sorted({p.pid for g in snap.gpus for p in g.processes if p.visible})
 
 
 def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: int, deadline: float, drain: bool,
