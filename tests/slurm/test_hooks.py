@@ -21,7 +21,8 @@ from gpuslate.sim.host import SimHost
 from helpers import GiB, is_gone, run_cli
 
 FAKE_SCONTROL = """#!/bin/sh
-# stands in for Slurm's scontrol: records its arguments, one per line
+# stands in for Slurm's scontrol: shows the node as $FAKE_STATE; records an update's arguments, one a line
+if [ "$1" = "-o" ]; then echo "NodeName=$3 Arch=x86_64 State=${{FAKE_STATE:-IDLE}} Reason=$FAKE_REASON"; exit 0; fi
 printf '%s\\n' "$@" > "{out}"
 """
 
@@ -120,6 +121,17 @@ def test_prolog_drains_naming_the_holder_and_signals_nothing(sim_host, slurm_env
     reason = (tmp_path / "scontrol.args").read_text().splitlines()[3]
     assert reason.startswith("reason=gpuslate: GPU 1 holds 3.0 GiB before job 43 (pid ")
     assert p.stderr == ""
+
+
+def test_a_drained_node_keeps_its_reason(sim_host, slurm_env, tmp_path):
+    """An administrator's (or a prolog's) drain reason is not overwritten."""
+    sim_host.leak(1, 3 * GiB)
+    env = {**slurm_env, "FAKE_STATE": "IDLE+DRAIN", "FAKE_REASON": "disk swap [admin@2026-12-01T10:00:00]"}
+    p = _hook("prolog", env)
+    assert p.returncode == 4
+    drain = json.loads(p.stdout)["drain"]
+    assert drain["ok"] and drain["already"] and drain["reason"] == "disk swap [admin@2026-12-01T10:00:00]"
+    assert not (tmp_path / "scontrol.args").exists()
 
 
 def test_no_drain_reports_without_draining(sim_host, slurm_env, tmp_path):

@@ -136,6 +136,10 @@ def test_prolog_drains_and_requeues_then_the_job_runs_once_resumed(node_clean):
         assert f"pid {squatter.pid}" in node["Reason"]
         wait_for(lambda: c.job(job)["JobState"] == "PENDING", timeout=20, interval=0.1)  # requeued, not held
         assert not is_gone(squatter.pid)  # the prolog signals nothing
+        # Slurm runs the refused job's epilog: the node stays drained, with the prolog's reason
+        epilog = _epilog_doc(c, job, "n2")
+        assert epilog["status"] == "drained" and epilog["drain"]["already"]
+        assert f"before job {job}" in c.node("n2")["Reason"]
     finally:
         os.killpg(squatter.pid, signal.SIGKILL)
         squatter.wait()

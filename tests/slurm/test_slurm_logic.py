@@ -142,3 +142,13 @@ def test_slurm_option_outside_an_allocation_is_one_line():
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "not set" in p.stderr
     p = run_cli("--slurm", "logs", "x", env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1"})
     assert p.returncode == 2 and "prints text" in p.stderr
+
+
+def test_drained_reason():
+    from gpuslate.slurm.drain import drained_reason
+
+    assert drained_reason("NodeName=n1 Arch=x86_64 State=IDLE Reason=") is None
+    assert drained_reason("NodeName=n1 State=MIXED+DRAIN Reason=gpuslate: GPU 1 holds 3.0 GiB after job 4 "
+                          "(no process holds it) [root@2026-12-01T12:20:38]").startswith("gpuslate: GPU 1")
+    assert drained_reason("NodeName=n1 State=DOWN+DRAIN") == "(no reason)"
+    assert drained_reason("NodeName=n1 State=IDLE+DRAIN Reason=a\x1bb") == "a?b"

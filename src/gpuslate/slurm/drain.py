@@ -31,9 +31,10 @@ SCONTROL_TIMEOUT_S = 20.0
 
 class DrainOutcome(NamedTuple):
     node: str
-    reason: str
-    ok: bool
+    reason: str  # the node's reason now: gpuslate's, or the one it already had
+    ok: bool  # the node is drained (or draining)
     error: str | None
+    already: bool = False  # it was drained before: its reason (an administrator's, a prolog's) is kept
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
@@ -71,21 +72,41 @@ def find_scontrol() -> str | None:
     return shutil.which("scontrol", path=os.environ.get("PATH") or DEFAULT_PATH)
 
 
+def drained_reason(show_node: str) -> str | None:
+    """The reason of a node ``scontrol -o show node`` shows drained (or draining), else None (pure)."""
+    state = next((w[len("State="):] for w in show_node.split() if w.startswith("State=")), "")
+    if "DRAIN" not in state.upper():
+        return None
+    reason = show_node.split(" Reason=", 1)[1] if " Reason=" in show_node else ""
+    return printable(reason.strip()) or "(no reason)"
+
+
 def drain_node(node: str, reason: str, *, timeout: float = SCONTROL_TIMEOUT_S) -> DrainOutcome:
-    """``scontrol update nodename=NODE state=drain reason=REASON``."""
+    """``scontrol update nodename=NODE state=drain reason=REASON``, unless the node is drained
+    already: then its reason stays (an administrator's, or the prolog's before Slurm runs the
+    epilog of the job it refused)."""
     exe = find_scontrol()
     if exe is None:
         return DrainOutcome(node, reason, False, "scontrol not found on PATH "
                             f"({os.environ.get('PATH') or DEFAULT_PATH}): install slurm-client or set PATH")
-    argv = [exe, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+    shown, error = _scontrol([exe, "-o", "show", "node", node], timeout)
+    before = drained_reason(shown) if error is None else None
+    if before is not None:
+        return DrainOutcome(node, before, True, None, already=True)
+    _, error = _scontrol([exe, "update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout)
+    return DrainOutcome(node, reason, error is None, error)
+
+
+def _scontrol(argv: list[str], timeout: float) -> tuple[str, str | None]:
+    """(stdout, None) or ("", what went wrong)."""
     try:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
                            timeout=timeout)
     except subprocess.TimeoutExpired:
-        return DrainOutcome(node, reason, False, f"scontrol did not answer within {timeout:g} s")
+        return "", f"scontrol did not answer within {timeout:g} s"
     except OSError as exc:
-        return DrainOutcome(node, reason, False, f"cannot run {exe}: {exc.strerror or exc}")
+        return "", f"cannot run {argv[0]}: {exc.strerror or exc}"
     if p.returncode != 0:
         detail = printable((p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1])[:200]
-        return DrainOutcome(node, reason, False, f"scontrol failed: {detail}")
-    return DrainOutcome(node, reason, True, None)
+        return "", f"scontrol failed: {detail}"
+    return p.stdout, None
