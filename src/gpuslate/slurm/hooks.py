@@ -26,19 +26,21 @@ from __future__ import annotations
 import os
 import time
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import Interrupted, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
 from ..host.audit import AuditLog
 from ..host.session import HostSession
 from ..host.snapshot import resolve_gpus, take_snapshot
-from ..slate.clear import ClearResult, clear
-from ..slate.plan import Plan
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
 from .find import JobProcess, find_job_processes
 from .job import SlurmJob
+
+if TYPE_CHECKING:
+    from ..slate.clear import ClearResult
+    from ..slate.plan import Plan
 
 SCHEMA = "gpuslate.slurm.v1"
 #: how often the epilog re-finds the job's processes when one exits between finding and planning
@@ -129,6 +131,10 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
             refused = None
             if not found:
                 break
+            # imported here, not at the top, for the clean path's start-up time: only a job that
+            # left a GPU holder needs clear's planner
+            from ..slate.clear import clear
+
             gate = _Gate(job)
             try:
                 cleared = clear(None, pids=[p.pid for p in found], all_users=True, include_handles=True,
