@@ -161,8 +161,14 @@ class SlurmCluster:
             raise RuntimeError(f"{argv[0]} did not start: {p.stderr.strip()}\n{self.logs()}")
 
     def stop(self) -> None:
+        """Cancel every job and wait for their steps to end, then end the daemons (their pid files)
+        and any ``slurmstepd`` of this cluster still there (found by its working folder, in ROOT)."""
         try:
             subprocess.run(["scancel", "--full", "--user=root"], env=self.env, capture_output=True, timeout=10)
+            deadline = time.monotonic() + 15
+            while (self._stepds() or self.run("squeue", "-h", check=False).stdout.strip()) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.1)
         except (OSError, subprocess.TimeoutExpired):
             pass
         pids = []
@@ -171,11 +177,7 @@ class SlurmCluster:
                 pids.append(int(pidfile.read_text().split()[0]))
             except (OSError, ValueError, IndexError):
                 continue
-        # slurmstepd of this cluster's jobs: their command lines name nothing, so find them by their spool
-        for pid in list_pids():
-            argv = read_cmdline(pid)
-            if argv and argv[0].endswith("slurmstepd") and str(self.root) in _cwd(pid):
-                pids.append(pid)
+        pids += self._stepds()
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -190,6 +192,16 @@ class SlurmCluster:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+    def _stepds(self) -> list[int]:
+        """This cluster's slurmstepd processes: titled ``slurmstepd: [JOB.STEP]``, working in ROOT."""
+        out = []
+        for pid in list_pids():
+            argv = read_cmdline(pid)
+            if argv and argv[0].startswith(("slurmstepd", "/usr/sbin/slurmstepd")) \
+                    and _cwd(pid).startswith(str(self.root)) and _alive(pid):
+                out.append(pid)
+        return out
 
     # -- asking Slurm --------------------------------------------------------------
     def run(self, *argv: str, timeout: float = 30, check: bool = True,

@@ -100,6 +100,10 @@ def test_epilog_ends_the_jobs_leftover_and_spares_another_job_of_the_same_user(n
     assert c.job(other)["JobState"] == "RUNNING"
     assert not any(e["target"]["pid"] == other_pid
                    for e in AuditLog(c.sim("n1").root / "state" / "audit.jsonl", backend="sim").read())
+    # once the other job ends too, the node is idle
+    c.run("scancel", str(other))
+    wait_for(lambda: c.states().get("n1") == "idle", timeout=20, interval=0.1)
+    assert _epilog_doc(c, other, "n1")["status"] == "clean"
 
 
 def test_epilog_drains_the_node_when_memory_stays_held_by_no_process(node_clean):
