@@ -33,6 +33,7 @@ from ..gpu.types import GpuBackend
 from ..host.audit import AuditLog
 from ..host.session import HostSession
 from ..host.snapshot import resolve_gpus, take_snapshot
+from ..proc.procfs import read_signal_facts
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
 from .find import JobProcess, find_job_processes
@@ -169,9 +170,15 @@ def _check_times(grace: float, timeout: float) -> None:
 
 
 def _gpu_processes(be: GpuBackend) -> list[int]:
-    """Every process the GPUs list (memory, a context or a device handle), on any GPU."""
+    """Every process the GPUs list (memory, a context or a device handle), on any GPU; a
+    thread id a driver reports stands for its process, as in clear's plan."""
     snap = take_snapshot(be, None, full=False)
-    return sorted({p.pid for g in snap.gpus for p in g.processes if p.visible})
+    listed = {p.pid for g in snap.gpus for p in g.processes if p.visible}
+    out: set[int] = set()
+    for pid in listed:
+        facts = read_signal_facts(pid)
+        out.add(facts.tgid if facts is not None and facts.tgid else pid)
+    return sorted(out)
 
 
 def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: int, deadline: float, drain: bool,
