@@ -152,3 +152,11 @@ def test_drained_reason():
                           "(no process holds it) [root@2026-12-01T12:20:38]").startswith("gpuslate: GPU 1")
     assert drained_reason("NodeName=n1 State=DOWN+DRAIN") == "(no reason)"
     assert drained_reason("NodeName=n1 State=IDLE+DRAIN Reason=a\x1bb") == "a?b"
+
+
+def test_slurm_option_without_srun(tmp_path):
+    from helpers import run_cli
+
+    p = run_cli("--slurm", "status", env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]",
+                                          "PATH": str(tmp_path)})
+    assert p.returncode == 3 and "no srun" in p.stderr.splitlines()[0] and "Traceback" not in p.stderr

@@ -12,10 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .._parse import format_gpu_list
 from .common import add_common, backend_for, nonnegative_float, print_json, size
 from .exits import exit_epilog, exit_status_for_result
+from .plain import clean
+
+if TYPE_CHECKING:
+    from ..slurm.hooks import HookResult
 
 _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a GPU that does not exist): "
           "nothing was signaled", 4: "the GPUs were not free in time: the node was drained with the reason "
@@ -73,9 +78,8 @@ def run_hook(args: argparse.Namespace) -> int:
     return exit_status_for_result(result.status)
 
 
-def _print(result) -> None:  # type: ignore[no-untyped-def]
+def _print(result: HookResult) -> None:
     from ..slurm.hooks import HookStatus
-    from .plain import clean
 
     job = result.job
     head = f"slurm {result.hook.value}: job {job.job_id} on {clean(job.node)}"
@@ -94,10 +98,5 @@ def _print(result) -> None:  # type: ignore[no-untyped-def]
     print(f"{head}: {gpus} not free after {result.timings.get('total_s', 0.0):.1f} s:")
     print_diagnosis(result.diagnosis)
     if result.drain is not None and result.drain.ok:
-        print(f"node {clean(result.drain.node)} drained: {clean(result.drain.reason)}")
-
-
-def clean(text: object) -> str:
-    from .plain import clean as _clean
-
-    return _clean(str(text))
+        already = " already" if result.drain.already else ""
+        print(f"node {clean(result.drain.node)}{already} drained: {clean(result.drain.reason)}")
