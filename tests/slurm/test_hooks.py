@@ -184,3 +184,22 @@ def test_scontrol_missing(sim_host, slurm_env, job_hold, tmp_path):
         f"gpuslate: error: node node07 not drained: scontrol not found on PATH ({empty}): install slurm-client "
         "or set PATH"]
     assert "GPU 1" in p.stdout and not is_gone(bystander["pid"])
+
+
+def test_a_held_host_lock_ends_in_a_drain_not_a_wait_past_the_timeout(sim_host, slurm_env, job_hold, tmp_path):
+    """Another gpuslate holds the host lock for longer than the epilog may take: nothing is
+    signaled, and the node drains naming the job's holder."""
+    from gpuslate.host.lock import HostLock, default_lock_dir
+
+    mine = job_hold("42", "--gpus", "1", "--memory", "2GiB")
+    lock = HostLock(default_lock_dir(str(sim_host.root)) / "host.lock", purpose="swap")
+    lock.acquire(timeout=0)
+    try:
+        p = _hook("epilog", slurm_env)
+    finally:
+        lock.release()
+    assert p.returncode == 4, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "drained" and "host lock" in doc["refused"]
+    assert not is_gone(mine["pid"])
+    assert not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()

@@ -28,7 +28,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import Interrupted, PermissionDenied, UsageError
+from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
 from ..host.audit import AuditLog
 from ..host.session import HostSession
@@ -147,6 +147,9 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
                 break
             except UsageError as exc:  # a holder exited between finding and planning: find again
                 refused = f"could not plan the end of the job's processes: {exc}"
+            except (NotDoneError, PermissionDenied) as exc:  # the host lock, planning time, the audit log
+                refused = f"the job's processes were not ended: {exc}" + (f" ({exc.hint})" if exc.hint else "")
+                break
         timings["clear_s"] = time.monotonic() - t0
         return _verify(Hook.EPILOG, job, be, gpus, limit, deadline, drain, found, cleared, refused, timings, t0)
 
