@@ -18,7 +18,7 @@ import pytest
 
 from gpuslate.host.audit import AuditLog
 from gpuslate.sim.host import SimHost
-from helpers import GiB, is_gone, run_cli
+from helpers import GiB, is_gone, run_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
 # stands in for Slurm's scontrol: shows the node as $FAKE_STATE; records an update's arguments, one a line
@@ -203,3 +203,49 @@ def test_a_held_host_lock_ends_in_a_drain_not_a_wait_past_the_timeout(sim_host, 
     assert doc["status"] == "drained" and "host lock" in doc["refused"]
     assert not is_gone(mine["pid"])
     assert not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+
+
+@pytest.fixture
+def job_cgroups() -> Iterator[Callable[[int], Path]]:
+    """Slurm-like job cgroups (``.../job_N``) in the cgroup v1 pids hierarchy, removed afterwards."""
+    base = Path("/sys/fs/cgroup/pids") / f"gpuslate-test-{os.getpid()}-{os.urandom(3).hex()}"
+    try:
+        base.mkdir()
+    except OSError as exc:
+        pytest.skip(f"no writable cgroup v1 pids hierarchy here ({exc.strerror})")
+    made: list[Path] = []
+
+    def make(job_id: int) -> Path:
+        d = base / f"uid_{os.getuid()}" / f"job_{job_id}"
+        d.mkdir(parents=True)
+        made.append(d)
+        return d
+
+    yield make
+    root_procs = Path("/sys/fs/cgroup/pids/cgroup.procs")
+    for d in made:
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                root_procs.write_text(pid)
+            except OSError:
+                pass
+        wait_for(lambda: not (d / "cgroup.procs").read_text().split(), timeout=5)  # exiting processes
+        d.rmdir()
+    for parent in dict.fromkeys(d.parent for d in made):
+        parent.rmdir()
+    base.rmdir()
+
+
+def test_epilog_finds_the_job_by_its_cgroup(job_cgroups, sim_host, slurm_env, job_hold):
+    """A job process without SLURM_JOB_ID (it cleared its environment) in the job's cgroup is
+    found by the cgroup; one in another job's cgroup is not."""
+    mine, theirs = job_cgroups(42), job_cgroups(43)
+    cleared_env = job_hold(None, "--gpus", "1", "--memory", "2GiB")
+    other = job_hold(None, "--gpus", "2", "--memory", "1GiB")
+    (mine / "cgroup.procs").write_text(str(cleared_env["pid"]))
+    (theirs / "cgroup.procs").write_text(str(other["pid"]))
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["found"] == [{"pid": cleared_env["pid"], "found_by": "cgroup"}]
+    assert is_gone(cleared_env["pid"]) and not is_gone(other["pid"])
