@@ -160,3 +160,24 @@ def test_slurm_option_without_srun(tmp_path):
     p = run_cli("--slurm", "status", env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]",
                                           "PATH": str(tmp_path)})
     assert p.returncode == 3 and "no srun" in p.stderr.splitlines()[0] and "Traceback" not in p.stderr
+
+
+line_text = st.text(st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
+                    max_size=30)
+
+
+@given(st.lists(st.tuples(st.lists(line_text, max_size=4), st.integers(0, 255)), min_size=1, max_size=12),
+       st.randoms(use_true_random=False))
+def test_split_output_recovers_each_tasks_lines_whatever_the_interleaving(tasks, rnd):
+    width = len(str(len(tasks) - 1))
+    streams = [[f"{NODE_MARK}node{i}", *lines, f"{EXIT_MARK}{code}"] for i, (lines, code) in enumerate(tasks)]
+    merged: list[str] = []
+    cursors = [0] * len(streams)
+    while any(c < len(s) for c, s in zip(cursors, streams)):  # srun interleaves tasks, keeps each in order
+        i = rnd.choice([k for k, s in enumerate(streams) if cursors[k] < len(s)])
+        merged.append(f"{str(i).rjust(width)}: {streams[i][cursors[i]]}")
+        cursors[i] += 1
+    got = split_output("\n".join(merged) + "\n", "")
+    for i, (lines, code) in enumerate(tasks):
+        assert got[i].node == f"node{i}" and got[i].exit == code
+        assert got[i].stdout == "".join(f"{ln}\n" for ln in lines)
