@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.errors import UsageError
-from gpuslate.remote.hosts import HostSpec, format_inventory, parse_host, parse_inventory, select_hosts
+from gpuslate.remote.hosts import (MAX_HOSTS, HostSpec, count_hostlist, expand_host_words, expand_hostlist,
+                                    format_inventory, parse_host, parse_inventory, select_hosts)
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z][a-z0-9-]{0,6}){0,2}", fullmatch=True)
 ipv6 = st.sampled_from(["::1", "fe80::1", "2001:db8::7", "fd00:1:2::3"])
@@ -112,3 +113,73 @@ def test_select_hosts_merges_without_duplicates():
         select_hosts(["h1"], None, "g")
     with pytest.raises(UsageError, match="no hosts"):
         select_hosts([], "# empty\n", None)
+
+
+# --- Slurm hostlists and the bound on expansion (issue 18; issue 15 class H) ---------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("node[01-03]", ["node01", "node02", "node03"]),
+    ("n[1-3,7],gpu[01-02]-ib", ["n1", "n2", "n3", "n7", "gpu01-ib", "gpu02-ib"]),
+    ("r[1-2]n[08-10]", ["r1n08", "r1n09", "r1n10", "r2n08", "r2n09", "r2n10"]),
+    ("gpu[1:2]", ["gpu1", "gpu2"]),
+    ("plain", ["plain"]),
+    ("a,b, c", ["a", "b", "c"]),
+])
+def test_expand_hostlist(text, expected):
+    assert expand_hostlist(text) == expected
+    assert count_hostlist(text) == len(expected)
+
+
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40), st.booleans()), min_size=1, max_size=3))
+def test_hostlist_counts_match_and_keep_width(ranges):
+    text = "h" + "x".join(f"[{lo:03d}-{lo + span:03d}]" if pad else f"[{lo}-{lo + span}]"
+                          for lo, span, pad in ranges)
+    n = count_hostlist(text)
+    if n > MAX_HOSTS:
+        with pytest.raises(UsageError, match="at most"):
+            expand_hostlist(text)
+        return
+    names = expand_hostlist(text)
+    assert len(names) == n == len(set(names))
+    assert all(n.startswith("h") for n in names)
+
+
+def test_huge_ranges_are_refused_before_expanding():
+    """issue 15 H: gpu[0:4096]x[0:4096] is 16.8 M hosts: one UsageError at once, no MemoryError."""
+    import time
+
+    for text in ("gpu[0:4096]x[0:4096]", "n[0-99999999999999]", "a[1-3000],b[1-3000],c[1-3000],d[1-3000]"):
+        t0 = time.monotonic()
+        with pytest.raises(UsageError, match="at most 10000"):
+            expand_hostlist(text)
+        assert time.monotonic() - t0 < 0.5
+    with pytest.raises(UsageError, match="line 2: .*at most"):
+        parse_inventory("[g]\ngpu[0:4096]x[0:4096]\n")
+    with pytest.raises(UsageError, match="line 3: .*at most"):  # the bound is on the whole inventory
+        parse_inventory("a[0:6000]\n\nb[0:6000]\n")
+
+
+@pytest.mark.parametrize("bad", ["n[a-b]", "n[3-1]", "n[1-]", "n[,]"])
+def test_hostlist_refuses(bad):
+    with pytest.raises(UsageError, match="invalid range"):
+        expand_hostlist(bad)
+
+
+def test_host_option_takes_hostlists():
+    assert expand_host_words("root@gpu[01-02]:2222") == ["root@gpu01:2222", "root@gpu02:2222"]
+    assert expand_host_words("[::1]:22") == ["[::1]:22"]  # an IPv6 address, not a range
+    assert select_hosts(["n[1-2],m"], "gpu[01-02]\n", None) == [
+        HostSpec("n1"), HostSpec("n2"), HostSpec("m"), HostSpec("gpu01"), HostSpec("gpu02")]
+
+
+def test_cli_refuses_a_huge_inventory_in_one_line(tmp_path):
+    """The whole CLI: one line on stderr, exit 2, no traceback, nothing contacted."""
+    from helpers import run_cli
+
+    inv = tmp_path / "inventory.ini"
+    inv.write_text("[gpus]\ngpu[0:4096]x[0:4096]\n")
+    r = run_cli("--hosts", str(inv), "status")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "at most 10000" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("-H", "n[0-99999]", "status")
+    assert r.returncode == 2 and "at most 10000" in r.stderr and "Traceback" not in r.stderr

@@ -26,6 +26,7 @@ class ExitStatus(IntEnum):
     PERMISSION_DENIED = 5
     SERVER_FAILED = 6
     PARTIAL = 7
+    NOT_DRAINED = 8  # slurm prolog/epilog: the GPUs are not free and scontrol could not drain the node
     INTERRUPTED = 130
 
 
@@ -56,6 +57,9 @@ _BY_RESULT: dict[str, ExitStatus] = {
     "up_failed": ExitStatus.SERVER_FAILED, "rolled_back": ExitStatus.SERVER_FAILED,
     "rollback_failed": ExitStatus.SERVER_FAILED,
     "partial": ExitStatus.PARTIAL,
+    # slurm prolog/epilog: the GPUs not free in time; the node drained (or not asked to be: --no-drain)
+    "drained": ExitStatus.TIMEOUT,
+    "drain_failed": ExitStatus.NOT_DRAINED,
     "interrupted": ExitStatus.INTERRUPTED,
 }
 

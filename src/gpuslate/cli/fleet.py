@@ -1,4 +1,5 @@
-"""Global ``-H/--host``, ``--hosts FILE``, ``--group``, ``--parallel``: any command on remote hosts.
+"""Global ``-H/--host``, ``--hosts FILE``, ``--group``, ``--parallel``: any command on remote hosts;
+``--slurm``: on every node of the Slurm allocation it runs inside, through ``srun``.
 
 ``main`` takes these options off the command line (before or after the
 command, never after ``--``), checks the rest with the local parser (bad
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from ..errors import UsageError
 from .exits import exit_code_of
@@ -21,11 +22,10 @@ from .exits import exit_code_of
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult, HostOutcome
     from ..remote.hosts import HostSpec
-    from ..remote.ssh import SshOptions
 
 _VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group": "group",
            "--parallel": "parallel", "--connect-timeout": "connect_timeout"}
-_FLAGS = {"--keep-going": "keep_going"}
+_FLAGS = {"--keep-going": "keep_going", "--slurm": "slurm"}
 #: commands whose output is text, not a JSON document
 TEXT_COMMANDS = frozenset({"logs"})
 
@@ -37,6 +37,7 @@ class FleetArgs(NamedTuple):
     parallel: int
     connect_timeout: float
     keep_going: bool
+    slurm: bool = False  # the nodes of the current Slurm allocation, through srun
 
 
 def add_fleet_help(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +50,15 @@ def add_fleet_help(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--parallel", metavar="N", help="hosts at a time (default 32)")
     g.add_argument("--connect-timeout", metavar="SECONDS", help="ssh connect timeout per host (default 10)")
     g.add_argument("--keep-going", action="store_true", help="swap: go on to the next host after a failure")
+    g.add_argument("--slurm", action="store_true",
+                   help="inside a Slurm allocation: run the command on every node of it through srun "
+                   "(see docs/slurm.md)")
 
 
 def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str]]:
     """(the fleet options, the rest of argv); ``None`` when no host was asked for."""
     found: dict[str, Any] = {"hosts": [], "hosts_file": None, "group": None, "parallel": None,
-                             "connect_timeout": None, "keep_going": False}
+                             "connect_timeout": None, "keep_going": False, "slurm": False}
     rest: list[str] = []
     words: list[str] = []  # positional words so far: 'sim serve' owns its own --host (a bind address)
     it = iter(enumerate(argv))
@@ -86,7 +90,11 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
             words.append(arg)
         rest.append(arg)
     given = found["hosts"] or found["hosts_file"] is not None
-    if not given:
+    if found["slurm"] and given:
+        raise UsageError("--slurm runs on the nodes of the current allocation: give it without --host/--hosts")
+    if found["slurm"] and found["group"] is not None:
+        raise UsageError("--group selects from a --hosts inventory, not from a Slurm allocation")
+    if not given and not found["slurm"]:
         extra = [o for o, k in (("--group", "group"), ("--parallel", "parallel"),
                                 ("--connect-timeout", "connect_timeout"), ("--keep-going", "keep_going"))
                  if found[k]]
@@ -96,7 +104,7 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
     return FleetArgs(found["hosts"], found["hosts_file"], found["group"],
                      _number(found["parallel"], "--parallel", 32, int),
                      _number(found["connect_timeout"], "--connect-timeout", 10.0, float),
-                     found["keep_going"]), rest
+                     found["keep_going"], found["slurm"]), rest
 
 
 def _number(text: str | None, option: str, default: Any, kind: type) -> Any:
@@ -153,9 +161,6 @@ class Progress:
 
 def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:
     """``gpuslate COMMAND`` (``argv``, already checked into ``args``) on every selected host."""
-    from ..remote.fleet import run_parallel, run_sequential
-    from ..remote.hosts import select_hosts
-    from ..remote.ssh import SshOptions
     from .exits import fleet_exit_code
 
     if getattr(args, "watch", None) or getattr(args, "follow", False):
@@ -163,20 +168,17 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")
     if command == "sim" and getattr(args, "sim_command", None) in ("hold", "serve"):
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
-    inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
-    hosts = select_hosts(fleet.hosts, inventory, fleet.group)
-    opts = SshOptions.from_env(fleet.connect_timeout)
     text = command in TEXT_COMMANDS
     words = remote_words(argv, json_output=not text)
+    hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, text)
     progress = Progress(len(hosts))
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
-            result = _clear_asking_once(hosts, words, opts, fleet, progress)
+            result = _clear_asking_once(hosts, words, fan, progress)
         elif command == "swap":
-            result = run_sequential(hosts, words, opts, keep_going=fleet.keep_going, on_done=progress.done)
+            result = sequential(hosts, words, progress)
         else:
-            result = run_parallel(hosts, words, opts, parallel=fleet.parallel, on_done=progress.done,
-                                  fallback_status=command == "status", text_output=text)
+            result = fan(hosts, words, progress)
     finally:
         progress.close()
     if args.json:
@@ -190,6 +192,56 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 
 
+#: run WORDS on HOSTS, reporting each host to the progress line
+Fan = Callable[["list[HostSpec]", "list[str]", Progress], "FleetResult"]
+
+
+def _over_ssh(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:
+    """The selected hosts, and how to run a command on them over ssh (in parallel, one by one)."""
+    from ..remote.fleet import run_parallel, run_sequential
+    from ..remote.hosts import select_hosts
+    from ..remote.ssh import SshOptions
+
+    inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
+    hosts = select_hosts(fleet.hosts, inventory, fleet.group)
+    opts = SshOptions.from_env(fleet.connect_timeout)
+
+    def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
+        return run_parallel(hs, words, opts, parallel=fleet.parallel, on_done=progress.done,
+                            fallback_status=command == "status", text_output=text)
+
+    def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
+        return run_sequential(hs, words, opts, keep_going=fleet.keep_going, on_done=progress.done)
+
+    return hosts, fan, sequential
+
+
+def _over_srun(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:
+    """The nodes of the current Slurm allocation, and how to run a command on them through srun."""
+    import os
+
+    from ..remote.fleet import run_sequential
+    from ..remote.hosts import HostSpec
+    from ..remote.srun import allocation_from_env, run_allocation
+    from ..remote.ssh import SshOptions
+
+    if text:
+        raise UsageError(f"{command} prints text, not a document: with --slurm, run it through srun yourself")
+    hosts = [HostSpec(n) for n in allocation_from_env(os.environ).nodes]
+
+    def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
+        result = run_allocation(hs, words)
+        for outcome in result.hosts:
+            progress.done(outcome)
+        return result
+
+    def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
+        return run_sequential(hs, words, SshOptions(), keep_going=fleet.keep_going, on_done=progress.done,
+                              run_one=lambda h, w: run_allocation([h], w).hosts[0])
+
+    return hosts, fan, sequential
+
+
 def _read_inventory(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
@@ -200,16 +252,14 @@ def _read_inventory(path: str) -> str:
         raise UsageError(f"cannot read the inventory {path}: not UTF-8 text") from None
 
 
-def _clear_asking_once(hosts: list[HostSpec], words: list[str], opts: SshOptions, fleet: FleetArgs,
-                       progress: Progress) -> FleetResult:
+def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progress: Progress) -> FleetResult:
     """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
     from ..errors import Interrupted
-    from ..remote.fleet import FleetResult, run_parallel
+    from ..remote.fleet import FleetResult
     from .render_fleet import print_plans
 
     cut = words.index("--json")
-    plans = run_parallel(hosts, [*words[:cut], "--dry-run", *words[cut:]], opts, parallel=fleet.parallel,
-                         on_done=progress.done)
+    plans = fan(hosts, [*words[:cut], "--dry-run", *words[cut:]], progress)
     progress.close()
     planned = [o.host for o in plans.hosts if o.ok]
     n = print_plans(plans)
@@ -221,7 +271,6 @@ def _clear_asking_once(hosts: list[HostSpec], words: list[str], opts: SshOptions
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
         raise Interrupted("not confirmed: nothing was signaled")
     progress.restart(len(planned))
-    done = run_parallel(planned, [*words[:cut], "--yes", *words[cut:]], opts, parallel=fleet.parallel,
-                        on_done=progress.done)
+    done = fan(planned, [*words[:cut], "--yes", *words[cut:]], progress)
     by_host = {o.host: o for o in done.hosts}
     return FleetResult(done.command, [by_host.get(o.host, o) for o in plans.hosts])

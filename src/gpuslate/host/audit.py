@@ -48,10 +48,12 @@ class AuditLog:
     ``backend`` (``nvml`` or ``sim``) and ``sim_root`` go into every entry, with
     the host name, so that an entry says which GPUs it was about; without them,
     the backend ``open_backend()`` would choose (``$GPUSLATE_SIM``, else NVML).
+    ``context`` (e.g. ``{"slurm_job": 42}``, from a Slurm epilog) goes into
+    every signal entry as ``"context"`` when given.
     """
 
     def __init__(self, path: Path | None = None, *, backend: str | None = None,
-                 sim_root: str | os.PathLike[str] | None = None) -> None:
+                 sim_root: str | os.PathLike[str] | None = None, context: dict[str, Any] | None = None) -> None:
         if backend is None:  # as open_backend() chooses: the simulated host of $GPUSLATE_SIM, else NVML
             sim_root = sim_root or os.environ.get("GPUSLATE_SIM") or None
             backend = "sim" if sim_root else "nvml"
@@ -65,6 +67,7 @@ class AuditLog:
         self.path = Path(path)
         self.backend = backend
         self.sim_root = str(Path(sim_root).absolute()) if sim_root and backend == "sim" else None
+        self.context = dict(context) if context else None
         self._actor: dict[str, Any] | None = None
         self._host: str | None = None
 
@@ -92,6 +95,7 @@ class AuditLog:
             "event": "signal", "id": entry_id, "run_id": run_id, "action": action,
             "time": now, "host": host, "backend": self.backend, "sim": self.sim_root,
             "actor": actor, "signal": signal, "target": target, "reason": reason,
+            **({"context": self.context} if self.context else {}),
         } for entry_id, target in zip(ids, targets)], durable=True)
         return ids
 

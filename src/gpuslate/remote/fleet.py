@@ -160,8 +160,9 @@ def run_parallel(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptio
 
 def run_sequential(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptions, *,
                    keep_going: bool = False, on_done: Callable[[HostOutcome], None] | None = None,
-                   ) -> FleetResult:
-    """Host by host; after the first failure the rest are not run unless ``keep_going``."""
+                   run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None) -> FleetResult:
+    """Host by host; after the first failure the rest are not run unless ``keep_going``.
+    ``run_one`` runs one host (default: over ssh; :mod:`.srun` passes its own)."""
     outcomes: list[HostOutcome] = []
     failed: HostOutcome | None = None
     for h in hosts:
@@ -169,7 +170,7 @@ def run_sequential(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOpt
             out = HostOutcome(h, None, NotRun(f"{h.label}: not run: {failed.host.label} failed first",
                                               hint="--keep-going runs every host"), 0.0)
         else:
-            out = run_on_host(h, words, opts)
+            out = run_one(h, words) if run_one is not None else run_on_host(h, words, opts)
             if not out.ok and failed is None:
                 failed = out
         if on_done is not None:

@@ -1,0 +1,208 @@
+"""The Slurm hooks: ``epilog`` (end what the ended job left, verify its GPUs free)
+and ``prolog`` (verify the allocated GPUs free); either drains the node when
+its GPUs are not free in time.
+
+Epilog, in order:
+
+1. Find the job's processes among those holding a GPU (memory, a context or a
+   handle, on any GPU): :mod:`.find`'s rule, its uid and its ``SLURM_JOB_ID``,
+   or its cgroup.
+2. End them with ``clear``'s plan/act/verify, selected by pid (``--pid`` with
+   ``--all-users --include-handles``: the epilog runs as root for any user),
+   audited with the job id in every entry. The plan is gated before any
+   signal: if it would signal any process the job-finding rule does not find
+   (a job member that cleared its environment, another job's process in the
+   same process group), nothing is signaled and the node is drained instead.
+   Unknown never widens what is signaled.
+3. Verify the job's GPUs (``SLURM_JOB_GPUS``) free, whole-GPU, within the
+   remaining time; else drain with a reason naming what holds them.
+
+Prolog: step 3 only, for the job about to start; it never signals anything.
+The time limit covers everything, the host lock included.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
+from ..gpu.types import GpuBackend
+from ..host.audit import AuditLog
+from ..host.session import HostSession
+from ..host.snapshot import resolve_gpus, take_snapshot
+from ..proc.procfs import read_signal_facts
+from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
+from .drain import DrainOutcome, drain_node, drain_reason
+from .find import JobProcess, find_job_processes
+from .job import SlurmJob
+
+if TYPE_CHECKING:
+    from ..slate.clear import ClearResult
+    from ..slate.plan import Plan
+
+SCHEMA = "gpuslate.slurm.v1"
+#: how often the epilog re-finds the job's processes when one exits between finding and planning
+_ATTEMPTS = 3
+
+
+class Hook(str, Enum):
+    PROLOG = "prolog"
+    EPILOG = "epilog"
+
+
+class HookStatus(str, Enum):
+    CLEAN = "clean"  # the job's GPUs are free
+    DRAINED = "drained"  # not free in time: the node was drained with gpuslate's reason
+    DRAIN_FAILED = "drain_failed"  # not free in time, and scontrol could not drain the node
+    NOT_FREE = "not_free"  # not free in time; draining was not asked for (--no-drain)
+
+
+class HookResult(NamedTuple):
+    hook: Hook
+    status: HookStatus
+    job: SlurmJob
+    found: list[JobProcess]  # the job's processes holding a GPU on this node (epilog)
+    clear: ClearResult | None  # ending the ones that held GPUs (epilog)
+    refused: str | None  # why the job's processes were not ended, when they were not
+    diagnosis: list[GpuDiagnosis]
+    drain: DrainOutcome | None
+    timings: dict[str, float]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == HookStatus.CLEAN
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "hook": self.hook.value, "status": self.status.value, "ok": self.ok,
+            "job": self.job.to_json(), "found": [p.to_json() for p in self.found],
+            "clear": self.clear.to_json() if self.clear is not None else None, "refused": self.refused,
+            "diagnosis": [d.to_json() for d in self.diagnosis],
+            "drain": self.drain.to_json() if self.drain is not None else None,
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+
+class _Gate:
+    """``clear``'s confirmation, used as a gate: the plan may signal only processes the
+    job-finding rule finds in the job (each target is checked against it, afresh)."""
+
+    def __init__(self, job: SlurmJob) -> None:
+        self.job = job
+        self.refused: str | None = None
+
+    def __call__(self, plan: Plan) -> bool:
+        pids = [t.ident.pid for t in plan.targets]
+        inside = {p.pid for p in find_job_processes(self.job.job_id, self.job.uid, among=pids)}
+        outside = [t for t in plan.targets if t.ident.pid not in inside]
+        if outside:
+            shown = ", ".join(f"{t.ident.pid} ({t.name})" for t in outside[:5])
+            self.refused = (f"the plan reached beyond the job: {shown} "
+                            f"{'is' if len(outside) == 1 else 'are'} in a job with its processes but not "
+                            "found in it (no SLURM_JOB_ID, another uid); nothing was signaled")
+            return False
+        return True
+
+
+def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used: int | None = None,
+           drain: bool = True, sim: str | None = None, backend: GpuBackend | None = None) -> HookResult:
+    """End what job ``job`` left on this node and verify its GPUs free, else drain (see the module doc)."""
+    _check_times(grace, timeout)
+    if os.geteuid() != 0 and job.uid != os.getuid():
+        raise PermissionDenied(f"the epilog of job {job.job_id} (uid {job.uid}) must run as root, as Slurm runs "
+                               f"Epilog: as uid {os.getuid()} it can neither find nor end that user's processes")
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    timings: dict[str, float] = {}
+    with HostSession(sim, backend) as host:
+        be = host.backend
+        gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []  # a GPU that does not exist: UsageError
+        limit = host.max_used(max_used)
+        found: list[JobProcess] = []
+        cleared: ClearResult | None = None
+        refused: str | None = None
+        audit = AuditLog(backend=be.name, sim_root=host.sim_root,
+                         context={"slurm_job": job.job_id, "slurm_hook": Hook.EPILOG.value, "slurm_node": job.node})
+        for _attempt in range(_ATTEMPTS):
+            found = find_job_processes(job.job_id, job.uid, among=_gpu_processes(be))
+            timings["find_s"] = time.monotonic() - t0
+            refused = None
+            if not found:
+                break
+            # imported here, not at the top, for the clean path's start-up time: only a job that
+            # left a GPU holder needs clear's planner
+            from ..slate.clear import clear
+
+            gate = _Gate(job)
+            try:
+                cleared = clear(None, pids=[p.pid for p in found], all_users=True, include_handles=True,
+                                grace=grace, timeout=max(0.0, deadline - time.monotonic()), max_used=limit,
+                                backend=be, confirm=gate, audit=audit)
+                break
+            except Interrupted:
+                refused = gate.refused or "the plan was refused; nothing was signaled"
+                break
+            except UsageError as exc:  # a holder exited between finding and planning: find again
+                refused = f"could not plan the end of the job's processes: {exc}"
+            except (NotDoneError, PermissionDenied) as exc:  # the host lock, planning time, the audit log
+                refused = f"the job's processes were not ended: {exc}" + (f" ({exc.hint})" if exc.hint else "")
+                break
+        timings["clear_s"] = time.monotonic() - t0
+        return _verify(Hook.EPILOG, job, be, gpus, limit, deadline, drain, found, cleared, refused, timings, t0)
+
+
+def prolog(job: SlurmJob, *, timeout: float = 10.0, max_used: int | None = None, drain: bool = True,
+           sim: str | None = None, backend: GpuBackend | None = None) -> HookResult:
+    """Verify the job's GPUs free before it starts, else drain; signals nothing."""
+    _check_times(0.0, timeout)
+    t0 = time.monotonic()
+    with HostSession(sim, backend) as host:
+        be = host.backend
+        gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []
+        return _verify(Hook.PROLOG, job, be, gpus, host.max_used(max_used), t0 + timeout, drain, [], None, None,
+                       {}, t0)
+
+
+def _check_times(grace: float, timeout: float) -> None:
+    for name, v in (("grace", grace), ("timeout", timeout)):
+        if not v >= 0:
+            raise UsageError(f"invalid --{name} {v}: must be at least 0")
+
+
+def _gpu_processes(be: GpuBackend) -> list[int]:
+    """Every process the GPUs list (memory, a context or a device handle), on any GPU; a
+    thread id a driver reports stands for its process, as in clear's plan."""
+    snap = take_snapshot(be, None, full=False)
+    listed = {p.pid for g in snap.gpus for p in g.processes if p.visible}
+    out: set[int] = set()
+    for pid in listed:
+        facts = read_signal_facts(pid)
+        out.add(facts.tgid if facts is not None and facts.tgid else pid)
+    return sorted(out)
+
+
+def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: int, deadline: float, drain: bool,
+            found: list[JobProcess], cleared: ClearResult | None, refused: str | None,
+            timings: dict[str, float], t0: float) -> HookResult:
+    ok = True
+    diagnosis: list[GpuDiagnosis] = []
+    if gpus:
+        ok, _ = poll_until_free(be, gpus, limit, deadline)
+        if not ok:
+            diagnosis = diagnose(take_snapshot(be, gpus), limit)
+            ok = not diagnosis  # freed between the last poll and the snapshot
+    timings["verify_s"] = time.monotonic() - t0
+    outcome: DrainOutcome | None = None
+    if ok:
+        status = HookStatus.CLEAN
+    elif not drain:
+        status = HookStatus.NOT_FREE
+    else:
+        when = "after" if hook == Hook.EPILOG else "before"
+        outcome = drain_node(job.node, drain_reason(when, job.job_id, diagnosis))
+        status = HookStatus.DRAINED if outcome.ok else HookStatus.DRAIN_FAILED
+    timings["total_s"] = time.monotonic() - t0
+    return HookResult(hook, status, job, found, cleared, refused, diagnosis, outcome, timings)

@@ -1,0 +1,251 @@
+"""``gpuslate slurm epilog/prolog`` without Slurm: the job-finding rule, the gate and
+bad environments, with real processes on a simulated host (the environment Slurm
+would give a hook is set by hand; a stand-in ``scontrol`` records what it is asked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from gpuslate.host.audit import AuditLog
+from gpuslate.sim.host import SimHost
+from helpers import GiB, is_gone, run_cli, wait_for
+
+FAKE_SCONTROL = """#!/bin/sh
+# stands in for Slurm's scontrol: shows the node as $FAKE_STATE; records an update's arguments, one a line
+if [ "$1" = "-o" ]; then echo "NodeName=$3 Arch=x86_64 State=${{FAKE_STATE:-IDLE}} Reason=$FAKE_REASON"; exit 0; fi
+printf '%s\\n' "$@" > "{out}"
+"""
+
+
+@pytest.fixture
+def slurm_env(sim_host: SimHost, tmp_path: Path) -> dict[str, str]:
+    """A hook's environment as Slurm sets it (no PATH of its own: a stand-in scontrol on ours)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text(FAKE_SCONTROL.format(out=tmp_path / "scontrol.args"))
+    fake.chmod(0o755)
+    return {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GPUS": "1",
+            "SLURMD_NODENAME": "node07", "PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+@pytest.fixture
+def job_hold(sim_host: SimHost) -> Iterator[Callable[..., dict]]:
+    """A real holder started with a given environment (its SLURM_JOB_ID, or none); returns its ready line."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(job: str | None, *args: str, shell: str | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+        if job is not None:
+            env["SLURM_JOB_ID"] = job
+        hold = [sys.executable, "-m", "gpuslate", "--sim", str(sim_host.root), "sim", "hold", *args]
+        argv = ["sh", "-c", shell.format(hold=" ".join(hold))] if shell else hold
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        started.append(p)
+        ready, _, _ = select.select([p.stdout], [], [], 20)
+        line = p.stdout.readline() if ready else ""
+        assert line, "holder did not become ready"
+        doc = json.loads(line)
+        doc["popen"] = p
+        return doc
+
+    yield start
+    for p in started:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(5)
+
+
+def _hook(hook: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("slurm", hook, "--timeout", "2", *extra, "--json", env=env)
+
+
+def test_epilog_ends_only_the_ended_jobs_processes(sim_host, slurm_env, job_hold, tmp_path):
+    mine = job_hold("42", "--gpus", "1", "--memory", "2GiB", "--workers", "2")
+    other_job = job_hold("43", "--gpus", "2", "--memory", "1GiB")  # same user, another job
+    no_job = job_hold(None, "--gpus", "3", "--memory", "1GiB")  # same user, no job at all
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == "gpuslate.slurm.v1" and doc["status"] == "clean"
+    assert set(mine["workers"]) <= {f["pid"] for f in doc["found"]}  # the holders of the job
+    assert {mine["pid"], *mine["workers"]} == {t["pid"] for t in doc["clear"]["targets"]}  # and their launcher
+    assert all(f["found_by"] == "environment" for f in doc["found"])
+    for pid in (mine["pid"], *mine["workers"]):
+        assert is_gone(pid)
+    for pid in (other_job["pid"], no_job["pid"]):
+        assert not is_gone(pid)
+    entries = AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+    assert entries and {e["target"]["pid"] for e in entries} <= {mine["pid"], *mine["workers"]}
+    assert all(e["context"] == {"slurm_job": 42, "slurm_hook": "epilog", "slurm_node": "node07"} for e in entries)
+    assert not (tmp_path / "scontrol.args").exists()  # clean: nothing drained
+
+
+def test_epilog_refuses_a_plan_that_reaches_outside_the_job(sim_host, slurm_env, job_hold, tmp_path):
+    """The job's holder was started by a launcher that is not in the job (no SLURM_JOB_ID), in
+    its process group: clear would end the whole group, so nothing is signaled; the node drains."""
+    held = job_hold(None, shell="env SLURM_JOB_ID=42 {hold} --gpus 1 --memory 2GiB & wait")
+    launcher = held["popen"].pid
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 4, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "drained" and "beyond the job" in doc["refused"]
+    assert not is_gone(held["pid"]) and not is_gone(launcher)
+    assert not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+    args = (tmp_path / "scontrol.args").read_text().splitlines()
+    assert args[:3] == ["update", "nodename=node07", "state=drain"]
+    assert args[3] == f"reason=gpuslate: GPU 1 holds 2.0 GiB after job 42 (pid {held['pid']} " \
+        f"{os.path.basename(sys.executable)} of {doc['diagnosis'][0]['problems'][0]['user']})"
+
+
+def test_prolog_drains_naming_the_holder_and_signals_nothing(sim_host, slurm_env, job_hold, tmp_path):
+    squatter = job_hold("41", "--gpus", "1", "--memory", "3GiB")
+    p = _hook("prolog", {**slurm_env, "SLURM_JOB_ID": "43"})
+    assert p.returncode == 4
+    doc = json.loads(p.stdout)
+    assert doc["hook"] == "prolog" and doc["status"] == "drained" and doc["found"] == []
+    assert not is_gone(squatter["pid"])
+    reason = (tmp_path / "scontrol.args").read_text().splitlines()[3]
+    assert reason.startswith("reason=gpuslate: GPU 1 holds 3.0 GiB before job 43 (pid ")
+    assert p.stderr == ""
+
+
+def test_a_drained_node_keeps_its_reason(sim_host, slurm_env, tmp_path):
+    """An administrator's (or a prolog's) drain reason is not overwritten."""
+    sim_host.leak(1, 3 * GiB)
+    env = {**slurm_env, "FAKE_STATE": "IDLE+DRAIN", "FAKE_REASON": "disk swap [admin@2026-12-01T10:00:00]"}
+    p = _hook("prolog", env)
+    assert p.returncode == 4
+    drain = json.loads(p.stdout)["drain"]
+    assert drain["ok"] and drain["already"] and drain["reason"] == "disk swap [admin@2026-12-01T10:00:00]"
+    assert not (tmp_path / "scontrol.args").exists()
+
+
+def test_no_drain_reports_without_draining(sim_host, slurm_env, tmp_path):
+    sim_host.leak(1, 3 * GiB)
+    p = _hook("epilog", slurm_env, "--no-drain")
+    assert p.returncode == 4 and json.loads(p.stdout)["status"] == "not_free"
+    assert not (tmp_path / "scontrol.args").exists()
+
+
+@pytest.mark.parametrize("change,code,message", [
+    ({"SLURM_JOB_ID": None}, 2, "SLURM_JOB_ID is not set"),
+    ({"SLURM_JOB_ID": "4x2"}, 2, "invalid SLURM_JOB_ID"),
+    ({"SLURM_JOB_UID": None}, 2, "SLURM_JOB_UID is not set"),
+    ({"SLURM_JOB_GPUS": "1,99"}, 2, "GPU 99 does not exist"),
+    ({"SLURM_JOB_GPUS": "GPU-4f2a"}, 2, "cannot read the job's GPUs from SLURM_JOB_GPUS"),
+    ({"SLURM_JOB_UID": "12345"}, 5, "must run as root"),
+])
+def test_bad_environments(sim_host, slurm_env, job_hold, tmp_path, change, code, message):
+    """One line, a documented exit, never a traceback, nothing signaled."""
+    if code == 5 and os.geteuid() == 0:
+        pytest.skip("root may end any user's job: the refusal is for a non-root epilog")
+    mine = job_hold("42", "--gpus", "1", "--memory", "2GiB")
+    env = {k: v for k, v in {**slurm_env, **change}.items() if v is not None}
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for hook in ("epilog", "prolog"):
+        p = subprocess.run([sys.executable, "-m", "gpuslate", "slurm", hook], capture_output=True, text=True,
+                           env={**full, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), **env},
+                           timeout=60)
+        if hook == "prolog" and code == 5:
+            continue  # the prolog signals nothing: it needs no root
+        assert p.returncode == code, (hook, p.stderr)
+        assert p.stderr.count("\n") == 1 and message in p.stderr and "Traceback" not in p.stderr
+        assert p.stdout == ""
+    assert not is_gone(mine["pid"])
+    assert not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+
+
+def test_scontrol_missing(sim_host, slurm_env, job_hold, tmp_path):
+    """Clean: scontrol is not needed (exit 0). Not clean: one line, exit 8 (Slurm then drains
+    with its own reason); nothing outside the job is signaled."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {**slurm_env, "PATH": str(empty)}
+    assert _hook("epilog", env).returncode == 0
+    bystander = job_hold(None, "--gpus", "2", "--memory", "1GiB")
+    sim_host.leak(1, 3 * GiB)
+    p = run_cli("slurm", "epilog", "--timeout", "1", env=env)
+    assert p.returncode == 8
+    assert p.stderr.strip().splitlines() == [
+        f"gpuslate: error: node node07 not drained: scontrol not found on PATH ({empty}): install slurm-client "
+        "or set PATH"]
+    assert "GPU 1" in p.stdout and not is_gone(bystander["pid"])
+
+
+def test_a_held_host_lock_ends_in_a_drain_not_a_wait_past_the_timeout(sim_host, slurm_env, job_hold, tmp_path):
+    """Another gpuslate holds the host lock for longer than the epilog may take: nothing is
+    signaled, and the node drains naming the job's holder."""
+    from gpuslate.host.lock import HostLock, default_lock_dir
+
+    mine = job_hold("42", "--gpus", "1", "--memory", "2GiB")
+    lock = HostLock(default_lock_dir(str(sim_host.root)) / "host.lock", purpose="swap")
+    lock.acquire(timeout=0)
+    try:
+        p = _hook("epilog", slurm_env)
+    finally:
+        lock.release()
+    assert p.returncode == 4, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "drained" and "host lock" in doc["refused"]
+    assert not is_gone(mine["pid"])
+    assert not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+
+
+@pytest.fixture
+def job_cgroups() -> Iterator[Callable[[int], Path]]:
+    """Slurm-like job cgroups (``.../job_N``) in the cgroup v1 pids hierarchy, removed afterwards."""
+    base = Path("/sys/fs/cgroup/pids") / f"gpuslate-test-{os.getpid()}-{os.urandom(3).hex()}"
+    try:
+        base.mkdir()
+    except OSError as exc:
+        pytest.skip(f"no writable cgroup v1 pids hierarchy here ({exc.strerror})")
+    made: list[Path] = []
+
+    def make(job_id: int) -> Path:
+        d = base / f"uid_{os.getuid()}" / f"job_{job_id}"
+        d.mkdir(parents=True)
+        made.append(d)
+        return d
+
+    yield make
+    root_procs = Path("/sys/fs/cgroup/pids/cgroup.procs")
+    for d in made:
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                root_procs.write_text(pid)
+            except OSError:
+                pass
+        wait_for(lambda: not (d / "cgroup.procs").read_text().split(), timeout=5)  # exiting processes
+        d.rmdir()
+    for parent in dict.fromkeys(d.parent for d in made):
+        parent.rmdir()
+    base.rmdir()
+
+
+def test_epilog_finds_the_job_by_its_cgroup(job_cgroups, sim_host, slurm_env, job_hold):
+    """A job process without SLURM_JOB_ID (it cleared its environment) in the job's cgroup is
+    found by the cgroup; one in another job's cgroup is not."""
+    mine, theirs = job_cgroups(42), job_cgroups(43)
+    cleared_env = job_hold(None, "--gpus", "1", "--memory", "2GiB")
+    other = job_hold(None, "--gpus", "2", "--memory", "1GiB")
+    (mine / "cgroup.procs").write_text(str(cleared_env["pid"]))
+    (theirs / "cgroup.procs").write_text(str(other["pid"]))
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["found"] == [{"pid": cleared_env["pid"], "found_by": "cgroup"}]
+    assert is_gone(cleared_env["pid"]) and not is_gone(other["pid"])
