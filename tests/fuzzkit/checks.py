@@ -15,6 +15,8 @@ Each violation is ``{"cls": CLASS, "msg": ...}``; the classes:
 * ``unlisted`` — a process the plan considered (a target's descendant, a member of a launcher's
   group, a holder of a selected GPU) is neither a target nor spared with a reason;
 * ``name-protected`` — a process spared for a name it gave itself (``sshd``, ``bash``...);
+* ``target-unrelated`` — a target that is in the job of no holder the selection can select (jobs
+  merged through a group id that means nothing, such as 0);
 * ``plan-contract`` — a process both target and spared, twice in a list, or spared without reason;
 * ``crash`` — a traceback or an undocumented exit.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -49,6 +52,7 @@ class Observed:
     stray_audit: list[str]
     caller: int
     cli: bool
+    user_uids: dict[str, int]  # --user NAME -> uid
 
 
 def V(cls: str, msg: str) -> dict[str, str]:
@@ -105,9 +109,10 @@ def check_all(o: Observed) -> list[dict[str, str]]:
         out += check_same_plan(dry, act)
     if act is not None:
         out += check_act_is_plan(o, act) + check_collateral(o, act) + check_holders(o, act)
-        out += check_listed(o, act) + check_names(o, act)
+        out += check_listed(o, act) + check_names(o, act) + check_related(o, act)
     elif o.audit:
         out.append(V("signaled-not-planned", f"the act failed ({o.act.get('error')}) but signals were audited"))
+    out += check_refusal(o)
     if o.outside_before != o.outside_after:
         changed = sorted(set(o.outside_before.items()) ^ set(o.outside_after.items()))
         out.append(V("wrote-outside", f"changed outside the state and sim folders: {changed[:5]}"))
@@ -200,7 +205,7 @@ def _cause(o: Observed, f: dict[str, Any], gone: set[tuple[int, int]]) -> str:
     cur = by_pid.get(f["ppid"])
     while cur is not None:
         if (cur["pid"], cur["ticks"]) in gone:
-            if cur["ns"] != f["ns"] and cur["nspid"].endswith("\t1"):
+            if cur["ns"] == f["ns"] and cur["nspid"].endswith("\t1"):
                 return f"; its PID namespace's init {cur['pid']} was a target"
             if cur["term"] == "forward":
                 return f"; its ancestor {cur['pid']} ({cur['title']}) forwards SIGTERM and was a target"
@@ -256,6 +261,11 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
                 considered.setdefault(f["pid"], f"a descendant of target {t['pid']}")
             elif not sel["holders_only"] and tf["pgid"] == t["pid"] and f["pgid"] == t["pid"]:
                 considered.setdefault(f["pid"], f"in the group that target {t['pid']} leads")
+        # the climb to the job's root: ancestors in the target's (known) group, the caller's included
+        cur = by_pid.get(tf["ppid"])
+        while not sel["holders_only"] and tf["pgid"] > 0 and cur is not None and cur[1]["pgid"] == tf["pgid"]:
+            considered.setdefault(cur[1]["pid"], f"an ancestor of target {t['pid']} in its group {tf['pgid']}")
+            cur = by_pid.get(cur[1]["ppid"])
     out = []
     for pid, why in sorted(considered.items()):
         lab, f = by_pid[pid]
@@ -285,3 +295,73 @@ def check_names(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
         if f["kind"] == "node" and s is not None and any(r in s["reason"] for r in NAME_REASONS):
             out.append(V("name-protected", f"{lab} pid {f['pid']} renamed {f['title']!r} spared: {s['reason']}"))
     return out
+
+
+def _candidates(o: Observed) -> list[dict[str, Any]]:
+    """A superset of the holders the selection may select (uid and protection aside)."""
+    sel = o.selection
+    chosen = set(sel["gpus"]) if sel["gpus"] is not None else None
+    by_pid = {f["pid"]: ("", f) for f in o.before.values()}
+    family: set[int] | None = None
+    if sel["pids"]:
+        family = set()
+        for p in sel["pids"]:
+            family.add(p)
+            for f in o.before.values():
+                if _descends(by_pid, f, p) or (p in by_pid and by_pid[p][1]["pgid"] == p and f["pgid"] == p):
+                    family.add(f["pid"])
+        for f in o.before.values():  # descendants of the group members too
+            if any(_descends(by_pid, f, m) for m in list(family)):
+                family.add(f["pid"])
+    out = []
+    for f in o.before.values():
+        gpus = {g for g, _ in f["holds"]} | (set(f["handles"]) if sel["include_handles"] else set())
+        if not gpus or (chosen is not None and not gpus & chosen):
+            continue
+        if family is not None and f["pid"] not in family:
+            continue
+        if sel["user"] is not None and f["uid"] != o.user_uids.get(sel["user"]):
+            continue
+        if sel["match"] is not None and not re.search(sel["match"], f["title"]):
+            continue
+        out.append(f)
+    return out
+
+
+def check_related(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
+    """Every target is in the job of a selected holder: in the subtree of the holder or of an
+    ancestor in the holder's group, or in that group; a group is a fact only when its id is not 0."""
+    by_pid = {f["pid"]: ("", f) for f in o.before.values()}
+    cands = _candidates(o)
+    roots: set[int] = set(o.selection["pids"])  # what --pid names is selected by the user's word
+    groups: set[int] = set()
+    for h in cands:
+        roots.add(h["pid"])
+        if h["pgid"] > 0:
+            groups.add(h["pgid"])
+            cur = by_pid.get(h["ppid"])
+            while cur is not None and cur[1]["pgid"] == h["pgid"]:
+                roots.add(cur[1]["pid"])
+                cur = by_pid.get(cur[1]["ppid"])
+    out = []
+    for t in act["targets"]:
+        f = by_pid.get(t["pid"], (None, None))[1]
+        if f is None or t["role"] == "forked while stopping" or (f["pid"], f["ticks"]) != (t["pid"], t["start_ticks"]):
+            continue
+        members = roots | {g["pid"] for g in o.before.values() if g["pgid"] in groups}
+        related = f["pid"] in members or any(_descends(by_pid, f, r) for r in members)
+        if not related:
+            out.append(V("target-unrelated", f"{t['pid']} ({f['title']}, pgid {f['pgid']}, role {t['role']}: "
+                                             f"{t['reason']}) is in the job of no selected holder"))
+    return out
+
+
+def check_refusal(o: Observed) -> list[dict[str, str]]:
+    """A --pid refused as protected: never for a name one of our processes gave itself."""
+    m = re.search(r"(\d+) is (.*): it is never a target", o.act.get("error") or "")
+    if not m:
+        return []
+    f = next((f for f in o.before.values() if f["pid"] == int(m.group(1))), None)
+    if f is not None and f["kind"] == "node" and any(r in m.group(2) for r in NAME_REASONS):
+        return [V("name-protected", f"--pid {f['pid']} (renamed {f['title']!r}) refused: {m.group(0)}")]
+    return []

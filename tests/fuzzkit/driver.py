@@ -46,7 +46,7 @@ from fuzzkit.forest import GPUS, Forest, NodeSpec, generate  # noqa: E402
 from fuzzkit.node import Node  # noqa: E402
 
 GiB = 1024**3
-GRACE = 0.3
+GRACE = 0.2
 TIMEOUT = 4.0
 #: how long a death caused by the act (a forwarded SIGTERM, a namespace's end) is looked for after it
 SETTLE_S = 0.1
@@ -87,7 +87,35 @@ def alive(ident: tuple[int, int]) -> bool:
 # --- one forest -----------------------------------------------------------------------------
 
 
+#: the caller's process group when it starts the forest and runs clear (the forest's roots inherit it):
+#: a group led outside the namespace (pgid reads 0), its own group, its own session, or a group whose
+#: leader has exited (``python caller.py & exit`` in a script)
+CONTEXTS = ("outside", "own_group", "own_session", "dead_leader")
+
+
+def enter_context(context: str) -> None:
+    if context == "own_group":
+        os.setpgid(0, 0)
+    elif context == "own_session":
+        os.setsid()
+    elif context == "dead_leader":
+        leader = os.fork()
+        if leader == 0:
+            try:
+                os.setpgid(0, 0)
+                while True:
+                    signal.pause()
+            finally:
+                os._exit(0)
+        os.setpgid(leader, leader)  # both sides: no race with the child's own call
+        os.setpgid(0, leader)
+        os.kill(leader, signal.SIGKILL)
+        os.waitpid(leader, 0)
+
+
 class ForestRun:
+    context = "outside"
+
     def __init__(self, forest: Forest, base: Path, other: dict[str, Any] | None, cli: bool) -> None:
         self.forest = forest
         self.dir = base / f"forest-{forest.seed}"
@@ -172,7 +200,7 @@ class ForestRun:
                 self.forked.append({"pid": doc["pid"], "ppid": doc["ppid"]})
 
     def facts(self) -> dict[str, dict[str, Any]]:
-        """Every process of the forest, nodes and wrappers (``runuser``, ``unshare``), keyed by a label."""
+        """Every process of the forest, nodes and wrappers (``runuser``, ``su``, ``unshare``), keyed by a label."""
         out: dict[str, dict[str, Any]] = {}
         for nid, spec in self.forest.nodes.items():
             if spec.exits:
@@ -188,7 +216,7 @@ class ForestRun:
                 w = proc_facts(f["ppid"])
                 if w is not None and w["name"] == spec.wrapper:
                     w.update(node=nid + "^", kind="wrapper", spec=spec.wrapper, holds=[], handles=[],
-                             title=spec.wrapper, term="forward" if spec.wrapper == "runuser" else "wait",
+                             title=spec.wrapper, term="wait" if spec.wrapper == "unshare" else "forward",
                              children=[nid], wrapped=nid)
                     out[nid + "^"] = w
         return out
@@ -200,7 +228,7 @@ class ForestRun:
                                "include_handles": rng.random() < 0.25, "holders_only": rng.random() < 0.2}
         if rng.random() < 0.4:
             sel["gpus"] = sorted(rng.sample(range(GPUS), rng.randint(1, GPUS - 1)))
-        labels = sorted(facts)
+        labels = sorted(lab for lab, f in facts.items() if f["kind"] != "caller")
         r = rng.random()
         if r < 0.3 and labels:
             sel["pids"] = sorted({facts[lab]["pid"] for lab in rng.sample(labels, min(len(labels), rng.randint(1, 2)))})
@@ -296,11 +324,19 @@ class ForestRun:
 
     # the whole run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        t0 = time.monotonic()
         self.setup()
         self.killed: list[tuple[int, int]] = []
+        self.record["context"] = self.context
         try:
+            enter_context(self.context)
             self.launch()
             self.before = self.facts()
+            me = proc_facts(os.getpid())
+            assert me is not None
+            me.update(node="caller", kind="caller", spec=f"the caller ({self.context})", holds=[], handles=[],
+                      title="caller", term="default", children=[], wrapped=None)
+            self.before["caller"] = me
             sel = self.selection(self.before)
             self.record["selection"] = sel
             outside = checks.tree_state(self.dir, skip=(self.sim.root, self.state))
@@ -321,13 +357,15 @@ class ForestRun:
                 forked=self.forked, killed=self.killed, extra_after=extra_after,
                 outside_before=outside, outside_after=checks.tree_state(self.dir, skip=(self.sim.root, self.state)),
                 stray_audit=[str(p) for p in self.dir.rglob("audit.jsonl") if p.parent != self.state],
-                caller=os.getpid(), cli=self.cli))
+                caller=os.getpid(), cli=self.cli,
+                user_uids={"root": 0, **({self.other["name"]: self.other["uid"]} if self.other else {})}))
             self.record["plan"] = _plan_summary(dry, act)
             self.record["description"] = describe(self.forest, self.before, act.get("doc"))
         except Exception:
             self.record["violations"].append({"cls": "fuzzer-error", "msg": traceback.format_exc(limit=8)})
         finally:
             self.kill_all()
+        self.record["elapsed_s"] = round(time.monotonic() - t0, 3)
         return self.record
 
     def kill_all(self) -> None:
@@ -409,6 +447,34 @@ def describe(forest: Forest, facts: dict[str, dict[str, Any]], doc: dict[str, An
 # --- entry points ---------------------------------------------------------------------------
 
 
+def in_caller(run: ForestRun) -> dict[str, Any]:
+    """Run the forest in a forked caller process (a fresh pid, group and session each time);
+    its record comes back through a pipe. A caller that dies without one was killed by the act."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            run.context = random.Random(run.forest.seed * 31 + 7).choice(CONTEXTS)
+            data = json.dumps(run.run()).encode()
+            while data:
+                data = data[os.write(w, data):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 1 << 16):
+        chunks.append(chunk)
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if chunks:
+        return json.loads(b"".join(chunks))
+    return {"seed": run.forest.seed, "cli": run.cli, "notes": [],
+            "violations": [{"cls": "protected-signaled",
+                            "msg": f"the caller died ({os.waitstatus_to_exitcode(status)}) during the run"}]}
+
+
+
 def init(argv: list[str]) -> NoReturn:
     """PID 1 of the namespace: fork the driver, reap everything, exit with the driver's status.
 
@@ -449,7 +515,8 @@ def main(argv: list[str]) -> int:
         for i in range(args.forests):
             seed = args.seed + i
             forest = generate(seed, other_user=other is not None)
-            rec = ForestRun(forest, args.out, other, cli=args.cli_every > 0 and seed % args.cli_every == 0).run()
+            run = ForestRun(forest, args.out, other, cli=args.cli_every > 0 and seed % args.cli_every == 0)
+            rec = run.run() if args.driver_pid2 else in_caller(run)
             out.write(json.dumps(rec) + "\n")
             out.flush()
     return 0

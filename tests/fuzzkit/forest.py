@@ -3,7 +3,7 @@
 Generation is a pure function of the seed (``random.Random(seed)``), so a failing forest replays
 from its seed alone. The shapes are the ones issue 15 names: groups and sessions made and left,
 leaders that exit, double forks, signal forwarders (a Python parent that forwards SIGTERM, and the
-real ``runuser``), ``setpriv`` to a second user, nested PID namespaces (``unshare --fork --pid``),
+real ``runuser`` and ``su``), ``setpriv`` to a second user, nested PID namespaces (``unshare --fork --pid``),
 handle-only monitors, GPU-memory holders on random simulated GPUs, processes renamed to ``sshd``,
 ``bash``, ``tini``, ``systemd``, and handlers that ignore SIGTERM, never exit on it, or fork on it.
 """
@@ -30,6 +30,7 @@ class Start(str, Enum):
     DOUBLE_FORK = "double_fork"  # fork, fork, the middle exits: reparented to the namespace's init
     AS_OTHER = "as_other"  # fork, then setgid/setuid to the second user
     RUNUSER = "runuser"  # exec `runuser -u OTHER -- python node.py`: runuser stays as a forwarding parent
+    SU = "su"  # exec `su -s /bin/sh OTHER -c 'exec python node.py'`: su stays as a forwarding parent
     SETPRIV = "setpriv"  # exec `setpriv --reuid OTHER -- python node.py`: no extra process
     UNSHARE = "unshare"  # exec `unshare --fork --pid python node.py`: the node is the new namespace's init
 
@@ -51,9 +52,9 @@ class Term(str, Enum):
 
 
 #: starts that need the second user
-NEEDS_OTHER = (Start.AS_OTHER, Start.RUNUSER, Start.SETPRIV)
+NEEDS_OTHER = (Start.AS_OTHER, Start.RUNUSER, Start.SU, Start.SETPRIV)
 #: starts that exec a program (slow: a Python start-up each)
-EXECS = (Start.RUNUSER, Start.SETPRIV, Start.UNSHARE)
+EXECS = (Start.RUNUSER, Start.SU, Start.SETPRIV, Start.UNSHARE)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class NodeSpec:
     @property
     def wrapper(self) -> str | None:
         """The program that stays as this node's parent (``runuser``, ``unshare``), if any."""
-        return {Start.RUNUSER: "runuser", Start.UNSHARE: "unshare"}.get(self.start)
+        return {Start.RUNUSER: "runuser", Start.SU: "su", Start.UNSHARE: "unshare"}.get(self.start)
 
 
 @dataclass
@@ -121,7 +122,7 @@ def generate(seed: int, *, other_user: bool = True, max_nodes: int = 9) -> Fores
         nid = f"n{len(nodes)}"
         starts = {Start.FORK: 50, Start.DOUBLE_FORK: 10, Start.UNSHARE: 5}
         if other_user and not (parent and parent.other):
-            starts.update({Start.AS_OTHER: 10, Start.RUNUSER: 4, Start.SETPRIV: 3})
+            starts.update({Start.AS_OTHER: 10, Start.RUNUSER: 4, Start.SU: 2, Start.SETPRIV: 3})
         if parent and (parent.nsdepth >= 2 or parent.other):  # unshare needs root
             del starts[Start.UNSHARE]
         start = _pick(rng, starts)

@@ -2,7 +2,7 @@
 
 A node applies its spec (:class:`fuzzkit.forest.NodeSpec`) in this order: becomes the second user
 (``as_other``), makes its own session or group, renames itself, sets what SIGTERM does, starts its
-children (by fork, double fork, or by exec'ing ``runuser``/``setpriv``/``unshare`` with this
+children (by fork, double fork, or by exec'ing ``runuser``/``su``/``setpriv``/``unshare`` with this
 program again), holds its simulated GPU memory or device handles (after the forks: what a node
 holds is its own, not inherited), reports ``{"id", "pid"}`` on the report
 pipe, then exits (a leader that exits) or sleeps until a signal ends it.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -50,6 +51,8 @@ class Node:
                 self.run["runfile"], spec["id"], str(self.fd)]
         if spec["start"] == "runuser":
             argv = ["runuser", "-u", other["name"], "--", *prog]
+        elif spec["start"] == "su":
+            argv = ["su", "-s", "/bin/sh", other["name"], "-c", "exec " + " ".join(map(shlex.quote, prog))]
         elif spec["start"] == "setpriv":
             argv = ["setpriv", f"--reuid={other['uid']}", f"--regid={other['gid']}", "--clear-groups", "--", *prog]
         else:
@@ -70,7 +73,7 @@ class Node:
                     if os.fork() != 0:
                         os._exit(0)
                     self.become(spec["id"])
-                if start in ("runuser", "setpriv", "unshare"):
+                if start in ("runuser", "su", "setpriv", "unshare"):
                     self.exec_node(spec)
                 if start == "as_other":
                     other = self.run["other"]

@@ -7,7 +7,8 @@ and can be reused on purpose, and ``clear`` can only ever reach the fuzzer's own
 forests, the selections and the checks are in tests/fuzzkit/ (its package doc says how).
 
 Parameters: ``GPUSLATE_FUZZ_SEED`` (default: a new seed each run, printed on failure) and
-``GPUSLATE_FUZZ_FORESTS`` (default 200). Forest ``i`` has the seed ``SEED + i``; a failure prints
+``GPUSLATE_FUZZ_FORESTS`` (default 200); ``GPUSLATE_FUZZ_RESULTS=FILE`` keeps every forest's record
+(selection, plan, violations, tree) as JSON lines. Forest ``i`` has the seed ``SEED + i``; a failure prints
 the forest's seed, the one-line command that replays it, and the forest as a tree.
 
 Needs root (to create a PID namespace and a second user); fails in CI (``CI=true``) without it.
@@ -98,7 +99,10 @@ def run_fuzzer(user: pwd.struct_passwd, *, default_forests: int, driver_pid2: bo
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSLATE_")}
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         assert p.returncode == 0, f"the fuzzer's driver failed (seed {seed}): {p.stderr[-3000:]}"
-        results = [json.loads(line) for line in (base / "results.jsonl").read_text().splitlines()]
+        text = (base / "results.jsonl").read_text()
+        if os.environ.get("GPUSLATE_FUZZ_RESULTS"):  # every forest's record, for a closer look
+            Path(os.environ["GPUSLATE_FUZZ_RESULTS"]).write_text(text)
+        results = [json.loads(line) for line in text.splitlines()]
         assert len(results) == forests, p.stderr[-3000:]
         leftovers = sorted(str(x) for x in base.iterdir() if x.name != "results.jsonl")
         assert not leftovers, f"forest folders left behind: {leftovers}"
