@@ -37,7 +37,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "src"), str(Path(__fil
 
 import gpuslate  # noqa: E402
 from gpuslate.errors import GpuslateError  # noqa: E402
-from gpuslate.proc.procfs import ProcessId, read_stat  # noqa: E402
+from gpuslate.proc.procfs import ProcessId, list_pids, read_stat  # noqa: E402
 from gpuslate.proc.signals import send_signal  # noqa: E402
 from gpuslate.sim.host import SimHost  # noqa: E402
 
@@ -50,6 +50,8 @@ GRACE = 0.2
 TIMEOUT = 4.0
 #: how long a death caused by the act (a forwarded SIGTERM, a namespace's end) is looked for after it
 SETTLE_S = 0.1
+#: a forest that takes longer than this is reported as a fuzzer error (it normally takes under 1 s)
+CALLER_TIMEOUT_S = 60
 NODE_PY = str(Path(__file__).resolve().parent / "node.py")
 
 
@@ -128,6 +130,7 @@ class ForestRun:
         self.forked: list[dict[str, int]] = []  # helpers forked on SIGTERM: {pid, ppid}
         self.extra: list[tuple[int, int]] = []  # processes the fuzzer made besides nodes (bystander)
         self.record: dict[str, Any] = {"seed": forest.seed, "cli": cli, "violations": [], "notes": []}
+        self.buf = b""  # report lines not read yet
 
     # setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -154,21 +157,21 @@ class ForestRun:
         self.driver_children = list(spawner.children)
         want = set(self.forest.nodes)
         deadline = time.monotonic() + 30
-        buf = b""
         while want - set(self.pids):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RuntimeError(f"nodes never reported ready: {sorted(want - set(self.pids))}")
             ready, _, _ = select.select([self.report_r], [], [], left)
             if ready:
-                buf += os.read(self.report_r, 65536)
-                *lines, buf = buf.split(b"\n")
+                self.buf += os.read(self.report_r, 65536)
+                *lines, self.buf = self.buf.split(b"\n")
                 for line in lines:
                     doc = json.loads(line)
                     if doc["event"] == "ready":
                         self.pids[doc["id"]] = doc["pid"]
+                    elif doc["event"] == "failed":
+                        raise RuntimeError(f"node {doc['id']} failed to start: {doc['error']}")
             self.reap_mine()
-        self.buf = buf
         # leaders that exit: wait until they are gone (reaped), so the plan sees a settled forest
         exiting = [self.pids[n] for n, s in self.forest.nodes.items() if s.exits]
         until(lambda: all(read_stat(p) is None for p in exiting) or self.reap_mine(), 10, "leaders to exit")
@@ -369,6 +372,12 @@ class ForestRun:
         return self.record
 
     def kill_all(self) -> None:
+        try:
+            self._kill_all()
+        except Exception:
+            self.record["violations"].append({"cls": "fuzzer-error", "msg": traceback.format_exc(limit=8)})
+
+    def _kill_all(self) -> None:
         self.read_reports()
         idents = []
         for pid in list(self.pids.values()) + [f["pid"] for f in self.forked] + [p for p, _ in self.extra]:
@@ -447,6 +456,17 @@ def describe(forest: Forest, facts: dict[str, dict[str, Any]], doc: dict[str, An
 # --- entry points ---------------------------------------------------------------------------
 
 
+def sweep() -> None:
+    """End whatever a forest left (every process here is the fuzzer's): all but init, the
+    placeholder and the driver; a forest never meets the previous one's processes."""
+    keep = {1, os.getpid(), *([] if os.getpid() == 2 else [2])}
+    idents = [st.ident for st in (read_stat(p) for p in list_pids() if p not in keep)
+              if st is not None and not st.has_exited]
+    for ident in idents:
+        send_signal(ident, signal.SIGKILL)
+    until(lambda: not any(alive((i.pid, i.start_ticks)) for i in idents), 10, "the sweep")
+
+
 def in_caller(run: ForestRun) -> dict[str, Any]:
     """Run the forest in a forked caller process (a fresh pid, group and session each time);
     its record comes back through a pipe. A caller that dies without one was killed by the act."""
@@ -463,8 +483,16 @@ def in_caller(run: ForestRun) -> dict[str, Any]:
             os._exit(0)
     os.close(w)
     chunks = []
-    while chunk := os.read(r, 1 << 16):
+    deadline = time.monotonic() + CALLER_TIMEOUT_S
+    while (left := deadline - time.monotonic()) > 0 and select.select([r], [], [], left)[0]:
+        chunk = os.read(r, 1 << 16)
+        if not chunk:
+            break
         chunks.append(chunk)
+    else:
+        os.kill(pid, signal.SIGKILL)  # hung: its record is lost, the seed replays it
+        chunks = [json.dumps({"seed": run.forest.seed, "cli": run.cli, "notes": [], "violations": [
+            {"cls": "fuzzer-error", "msg": f"the caller did not finish within {CALLER_TIMEOUT_S} s"}]}).encode()]
     os.close(r)
     _, status = os.waitpid(pid, 0)
     if chunks:
@@ -502,7 +530,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--forests", type=int, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--other", help="NAME:UID:GID of the second user")
-    ap.add_argument("--cli-every", type=int, default=10, help="every Nth forest goes through the CLI")
+    ap.add_argument("--cli-every", type=int, default=20, help="every Nth forest goes through the CLI")
     ap.add_argument("--driver-pid2", action="store_true", help="the driver is PID 2, like a container's entry point")
     args = ap.parse_args(argv)
     other = None
@@ -517,6 +545,7 @@ def main(argv: list[str]) -> int:
             forest = generate(seed, other_user=other is not None)
             run = ForestRun(forest, args.out, other, cli=args.cli_every > 0 and seed % args.cli_every == 0)
             rec = run.run() if args.driver_pid2 else in_caller(run)
+            sweep()
             out.write(json.dumps(rec) + "\n")
             out.flush()
     return 0

@@ -90,12 +90,23 @@ class Node:
 
     # -- the node's life ------------------------------------------------------------
     def become(self, node_id: str) -> NoReturn:
-        """Turn this process into node ``node_id`` (see the module doc)."""
+        """Turn this process into node ``node_id`` (see the module doc); a failure is reported."""
+        try:
+            self._become(node_id)
+        except BaseException as exc:  # say so at once, never fall back into the parent's code
+            self.report({"event": "failed", "id": node_id, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(1)
+
+    def _become(self, node_id: str) -> None:
         spec = self.nodes[node_id]
         self.children = []
-        if spec["group"] == "setsid":
+        os.closerange(3, self.fd)  # what the forking process had open (its own pipes) is not ours
+        os.closerange(self.fd + 1, 256)
+        leader = os.getsid(0) == os.getpid()  # su makes its child a session leader already
+        if spec["group"] == "setsid" and not leader:
             os.setsid()
-        elif spec["group"] == "setpgid":
+        elif spec["group"] == "setpgid" and not leader:
             os.setpgid(0, 0)
         set_title(spec["title"] if spec["title"] is not None else f"fuzz-{node_id}")
         signal.signal(signal.SIGCHLD, _reap)
