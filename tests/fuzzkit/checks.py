@@ -200,18 +200,21 @@ def check_collateral(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _cause(o: Observed, f: dict[str, Any], gone: set[tuple[int, int]]) -> str:
-    """The likely way a target's death reached ``f``: an ancestor that forwards, or its namespace's init."""
+    """The likely way a target's death reached ``f``: its namespace's init, an ancestor that forwards."""
     by_pid = {g["pid"]: g for g in o.before.values()}
+    ended: list[dict[str, Any]] = []
     cur = by_pid.get(f["ppid"])
-    while cur is not None:
+    while cur is not None and cur not in ended:
         if (cur["pid"], cur["ticks"]) in gone:
-            if cur["ns"] == f["ns"] and cur["nspid"].endswith("\t1"):
-                return f"; its PID namespace's init {cur['pid']} was a target"
-            if cur["term"] == "forward":
-                return f"; its ancestor {cur['pid']} ({cur['title']}) forwards SIGTERM and was a target"
-            return f"; its ancestor {cur['pid']} ({cur['title']}) was a target"
+            ended.append(cur)
         cur = by_pid.get(cur["ppid"])
-    return ""
+    for a in ended:
+        if a["ns"] == f["ns"] and a["nspid"].endswith("\t1"):
+            return f"; its PID namespace's init {a['pid']} was a target"
+    for a in ended:
+        if a["term"] == "forward":
+            return f"; its ancestor {a['pid']} ({a['title']}) forwards SIGTERM and was a target"
+    return f"; its ancestor {ended[0]['pid']} ({ended[0]['title']}) was a target" if ended else ""
 
 
 def check_holders(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
