@@ -155,6 +155,8 @@ def check_act_is_plan(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
     forked_parent = {f["pid"]: f["ppid"] for f in o.forked}
     protected = {o.caller, 1}
     for e in o.audit:
+        if e["outcome"] == "refused":
+            continue  # the act-time gate wrote it down and did not send it
         t = e["target"]
         ident = (t["pid"], t["start_ticks"])
         if t["pid"] in protected:
@@ -262,11 +264,11 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
         for lab, f in o.before.items():
             if _descends(by_pid, f, t["pid"]):
                 considered.setdefault(f["pid"], f"a descendant of target {t['pid']}")
-            elif not sel["holders_only"] and tf["pgid"] == t["pid"] and f["pgid"] == t["pid"]:
+            elif not sel["holders_only"] and _known(tf) and tf["pgid"] == t["pid"] and f["pgid"] == t["pid"]:
                 considered.setdefault(f["pid"], f"in the group that target {t['pid']} leads")
         # the climb to the job's root: ancestors in the target's (known) group, the caller's included
         cur = by_pid.get(tf["ppid"])
-        while not sel["holders_only"] and tf["pgid"] > 0 and cur is not None and cur[1]["pgid"] == tf["pgid"]:
+        while not sel["holders_only"] and _known(tf) and cur is not None and cur[1]["pgid"] == tf["pgid"]:
             considered.setdefault(cur[1]["pid"], f"an ancestor of target {t['pid']} in its group {tf['pgid']}")
             cur = by_pid.get(cur[1]["ppid"])
     out = []
@@ -276,6 +278,12 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
             out.append(V("unlisted", f"{lab} pid {pid} ({f['title']}) {why}, but the plan neither targets nor "
                                      "spares it"))
     return out
+
+
+def _known(f: dict[str, Any]) -> bool:
+    """A group is a fact only when its id and its session's mean something from here: inside a PID
+    namespace whose group or session leader lives outside it, the kernel reports 0 (docs/clear.md)."""
+    return f["pgid"] > 0 and f["sid"] > 0
 
 
 def _descends(by_pid: dict[int, tuple[str, dict[str, Any]]], f: dict[str, Any], ancestor: int) -> bool:
@@ -333,14 +341,14 @@ def _candidates(o: Observed) -> list[dict[str, Any]]:
 
 def check_related(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
     """Every target is in the job of a selected holder: in the subtree of the holder or of an
-    ancestor in the holder's group, or in that group; a group is a fact only when its id is not 0."""
+    ancestor in the holder's group, or in that group (a known one: see :func:`_known`)."""
     by_pid = {f["pid"]: ("", f) for f in o.before.values()}
     cands = _candidates(o)
     roots: set[int] = set(o.selection["pids"])  # what --pid names is selected by the user's word
     groups: set[int] = set()
     for h in cands:
         roots.add(h["pid"])
-        if h["pgid"] > 0:
+        if _known(h):
             groups.add(h["pgid"])
             cur = by_pid.get(h["ppid"])
             while cur is not None and cur[1]["pgid"] == h["pgid"]:

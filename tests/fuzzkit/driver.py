@@ -69,7 +69,8 @@ def proc_facts(pid: int) -> dict[str, Any] | None:
         nspid = _status_field(pid, "NSpid")
     except OSError:
         return None
-    return {"pid": pid, "ticks": st.start_ticks, "ppid": st.ppid, "pgid": st.pgid, "sid": st.sid, "uid": uid,
+    return {"pid": pid, "ticks": st.start_ticks, "ppid": st.ppid, "pgid": st.pgid, "sid": st.sid, "tty": st.tty_nr,
+            "uid": uid,
             "name": st.name, "state": st.state, "ns": ns, "nspid": nspid}
 
 
@@ -175,6 +176,8 @@ class ForestRun:
         # leaders that exit: wait until they are gone (reaped), so the plan sees a settled forest
         exiting = [self.pids[n] for n, s in self.forest.nodes.items() if s.exits]
         until(lambda: all(read_stat(p) is None for p in exiting) or self.reap_mine(), 10, "leaders to exit")
+        stopping = [self.pids[n] for n, s in self.forest.nodes.items() if s.stopped]
+        until(lambda: all((st := read_stat(p)) is None or st.state in "TtZ" for p in stopping), 10, "nodes to stop")
 
     def reap_mine(self) -> bool:
         for pid in list(self.driver_children):
@@ -293,6 +296,9 @@ class ForestRun:
         for t in plan.targets:
             d = t.to_json()
             f = mine.get(d["pid"])
+            parent = mine.get(f["ppid"]) if f is not None else None
+            if parent is not None and parent["state"] == "T":
+                continue  # a stopped parent would not reap it: its pid would never be free
             if f is not None and f["ticks"] == d["start_ticks"] and f["nspid"].count("\t") == 0 \
                     and not any(g["ppid"] == f["pid"] and g["ns"] != f["ns"] for g in self.before.values()):
                 cands.append(f)  # not a namespace's init: killing it would end its namespace
@@ -412,6 +418,10 @@ def _spec_summary(s: NodeSpec) -> str:
         parts.append("handles " + ",".join(map(str, s.handles)))
     if s.exits:
         parts.append("exits")
+    if s.stopped:
+        parts.append("stopped")
+    if s.tty:
+        parts.append("leads a terminal")
     return " ".join(parts)
 
 
@@ -421,7 +431,8 @@ def _plan_summary(dry: dict[str, Any], act: dict[str, Any]) -> dict[str, Any]:
         if d is None:
             return {"error": r.get("error"), "exit": r.get("exit")}
         return {"status": d["status"], "gpus": d["gpus"],
-                "targets": [[t["pid"], t["role"], (t.get("ended_by") or "")] for t in d["targets"]],
+                "targets": [[t["pid"], t["role"], (t.get("ended_by") or ""), t.get("job"), t.get("reason"),
+                             t.get("refused")] for t in d["targets"]],
                 "spared": [[s["pid"], s["reason"]] for s in d["spared"]]}
     return {"dry": one(dry), "act": one(act)}
 

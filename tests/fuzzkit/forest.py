@@ -5,7 +5,9 @@ from its seed alone. The shapes are the ones issue 15 names: groups and sessions
 leaders that exit, double forks, signal forwarders (a Python parent that forwards SIGTERM, and the
 real ``runuser`` and ``su``), ``setpriv`` to a second user, nested PID namespaces (``unshare --fork --pid``),
 handle-only monitors, GPU-memory holders on random simulated GPUs, processes renamed to ``sshd``,
-``bash``, ``tini``, ``systemd``, and handlers that ignore SIGTERM, never exit on it, or fork on it.
+``bash``, ``tini``, ``systemd``, handlers that ignore SIGTERM, never exit on it, or fork on it,
+stopped processes (an orphaned stopped group gets SIGHUP) and session leaders on a terminal (their
+exit hangs it up: SIGHUP to its foreground group).
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class NodeSpec:
     exits: bool = False  # exits once its children are up (a leader that exits)
     title: str | None = None
     children: list[str] = field(default_factory=list)
+    stopped: bool = False  # stops itself (SIGSTOP) once ready: a group a target's exit may orphan gets SIGHUP
+    tty: bool = False  # leads its session on a terminal of its own (a pty): its exit hangs the terminal up
     other: bool = False  # runs as the second user
     nsdepth: int = 0  # nesting of PID namespaces below the fuzzer's
 
@@ -92,16 +96,6 @@ class Forest:
         return {"seed": self.seed, "roots": self.roots,
                 "nodes": {k: {**asdict(v), "start": v.start.value, "group": v.group.value, "term": v.term.value}
                           for k, v in self.nodes.items()}}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "Forest":
-        nodes = {}
-        for k, v in doc["nodes"].items():
-            v = dict(v)
-            v["start"], v["group"], v["term"] = Start(v["start"]), Group(v["group"]), Term(v["term"])
-            v["hold"] = [tuple(h) for h in v["hold"]]
-            nodes[k] = NodeSpec(**v)
-        return cls(doc["seed"], nodes, list(doc["roots"]))
 
     def dumps(self) -> str:
         return json.dumps(self.to_json())
@@ -149,6 +143,8 @@ def generate(seed: int, *, other_user: bool = True, max_nodes: int = 9) -> Fores
         node.term = _pick(rng, terms)
         # a leader that exits once its children run (never a namespace's init: that ends the namespace)
         node.exits = bool(node.children) and start != Start.UNSHARE and rng.random() < 0.15
+        node.stopped = not node.exits and rng.random() < 0.06
+        node.tty = group == Group.SETSID and bool(node.children) and not node.exits and rng.random() < 0.3
         return nid
 
     for _ in range(rng.randint(1, 3)):

@@ -16,11 +16,13 @@ gpuslate see them.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
 import shlex
 import signal
 import sys
+import termios
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -121,15 +123,26 @@ class Node:
             signal.signal(signal.SIGTERM, self.fork_helper)
         else:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        terminal = self.take_terminal() if spec.get("tty") else []  # before the children: they share it
         for cid in spec["children"]:
             self.spawn(self.nodes[cid])
-        fds = self.hold(spec)  # after the children: they do not inherit the device files
+        fds = self.hold(spec) + terminal  # after the children: they do not inherit the device files
         self.report({"event": "ready", "id": node_id, "pid": host_pid()})
         if spec["exits"]:
             os._exit(0)
+        if spec.get("stopped"):
+            os.kill(os.getpid(), signal.SIGSTOP)
         del fds  # kept open for the process's life by the frames above
         while True:
             signal.pause()
+
+    def take_terminal(self) -> list[int]:
+        """Make a pty this session's controlling terminal (the node leads its session)."""
+        if os.getsid(0) != os.getpid():
+            os.setsid()
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        return [master, slave]
 
     def hold(self, spec: dict[str, Any]) -> list[int]:
         if not spec["hold"] and not spec["handles"]:

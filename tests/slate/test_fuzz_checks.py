@@ -13,7 +13,7 @@ NS = "pid:[4026531836]"
 def proc(label: str, pid: int, ppid: int, pgid: int, *, uid: int = 0, holds: list | None = None,
          title: str | None = None, term: str = "default", kind: str = "node", ns: str = NS,
          nspid: str | None = None) -> tuple[str, dict[str, Any]]:
-    return label, {"pid": pid, "ticks": 1000 + pid, "ppid": ppid, "pgid": pgid, "sid": pgid, "uid": uid,
+    return label, {"pid": pid, "ticks": 1000 + pid, "ppid": ppid, "pgid": pgid, "sid": pgid or 1, "uid": uid,
                    "name": title or f"fuzz-{label}", "state": "S", "ns": ns, "nspid": nspid or str(pid),
                    "node": label, "kind": kind, "spec": "", "holds": holds or [], "handles": [],
                    "title": title or f"fuzz-{label}", "term": term, "children": [], "wrapped": None}
