@@ -386,14 +386,16 @@ class ForestRun:
     def _kill_all(self) -> None:
         self.read_reports()
         idents = []
-        for pid in list(self.pids.values()) + [f["pid"] for f in self.forked] + [p for p, _ in self.extra]:
+        wrappers = [f["pid"] for f in getattr(self, "before", {}).values() if f["kind"] == "wrapper"]
+        for pid in [*self.pids.values(), *(f["pid"] for f in self.forked), *(p for p, _ in self.extra),
+                    *wrappers, *self.driver_children]:
             st = read_stat(pid)
             if st is not None:
                 idents.append(st.ident)
         for ident in idents:
             send_signal(ident, signal.SIGKILL)
-        until(lambda: not any(alive(i) for i in idents) or self.reap_mine(), 10, "the forest to die")
-        until(lambda: not self.reap_mine() and not self.driver_children, 10, "the driver's children")
+        until(lambda: not any(alive(i) for i in idents) or self.reap_mine(), 5, "the forest to die")
+        until(lambda: not self.reap_mine() and not self.driver_children, 5, "the caller's children")
         os.close(self.report_r)
         os.close(self.report_w)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -143,7 +143,7 @@ def generate(seed: int, *, other_user: bool = True, max_nodes: int = 9) -> Fores
         node.term = _pick(rng, terms)
         # a leader that exits once its children run (never a namespace's init: that ends the namespace)
         node.exits = bool(node.children) and start != Start.UNSHARE and rng.random() < 0.15
-        node.stopped = not node.exits and rng.random() < 0.06
+        node.stopped = not node.exits and start != Start.UNSHARE and rng.random() < 0.06  # init cannot stop itself
         node.tty = group == Group.SETSID and bool(node.children) and not node.exits and rng.random() < 0.3
         return nid
 

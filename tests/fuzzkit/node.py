@@ -111,7 +111,7 @@ class Node:
         elif spec["group"] == "setpgid" and not leader:
             os.setpgid(0, 0)
         set_title(spec["title"] if spec["title"] is not None else f"fuzz-{node_id}")
-        signal.signal(signal.SIGCHLD, _reap)
+        signal.signal(signal.SIGCHLD, self.reap)
         term = spec["term"]
         if term == "ignore":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -158,8 +158,18 @@ class Node:
             fds.append(os.open(host.device_path(gpu), os.O_RDONLY))
         return fds
 
+    def reap(self, signum: int, frame: object) -> None:
+        """Reap every exited child; a reaped pid is no longer ours to signal (it may be reused)."""
+        try:
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+                if pid in self.children:
+                    self.children.remove(pid)
+        except ChildProcessError:
+            pass
+
     def forward(self, signum: int, frame: object) -> None:
         """Like runuser and su: pass SIGTERM on to the children, wait for them, exit."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # none reaped (and reused) meanwhile
         for pid in self.children:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -190,12 +200,6 @@ def _waitpid(pid: int) -> None:
         pass  # reaped by the SIGCHLD handler already
 
 
-def _reap(signum: int, frame: object) -> None:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
 
 
 def host_pid() -> int:
