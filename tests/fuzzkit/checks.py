@@ -261,10 +261,12 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
         if t["role"] == "forked while stopping" or t["pid"] not in by_pid:
             continue
         tf = by_pid[t["pid"]][1]
+        root = t.get("job") == t["pid"]  # only a job's root brings its group along
         for lab, f in o.before.items():
             if _descends(by_pid, f, t["pid"]):
-                considered.setdefault(f["pid"], f"a descendant of target {t['pid']}")
-            elif not sel["holders_only"] and _known(tf) and tf["pgid"] == t["pid"] and f["pgid"] == t["pid"]:
+                if not _through_protected(by_pid, f, t["pid"], spared):
+                    considered.setdefault(f["pid"], f"a descendant of target {t['pid']}")
+            elif not sel["holders_only"] and root and _known(tf) and tf["pgid"] == t["pid"] and f["pgid"] == t["pid"]:
                 considered.setdefault(f["pid"], f"in the group that target {t['pid']} leads")
         # the climb to the job's root: ancestors in the target's (known) group, the caller's included
         cur = by_pid.get(tf["ppid"])
@@ -278,6 +280,22 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
             out.append(V("unlisted", f"{lab} pid {pid} ({f['title']}) {why}, but the plan neither targets nor "
                                      "spares it"))
     return out
+
+
+#: spared reasons that mean protected: descent never passes such a process (docs/clear.md, the job rule)
+PROTECTED_REASONS = NAME_REASONS + ("gpuslate", "cannot be read")
+
+
+def _through_protected(by_pid: dict[int, tuple[str, dict[str, Any]]], f: dict[str, Any], ancestor: int,
+                       spared: dict[int, dict[str, Any]]) -> bool:
+    """Whether the line from ``ancestor`` down to ``f`` passes a process spared as protected."""
+    cur = by_pid.get(f["ppid"])
+    while cur is not None and cur[1]["pid"] != ancestor:
+        s = spared.get(cur[1]["pid"])
+        if s is not None and any(r in s["reason"] for r in PROTECTED_REASONS):
+            return True
+        cur = by_pid.get(cur[1]["ppid"])
+    return False
 
 
 def _known(f: dict[str, Any]) -> bool:

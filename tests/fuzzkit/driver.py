@@ -175,7 +175,8 @@ class ForestRun:
             self.reap_mine()
         # leaders that exit: wait until they are gone (reaped), so the plan sees a settled forest
         exiting = [self.pids[n] for n, s in self.forest.nodes.items() if s.exits]
-        until(lambda: all(read_stat(p) is None for p in exiting) or self.reap_mine(), 10, "leaders to exit")
+        until(lambda: all((st := read_stat(p)) is None or st.has_exited for p in exiting) or self.reap_mine(), 10,
+              "leaders to exit")  # a zombie (its parent stopped) has exited too
         stopping = [self.pids[n] for n, s in self.forest.nodes.items() if s.stopped]
         until(lambda: all((st := read_stat(p)) is None or st.state in "TtZ" for p in stopping), 10, "nodes to stop")
 

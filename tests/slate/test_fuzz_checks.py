@@ -19,9 +19,9 @@ def proc(label: str, pid: int, ppid: int, pgid: int, *, uid: int = 0, holds: lis
                    "title": title or f"fuzz-{label}", "term": term, "children": [], "wrapped": None}
 
 
-def target(pid: int, role: str = "holder", **kw: Any) -> dict[str, Any]:
+def target(pid: int, role: str = "holder", job: int | None = None, **kw: Any) -> dict[str, Any]:
     return {"pid": pid, "start_ticks": 1000 + pid, "role": role, "reason": "holds 1 GiB on GPU 0",
-            "permission_denied": False, **kw}
+            "job": pid if job is None else job, "permission_denied": False, "refused": None, **kw}
 
 
 def doc(targets: list[dict], spared: list[dict], status: str = "clean", gpus: list[int] | None = None) -> dict:
@@ -87,7 +87,7 @@ def test_clean_over_nothing_and_clean_while_held():
 
 def test_a_renamed_process_spared_as_infrastructure_and_an_unlisted_descendant():
     before = dict([proc("a", 10, 2, 10, holds=[[0, 1]]), proc("b", 11, 10, 10, title="sshd"),
-                   proc("c", 12, 11, 10)])
+                   proc("c", 12, 10, 10)])
     act = doc([target(10, "launcher")], [{"pid": 11, "reason": "session or container infrastructure (sshd)"}])
     assert {"name-protected", "unlisted"} <= classes(observed(before, {"a": False, "b": True, "c": True}, act))
 
@@ -104,3 +104,18 @@ def test_the_dry_run_and_the_act_must_plan_alike():
     act = doc([target(10, "launcher"), target(11, "job member")], [])
     dry = doc([target(10, "launcher")], [{"pid": 11, "reason": "x"}], status="dry_run")
     assert "dry-run-differs" in classes(observed(before, {"a": False, "b": False}, act, dry=dry))
+
+
+def test_a_refused_target_that_still_holds_is_no_clean_success():
+    before = dict([proc("a", 10, 2, 10, holds=[[0, 1]], term="forward"), proc("b", 11, 10, 11, uid=7)])
+    act = doc([target(10, refused="signalling it could end 11")], [{"pid": 11, "reason": "another user's process"}])
+    act["verify"] = "released"
+    o = observed(before, {"a": True, "b": True}, act, audit=[])
+    assert "clean-but-held" in classes(o)
+
+
+def test_what_lies_below_a_protected_process_is_not_considered():
+    before = dict([proc("a", 10, 2, 10, holds=[[0, 1]]), proc("su", 11, 10, 10, kind="wrapper"),
+                   proc("c", 12, 11, 12, uid=7)])
+    act = doc([target(10)], [{"pid": 11, "reason": "session or container infrastructure (su)"}])
+    assert "unlisted" not in classes(observed(before, {"a": False, "su": True, "c": True}, act))
