@@ -53,6 +53,8 @@ SETTLE_S = 0.1
 #: a forest that takes longer than this is reported as a fuzzer error (it normally takes under 1 s)
 CALLER_TIMEOUT_S = 60
 NODE_PY = str(Path(__file__).resolve().parent / "node.py")
+#: the interpreter the second user's exec'd processes run (this one may live in root's home)
+PYTHON_OTHER = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
 
 # --- facts ----------------------------------------------------------------------------------
@@ -146,7 +148,7 @@ class ForestRun:
         (self.canary / "file").write_text("canary\n")
         self.runfile = self.dir / "run.json"
         run = {"forest": self.forest.to_json(), "sim": str(self.sim.root), "runfile": str(self.runfile),
-               "other": self.other or {}, "python": sys.executable, "python_other": "/usr/bin/python3"}
+               "other": self.other or {}, "python": sys.executable, "python_other": PYTHON_OTHER}
         self.runfile.write_text(json.dumps(run))
         self.runfile.chmod(0o644)
         self.run_doc = run
@@ -293,16 +295,19 @@ class ForestRun:
     def _reuse_pid(self, plan: Any) -> bool:
         """Between plan and act: a planned target exits and a bystander takes its pid."""
         mine = {f["pid"]: f for f in self.before.values()}
+        if any(f["state"] in "Tt" for f in mine.values()):
+            return True  # a death of ours could orphan a stopped group: the kernel's SIGHUP is not gpuslate's
         cands = []
         for t in plan.targets:
             d = t.to_json()
             f = mine.get(d["pid"])
-            parent = mine.get(f["ppid"]) if f is not None else None
-            if parent is not None and parent["state"] == "T":
-                continue  # a stopped parent would not reap it: its pid would never be free
-            if f is not None and f["ticks"] == d["start_ticks"] and f["nspid"].count("\t") == 0 \
-                    and not any(g["ppid"] == f["pid"] and g["ns"] != f["ns"] for g in self.before.values()):
-                cands.append(f)  # not a namespace's init: killing it would end its namespace
+            if f is None or f["ticks"] != d["start_ticks"] or f["kind"] != "node" or "\t" in f["nspid"]:
+                continue
+            parent = mine.get(f["ppid"])
+            if any(g["ppid"] == f["pid"] for g in mine.values()) or f["pid"] == f["sid"] \
+                    or (parent is not None and parent["kind"] == "wrapper"):
+                continue  # only a leaf whose death ends nothing else: no children, no session, no runuser above
+            cands.append(f)
         if not cands:
             return True
         victim = self.rng.choice(sorted(cands, key=lambda f: f["pid"]))

@@ -8,7 +8,7 @@ forests, the selections and the checks are in tests/fuzzkit/ (its package doc sa
 
 Parameters: ``GPUSLATE_FUZZ_SEED`` (default: a new seed each run, printed on failure) and
 ``GPUSLATE_FUZZ_FORESTS`` (default 200); ``GPUSLATE_FUZZ_RESULTS=FILE`` keeps every forest's record
-(selection, plan, violations, tree) as JSON lines. Forest ``i`` has the seed ``SEED + i``; a failure prints
+(selection, plan, violations, tree) as JSON lines (``FILE.pid2`` for the second test). Forest ``i`` has the seed ``SEED + i``; a failure prints
 the forest's seed, the one-line command that replays it, and the forest as a tree.
 
 Needs root (to create a PID namespace and a second user); fails in CI (``CI=true``) without it.
@@ -66,9 +66,10 @@ def fuzz_user() -> Iterator[pwd.struct_passwd]:
                        check=True)
     try:
         user = pwd.getpwnam(USER)
-        probe = subprocess.run(["/usr/bin/python3", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import gpuslate",
-                                SRC], user=user.pw_uid, group=user.pw_gid, extra_groups=[], capture_output=True,
-                               text=True, cwd="/")
+        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable  # as the driver
+        probe = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import gpuslate", SRC],
+                               user=user.pw_uid, group=user.pw_gid, extra_groups=[], capture_output=True, text=True,
+                               cwd="/")
         if probe.returncode != 0:
             _unavailable(f"{USER} cannot run gpuslate from {SRC}: {probe.stderr.strip()[-200:]}")
         yield user
@@ -101,7 +102,7 @@ def run_fuzzer(user: pwd.struct_passwd, *, default_forests: int, driver_pid2: bo
         assert p.returncode == 0, f"the fuzzer's driver failed (seed {seed}): {p.stderr[-3000:]}"
         text = (base / "results.jsonl").read_text()
         if os.environ.get("GPUSLATE_FUZZ_RESULTS"):  # every forest's record, for a closer look
-            Path(os.environ["GPUSLATE_FUZZ_RESULTS"]).write_text(text)
+            Path(f"{os.environ['GPUSLATE_FUZZ_RESULTS']}{'.pid2' if driver_pid2 else ''}").write_text(text)
         results = [json.loads(line) for line in text.splitlines()]
         assert len(results) == forests, p.stderr[-3000:]
         leftovers = sorted(str(x) for x in base.iterdir() if x.name != "results.jsonl")
