@@ -52,7 +52,6 @@ TIMEOUT = 4.0
 SETTLE_S = 0.1
 #: a forest that takes longer than this is reported as a fuzzer error (it normally takes under 1 s)
 CALLER_TIMEOUT_S = 60
-NODE_PY = str(Path(__file__).resolve().parent / "node.py")
 #: the interpreter the second user's exec'd processes run (this one may live in root's home)
 PYTHON_OTHER = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 

@@ -12,7 +12,6 @@ exit hangs it up: SIGHUP to its foreground group).
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -55,8 +54,6 @@ class Term(str, Enum):
 
 #: starts that need the second user
 NEEDS_OTHER = (Start.AS_OTHER, Start.RUNUSER, Start.SU, Start.SETPRIV)
-#: starts that exec a program (slow: a Python start-up each)
-EXECS = (Start.RUNUSER, Start.SU, Start.SETPRIV, Start.UNSHARE)
 
 
 @dataclass
@@ -97,8 +94,6 @@ class Forest:
                 "nodes": {k: {**asdict(v), "start": v.start.value, "group": v.group.value, "term": v.term.value}
                           for k, v in self.nodes.items()}}
 
-    def dumps(self) -> str:
-        return json.dumps(self.to_json())
 
 
 def _pick(rng: random.Random, weights: dict[Any, int]) -> Any:
