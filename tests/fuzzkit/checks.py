@@ -213,6 +213,12 @@ def _cause(o: Observed, f: dict[str, Any], gone: set[tuple[int, int]]) -> str:
     for a in ended:
         if a["ns"] == f["ns"] and a["nspid"].endswith("\t1"):
             return f"; its PID namespace's init {a['pid']} was a target"
+    group = [g for g in o.before.values() if g["pgid"] == f["pgid"] and f["pgid"] > 0]
+    if any(g["state"] in "Tt" for g in group):
+        for g in o.before.values():
+            if (g["pid"], g["ticks"]) in gone and any(m["ppid"] == g["pid"] for m in group):
+                return (f"; its process group {f['pgid']} has stopped members and lost {g['pid']} ({g['title']}), "
+                        "a parent of one of them: orphaned, it got the kernel's SIGHUP")
     for a in ended:
         if a["term"] == "forward":
             return f"; its ancestor {a['pid']} ({a['title']}) forwards SIGTERM and was a target"
