@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuzzkit.checks import Observed, check_all
+from fuzzkit.checks import Observed, check_all, tree_state
 
 NS = "pid:[4026531836]"
 
@@ -119,3 +119,17 @@ def test_what_lies_below_a_protected_process_is_not_considered():
                    proc("c", 12, 11, 12, uid=7)])
     act = doc([target(10)], [{"pid": 11, "reason": "session or container infrastructure (su)"}])
     assert "unlisted" not in classes(observed(before, {"a": False, "su": True, "c": True}, act))
+
+
+def test_a_file_written_outside_the_state_folder_is_seen(tmp_path):
+    state, sim = tmp_path / "state", tmp_path / "sim"
+    for d in (state, sim, tmp_path / "canary"):
+        d.mkdir()
+    before_tree = tree_state(tmp_path, skip=(state, sim))
+    (state / "audit.jsonl").write_text("{}\n")  # inside: allowed
+    assert tree_state(tmp_path, skip=(state, sim)) == before_tree
+    (tmp_path / "canary" / "audit.jsonl").write_text("{}\n")
+    before = dict([proc("a", 10, 2, 10, holds=[[0, 1]])])
+    o = observed(before, {"a": False}, doc([target(10)], []))
+    o.outside_before, o.outside_after = before_tree, tree_state(tmp_path, skip=(state, sim))
+    assert "wrote-outside" in classes(o)
