@@ -5,10 +5,13 @@ tests/slate/test_fuzz_forests.py). As the namespace's PID 1 it forks the real dr
 plain reaper, like ``tini``: orphans (double forks, leaders that exit) are reaped by it, and when
 the driver ends, or the test kills ``unshare``, the kernel ends every process of the namespace.
 
-For each forest (seed ``SEED + i``): a fresh simulated host and state folder, the forest started
-(:mod:`fuzzkit.node`), its facts read from /proc, a random selection, ``clear`` as a dry run and
-then for real (through the library in-process, or the CLI for a fraction of the forests), the
-facts after the act, the invariants checked (:mod:`fuzzkit.checks`), everything killed. One JSON
+For each forest (seed ``SEED + i``) the driver forks a *caller* (a fresh pid each time; with
+``--driver-pid2`` the driver itself, PID 2, is the caller), which enters one of four group
+contexts (:data:`CONTEXTS`), makes a fresh simulated host and state folder, starts the forest
+(:mod:`fuzzkit.node`; its roots are the caller's children), reads its facts from /proc, draws a
+selection, runs ``clear`` as a dry run and then for real (through the library in-process, or the
+CLI for every 20th forest), reads the facts after the act, checks the invariants
+(:mod:`fuzzkit.checks`) and kills everything; then the driver sweeps whatever is left. One JSON
 line per forest goes to ``OUT/results.jsonl``.
 
 With the library, ``confirm`` (called between the plan and the act) is the hook that reuses a PID:
