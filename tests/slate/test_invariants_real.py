@@ -402,3 +402,31 @@ def test_a_stopped_target_is_killed_early_not_after_the_grace(sim_host, hold):
     assert code == 0, (doc, err)
     (t,) = doc["targets"]
     assert "stopped" in t["ignores_sigterm"] and doc["timings"]["total_s"] < 5
+
+
+@ROOT_ONLY
+def test_a_refused_holder_is_no_success(shared_host, other_user):
+    """Fuzzer seed 2006's shape: a holder that forwards SIGTERM to another user's child is refused;
+    it still holds its memory, so the run is `refused` (exit 4), never `clean`."""
+    out = Path(shared_host.root.parent) / "ready"
+    forwarder = textwrap.dedent(f"""\
+        import json, os, signal, subprocess, sys, time
+        sys.argv = ["gpuslate", "--sim", {str(shared_host.root)!r}, "sim", "hold", "--gpus", "0", "--memory", "2GiB"]
+        kid = subprocess.Popen(["setpriv", "--reuid={other_user.pw_uid}", "--regid={other_user.pw_gid}",
+                                "--clear-groups", "sleep", "300"])
+        signal.signal(signal.SIGTERM, lambda *_: kid.send_signal(signal.SIGTERM))
+        from gpuslate.cli.main import main
+        main()
+    """)
+    p = subprocess.Popen([PY, "-c", forwarder], stdout=open(out, "w"), env=gpuslate_env(), start_new_session=True)
+    try:
+        (holder,) = ready_pids(out, 1)
+        for args in (("--pid", str(holder)), ("--gpus", "0")):
+            t0 = time.monotonic()
+            code, doc, err = clear(*args, "--timeout", "30")
+            assert code == 4 and doc["status"] == "refused", (args, doc, err)
+            assert time.monotonic() - t0 < 5  # said at once, not after the timeout
+            assert any("refused at act time" in pr["reason"] for d in doc["diagnosis"] for pr in d["problems"])
+            assert alive(holder)
+    finally:
+        kill_tree(p)

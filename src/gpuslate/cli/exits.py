@@ -51,6 +51,7 @@ _BY_RESULT: dict[str, ExitStatus] = {
     "timeout": ExitStatus.TIMEOUT, "not_free": ExitStatus.TIMEOUT, "down_failed": ExitStatus.TIMEOUT,
     "held_by_others": ExitStatus.TIMEOUT,  # clear: every target gone, the GPUs held by what is not one
     "nothing_selected": ExitStatus.TIMEOUT,  # clear: the selector chose nothing this caller may signal
+    "refused": ExitStatus.TIMEOUT,  # clear: a target the act-time gate refused still holds GPU memory
     "permission_denied": ExitStatus.PERMISSION_DENIED,
     # a managed server failed
     "exited": ExitStatus.SERVER_FAILED, "smoke_failed": ExitStatus.SERVER_FAILED, "failed": ExitStatus.SERVER_FAILED,

@@ -120,6 +120,9 @@ def print_clear(result: ClearResult) -> None:
     if result.status == ClearStatus.NOTHING_SELECTED:
         out.append("[red]Nothing you may signal was selected[/]: every process the selector chose is spared "
                    "(see above); nothing was signaled and nothing was verified.")
+    elif result.status == ClearStatus.REFUSED:
+        out.append("[red]Not free: a target refused at act time still holds GPU memory (see above); "
+                   "signalling it would have ended processes that are not targets.[/]")
     elif result.status == ClearStatus.CLEAN:
         out.append(f"[green]Clean[/]: GPUs {format_gpu_list(plan.gpus)} free (at most "
                    f"{format_size(result.max_used)} used each), verified.")

@@ -89,18 +89,32 @@ def namespace_members(view: ProcessView, init: int, facts: SignalFacts | None) -
 
 
 def _orphaned_stopped(view: ProcessView, st: ProcStat) -> list[int]:
-    """Stopped processes of groups that ``st``'s exit may orphan: the kernel sends SIGHUP and
-    SIGCONT to a newly orphaned process group that has a stopped member (POSIX job control).
-    A group is kept from orphanhood by a member whose parent is in another group of the same
-    session; when ``st`` is such a parent, its exit may be what orphans the group."""
+    """The members of process groups that ``st``'s exit may orphan while one of them is
+    stopped: the kernel then sends SIGHUP (and SIGCONT) to every member (POSIX job control).
+
+    A group is kept from orphanhood by a member whose parent lives in another group of
+    the same session. The groups at stake are ``st``'s own and its children's; after
+    ``st`` exits, its children are reparented to a reaper outside the session (counted
+    so: the worst case), and ``st`` is no member any more."""
     out: list[int] = []
-    groups = {c.pgid for c in (view.get(k) for k in view.children(st.pid))
-              if c is not None and c.pgid > 0 and c.pgid != st.pgid and c.sid == st.sid}
+    groups = {st.pgid} | {c.pgid for c in (view.get(k) for k in view.children(st.pid)) if c is not None}
     for g in groups:
-        members = [view.get(m) for m in view.group_members(g)]
-        stopped = [m.pid for m in members if m is not None and m.state in ("T", "t")]
-        if stopped:
-            out.extend(stopped)
+        if g <= 0:
+            continue
+        members = [m for m in (view.get(p) for p in view.group_members(g))
+                   if m is not None and m.pid != st.pid and not m.has_exited]
+        if not any(m.state in ("T", "t") for m in members):
+            continue
+        anchored = False
+        for m in members:
+            if m.ppid == st.pid:
+                continue  # its parent is the one exiting: it goes to a reaper
+            parent = view.get(m.ppid)
+            if parent is not None and not parent.has_exited and parent.pgid != g and parent.sid == m.sid:
+                anchored = True
+                break
+        if not anchored:
+            out.extend(m.pid for m in members)
     return out
 
 
@@ -130,5 +144,6 @@ def collateral(view: ProcessView, pid: int, sig: int) -> list[Collateral]:
             if m != pid and _alive(view, m):
                 found.setdefault(m, "in the session it leads on a terminal, which its exit hangs up")
     for m in _orphaned_stopped(view, st):
-        found.setdefault(m, "stopped, in a process group its exit may orphan (the kernel then sends SIGHUP)")
+        found.setdefault(m, "in a process group with a stopped member that its exit may orphan "
+                            "(the kernel then sends SIGHUP)")
     return [Collateral(p, why) for p, why in sorted(found.items())]

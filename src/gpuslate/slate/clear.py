@@ -58,6 +58,7 @@ class ClearStatus(str, Enum):
     HELD_BY_OTHERS = "held_by_others"  # every target is gone; what still holds the GPUs is not a target
     PERMISSION_DENIED = "permission_denied"  # some target could not be signaled
     NOTHING_SELECTED = "nothing_selected"  # a selector chose no process this caller may signal
+    REFUSED = "refused"  # a target the act-time gate refused still holds GPU memory
     DRY_RUN = "dry_run"
 
 
@@ -182,10 +183,14 @@ def clear(
                                  planned=_planned(plan), only=set(victims_by_pid) if released else None)
             respawned = respawned or _respawns(plan, snap)
         timings["total_s"] = time.monotonic() - t_start
+        refused_holders = {r.victim.ident.pid for r in results if r.refused is not None} & \
+            {p.pid for r in after for p in (r.processes or [])}
         if any(r.permission_denied for r in results):
             status = ClearStatus.PERMISSION_DENIED
         elif ok:
             status = ClearStatus.CLEAN
+        elif refused_holders:
+            status = ClearStatus.REFUSED
         elif held and not respawned:
             status = ClearStatus.HELD_BY_OTHERS
         else:
@@ -287,6 +292,9 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
         listed = {p.pid for r in readings for p in (r.processes or [])}
         if listed & targets:
             return False  # a target's context is still being torn down: its memory is not free yet
+        if listed & refused:  # a target the gate refused still holds memory: nothing will end it
+            held = True
+            return True
         new = listed - planned - checked
         if new:
             checked.update(new)
@@ -302,7 +310,8 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
                 return True
         return False
 
-    done = (lambda r: is_released(r, limit, targets)) if released else None
+    # a refused target still counts as the selected job's: its memory is not released
+    done = (lambda r: is_released(r, limit, targets | refused)) if released else None
     ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done)
     return ok, readings, respawned, held
 

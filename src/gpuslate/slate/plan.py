@@ -271,6 +271,10 @@ def decide(facts: Facts, res: Resolved) -> Decision:
     for pid, why in unselected.items():
         if pid not in targets:
             spared[pid] = SpareDecision(pid, why, None)
+    for pid in sel.pids:  # a --pid that is no target itself (a wrapper above its holders)
+        if pid not in targets and pid not in spared and alive(pid):
+            spared[pid] = SpareDecision(pid, "selected by --pid, but holds no selected GPU and is in none of "
+                                             "its holders' jobs: only its holders' jobs are targets", None)
     for pid, root in left.items():  # considered and left: the caller's own ancestors too
         if pid not in targets and pid not in spared and alive(pid):
             spared[pid] = SpareDecision(pid, f"{protect.reason(pid)} (met by the job rule of {root})", root)
@@ -307,7 +311,7 @@ def _member_role(view: ProcessView, pid: int, root: int, memory: dict[int, int] 
         return Role.LAUNCHER, "launcher of the job: its highest ancestor in the holder's process group"
     if memory:
         return Role.JOB_MEMBER, f"holds {_where(memory)}, in the job of {root}"
-    if st is not None and root_st is not None and st.pgid == root_st.pgid:
+    if st is not None and root_st is not None and st.pgid == root_st.pgid and st.pgid > 0:
         return Role.JOB_MEMBER, f"in process group {st.pgid} of the job's launcher {root}"
     return Role.JOB_MEMBER, f"descendant of {st.ppid if st else '?'}, in the job of {root}"
 

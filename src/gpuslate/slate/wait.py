@@ -195,6 +195,9 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
                        f"wait; see 'cat /proc/{p.pid}/stack'; if it never returns, an administrator must reset "
                        "the GPU (gpuslate never resets a GPU)")
     if victim is not None:
+        if victim.refused is not None:
+            return problem(f"not signaled: refused at act time, {victim.refused}",
+                           "end what it would take with it first, or stop it by hand if that is meant")
         if victim.permission_denied:
             return problem(f"gpuslate was not permitted to signal it (owned by {p.user})",
                            f"run as {p.user} or as root")
