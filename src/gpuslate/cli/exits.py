@@ -26,7 +26,8 @@ class ExitStatus(IntEnum):
     PERMISSION_DENIED = 5
     SERVER_FAILED = 6
     PARTIAL = 7
-    INTERRUPTED = 130
+    INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM, where a command finishes like an interrupt (bench, experiment, demo)
 
 
 _BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (
