@@ -124,17 +124,15 @@ def split_tokens(total: int, chunk_chars: Sequence[int]) -> list[int]:
         return []
     if total <= n:
         return [1] * total + [0] * (n - total)
-    base = [1] * n
-    rest = total - n
     chars = sum(chunk_chars)
-    weights = [c / chars if chars > 0 else 1 / n for c in chunk_chars]
-    shares = [rest * w for w in weights]
-    floors = [math.floor(s) for s in shares]
-    left = rest - sum(floors)
-    order = sorted(range(n), key=lambda i: (floors[i] - shares[i], i))
-    for i in order[:left]:
-        floors[i] += 1
-    return [b + f for b, f in zip(base, floors)]
+    shares = [total * (c / chars if chars > 0 else 1 / n) for c in chunk_chars]
+    parts = [max(1, math.floor(x)) for x in shares]
+    while sum(parts) > total:  # the floor of one token a chunk overshot: take from the most over
+        i = max((i for i in range(n) if parts[i] > 1), key=lambda i: (parts[i] - shares[i], -i))
+        parts[i] -= 1
+    for i in sorted(range(n), key=lambda i: (parts[i] - shares[i], i))[: total - sum(parts)]:
+        parts[i] += 1  # the largest remainders get the tokens left
+    return parts
 
 
 @dataclass(frozen=True)
