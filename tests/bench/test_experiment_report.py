@@ -52,7 +52,8 @@ def test_aggregate_and_unscale():
     rows = aggregate(all_points(), time_scale=2.0)
     base1 = next(r for r in rows if r["deployment"] == "base" and r["concurrency"] == 1)
     assert base1["repeats"] == 2 and base1["completed"] == 16
-    assert base1["output_token_throughput"] == {"mean": 51.0, "min": 50.0, "max": 52.0, "values": [50.0, 52.0]}
+    assert base1["output_token_throughput"] == {"mean": 51.0, "min": 50.0, "max": 52.0, "values": [50.0, 52.0],
+                                                "repeats": [0, 1]}
     assert base1["ttft_ms"]["p50"] == 20.0 and base1["per_request_tok_s"] == 100.0  # 1000 / (5 ms * 2)
 
 
