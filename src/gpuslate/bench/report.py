@@ -170,7 +170,7 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
                   key=lambda r: (order.index(r["deployment"]) if r["deployment"] in order else len(order),
                                  r["concurrency"]))
     drift = measure_drift(points, spec.get("order", "interleaved"))
-    rec, rec_note = _recommendation(spec, rows, drift.get("drift") or 0.0)
+    rec, rec_note = _recommendation(spec, rows, level_drifts(drift))
     total = len(order) * len(spec.get("levels", [])) * int(spec.get("repeats", 1)) \
         + (1 if spec.get("order") == "blocked" else 0)
     engines = {p["deployment"]: p.get("engine", {}) for p in points}
@@ -187,7 +187,7 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
                         for d in spec.get("deployments", [])],
         "levels": rows,
         "recommendation": rec.to_json() if rec else None, "recommendation_note": rec_note,
-        "threshold_check": _threshold_check(rows, drift.get("drift") or 0.0),
+        "threshold_check": _threshold_check(rows, level_drifts(drift)),
     }
     return summary, rec, rows
 
@@ -224,8 +224,16 @@ def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
                             time_scale=summary["time_scale"], marks=marks), None
 
 
+def level_drifts(drift: dict[str, Any]) -> dict[int, float] | float:
+    """The drift each level's interval is widened by: its own where measured per level
+    (interleaved), else the run's one figure (blocked), else 0."""
+    if drift.get("per_level"):
+        return {int(c): v for c, v in drift["per_level"].items()}
+    return float(drift.get("drift") or 0.0)
+
+
 def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
-                    drift: float) -> tuple[Recommendation | None, str | None]:
+                    drift: dict[int, float] | float) -> tuple[Recommendation | None, str | None]:
     roles = {d.get("role"): d["name"] for d in spec.get("deployments", [])}
     if "baseline" not in roles or "speculative" not in roles:
         return None, None
@@ -245,7 +253,7 @@ def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
         return None, None
 
 
-def _threshold_check(rows: list[dict[str, Any]], drift: float) -> list[dict[str, Any]] | None:
+def _threshold_check(rows: list[dict[str, Any]], drift: dict[int, float] | float) -> list[dict[str, Any]] | None:
     """Per level: the speculative+threshold deployment against the better of baseline and speculative,
     repeat by repeat, as a ratio with its interval (range over repeats, widened by the drift)."""
     by: dict[str, dict[int, dict[int, float]]] = {}
@@ -266,11 +274,12 @@ def _threshold_check(rows: list[dict[str, Any]], drift: float) -> list[dict[str,
         mine = [tv[r] for r in repeats]
         if min(best) <= 0:
             continue
-        ratio, lo, hi = ratio_interval(mine, best, drift)
+        d = drift.get(c, max(drift.values(), default=0.0)) if isinstance(drift, dict) else drift
+        ratio, lo, hi = ratio_interval(mine, best, d)
         verdict = "beats both" if lo > 1 else "slower than the better" if hi < 1 else "no detectable difference"
         out.append({"concurrency": c, "throughput": _round(sum(mine) / len(mine)),
                     "best_of_both": _round(sum(best) / len(best)), "ratio": _round(ratio, 4),
-                    "interval": [_round(lo, 4), _round(hi, 4)], "verdict": verdict})
+                    "interval": [_round(lo, 4), _round(hi, 4)], "drift": _round(d, 4), "verdict": verdict})
     return out
 
 

@@ -217,18 +217,22 @@ class Recommendation:
 
 
 def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int, Sequence[float]], *,
-              min_margin: float = 0.0, num_speculative_tokens: int = 3, drift: float = 0.0) -> Recommendation:
+              min_margin: float = 0.0, num_speculative_tokens: int = 3,
+              drift: float | Mapping[int, float] = 0.0) -> Recommendation:
     """Compare per-level, per-repeat output throughputs and recommend a disable threshold.
 
     Only levels measured for both deployments (with at least one repeat each) are used;
     repeats are paired by position (repeat r of one with repeat r of the other). ``drift``
-    (relative, >= 0) widens every interval.
+    (relative, >= 0; one figure, or one per level with the largest for levels it lacks)
+    widens the intervals.
     Raises ValueError when there is no such level or a figure is not a finite number >= 0.
     """
     if not (math.isfinite(min_margin) and min_margin >= 0):
         raise ValueError(f"min_margin must be a finite number >= 0, got {min_margin!r}")
-    if not (math.isfinite(drift) and drift >= 0):
-        raise ValueError(f"drift must be a finite number >= 0, got {drift!r}")
+    drifts = dict(drift) if isinstance(drift, Mapping) else {}
+    overall = max(drifts.values(), default=0.0) if isinstance(drift, Mapping) else float(drift)
+    if not all(math.isfinite(d) and d >= 0 for d in [overall, *drifts.values()]):
+        raise ValueError(f"drift must be finite numbers >= 0, got {drift!r}")
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
     common = sorted(c for c in set(baseline) & set(speculative) if baseline[c] and speculative[c])
@@ -239,7 +243,8 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
         b, s = tuple(float(v) for v in baseline[c]), tuple(float(v) for v in speculative[c])
         if c < 1 or not all(math.isfinite(v) and v >= 0 for v in b + s):
             raise ValueError(f"level {c}: figures must be finite numbers >= 0 and levels >= 1")
-        verdicts.append(LevelVerdict(c, b, s, _winner(b, s, min_margin, drift), drift))
+        d = drifts.get(c, overall)
+        verdicts.append(LevelVerdict(c, b, s, _winner(b, s, min_margin, d), d))
 
     warnings: list[str] = []
     if all(len(v.baseline) < 2 or len(v.speculative) < 2 for v in verdicts):
@@ -272,12 +277,13 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
             in_noise = True
             lo, hi = nxt.interval
             warnings.append(f"the crossover is within drift + noise: at concurrency {nxt.concurrency} the ratio "
-                            f"is {nxt.margin + 1:.3f} in [{lo:.3f}, {hi:.3f}] (drift {drift:.1%}), no detectable "
+                            f"is {nxt.margin + 1:.3f} in [{lo:.3f}, {hi:.3f}] (drift {nxt.drift:.1%}), no detectable "
                             f"difference; the last clear win is {threshold}, but no threshold is recommended")
-    if drift > 0:
-        warnings.append(f"drift measured over the run: {drift:.1%} (every interval is widened by it)")
+    if overall > 0:
+        warnings.append(f"drift measured over the run: up to {overall:.1%} (each level's interval is widened by "
+                        "its own)")
     return Recommendation(tuple(verdicts), decision, threshold, crossover, in_noise, tuple(warnings),
-                          num_speculative_tokens, drift)
+                          num_speculative_tokens, overall)
 
 
 def _winner(b: tuple[float, ...], s: tuple[float, ...], min_margin: float, drift: float = 0.0) -> Winner:

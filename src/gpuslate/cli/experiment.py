@@ -250,10 +250,10 @@ class _Line:
     def __init__(self, display: ProgressDisplay) -> None:
         self.display = display
 
-    def __rich__(self) -> str:
-        from rich.markup import escape
+    def __rich__(self) -> Any:
+        from rich.text import Text
 
-        return escape(self.display.line())
+        return Text(self.display.line())  # plain text: no markup, no highlighting
 
 
 def _dur(s: float | None) -> str:
