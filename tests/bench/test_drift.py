@@ -42,6 +42,7 @@ def test_cpu_hog_started_halfway_is_seen_as_drift_not_as_a_win(demo_env, tmp_pat
             proc.wait()
     assert proc.returncode == 0, err
     exp = json.loads(stdout)["experiment"]
+    print(json.dumps({"drift": exp["drift"], "check": exp["threshold_check"]}))
     assert exp["order"] == "interleaved" and exp["drift"]["drift"] is not None
     for c in exp["threshold_check"]:
         # the model makes "beats both" impossible: whatever the drift did, it is not printed as a win

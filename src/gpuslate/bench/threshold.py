@@ -54,19 +54,25 @@ SGLANG_DEFAULT_STEPS: tuple[int, ...] = (1, 3, 5, 7)
 
 
 def ratio_interval(num: Sequence[float], den: Sequence[float], drift: float = 0.0) -> tuple[float, float, float]:
-    """(mean ratio, low, high) of ``num / den``: paired by repeat when both have the same repeats
-    (the range of the paired ratios), else the widest unpaired range; widened by ``drift`` on each
-    side. A zero denominator gives an infinite ratio."""
+    """(mean ratio, low, high) of ``num / den`` over repeats.
+
+    The half-width is the larger of the paired ratios' half-range (repeat r with repeat r, when both
+    have the same repeats) and the noise the two sides' own repeats show (their relative half-ranges
+    combined as independent errors: with two or three repeats a range of ratios alone is too
+    optimistic), plus ``drift``. A zero denominator gives an infinite ratio."""
     def div(a: float, b: float) -> float:
         return a / b if b > 0 else (math.inf if a > 0 else 1.0)
 
+    mean = div(sum(num) / len(num), sum(den) / len(den))
     if len(num) == len(den):
         qs = [div(a, b) for a, b in zip(num, den)]
-        lo, hi = min(qs), max(qs)
+        paired = (max(qs) - min(qs)) / 2
     else:
-        lo, hi = div(min(num), max(den)), div(max(num), min(den))
-    mean = div(sum(num) / len(num), sum(den) / len(den))
-    return mean, lo - drift, hi + drift
+        paired = (div(max(num), min(den)) - div(min(num), max(den))) / 2
+    noise = mean * math.hypot(_rel_spread(tuple(num)) / 2, _rel_spread(tuple(den)) / 2) \
+        if math.isfinite(mean) else 0.0
+    half = max(paired, noise) + drift
+    return mean, mean - half, mean + half
 
 
 @dataclass(frozen=True)
@@ -287,10 +293,13 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
 
 
 def _winner(b: tuple[float, ...], s: tuple[float, ...], min_margin: float, drift: float = 0.0) -> Winner:
+    """A win is a ratio interval wholly on one side, or (a separation no interval can argue with)
+    every repeat of one side beating every repeat of the other by the margin and the drift."""
     _, lo, hi = ratio_interval(s, b, drift)
-    if lo > 1.0 + min_margin:
+    edge = (1.0 + min_margin) * (1.0 + drift)
+    if lo > 1.0 + min_margin or min(s) > max(b) * edge:
         return "speculative"
-    if hi * (1.0 + min_margin) < 1.0:
+    if hi * (1.0 + min_margin) < 1.0 or min(b) > max(s) * edge:
         return "baseline"
     return "tie"
 

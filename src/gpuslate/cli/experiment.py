@@ -195,6 +195,7 @@ class ProgressDisplay:
     def __init__(self) -> None:
         self.live: Any = None
         self.current: ExperimentProgress | None = None
+        self.key: tuple[Any, ...] | None = None
         if sys.stderr.isatty():
             from rich.console import Console
             from rich.live import Live
@@ -226,9 +227,12 @@ class ProgressDisplay:
         return f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
 
     def update(self, p: ExperimentProgress) -> None:
-        self.current = p
+        key = (p.deployment, p.concurrency, p.repeat, p.phase)
+        changed, self.current, self.key = key != self.key, p, key
         if self.live is not None:
-            return  # the live line re-renders itself
+            if changed:
+                self.live.refresh()  # every point drawn at least once; the ETA then counts down by itself
+            return
         if p.phase == "finished":  # piped: one line per finished point
             left = f", ~{_dur(p.remaining_s)} left" if p.remaining_s is not None else ""
             what = "control" if p.control else f"repeat {(p.repeat or 0) + 1}"
