@@ -275,7 +275,9 @@ def _threshold_check(rows: list[dict[str, Any]], drift: dict[int, float] | float
         if min(best) <= 0:
             continue
         d = drift.get(c, max(drift.values(), default=0.0)) if isinstance(drift, dict) else drift
-        ratio, lo, hi = ratio_interval(mine, best, d)
+        # the noise of the level: the largest spread any of the three shows between its repeats
+        noise = max(_spread([v[r] for r in repeats]) for v in (tv, bv, sv))
+        ratio, lo, hi = ratio_interval(mine, best, d, noise)
         verdict = "beats both" if lo > 1 else "slower than the better" if hi < 1 else "no detectable difference"
         out.append({"concurrency": c, "throughput": _round(sum(mine) / len(mine)),
                     "best_of_both": _round(sum(best) / len(best)), "ratio": _round(ratio, 4),
@@ -397,6 +399,11 @@ def time_scale_sentence(scale: float) -> str:
 
 def _verdict(winner: str) -> str:
     return {"speculative": "speculative wins", "baseline": "baseline wins"}.get(winner, "no detectable difference")
+
+
+def _spread(xs: list[float]) -> float:
+    mean = sum(xs) / len(xs)
+    return (max(xs) - min(xs)) / mean if mean > 0 else 0.0
 
 
 def _mean(xs: list[float]) -> float:

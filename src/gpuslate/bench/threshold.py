@@ -53,13 +53,16 @@ Decision = Literal["disable_above", "always_off", "never_disable"]
 SGLANG_DEFAULT_STEPS: tuple[int, ...] = (1, 3, 5, 7)
 
 
-def ratio_interval(num: Sequence[float], den: Sequence[float], drift: float = 0.0) -> tuple[float, float, float]:
+def ratio_interval(num: Sequence[float], den: Sequence[float], drift: float = 0.0,
+                   noise: float = 0.0) -> tuple[float, float, float]:
     """(mean ratio, low, high) of ``num / den`` over repeats.
 
-    The half-width is the larger of the paired ratios' half-range (repeat r with repeat r, when both
-    have the same repeats) and the noise the two sides' own repeats show (their relative half-ranges
-    combined as independent errors: with two or three repeats a range of ratios alone is too
-    optimistic), plus ``drift``. A zero denominator gives an infinite ratio."""
+    The half-width is the larger of the paired ratios' half-range (repeat r with repeat r, when
+    both have the same repeats) and the run-to-run noise: the larger relative range (max - min)
+    / mean of the two sides' own repeats, or ``noise`` (the same figure pooled over more
+    deployments) if larger; plus ``drift``. With two or three repeats a range of two ratios alone
+    is far too optimistic: what counts as a difference is what beats the spread every deployment
+    shows between its own repeats. A zero denominator gives an infinite ratio."""
     def div(a: float, b: float) -> float:
         return a / b if b > 0 else (math.inf if a > 0 else 1.0)
 
@@ -69,9 +72,8 @@ def ratio_interval(num: Sequence[float], den: Sequence[float], drift: float = 0.
         paired = (max(qs) - min(qs)) / 2
     else:
         paired = (div(max(num), min(den)) - div(min(num), max(den))) / 2
-    noise = mean * math.hypot(_rel_spread(tuple(num)) / 2, _rel_spread(tuple(den)) / 2) \
-        if math.isfinite(mean) else 0.0
-    half = max(paired, noise) + drift
+    spread = max(_rel_spread(tuple(num)), _rel_spread(tuple(den)), noise)
+    half = max(paired, mean * spread if math.isfinite(mean) else 0.0) + drift
     return mean, mean - half, mean + half
 
 
