@@ -128,6 +128,9 @@ def plan_for(spec: ExperimentSpec, key: PointKey, *, warmup: int = 0) -> LoadPla
     """The one-level plan of a point; the seed differs per repeat and is the same on every run."""
     kw = dict(spec.load)
     kw.pop("warmup", None)
+    key_env = kw.pop("api_key_env", None)  # the key itself is never in the spec, the run folder or a point
+    if key_env:
+        kw["api_key"] = os.environ.get(key_env) or None
     # a control repeats the first repeat's requests exactly: only the machine may have changed
     seed = spec.load.get("seed", 0) + (0 if key.control else key.repeat)
     return LoadPlan(concurrency=(key.concurrency,), seed=seed, warmup=warmup,

@@ -28,6 +28,7 @@
     output_len = 128
     api = "completions"    # or "chat"
     seed = 0
+    api_key_env = "OPENAI_API_KEY"   # the API key is read from this variable at run time (never in the file)
 
     [units.baseline]       # exactly as in gpuslate.toml (same parser, same checks)
     command = ["python", "-m", "sglang.launch_server", "--port", "30000"]
@@ -78,7 +79,7 @@ _LOAD_TYPES: dict[str, tuple[type, ...]] = {
     "duration_s": (int, float), "warmup": (int,), "seed": (int,), "api": (str,), "stream": (bool,),
     "input_len": (int,), "output_len": (int,), "dataset": (str,), "model": (str,), "ignore_eos": (bool,),
     "timeout_s": (int, float), "repeats": (int,), "tokenizer": (str,), "extra_body": (dict,),
-    "random_range_ratio": (int, float), "burstiness": (int, float),
+    "random_range_ratio": (int, float), "burstiness": (int, float), "api_key_env": (str,),
 }
 _EXPERIMENT_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "deployments": (list,), "config": (str,), "clear": (bool,), "time_scale": (int, float),
@@ -195,7 +196,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     if "dataset" in plan:  # relative to the spec, not to wherever gpuslate runs
         plan["dataset"] = str((p.parent / plan["dataset"]).resolve())
     try:  # the load generator's own checks too, before any server is started
-        LoadPlan(concurrency=levels, **plan).validate()
+        LoadPlan(concurrency=levels, **{k: v for k, v in plan.items() if k != "api_key_env"}).validate()
     except UsageError as exc:
         raise fail("load", None, f"[load]: {exc}") from None
     if "request_rate" in plan and len(levels) > 1:
