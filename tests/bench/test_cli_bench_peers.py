@@ -13,12 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from helpers import gpuslate_env, run_cli, wait_for
 from simproc import sim_serve, word_tokenizer
 
 pytestmark = pytest.mark.timeout(90)
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "schemas" / "bench.v1.json").read_text())
 
 
 def bench_proc(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -70,9 +73,10 @@ def test_goodput_percentiles_peak_and_median_in_the_table() -> None:
         r = run_cli("bench", sim.url, "-c", "4", "-n", "16", "--output-len", "16", "--input-len", "8",
                     "--goodput", "ttft:100000,tpot:100000", "--percentiles", "25,99.9", "--json")
         assert r.returncode == 0, r.stderr
+        jsonschema.validate(json.loads(r.stdout), SCHEMA)
         (lv,) = json.loads(r.stdout)["levels"]
         assert lv["slo_attainment"] == 1.0 and lv["goodput"] == pytest.approx(lv["request_throughput"])
-        assert set(lv["itl_ms"]) == {"mean", "std", "max", "p50", "p25", "p99.9"}
+        assert set(lv["itl_ms"]) == {"mean", "std", "max", "p50", "p90", "p99", "p25", "p99.9"}
         # vLLM's peak: the most tokens within one whole second from the start (here all of them)
         assert lv["duration_s"] < 1 and lv["peak_output_token_throughput"] == lv["output_tokens"] == 16 * 16
         r = run_cli("bench", sim.url, "-c", "4", "-n", "16", "--output-len", "16", "--input-len", "8",
@@ -96,6 +100,7 @@ def test_request_rate_inf_and_burstiness() -> None:
         r = run_cli("bench", sim.url, "--request-rate", "inf", "-n", "8", "--output-len", "8", "--json")
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
+        jsonschema.validate(doc, SCHEMA)
         assert doc["plan"]["request_rate"] == "inf" and doc["levels"][0]["completed"] == 8
         # all at once: every request was in flight together
         assert doc["levels"][0]["achieved_concurrency"] > 6
@@ -137,6 +142,7 @@ def test_sigterm_prints_finished_lists_in_flight_writes_out_exits_143(tmp_path: 
     assert "terminated" in err and "in flight" in err and "Traceback" not in err
     assert "in flight when interrupted: 4 request(s)" in stdout
     doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
     assert doc["interrupted"] and len(doc["in_flight"]) == 4 and doc["levels"][0]["in_flight"] == 4
     assert doc["levels"][0]["completed"] >= 8
 
@@ -171,6 +177,7 @@ def test_ctrl_c_during_the_model_probe_ends_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert took < 3.0, took  # not the probe's 10 s time limit
     doc = json.loads(stdout)
+    jsonschema.validate(doc, SCHEMA)
     assert doc["interrupted"] and doc["levels"] == [] and doc["model"] is None
     assert out.is_file()
 
