@@ -16,10 +16,12 @@ this everywhere); the raw figures stay in the points.
 Drift: the machine may get slower or faster during a run (another job
 starts). With the interleaved order every repeat sweeps every deployment, so
 the drift is the change between repeats that all deployments share
-(:func:`measure_drift`); with the blocked order it is the control point's
-change from the first measurement of the same level. Every comparison is a
-ratio with an interval across repeats widened by that drift; a difference
-inside it is printed as "no detectable difference".
+(:func:`measure_drift`), and each deployment's repeats, measured at different
+times, carry it in their spread; with the blocked order it is the control
+point's change from the first measurement of the same level, added to the
+intervals. Every comparison is a ratio with an interval (the repeats' spread,
+plus a blocked run's drift); a difference inside it is printed as "no
+detectable difference".
 """
 
 from __future__ import annotations
@@ -170,7 +172,8 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
                   key=lambda r: (order.index(r["deployment"]) if r["deployment"] in order else len(order),
                                  r["concurrency"]))
     drift = measure_drift(points, spec.get("order", "interleaved"))
-    rec, rec_note = _recommendation(spec, rows, level_drifts(drift))
+    widen = level_drifts(drift, spec.get("order", "interleaved"))
+    rec, rec_note = _recommendation(spec, rows, widen)
     total = len(order) * len(spec.get("levels", [])) * int(spec.get("repeats", 1)) \
         + (1 if spec.get("order") == "blocked" else 0)
     engines = {p["deployment"]: p.get("engine", {}) for p in points}
@@ -187,7 +190,7 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
                         for d in spec.get("deployments", [])],
         "levels": rows,
         "recommendation": rec.to_json() if rec else None, "recommendation_note": rec_note,
-        "threshold_check": _threshold_check(rows, level_drifts(drift)),
+        "threshold_check": _threshold_check(rows, widen),
     }
     return summary, rec, rows
 
@@ -224,16 +227,16 @@ def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
                             time_scale=summary["time_scale"], marks=marks), None
 
 
-def level_drifts(drift: dict[str, Any]) -> dict[int, float] | float:
-    """The drift each level's interval is widened by: its own where measured per level
-    (interleaved), else the run's one figure (blocked), else 0."""
-    if drift.get("per_level"):
-        return {int(c): v for c, v in drift["per_level"].items()}
-    return float(drift.get("drift") or 0.0)
+def level_drifts(drift: dict[str, Any], order: str) -> float:
+    """What the intervals are widened by. Interleaved: nothing more, as each deployment's repeats
+    were measured at different times of the run, so their spread (the interval's noise term)
+    already contains the drift. Blocked: a deployment's repeats ran back to back and their spread
+    cannot see it: the control's drift is added."""
+    return 0.0 if order == "interleaved" else float(drift.get("drift") or 0.0)
 
 
 def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
-                    drift: dict[int, float] | float) -> tuple[Recommendation | None, str | None]:
+                    drift: float) -> tuple[Recommendation | None, str | None]:
     roles = {d.get("role"): d["name"] for d in spec.get("deployments", [])}
     if "baseline" not in roles or "speculative" not in roles:
         return None, None
@@ -253,9 +256,9 @@ def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
         return None, None
 
 
-def _threshold_check(rows: list[dict[str, Any]], drift: dict[int, float] | float) -> list[dict[str, Any]] | None:
+def _threshold_check(rows: list[dict[str, Any]], drift: float) -> list[dict[str, Any]] | None:
     """Per level: the speculative+threshold deployment against the better of baseline and speculative,
-    repeat by repeat, as a ratio with its interval (range over repeats, widened by the drift)."""
+    repeat by repeat, as a ratio with its interval (the spread pooled over the three, plus ``drift``)."""
     by: dict[str, dict[int, dict[int, float]]] = {}
     for r in rows:
         if r["role"]:
@@ -274,7 +277,7 @@ def _threshold_check(rows: list[dict[str, Any]], drift: dict[int, float] | float
         mine = [tv[r] for r in repeats]
         if min(best) <= 0:
             continue
-        d = drift.get(c, max(drift.values(), default=0.0)) if isinstance(drift, dict) else drift
+        d = drift
         # the noise of the level: the largest spread any of the three shows between its repeats
         noise = max(_spread([v[r] for r in repeats]) for v in (tv, bv, sv))
         ratio, lo, hi = ratio_interval(mine, best, d, noise)
@@ -350,7 +353,8 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
         lines += [f"- {ln}" for ln in rec.engine_lines()]
         lines += [f"- warning: {w}" for w in rec.warnings]
         lines += ["", "Speculative / baseline output throughput per level: the ratio, and the interval it lies in "
-                  "(range over repeats, widened by the drift).", "",
+                  "(the spread of the repeats, which in an interleaved run were measured at different times and so "
+                  "carry the drift; a blocked run adds the control's drift).", "",
                   "| concurrency | verdict | ratio | interval |", "| ---: | --- | ---: | --- |"]
         lines += [f"| {v.concurrency} | {_verdict(v.winner)} | {v.margin + 1:.3f} | "
                   f"[{v.interval[0]:.3f}, {v.interval[1]:.3f}] |" for v in rec.levels]
@@ -358,7 +362,7 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
         lines += ["", "## Recommendation", "", f"_{summary['recommendation_note']}_"]
     if summary.get("threshold_check"):
         lines += ["", "Speculation with the disable threshold against the better of the two, per level "
-                  "(ratio per repeat; interval widened by the drift):", "",
+                  "(ratio and interval as above, the spread pooled over the three):", "",
                   "| concurrency | tok/s | best of both | ratio | interval | verdict |",
                   "| ---: | ---: | ---: | ---: | --- | --- |"]
         lines += [f"| {c['concurrency']} | {c['throughput']} | {c['best_of_both']} | {c['ratio']:.3f} | "

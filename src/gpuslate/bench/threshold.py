@@ -21,9 +21,11 @@ forms the engines take (see docs/experiment.md for the sources):
 The decision is deliberately conservative:
 
 * each level compares the two as a ratio (speculative / baseline) with an
-  interval: repeats measured in the same round of an interleaved run are
-  paired, so the interval is the range of the paired ratios (noise), widened
-  on both sides by the drift measured over the run; a level counts as a
+  interval: the larger of the paired ratios' half-range and the spread each
+  side shows between its own repeats (which, in an interleaved run, were
+  measured at different times and so carry the drift), plus ``drift`` (a
+  blocked run's control drift, which its back-to-back repeats cannot see);
+  a level counts as a
   speculative win only when the whole interval lies above ``1 + min_margin``,
   a baseline win only when it lies below ``1 / (1 + min_margin)``, anything
   else is "no detectable difference";
@@ -288,8 +290,7 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
                             f"is {nxt.margin + 1:.3f} in [{lo:.3f}, {hi:.3f}] (drift {nxt.drift:.1%}), no detectable "
                             f"difference; the last clear win is {threshold}, but no threshold is recommended")
     if overall > 0:
-        warnings.append(f"drift measured over the run: up to {overall:.1%} (each level's interval is widened by "
-                        "its own)")
+        warnings.append(f"drift measured over the run: {overall:.1%} (added to every interval)")
     return Recommendation(tuple(verdicts), decision, threshold, crossover, in_noise, tuple(warnings),
                           num_speculative_tokens, overall)
 

@@ -167,7 +167,7 @@ def print_report(rep: Report, out: Path) -> None:
                                    for i, (cell, w) in enumerate(zip(row, widths))))
     for c in s.get("threshold_check") or []:
         if c == (s.get("threshold_check") or [])[0]:
-            print("\nwith the threshold against the better of the two (ratio, interval with drift):")
+            print("\nwith the threshold against the better of the two (ratio, interval):")
         print(f"  c={c['concurrency']}: {c['ratio']:.3f} in [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]: "
               f"{c['verdict']}")
     rec = rep.recommendation
