@@ -95,8 +95,9 @@ def make_plots(rows: list[dict[str, Any]], out: Path, *, title: str, time_scale:
                         color=st["color"])
     ax.set_xlabel("per-request speed (tok/s per request, 1000 / TPOT)")
     ax.set_ylabel("output throughput (tok/s)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    if placed:  # room above and right of the last points for their labels
+        ax.set_xlim(0, max(x for x, _ in placed) * 1.12)
+        ax.set_ylim(0, max(y for _, y in placed) * 1.15)
     ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     ax.set_title(f"{title}: throughput vs per-request speed{note}", fontsize=10)
     ax.grid(True, alpha=0.3)

@@ -335,7 +335,8 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     lines = [f"# Experiment {summary['name']}", ""]
     pts = summary["points"]
     lines.append(f"{pts['done']} of {pts['total']} points" + ("" if summary["complete"] else " (incomplete)")
-                 + f"; gpuslate {summary['gpuslate_version']}; spec `{summary['spec']}` (a copy: `spec.toml`).")
+                 + f"; gpuslate {summary['gpuslate_version']}; spec `{Path(summary['spec'] or 'spec.toml').name}` "
+                 "(a copy: `spec.toml`).")
     lines.append(order_sentence(summary))
     if summary["time_scale"] != 1:
         lines.append(time_scale_sentence(summary["time_scale"]))
@@ -343,7 +344,7 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     for d in summary["deployments"]:
         eng = d.get("engine") or {}
         engine = " ".join(str(x) for x in (eng.get("engine"), eng.get("version")) if x) or "-"
-        cmd = " ".join(d.get("command") or []).replace("|", "\\|")
+        cmd = " ".join(_shown_command(d.get("command") or [])).replace("|", "\\|")
         lines.append(f"| {d['name']} | {d.get('role') or '-'} | {engine} | `{cmd}` |")
     if rec is not None:
         lines += ["", "## Recommendation", "", f"**{rec.summary()}**", ""]
@@ -383,6 +384,11 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
                   "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(table[0]))) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     return "\n".join(lines) + "\n"
+
+
+def _shown_command(argv: list[str]) -> list[str]:
+    """The command as people read it: the program by its name (summary.json keeps the full path)."""
+    return [Path(argv[0]).name, *argv[1:]] if argv else argv
 
 
 def order_sentence(summary: dict[str, Any]) -> str:
