@@ -453,13 +453,10 @@ def _repeat_warning(plan: LoadPlan, prompts: PromptSource) -> str | None:
     distinct = prompts.distinct
     if distinct is None or plan.requests is None:
         return None
-    levels = 1 if plan.request_rate is not None else len(plan.concurrency)
-    per_level = plan.requests
-    if per_level <= distinct:
+    if plan.requests <= distinct:
         return None
-    return (f"the dataset holds {distinct} prompt(s) and a level sends {per_level} requests: prompts repeat "
-            "(a server with a prefix cache answers repeats faster)"
-            + (f"; {levels} levels" if levels > 1 else ""))
+    return (f"the dataset holds {distinct} prompt(s) and a level sends {plan.requests} requests: prompts repeat "
+            "(a server with a prefix cache answers repeats faster)")
 
 
 async def run_bench_async(url: str, plan: LoadPlan, *,
