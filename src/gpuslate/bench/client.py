@@ -68,7 +68,8 @@ def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
     return exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
 
 
-CONNECTION_ERRORS = ("cannot connect", "server disconnected")
+# errors that say the server is not there any more (refused, reset, cut off), not that it answered badly
+CONNECTION_ERRORS = ("cannot connect", "server disconnected", "response cut short", "ClientOSError")
 
 
 def is_connection_failure(rec: RequestRecord) -> bool:
