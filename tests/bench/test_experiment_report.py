@@ -153,3 +153,26 @@ def test_a_crossover_inside_drift_and_noise_is_not_recommended(tmp_path):
     assert rep.recommendation is not None and not rep.recommendation.recommended
     assert "no threshold recommended" in rep.summary["recommendation"]["summary"]
     assert not (out / "vllm-config.json").exists() and rep.summary["files"]["engines"] == []
+
+
+def test_drift_measured_by_the_blocked_order_control():
+    from gpuslate.bench.report import measure_drift
+
+    pts = all_points()
+    assert measure_drift(pts, "blocked")["drift"] is None  # the control has not run yet
+    ctl = point("base", "baseline", 1, 2, 90.0)  # repeat 0 of base at level 1 ran at 100: 10% slower now
+    ctl["control"] = True
+    d = measure_drift([*pts, ctl], "blocked")
+    assert d["drift"] == pytest.approx(0.1) and d["change"] == pytest.approx(-0.1)
+    assert "measured again at the end changed by -10.0%" in d["how"]
+    assert all(r["repeats"] == 2 for r in aggregate([*pts, ctl]))  # the control is not a repeat
+
+
+def test_drift_measured_by_the_interleaved_order():
+    from gpuslate.bench.report import measure_drift
+
+    # both deployments 10% slower in repeat 1 at level 2: a common move of ~10%
+    pts = [point(d, None, 2, r, v) for d, vs in (("a", (100, 90)), ("b", (200, 180))) for r, v in enumerate(vs)]
+    d = measure_drift(pts, "interleaved")
+    assert d["drift"] == pytest.approx(0.1053, abs=1e-3) and d["per_level"] == {"2": pytest.approx(0.1053, abs=1e-3)}
+    assert measure_drift(pts[::2], "interleaved")["drift"] is None  # one repeat: not measured

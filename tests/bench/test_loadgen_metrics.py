@@ -273,3 +273,18 @@ def test_acceptance_over_all_steps_and_speculative_share() -> None:
     acc = acceptance_between(before, after)
     assert acc.spec_steps == 3.0 and acc.all_steps == pytest.approx(1.2) and acc.spec_share == pytest.approx(0.1)
     assert acceptance_between(before, SpecCounters(30, 10, None)).all_steps is None  # no totals: unknown
+
+
+def test_a_level_whose_first_requests_were_slow_is_flagged_warming() -> None:
+    """transformers serve at a new concurrency: the first requests carried 4-5 s, then ~1.2 s."""
+    from gpuslate.bench.metrics import warming_tail
+
+    def recs(latencies: list[float]) -> list[RequestRecord]:
+        return [RequestRecord(ok=True, start=float(i), latency=x) for i, x in enumerate(latencies)]
+
+    assert warming_tail(recs([4.5, 5.0] + [1.2] * 18))
+    assert not warming_tail(recs([1.3, 1.1] + [1.2] * 18))
+    assert not warming_tail(recs([1.2] * 18 + [4.5, 5.0]))  # a slow end is not warming up
+    assert not warming_tail(recs([5.0, 5.0, 1.0]))  # too few to tell
+    lv = level_result(recs([4.5, 5.0] + [1.2] * 18), concurrency=2, request_rate=None)
+    assert lv.warming and lv.to_json()["warming"] is True
