@@ -54,10 +54,12 @@ sys.path.insert(0, "/tmp/gs")
 from gpuslate.bench.prompts import WORDS
 out = Path(sys.argv[1])
 words = sorted({w.strip() for w in WORDS} | {f"w{i}" for i in range(400)})
-vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+# sentencepiece-style words ("▁the"): decoded one token at a time (as servers stream) they keep their
+# spaces, so re-tokenizing the streamed text counts exactly the tokens generated
+vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{"\u2581" + w: i + 3 for i, w in enumerate(words)}}
 tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
 fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                pad_token="<unk>")
 fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -82,7 +84,7 @@ up() {  # up LOG CMD...: start a server in the background, wait for /v1/models; 
   local log=$1; shift
   "$@" >"$log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 90); do
+  for _ in $(seq 60); do
     kill -0 $SERVER 2>/dev/null || { echo "== exited: $*"; tail -5 "$log"; return 1; }
     "$PY" - "$PORT" <<'PYEOF' 2>/dev/null && return 0
 import sys, urllib.request
@@ -91,7 +93,7 @@ urllib.request.urlopen(req, timeout=2)
 PYEOF
     sleep 1
   done
-  echo "== not answering after 90 s: $*"; tail -5 "$log"; stop; return 1
+  echo "== not answering after 60 s: $*"; tail -5 "$log"; stop; return 1
 }
 stop() {
   [ -n "${SERVER:-}" ] || return 0
