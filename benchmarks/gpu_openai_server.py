@@ -291,6 +291,17 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error(exc.status, f"{exc.reason}: {request.method} {request.path}")
 
 
+def api_key_check(key: str | None) -> Any:
+    """``--api-key``: /v1 routes want ``Authorization: Bearer KEY`` (as vLLM's --api-key)."""
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if key is not None and request.path.startswith("/v1") and \
+                request.headers.get("Authorization", "") != f"Bearer {key}":
+            return error(401, "Unauthorized", "authentication_error")
+        return await handler(request)
+    return check
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -303,6 +314,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--model-name", default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--api-key", default=None, help="answer /v1 requests only with this bearer key")
     a = ap.parse_args()
     dtype = getattr(torch, a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
     t0 = time.time()
@@ -311,7 +323,7 @@ def main() -> int:
     print(f"[gpu-server] {name}: {engine.params / 1e6:.1f} M parameters, {dtype}, on {a.device} "
           f"({torch.cuda.get_device_name() if a.device.startswith('cuda') else 'cpu'}), "
           f"built in {time.time() - t0:.1f} s; torch {torch.__version__}", file=sys.stderr, flush=True)
-    app = web.Application(middlewares=[json_errors])
+    app = web.Application(middlewares=[json_errors, api_key_check(a.api_key)])
     srv = Server(engine, name, a.context)
     app.router.add_get("/health", srv.health)
     app.router.add_get("/v1/models", srv.models)

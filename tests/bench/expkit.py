@@ -74,5 +74,6 @@ def deterministic(summary: dict) -> dict:
         "levels": [(r["deployment"], r["concurrency"], r["repeats"], r["completed"], r["failed"],
                     r["output_tokens"], r["input_tokens"]) for r in summary["levels"]],
         "decision": rec.get("decision"), "threshold": rec.get("threshold"),
-        "winners": [lv["winner"] for lv in rec.get("levels", [])],
+        # the per-level verdicts are timing, not seeds: only the decision they lead to is compared
+        "levels_compared": [lv["concurrency"] for lv in rec.get("levels", [])],
     }

@@ -11,6 +11,7 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from helpers import gpuslate_env
@@ -73,3 +74,21 @@ def sim_serve(*args: str) -> Iterator[SimProc]:
         yield sim
     finally:
         sim.stop()
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A tiny tokenizer.json made here (nothing downloaded): one token per word, so it counts the
+    simulator's filler text (one word per token) and the random prompts exactly."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from gpuslate.bench.prompts import WORDS
+    from gpuslate.sim.openai_api import _FILLER
+
+    vocab = {"[UNK]": 0}
+    for word in [*(w.strip() for w in WORDS), *_FILLER]:
+        vocab.setdefault(word, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = folder / "tokenizer.json"
+    tok.save(str(path))
+    return path

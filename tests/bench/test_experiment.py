@@ -43,7 +43,11 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     jsonschema.validate(whole, SCHEMA)
     assert whole["schema"] == "gpuslate.experiment.v1" and whole["complete"]
     assert whole["run"]["points_run"] == 2 * len(LEVELS) * 2 and whole["run"]["points_skipped"] == 0
-    assert [t["action"] for t in whole["run"]["transitions"]] == ["up", "swap", "down"]
+    # interleaved: repeat 1 sweeps baseline then speculative, repeat 2 speculative then baseline
+    assert [t["action"] for t in whole["run"]["transitions"]] == ["up", "swap", "swap", "down"]
+    assert [t["deployment"] for t in whole["run"]["transitions"]] == ["baseline", "speculative", "baseline",
+                                                                     "baseline"]
+    assert whole["order"] == "interleaved" and whole["drift"]["drift"] is not None
     assert all(t["ok"] for t in whole["run"]["transitions"])
     # the crossover the performance model implies (between 1 and 2 with the defaults)
     rec = whole["recommendation"]
@@ -55,7 +59,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
 
     out = tmp_path / "part"
     proc = popen_cli("experiment", "run", str(spec), "--out", str(out))
-    # interrupt inside the second deployment's sweep: the first one's points are all written
+    # interrupt inside the second deployment's first sweep: baseline's first repeat is written
     wait_for(lambda: len(list((out / "points").glob("speculative__*.json"))) >= 1, timeout=60, interval=0.01)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -63,7 +67,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     assert "Traceback" not in err and "interrupted" in err and "--resume" in err
     assert not exp_host.held()  # the running deployment was stopped, memory verified released
     kept = len(list((out / "points").glob("*.json")))
-    assert len(LEVELS) * 2 < kept < 2 * len(LEVELS) * 2
+    assert len(LEVELS) < kept < 2 * len(LEVELS) * 2
     assert not list((out / "points").glob(".*"))  # no half-written point
 
     again = cli("experiment", "run", str(spec), "--out", str(out), "--json", "--resume", timeout=110)
@@ -71,7 +75,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     resumed = json.loads(again.stdout)
     assert resumed["run"]["points_skipped"] == kept
     assert resumed["run"]["points_run"] == 2 * len(LEVELS) * 2 - kept
-    assert [t["action"] for t in resumed["run"]["transitions"]] == ["up", "down"]  # baseline not redone
+    actions = [t["action"] for t in resumed["run"]["transitions"]]
+    assert actions[0] == "up" and actions[-1] == "down"
+    assert resumed["run"]["transitions"][0]["deployment"] == "speculative"  # baseline's first sweep not redone
     assert deterministic(resumed) == deterministic(whole)
 
     # the report alone gives the same summary, and its files are there

@@ -52,7 +52,8 @@ def test_aggregate_and_unscale():
     rows = aggregate(all_points(), time_scale=2.0)
     base1 = next(r for r in rows if r["deployment"] == "base" and r["concurrency"] == 1)
     assert base1["repeats"] == 2 and base1["completed"] == 16
-    assert base1["output_token_throughput"] == {"mean": 51.0, "min": 50.0, "max": 52.0, "values": [50.0, 52.0]}
+    assert base1["output_token_throughput"] == {"mean": 51.0, "min": 50.0, "max": 52.0, "values": [50.0, 52.0],
+                                                "repeats": [0, 1]}
     assert base1["ttft_ms"]["p50"] == 20.0 and base1["per_request_tok_s"] == 100.0  # 1000 / (5 ms * 2)
 
 
@@ -109,3 +110,69 @@ def test_report_cli(tmp_path, cli):
     r = cli("experiment", "report", str(make_dir(tmp_path, all_points())))
     assert r.returncode == 0, r.stderr
     assert "Recommendation: speculation wins up to concurrency 1" in r.stdout and "concurrency 2" in r.stdout
+
+
+def test_engine_files_order_drift_and_intervals_in_the_report(tmp_path):
+    out = make_dir(tmp_path, all_points())
+    rep = write_report(out)
+    assert rep.recommendation is not None and rep.recommendation.recommended and rep.recommendation.threshold == 1
+    # SGLang's and vLLM's real forms, as files next to report.md
+    assert json.loads((out / "vllm-config.json").read_text())["num_speculative_tokens_per_batch_size"] == [
+        [1, 1, 3], [2, 2, 0]]
+    assert json.loads((out / "sglang-adaptive-config.json").read_text())["2"] == {"candidate_steps": [0]}
+    assert "sglang-adaptive-config.json" in (out / "sglang-args.txt").read_text()
+    assert (out / "sim-args.txt").read_text().strip() == "--spec-disable-threshold 1"
+    md = (out / "report.md").read_text()
+    assert md.index("SGLang:") < md.index("vLLM:") < md.index("simulator:")  # the engines' forms lead
+    assert "Order: interleaved" in md and "Drift: " in md and "| concurrency | verdict | ratio | interval |" in md
+    drift = rep.summary["drift"]
+    # FIGS: both deployments move together between repeats by ~2.7% at level 1 (base +4%, spec -1.5%...)
+    assert drift["drift"] is not None and set(drift["per_level"]) == {"1", "2"}
+
+
+def test_no_threshold_from_estimated_tokens_unless_allowed(tmp_path):
+    pts = all_points()
+    for p in pts:
+        p["level"]["tokens_estimated"] = True
+    out = make_dir(tmp_path, pts)
+    rep = write_report(out)
+    assert rep.recommendation is None and "estimated" in rep.summary["recommendation_note"]
+    assert not (out / "vllm-config.json").exists()
+    manifest = json.loads((out / "experiment.json").read_text())
+    manifest["spec"]["allow_estimated"] = True
+    write_json_atomic(out / "experiment.json", manifest)
+    assert write_report(out).recommendation is not None
+
+
+def test_a_crossover_inside_drift_and_noise_is_not_recommended(tmp_path):
+    figs = {("base", 1): (100, 104), ("base", 2): (200, 204), ("spec", 1): (130, 128), ("spec", 2): (198, 206)}
+    pts = [point(d, "baseline" if d == "base" else "speculative", c, r, v)
+           for (d, c), vs in figs.items() for r, v in enumerate(vs)]
+    out = make_dir(tmp_path, pts)
+    rep = write_report(out)
+    assert rep.recommendation is not None and not rep.recommendation.recommended
+    assert "no threshold recommended" in rep.summary["recommendation"]["summary"]
+    assert not (out / "vllm-config.json").exists() and rep.summary["files"]["engines"] == []
+
+
+def test_drift_measured_by_the_blocked_order_control():
+    from gpuslate.bench.report import measure_drift
+
+    pts = all_points()
+    assert measure_drift(pts, "blocked")["drift"] is None  # the control has not run yet
+    ctl = point("base", "baseline", 1, 2, 90.0)  # repeat 0 of base at level 1 ran at 100: 10% slower now
+    ctl["control"] = True
+    d = measure_drift([*pts, ctl], "blocked")
+    assert d["drift"] == pytest.approx(0.1) and d["change"] == pytest.approx(-0.1)
+    assert "measured again at the end changed by -10.0%" in d["how"]
+    assert all(r["repeats"] == 2 for r in aggregate([*pts, ctl]))  # the control is not a repeat
+
+
+def test_drift_measured_by_the_interleaved_order():
+    from gpuslate.bench.report import measure_drift
+
+    # both deployments 10% slower in repeat 1 at level 2: a common move of ~10%
+    pts = [point(d, None, 2, r, v) for d, vs in (("a", (100, 90)), ("b", (200, 180))) for r, v in enumerate(vs)]
+    d = measure_drift(pts, "interleaved")
+    assert d["drift"] == pytest.approx(0.1053, abs=1e-3) and d["per_level"] == {"2": pytest.approx(0.1053, abs=1e-3)}
+    assert measure_drift(pts[::2], "interleaved")["drift"] is None  # one repeat: not measured

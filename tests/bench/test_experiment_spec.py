@@ -113,3 +113,43 @@ def test_cli_malformed_spec_exit_2(tmp_path, cli):
     assert not (tmp_path / "out").exists()  # nothing started, nothing written
     r = cli("experiment", "run", str(tmp_path / "missing.toml"), "--json")
     assert r.returncode == 2 and '"gpuslate.error.v1"' in r.stdout
+
+
+THREE = GOOD.replace('deployments = ["baseline", "speculative"]', 'deployments = ["baseline", "speculative", "t1"]')\
+    .replace("repeats = 2", "repeats = 3") + """
+[units.t1]
+command = "python -m gpuslate sim serve --port 31000 --mode speculative --spec-disable-threshold 1"
+port = 31000
+"""
+
+
+def test_interleaved_order_rotates_each_repeat(tmp_path):
+    from gpuslate.bench.experiment import plan_for, schedule
+
+    spec = load_spec(write(tmp_path, THREE))
+    blocks = schedule(spec)
+    # ABC, BCA, CAB: every deployment once per repeat, each in every position once
+    assert [b.deployment.name for b in blocks] == ["baseline", "speculative", "t1", "speculative", "t1", "baseline",
+                                                   "t1", "baseline", "speculative"]
+    assert all({k.repeat for k in b.keys} == {i // 3} for i, b in enumerate(blocks))
+    assert [k.concurrency for k in blocks[0].keys] == [1, 2, 4]
+    assert plan_for(spec, blocks[3].keys[0]).seed == 1  # repeat 1's seed, whoever runs it
+
+
+def test_blocked_order_ends_with_a_control_of_the_first_deployment(tmp_path):
+    from gpuslate.bench.experiment import plan_for, schedule
+
+    spec = load_spec(write(tmp_path, THREE.replace('name = "t"', 'name = "t"\norder = "blocked"\ncontrol_level = 2')))
+    blocks = schedule(spec)
+    assert [b.deployment.name for b in blocks] == ["baseline", "speculative", "t1", "baseline"]
+    (ctl,) = blocks[-1].keys
+    assert ctl.control and ctl.concurrency == 2 and ctl.filename.endswith("__control.json")
+    assert plan_for(spec, ctl).seed == plan_for(spec, blocks[0].keys[0]).seed  # the same requests as repeat 0
+    assert len(blocks[0].keys) == 3 * 3  # levels x repeats back to back
+
+
+@pytest.mark.parametrize(("extra", "message"), [('order = "random"', "order must be one of"),
+                                                ("control_level = 3", "control_level 3 is not one of the levels")])
+def test_bad_order_or_control(tmp_path, extra, message):
+    with pytest.raises(UsageError, match=message):
+        load_spec(write(tmp_path, THREE.replace('name = "t"', f'name = "t"\n{extra}')))

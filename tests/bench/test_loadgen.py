@@ -10,15 +10,17 @@ import asyncio
 import json
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuslate.bench import LoadPlan, Progress, run_bench, run_bench_async
+from gpuslate.bench.metrics import TokenSource
 from gpuslate.errors import ServerFailed, UsageError
 from gpuslate.sim.perfmodel import PerfParams, throughput
-from simproc import sim_serve
+from simproc import sim_serve, word_tokenizer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -56,7 +58,8 @@ def test_throughput_and_tokens_agree_with_the_server(api: str) -> None:
                 assert lv.input_tokens == c * IN
                 assert not lv.tokens_estimated
                 assert lv.total_token_throughput == pytest.approx(lv.output_token_throughput * (IN + OUT) / OUT)
-                assert lv.accept_length is None  # baseline: no speculative steps
+                # baseline: one token per request-step, none of them speculative
+                assert lv.accept_length == 1.0 and lv.spec_step_share == 0.0 and lv.accept_length_spec is None
                 measured.append(lv)
                 if abs(lv.output_token_throughput / expected - 1) < 0.05:
                     break
@@ -84,15 +87,20 @@ def test_request_rate_poisson_with_max_concurrency() -> None:
         assert sim.counters()["requests_finished"] == 60
 
 
-def test_server_without_streamed_usage_counts_chunks_and_says_so() -> None:
-    with sim_serve("--time-scale", "50", "--no-stream-usage") as sim:
+def test_server_without_streamed_usage_is_estimated_or_counted_with_a_tokenizer(tmp_path: Path) -> None:
+    tok = word_tokenizer(tmp_path)
+    with sim_serve("--time-scale", "50", "--no-stream-usage", "--mode", "speculative") as sim:
         for api in ("completions", "chat"):
-            result = run_bench(sim.url, LoadPlan(concurrency=(3,), requests=6, api=api, input_len=16, output_len=20))
-            (lv,) = result.levels
-            assert lv.completed == 6 and lv.tokens_estimated
-            # baseline steps stream one token per chunk, so the estimate is exact here
-            assert lv.output_tokens == 6 * 20
+            plan = LoadPlan(concurrency=(3,), requests=6, api=api, input_len=16, output_len=20)
+            (lv,) = run_bench(sim.url, plan).levels
+            assert lv.completed == 6 and lv.tokens_estimated and lv.token_source is TokenSource.ESTIMATED
+            # speculative chunks carry ~3 tokens: counting chunks (the old way) would say ~1/3
+            assert lv.output_tokens > 6 * 20 * 0.8
             assert lv.input_tokens == 6 * 16  # the prompts' intended length
+            (lv,) = run_bench(sim.url, replace(plan, tokenizer=str(tok))).levels
+            assert not lv.tokens_estimated and lv.token_source is TokenSource.TOKENIZER
+            assert lv.output_tokens == 6 * 20 and lv.input_tokens == 6 * 16  # exact, one word a token
+            assert lv.tpot_ms.mean is not None and lv.itl_ms.mean is not None
 
 
 def test_failures_are_counted_and_grouped_not_crashed_on() -> None:
@@ -144,11 +152,13 @@ def test_speculative_acceptance_length_per_level() -> None:
         plan = LoadPlan(concurrency=(1, 2), requests=4, input_len=8, output_len=61)
         for lv in run_bench(sim.url, plan).levels:
             # 61 tokens at 3 per step: 20 steps of 3 and one cut to 1 -> 61/21, level by level
-            assert lv.accept_length == pytest.approx(61 / 21, abs=1e-3)
+            assert lv.accept_length_spec == pytest.approx(61 / 21, abs=1e-3)
+            assert lv.accept_length == pytest.approx(61 / 21, abs=1e-3) and lv.spec_step_share == 1.0
     with sim_serve("--time-scale", "20", "--mode", "speculative", "--spec-disable-threshold", "0") as sim:
         result = run_bench(sim.url, LoadPlan(concurrency=(2,), requests=2, input_len=8, output_len=10))
-        # speculation switched off: no speculative step, nothing to report
-        assert result.levels[0].accept_length is None
+        # speculation switched off: no speculative step; one token per step over all steps
+        lv = result.levels[0]
+        assert lv.accept_length_spec is None and lv.accept_length == 1.0 and lv.spec_step_share == 0.0
         assert result.server["mode"] == "speculative" and result.server["spec_disable_threshold"] == 0
 
 
@@ -265,3 +275,14 @@ def test_stream_parsing_survives_any_fragmentation(pieces: int) -> None:
     # an error event in the stream
     (lv,) = asyncio.run(go([b'data: {"error": {"message": "engine died"}}\n\n'])).levels
     assert lv.errors == {"error in stream: engine died": 2}
+
+
+def test_accept_length_over_all_steps_where_the_threshold_switches_speculation_off() -> None:
+    """Issue 17 item 2: at concurrency 16 with --spec-disable-threshold 1 speculation is off for
+    nearly every step; the accept column must say ~1 (and the share of speculative steps ~0), not 3."""
+    with sim_serve("--time-scale", "20", "--mode", "speculative", "--spec-disable-threshold", "1") as sim:
+        (lv,) = run_bench(sim.url, LoadPlan(concurrency=(16,), requests=32, input_len=8, output_len=32)).levels
+        assert lv.accept_length is not None and lv.accept_length < 1.2
+        assert lv.spec_step_share is not None and lv.spec_step_share < 0.1
+        # the few speculative steps (a lone request at the end) still accept 3: reported apart
+        assert lv.accept_length_spec is None or lv.accept_length_spec > 2.5

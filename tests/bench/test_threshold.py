@@ -4,6 +4,7 @@ Property tests (hypothesis) plus the crossover the simulated server's model impl
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -50,7 +51,37 @@ def test_crossover_within_noise_warns_and_stays_at_last_clear_win():
     spec = {1: [150, 151], 2: [210, 220], 4: [200, 201]}
     rec = recommend(base, spec)
     assert rec.threshold == 1 and rec.crossover == (1, 2) and rec.crossover_in_noise
-    assert any("within noise" in w for w in rec.warnings)
+    assert any("within drift + noise" in w for w in rec.warnings)
+    assert not rec.recommended and "no threshold recommended" in rec.summary()
+    assert rec.to_json()["recommended"] is False
+
+
+def test_pairs_cancel_drift_that_blocks_would_see_as_a_difference():
+    """Both deployments slow down 10% between repeats (drift). The repeats' own spread (~10%)
+    hides a 2% edge: no detectable difference, though the ratio is 1.02 in every pair."""
+    base = {1: [100.0, 90.0]}
+    spec = {1: [102.0, 91.8]}
+    assert recommend(base, spec).levels[0].winner == "tie"
+    # a 20% edge stands out of that spread ...
+    assert recommend(base, {1: [120.0, 108.0]}).levels[0].winner == "speculative"
+    # ... until the measured drift is added on top
+    rec = recommend(base, {1: [120.0, 108.0]}, drift=0.15)
+    assert rec.levels[0].winner == "tie" and rec.decision == "always_off"
+    assert any("drift measured over the run: 15.0%" in w for w in rec.warnings)
+    lo, hi = rec.levels[0].interval
+    half = 1.2 * max(12 / 114, 10 / 95) + 0.15
+    assert lo == pytest.approx(1.2 - half) and hi == pytest.approx(1.2 + half)
+
+
+@settings(deadline=None)
+@given(st.floats(0.0, 0.5), st.floats(0.0, 0.5))
+def test_more_drift_never_makes_a_win_out_of_a_tie(d1: float, d2: float):
+    lo, hi = sorted((d1, d2))
+    base = {c: [throughput("baseline", c, PerfParams())] * 2 for c in LEVELS}
+    spec = {c: [throughput("speculative", c, PerfParams())] * 2 for c in LEVELS}
+    a, b = recommend(base, spec, drift=lo), recommend(base, spec, drift=hi)
+    for va, vb in zip(a.levels, b.levels):
+        assert vb.winner == va.winner or vb.winner == "tie"
 
 
 def test_single_repeat_warns_no_spread():

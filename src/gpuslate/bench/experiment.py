@@ -1,16 +1,22 @@
 """``experiment run``: sweep each deployment on a verified clean slate, one point at a time.
 
-For each deployment of the spec, in order:
+The run is a sequence of *blocks*, one deployment each (:func:`schedule`):
+with the default interleaved order, repeat after repeat, every deployment in
+an order rotated by one each repeat (ABC, BCA, CAB), so that drift of the
+machine over the run cannot masquerade as a difference between deployments;
+with the blocked order, each deployment's repeats back to back and then a
+control block re-measuring the first deployment at one level. For each block:
 
-1. bring it up through the units API: ``swap`` from the deployment before it
-   (down, verify its GPUs released, up, ready), or ``up`` for the first one
-   (``clear`` first when the spec says so); the result is recorded in
-   ``DIR/transitions/``;
-2. warm up (requests not counted) and sweep every level × repeat with
-   :func:`run_bench`, one single-level plan per *point*;
+1. bring its deployment up through the units API: ``swap`` from the one
+   serving (down, verify its GPUs released, up, ready), or ``up`` for the
+   first one (``clear`` first when the spec says so); the result is recorded
+   in ``DIR/transitions/``;
+2. sweep the block's levels with :func:`run_bench`, one single-level plan per
+   *point*, each warmed up at its own concurrency (requests not counted);
 3. write every finished point at once to ``DIR/points/`` (temp file + rename):
-   the figures, the deployment's command line, the GPU state just before the
-   point, gpuslate's version and the engine's as the server reports it.
+   the figures, its place in the run's order, the deployment's command line,
+   the GPU state just before the point, gpuslate's version and the engine's
+   as the server reports it.
 
 The last deployment is stopped at the end (and its GPUs verified free). An
 interrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops every unit
@@ -36,11 +42,11 @@ from ..api import status
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import down, list_units, swap, up
 from . import LoadPlan, Progress, run_bench
-from .spec import Deployment, ExperimentSpec
+from .spec import Deployment, ExperimentSpec, Order
 
 RUN_SCHEMA = "gpuslate.experiment.run.v1"
 POINT_SCHEMA = "gpuslate.experiment.point.v1"
-Phase = Literal["starting", "warmup", "running"]
+Phase = Literal["starting", "warmup", "running", "finished"]
 Note = Callable[[str], None]
 
 
@@ -49,10 +55,19 @@ class PointKey:
     deployment: str
     concurrency: int
     repeat: int
+    control: bool = False  # the blocked order's drift control, measured after every block
 
     @property
     def filename(self) -> str:
-        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}.json"
+        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{'__control' if self.control else ''}.json"
+
+
+@dataclass(frozen=True)
+class Block:
+    """Points of one deployment run back to back (one bring-up)."""
+
+    deployment: Deployment
+    keys: tuple[PointKey, ...]
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,9 @@ class ExperimentProgress:
     points_total: int
     elapsed_s: float
     remaining_s: float | None  # estimate from the points timed in this run
+    eta_at: float | None = None  # time.monotonic() when the run should end (a display counts down to it)
+    control: bool = False
+    output_tok_s: float | None = None  # phase "finished": the point's output throughput (as measured)
 
 
 @dataclass
@@ -83,15 +101,39 @@ class RunResult:
 
 
 def point_keys(spec: ExperimentSpec, dep: Deployment) -> list[PointKey]:
-    """A deployment's points in sweep order: every level once per repeat, so repeats are separate sweeps."""
+    """A deployment's measured points (controls aside): every level once per repeat."""
     return [PointKey(dep.name, c, r) for r in range(spec.repeats) for c in spec.levels]
+
+
+def schedule(spec: ExperimentSpec) -> list[Block]:
+    """The run's blocks in order. Interleaved: repeat r sweeps the deployments rotated by r.
+    Blocked: each deployment's repeats in one block, then the first deployment's control level
+    again (the drift control)."""
+    deps = list(spec.deployments)
+    if spec.order is Order.INTERLEAVED:
+        blocks = []
+        for r in range(spec.repeats):
+            k = r % len(deps)
+            for dep in deps[k:] + deps[:k]:
+                blocks.append(Block(dep, tuple(PointKey(dep.name, c, r) for c in spec.levels)))
+        return blocks
+    blocks = [Block(dep, tuple(point_keys(spec, dep))) for dep in deps]
+    assert spec.control_level is not None
+    first = deps[0]
+    blocks.append(Block(first, (PointKey(first.name, spec.control_level, spec.repeats, control=True),)))
+    return blocks
 
 
 def plan_for(spec: ExperimentSpec, key: PointKey, *, warmup: int = 0) -> LoadPlan:
     """The one-level plan of a point; the seed differs per repeat and is the same on every run."""
     kw = dict(spec.load)
     kw.pop("warmup", None)
-    return LoadPlan(concurrency=(key.concurrency,), seed=spec.load.get("seed", 0) + key.repeat, warmup=warmup,
+    key_env = kw.pop("api_key_env", None)  # the key itself is never in the spec, the run folder or a point
+    if key_env:
+        kw["api_key"] = os.environ.get(key_env) or None
+    # a control repeats the first repeat's requests exactly: only the machine may have changed
+    seed = spec.load.get("seed", 0) + (0 if key.control else key.repeat)
+    return LoadPlan(concurrency=(key.concurrency,), seed=seed, warmup=warmup,
                     **{k: v for k, v in kw.items() if k != "seed"})
 
 
@@ -148,23 +190,30 @@ class _Runner:
         self.t0 = time.monotonic()
         self.running: str | None = None  # the unit this run started and that serves now
         self.touched: list[str] = []  # units this run started: the ones an interrupt may stop
-        all_keys = [k for d in spec.deployments for k in point_keys(spec, d)]
+        self.blocks = schedule(spec)
+        all_keys = [k for b in self.blocks for k in b.keys]
+        self.seq = {k: i for i, k in enumerate(all_keys)}
         self.total = len(all_keys)
         self.done = sum(1 for k in all_keys if (self.points / k.filename).is_file())
         self.skipped = self.done
         self.point_seconds: list[float] = []
+        self.point_started: float | None = None
         self.result = RunResult(str(out), 0, self.skipped)
 
     def run(self) -> RunResult:
         try:
-            for index, dep in enumerate(self.spec.deployments):
-                pending = [k for k in point_keys(self.spec, dep) if not (self.points / k.filename).is_file()]
+            names = [d.name for d in self.spec.deployments]
+            for block in self.blocks:
+                dep = block.deployment
+                index = names.index(dep.name)
+                pending = [k for k in block.keys if not (self.points / k.filename).is_file()]
                 if not pending:
                     continue
-                self._progress(dep, index, "starting", None, None, 0, None)
-                self._bring_up(dep)
-                for n, key in enumerate(pending):
-                    self._point(dep, index, key, warmup=self.spec.load.get("warmup", 0) if n == 0 else 0)
+                if self.running != dep.name:
+                    self._progress(dep, index, "starting", None, None, 0, None)
+                    self._bring_up(dep)
+                for key in pending:
+                    self._point(dep, index, key, warmup=self.spec.load.get("warmup", 0))
             if self.running is not None:
                 self._stop(self.running, "end of the experiment")
         except BaseException as exc:
@@ -249,20 +298,22 @@ class _Runner:
         before = status(sim=self.sim).to_json()
         plan = plan_for(self.spec, key, warmup=warmup)
         t_start, started_at = time.monotonic(), iso_time(time.time())
+        self.point_started = t_start
 
         def progress(p: Progress) -> None:
             self._progress(dep, index, "warmup" if p.warmup else "running", key.concurrency, key.repeat,
-                           p.done, p.total)
+                           p.done, p.total, control=key.control)
 
         self._progress(dep, index, "warmup" if warmup else "running", key.concurrency, key.repeat, 0,
-                       plan.requests)
+                       plan.requests, control=key.control)
         bench = run_bench(dep.unit.url(""), plan, on_progress=progress)
         doc = bench.to_json()
         if not bench.levels:
             raise ServerFailed(f"{dep.name} at concurrency {key.concurrency}: no result")
         point = {
             "schema": POINT_SCHEMA, "experiment": self.spec.name, "deployment": dep.name, "role": dep.role,
-            "concurrency": key.concurrency, "repeat": key.repeat, "seed": plan.seed,
+            "concurrency": key.concurrency, "repeat": key.repeat, "control": key.control,
+            "seq": self.seq[key], "order": self.spec.order.value, "seed": plan.seed,
             "command": dep.unit.command, "unit": dep.unit.to_json(), "gpuslate_version": __version__,
             "engine": doc.get("server", {}), "started_at": started_at, "finished_at": iso_time(time.time()),
             "gpu_state_before": before, "level": doc["levels"][0], "bench": doc,
@@ -271,16 +322,26 @@ class _Runner:
         self.point_seconds.append(time.monotonic() - t_start)
         self.done += 1
         self.result.points_run += 1
+        self.point_started = None
+        self._progress(dep, index, "finished", key.concurrency, key.repeat, doc["levels"][0]["completed"],
+                       plan.requests, control=key.control, output_tok_s=doc["levels"][0]["output_token_throughput"])
 
     def _progress(self, dep: Deployment, index: int, phase: Phase, concurrency: int | None,
-                  repeat: int | None, done: int, total: int | None) -> None:
+                  repeat: int | None, done: int, total: int | None, *, control: bool = False,
+                  output_tok_s: float | None = None) -> None:
         if self.on_progress is None:
             return
+        now = time.monotonic()
         left = self.total - self.done
-        remaining = (sum(self.point_seconds) / len(self.point_seconds) * left) if self.point_seconds else None
+        remaining = None
+        if self.point_seconds:  # the mean point so far, less what the current one has already run
+            mean = sum(self.point_seconds) / len(self.point_seconds)
+            into = min(now - self.point_started, mean) if self.point_started is not None else 0.0
+            remaining = max(0.0, mean * left - into)
         self.on_progress(ExperimentProgress(dep.name, index, len(self.spec.deployments), phase, concurrency,
-                                            repeat, done, total, self.done, self.total,
-                                            time.monotonic() - self.t0, remaining))
+                                            repeat, done, total, self.done, self.total, now - self.t0, remaining,
+                                            None if remaining is None else now + remaining, control,
+                                            output_tok_s))
 
 
 @contextmanager

@@ -3,37 +3,48 @@ OpenAI-compatible servers (SGLang, vLLM, ``gpuslate sim serve``, ...).
 
 A *plan* is a list of closed-loop concurrency levels, run one after another
 (each level keeps ``c`` requests in flight until it has sent its requests or
-its time is up), or a Poisson arrival process at ``request_rate`` requests/s
-optionally capped at ``max_concurrency`` in flight. Figures come from
-:mod:`gpuslate.bench.metrics`; token counts from the server's ``usage``
-(streams ask for it with ``stream_options.include_usage``), else from the
-streamed chunks, and then the level says ``tokens_estimated``.
+its time is up), or an arrival process at ``request_rate`` requests/s
+(Poisson, or gamma with ``burstiness``; ``inf``: all at once, vLLM's rule)
+optionally capped at ``max_concurrency`` in flight. Each level is preceded by
+``warmup`` requests at its own concurrency (a continuous-batching server is
+slow the first time it sees a batch size), left out of the figures.
+
+One request is :mod:`gpuslate.bench.client`, what the server says about
+itself :mod:`gpuslate.bench.serverinfo`, the figures
+:mod:`gpuslate.bench.metrics`. A level stops early when the server is gone
+(``max_connection_failures`` connection failures in a row): the requests it
+did not send are counted as not sent, not fired at a dead port.
 
 Nothing is printed here; progress goes to a callback and errors are raised
 as :class:`~gpuslate.errors.GpuslateError` subclasses, a bad plan before
-anything is sent.
+anything is sent. ``stop`` (an asyncio event) ends a run at any point, the
+model probe included, keeping what finished and listing what was in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import resource
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from .. import __version__
 from .._time import iso_time
-from ..errors import ServerFailed, UsageError
-from .metrics import LevelResult, RequestRecord, level_result
+from ..errors import UsageError
+from .client import Client, is_connection_failure
+from .metrics import DEFAULT_PERCENTILES, LevelResult, RequestRecord, Slo, level_result
 from .prompts import Prompt, PromptSource, load_dataset
+from .serverinfo import (CONTINUOUS_USAGE_ENGINES, acceptance_between, resolve_model, server_facts,
+                         spec_counters)
+from .tokens import load_tokenizer
 
+_T = TypeVar("_T")
 Api = Literal["completions", "chat"]
 APIS: tuple[str, ...] = ("completions", "chat")
 
@@ -43,9 +54,8 @@ MAX_REQUESTS = 10_000_000
 MAX_LEN = 1_000_000
 MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_RATE = 1_000_000.0
-PROBE_TIMEOUT_S = 10.0  # model list and server-info look-ups
-_ERROR_CHARS = 200  # an error message is cut to this before it is grouped
-_decode = json.JSONDecoder().decode  # str in: json.loads would sniff each bytes chunk's encoding
+MAX_BURSTINESS = 1000.0
+MAX_HEADER_CHARS = 8192
 
 
 @dataclass(frozen=True)
@@ -53,11 +63,12 @@ class LoadPlan:
     """What to send; see docs/bench.md. Validated by :meth:`validate` before anything is sent."""
 
     concurrency: tuple[int, ...] = (1,)  # closed-loop levels, one after another
-    request_rate: float | None = None  # Poisson arrivals instead (then concurrency is ignored)
+    request_rate: float | None = None  # arrivals instead (then concurrency is ignored); inf: all at once
     max_concurrency: int | None = None
     requests: int | None = 64  # per level (None with duration_s)
     duration_s: float | None = None
-    warmup: int = 0
+    warmup: int = 0  # requests before each level, at its concurrency (or before the first only)
+    warmup_each_level: bool = True
     seed: int = 0
     api: Api = "completions"
     stream: bool = True
@@ -67,6 +78,15 @@ class LoadPlan:
     model: str | None = None  # None: ask GET /v1/models and use the first
     ignore_eos: bool = True
     timeout_s: float = 600.0  # per request
+    burstiness: float = 1.0  # gamma shape of the arrivals: 1 Poisson, < 1 burstier, > 1 steadier
+    random_range_ratio: float = 0.0  # random prompt/output lengths within L * (1 -/+ r)
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    goodput: tuple[tuple[Slo, float], ...] = ()  # objectives in ms: (ttft|tpot|e2e, limit)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
+    headers: tuple[tuple[str, str], ...] = ()
+    api_key: str | None = field(default=None, repr=False)  # sent as Authorization: Bearer
+    tokenizer: str | None = None  # count tokens with it when the server reports no usage
+    max_connection_failures: int = 8  # in a row: the server is gone, the level stops
 
     def validate(self) -> None:
         """Raise :class:`UsageError` (one line) on the first bad value."""
@@ -77,9 +97,12 @@ class LoadPlan:
                 _check_int("concurrency", c, 1, MAX_CONCURRENCY)
         else:
             if isinstance(self.request_rate, bool) or not isinstance(self.request_rate, (int, float)) \
-                    or not math.isfinite(self.request_rate) or not 0 < self.request_rate <= MAX_RATE:
-                raise UsageError(f"request rate must be a number within (0, {MAX_RATE:g}], "
+                    or math.isnan(self.request_rate) or not 0 < self.request_rate \
+                    or (math.isfinite(self.request_rate) and self.request_rate > MAX_RATE):
+                raise UsageError(f"request rate must be a number within (0, {MAX_RATE:g}] or inf, "
                                  f"got {self.request_rate!r}")
+            if math.isinf(self.request_rate) and self.requests is None:
+                raise UsageError("--request-rate inf sends every request at once: give --requests")
         if self.max_concurrency is not None:
             _check_int("max concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
         if self.requests is None and self.duration_s is None:
@@ -97,17 +120,53 @@ class LoadPlan:
         _check_float("timeout", self.timeout_s, MAX_DURATION_S)
         if self.model is not None and not self.model:
             raise UsageError("model name must not be empty")
+        if isinstance(self.burstiness, bool) or not isinstance(self.burstiness, (int, float)) \
+                or not math.isfinite(self.burstiness) or not 0 < self.burstiness <= MAX_BURSTINESS:
+            raise UsageError(f"burstiness must be a number within (0, {MAX_BURSTINESS:g}], got {self.burstiness!r}")
+        if isinstance(self.random_range_ratio, bool) or not isinstance(self.random_range_ratio, (int, float)) \
+                or not 0 <= self.random_range_ratio < 1:
+            raise UsageError(f"random range ratio must be within [0, 1), got {self.random_range_ratio!r}")
+        if not self.percentiles or any(isinstance(q, bool) or not isinstance(q, (int, float))
+                                       or not 0 <= q <= 100 for q in self.percentiles):
+            raise UsageError(f"percentiles must be numbers within 0..100, got {list(self.percentiles)!r}")
+        for key, limit in self.goodput:
+            if not isinstance(key, Slo) or not math.isfinite(limit) or limit <= 0:
+                raise UsageError(f"goodput objective {key}:{limit} must be ttft, tpot or e2e with ms > 0")
+        if not isinstance(self.extra_body, dict):
+            raise UsageError("extra body must be a JSON object")
+        for name, value in self.headers:
+            if not name or any(c in name + value for c in "\r\n\0") or ":" in name \
+                    or len(name) + len(value) > MAX_HEADER_CHARS:
+                raise UsageError(f"invalid header {name!r}: expected NAME:VALUE on one line")
+        if self.api_key is not None and (not self.api_key or any(c in self.api_key for c in "\r\n\0")):
+            raise UsageError("API key must be one non-empty line")
+        _check_int("max connection failures", self.max_connection_failures, 1, MAX_REQUESTS)
 
     @property
     def peak_concurrency(self) -> int:
         """The most requests this plan can have in flight at once (sockets it needs)."""
         if self.request_rate is None:
             return max(self.concurrency)
-        return self.max_concurrency or 1024
+        if self.max_concurrency:
+            return self.max_concurrency
+        return min(self.requests or 1024, 1024) if math.isinf(self.request_rate) else 1024
+
+    def request_headers(self) -> dict[str, str]:
+        """``--header`` values, then the API key as vLLM and SGLang send it."""
+        headers = dict(self.headers)
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["concurrency"] = list(self.concurrency)
+        doc["percentiles"] = list(self.percentiles)
+        doc["goodput"] = {k.value: v for k, v in self.goodput}
+        doc["headers"] = sorted(name for name, _ in self.headers)  # names only: values may be secrets
+        doc["api_key"] = bool(self.api_key)  # never the key itself
+        if self.request_rate is not None and math.isinf(self.request_rate):
+            doc["request_rate"] = "inf"
         return doc
 
 
@@ -166,6 +225,7 @@ class Progress:
     total: int | None
     elapsed_s: float
     warmup: bool = False
+    finished: bool = False  # the level (or its warm-up) is over
 
 
 @dataclass
@@ -173,13 +233,15 @@ class BenchResult:
     """A whole run; ``to_json()`` is the ``gpuslate.bench.v1`` document."""
 
     url: str
-    model: str
+    model: str | None  # None: interrupted before the server named it
     api: str
     started_at: str
     plan: LoadPlan
     server: dict[str, Any] = field(default_factory=dict)
     levels: list[LevelResult] = field(default_factory=list)
     interrupted: bool = False
+    in_flight: list[dict[str, Any]] = field(default_factory=list)  # abandoned by an interrupt
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -191,298 +253,8 @@ class BenchResult:
         return {"schema": "gpuslate.bench.v1", "gpuslate_version": __version__, "url": self.url,
                 "model": self.model, "api": self.api, "started_at": self.started_at,
                 "plan": self.plan.to_json(), "server": self.server, "ok": self.ok,
-                "interrupted": self.interrupted, "levels": [lv.to_json() for lv in self.levels]}
-
-
-# -- one request --------------------------------------------------------------
-
-
-def _short(message: str) -> str:
-    line = " ".join(message.split())
-    return line if len(line) <= _ERROR_CHARS else line[: _ERROR_CHARS - 1] + "…"
-
-
-def _error_message(body: bytes) -> str:
-    """The ``error.message`` of an OpenAI-shaped error body, else the body's text."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace")
-    if isinstance(doc, dict):
-        err = doc.get("error", doc)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return err["message"]
-        if isinstance(err, str):
-            return err
-        if isinstance(doc.get("detail"), str):  # FastAPI's shape
-            return doc["detail"]
-    return body.decode("utf-8", "replace")
-
-
-def _chunk_text(obj: dict[str, Any]) -> str:
-    choices = obj.get("choices")
-    if not choices:
-        return ""
-    choice = choices[0]
-    if "text" in choice:
-        return choice["text"] or ""
-    delta = choice.get("delta") or choice.get("message") or {}
-    # Reasoning models stream their thinking first: it is generated text too.
-    return delta.get("content") or delta.get("reasoning_content") or ""
-
-
-class _Client:
-    """Sends one request and records it, the way the reference tools time it."""
-
-    def __init__(self, session: aiohttp.ClientSession, base: str, plan: LoadPlan, model: str) -> None:
-        self.session = session
-        self.plan = plan
-        self.model = model
-        path = "/v1/completions" if plan.api == "completions" else "/v1/chat/completions"
-        self.url = base + path
-        self.timeout = aiohttp.ClientTimeout(total=plan.timeout_s)
-
-    def body(self, prompt: Prompt) -> dict[str, Any]:
-        p = self.plan
-        body: dict[str, Any] = {"model": self.model, "temperature": 0.0, "stream": p.stream}
-        if p.api == "completions":
-            body["prompt"] = prompt.text
-            body["max_tokens"] = prompt.output_len
-        else:
-            body["messages"] = [{"role": "user", "content": prompt.text}]
-            body["max_completion_tokens"] = prompt.output_len
-        if p.stream:
-            body["stream_options"] = {"include_usage": True}
-        if p.ignore_eos:
-            body["ignore_eos"] = True
-        return body
-
-    async def send(self, prompt: Prompt) -> RequestRecord:
-        rec = RequestRecord()
-        payload = json.dumps(self.body(prompt)).encode()
-        rec.start = st = time.perf_counter()
-        try:
-            async with self.session.post(self.url, data=payload, timeout=self.timeout,
-                                         headers={"Content-Type": "application/json"}) as resp:
-                if resp.status != 200:
-                    rec.error = _short(f"HTTP {resp.status}: {_error_message(await resp.content.read(65536))}")
-                elif self.plan.stream:
-                    await self._read_stream(resp, rec, prompt, st)
-                else:
-                    await self._read_whole(resp, rec, prompt, st)
-        except asyncio.TimeoutError:
-            rec.error = f"timeout after {self.plan.timeout_s:g} s"
-        except aiohttp.ClientConnectorError as exc:
-            rec.error = _short(f"cannot connect: {_connect_failure(exc)}")
-        except aiohttp.ServerDisconnectedError:
-            rec.error = "server disconnected"
-        except aiohttp.ClientPayloadError as exc:
-            rec.error = _short(f"response cut short: {exc}")
-        except aiohttp.ClientError as exc:
-            rec.error = _short(f"{type(exc).__name__}: {exc}")
-        except ValueError as exc:  # malformed JSON in a response
-            rec.error = _short(f"malformed response: {exc}")
-        rec.latency = time.perf_counter() - st
-        rec.ok = rec.error is None
-        return rec
-
-    async def _read_stream(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
-                           prompt: Prompt, st: float) -> None:
-        """Parse the server-sent events as they arrive.
-
-        Reading whole network buffers (not line by line) halves the client's CPU per
-        token; every event of one buffer is stamped with the buffer's arrival time,
-        which is when a line-by-line reader would have seen it too (give or take
-        the microseconds it spends parsing the events before it).
-        """
-        last = st
-        chunks = 0
-        usage: dict[str, Any] | None = None
-        finished = done = False
-        pending = b""
-        async for data in resp.content.iter_any():
-            now = time.perf_counter()
-            lines = (pending + data).split(b"\n")
-            pending = lines.pop()  # an incomplete last line waits for the next buffer
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, event: lines
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    finished = done = True
-                    break
-                obj = _decode(payload.decode())
-                if not isinstance(obj, dict):
-                    continue
-                if "error" in obj and "choices" not in obj:
-                    rec.error = _short(f"error in stream: {_error_message(payload)}")
-                    return
-                choices = obj.get("choices")
-                if choices:
-                    if _chunk_text(obj):
-                        if rec.ttft is None:
-                            rec.ttft = now - st
-                        else:
-                            rec.itl.append(now - last)
-                        last = now
-                        chunks += 1
-                    if choices[0].get("finish_reason"):
-                        finished = True
-                if obj.get("usage"):
-                    usage = obj["usage"]
-            if done:
-                break
-        if not finished:
-            rec.error = "stream ended before [DONE]"
-            return
-        self._count(rec, prompt, usage, chunks)
-
-    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
-                          prompt: Prompt, st: float) -> None:
-        obj = json.loads(await resp.read())
-        rec.ttft = time.perf_counter() - st  # no stream: the first token arrives with the last
-        text = _chunk_text(obj) if isinstance(obj, dict) else ""
-        usage = obj.get("usage") if isinstance(obj, dict) else None
-        self._count(rec, prompt, usage, math.ceil(len(text) / 4) if text else 0)
-
-    @staticmethod
-    def _count(rec: RequestRecord, prompt: Prompt, usage: Any, estimate: int) -> None:
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            rec.output_tokens = usage["completion_tokens"]
-            rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            return
-        rec.tokens_estimated = True
-        rec.output_tokens = estimate
-        rec.prompt_tokens = prompt.input_len or math.ceil(len(prompt.text) / 4)
-
-
-# -- server facts ------------------------------------------------------------------
-
-
-async def _get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-        body = await resp.read()
-        try:
-            return resp.status, json.loads(body) if body else None
-        except ValueError:
-            return resp.status, None
-
-
-async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str | None) -> str:
-    """Check that the server answers (one clear error if not) and pick the model."""
-    try:
-        status, doc = await _get_json(session, base + "/v1/models")
-    except (aiohttp.ClientConnectorError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError) as exc:
-        why = _connect_failure(exc) if isinstance(exc, aiohttp.ClientConnectorError) else (
-            "no answer within {:g} s".format(PROBE_TIMEOUT_S) if isinstance(exc, asyncio.TimeoutError)
-            else "disconnected")
-        raise ServerFailed(f"cannot reach the server at {base}: {why}",
-                           hint="is it running? (a test server: gpuslate sim serve --port 0)") from None
-    except aiohttp.ClientError as exc:
-        raise ServerFailed(f"cannot reach the server at {base}: {exc}") from None
-    if status == 503:
-        raise ServerFailed(f"the server at {base} is not ready yet (503)",
-                           hint="wait for it, e.g. with gpuslate up's readiness check")
-    if model is not None:
-        return model
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if status != 200 or not isinstance(data, list) or not data or not isinstance(data[0], dict) \
-            or not isinstance(data[0].get("id"), str):
-        raise ServerFailed(f"the server at {base} lists no model on GET /v1/models (HTTP {status})",
-                           hint="name one with --model")
-    return data[0]["id"]
-
-
-def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
-    if isinstance(exc.os_error, ConnectionRefusedError):
-        return "connection refused"
-    return exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
-
-
-async def _server_facts(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
-    """Engine and version where the server reports them (SGLang, vLLM, the simulator)."""
-    for path in ("/get_server_info", "/server_info"):
-        try:
-            status, doc = await _get_json(session, base + path)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return {}
-        if status == 200 and isinstance(doc, dict):
-            engine = "gpuslate-sim" if doc.get("simulated") else "sglang"
-            facts = {"engine": engine, "version": doc.get("version") if engine == "sglang" else __version__,
-                     "info_path": path}
-            for key in ("speculative_algorithm", "mode", "spec_disable_threshold", "time_scale"):
-                if key in doc:
-                    facts[key] = doc[key]
-            return facts
-    try:
-        status, doc = await _get_json(session, base + "/version")
-    except (aiohttp.ClientError, asyncio.TimeoutError):
-        return {}
-    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
-        return {"engine": "vllm", "version": doc["version"]}
-    return {}
-
-
-@dataclass(frozen=True)
-class _SpecCounters:
-    tokens: float  # tokens produced by verified speculative steps (or accepted drafts + 1 per draft)
-    steps: float  # request-steps (verifications) they came from
-    cumulative: float | None  # the server's own running mean, when that is all there is
-
-
-async def _spec_counters(session: aiohttp.ClientSession, base: str,
-                         server: dict[str, Any]) -> _SpecCounters | None:
-    """The server's speculative-decoding counters, read between levels."""
-    try:
-        if server.get("engine") in ("sglang", "gpuslate-sim"):
-            status, doc = await _get_json(session, base + server.get("info_path", "/get_server_info"))
-            if status != 200 or not isinstance(doc, dict):
-                return None
-            counters = doc.get("counters") or {}
-            if "spec_tokens" in counters and "spec_request_steps" in counters:
-                return _SpecCounters(counters["spec_tokens"], counters["spec_request_steps"], None)
-            states = doc.get("internal_states") or [{}]
-            mean = states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
-            return _SpecCounters(0, 0, float(mean)) if isinstance(mean, (int, float)) and mean else None
-        if server.get("engine") == "vllm":
-            async with session.get(base + "/metrics",
-                                   timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                if resp.status != 200:
-                    return None
-                text = await resp.text()
-            accepted = _prom_sum(text, "vllm:spec_decode_num_accepted_tokens_total")
-            drafts = _prom_sum(text, "vllm:spec_decode_num_drafts_total")
-            if accepted is None or drafts is None:
-                return None
-            # vLLM's mean acceptance length counts the bonus token: 1 + accepted / drafts.
-            return _SpecCounters(accepted + drafts, drafts, None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
-    return None
-
-
-def _prom_sum(text: str, name: str) -> float | None:
-    """Sum of a Prometheus counter over its label sets; None if absent."""
-    total = None
-    for line in text.splitlines():
-        if line.startswith(name) and (len(line) == len(name) or line[len(name)] in " {"):
-            try:
-                total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-    return total
-
-
-def accept_length_between(before: _SpecCounters | None, after: _SpecCounters | None) -> float | None:
-    """Mean accepted tokens per verification during one level; None if the server has no such
-    counters or ran no speculative step in it."""
-    if after is None:
-        return None
-    if after.cumulative is not None:
-        return after.cumulative
-    steps = after.steps - (before.steps if before else 0)
-    tokens = after.tokens - (before.tokens if before else 0)
-    return tokens / steps if steps > 0 else None
+                "interrupted": self.interrupted, "in_flight": list(self.in_flight),
+                "warnings": list(self.warnings), "levels": [lv.to_json() for lv in self.levels]}
 
 
 # -- a run -------------------------------------------------------------------------------
@@ -499,8 +271,36 @@ def _ensure_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
+@dataclass
+class _Level:
+    """What one level (or warm-up) did: its records, whether it was cut, what it did not send."""
+
+    records: list[RequestRecord]
+    cut: bool = False
+    not_sent: int = 0
+    in_flight: list[dict[str, Any]] = field(default_factory=list)
+    stopped_early: str | None = None
+
+
+class _Gone:
+    """Counts connection failures in a row; once there are enough, the server is gone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.run = 0
+        self.why: str | None = None
+
+    def see(self, rec: RequestRecord) -> None:
+        if is_connection_failure(rec):
+            self.run += 1
+            if self.run >= self.limit and self.why is None:
+                self.why = f"server gone: {self.run} connection failures in a row ({rec.error})"
+        else:
+            self.run = 0
+
+
 class _Run:
-    def __init__(self, client: _Client, plan: LoadPlan, prompts: PromptSource,
+    def __init__(self, client: Client, plan: LoadPlan, prompts: PromptSource,
                  on_progress: Callable[[Progress], None] | None, stop: asyncio.Event | None) -> None:
         self.client = client
         self.plan = plan
@@ -510,15 +310,15 @@ class _Run:
         self.levels = 1 if plan.request_rate is not None else len(plan.concurrency)
 
     def _report(self, index: int, concurrency: int | None, done: int, total: int | None,
-                t0: float, warmup: bool = False) -> None:
+                t0: float, warmup: bool = False, finished: bool = False) -> None:
         if self.on_progress is not None:
             self.on_progress(Progress(index, self.levels, concurrency, done, total,
-                                      time.perf_counter() - t0, warmup))
+                                      time.perf_counter() - t0, warmup, finished))
 
-    async def _until_stopped(self, work: list[asyncio.Task[None]]) -> bool:
-        """Wait for ``work``; True if the stop event cut it short (the rest is cancelled)."""
+    async def _until_stopped(self, work: list[asyncio.Task[None]]) -> tuple[bool, list[dict[str, Any]]]:
+        """Wait for ``work``; (True, what was in flight) if the stop event cut it short."""
         if not work:
-            return False
+            return False, []
         gathered = asyncio.gather(*work)
         # Once the workers are cancelled the gather holds a CancelledError: mark it seen.
         gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -537,67 +337,126 @@ class _Run:
                 stopper.cancel()
         if gathered.done():
             gathered.result()  # re-raise a bug in a worker
-            return False
+            return False, []
+        in_flight = self.client.in_flight_now()
         for task in work:
             task.cancel()
         await asyncio.gather(*work, return_exceptions=True)
-        return True
+        return True, in_flight
 
     async def closed_loop(self, index: int, concurrency: int, requests: int | None,
-                          duration_s: float | None, warmup: bool = False) -> tuple[list[RequestRecord], bool]:
-        records: list[RequestRecord] = []
+                          duration_s: float | None, warmup: bool = False) -> _Level:
+        level = _Level([])
+        records = level.records
         issued = 0
+        gone = _Gone(self.plan.max_connection_failures)
         t0 = time.perf_counter()
         stop_at = None if duration_s is None else t0 + duration_s
         self._report(index, concurrency, 0, requests, t0, warmup)
 
         async def worker() -> None:
             nonlocal issued
-            while (requests is None or issued < requests) and \
+            while (requests is None or issued < requests) and gone.why is None and \
                     (stop_at is None or time.perf_counter() < stop_at):
                 issued += 1
-                records.append(await self.client.send(self.prompts.take()))
+                rec = await self.client.send(self.prompts.take())
+                records.append(rec)
+                gone.see(rec)
                 self._report(index, concurrency, len(records), requests, t0, warmup)
 
         work = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
-        return records, await self._until_stopped(work)
+        level.cut, level.in_flight = await self._until_stopped(work)
+        if requests is not None:
+            level.not_sent = requests - issued
+        level.stopped_early = gone.why
+        self._report(index, concurrency, len(records), requests, t0, warmup, finished=True)
+        return level
 
-    async def poisson(self, index: int) -> tuple[list[RequestRecord], bool]:
+    async def arrivals(self, index: int) -> _Level:
+        """Requests at ``request_rate``: gamma-distributed gaps of shape ``burstiness`` (1:
+        Poisson), the mean gap 1 / rate, as vLLM's ``get_request``; inf: all at once."""
         plan = self.plan
         assert plan.request_rate is not None
+        rate, shape = plan.request_rate, plan.burstiness
         rng = random.Random(plan.seed)
         limit = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
-        records: list[RequestRecord] = []
+        level = _Level([])
+        records = level.records
+        gone = _Gone(plan.max_connection_failures)
         t0 = time.perf_counter()
         stop_at = None if plan.duration_s is None else t0 + plan.duration_s
         self._report(index, None, 0, plan.requests, t0)
+        issued = 0
 
         async def one(prompt: Prompt) -> None:
             if limit is None:
-                records.append(await self.client.send(prompt))
+                rec = await self.client.send(prompt)
             else:
                 async with limit:  # vLLM's max_concurrency: the arrival waits for a slot
-                    records.append(await self.client.send(prompt))
+                    rec = await self.client.send(prompt)
+            records.append(rec)
+            gone.see(rec)
             self._report(index, None, len(records), plan.requests, t0)
 
-        async def arrivals() -> None:
+        async def arrive() -> None:
+            nonlocal issued
             sent: list[asyncio.Task[None]] = []
             next_at = t0
-            while plan.requests is None or len(sent) < plan.requests:
+            while (plan.requests is None or len(sent) < plan.requests) and gone.why is None:
                 delay = next_at - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if stop_at is not None and time.perf_counter() >= stop_at:
                     break
                 sent.append(asyncio.ensure_future(one(self.prompts.take())))
-                next_at += rng.expovariate(plan.request_rate)
+                issued += 1
+                if math.isfinite(rate):
+                    next_at += rng.gammavariate(shape, 1.0 / (rate * shape))
+                else:
+                    await asyncio.sleep(0)  # let the request start before the next is made
             try:
                 await asyncio.gather(*sent)
             finally:
                 for task in sent:
                     task.cancel()
 
-        return records, await self._until_stopped([asyncio.ensure_future(arrivals())])
+        level.cut, level.in_flight = await self._until_stopped([asyncio.ensure_future(arrive())])
+        if plan.requests is not None:
+            level.not_sent = plan.requests - issued
+        level.stopped_early = gone.why
+        self._report(index, None, len(records), plan.requests, t0, finished=True)
+        return level
+
+    async def warm(self, index: int, concurrency: int) -> _Level:
+        return await self.closed_loop(index, min(concurrency, self.plan.warmup), self.plan.warmup, None,
+                                      warmup=True)
+
+
+async def _unless_stopped(stop: asyncio.Event | None, coro: Awaitable[_T]) -> tuple[_T | None, bool]:
+    """Await ``coro`` unless ``stop`` is set first (then it is cancelled): (value, stopped)."""
+    task = asyncio.ensure_future(coro)
+    if stop is None:
+        return await task, False
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result(), False
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None, True
+
+
+def _repeat_warning(plan: LoadPlan, prompts: PromptSource) -> str | None:
+    distinct = prompts.distinct
+    if distinct is None or plan.requests is None:
+        return None
+    if plan.requests <= distinct:
+        return None
+    return (f"the dataset holds {distinct} prompt(s) and a level sends {plan.requests} requests: prompts repeat "
+            "(a server with a prefix cache answers repeats faster)")
 
 
 async def run_bench_async(url: str, plan: LoadPlan, *,
@@ -605,45 +464,70 @@ async def run_bench_async(url: str, plan: LoadPlan, *,
                           stop: asyncio.Event | None = None) -> BenchResult:
     """Run ``plan`` against the server at ``url``.
 
-    ``stop``, when set, ends the run early: requests in flight are abandoned,
-    finished ones are kept, and the result says ``interrupted`` (this is how
-    the CLI turns Ctrl-C into partial results).
+    ``stop``, when set, ends the run early, at any point: requests in flight are
+    abandoned (and listed), finished ones are kept, and the result says
+    ``interrupted`` (this is how the CLI turns Ctrl-C and SIGTERM into partial results).
     """
     plan.validate()
     base = normalize_url(url)
     dataset = load_dataset(plan.dataset, plan.output_len) if plan.dataset else None
+    tokenizer = load_tokenizer(plan.tokenizer) if plan.tokenizer else None
     _ensure_fd_limit(plan.peak_concurrency)
     started_at = iso_time(time.time())
+    headers = plan.request_headers()
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, read_bufsize=1 << 20) as session:
-        model = await _resolve_model(session, base, plan.model)
-        server = await _server_facts(session, base)
-        result = BenchResult(base, model, plan.api, started_at, plan, server)
-        prompts = PromptSource(input_len=plan.input_len, output_len=plan.output_len,
-                               seed=plan.seed, dataset=dataset)
-        run = _Run(_Client(session, base, plan, model), plan, prompts, on_progress, stop)
-        if plan.warmup:
-            first = plan.concurrency[0] if plan.request_rate is None else (plan.max_concurrency or plan.warmup)
-            _, cut = await run.closed_loop(0, min(first, plan.warmup), plan.warmup, None, warmup=True)
-            if cut:
-                result.interrupted = True
-                return result
+        result = BenchResult(base, plan.model, plan.api, started_at, plan)
+        model, cut = await _unless_stopped(stop, resolve_model(session, base, plan.model, headers))
+        if cut:
+            result.interrupted = True
+            return result
+        result.model = model
+        server, cut = await _unless_stopped(stop, server_facts(session, base, headers))
+        result.server = server or {}
+        if cut:
+            result.interrupted = True
+            return result
+        prompts = PromptSource(input_len=plan.input_len, output_len=plan.output_len, seed=plan.seed,
+                               dataset=dataset, range_ratio=plan.random_range_ratio)
+        if (warning := _repeat_warning(plan, prompts)) is not None:
+            result.warnings.append(warning)
+        client = Client(session, base, plan, model or "", headers=headers, tokenizer=tokenizer,
+                        continuous_usage=result.server.get("engine") in CONTINUOUS_USAGE_ENGINES)
+        run = _Run(client, plan, prompts, on_progress, stop)
         levels: list[int | None] = [None] if plan.request_rate is not None else list(plan.concurrency)
         for index, concurrency in enumerate(levels):
-            before = await _spec_counters(session, base, server)
-            if concurrency is None:
-                records, cut = await run.poisson(index)
-            else:
-                records, cut = await run.closed_loop(index, concurrency, plan.requests, plan.duration_s)
-            after = await _spec_counters(session, base, server) if not cut else None
-            if records or not cut:
-                result.levels.append(level_result(
-                    records, concurrency=concurrency, request_rate=plan.request_rate,
-                    max_concurrency=plan.max_concurrency, interrupted=cut,
-                    accept_length=accept_length_between(before, after)))
+            if plan.warmup and (plan.warmup_each_level or index == 0):
+                width = concurrency if concurrency is not None else (plan.max_concurrency or plan.warmup)
+                warm = await run.warm(index, width)
+                if warm.cut:
+                    result.interrupted = True
+                    result.in_flight = [{"level": index, "warmup": True, **r} for r in warm.in_flight]
+                    break
+            before, cut = await _unless_stopped(stop, spec_counters(session, base, result.server, headers))
             if cut:
                 result.interrupted = True
                 break
+            lv = await (run.arrivals(index) if concurrency is None
+                        else run.closed_loop(index, concurrency, plan.requests, plan.duration_s))
+            after = None
+            if not lv.cut:
+                after, _ = await _unless_stopped(stop, spec_counters(session, base, result.server, headers))
+            acc = acceptance_between(before, after)
+            if lv.records or not lv.cut:
+                result.levels.append(level_result(
+                    lv.records, concurrency=concurrency, request_rate=plan.request_rate,
+                    max_concurrency=plan.max_concurrency, interrupted=lv.cut,
+                    accept_length=acc.all_steps, accept_length_spec=acc.spec_steps,
+                    spec_step_share=acc.spec_share, percentiles=plan.percentiles,
+                    slo=dict(plan.goodput) or None, in_flight=len(lv.in_flight), not_sent=lv.not_sent,
+                    stopped_early=lv.stopped_early))
+            if lv.cut:
+                result.interrupted = True
+                result.in_flight = [{"level": index, "concurrency": concurrency, **r} for r in lv.in_flight]
+                break
+            if lv.stopped_early:
+                break  # the server is gone: the next levels would only fail the same way
         return result
 
 

@@ -1,32 +1,67 @@
 """Per-request records and per-level figures of ``gpuslate bench`` (pure: no I/O, no clock).
 
-The definitions are those of SGLang's ``python/sglang/bench_serving.py``
-(``calculate_metrics``) and vLLM's ``vllm/benchmarks/serve.py``
-(``calculate_metrics``), so figures can be compared with theirs one to one;
-``docs/bench.md`` cites them field by field:
+Every figure is named for what it measures, and each follows a reference tool
+line by line (``docs/bench.md`` cites the file and line of each):
 
-* TTFT: request sent -> first streamed chunk that carries generated text.
-* ITL: the gaps between consecutive text-carrying chunks (every gap of every
-  request is one sample, as both tools pool them).
-* TPOT: ``(e2e - ttft) / (output_tokens - 1)`` per request, only for requests
-  with more than one output token.
-* E2E: request sent -> last byte of the response.
-* Throughputs divide by the level's duration: first request sent -> last
-  request finished.
-* Achieved concurrency: sum of the successful requests' latencies / duration
-  (SGLang's ``concurrency``).
+* ``ttft_ms``: request sent -> first streamed chunk that carries generated
+  text (SGLang's ``bench_serving`` rule). ``ttft_vllm_ms`` beside it: request
+  sent -> first chunk with any ``choices`` (vLLM's ``bench serve``), which for
+  chat includes the role-only first chunk.
+* ``itl_ms``: inter-token latency *per token*, as SGLang's default backend
+  computes it: after the first text chunk, each chunk's gap to the previous
+  text chunk is divided by the tokens it carries and counted once per token.
+  With one token per chunk it equals the chunk gap; with speculative decoding
+  (several tokens a chunk) it does not.
+* ``chunk_gap_ms``: the gaps between consecutive text-carrying chunks (what
+  SGLang's OpenAI backend and vLLM call ITL).
+* ``tpot_ms``: ``(e2e - ttft) / (output_tokens - 1)`` per request with more
+  than one output token.
+* ``e2e_ms``: request sent -> last byte of the response.
+* Throughputs divide by the level's duration (first request sent -> last
+  request finished); ``peak_output_token_throughput`` is vLLM's "peak output
+  tokens per second": the most tokens that arrived within one 1-second bucket
+  counted from the level's first request.
+* ``goodput``: requests per second that met every ``--goodput`` objective
+  (vLLM's definition), and the share of completed requests that did.
+* ``achieved_concurrency``: sum of the successful requests' latencies /
+  duration (SGLang's ``concurrency``).
 * Percentiles interpolate linearly between closest ranks (``numpy.percentile``'s
-  default, which both tools call).
+  default, which both tools call); ``std`` is the population deviation
+  (``numpy.std``).
+
+How many tokens each chunk carried (for ``itl_ms``) is known from the chunk's
+own cumulative usage (vLLM's ``continuous_usage_stats``), else from counting
+its text with ``--tokenizer``, else by splitting the request's token total
+over its chunks by text length (the total itself from ``usage``, or the
+tokenizer, or estimated: then the request says ``tokens_estimated``).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-PERCENTILES: tuple[int, ...] = (50, 90, 99)
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+PEAK_BUCKET_S = 1.0  # vLLM buckets tokens per whole second
+
+
+class TokenSource(str, enum.Enum):
+    """Where a request's output-token count came from."""
+
+    USAGE = "usage"  # the server's usage.completion_tokens
+    TOKENIZER = "tokenizer"  # the generated text counted with --tokenizer
+    ESTIMATED = "estimated"  # neither: ~4 characters a token, at least one per text chunk
+
+
+class Slo(str, enum.Enum):
+    """The objectives ``--goodput`` accepts (vLLM's names, e2e for its e2el)."""
+
+    TTFT = "ttft"
+    TPOT = "tpot"
+    E2E = "e2e"
 
 
 @dataclass
@@ -36,30 +71,105 @@ class RequestRecord:
     ok: bool = False
     error: str | None = None
     start: float = 0.0  # monotonic time the request was sent
-    ttft: float | None = None
+    ttft: float | None = None  # SGLang's rule: first chunk with text
+    ttft_vllm: float | None = None  # vLLM's rule: first chunk with any choices
     latency: float = 0.0
-    itl: list[float] = field(default_factory=list)
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each text chunk, from start
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens of each text chunk (same length)
     prompt_tokens: int = 0
     output_tokens: int = 0
-    tokens_estimated: bool = False  # the server reported no usage: chunks were counted
+    token_source: TokenSource = TokenSource.USAGE
 
     @property
     def end(self) -> float:
         return self.start + self.latency
 
+    @property
+    def tokens_estimated(self) -> bool:
+        return self.token_source is TokenSource.ESTIMATED
+
+    @property
+    def chunk_gaps(self) -> list[float]:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def itl(self) -> list[float]:
+        return per_token_itl(self.chunk_times, self.chunk_tokens)
+
+
+def per_token_itl(times: Sequence[float], tokens: Sequence[int]) -> list[float]:
+    """SGLang's per-token ITL of one request: after the first chunk, each chunk's gap
+    divided by its tokens, once per token; a chunk of 0 tokens is skipped and its gap
+    carried into the next (SGLang ``continue``s without moving its timestamp)."""
+    out: list[float] = []
+    last = None
+    for t, n in zip(times, tokens):
+        if last is None:
+            last = t
+            continue
+        if n <= 0:
+            continue
+        out.extend([(t - last) / n] * n)
+        last = t
+    return out
+
+
+def split_tokens(total: int, chunk_chars: Sequence[int]) -> list[int]:
+    """``total`` tokens spread over chunks in proportion to their text length (largest
+    remainder, at least one per chunk where the total allows): the per-chunk counts when
+    the server reports only a total. Sums to ``total`` exactly."""
+    n = len(chunk_chars)
+    if n == 0:
+        return []
+    if total <= n:
+        return [1] * total + [0] * (n - total)
+    chars = sum(chunk_chars)
+    shares = [total * (c / chars if chars > 0 else 1 / n) for c in chunk_chars]
+    parts = [max(1, math.floor(x)) for x in shares]
+    while sum(parts) > total:  # the floor of one token a chunk overshot: take from the most over
+        i = max((i for i in range(n) if parts[i] > 1), key=lambda i: (parts[i] - shares[i], -i))
+        parts[i] -= 1
+    for i in sorted(range(n), key=lambda i: (parts[i] - shares[i], i))[: total - sum(parts)]:
+        parts[i] += 1  # the largest remainders get the tokens left
+    return parts
+
 
 @dataclass(frozen=True)
 class Summary:
-    """Mean and percentiles of one latency figure, in milliseconds (None: no samples)."""
+    """Mean, median, deviation, max and percentiles of one latency figure, in milliseconds
+    (None: no samples)."""
 
     mean: float | None
-    p50: float | None
-    p90: float | None
-    p99: float | None
+    std: float | None
+    max: float | None
+    percentiles: tuple[tuple[float, float], ...] = ()  # (q, value) in the order asked
+
+    def pct(self, q: float) -> float | None:
+        return next((v for p, v in self.percentiles if p == q), None)
+
+    @property
+    def p50(self) -> float | None:
+        return self.pct(50)
+
+    @property
+    def p99(self) -> float | None:
+        return self.pct(99)
 
     def to_json(self) -> dict[str, float | None]:
-        return {k: None if v is None else round(v, 4) for k, v in
-                (("mean", self.mean), ("p50", self.p50), ("p90", self.p90), ("p99", self.p99))}
+        doc: dict[str, float | None] = {"mean": _r(self.mean), "std": _r(self.std), "max": _r(self.max)}
+        for q, v in self.percentiles:
+            doc[pct_key(q)] = _r(v)
+        return doc
+
+
+def pct_key(q: float) -> str:
+    """``50 -> "p50"``, ``99.9 -> "p99.9"``."""
+    return f"p{q:g}"
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -76,12 +186,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * frac
 
 
-def summarize(seconds: Sequence[float]) -> Summary:
-    """Mean/p50/p90/p99 in milliseconds of values given in seconds."""
+def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
+    """Summary in milliseconds of values given in seconds; p50, p90 and p99 are always included
+    (the v1 document promises them), the others as asked."""
+    qs = tuple(dict.fromkeys([50.0, 90.0, 99.0, *(float(q) for q in percentiles)]))
     if not seconds:
-        return Summary(None, None, None, None)
+        return Summary(None, None, None, tuple((q, None) for q in qs))  # type: ignore[misc]
     ms = [s * 1000.0 for s in seconds]
-    return Summary(math.fsum(ms) / len(ms), *(percentile(ms, q) for q in PERCENTILES))
+    mean = math.fsum(ms) / len(ms)
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in ms) / len(ms))
+    return Summary(mean, std, max(ms), tuple((q, percentile(ms, q)) for q in qs))
 
 
 def tpot(latency: float, ttft: float | None, output_tokens: int) -> float | None:
@@ -95,6 +209,44 @@ def error_groups(records: Sequence[RequestRecord]) -> dict[str, int]:
     """Failed requests grouped by message, most frequent first."""
     counts = Counter(r.error or "unknown error" for r in records if not r.ok)
     return dict(counts.most_common())
+
+
+def meets_slo(r: RequestRecord, slo: Mapping[Slo, float]) -> bool:
+    """vLLM's goodput test: every objective given (ms) is met; an undefined TPOT meets it."""
+    for key, limit_ms in slo.items():
+        if key is Slo.TTFT:
+            value = r.ttft
+        elif key is Slo.TPOT:
+            value = tpot(r.latency, r.ttft, r.output_tokens)
+            if value is None:
+                continue
+        else:
+            value = r.latency
+        if value is None or value * 1000.0 > limit_ms:
+            return False
+    return True
+
+
+def peak_output_throughput(records: Sequence[RequestRecord], t0: float) -> float:
+    """The most output tokens that arrived within one 1-second bucket counted from ``t0``."""
+    buckets: Counter[int] = Counter()
+    for r in records:
+        for t, n in zip(r.chunk_times, r.chunk_tokens):
+            buckets[int((r.start + t - t0) // PEAK_BUCKET_S)] += n
+    return max(buckets.values(), default=0) / PEAK_BUCKET_S
+
+
+def warming_tail(records: Sequence[RequestRecord], *, factor: float = 2.0) -> bool:
+    """True when the level's first requests were much slower than the rest, the mark of a
+    server still warming up at this concurrency: the median latency of the first tenth
+    (at least 2 requests) is over ``factor`` times the median of the rest."""
+    done = sorted((r for r in records if r.ok), key=lambda r: r.start)
+    if len(done) < 8:
+        return False
+    head_n = max(2, len(done) // 10)
+    head = [r.latency for r in done[:head_n]]
+    rest = [r.latency for r in done[head_n:]]
+    return percentile(head, 50) > factor * percentile(rest, 50)
 
 
 @dataclass
@@ -121,22 +273,46 @@ class LevelResult:
     output_tokens: int
     max_concurrency: int | None = None
     interrupted: bool = False
+    ttft_vllm_ms: Summary | None = None
+    chunk_gap_ms: Summary | None = None
+    peak_output_token_throughput: float = 0.0
+    token_source: TokenSource = TokenSource.USAGE
+    not_sent: int = 0
+    in_flight: int = 0  # requests abandoned in flight by an interrupt
+    goodput: float | None = None  # requests/s meeting every objective (None: no --goodput)
+    slo_attainment: float | None = None
+    spec_step_share: float | None = None  # share of request-steps that were speculative
+    accept_length_spec: float | None = None  # tokens per speculative request-step only
+    tokens_per_chunk: float | None = None  # client-side: output tokens / text chunks
+    warming: bool = False
+    stopped_early: str | None = None  # why the level stopped before sending everything
 
     def to_json(self) -> dict[str, Any]:
+        def s(x: Summary | None) -> dict[str, float | None] | None:
+            return None if x is None else x.to_json()
+
+        def r4(x: float | None) -> float | None:
+            return None if x is None else round(x, 4)
+
         return {
             "concurrency": self.concurrency, "request_rate": self.request_rate,
             "max_concurrency": self.max_concurrency,
-            "completed": self.completed, "failed": self.failed, "errors": dict(self.errors),
+            "completed": self.completed, "failed": self.failed, "not_sent": self.not_sent,
+            "in_flight": self.in_flight, "errors": dict(self.errors),
             "duration_s": round(self.duration_s, 6),
             "request_throughput": round(self.request_throughput, 4),
             "output_token_throughput": round(self.output_token_throughput, 4),
             "total_token_throughput": round(self.total_token_throughput, 4),
-            "ttft_ms": self.ttft_ms.to_json(), "tpot_ms": self.tpot_ms.to_json(),
-            "itl_ms": self.itl_ms.to_json(), "e2e_ms": self.e2e_ms.to_json(),
+            "peak_output_token_throughput": round(self.peak_output_token_throughput, 4),
+            "ttft_ms": s(self.ttft_ms), "ttft_vllm_ms": s(self.ttft_vllm_ms), "tpot_ms": s(self.tpot_ms),
+            "itl_ms": s(self.itl_ms), "chunk_gap_ms": s(self.chunk_gap_ms), "e2e_ms": s(self.e2e_ms),
             "achieved_concurrency": round(self.achieved_concurrency, 4),
-            "accept_length": None if self.accept_length is None else round(self.accept_length, 4),
-            "tokens_estimated": self.tokens_estimated,
+            "goodput": r4(self.goodput), "slo_attainment": r4(self.slo_attainment),
+            "accept_length": r4(self.accept_length), "accept_length_spec": r4(self.accept_length_spec),
+            "spec_step_share": r4(self.spec_step_share), "tokens_per_chunk": r4(self.tokens_per_chunk),
+            "tokens_estimated": self.tokens_estimated, "token_source": self.token_source.value,
             "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "warming": self.warming, "stopped_early": self.stopped_early,
             "interrupted": self.interrupted,
         }
 
@@ -144,34 +320,55 @@ class LevelResult:
 def level_result(records: Sequence[RequestRecord], *, concurrency: int | None,
                  request_rate: float | None, max_concurrency: int | None = None,
                  accept_length: float | None = None, duration_s: float | None = None,
-                 interrupted: bool = False) -> LevelResult:
-    """The level's figures from its requests (warm-up requests are not passed in).
+                 interrupted: bool = False, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                 slo: Mapping[Slo, float] | None = None, spec_step_share: float | None = None,
+                 accept_length_spec: float | None = None, in_flight: int = 0, not_sent: int = 0,
+                 stopped_early: str | None = None) -> LevelResult:
+    """The level's figures from its requests (warm-up requests are not passed in;
+    ``not_sent`` requests the level never sent are only counted).
 
-    ``duration_s`` defaults to first start -> last end, as both reference tools
-    measure the benchmark from its first request to its last completion.
+    ``duration_s`` defaults to first start -> last end of the requests sent, as both
+    reference tools measure the benchmark from its first request to its last completion.
     """
-    done = [r for r in records if r.ok]
+    sent = list(records)
+    done = [r for r in sent if r.ok]
     if duration_s is None:
-        duration_s = (max(r.end for r in records) - min(r.start for r in records)) if records else 0.0
+        duration_s = (max(r.end for r in sent) - min(r.start for r in sent)) if sent else 0.0
     inp = sum(r.prompt_tokens for r in done)
     out = sum(r.output_tokens for r in done)
 
     def per_s(x: float) -> float:
         return x / duration_s if duration_s > 0 else 0.0
 
+    def summ(values: list[float]) -> Summary:
+        return summarize(values, percentiles)
+
     tpots = [t for r in done if (t := tpot(r.latency, r.ttft, r.output_tokens)) is not None]
+    chunks = sum(len(r.chunk_times) for r in done)
+    sources = {r.token_source for r in done}
+    source = (TokenSource.ESTIMATED if TokenSource.ESTIMATED in sources else
+              TokenSource.TOKENIZER if TokenSource.TOKENIZER in sources else TokenSource.USAGE)
+    good = sum(1 for r in done if meets_slo(r, slo)) if slo else None
     return LevelResult(
         concurrency=concurrency, request_rate=request_rate, max_concurrency=max_concurrency,
-        completed=len(done), failed=len(records) - len(done), errors=error_groups(records),
+        completed=len(done), failed=len(sent) - len(done), errors=error_groups(sent),
         duration_s=duration_s,
         request_throughput=per_s(len(done)), output_token_throughput=per_s(out),
         total_token_throughput=per_s(inp + out),
-        ttft_ms=summarize([r.ttft for r in done if r.ttft is not None]),
-        tpot_ms=summarize(tpots),
-        itl_ms=summarize([gap for r in done for gap in r.itl]),
-        e2e_ms=summarize([r.latency for r in done]),
+        peak_output_token_throughput=peak_output_throughput(done, min((r.start for r in sent), default=0.0)),
+        ttft_ms=summ([r.ttft for r in done if r.ttft is not None]),
+        ttft_vllm_ms=summ([r.ttft_vllm for r in done if r.ttft_vllm is not None]),
+        tpot_ms=summ(tpots),
+        itl_ms=summ([x for r in done for x in r.itl]),
+        chunk_gap_ms=summ([g for r in done for g in r.chunk_gaps]),
+        e2e_ms=summ([r.latency for r in done]),
         achieved_concurrency=per_s(math.fsum(r.latency for r in done)),
-        accept_length=accept_length,
-        tokens_estimated=any(r.tokens_estimated for r in done),
+        accept_length=accept_length, accept_length_spec=accept_length_spec, spec_step_share=spec_step_share,
+        tokens_per_chunk=out / chunks if chunks else None,
+        tokens_estimated=source is TokenSource.ESTIMATED, token_source=source,
         input_tokens=inp, output_tokens=out, interrupted=interrupted,
+        not_sent=not_sent, in_flight=in_flight,
+        goodput=None if good is None else per_s(good),
+        slo_attainment=None if good is None else (good / len(done) if done else 0.0),
+        warming=warming_tail(done), stopped_early=stopped_early,
     )

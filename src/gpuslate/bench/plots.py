@@ -1,5 +1,12 @@
 """The experiment's PNG plots. The only module of gpuslate that imports matplotlib
-(with the Agg backend: files only, no display needed)."""
+(with the Agg backend: files only, no display needed).
+
+Every plot shows the statistic the tables show (throughput: the mean over
+repeats with the min-max range; TTFT and ITL: the median, p99 dashed), on
+linear axes that start at 0 with the measured concurrency levels as tick
+labels; the throughput plot marks the recommended threshold and the
+crossover interval. Figures are in modelled time (see report.py).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 PLOTS = ("throughput_vs_concurrency.png", "ttft_vs_concurrency.png", "itl_vs_concurrency.png",
          "throughput_vs_speed.png")
@@ -17,14 +25,16 @@ _STYLE = {"baseline": ("tab:blue", "o"), "speculative": ("tab:orange", "s"),
           "speculative+threshold": ("tab:green", "^")}
 
 
-def make_plots(rows: list[dict[str, Any]], out: Path, *, title: str, time_scale: float = 1.0) -> list[str]:
+def make_plots(rows: list[dict[str, Any]], out: Path, *, title: str, time_scale: float = 1.0,
+               marks: dict[str, Any] | None = None) -> list[str]:
     """Write the plots into ``out``; return their file names (relative to ``out``)."""
     series: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         series.setdefault(r["deployment"], []).append(r)
     for rs in series.values():
         rs.sort(key=lambda r: r["concurrency"])
-    note = f" (time-scale {time_scale:g}, unscaled)" if time_scale != 1 else ""
+    levels = sorted({r["concurrency"] for r in rows})
+    note = f" (modelled time, ran {time_scale:g}x faster)" if time_scale != 1 else ""
 
     def style(rs: list[dict[str, Any]], i: int) -> dict[str, Any]:
         color, marker = _STYLE.get(rs[0]["role"] or "", (f"C{i + 3}", "D"))
@@ -34,59 +44,90 @@ def make_plots(rows: list[dict[str, Any]], out: Path, *, title: str, time_scale:
         return name + (f" ({rs[0]['role']})" if rs[0]["role"] and rs[0]["role"] != name else "")
 
     written = []
-    # 1. output throughput vs concurrency, with the run-to-run range as error bars
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # 1. output throughput vs concurrency: mean over repeats, min-max as error bars; threshold marked
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for i, (name, rs) in enumerate(series.items()):
         xs = [r["concurrency"] for r in rs]
         t = [r["output_token_throughput"] for r in rs]
         ys = [v["mean"] for v in t]
         err = [[v["mean"] - v["min"] for v in t], [v["max"] - v["mean"] for v in t]]
         ax.errorbar(xs, ys, yerr=err, capsize=3, label=label(name, rs), **style(rs, i))
-    _axes(ax, "concurrency (requests in flight)", "output throughput (tok/s)",
-          f"{title}: output throughput vs concurrency{note}")
+    if marks and marks.get("crossover"):
+        lo, hi = marks["crossover"]
+        ax.axvspan(lo, hi, color="tab:red", alpha=0.08, label=f"crossover between {lo} and {hi}")
+        if marks.get("threshold") is not None:
+            word = "threshold" if marks.get("recommended") else "last clear win (not recommended)"
+            ax.axvline(marks["threshold"], color="tab:red", linestyle=":", linewidth=1.5,
+                       label=f"{word}: speculate while batch ≤ {marks['threshold']}")
+    _axes(ax, levels, "concurrency (requests in flight)", "output throughput (tok/s)",
+          f"{title}: output throughput (mean, min-max over repeats){note}")
     written.append(_save(fig, out, PLOTS[0]))
 
-    # 2, 3. TTFT and ITL vs concurrency (solid: TTFT p50, ITL mean; dashed: p99). The ITL median is
-    # not drawn: chunks that arrive together have near-zero gaps, which move the median, not the mean.
-    for stat, central, name_png, ylabel in (("ttft_ms", "p50", PLOTS[1], "time to first token (ms)"),
-                                            ("itl_ms", "mean", PLOTS[2], "inter-token latency (ms)")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+    # 2, 3. TTFT and ITL vs concurrency: median solid, p99 dashed (the tables' statistics)
+    for stat, name_png, ylabel in (("ttft_ms", PLOTS[1], "time to first token (ms)"),
+                                   ("itl_ms", PLOTS[2], "inter-token latency per token (ms)")):
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
         for i, (name, rs) in enumerate(series.items()):
             xs = [r["concurrency"] for r in rs]
             st = style(rs, i)
-            ax.plot(xs, [r[stat][central] for r in rs], label=f"{label(name, rs)} {central}", **st)
+            ax.plot(xs, [r[stat]["p50"] for r in rs], label=f"{label(name, rs)} median", **st)
             ax.plot(xs, [r[stat]["p99"] for r in rs], linestyle="--", alpha=0.6, label=f"{label(name, rs)} p99",
                     color=st["color"], marker=st["marker"], markerfacecolor="none")
-        ax.set_yscale("log")
-        _axes(ax, "concurrency (requests in flight)", ylabel, f"{title}: {ylabel.split(' (')[0]}{note}")
+        _axes(ax, levels, "concurrency (requests in flight)", ylabel,
+              f"{title}: {ylabel.split(' (')[0]}{note}")
         written.append(_save(fig, out, name_png))
 
-    # 4. throughput vs per-request speed: the trade-off curve, concurrency annotated
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # 4. throughput vs per-request speed: the trade-off curve, concurrency annotated (labels kept apart)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    placed: list[tuple[float, float]] = []
     for i, (name, rs) in enumerate(series.items()):
         pts = [(r["per_request_tok_s"], r["output_token_throughput"]["mean"], r["concurrency"])
                for r in rs if r["per_request_tok_s"]]
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label(name, rs), **style(rs, i))
+        st = style(rs, i)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label(name, rs), **st)
         for x, y, c in pts:
-            ax.annotate(str(c), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            dy = 6 + 10 * sum(1 for px, py in placed if abs(px - x) < 0.04 * (abs(x) + 1) and
+                              abs(py - y) < 0.05 * (abs(y) + 1))
+            placed.append((x, y))
+            ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(5, dy), fontsize=7,
+                        color=st["color"])
     ax.set_xlabel("per-request speed (tok/s per request, 1000 / TPOT)")
     ax.set_ylabel("output throughput (tok/s)")
+    if placed:  # room above and right of the last points for their labels
+        ax.set_xlim(0, max(x for x, _ in placed) * 1.12)
+        ax.set_ylim(0, max(y for _, y in placed) * 1.15)
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     ax.set_title(f"{title}: throughput vs per-request speed{note}", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best")
     written.append(_save(fig, out, PLOTS[3]))
     return written
 
 
-def _axes(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
-    ax.set_xscale("log", base=2)
+def _plain(v: float, _pos: Any) -> str:
+    return f"{v:,.0f}" if abs(v) >= 10 or v == 0 else f"{v:.2g}"
+
+
+def _axes(ax: Any, levels: list[int], xlabel: str, ylabel: str, title: str) -> None:
+    """Linear axes from 0; the measured levels as x ticks (thinned when they would overlap)."""
+    ax.set_xlim(0, max(levels) * 1.05 if levels else 1)
+    ax.set_ylim(bottom=0)
+    top = max(levels) if levels else 1
+    ticks: list[int] = []
+    for c in levels:  # a label only where it has room: 3% of the axis from the one before
+        if not ticks or c - ticks[-1] >= 0.03 * top:
+            ticks.append(c)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(c) for c in ticks])
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=7))
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
 
 
 def _save(fig: Any, out: Path, name: str) -> str:

@@ -11,6 +11,7 @@ by the ``ceil(chars / 4)`` rule of the simulated server. The server's
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +119,20 @@ def load_dataset(path: str, output_len: int) -> list[Prompt]:
     return prompts
 
 
+def length_range(length: int, ratio: float) -> tuple[int, int]:
+    """vLLM's ``--random-range-ratio``: lengths uniform in ``[L * (1 - r), L * (1 + r)]``,
+    at least 1 (r = 0: exactly L). SGLang's flag of the same name sets only a lower bound."""
+    return max(1, math.floor(length * (1 - ratio))), max(1, math.ceil(length * (1 + ratio)))
+
+
 class PromptSource:
     """Hands out prompts in a reproducible order: random ones, or the dataset shuffled by seed."""
 
     def __init__(self, *, input_len: int, output_len: int, seed: int,
-                 dataset: list[Prompt] | None = None) -> None:
+                 dataset: list[Prompt] | None = None, range_ratio: float = 0.0) -> None:
         self.input_len = input_len
         self.output_len = output_len
+        self.range_ratio = range_ratio
         self._rng = random.Random(seed)
         self._dataset = list(dataset) if dataset else None
         if self._dataset:
@@ -136,4 +144,13 @@ class PromptSource:
             prompt = self._dataset[self._next % len(self._dataset)]
             self._next += 1
             return prompt
+        if self.range_ratio:
+            n_in = self._rng.randint(*length_range(self.input_len, self.range_ratio))
+            n_out = self._rng.randint(*length_range(self.output_len, self.range_ratio))
+            return Prompt(random_prompt(self._rng, n_in), n_out, n_in)
         return Prompt(random_prompt(self._rng, self.input_len), self.output_len, self.input_len)
+
+    @property
+    def distinct(self) -> int | None:
+        """How many different prompts there are to hand out (None: unbounded)."""
+        return len(self._dataset) if self._dataset else None

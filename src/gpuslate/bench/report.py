@@ -10,7 +10,18 @@ throughput as mean, min and max over the repeats (the spread the threshold
 needs); latency statistics as the mean of each repeat's statistic. With
 ``time_scale`` S in the spec (simulated servers run S times faster than
 modelled) throughputs are divided by S and latencies multiplied by S, so the
-report shows the modelled system; the raw figures stay in the points.
+report shows the modelled system ("modelled time": the one wording used for
+this everywhere); the raw figures stay in the points.
+
+Drift: the machine may get slower or faster during a run (another job
+starts). With the interleaved order every repeat sweeps every deployment, so
+the drift is the change between repeats that all deployments share
+(:func:`measure_drift`), and each deployment's repeats, measured at different
+times, carry it in their spread; with the blocked order it is the control
+point's change from the first measurement of the same level, added to the
+intervals. Every comparison is a ratio with an interval (the repeats' spread,
+plus a blocked run's drift); a difference inside it is printed as "no
+detectable difference".
 """
 
 from __future__ import annotations
@@ -26,14 +37,16 @@ from typing import Any
 from .. import __version__
 from ..errors import UsageError
 from .experiment import POINT_SCHEMA, write_json_atomic
-from .threshold import Recommendation, recommend
+from .threshold import Recommendation, ratio_interval, recommend
 
 SCHEMA = "gpuslate.experiment.v1"
-STATS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+STATS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
+QUANTILES = ("mean", "p50", "p90", "p99")
 CSV_COLUMNS = ("deployment", "role", "concurrency", "repeats", "completed", "failed", "output_tokens",
                "output_tok_s_mean", "output_tok_s_min", "output_tok_s_max", "request_per_s", "total_tok_s",
                "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "itl_ms_mean", "itl_ms_p50",
-               "itl_ms_p99", "e2e_ms_mean", "e2e_ms_p50", "e2e_ms_p99", "per_request_tok_s", "accept_length")
+               "itl_ms_p99", "chunk_gap_ms_mean", "chunk_gap_ms_p50", "e2e_ms_mean", "e2e_ms_p50", "e2e_ms_p99",
+               "per_request_tok_s", "accept_length", "accept_length_spec", "spec_step_share", "tokens_estimated")
 
 
 @dataclass
@@ -70,6 +83,8 @@ def aggregate(points: list[dict[str, Any]], time_scale: float = 1.0) -> list[dic
     """One row per (deployment, level), in the order points were listed."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for p in sorted(points, key=lambda p: (p["concurrency"], p["repeat"])):
+        if p.get("control"):
+            continue  # the drift control is not a repeat of its deployment
         groups.setdefault((p["deployment"], p["concurrency"]), []).append(p)
     rows = []
     for (dep, c), ps in groups.items():
@@ -81,20 +96,70 @@ def aggregate(points: list[dict[str, Any]], time_scale: float = 1.0) -> list[dic
             "output_tokens": sum(v["output_tokens"] for v in lv),
             "input_tokens": sum(v["input_tokens"] for v in lv),
             "output_token_throughput": {"mean": _round(_mean(thr), 4), "min": min(thr), "max": max(thr),
-                                        "values": thr},
+                                        "values": thr, "repeats": [p["repeat"] for p in ps]},
             "request_throughput": _round(_mean([v["request_throughput"] / time_scale for v in lv]), 4),
             "total_token_throughput": _round(_mean([v["total_token_throughput"] / time_scale for v in lv]), 4),
             "tokens_estimated": any(v.get("tokens_estimated") for v in lv),
         }
         for stat in STATS:
-            row[stat] = {q: _round(_mean([_num(v[stat].get(q)) * time_scale for v in lv]), 4)
-                         for q in ("mean", "p50", "p90", "p99")}
+            row[stat] = {q: _round(_mean([_num((v.get(stat) or {}).get(q)) * time_scale for v in lv]), 4)
+                         for q in QUANTILES}
         tpot = row["tpot_ms"]["mean"]
         row["per_request_tok_s"] = _round(1000.0 / tpot, 4) if tpot and tpot > 0 else None
-        acc = [v["accept_length"] for v in lv if v.get("accept_length") is not None]
-        row["accept_length"] = _round(_mean(acc), 4) if acc else None
+        for key in ("accept_length", "accept_length_spec", "spec_step_share"):
+            vals = [v[key] for v in lv if v.get(key) is not None]
+            row[key] = _round(_mean(vals), 4) if vals else None
+        row["warming"] = any(v.get("warming") for v in lv)
         rows.append(row)
     return rows
+
+
+def measure_drift(points: list[dict[str, Any]], order: str) -> dict[str, Any]:
+    """The run's drift (relative, >= 0) from the points; see the module docstring.
+
+    Interleaved: per level, each deployment's repeats relative to its own mean, averaged over the
+    deployments per repeat; the drift is the largest range of those per-repeat means over the
+    levels. Blocked: the control point against the same deployment and level in repeat 0.
+    """
+    measured = [p for p in points if not p.get("control")]
+    if order == "blocked":
+        controls = [p for p in points if p.get("control")]
+        if not controls:
+            return {"drift": None, "how": "blocked order: the control point has not run yet"}
+        ctl = controls[0]
+        ref = next((p for p in measured if p["deployment"] == ctl["deployment"]
+                    and p["concurrency"] == ctl["concurrency"] and p["repeat"] == 0), None)
+        if ref is None or not ref["level"]["output_token_throughput"]:
+            return {"drift": None, "how": "blocked order: no first measurement of the control level"}
+        change = ctl["level"]["output_token_throughput"] / ref["level"]["output_token_throughput"] - 1
+        return {"drift": abs(change), "change": round(change, 4), "how": (
+            f"blocked order: {ctl['deployment']} at concurrency {ctl['concurrency']} measured again at the end "
+            f"changed by {change:+.1%}")}
+    by: dict[int, dict[str, dict[int, float]]] = {}
+    for p in measured:
+        by.setdefault(p["concurrency"], {}).setdefault(p["deployment"], {})[p["repeat"]] = \
+            p["level"]["output_token_throughput"]
+    worst, per_level = 0.0, {}
+    for c, deps in sorted(by.items()):
+        repeats = sorted(set.intersection(*(set(v) for v in deps.values())))
+        if len(repeats) < 2:
+            continue
+        rel: dict[int, list[float]] = {r: [] for r in repeats}
+        for vals in deps.values():
+            mean = sum(vals[r] for r in repeats) / len(repeats)
+            if mean > 0:
+                for r in repeats:
+                    rel[r].append(vals[r] / mean)
+        common = [sum(v) / len(v) for v in rel.values() if v]
+        if len(common) >= 2:
+            per_level[c] = max(common) - min(common)
+            worst = max(worst, per_level[c])
+    if not per_level:
+        return {"drift": None, "how": "interleaved order: fewer than 2 repeats, drift not measured"}
+    top = max(per_level, key=lambda c: per_level[c])
+    return {"drift": round(worst, 4), "per_level": {str(c): round(v, 4) for c, v in per_level.items()},
+            "how": f"interleaved order: every deployment moved together by up to {worst:.1%} between repeats "
+                   f"(largest at concurrency {top})"}
 
 
 def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | None, list[dict[str, Any]]]:
@@ -106,8 +171,11 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
     rows = sorted(aggregate(points, scale),
                   key=lambda r: (order.index(r["deployment"]) if r["deployment"] in order else len(order),
                                  r["concurrency"]))
-    rec = _recommendation(spec, rows)
-    total = len(order) * len(spec.get("levels", [])) * int(spec.get("repeats", 1))
+    drift = measure_drift(points, spec.get("order", "interleaved"))
+    widen = level_drifts(drift, spec.get("order", "interleaved"))
+    rec, rec_note = _recommendation(spec, rows, widen)
+    total = len(order) * len(spec.get("levels", [])) * int(spec.get("repeats", 1)) \
+        + (1 if spec.get("order") == "blocked" else 0)
     engines = {p["deployment"]: p.get("engine", {}) for p in points}
     counts: dict[str, int] = {}
     for p in points:
@@ -116,13 +184,13 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
         "schema": SCHEMA, "name": spec.get("name"), "dir": str(out), "spec": spec.get("path"),
         "gpuslate_version": __version__, "created_at": run.get("created_at"),
         "complete": len(points) >= total > 0, "points": {"done": len(points), "total": total},
-        "time_scale": scale,
+        "time_scale": scale, "order": spec.get("order", "interleaved"), "drift": drift,
         "deployments": [{"name": d["name"], "role": d.get("role"), "command": d.get("command"),
                          "engine": engines.get(d["name"]), "points": counts.get(d["name"], 0)}
                         for d in spec.get("deployments", [])],
         "levels": rows,
-        "recommendation": rec.to_json() if rec else None,
-        "threshold_check": _threshold_check(rows),
+        "recommendation": rec.to_json() if rec else None, "recommendation_note": rec_note,
+        "threshold_check": _threshold_check(rows, widen),
     }
     return summary, rec, rows
 
@@ -131,31 +199,51 @@ def write_report(out: str | Path) -> Report:
     """Write summary.json, summary.csv, the plots and report.md into ``out``."""
     out = Path(out)
     summary, rec, rows = build_summary(out)
-    plots, note = _plots(rows, out, summary)
+    plots, note = _plots(rows, out, summary, rec)
+    engine_files = rec.engine_files() if rec is not None and rec.recommended else {}
+    for name, text in engine_files.items():
+        (out / name).write_text(text)
     summary["files"] = {"report": "report.md", "summary_json": "summary.json", "summary_csv": "summary.csv",
-                        "plots": plots}
+                        "plots": plots, "engines": sorted(engine_files)}
     summary["plots_note"] = note
     (out / "summary.csv").write_text(to_csv(rows))
     (out / "report.md").write_text(to_markdown(summary, rec, plots, note))
     write_json_atomic(out / "summary.json", summary)
-    return Report(summary, rec, ["report.md", "summary.json", "summary.csv", *plots])
+    return Report(summary, rec, ["report.md", "summary.json", "summary.csv", *plots, *sorted(engine_files)])
 
 
-def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any]) -> tuple[list[str], str | None]:
+def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
+           rec: Recommendation | None) -> tuple[list[str], str | None]:
     if not rows:
         return [], "no points yet"
-    try:  # matplotlib is optional for everything but the pictures; imported only by plots.py
+    try:  # matplotlib is imported only by plots.py, and only when pictures are drawn
         from . import plots
     except ImportError as exc:
         return [], f"plots skipped: {exc} (pip install matplotlib)"
+    marks = None
+    if rec is not None and rec.crossover is not None:
+        marks = {"threshold": rec.threshold, "crossover": rec.crossover, "recommended": rec.recommended}
     return plots.make_plots(rows, out, title=summary.get("name") or "experiment",
-                            time_scale=summary["time_scale"]), None
+                            time_scale=summary["time_scale"], marks=marks), None
 
 
-def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]]) -> Recommendation | None:
+def level_drifts(drift: dict[str, Any], order: str) -> float:
+    """What the intervals are widened by. Interleaved: nothing more, as each deployment's repeats
+    were measured at different times of the run, so their spread (the interval's noise term)
+    already contains the drift. Blocked: a deployment's repeats ran back to back and their spread
+    cannot see it: the control's drift is added."""
+    return 0.0 if order == "interleaved" else float(drift.get("drift") or 0.0)
+
+
+def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
+                    drift: float) -> tuple[Recommendation | None, str | None]:
     roles = {d.get("role"): d["name"] for d in spec.get("deployments", [])}
     if "baseline" not in roles or "speculative" not in roles:
-        return None
+        return None, None
+    used = [r for r in rows if r["deployment"] in (roles["baseline"], roles["speculative"])]
+    if any(r["tokens_estimated"] for r in used) and not spec.get("allow_estimated"):
+        return None, ("no threshold computed: the token counts are estimated (the servers reported no usage); "
+                      "set [load] tokenizer, or [experiment] allow_estimated = true")
 
     def figures(name: str) -> dict[int, list[float]]:
         return {r["concurrency"]: r["output_token_throughput"]["values"] for r in rows if r["deployment"] == name}
@@ -163,25 +251,40 @@ def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]]) -> Recomme
     try:
         return recommend(figures(roles["baseline"]), figures(roles["speculative"]),
                          min_margin=float(spec.get("min_margin", 0.0)),
-                         num_speculative_tokens=int(spec.get("num_speculative_tokens", 3)))
+                         num_speculative_tokens=int(spec.get("num_speculative_tokens", 3)), drift=drift), None
     except ValueError:  # no level measured for both yet
-        return None
+        return None, None
 
 
-def _threshold_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """Per level: the speculative+threshold deployment against the better of baseline and speculative."""
-    by: dict[str, dict[int, float]] = {}
+def _threshold_check(rows: list[dict[str, Any]], drift: float) -> list[dict[str, Any]] | None:
+    """Per level: the speculative+threshold deployment against the better of baseline and speculative,
+    repeat by repeat, as a ratio with its interval (the spread pooled over the three, plus ``drift``)."""
+    by: dict[str, dict[int, dict[int, float]]] = {}
     for r in rows:
         if r["role"]:
-            by.setdefault(r["role"], {})[r["concurrency"]] = r["output_token_throughput"]["mean"]
+            t = r["output_token_throughput"]
+            by.setdefault(r["role"], {})[r["concurrency"]] = dict(zip(t.get("repeats") or range(len(t["values"])),
+                                                                      t["values"]))
     if not {"baseline", "speculative", "speculative+threshold"} <= set(by):
         return None
     out = []
-    for c, v in sorted(by["speculative+threshold"].items()):
-        best = max(by["baseline"].get(c, 0.0), by["speculative"].get(c, 0.0))
-        if best > 0:
-            out.append({"concurrency": c, "throughput": _round(v), "best_of_both": _round(best),
-                        "ratio": _round(v / best, 4)})
+    for c, tv in sorted(by["speculative+threshold"].items()):
+        bv, sv = by["baseline"].get(c, {}), by["speculative"].get(c, {})
+        repeats = sorted(set(tv) & set(bv) & set(sv))
+        if not repeats:
+            continue
+        best = [max(bv[r], sv[r]) for r in repeats]
+        mine = [tv[r] for r in repeats]
+        if min(best) <= 0:
+            continue
+        d = drift
+        # the noise of the level: the largest spread any of the three shows between its repeats
+        noise = max(_spread([v[r] for r in repeats]) for v in (tv, bv, sv))
+        ratio, lo, hi = ratio_interval(mine, best, d, noise)
+        verdict = "beats both" if lo > 1 else "slower than the better" if hi < 1 else "no detectable difference"
+        out.append({"concurrency": c, "throughput": _round(sum(mine) / len(mine)),
+                    "best_of_both": _round(sum(best) / len(best)), "ratio": _round(ratio, 4),
+                    "interval": [_round(lo, 4), _round(hi, 4)], "drift": _round(d, 4), "verdict": verdict})
     return out
 
 
@@ -199,25 +302,32 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
                     _round(r["request_throughput"], 4), _round(r["total_token_throughput"]),
                     _round(r["ttft_ms"]["mean"], 3), _round(r["ttft_ms"]["p50"], 3), _round(r["ttft_ms"]["p99"], 3),
                     _round(r["tpot_ms"]["mean"], 3), _round(r["itl_ms"]["mean"], 3), _round(r["itl_ms"]["p50"], 3),
-                    _round(r["itl_ms"]["p99"], 3), _round(r["e2e_ms"]["mean"], 3), _round(r["e2e_ms"]["p50"], 3),
+                    _round(r["itl_ms"]["p99"], 3), _round(r["chunk_gap_ms"]["mean"], 3),
+                    _round(r["chunk_gap_ms"]["p50"], 3), _round(r["e2e_ms"]["mean"], 3), _round(r["e2e_ms"]["p50"], 3),
                     _round(r["e2e_ms"]["p99"], 3), _round(r["per_request_tok_s"]),
-                    "" if r["accept_length"] is None else _round(r["accept_length"], 3)])
+                    *("" if r.get(k) is None else _round(r[k], 3)
+                      for k in ("accept_length", "accept_length_spec", "spec_step_share")),
+                    "yes" if r["tokens_estimated"] else ""])
     return buf.getvalue()
 
 
 def level_tables(rows: list[dict[str, Any]]) -> list[tuple[int, list[list[str]]]]:
     """Per concurrency level: a header row and one row per deployment (shared by report.md and the CLI)."""
     head = ["deployment", "output tok/s", "spread", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
-            "TPOT", "e2e p50", "ok/failed"]
+            "TPOT", "e2e p50", "accept", "spec steps", "ok/failed"]
     levels: dict[int, list[list[str]]] = {}
     for r in rows:
         t = r["output_token_throughput"]
         spread = (t["max"] - t["min"]) / t["mean"] if t["mean"] else 0.0  # mean 0: nothing completed
         levels.setdefault(r["concurrency"], [head]).append([
             r["deployment"] + (f" ({r['role']})" if r["role"] and r["role"] != r["deployment"] else ""),
-            f"{t['mean']:.1f}", f"±{spread / 2:.1%}" if r["repeats"] > 1 else "-", f"{r['request_throughput']:.2f}",
+            f"{t['mean']:.1f}" + ("~" if r["tokens_estimated"] else "") + ("!" if r.get("warming") else ""),
+            f"±{spread / 2:.1%}" if r["repeats"] > 1 else "-", f"{r['request_throughput']:.2f}",
             _ms(r["ttft_ms"]["p50"]), _ms(r["ttft_ms"]["p99"]), _ms(r["itl_ms"]["p50"]), _ms(r["itl_ms"]["p99"]),
-            _ms(r["tpot_ms"]["mean"]), _ms(r["e2e_ms"]["p50"]), f"{r['completed']}/{r['failed']}"])
+            _ms(r["tpot_ms"]["mean"]), _ms(r["e2e_ms"]["p50"]),
+            "-" if r.get("accept_length") is None else f"{r['accept_length']:.2f}",
+            "-" if r.get("spec_step_share") is None else f"{r['spec_step_share']:.0%}",
+            f"{r['completed']}/{r['failed']}"])
     return sorted(levels.items())
 
 
@@ -225,39 +335,85 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     lines = [f"# Experiment {summary['name']}", ""]
     pts = summary["points"]
     lines.append(f"{pts['done']} of {pts['total']} points" + ("" if summary["complete"] else " (incomplete)")
-                 + f"; gpuslate {summary['gpuslate_version']}; spec `{summary['spec']}` (a copy: `spec.toml`).")
+                 + f"; gpuslate {summary['gpuslate_version']}; spec `{Path(summary['spec'] or 'spec.toml').name}` "
+                 "(a copy: `spec.toml`).")
+    lines.append(order_sentence(summary))
     if summary["time_scale"] != 1:
-        lines.append(f"Simulated servers ran at time-scale {summary['time_scale']:g}: throughputs are divided "
-                     "and latencies multiplied by it (the raw figures are in `points/`).")
+        lines.append(time_scale_sentence(summary["time_scale"]))
     lines += ["", "## Deployments", "", "| deployment | role | engine | command |", "| --- | --- | --- | --- |"]
     for d in summary["deployments"]:
         eng = d.get("engine") or {}
         engine = " ".join(str(x) for x in (eng.get("engine"), eng.get("version")) if x) or "-"
-        cmd = " ".join(d.get("command") or []).replace("|", "\\|")
+        cmd = " ".join(_shown_command(d.get("command") or [])).replace("|", "\\|")
         lines.append(f"| {d['name']} | {d.get('role') or '-'} | {engine} | `{cmd}` |")
     if rec is not None:
         lines += ["", "## Recommendation", "", f"**{rec.summary()}**", ""]
+        files = summary.get("files", {}).get("engines") or []
+        if files:
+            lines += ["Ready to use, written next to this report: " + ", ".join(f"`{f}`" for f in files) + ".", ""]
         lines += [f"- {ln}" for ln in rec.engine_lines()]
         lines += [f"- warning: {w}" for w in rec.warnings]
-        lines += ["", "| concurrency | winner | margin | spread |", "| ---: | --- | ---: | ---: |"]
-        lines += [f"| {v.concurrency} | {v.winner} | {v.margin:+.1%} | {v.spread:.1%} |" for v in rec.levels]
+        lines += ["", "Speculative / baseline output throughput per level: the ratio, and the interval it lies in "
+                  "(the spread of the repeats, which in an interleaved run were measured at different times and so "
+                  "carry the drift; a blocked run adds the control's drift).", "",
+                  "| concurrency | verdict | ratio | interval |", "| ---: | --- | ---: | --- |"]
+        lines += [f"| {v.concurrency} | {_verdict(v.winner)} | {v.margin + 1:.3f} | "
+                  f"[{v.interval[0]:.3f}, {v.interval[1]:.3f}] |" for v in rec.levels]
+    elif summary.get("recommendation_note"):
+        lines += ["", "## Recommendation", "", f"_{summary['recommendation_note']}_"]
     if summary.get("threshold_check"):
-        lines += ["", "Speculation with the disable threshold against the better of the two, per level:", "",
-                  "| concurrency | tok/s | best of both | ratio |", "| ---: | ---: | ---: | ---: |"]
-        lines += [f"| {c['concurrency']} | {c['throughput']} | {c['best_of_both']} | {c['ratio']:.3f} |"
+        lines += ["", "Speculation with the disable threshold against the better of the two, per level "
+                  "(ratio and interval as above, the spread pooled over the three):", "",
+                  "| concurrency | tok/s | best of both | ratio | interval | verdict |",
+                  "| ---: | ---: | ---: | ---: | --- | --- |"]
+        lines += [f"| {c['concurrency']} | {c['throughput']} | {c['best_of_both']} | {c['ratio']:.3f} | "
+                  f"[{c['interval'][0]:.3f}, {c['interval'][1]:.3f}] | {c['verdict']} |"
                   for c in summary["threshold_check"]]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots]
     elif note:
         lines += ["", f"_{note}_"]
     lines += ["", "## Per concurrency level", "",
-              "Latencies in ms (TTFT, ITL percentiles and TPOT: the mean over repeats of each repeat's figure); "
-              "spread: half the max-min range of output tok/s over repeats, relative."]
+              "Latencies in ms (TTFT, ITL percentiles and TPOT: the mean over repeats of each repeat's figure; "
+              "ITL per token as SGLang counts it, the chunk gaps are in summary.csv); spread: half the max-min "
+              "range of output tok/s over repeats, relative; accept: tokens per request-step over all steps; "
+              "spec steps: the share of request-steps that were speculative; ~ estimated token counts; "
+              "! the server was still warming up."]
     for c, table in level_tables(summary["levels"]):
         lines += ["", f"### Concurrency {c}", "", "| " + " | ".join(table[0]) + " |",
                   "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(table[0]))) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     return "\n".join(lines) + "\n"
+
+
+def _shown_command(argv: list[str]) -> list[str]:
+    """The command as people read it: the program by its name (summary.json keeps the full path)."""
+    return [Path(argv[0]).name, *argv[1:]] if argv else argv
+
+
+def order_sentence(summary: dict[str, Any]) -> str:
+    """How the points were ordered and the drift measured (report.md and the CLI say the same)."""
+    drift = summary.get("drift") or {}
+    order = summary.get("order", "interleaved")
+    how = ("interleaved: each repeat swept every deployment, the order rotated each repeat" if order == "interleaved"
+           else "blocked: each deployment's repeats back to back, a control level measured again at the end")
+    d = drift.get("drift")
+    return (f"Order: {how}. Drift: " + ("not measured" if d is None else f"{d:.1%}")
+            + (f" ({drift['how']})" if drift.get("how") else "") + ".")
+
+
+def time_scale_sentence(scale: float) -> str:
+    return (f"Modelled time: the simulated servers ran {scale:g}x faster than modelled; throughputs are divided "
+            f"and latencies multiplied by {scale:g} (the raw figures are in `points/`).")
+
+
+def _verdict(winner: str) -> str:
+    return {"speculative": "speculative wins", "baseline": "baseline wins"}.get(winner, "no detectable difference")
+
+
+def _spread(xs: list[float]) -> float:
+    mean = sum(xs) / len(xs)
+    return (max(xs) - min(xs)) / mean if mean > 0 else 0.0
 
 
 def _mean(xs: list[float]) -> float:

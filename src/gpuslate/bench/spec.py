@@ -9,6 +9,9 @@
     clear = false                                  # clear the first deployment's GPUs first (as `up --clear`)
     time_scale = 1.0                               # simulated servers' --time-scale: reports unscale by it
     min_margin = 0.0                               # a win must also beat the other side by this fraction
+    order = "interleaved"                          # or "blocked": see below
+    control_level = 8                              # blocked: the level measured again at the end (default: the first)
+    allow_estimated = false                        # recommend from estimated token counts (no usage, no tokenizer)
     num_speculative_tokens = 3                     # for the vLLM/SGLang forms of the recommendation
 
     [roles]                                        # default: deployments named after a role take it
@@ -25,17 +28,27 @@
     output_len = 128
     api = "completions"    # or "chat"
     seed = 0
+    api_key_env = "OPENAI_API_KEY"   # the API key is read from this variable at run time (never in the file)
 
     [units.baseline]       # exactly as in gpuslate.toml (same parser, same checks)
     command = ["python", "-m", "sglang.launch_server", "--port", "30000"]
     port = 30000
     engine = "sglang"
 
+Order: ``interleaved`` (the default) runs repeat after repeat, each repeat
+sweeping every deployment with the order rotated (ABC, BCA, CAB, ...), so that
+a machine getting slower or faster over the run (drift) hits every deployment
+alike and shows as a change between repeats; ``blocked`` runs each
+deployment's repeats back to back (one swap each, for costly real swaps) and
+then measures the first deployment's ``control_level`` again at the end: the
+change of that control is the drift. The report prints both.
+
 Every error is a UsageError naming ``FILE:LINE``. Nothing here starts anything.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 from dataclasses import dataclass, field
@@ -48,6 +61,15 @@ from ..units.spec import UnitSpec, load_config, resolve
 from .loadgen import LoadPlan
 
 Role = Literal["baseline", "speculative", "speculative+threshold"]
+
+
+class Order(str, enum.Enum):
+    """How an experiment orders its points (see the module docstring)."""
+
+    INTERLEAVED = "interleaved"
+    BLOCKED = "blocked"
+
+
 ROLES: tuple[str, ...] = get_args(Role)
 Api = Literal["completions", "chat"]
 
@@ -56,11 +78,13 @@ _LOAD_TYPES: dict[str, tuple[type, ...]] = {
     "concurrency": (list, int), "request_rate": (int, float), "max_concurrency": (int,), "requests": (int,),
     "duration_s": (int, float), "warmup": (int,), "seed": (int,), "api": (str,), "stream": (bool,),
     "input_len": (int,), "output_len": (int,), "dataset": (str,), "model": (str,), "ignore_eos": (bool,),
-    "timeout_s": (int, float), "repeats": (int,),
+    "timeout_s": (int, float), "repeats": (int,), "tokenizer": (str,), "extra_body": (dict,),
+    "random_range_ratio": (int, float), "burstiness": (int, float), "api_key_env": (str,),
 }
 _EXPERIMENT_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "deployments": (list,), "config": (str,), "clear": (bool,), "time_scale": (int, float),
-    "min_margin": (int, float), "num_speculative_tokens": (int,),
+    "min_margin": (int, float), "num_speculative_tokens": (int,), "order": (str,), "control_level": (int,),
+    "allow_estimated": (bool,),
 }
 _TOP = ("experiment", "roles", "load", "units")
 MAX_LEVEL = 100_000
@@ -90,6 +114,9 @@ class ExperimentSpec:
     time_scale: float = 1.0
     min_margin: float = 0.0
     num_speculative_tokens: int = 3
+    order: Order = Order.INTERLEAVED
+    control_level: int | None = None  # blocked order: the level the control re-measures
+    allow_estimated: bool = False
     text: str = field(default="", repr=False, compare=False)
 
     def by_role(self, role: Role) -> Deployment | None:
@@ -98,13 +125,15 @@ class ExperimentSpec:
     def identity(self) -> dict[str, Any]:
         """What must not change between a run and its --resume."""
         return {"deployments": [[d.name, d.role, d.unit.command] for d in self.deployments],
-                "levels": list(self.levels), "repeats": self.repeats, "load": self.load}
+                "levels": list(self.levels), "repeats": self.repeats, "load": self.load,
+                "order": self.order.value, "control_level": self.control_level}
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "name": self.name, "deployments": [d.to_json() for d in self.deployments],
                 "levels": list(self.levels), "repeats": self.repeats, "load": self.load,
                 "clear_first": self.clear_first, "time_scale": self.time_scale, "min_margin": self.min_margin,
-                "num_speculative_tokens": self.num_speculative_tokens}
+                "num_speculative_tokens": self.num_speculative_tokens, "order": self.order.value,
+                "control_level": self.control_level, "allow_estimated": self.allow_estimated}
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
@@ -167,7 +196,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     if "dataset" in plan:  # relative to the spec, not to wherever gpuslate runs
         plan["dataset"] = str((p.parent / plan["dataset"]).resolve())
     try:  # the load generator's own checks too, before any server is started
-        LoadPlan(concurrency=levels, **plan).validate()
+        LoadPlan(concurrency=levels, **{k: v for k, v in plan.items() if k != "api_key_env"}).validate()
     except UsageError as exc:
         raise fail("load", None, f"[load]: {exc}") from None
     if "request_rate" in plan and len(levels) > 1:
@@ -181,11 +210,22 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     nst = exp.get("num_speculative_tokens", 3)
     if not 1 <= nst <= 64:
         raise fail("experiment", "num_speculative_tokens", f"num_speculative_tokens must be 1..64, got {nst}")
+    try:
+        order = Order(exp.get("order", Order.INTERLEAVED.value))
+    except ValueError:
+        raise fail("experiment", "order", f"order must be one of {', '.join(o.value for o in Order)}, "
+                   f"got {exp['order']!r}") from None
+    control = exp.get("control_level")
+    if control is not None and control not in levels:
+        raise fail("experiment", "control_level", f"control_level {control} is not one of the levels {list(levels)}")
+    if order is Order.BLOCKED and control is None:
+        control = levels[0]
     name = exp.get("name", p.stem)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}", name):
         raise fail("experiment", "name", f"invalid experiment name {name!r}: letters, digits, '.', '_', '+', '-'")
     return ExperimentSpec(str(p), name, tuple(deployments), levels, repeats, plan, exp.get("clear", False),
-                          time_scale, min_margin, nst, text)
+                          time_scale, min_margin, nst, order, control if order is Order.BLOCKED else None,
+                          exp.get("allow_estimated", False), text)
 
 
 def _table(doc: dict[str, Any], name: str, fail: Any) -> dict[str, Any]:

@@ -20,16 +20,24 @@ forms the engines take (see docs/experiment.md for the sources):
 
 The decision is deliberately conservative:
 
-* a level counts as a speculative win only when the slowest speculative
-  repeat beats the fastest baseline repeat by more than ``min_margin``
-  (a win beyond the spread); likewise for a baseline win; anything else is
-  a tie ("within noise");
+* each level compares the two as a ratio (speculative / baseline) with an
+  interval: the larger of the paired ratios' half-range and the spread each
+  side shows between its own repeats (which, in an interleaved run, were
+  measured at different times and so carry the drift), plus ``drift`` (a
+  blocked run's control drift, which its back-to-back repeats cannot see);
+  a level counts as a
+  speculative win only when the whole interval lies above ``1 + min_margin``,
+  a baseline win only when it lies below ``1 / (1 + min_margin)``, anything
+  else is "no detectable difference";
 * the threshold is the largest level ``L`` such that speculation won at every
   measured level up to and including ``L``: it is always a measured level, so
   nothing is extrapolated between or past the levels measured;
 * speculation never winning at the smallest level gives "always off"
   (threshold 0); winning at every level gives "never disable", with a note
-  that this holds only up to the largest level measured.
+  that this holds only up to the largest level measured;
+* a threshold is *recommended* only where the crossover is outside drift +
+  noise: when the level after the last win shows no detectable difference,
+  the threshold is reported but marked not recommended.
 """
 
 from __future__ import annotations
@@ -47,12 +55,43 @@ Decision = Literal["disable_above", "always_off", "never_disable"]
 SGLANG_DEFAULT_STEPS: tuple[int, ...] = (1, 3, 5, 7)
 
 
+def ratio_interval(num: Sequence[float], den: Sequence[float], drift: float = 0.0,
+                   noise: float = 0.0) -> tuple[float, float, float]:
+    """(mean ratio, low, high) of ``num / den`` over repeats.
+
+    The half-width is the larger of the paired ratios' half-range (repeat r with repeat r, when
+    both have the same repeats) and the run-to-run noise: the larger relative range (max - min)
+    / mean of the two sides' own repeats, or ``noise`` (the same figure pooled over more
+    deployments) if larger; plus ``drift``. With two or three repeats a range of two ratios alone
+    is far too optimistic: what counts as a difference is what beats the spread every deployment
+    shows between its own repeats. A zero denominator gives an infinite ratio."""
+    def div(a: float, b: float) -> float:
+        return a / b if b > 0 else (math.inf if a > 0 else 1.0)
+
+    mean = div(sum(num) / len(num), sum(den) / len(den))
+    if len(num) == len(den):
+        qs = [div(a, b) for a, b in zip(num, den)]
+        paired = (max(qs) - min(qs)) / 2
+    else:
+        paired = (div(max(num), min(den)) - div(min(num), max(den))) / 2
+    spread = max(_rel_spread(tuple(num)), _rel_spread(tuple(den)), noise)
+    half = max(paired, mean * spread if math.isfinite(mean) else 0.0) + drift
+    return mean, mean - half, mean + half
+
+
 @dataclass(frozen=True)
 class LevelVerdict:
     concurrency: int
     baseline: tuple[float, ...]  # output tok/s of each repeat
     speculative: tuple[float, ...]
     winner: Winner
+    drift: float = 0.0  # relative drift measured over the run, added to the interval
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """Speculative / baseline: the range the ratio is known to lie in (noise + drift)."""
+        _, lo, hi = ratio_interval(self.speculative, self.baseline, self.drift)
+        return lo, hi
 
     @property
     def baseline_mean(self) -> float:
@@ -74,9 +113,11 @@ class LevelVerdict:
         return max(_rel_spread(self.baseline), _rel_spread(self.speculative))
 
     def to_json(self) -> dict[str, Any]:
+        lo, hi = self.interval
         return {"concurrency": self.concurrency, "winner": self.winner,
                 "baseline_tok_s": _r(self.baseline_mean), "speculative_tok_s": _r(self.speculative_mean),
                 "margin": _r(self.margin, 4), "spread": _r(self.spread, 4),
+                "ratio_interval": [_r(lo, 4), _r(hi, 4)], "drift": _r(self.drift, 4),
                 "baseline_repeats": [_r(v) for v in self.baseline],
                 "speculative_repeats": [_r(v) for v in self.speculative]}
 
@@ -90,6 +131,12 @@ class Recommendation:
     crossover_in_noise: bool  # the level after the last win is a tie, not a clear baseline win
     warnings: tuple[str, ...]
     num_speculative_tokens: int
+    drift: float = 0.0
+
+    @property
+    def recommended(self) -> bool:
+        """A threshold is recommended only where the crossover is outside drift + noise."""
+        return self.decision != "disable_above" or not self.crossover_in_noise
 
     @property
     def largest_level(self) -> int:
@@ -133,12 +180,17 @@ class Recommendation:
             return (f"speculation won at every level measured (up to {self.largest_level}): never disable it "
                     "within that range")
         assert self.crossover is not None
+        if not self.recommended:
+            return (f"no threshold recommended: speculation wins up to concurrency {self.threshold}, but at "
+                    f"{self.crossover[1]} the difference is within drift + noise, so the crossover is not located "
+                    f"(measure more levels or repeats)")
         return (f"speculation wins up to concurrency {self.threshold}; disable it above {self.threshold} "
                 f"(crossover between {self.crossover[0]} and {self.crossover[1]})")
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "decision": self.decision, "threshold": self.threshold,
+            "decision": self.decision, "threshold": self.threshold, "recommended": self.recommended,
+            "drift": _r(self.drift, 4),
             "crossover": list(self.crossover) if self.crossover else None,
             "crossover_in_noise": self.crossover_in_noise, "summary": self.summary(),
             "warnings": list(self.warnings), "levels": [v.to_json() for v in self.levels],
@@ -149,30 +201,48 @@ class Recommendation:
             },
         }
 
+    def engine_files(self) -> dict[str, str]:
+        """The recommendation as files, one per engine form (``experiment report`` writes them
+        next to report.md): SGLang's arguments and adaptive config, vLLM's speculative config,
+        and the simulator's flag."""
+        flag = "" if self.threshold is None else f"--spec-disable-threshold {self.threshold}\n"
+        return {
+            "sglang-args.txt": "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json\n",
+            "sglang-adaptive-config.json": json.dumps(self.sglang_adaptive_config(), indent=2) + "\n",
+            "vllm-config.json": json.dumps(self.vllm_speculative_config(), indent=2) + "\n",
+            "sim-args.txt": flag or "# none: keep speculation on\n",
+        }
+
     def engine_lines(self) -> list[str]:
-        """The recommendation in each engine's own form, ready to paste."""
-        lines = []
-        if self.threshold is None:
-            lines.append("disable-threshold flag: none (keep speculation on)")
-        else:
-            lines.append(f"disable-threshold flag: {self.threshold}  "
-                         f"(e.g. gpuslate sim serve --spec-disable-threshold {self.threshold})")
-        lines.append("SGLang: --speculative-adaptive --speculative-adaptive-config FILE with FILE = "
-                     + json.dumps(self.sglang_adaptive_config()))
-        lines.append("vLLM: --speculative-config '" + json.dumps(self.vllm_speculative_config())
-                     + "'  (merge with your method/model keys)")
-        return lines
+        """The recommendation in each engine's own form, SGLang's and vLLM's first; short enough not
+        to wrap (the JSON itself is in the files :meth:`engine_files` names)."""
+        return [
+            "SGLang: --speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json  "
+            f"(keys: batch-size lower bounds; {json.dumps(self.sglang_adaptive_config(), separators=(',', ':'))})",
+            "vLLM: --speculative-config \"$(cat vllm-config.json)\"  (num_speculative_tokens_per_batch_size "
+            f"{json.dumps(self.vllm_schedule(), separators=(',', ':'))}; merge with your method/model keys)",
+            "simulator: " + ("none (keep speculation on)" if self.threshold is None
+                             else f"gpuslate sim serve --spec-disable-threshold {self.threshold}"),
+        ]
 
 
 def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int, Sequence[float]], *,
-              min_margin: float = 0.0, num_speculative_tokens: int = 3) -> Recommendation:
+              min_margin: float = 0.0, num_speculative_tokens: int = 3,
+              drift: float | Mapping[int, float] = 0.0) -> Recommendation:
     """Compare per-level, per-repeat output throughputs and recommend a disable threshold.
 
-    Only levels measured for both deployments (with at least one repeat each) are used.
+    Only levels measured for both deployments (with at least one repeat each) are used;
+    repeats are paired by position (repeat r of one with repeat r of the other). ``drift``
+    (relative, >= 0; one figure, or one per level with the largest for levels it lacks)
+    widens the intervals.
     Raises ValueError when there is no such level or a figure is not a finite number >= 0.
     """
     if not (math.isfinite(min_margin) and min_margin >= 0):
         raise ValueError(f"min_margin must be a finite number >= 0, got {min_margin!r}")
+    drifts = dict(drift) if isinstance(drift, Mapping) else {}
+    overall = max(drifts.values(), default=0.0) if isinstance(drift, Mapping) else float(drift)
+    if not all(math.isfinite(d) and d >= 0 for d in [overall, *drifts.values()]):
+        raise ValueError(f"drift must be finite numbers >= 0, got {drift!r}")
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
     common = sorted(c for c in set(baseline) & set(speculative) if baseline[c] and speculative[c])
@@ -183,7 +253,8 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
         b, s = tuple(float(v) for v in baseline[c]), tuple(float(v) for v in speculative[c])
         if c < 1 or not all(math.isfinite(v) and v >= 0 for v in b + s):
             raise ValueError(f"level {c}: figures must be finite numbers >= 0 and levels >= 1")
-        verdicts.append(LevelVerdict(c, b, s, _winner(b, s, min_margin)))
+        d = drifts.get(c, overall)
+        verdicts.append(LevelVerdict(c, b, s, _winner(b, s, min_margin, d), d))
 
     warnings: list[str] = []
     if all(len(v.baseline) < 2 or len(v.speculative) < 2 for v in verdicts):
@@ -214,17 +285,24 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
         crossover = (threshold, nxt.concurrency)
         if nxt.winner == "tie":
             in_noise = True
-            warnings.append(f"the crossover is within noise: at concurrency {nxt.concurrency} neither wins beyond "
-                            f"the spread ({nxt.margin:+.1%} with {nxt.spread:.1%} spread); "
-                            f"the threshold stays at the last clear win, {threshold}")
+            lo, hi = nxt.interval
+            warnings.append(f"the crossover is within drift + noise: at concurrency {nxt.concurrency} the ratio "
+                            f"is {nxt.margin + 1:.3f} in [{lo:.3f}, {hi:.3f}] (drift {nxt.drift:.1%}), no detectable "
+                            f"difference; the last clear win is {threshold}, but no threshold is recommended")
+    if overall > 0:
+        warnings.append(f"drift measured over the run: {overall:.1%} (added to every interval)")
     return Recommendation(tuple(verdicts), decision, threshold, crossover, in_noise, tuple(warnings),
-                          num_speculative_tokens)
+                          num_speculative_tokens, overall)
 
 
-def _winner(b: tuple[float, ...], s: tuple[float, ...], min_margin: float) -> Winner:
-    if min(s) > max(b) * (1.0 + min_margin):
+def _winner(b: tuple[float, ...], s: tuple[float, ...], min_margin: float, drift: float = 0.0) -> Winner:
+    """A win is a ratio interval wholly on one side, or (a separation no interval can argue with)
+    every repeat of one side beating every repeat of the other by the margin and the drift."""
+    _, lo, hi = ratio_interval(s, b, drift)
+    edge = (1.0 + min_margin) * (1.0 + drift)
+    if lo > 1.0 + min_margin or min(s) > max(b) * edge:
         return "speculative"
-    if min(b) > max(s) * (1.0 + min_margin):
+    if hi * (1.0 + min_margin) < 1.0 or min(b) > max(s) * edge:
         return "baseline"
     return "tie"
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import Interrupted, NotDoneError, UsageError
 from .common import add_common, note, print_json
-from .exits import ExitStatus
+from .exits import ExitStatus, exit_epilog
 
 SCHEMA = "gpuslate.demo.v1"
 MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
@@ -44,7 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
                        "folder, or --sim DIR): a baseline server holding the GPUs is cleared, then baseline, "
                        "speculative and speculative-with-threshold servers are swapped in and swept; the report "
-                       "shows where speculation stops paying off. Everything is stopped and verified at the end.")
+                       "shows where speculation stops paying off. Everything is stopped and verified at the end.",
+                       epilog=exit_epilog({0: "done, everything stopped and verified clean",
+                                           2: "bad --out", 4: "not verified clean at the end",
+                                           6: "a simulated server failed",
+                                           130: "interrupted by Ctrl-C (everything stopped and verified)",
+                                           143: "terminated by SIGTERM (likewise)"}))
     add_common(p)
     p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
     p.add_argument("--out", metavar="DIR", help="where the experiment and its report go (default: ./gpuslate-demo)")
@@ -81,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
     from ..sim.host import SimHost
-    from .experiment import ProgressDisplay, _sigterm_as_interrupt, print_report, run_json, write_report_for
+    from .experiment import (ProgressDisplay, _sigterm_as_interrupt, interrupted_status, print_report, run_json,
+                             write_report_for)
 
     out = Path(args.out or "gpuslate-demo").absolute()
     _check_out(out)
@@ -106,18 +112,21 @@ def run(args: argparse.Namespace) -> int:
     hand = None
     display = ProgressDisplay()
     ok = False
+    stopped: Interrupted | None = None
     try:
         hand = _start_by_hand(hand_port, work, display)
         _await_ready(hand, work)
         out.rmdir()  # run_experiment creates it with its manifest
         try:
             result = run_experiment(spec, out, sim=sim, on_event=display.note, on_progress=display.update)
-        except Interrupted:  # the experiment stopped its units; the hint to --resume does not apply here
-            raise Interrupted(f"interrupted; the partial results are in {out}") from None
-        ok = True
+            ok = True
+        except Interrupted as exc:  # the experiment stopped its units; the hint to --resume does not apply here
+            stopped = exc
     finally:
         display.close()
         clean = _finish(hand, sim, interrupted=not ok)
+    if stopped is not None:
+        return interrupted_status(stopped, args.json, f"interrupted; the partial results are in {out}")
     rep = write_report_for(out)
     if args.json:
         print_json({"schema": SCHEMA, "ok": clean["ok"], "sim": sim, "out": str(out),

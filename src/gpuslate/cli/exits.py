@@ -27,7 +27,8 @@ class ExitStatus(IntEnum):
     SERVER_FAILED = 6
     PARTIAL = 7
     NOT_DRAINED = 8  # slurm prolog/epilog: the GPUs are not free and scontrol could not drain the node
-    INTERRUPTED = 130
+    INTERRUPTED = 130  # Ctrl-C (SIGINT)
+    TERMINATED = 143  # SIGTERM, where a command finishes like an interrupt (bench, experiment, demo)
 
 
 _BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (

@@ -8,26 +8,37 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .common import add_common, note, print_json
-from .exits import ExitStatus
+from ..errors import Interrupted
+from .common import add_common, note, print_error, print_json
+from .exits import ExitStatus, exit_epilog
 
 if TYPE_CHECKING:
     from ..bench.experiment import ExperimentProgress, RunResult
     from ..bench.report import Report
 
 
+RUN_EPILOG = exit_epilog({
+    0: "every point ran and no request failed", 2: "bad spec or --out (nothing was started)",
+    4: "a deployment could not be stopped with its GPUs verified free",
+    6: "a deployment did not come up, or no request succeeded",
+    7: "some requests failed (grouped in DIR/points)",
+    130: "interrupted by Ctrl-C: units stopped and verified, points kept (--resume continues)",
+    143: "terminated by SIGTERM: likewise"})
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="sweep deployments on a verified clean slate; compare; recommend",
                        description="A/B experiments between deployments (e.g. a baseline and a speculative-"
                        "decoding server): each swapped in on a verified clean slate, swept over concurrency "
-                       "levels and repeats with the load generator of 'gpuslate bench', compared, and a "
-                       "speculation disable threshold recommended. See docs/experiment.md.")
+                       "levels and repeats with the load generator of 'gpuslate bench' in an order that "
+                       "exposes drift, compared with intervals, and a speculation disable threshold "
+                       "recommended. See docs/experiment.md.", epilog=RUN_EPILOG)
     add_common(p)
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     r = verbs.add_parser("run", help="run (or --resume) an experiment spec",
                          description="Run the experiment of SPEC.toml into DIR: every finished point is "
                          "written at once, so an interrupted run loses nothing and --resume skips what is done. "
-                         "The report is written at the end.")
+                         "The report is written at the end.", epilog=RUN_EPILOG)
     add_common(r)
     r.add_argument("spec", metavar="SPEC.toml")
     r.add_argument("--out", metavar="DIR", help="results folder (default: ./experiments/NAME)")
@@ -35,8 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(handler=run)
     rep = verbs.add_parser("report", help="(re)write the report of an experiment folder",
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
-                           "report.md, summary.json and summary.csv, and the speculation recommendation.")
-    add_common(rep)
+                           "report.md, summary.json and summary.csv, the speculation recommendation and its "
+                           "engine files (sglang-args.txt, sglang-adaptive-config.json, vllm-config.json).",
+                           epilog=exit_epilog({0: "report written", 2: "DIR is not an experiment folder"},
+                                              backend=False))
+    rep.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                     help="print the versioned JSON document instead of a table")
     rep.add_argument("dir", metavar="DIR")
     rep.set_defaults(handler=report)
     p.set_defaults(handler=lambda args: _usage(p))
@@ -48,10 +63,25 @@ def _usage(p: argparse.ArgumentParser) -> int:
     return ExitStatus.USAGE
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C but leaving with 143."""
+
+
+def interrupted_status(exc: Interrupted, json_out: bool, message: str | None = None) -> int:
+    """Report an interrupted run; 143 when SIGTERM caused it, else 130."""
+    terminated = isinstance(exc.__context__, Terminated)
+    status = ExitStatus.TERMINATED if terminated else ExitStatus.INTERRUPTED
+    shown = exc if message is None else Interrupted(message)
+    if terminated:
+        shown = Interrupted(str(shown).replace("interrupted", "terminated", 1), hint=shown.hint)
+    print_error(shown, status, json_out)
+    return status
+
+
 def _sigterm_as_interrupt() -> None:
-    """SIGTERM ends a run like Ctrl-C: units stopped and verified, exit 130."""
+    """SIGTERM ends a run like Ctrl-C: units stopped and verified, exit 143."""
     def raise_interrupt(signum: int, frame: Any) -> NoReturn:
-        raise KeyboardInterrupt("terminated")
+        raise Terminated("terminated")
 
     signal.signal(signal.SIGTERM, raise_interrupt)
 
@@ -67,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_experiment(spec, out, resume=args.resume, sim=getattr(args, "sim", None),
                                 on_event=display.note, on_progress=display.update)
+    except Interrupted as exc:
+        display.close()
+        return interrupted_status(exc, args.json)
     finally:
         display.close()
     display.note(f"{result.points_run} point(s) run, {result.points_skipped} resumed, "
@@ -116,14 +149,15 @@ def run_json(result: RunResult) -> dict[str, Any]:
 
 
 def print_report(rep: Report, out: Path) -> None:
-    from ..bench.report import level_tables
+    from ..bench.report import level_tables, order_sentence, time_scale_sentence
 
     s = rep.summary
     pts = s["points"]
     print(f"Experiment {s['name']}: {pts['done']}/{pts['total']} points"
           + ("" if s["complete"] else " (incomplete)") + f", in {out}")
+    print(order_sentence(s))
     if s["time_scale"] != 1:
-        print(f"(simulated at time-scale {s['time_scale']:g}; figures unscaled to the modelled system)")
+        print(time_scale_sentence(s["time_scale"]))
     for c, table in level_tables(s["levels"]):
         print(f"\nconcurrency {c}")
         # cells are figures and deployment names (checked like unit names): nothing to escape
@@ -131,6 +165,11 @@ def print_report(rep: Report, out: Path) -> None:
         for row in table:
             print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                                    for i, (cell, w) in enumerate(zip(row, widths))))
+    for c in s.get("threshold_check") or []:
+        if c == (s.get("threshold_check") or [])[0]:
+            print("\nwith the threshold against the better of the two (ratio, interval):")
+        print(f"  c={c['concurrency']}: {c['ratio']:.3f} in [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]: "
+              f"{c['verdict']}")
     rec = rep.recommendation
     if rec is not None:
         print(f"\nRecommendation: {rec.summary()}")
@@ -138,6 +177,10 @@ def print_report(rep: Report, out: Path) -> None:
             print(f"  {line}")
         for w in rec.warnings:
             print(f"  warning: {w}")
+        if s.get("files", {}).get("engines"):
+            print(f"  files: {', '.join(str(out / f) for f in s['files']['engines'])}")
+    elif s.get("recommendation_note"):
+        print(f"\n{s['recommendation_note']}")
     files = s.get("files", {})
     print(f"\nReport: {out / 'report.md'}" + (f" ({len(files.get('plots', []))} plots)" if files.get("plots") else ""))
     if s.get("plots_note"):
@@ -146,18 +189,18 @@ def print_report(rep: Report, out: Path) -> None:
 
 class ProgressDisplay:
     """Deployment, level, requests done, elapsed and remaining: a live line on a terminal
-    (stderr), otherwise one line per point. Notes from the units API go above it."""
+    (stderr) whose remaining time counts down between updates; otherwise one line per
+    finished point, with its throughput. Notes from the units API go above it."""
 
     def __init__(self) -> None:
         self.live: Any = None
-        self.last: tuple[Any, ...] | None = None
+        self.current: ExperimentProgress | None = None
+        self.key: tuple[Any, ...] | None = None
         if sys.stderr.isatty():
             from rich.console import Console
             from rich.live import Live
-            from rich.text import Text
 
-            self._text = Text
-            self.live = Live(Text(""), console=Console(file=sys.stderr), transient=True, refresh_per_second=8)
+            self.live = Live(_Line(self), console=Console(file=sys.stderr), transient=True, refresh_per_second=4)
             self.live.start()
 
     def note(self, msg: str) -> None:
@@ -168,26 +211,53 @@ class ProgressDisplay:
         else:
             note(msg)
 
-    def update(self, p: ExperimentProgress) -> None:
-        left = f", ~{_dur(p.remaining_s)} left" if p.remaining_s is not None else ""
+    def line(self) -> str:
+        p = self.current
+        if p is None:
+            return ""
+        import time
+
+        remaining = None if p.eta_at is None else max(0.0, p.eta_at - time.monotonic())
+        left = f", ~{_dur(remaining)} left" if remaining is not None else ""
         where = (f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})"
-                 + (f" c={p.concurrency} repeat {p.repeat + 1}" if p.concurrency is not None and p.repeat is not None
-                    else ""))
+                 + (f" c={p.concurrency} " + ("control" if p.control else f"repeat {(p.repeat or 0) + 1}")
+                    if p.concurrency is not None and p.repeat is not None else ""))
         reqs = f" {p.phase} {p.done}/{p.total if p.total is not None else '?'} requests" \
             if p.phase in ("warmup", "running") else f" {p.phase}"
-        line = f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
-        if self.live is not None:
-            self.live.update(self._text(line))
-            return
+        return f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+
+    def update(self, p: ExperimentProgress) -> None:
         key = (p.deployment, p.concurrency, p.repeat, p.phase)
-        if key != self.last and p.done == 0:  # one line per point (and phase) when not on a terminal
-            self.last = key
-            note(line)
+        changed, self.current, self.key = key != self.key, p, key
+        if self.live is not None:
+            if changed:
+                self.live.refresh()  # every point drawn at least once; the ETA then counts down by itself
+            return
+        if p.phase == "finished":  # piped: one line per finished point
+            left = f", ~{_dur(p.remaining_s)} left" if p.remaining_s is not None else ""
+            what = "control" if p.control else f"repeat {(p.repeat or 0) + 1}"
+            tok = f"{p.output_tok_s:.1f} tok/s" if p.output_tok_s is not None else "done"
+            note(f"{p.deployment} c={p.concurrency} {what}: {tok} ({p.done} requests) | points "
+                 f"{p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}")
+        elif p.phase == "starting":
+            note(f"{p.deployment} ({p.deployment_index + 1}/{p.deployments}): starting")
 
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None
+
+
+class _Line:
+    """A rich renderable that asks the display for its line at every refresh (so the ETA moves)."""
+
+    def __init__(self, display: ProgressDisplay) -> None:
+        self.display = display
+
+    def __rich__(self) -> Any:
+        from rich.text import Text
+
+        return Text(self.display.line())  # plain text: no markup, no highlighting
 
 
 def _dur(s: float | None) -> str:

@@ -1,4 +1,8 @@
-"""``gpuslate logs NAME [--follow] [--tail N]``: a unit's output."""
+"""``gpuslate logs NAME [--follow] [--tail N] [--json]``: a unit's output.
+
+``--json`` prints the ``gpuslate.logs.v1`` document (the unit, its log file
+and the lines); it is a snapshot, so it does not go with ``--follow``.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from .common import add_common, whole
+from .common import add_common, print_json, whole
 from .exits import exit_epilog
 from .up import unit_name
+
+SCHEMA = "gpuslate.logs.v1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "older runs are NAME.log.1 ... .5 next to it). The server's output is printed as it "
                        "wrote it, like 'docker logs'.",
                        epilog=exit_epilog({0: "printed (with --follow: until the unit is gone or Ctrl-C)",
-                                           2: "bad input or unknown unit"}, backend=False))
+                                           2: "bad input, unknown unit, or --json with --follow"}, backend=False))
     add_common(p)
     p.add_argument("name", metavar="NAME", type=unit_name)
     p.add_argument("-f", "--follow", action="store_true",
@@ -36,9 +42,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown unit {args.name!r}: see 'gpuslate ps'")
     if args.tail is not None and args.tail < 0:
         raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
+    if args.json and args.follow:
+        raise UsageError("--json prints a snapshot: use it without --follow")
     path = Path(unit.record.log) if unit.record else store.log_path(args.name)  # corrupt: where logs go
     out = sys.stdout
     lines, since = tail_at(path, args.tail)
+    if args.json:
+        print_json({"schema": SCHEMA, "name": args.name, "log": str(path), "exists": since is not None,
+                    "running": unit.running(), "tail": args.tail, "lines": lines})
+        return 0
     for line in lines:
         out.write(line + "\n")
     out.flush()

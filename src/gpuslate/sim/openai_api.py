@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 Kind = Literal["completion", "chat", "generate"]
@@ -47,6 +47,7 @@ class GenerationSpec:
     finish_reason: Literal["length", "stop"]
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
 
 
 def count_prompt_tokens(text: str) -> int:
@@ -183,10 +184,13 @@ def parse_request(kind: Kind, body: Any, *, context_length: int,
     if options and not stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
     include_usage = _opt_bool(options or {}, "include_usage")
-    return _decide(kind, prompt_tokens, max_tokens, stream=stream, include_usage=include_usage,
+    spec = _decide(kind, prompt_tokens, max_tokens, stream=stream, include_usage=include_usage,
                    ignore_eos=_opt_bool(body, "ignore_eos"),
                    min_tokens=_opt_int(body, "min_tokens", 0) or 0,
                    context_length=context_length, eos_after_tokens=eos_after_tokens)
+    if _opt_bool(options or {}, "continuous_usage_stats"):
+        spec = replace(spec, continuous_usage=True)
+    return spec
 
 
 def _parse_generate(body: dict[str, Any], *, context_length: int,
@@ -259,8 +263,10 @@ class ResponseBuilder:
         return body
 
     def chunk(self, *, text: str | None = None, role: bool = False,
-              finish_reason: str | None = None, with_usage_field: bool = False) -> dict[str, Any]:
-        """One SSE chunk; ``text=None`` with a finish reason makes the closing chunk."""
+              finish_reason: str | None = None, with_usage_field: bool = False,
+              usage: dict[str, int] | None = None) -> dict[str, Any]:
+        """One SSE chunk; ``text=None`` with a finish reason makes the closing chunk; ``usage``
+        (the counts so far) is vLLM's ``continuous_usage_stats``."""
         if self.kind == "completion":
             choice: dict[str, Any] = {"index": 0, "text": text or "", "logprobs": None,
                                       "finish_reason": finish_reason}
@@ -273,7 +279,9 @@ class ResponseBuilder:
                 delta["content"] = text or ""
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             body = self._envelope("chat.completion.chunk", [choice])
-        if with_usage_field:
+        if usage is not None:
+            body["usage"] = usage
+        elif with_usage_field:
             # OpenAI sends "usage": null on every chunk when include_usage is on.
             body["usage"] = None
         return body

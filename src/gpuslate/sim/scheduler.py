@@ -77,6 +77,9 @@ class Counters:
     # avg_spec_accept_length).
     spec_tokens: int = 0
     spec_request_steps: int = 0
+    # Every request-step, speculative or not: total_generated_tokens / request_steps is the
+    # acceptance length over all steps, spec_request_steps / request_steps the speculative share.
+    request_steps: int = 0
     # Modelled (unscaled) seconds the simulated GPU spent in steps.
     busy_model_seconds: float = 0.0
 
@@ -184,6 +187,7 @@ class BatchScheduler:
             n = min(req.accumulator.take(kind, self.params), req.max_tokens - req.generated)
             req.generated += n
             c.total_generated_tokens += n
+            c.request_steps += 1
             if kind == "spec":
                 c.spec_tokens += n
                 c.spec_request_steps += 1
@@ -224,6 +228,7 @@ class BatchScheduler:
             # acceptance length of one stretch of load (gpuslate bench, per level).
             "spec_tokens": c.spec_tokens,
             "spec_request_steps": c.spec_request_steps,
+            "request_steps": c.request_steps,
             "avg_spec_accept_length": self.avg_spec_accept_length,
         }
 

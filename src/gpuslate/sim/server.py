@@ -10,6 +10,7 @@ and the model are documented in ``docs/sim-server.md``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
 import signal
@@ -274,7 +275,10 @@ class SimServer:
                     await send(builder.native(filler_text(0, sent + n), spec.prompt_tokens,
                                               sent + n, done))
                 else:
-                    await send(builder.chunk(text=filler_text(sent, n), with_usage_field=usage_field))
+                    so_far = builder.usage(spec.prompt_tokens, sent + n) \
+                        if usage_field and spec.continuous_usage else None
+                    await send(builder.chunk(text=filler_text(sent, n), with_usage_field=usage_field,
+                                             usage=so_far))
                 sent += n
         except SchedulerStopped:
             await send(error_body("the server is shutting down", type_="service_unavailable", code=503))
@@ -293,6 +297,17 @@ class SimServer:
 
 
 SIM_KEY = web.AppKey("gpuslate_sim_server", SimServer)
+
+
+@web.middleware
+async def _api_key(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+    """``--api-key``: every ``/v1`` route wants ``Authorization: Bearer KEY``, as vLLM checks it."""
+    key = request.app[SIM_KEY].config.api_key
+    if key is not None and request.path.startswith("/v1") and \
+            not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {key}"):
+        return web.json_response(error_body("Unauthorized", type_="authentication_error", code=401),
+                                 status=401)
+    return await handler(request)
 
 
 @web.middleware
@@ -321,7 +336,7 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     """The aiohttp application; its startup hook starts the scheduler and the load."""
     config.validate()
     sim = SimServer(config, worker_pids=worker_pids, log=log)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_openai_errors])
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_openai_errors, _api_key])
     app[SIM_KEY] = sim
     app.on_startup.append(sim._on_startup)
     app.on_shutdown.append(sim._on_shutdown)

@@ -29,6 +29,7 @@ class ServerConfig:
     context_length: int = 32768
     eos_after_tokens: int = 256
     stream_usage: bool = True  # False: ignore stream_options.include_usage, as older servers do
+    api_key: str | None = None  # /v1 routes then want Authorization: Bearer KEY (vLLM's --api-key)
     # Long-context prompts exceed aiohttp's 1 MiB default body limit.
     max_body_bytes: int = 64 * 1024 * 1024
     perf: PerfParams = field(default_factory=PerfParams)
@@ -41,6 +42,8 @@ class ServerConfig:
             raise ValueError(f"port must be 0..65535, got {self.port}")
         if not self.model:
             raise ValueError("model name must not be empty")
+        if self.api_key is not None and (not self.api_key or any(c in self.api_key for c in "\r\n\0")):
+            raise ValueError("API key must be one non-empty line")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.spec_disable_threshold is not None:
@@ -99,6 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-stream-usage", dest="stream_usage", action="store_false", default=None,
                         help="never send usage in streams, even when asked (like servers without "
                         "stream_options.include_usage)")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="answer /v1 requests only with 'Authorization: Bearer KEY' (as vLLM's --api-key)")
     for flag, attr, text in _PERF_FLAGS:
         parser.add_argument(flag, type=float, metavar="TOKENS" if attr == "accept_length" else "MS",
                             help=f"{text} (default: {getattr(d.perf, attr)})")

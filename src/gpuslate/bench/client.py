@@ -1,0 +1,274 @@
+"""One request of ``gpuslate bench``: the body it sends and how its response is timed.
+
+The stream is parsed by :class:`StreamParser`, a pure object fed with
+``(arrival time, bytes)`` pairs, so recorded streams can be replayed through
+exactly the code that times live ones (tests/bench/test_recorded_streams.py).
+Token counts: the server's ``usage`` (asked for with
+``stream_options.include_usage``, per chunk too where the engine takes vLLM's
+``continuous_usage_stats``), else ``--tokenizer``, else an estimate that the
+figures mark as such. See :mod:`gpuslate.bench.metrics` for the definitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any, Mapping
+
+import aiohttp
+
+from .metrics import RequestRecord, TokenSource, split_tokens
+from .prompts import Prompt
+from .tokens import TokenCounter
+
+_ERROR_CHARS = 200  # an error message is cut to this before it is grouped
+_decode = json.JSONDecoder().decode  # str in: json.loads would sniff each bytes chunk's encoding
+CHARS_PER_TOKEN = 4  # the estimate without usage or tokenizer (the simulator's and OpenAI's rule of thumb)
+
+
+def short(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= _ERROR_CHARS else line[: _ERROR_CHARS - 1] + "…"
+
+
+def error_message(body: bytes) -> str:
+    """The ``error.message`` of an OpenAI-shaped error body, else the body's text."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+    if isinstance(doc, dict):
+        err = doc.get("error", doc)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+        if isinstance(doc.get("detail"), str):  # FastAPI's shape
+            return doc["detail"]
+    return body.decode("utf-8", "replace")
+
+
+def chunk_text(obj: dict[str, Any]) -> str:
+    choices = obj.get("choices")
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    choice = choices[0]
+    if "text" in choice:
+        return choice["text"] or ""
+    delta = choice.get("delta") or choice.get("message") or {}
+    # Reasoning models stream their thinking first: it is generated text too.
+    return delta.get("content") or delta.get("reasoning_content") or ""
+
+
+def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    if isinstance(exc.os_error, ConnectionRefusedError):
+        return "connection refused"
+    return exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
+
+
+# errors that say the server is not there any more (refused, reset, cut off), not that it answered badly
+CONNECTION_ERRORS = ("cannot connect", "server disconnected", "response cut short", "ClientOSError")
+
+
+def is_connection_failure(rec: RequestRecord) -> bool:
+    """The server is not there (as opposed to answering with an error)."""
+    return rec.error is not None and rec.error.startswith(CONNECTION_ERRORS)
+
+
+class StreamParser:
+    """Server-sent events of one streamed response -> the request's timings and tokens.
+
+    Times are seconds from the request's start. A text chunk is one whose first
+    choice carries text (SGLang's rule for TTFT and ITL); any chunk with
+    ``choices`` counts for vLLM's TTFT.
+    """
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.times: list[float] = []
+        self.chars: list[int] = []
+        self.cumulative: list[int | None] = []  # usage.completion_tokens carried by each text chunk
+        self.text: list[str] = []
+        self.first_choice: float | None = None
+        self.usage: dict[str, Any] | None = None
+        self.finished = False
+        self.done = False
+        self.error: str | None = None
+
+    def feed(self, now: float, data: bytes) -> bool:
+        """Parse a network buffer that arrived at ``now``; True once the stream is over
+        (``[DONE]`` or an error event)."""
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()  # an incomplete last line waits for the next buffer
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event: lines
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.finished = self.done = True
+                return True
+            obj = _decode(payload.decode())
+            if not isinstance(obj, dict):
+                continue
+            if "error" in obj and "choices" not in obj:
+                self.error = short(f"error in stream: {error_message(payload)}")
+                return True
+            self._event(now, obj)
+        return False
+
+    def _event(self, now: float, obj: dict[str, Any]) -> None:
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        if not choices:
+            return
+        if self.first_choice is None:
+            self.first_choice = now
+        text = chunk_text(obj)
+        if text:
+            self.times.append(now)
+            self.chars.append(len(text))
+            self.text.append(text)
+            cum = usage.get("completion_tokens") if isinstance(usage, dict) else None
+            self.cumulative.append(cum if isinstance(cum, int) else None)
+        if isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+            self.finished = True
+
+    def finish(self, rec: RequestRecord, prompt: Prompt, tokenizer: TokenCounter | None) -> None:
+        """Fill ``rec`` from what was parsed (error, TTFTs, chunk times and tokens)."""
+        if self.error is not None:
+            rec.error = self.error
+            return
+        if not self.finished:
+            rec.error = "stream ended before [DONE]"
+            return
+        rec.ttft = self.times[0] if self.times else None
+        rec.ttft_vllm = self.first_choice
+        rec.chunk_times = self.times
+        count_tokens(rec, prompt, self.usage, "".join(self.text), len(self.times), tokenizer)
+        cum = self.cumulative
+        if cum and all(c is not None for c in cum) and cum[-1] == rec.output_tokens \
+                and all(b >= a for a, b in zip(cum, cum[1:])):
+            rec.chunk_tokens = [c for c in _diffs(cum)]  # type: ignore[arg-type]
+        else:
+            rec.chunk_tokens = split_tokens(rec.output_tokens, self.chars)
+
+
+def _diffs(cum: list[int | None]) -> list[int]:
+    out, prev = [], 0
+    for c in cum:
+        assert c is not None
+        out.append(c - prev)
+        prev = c
+    return out
+
+
+def count_tokens(rec: RequestRecord, prompt: Prompt, usage: Any, text: str, chunks: int,
+                 tokenizer: TokenCounter | None) -> None:
+    """Output and prompt tokens: usage, else the tokenizer, else an estimate (marked)."""
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        rec.output_tokens = usage["completion_tokens"]
+        rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        rec.token_source = TokenSource.USAGE
+        return
+    if tokenizer is not None:
+        rec.output_tokens = tokenizer.count(text)
+        rec.prompt_tokens = tokenizer.count(prompt.text)
+        rec.token_source = TokenSource.TOKENIZER
+        return
+    rec.token_source = TokenSource.ESTIMATED
+    rec.output_tokens = max(chunks, round(len(text) / CHARS_PER_TOKEN)) if text else 0
+    rec.prompt_tokens = prompt.input_len or math.ceil(len(prompt.text) / CHARS_PER_TOKEN)
+
+
+class Client:
+    """Sends one request and records it, the way the reference tools time it."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, plan: Any, model: str, *,
+                 headers: Mapping[str, str], continuous_usage: bool = False,
+                 tokenizer: TokenCounter | None = None) -> None:
+        self.session = session
+        self.plan = plan
+        self.model = model
+        path = "/v1/completions" if plan.api == "completions" else "/v1/chat/completions"
+        self.url = base + path
+        self.timeout = aiohttp.ClientTimeout(total=plan.timeout_s)
+        self.headers = {"Content-Type": "application/json", **headers}
+        self.continuous_usage = continuous_usage
+        self.tokenizer = tokenizer
+        self.in_flight: dict[int, tuple[float, StreamParser | None]] = {}
+
+    def body(self, prompt: Prompt) -> dict[str, Any]:
+        p = self.plan
+        body: dict[str, Any] = {"model": self.model, "temperature": 0.0, "stream": p.stream}
+        if p.api == "completions":
+            body["prompt"] = prompt.text
+            body["max_tokens"] = prompt.output_len
+        else:
+            body["messages"] = [{"role": "user", "content": prompt.text}]
+            body["max_completion_tokens"] = prompt.output_len
+        if p.stream:
+            body["stream_options"] = {"include_usage": True}
+            if self.continuous_usage:
+                body["stream_options"]["continuous_usage_stats"] = True
+        if p.ignore_eos:
+            body["ignore_eos"] = True
+        body.update(p.extra_body or {})  # --extra-body wins, as in vLLM and SGLang
+        return body
+
+    async def send(self, prompt: Prompt) -> RequestRecord:
+        rec = RequestRecord()
+        payload = json.dumps(self.body(prompt)).encode()
+        rec.start = st = time.perf_counter()
+        key = id(rec)
+        self.in_flight[key] = (st, None)
+        try:
+            async with self.session.post(self.url, data=payload, timeout=self.timeout,
+                                         headers=self.headers) as resp:
+                if resp.status != 200:
+                    rec.error = short(f"HTTP {resp.status}: {error_message(await resp.content.read(65536))}")
+                elif self.plan.stream:
+                    parser = StreamParser()
+                    self.in_flight[key] = (st, parser)
+                    async for data in resp.content.iter_any():
+                        if parser.feed(time.perf_counter() - st, data):
+                            break
+                    parser.finish(rec, prompt, self.tokenizer)
+                else:
+                    await self._read_whole(resp, rec, prompt, st)
+        except asyncio.TimeoutError:
+            rec.error = f"timeout after {self.plan.timeout_s:g} s"
+        except aiohttp.ClientConnectorError as exc:
+            rec.error = short(f"cannot connect: {connect_failure(exc)}")
+        except aiohttp.ServerDisconnectedError:
+            rec.error = "server disconnected"
+        except aiohttp.ClientPayloadError as exc:
+            rec.error = short(f"response cut short: {exc}")
+        except aiohttp.ClientError as exc:
+            rec.error = short(f"{type(exc).__name__}: {exc}")
+        except ValueError as exc:  # malformed JSON in a response
+            rec.error = short(f"malformed response: {exc}")
+        finally:
+            self.in_flight.pop(key, None)
+        rec.latency = time.perf_counter() - st
+        rec.ok = rec.error is None
+        return rec
+
+    async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
+                          prompt: Prompt, st: float) -> None:
+        obj = json.loads(await resp.read())
+        rec.ttft = rec.ttft_vllm = time.perf_counter() - st  # no stream: the first token arrives with the last
+        text = chunk_text(obj) if isinstance(obj, dict) else ""
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        count_tokens(rec, prompt, usage, text, 1 if text else 0, self.tokenizer)
+        rec.chunk_times = [rec.ttft] if text else []
+        rec.chunk_tokens = [rec.output_tokens] if text else []
+
+    def in_flight_now(self) -> list[dict[str, Any]]:
+        """The requests still waiting for their end: how long, and what arrived so far."""
+        now = time.perf_counter()
+        return [{"elapsed_s": round(now - st, 3), "chunks_received": len(p.times) if p else 0}
+                for st, p in self.in_flight.values()]
