@@ -110,7 +110,7 @@ def test_a_torn_record_still_reads_what_it_can(cut: int) -> None:
     text = json.dumps(GOOD)[:cut]
     got = store.salvage(text)
     for key, value in got.items():
-        assert key in ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus")
+        assert key in ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance")
         if key in ("pid", "start_ticks"):
             assert value == GOOD[key] or str(GOOD[key]).startswith(str(value))
 

@@ -38,22 +38,35 @@ def down_status(result: Any) -> int:
     return exit_status_for_result("permission_denied" if result.report.permission_denied else "timeout")
 
 
+def memory_text(rep: Any) -> str:
+    """What the stop proved about GPU memory: released or not, on which GPUs; or why nothing was
+    verified (never "released" for an empty set)."""
+    if rep.released is None:
+        return f"GPU memory not verified: {rep.unverified}"
+    gpus = ",".join(map(str, rep.verified_gpus))
+    return f"GPU memory on GPU {gpus} {'released' if rep.released else 'NOT released'}"
+
+
 def print_down(result: Any) -> None:
+    from .plain import safe
+
     rep = result.report
     procs = rep.results + rep.swept
     by = {s: sum(1 for r in procs if r.ended_by == s) for s in ("SIGTERM", "SIGKILL")}
     t = rep.timings
     if result.set_aside:
-        print(f"Unit {result.name}: corrupt record ({result.corrupt}) moved to {result.set_aside}")
+        print(f"Unit {result.name}: corrupt record ({safe(result.corrupt)}) moved to {result.set_aside}")
     if result.cleared is not None:
         print(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
     if not procs:
-        print(f"Unit {result.name} ({result.previous_state}): no process left to stop; "
-              f"GPU memory {'released' if rep.released else 'NOT released'} ({t['verify_s']:.2f} s)")
+        print(f"Unit {result.name} ({result.previous_state}): no process left to stop; {memory_text(rep)}"
+              + (f" ({t['verify_s']:.2f} s)" if rep.released is not None else ""))
         return
     print(f"Unit {result.name} stopped ({result.previous_state} before): {len(procs)} processes "
-          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; GPU memory "
-          f"{'released' if rep.released else 'NOT released'} after {t['verify_s']:.2f} s more")
+          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
+          + (f" after {t['verify_s']:.2f} s more" if rep.released is not None else ""))
+    if rep.released is not None and rep.unverified:
+        print(f"  not verified: {rep.unverified}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         strays = [s.pid for s in result.strays]
         why = (f"processes still running: {alive}" if alive else
                f"its GPUs are held by processes not found in it: {strays} (add --clear to end them)"
-               if strays and result.cleared is None else "its GPU memory was not released in time")
+               if strays and result.cleared is None else
+               f"its GPU memory could not be verified: {result.report.unverified}" if result.report.released is None
+               else "its GPU memory was not released in time")
         sys.stderr.write(f"gpuslate: error: unit {args.name} not fully stopped: {why}\n")
     return down_status(result)

@@ -116,7 +116,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
     ``unit``: the unit as the caller loaded it (None: it has no record), used only when the
     caller holds the host lock (``lock=False``, as ``swap`` does); else it is loaded under the lock."""
     spec.validate()
-    note = on_event or (lambda _m: None)
+    note = on_event = quiet(on_event)
     t0 = time.monotonic()
     with HostSession(sim, backend) as host, \
             host.locked(f"up {spec.name}", timeout=spec.start_timeout, on_event=on_event, use=lock) as waited:
@@ -155,7 +155,8 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
                 name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
                 start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
                 containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
-                port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me())
+                port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
+                instance=launched.instance)
             store.save(rec)
         current = Unit(spec.name, store.record_path(spec.name), rec, None, spec, fence_of(rec))
         t_launch = time.monotonic()
@@ -193,6 +194,22 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
                         timings, tail, teardown, cleared, launched.fence_note)
+
+
+def quiet(on_event: Note | None) -> Note:
+    """``on_event`` that cannot fail: a progress line to a terminal that is gone (the ssh session
+    dropped: EIO, a closed pipe) must not cut short the stop of a unit."""
+    if on_event is None:
+        return lambda _m: None
+    report = on_event
+
+    def safe(msg: str) -> None:
+        try:
+            report(msg)
+        except (OSError, ValueError):
+            pass
+
+    return safe
 
 
 def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
@@ -254,7 +271,7 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
             raise UsageError(f"invalid --{label} {v}: must be at least 0")
     if unit is None and not store.record_path(name).exists():
         raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-    note = on_event or (lambda _m: None)
+    note = on_event = quiet(on_event)
     t0 = time.monotonic()
     with HostSession(sim, backend) as host, \
             host.locked(f"down {name}", timeout=timeout, on_event=on_event, use=lock) as waited:
