@@ -35,16 +35,19 @@ class World(NamedTuple):
     unit: list[ProcFacts]
     strangers: list[ProcFacts]
     main_alive: bool
+    main_zombie: bool  # exited, not yet reaped: its pid, group and session numbers are still held
 
 
 @st.composite
 def worlds(draw: st.DrawFn) -> World:
     caller = draw(st.sampled_from([0, OWNER]))
-    main_alive = draw(st.booleans())
+    main_state = draw(st.sampled_from(["alive", "zombie", "gone"]))
+    main_alive = main_state == "alive"
     pids = iter(draw(st.lists(st.integers(101, 400), min_size=16, max_size=16, unique=True)))
     unit: list[ProcFacts] = []
-    if main_alive:
-        unit.append(ProcFacts(proc(MAIN.pid, 1, MAIN.pid, MAIN.pid, MAIN.start_ticks), OWNER, Marker.OURS))
+    if main_state != "gone":
+        unit.append(ProcFacts(proc(MAIN.pid, 1, MAIN.pid, MAIN.pid, MAIN.start_ticks,
+                                   state="S" if main_alive else "Z"), caller, Marker.OURS))
     recorded = set()
     for _ in range(draw(st.integers(0, 5))):
         pid = next(pids)
@@ -62,9 +65,9 @@ def worlds(draw: st.DrawFn) -> World:
         if draw(st.booleans()):
             recorded.add(facts.stat.ident)
         unit.append(facts)
-    # the kernel frees a number only when no process uses it as a pid, a group or a session id
-    live_unit = [p for p in unit if not p.stat.has_exited]
-    taken = {n for p in live_unit for n in (p.stat.pid, p.stat.sid, p.stat.pgid)}
+    # the kernel frees a number only when no process (a zombie included) uses it as a pid, a group
+    # or a session id
+    taken = {n for p in unit for n in (p.stat.pid, p.stat.sid, p.stat.pgid)}
     strangers: list[ProcFacts] = []
     for i in range(draw(st.integers(0, 6))):
         reuse = i == 0 and MAIN.pid not in taken and draw(st.booleans())
@@ -83,7 +86,7 @@ def worlds(draw: st.DrawFn) -> World:
             draw(st.sampled_from([Marker.NONE, Marker.FOREIGN, Marker.UNREAD]))))
         taken |= {pid, sid, pgid}
     rule = Rule(caller, MAIN, MAIN.pid, MAIN.pid, frozenset(recorded), MAIN.start_ticks)
-    return World(rule, unit, strangers, main_alive)
+    return World(rule, unit, strangers, main_alive, main_state == "zombie")
 
 
 @settings(max_examples=400)
@@ -114,8 +117,8 @@ def test_what_is_the_units_is_found(w: World) -> None:
     for p in reach:
         if p.marker == Marker.OURS or p.stat.ident in w.rule.recorded or p.in_cgroup:
             assert p.stat.pid in members
-        if w.main_alive and (p.stat.sid == MAIN.pid or p.stat.pgid == MAIN.pid):
-            assert p.stat.pid in members
+        if (w.main_alive or w.main_zombie) and (p.stat.sid == MAIN.pid or p.stat.pgid == MAIN.pid):
+            assert p.stat.pid in members  # the main, alive or a zombie, witnesses its session
     verified = [p for p in reach if p.stat.pid in members and
                 (p.marker == Marker.OURS or p.stat.ident in w.rule.recorded or p.in_cgroup)]
     for p in reach:  # a session still held by a verified member is the unit's

@@ -2,7 +2,7 @@
 clean up after them. One type per kind of containment, chosen once when the unit is loaded.
 
 Which processes belong to a unit is a pure function, :func:`decide`, of facts
-gathered once per question (:func:`gather`): each live process's stat, owner,
+gathered once per question (:func:`gather`): each process's stat, owner,
 unit marker and cgroup membership, and the fence's own :class:`Rule` (the
 recorded main process and members, the unit's instance id, the caller's uid).
 The rules it follows are the invariants of docs/units.md ("Which processes are
@@ -115,7 +115,7 @@ def read_environ(pid: int) -> bytes | None:
 
 
 class ProcFacts(NamedTuple):
-    """What :func:`decide` knows of one live process."""
+    """What :func:`decide` knows of one process (a zombie too)."""
 
     stat: ProcStat
     uid: int | None  # None: unknown (gone while read)
@@ -151,23 +151,38 @@ def _reachable(rule: Rule, p: ProcFacts, by_identity: bool) -> bool:
 
 
 def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) -> dict[int, str]:
-    """The unit's live processes among ``procs``: pid -> why it belongs. Pure, total.
-
-    ``exclude``: never members (the caller and its ancestors)."""
+    """The unit's live processes among ``procs`` (zombies included: they are never members, but
+    they witness): pid -> why it belongs. Pure, total. ``exclude``: never members (the caller and
+    its ancestors)."""
     skip = set(exclude)
-    live = {p.stat.pid: p for p in procs if not p.stat.has_exited and p.stat.pid not in skip}
+    present = {p.stat.pid: p for p in procs if p.stat.pid not in skip}
     out: dict[int, str] = {}
 
     def add(p: ProcFacts, why: str, by_identity: bool) -> None:
-        if p.stat.pid not in out and _reachable(rule, p, by_identity):
+        if not p.stat.has_exited and p.stat.pid not in out and _reachable(rule, p, by_identity):
             out[p.stat.pid] = why
 
-    main = live.get(rule.main.pid) if rule.main is not None else None
-    main_ok = main is not None and rule.main is not None and main.stat.start_ticks == rule.main.start_ticks
-    if main is not None and main_ok:
-        add(main, "main process", True)
+    # 1. identities. A witness, alive or a zombie (which still holds its pid, group and session
+    # numbers), proves that the numbers it is in are still the unit's
+    witnesses: list[ProcFacts] = []
+    for p in present.values():
+        if rule.main is not None and p.stat.ident == rule.main:
+            why, strong = "main process", True
+        elif p.stat.ident in rule.recorded:
+            why, strong = "recorded at readiness", True
+        elif p.in_cgroup:
+            why, strong = "in the unit's cgroup", True
+        elif rule.marked(p):
+            why, strong = "carries the unit's marker", p.marker == Marker.OURS  # a name: the caller's own only
+        else:
+            continue
+        if _reachable(rule, p, strong):  # a name marker on another user's process proves nothing
+            witnesses.append(p)
+            add(p, why, strong)
+    main = present.get(rule.main.pid) if rule.main is not None else None
+    if main is not None and main.stat.ident == rule.main and not main.stat.has_exited:
         kids: dict[int, list[ProcFacts]] = {}
-        for p in live.values():
+        for p in present.values():
             kids.setdefault(p.stat.ppid, []).append(p)
         stack, seen = list(kids.get(main.stat.pid, [])), {main.stat.pid}
         while stack:
@@ -177,29 +192,19 @@ def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) 
             seen.add(p.stat.pid)
             add(p, "descendant of the main process", True)
             stack.extend(kids.get(p.stat.pid, []))
-    for p in live.values():
-        if p.stat.ident in rule.recorded:
-            add(p, "recorded at readiness", True)
-        elif p.in_cgroup:
-            add(p, "in the unit's cgroup", True)
-        elif rule.marked(p):
-            add(p, "carries the unit's marker", p.marker == Marker.OURS)
-    verified = [live[pid] for pid in out]
-    # a session or group number is the unit's while a verified member is in it (the kernel does
-    # not reuse it meanwhile); with none left alive it may name a stranger's
-    sessions = {rule.sid} if main_ok else {p.stat.sid for p in verified if p.stat.sid == rule.sid}
-    groups = {rule.pgid} if main_ok else {p.stat.pgid for p in verified if p.stat.pgid == rule.pgid}
-    # a verified process (or the port's listener) that leads a session of its own took the unit
-    # there (setsid after a double fork): that session is the unit's while its leader lives
-    listener = next((p for p in live.values() if p.listener), None)
+    # 2. the port's listener (a torn record's last clue): the caller's own, never another instance's
+    listener = next((p for p in present.values() if p.listener), None)
     if listener is not None and listener.stat.start_ticks >= rule.since and listener.marker != Marker.FOREIGN:
         add(listener, "listens on the unit's port", False)
-    sessions |= {p.stat.pid for p in [*verified, *([listener] if listener else [])]
-                 if p.stat.sid == p.stat.pid and p.stat.pid in out}
-    sessions.discard(None)  # type: ignore[arg-type]
-    groups.discard(None)  # type: ignore[arg-type]
+        if listener.stat.pid in out:
+            witnesses.append(listener)
+    # 3. numbers, only while a witness holds them: the unit's session and group, and the sessions
+    # its processes lead (setsid after a double fork took the unit there). With no witness left,
+    # a number may name a stranger's session: the kernel reuses it once its last member is gone.
+    sessions = {w.stat.sid for w in witnesses if w.stat.sid == rule.sid or w.stat.sid == w.stat.pid}
+    groups = {w.stat.pgid for w in witnesses if w.stat.pgid == rule.pgid}
     floor = rule.main.start_ticks if rule.main is not None else rule.since
-    for p in live.values():
+    for p in present.values():
         if p.marker == Marker.FOREIGN or p.stat.start_ticks < floor:
             continue
         if p.stat.sid in sessions:
@@ -211,12 +216,12 @@ def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) 
 
 def gather(table: ProcTable, floor: int, *, mark: UnitMark | None, cgroup: Iterable[int] = (),
            listener: int | None = None, keep: Iterable[ProcessId] = ()) -> list[ProcFacts]:
-    """Facts on every live process started at or after ``floor`` (and on the processes of
-    ``cgroup`` and ``keep``, whenever they started). Environments are read only with ``mark``."""
+    """Facts on every process (zombies too) started at or after ``floor``, and on the processes of
+    ``cgroup`` and ``keep`` whenever they started. Environments are read only with ``mark``."""
     in_cg, kept = set(cgroup), set(keep)
     out: list[ProcFacts] = []
     for st in table.all():
-        if st.has_exited or (st.start_ticks < floor and st.pid not in in_cg and st.ident not in kept):
+        if st.start_ticks < floor and st.pid not in in_cg and st.ident not in kept:
             continue
         marker = classify(read_environ(st.pid), mark) if mark is not None else Marker.UNREAD
         out.append(ProcFacts(st, table.uid(st.pid), marker, st.pid in in_cg, st.pid == listener))
