@@ -112,7 +112,8 @@ def report_failure(result: Any) -> None:
     sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {safe(r.failure)}\n")
     t = result.teardown
     if t is not None:
-        left = "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis))
+        left = (f"GPU memory not verified: {safe(t.unverified)}" if t.released is None else
+                "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis)))
         sys.stderr.write(f"gpuslate: stopped what it left running; {left}\n")
 
 

@@ -74,7 +74,7 @@ class UpResult(NamedTuple):
         r = self.record
         return {
             "schema": UP_SCHEMA, "ok": self.ok, "status": self.status, "name": r.name,
-            "pid": r.pid, "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid,
+            "pid": r.pid, "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid, "instance": r.instance,
             "containment": r.containment, "cgroup": r.cgroup, "containment_note": self.fence_note,
             "command": r.spec["command"], "env": r.env, "gpus": r.gpus, "port": r.port, "log": r.log,
             "launched_at": iso_time(r.launched_at), "ready_at": iso_time(r.ready_at) if r.ready_at else None,
