@@ -41,8 +41,10 @@ def down_status(result: Any) -> int:
 def memory_text(rep: Any) -> str:
     """What the stop proved about GPU memory: released or not, on which GPUs; or why nothing was
     verified (never "released" for an empty set)."""
+    from .plain import safe
+
     if rep.released is None:
-        return f"GPU memory not verified: {rep.unverified}"
+        return f"GPU memory not verified: {safe(rep.unverified)}"
     gpus = ",".join(map(str, rep.verified_gpus))
     return f"GPU memory on GPU {gpus} {'released' if rep.released else 'NOT released'}"
 
@@ -66,11 +68,12 @@ def print_down(result: Any) -> None:
           f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
           + (f" after {t['verify_s']:.2f} s more" if rep.released is not None else ""))
     if rep.released is not None and rep.unverified:
-        print(f"  not verified: {rep.unverified}")
+        print(f"  not verified: {safe(rep.unverified)}")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..units import down
+    from .plain import safe
 
     result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
                   max_used=args.max_used, clear_strays=args.clear, on_event=note)
@@ -88,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
                if strays and result.cleared is None else
                f"its GPU memory could not be verified: {result.report.unverified}" if result.report.released is None
                else "its GPU memory was not released in time")
-        sys.stderr.write(f"gpuslate: error: unit {args.name} not fully stopped: {why}\n")
+        sys.stderr.write(f"gpuslate: error: unit {args.name} not fully stopped: {safe(why)}\n")
     return down_status(result)
