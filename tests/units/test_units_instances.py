@@ -155,3 +155,17 @@ def test_roots_down_web_leaves_another_users_web(shared, torn):
         assert r.returncode == 0, r.stderr
     wait_for(lambda: all(read_stat(p) is None or is_gone(p) for p in theirs))
     assert gpus_clean(host, [0, 1])
+
+
+def test_a_spec_cannot_forge_the_markers_and_they_come_first(units_host):
+    from gpuslate.units.launch import unit_env
+    from gpuslate.units.spec import UnitSpec
+
+    spec = UnitSpec("web", command=["x"], env={"GPUSLATE_UNIT_ID": "f" * 32, "GPUSLATE_UNIT": "api", "A": "1"})
+    env = unit_env(spec, "a" * 32)
+    assert env["GPUSLATE_UNIT_ID"] == "a" * 32 and env["GPUSLATE_UNIT"] == "web" and env["A"] == "1"
+    assert list(env)[:3] == ["GPUSLATE_UNIT", "GPUSLATE_UNIT_ID", "GPUSLATE_UNIT_STATE"]
+    doc = up_web(Path(os.environ["GPUSLATE_STATE_DIR"]), 2)
+    block = open(f"/proc/{doc['pid']}/environ", "rb").read()
+    assert block.startswith(b"GPUSLATE_UNIT=web\0GPUSLATE_UNIT_ID=" + doc["instance"].encode())
+    down_web(Path(os.environ["GPUSLATE_STATE_DIR"]))

@@ -57,7 +57,9 @@ FenceKind = Literal["cgroup", "scope", "session", "marker"]
 
 #: the environment variables a unit's processes inherit (launch.py sets them)
 NAME_VAR, ID_VAR, STATE_VAR = "GPUSLATE_UNIT", "GPUSLATE_UNIT_ID", "GPUSLATE_UNIT_STATE"
-_ENV_LIMIT = 1 << 20  # an environment block larger than this is not read further
+#: how much of an environment block is read: a unit's markers come first (launch.py), and another
+#: user's process must not make a scan read megabytes per process
+_ENV_LIMIT = 64 << 10
 
 
 class Marker(str, Enum):

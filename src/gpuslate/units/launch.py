@@ -43,14 +43,15 @@ class Launched(NamedTuple):
 
 
 def unit_env(spec: UnitSpec, instance: str) -> dict[str, str]:
-    """What the unit's processes get on top of the caller's environment. The markers are set
-    last, so a spec's ``env`` cannot forge them: ``GPUSLATE_UNIT`` (the name, for a human with
-    /proc), ``GPUSLATE_UNIT_ID`` (this instance: how ``down`` finds a process that left the
-    session) and ``GPUSLATE_UNIT_STATE`` (the state folder: a torn record's last clue)."""
-    env = dict(spec.env)
+    """What the unit's processes get on top of the caller's environment, the markers first (a
+    spec's ``env`` cannot forge them; and first in the environment block, where a bounded read
+    finds them): ``GPUSLATE_UNIT`` (the name, for a human with /proc), ``GPUSLATE_UNIT_ID``
+    (this instance: how ``down`` finds a process that left the session) and
+    ``GPUSLATE_UNIT_STATE`` (the state folder: a torn record's last clue)."""
+    env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state_mark()}
     if spec.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
-    env.update({NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state_mark()})
+    env.update((k, v) for k, v in spec.env.items() if k not in env)
     return env
 
 
@@ -87,7 +88,8 @@ def launch(spec: UnitSpec) -> Launched:
 
 def _spawn(spec: UnitSpec, fence: LaunchFence, fd: int, added: dict[str, str],
            ) -> tuple[subprocess.Popen[bytes], float, float]:
-    env = {**os.environ, **added}  # without --gpus the caller's CUDA_VISIBLE_DEVICES (if any) stays
+    # ours first, then the caller's (without --gpus its CUDA_VISIBLE_DEVICES, if any, stays)
+    env = {**added, **{k: v for k, v in os.environ.items() if k not in added}}
     argv = [*fence.argv_prefix, *spec.command]
     t_spawn, at = time.monotonic(), time.time()
     try:

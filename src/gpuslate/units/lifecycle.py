@@ -9,6 +9,7 @@ racing the first one's workers for memory.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from enum import Enum
 from typing import Any, Callable, Literal, NamedTuple
@@ -163,7 +164,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
         timings = {"lock_wait_s": waited, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
         try:
             if pending:
-                raise KeyboardInterrupt("interrupted while starting")
+                raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
             status, probe = _await_ready(spec, launched)
             sm = None
             if status == "ready":
