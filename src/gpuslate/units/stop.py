@@ -44,6 +44,7 @@ class StopReport(NamedTuple):
     verified_gpus: list[int] = []  # the unit's GPUs and those its processes held before the signals
     held: dict[int, list[int]] = {}  # pid -> GPUs it held when it was found (read before its signal)
     unverified: str | None = None  # why nothing was verified, or what could not be read
+    held_unknown: bool = False  # what the processes held before the signals could not be read
 
     @property
     def ok(self) -> bool:
@@ -51,12 +52,7 @@ class StopReport(NamedTuple):
         every process found read as holding none (an unread holding is never taken for none)."""
         if any(r.alive or r.permission_denied for r in self.results + self.swept):
             return False
-        return self.released is True or (self.released is None and not self.unread)
-
-    @property
-    def unread(self) -> bool:
-        """What the processes held before the signals could not be read."""
-        return self.unverified is not None and self.unverified.startswith(UNREAD)
+        return self.released is True or (self.released is None and not self.held_unknown)
 
     @property
     def permission_denied(self) -> bool:
@@ -75,9 +71,6 @@ class StopReport(NamedTuple):
         }
 
 
-UNREAD = "could not read what the unit's processes held"
-
-
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:
     info = read_info(st.pid)
     return Victim(st.ident, {
@@ -93,14 +86,14 @@ def held_gpus(backend: GpuBackend, pids: set[int]) -> tuple[dict[int, list[int]]
     try:
         readings = backend.read(None, full=False)
     except Exception as exc:  # any backend failure: what they hold is unknown, and said so
-        return {}, f"{UNREAD}: {exc}"
+        return {}, f"could not read what the unit's processes held: {exc}"
     out: dict[int, list[int]] = {}
     errors = [f"GPU {r.index}: {r.error}" for r in readings if r.processes is None]
     for r in readings:
         for p in r.processes or []:
             if p.pid in pids:
                 out.setdefault(p.pid, []).append(r.index)
-    return out, f"{UNREAD}: {'; '.join(errors)}" if errors else None
+    return out, f"could not read what the unit's processes held: {'; '.join(errors)}" if errors else None
 
 
 def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, run_id: str,
@@ -130,7 +123,8 @@ def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, 
         if problem:
             unread.append(problem)
         log = log or AuditLog()
-        res = terminate([_victim(st, unit, found.get(st.pid)) for st in procs], grace=min(grace_s, max(0.0, deadline - time.monotonic())),
+        res = terminate([_victim(st, unit, found.get(st.pid)) for st in procs],
+                        grace=min(grace_s, max(0.0, deadline - time.monotonic())),
                         kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
                         audit=log, on_event=on_event, clock_start=t0)
         done.update((r.victim.ident.pid, r.victim.ident.start_ticks) for r in res)
@@ -174,4 +168,5 @@ def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, 
     t_free = time.monotonic()
     unit.fence.release()
     timings = {"stop_s": t_exit - t0, "verify_s": t_free - t_exit, "total_s": time.monotonic() - t0}
-    return StopReport(results, swept, killed, released, readings, diagnosis, timings, gpus, held, unverified)
+    return StopReport(results, swept, killed, released, readings, diagnosis, timings, gpus, held, unverified,
+                      held_unknown=bool(unread))

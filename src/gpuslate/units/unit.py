@@ -157,7 +157,8 @@ def epoch_to_ticks(epoch: float) -> float:
 def _marker_fence(name: str, path: Path, salvage: dict[str, Any]) -> MarkerFence:
     cg = salvage.get("cgroup")
     # a torn record names processes to signal only through a cgroup gpuslate made for this name
-    trusted = (cg,) if isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-") else ()
+    ours = isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-")
+    trusted = (cg,) if ours else ()
     candidates = tuple(c for c in gpuslate_cgroups(name) if c not in trusted)
     pid, ticks = salvage.get("pid"), salvage.get("start_ticks")
     main = ProcessId(pid, ticks) if isinstance(pid, int) and isinstance(ticks, int) else None
