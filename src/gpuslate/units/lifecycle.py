@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, NamedTuple
 from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
 from ..gpu import GpuBackend
-from ..proc.procfs import read_stat, user_name
+from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from .._time import iso_time
@@ -306,8 +306,13 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
                 note(f"GPU memory of unit {name} is held by processes started while it ran but not found "
                      f"in it: {who}; 'gpuslate down {name} --clear' ends them")
                 return False
+            # clear takes pids: each is checked to still name the stray seen (its start time) right
+            # before, and clear then plans (and signals) by identity
+            live = [s.pid for s in strays if is_alive(ProcessId(s.pid, s.start_ticks))]
+            if not live:
+                return True
             note(f"clearing what unit {name} left on its GPUs: {who}")
-            cleared.append(clear(u.gpus, pids=[s.pid for s in strays], grace=grace_s,
+            cleared.append(clear(u.gpus, pids=live, grace=grace_s,
                                  timeout=max(0.0, deadline - time.monotonic()), max_used=limit, backend=be,
                                  lock=False, on_event=on_event))
             return cleared[-1].ok
