@@ -169,3 +169,33 @@ def test_a_spec_cannot_forge_the_markers_and_they_come_first(units_host):
     block = open(f"/proc/{doc['pid']}/environ", "rb").read()
     assert block.startswith(b"GPUSLATE_UNIT=web\0GPUSLATE_UNIT_ID=" + doc["instance"].encode())
     down_web(Path(os.environ["GPUSLATE_STATE_DIR"]))
+
+
+def test_another_users_holder_on_a_crashed_units_gpu_is_no_stray(shared):
+    """A unit crashed (nothing of it left, its record says ready); another user now holds its GPU.
+    That process started after the unit, on its GPU: but it is not the caller's, so it is not the
+    unit's stray: `ps` says `exited` (not `orphaned`) and `down` leaves it alone."""
+    import signal
+
+    host, env = shared
+    state = Path(os.environ["GPUSLATE_STATE_DIR"])
+    up_web(state, 0)
+    mine = processes(state)
+    for pid in mine:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: all(is_gone(p) for p in mine) and gpus_clean(host, [0]))
+    p = subprocess.Popen([SYSTEM_PYTHON, "-m", "gpuslate", "sim", "hold", "--gpus", "0", "--memory", "2GiB"],
+                         stdout=subprocess.PIPE, text=True, env=env, cwd="/", user=NOBODY, group=NOBODY,
+                         extra_groups=[], start_new_session=True)
+    try:
+        theirs = json.loads(p.stdout.readline())["pid"]
+        r = run_units("ps", "--json")
+        web = next(u for u in json.loads(r.stdout)["units"] if u["name"] == "web")
+        assert web["state"] == "exited" and web["strays"] == [] and web["processes"] == [], web
+        r = run_units("down", "web", "--json", "--timeout", "3")
+        doc = json.loads(r.stdout)
+        assert doc["strays"] == [] and not is_gone(theirs)
+        assert doc["memory_released"] is False and r.returncode == 4  # GPU 0 is not free: said, not hidden
+    finally:
+        p.kill()
+        p.wait()
