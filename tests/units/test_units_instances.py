@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -39,8 +40,6 @@ def hold(gpu: int, python: str) -> list[str]:
 
 
 def up_web(state: Path, gpu: int, containment: str = "session") -> dict:
-    import sys
-
     r = run_units("up", "web", "--gpus", str(gpu), "--containment", containment, "--ready-log", '"workers"',
                   "--json", "--", *hold(gpu, sys.executable), env={"GPUSLATE_STATE_DIR": str(state)})
     assert r.returncode == 0, r.stderr
@@ -130,8 +129,6 @@ def as_nobody(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
 @pytest.mark.parametrize("torn", [False, True])
 def test_roots_down_web_leaves_another_users_web(shared, torn):
     host, env = shared
-    import sys
-
     r = run_units("up", "web", "--gpus", "0", "--containment", "session", "--ready-log", '"workers"', "--json",
                   "--", *hold(0, sys.executable))
     assert r.returncode == 0, r.stderr
