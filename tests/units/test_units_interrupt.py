@@ -148,3 +148,35 @@ def test_hangup_of_up_stops_the_starting_server(units_host):
     assert rec.phase == "failed" and "SIGHUP" in rec.failure, rec.failure
     assert rc == 130, rc
     assert ps_state("web") == "failed"
+
+
+def test_hangup_of_down_does_not_leave_the_unit_half_stopped(units_host, units):
+    """`down` of a unit that ignores SIGTERM waits out the grace before SIGKILL; the ssh session
+    drops meanwhile. `down` finishes: SIGKILL, the GPUs verified, the unit recorded stopped."""
+    import fcntl
+    import pty
+    import termios
+
+    survivor = [a for a in HOLD if a != "--ignore-term"] + ["--survive-term"]  # only SIGKILL ends it
+    r = units("up", "web", "--gpus", "0", "--ready-log", '"pid"', "--", *survivor)
+    assert r.returncode == 0, r.stderr
+    pid = holding(units_host, 0)
+    master, slave = pty.openpty()
+    seen = bytearray()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "down", "web", "--grace", "3"], stdin=slave,
+                            stdout=slave, stderr=slave, env=gpuslate_env(), start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    try:
+        wait_for(lambda: seen.extend(os.read(master, 4096)) or b"SIGTERM sent" in seen, timeout=20)
+        os.close(master)  # SIGHUP to down, in the middle of its grace
+        master = -1
+        proc.wait(60)
+    finally:
+        if master >= 0:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert is_gone(pid) and gpus_clean(units_host, [0])
+    assert store.load("web").phase == "stopped" and ps_state("web") == "stopped"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -73,10 +74,12 @@ def print_down(result: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..units import down
+    from ..units.interrupts import deferred_interrupts
     from .plain import safe
 
-    result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
-                  max_used=args.max_used, clear_strays=args.clear, on_event=note)
+    with deferred_interrupts(signals=(signal.SIGHUP,)):  # a dropped ssh session must not leave it half-stopped
+        result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
+                      max_used=args.max_used, clear_strays=args.clear, on_event=note)
     if args.json:
         print_json(result.to_json())
     else:

@@ -43,10 +43,13 @@ def _restore(old: dict[int, Any] | None) -> None:
 
 
 @contextmanager
-def deferred_interrupts(on_signal: Callable[[int], None] | None = None) -> Iterator[list[int]]:
-    """Within the block, SIGINT, SIGTERM and SIGHUP are recorded (in the yielded list) and
-    reported to ``on_signal`` instead of interrupting; the caller decides what to do with them
-    afterwards. ``on_signal`` failing (a write to a terminal that is gone) interrupts nothing."""
+def deferred_interrupts(on_signal: Callable[[int], None] | None = None,
+                        signals: tuple[int, ...] = _SIGNALS) -> Iterator[list[int]]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP (or only ``signals``) are recorded (in the
+    yielded list) and reported to ``on_signal`` instead of interrupting; the caller decides what
+    to do with them afterwards. ``on_signal`` failing (a write to a terminal that is gone)
+    interrupts nothing. ``down`` defers SIGHUP alone: a dropped ssh session must not leave a unit
+    half-stopped, while Ctrl-C and SIGTERM keep their meaning (someone asked)."""
     got: list[int] = []
 
     def note(signum: int, _frame: FrameType | None) -> None:
@@ -57,7 +60,7 @@ def deferred_interrupts(on_signal: Callable[[int], None] | None = None) -> Itera
             except (OSError, ValueError):
                 pass
 
-    old = _install(note, _SIGNALS)
+    old = _install(note, signals)
     try:
         yield got
     finally:
@@ -77,3 +80,4 @@ def stop_signals_interrupt() -> Iterator[None]:
         yield
     finally:
         _restore(old)
+
