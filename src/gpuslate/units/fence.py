@@ -359,9 +359,9 @@ class MarkerFence:
         out = list(self.trusted)
         for cg in self.candidates:
             pids = cgroup_pids(cg)
-            stats = [st for pid in pids if (st := table.get(pid)) is not None and not st.has_exited]
-            if any(rule.marked(ProcFacts(st, table.uid(st.pid), classify(read_environ(st.pid), self.mark)))
-                   for st in stats):
+            facts = [ProcFacts(st, table.uid(st.pid), classify(read_environ(st.pid), self.mark))
+                     for pid in pids if (st := table.get(pid)) is not None and not st.has_exited]
+            if any(rule.marked(p) and _reachable(rule, p, p.marker == Marker.OURS) for p in facts):
                 out.append(cg)
         return out
 
