@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from gpuslate.proc.procfs import ProcessId, ProcStat
 from gpuslate.units.fence import Marker, ProcFacts, Rule, UnitMark, classify, decide
+from gpuslate.units.state import Phase, UnitFacts, UnitState, unit_state
 
 MAIN = ProcessId(100, 1000)
 OWNER = 1000  # the unit's (and a non-root caller's) uid
@@ -95,6 +96,22 @@ def test_strangers_are_never_members_and_change_nothing(w: World) -> None:
     members = decide(w.rule, w.unit + w.strangers)
     assert not set(members) & {s.stat.pid for s in w.strangers}, members
     assert members == decide(w.rule, w.unit)
+
+
+@settings(max_examples=300)
+@given(worlds(), st.sampled_from(Phase), st.booleans())
+def test_strangers_never_change_what_ps_says(w: World, phase: Phase, up_alive: bool) -> None:
+    """`ps` never calls a unit `orphaned` (or anything else) because of a stranger: a process that
+    reused its pid, sits in a session whose number it once held, or is another instance's."""
+
+    def state(procs: list[ProcFacts]) -> UnitState:
+        members = decide(w.rule, procs)
+        main_alive = any(p.stat.ident == MAIN and p.stat.pid in members for p in procs)
+        return unit_state(UnitFacts(phase, main_alive, bool(members), up_alive, None))
+
+    assert state(w.unit + w.strangers) == state(w.unit)
+    if not w.unit:
+        assert state(w.strangers) != UnitState.ORPHANED
 
 
 @settings(max_examples=400)
