@@ -8,20 +8,27 @@ unit's processes and strangers, as the kernel allows them to be (issue 15, C and
 * a non-root caller's members are all its own; a process whose owner is unknown never is;
 * what carries the instance's marker is found; so is, while the main process lives (same start
   time), everything in its session and group; with the main process gone, a session or group still
-  counts while a verified member is in it.
+  counts while a verified member is in it;
+* a number whose witnesses are gone when read again takes nobody in.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 from typing import NamedTuple
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslate.proc.procfs import ProcessId, ProcStat
-from gpuslate.units.fence import Marker, ProcFacts, Rule, UnitMark, classify, decide
+from gpuslate.proc.procfs import ProcessId, ProcStat, read_stat
+from gpuslate.units.fence import (Held, Marker, Number, ProcFacts, Rule, UnitMark, classify, confirmed, decide,
+                                  still_held)
 from gpuslate.units.state import Phase, UnitFacts, UnitState, unit_state
+from helpers import wait_for
 
 MAIN = ProcessId(100, 1000)
 OWNER = 1000  # the unit's (and a non-root caller's) uid
@@ -93,9 +100,9 @@ def worlds(draw: st.DrawFn) -> World:
 @settings(max_examples=400)
 @given(worlds())
 def test_strangers_are_never_members_and_change_nothing(w: World) -> None:
-    members = decide(w.rule, w.unit + w.strangers)
+    members = decide(w.rule, w.unit + w.strangers).members
     assert not set(members) & {s.stat.pid for s in w.strangers}, members
-    assert members == decide(w.rule, w.unit)
+    assert members == decide(w.rule, w.unit).members
 
 
 @settings(max_examples=300)
@@ -105,7 +112,7 @@ def test_strangers_never_change_what_ps_says(w: World, phase: Phase, up_alive: b
     reused its pid, sits in a session whose number it once held, or is another instance's."""
 
     def state(procs: list[ProcFacts]) -> UnitState:
-        members = decide(w.rule, procs)
+        members = decide(w.rule, procs).members
         main_alive = any(p.stat.ident == MAIN and p.stat.pid in members for p in procs)
         return unit_state(UnitFacts(phase, main_alive, bool(members), up_alive, None))
 
@@ -118,7 +125,7 @@ def test_strangers_never_change_what_ps_says(w: World, phase: Phase, up_alive: b
 @given(worlds())
 def test_only_what_the_caller_may_mean(w: World) -> None:
     facts = {p.stat.pid: p for p in w.unit + w.strangers}
-    for pid in decide(w.rule, w.unit + w.strangers):
+    for pid in decide(w.rule, w.unit + w.strangers).members:
         p = facts[pid]
         assert p.uid is not None and not p.stat.has_exited
         if w.rule.caller_uid != 0:
@@ -128,7 +135,7 @@ def test_only_what_the_caller_may_mean(w: World) -> None:
 @settings(max_examples=400)
 @given(worlds())
 def test_what_is_the_units_is_found(w: World) -> None:
-    members = decide(w.rule, w.unit + w.strangers)
+    members = decide(w.rule, w.unit + w.strangers).members
     reach = [p for p in w.unit if not p.stat.has_exited and p.uid is not None
              and (p.uid == w.rule.caller_uid or w.rule.caller_uid == 0)]
     for p in reach:
@@ -149,15 +156,15 @@ def test_the_session_of_a_dead_main_is_not_trusted_without_a_witness() -> None:
     child = ProcFacts(proc(150, 1, MAIN.pid, MAIN.pid, MAIN.start_ticks + 500), 2000, Marker.UNREAD)
     for caller in (0, OWNER):
         rule = Rule(caller, MAIN, MAIN.pid, MAIN.pid, frozenset(), MAIN.start_ticks)
-        assert decide(rule, [child]) == {}
+        assert decide(rule, [child]).members == {}
         # the leader alive with the reused PID: not the main (another start time)
         leader = ProcFacts(proc(MAIN.pid, 1, MAIN.pid, MAIN.pid, MAIN.start_ticks + 400), 2000, Marker.UNREAD)
-        assert decide(rule, [leader, child]) == {}
+        assert decide(rule, [leader, child]).members == {}
         # the same child, had a worker of the unit (recorded) still been in the session, is the unit's
         worker = ProcFacts(proc(120, 1, MAIN.pid, MAIN.pid, MAIN.start_ticks + 5), caller, Marker.NONE)
         rec = Rule(caller, MAIN, MAIN.pid, MAIN.pid, frozenset({worker.stat.ident}), MAIN.start_ticks)
         own = child._replace(uid=caller)
-        assert set(decide(rec, [worker, own])) == {120, 150}
+        assert set(decide(rec, [worker, own]).members) == {120, 150}
 
 
 MARK = UnitMark("web", "a" * 32, "/state/a/units")
@@ -184,5 +191,38 @@ def test_the_name_alone_never_reaches_another_user() -> None:
     """A torn record (no instance id): root reaches by the name marker only its own processes."""
     rule = Rule(0, None, None, None, frozenset(), 0, named_ok=True)
     named = [ProcFacts(proc(200 + uid, 1, 200 + uid, 200 + uid, 10), uid, Marker.NAMED) for uid in (0, OWNER)]
-    assert set(decide(rule, named)) == {200}
-    assert decide(replace(rule, named_ok=False), named) == {}  # an instance is known: the name is not enough
+    assert set(decide(rule, named).members) == {200}
+    assert decide(replace(rule, named_ok=False), named).members == {}  # an instance is known: the name is not enough
+
+
+@settings(max_examples=300)
+@given(worlds(), st.data())
+def test_a_number_no_witness_holds_any_more_takes_nobody_in(w: World, data: st.DataObject) -> None:
+    """Witnesses are read again after every candidate (`confirmed`): a number whose witnesses are
+    gone by then (it may have changed hands) admits nobody; nothing else changes, nothing is added."""
+    d = decide(w.rule, w.unit + w.strangers)
+    lost = data.draw(st.sets(st.sampled_from(d.held))) if d.held else set()
+    got = confirmed(d, lambda h: h not in lost)
+    assert set(got) <= set(d.members)
+    assert confirmed(d, lambda h: True) == d.members
+    for pid in set(d.members) - set(got):
+        assert d.by_number[pid] in {(h.kind, h.number) for h in lost}
+
+
+def test_still_held_reads_the_witness_again() -> None:
+    """A real session leader witnesses its session while it lives, and as a zombie; once reaped
+    (its number free for reuse), no more."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        me = read_stat(p.pid)
+        assert me is not None and me.sid == p.pid
+        h = Held(Number.SESSION, p.pid, (me.ident,))
+        assert still_held(h) and not still_held(h._replace(number=p.pid + 1))
+        assert not still_held(h._replace(witnesses=(ProcessId(p.pid, me.start_ticks + 1),)))
+        os.kill(p.pid, signal.SIGKILL)
+        wait_for(lambda: read_stat(p.pid) is not None and read_stat(p.pid).has_exited)
+        assert still_held(h)  # a zombie still holds its numbers
+    finally:
+        p.kill()
+        p.wait()
+    assert not still_held(h)

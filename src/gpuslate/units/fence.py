@@ -15,7 +15,9 @@ a unit's"):
   bits made at launch). A session or process group id is a number the kernel
   reuses once every member is gone: it counts only while a process verified
   as above is in it (the kernel keeps the number from being reused while any
-  member lives), never because the main process is gone.
+  member lives), never because the main process is gone. The witness is read
+  again after every candidate (:func:`confirmed`): still there, the number
+  was the unit's when each candidate was read.
 * **Never another instance.** A process that carries another instance's
   marker, or this unit's name from another state folder, belongs to that
   unit and is never taken in by a scan.
@@ -45,9 +47,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Literal, NamedTuple, Protocol, Sequence
+from typing import Callable, Iterable, Literal, NamedTuple, Protocol, Sequence
 
-from ..proc.procfs import ProcessId, ProcStat
+from ..proc.procfs import ProcessId, ProcStat, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
@@ -152,10 +154,34 @@ def _reachable(rule: Rule, p: ProcFacts, by_identity: bool) -> bool:
     return p.uid == rule.caller_uid or (rule.caller_uid == 0 and by_identity)
 
 
-def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) -> dict[int, str]:
+class Number(str, Enum):
+    """The kinds of process number the kernel reuses that a unit's membership may rest on."""
+
+    SESSION = "session"
+    GROUP = "group"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Held(NamedTuple):
+    """A session or group number taken as the unit's, on the word of these witnesses."""
+
+    kind: Number
+    number: int
+    witnesses: tuple[ProcessId, ...]
+
+
+class Decision(NamedTuple):
+    members: dict[int, str]  # pid -> why it belongs
+    by_number: dict[int, tuple[Number, int]]  # the members taken in by a number: which one
+    held: tuple[Held, ...]  # the numbers trusted, with their witnesses
+
+
+def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) -> Decision:
     """The unit's live processes among ``procs`` (zombies included: they are never members, but
-    they witness): pid -> why it belongs. Pure, total. ``exclude``: never members (the caller and
-    its ancestors)."""
+    they witness), why each belongs, and the numbers trusted on a witness's word. Pure, total.
+    ``exclude``: never members (the caller and its ancestors)."""
     skip = set(exclude)
     present = {p.stat.pid: p for p in procs if p.stat.pid not in skip}
     out: dict[int, str] = {}
@@ -205,15 +231,41 @@ def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) 
     # a number may name a stranger's session: the kernel reuses it once its last member is gone.
     sessions = {w.stat.sid for w in witnesses if w.stat.sid == rule.sid or w.stat.sid == w.stat.pid}
     groups = {w.stat.pgid for w in witnesses if w.stat.pgid == rule.pgid}
+    held = tuple([Held(Number.SESSION, n, tuple(w.stat.ident for w in witnesses if w.stat.sid == n))
+                  for n in sorted(sessions)] +
+                 [Held(Number.GROUP, n, tuple(w.stat.ident for w in witnesses if w.stat.pgid == n))
+                  for n in sorted(groups)])
+    by_number: dict[int, tuple[Number, int]] = {}
     floor = rule.main.start_ticks if rule.main is not None else rule.since
     for p in present.values():
-        if p.marker == Marker.FOREIGN or p.stat.start_ticks < floor:
+        if p.marker == Marker.FOREIGN or p.stat.start_ticks < floor or p.stat.pid in out:
             continue
         if p.stat.sid in sessions:
             add(p, "in the unit's session", True)
+            by_number[p.stat.pid] = (Number.SESSION, p.stat.sid)
         elif p.stat.pgid in groups:
             add(p, "in the unit's process group", True)
-    return out
+            by_number[p.stat.pid] = (Number.GROUP, p.stat.pgid)
+    return Decision(out, {pid: n for pid, n in by_number.items() if pid in out}, held)
+
+
+def still_held(h: Held) -> bool:
+    """Whether a witness of ``h`` is, read again now, the same process still in that number (a
+    zombie counts: it holds its numbers until reaped). Read after every candidate was: a number
+    still held now was the unit's when each of them was read (it is reused only once empty)."""
+    for w in h.witnesses:
+        st = read_stat(w.pid)
+        if st is not None and st.start_ticks == w.start_ticks and \
+                (st.sid if h.kind == Number.SESSION else st.pgid) == h.number:
+            return True
+    return False
+
+
+def confirmed(d: Decision, holds: Callable[[Held], bool] = still_held) -> dict[int, str]:
+    """The members of ``d``, less those a number took in that no witness holds any more: between
+    the read of the witness and of the candidate, the number may have changed hands."""
+    lost = {(h.kind, h.number) for h in d.held if not holds(h)}
+    return {pid: why for pid, why in d.members.items() if d.by_number.get(pid) not in lost}
 
 
 def gather(table: ProcTable, floor: int, *, mark: UnitMark | None, cgroup: Iterable[int] = (),
@@ -286,7 +338,7 @@ class SessionFence:
     def decide_in(self, table: ProcTable, cgroup: Sequence[int] = ()) -> dict[int, str]:
         facts = gather(table, self.main.start_ticks, mark=self.mark if self.scan_marker else None,
                        cgroup=cgroup, keep=self.recorded)
-        return decide(self.rule(), facts, _exclude(table))
+        return confirmed(decide(self.rule(), facts, _exclude(table)))
 
     def members(self, table: ProcTable) -> list[ProcStat]:
         return _stats(table, self.decide_in(table))
@@ -370,7 +422,7 @@ class MarkerFence:
         listener = self._listener(table)
         facts = gather(table, self.since_ticks or 0, mark=self.mark, cgroup=in_cg,
                        listener=listener, keep=[self.main] if self.main else [])
-        return _stats(table, decide(self.rule(), facts, _exclude(table)))
+        return _stats(table, confirmed(decide(self.rule(), facts, _exclude(table))))
 
     def _listener(self, table: ProcTable) -> int | None:
         if self.port is None or self.written_ticks is None:
