@@ -52,6 +52,15 @@ def processes(state: Path) -> list[int]:
     return next(u["processes"] for u in json.loads(r.stdout)["units"] if u["name"] == "web")
 
 
+def settled(state: Path) -> list[int]:
+    """The unit's processes once its worker's double fork is done (launcher and worker: two)."""
+    def both() -> list[int] | None:
+        found = processes(state)
+        return found if len(found) == 2 else None
+
+    return wait_for(both)  # type: ignore[return-value]
+
+
 def down_web(state: Path) -> dict:
     r = run_units("down", "web", "--json", "--timeout", "20", env={"GPUSLATE_STATE_DIR": str(state)})
     assert r.returncode == 0, r.stderr
@@ -73,8 +82,8 @@ def test_two_state_folders_of_one_user_each_with_web(units_host, tmp_path, conta
     a, b = tmp_path / "job-a", tmp_path / "job-b"
     up_web(a, 0, containment)
     up_web(b, 1, containment)  # started later: the old name scan of job a took it in
-    pa, pb = processes(a), processes(b)
-    assert len(pa) == 2 and len(pb) == 2 and not set(pa) & set(pb)
+    pa, pb = settled(a), settled(b)
+    assert not set(pa) & set(pb)
 
     tear(a)  # job a's record is torn: its processes are found by the name and the state folder
     assert sorted(processes(a)) == sorted(pa)
@@ -85,7 +94,7 @@ def test_two_state_folders_of_one_user_each_with_web(units_host, tmp_path, conta
     assert alive(pb) and not gpus_clean(units_host, [1])
 
     up_web(a, 0, containment)  # again: now started after job b's
-    pa = processes(a)
+    pa = settled(a)
     doc = down_web(b)  # job b's intact record: only its own instance
     assert sorted(p["pid"] for p in doc["processes"] + doc["swept"]) == sorted(pb)
     wait_for(lambda: all(is_gone(p) for p in pb))
@@ -132,13 +141,18 @@ def test_roots_down_web_leaves_another_users_web(shared, torn):
     r = run_units("up", "web", "--gpus", "0", "--containment", "session", "--ready-log", '"workers"', "--json",
                   "--", *hold(0, sys.executable))
     assert r.returncode == 0, r.stderr
-    mine = processes(Path(os.environ["GPUSLATE_STATE_DIR"]))
+    mine = settled(Path(os.environ["GPUSLATE_STATE_DIR"]))
     r = as_nobody(env, "up", "web", "--gpus", "1", "--ready-log", '"workers"', "--json", "--", *hold(1, SYSTEM_PYTHON))
     assert r.returncode == 0, r.stderr
-    theirs_doc = json.loads(as_nobody(env, "ps", "--json").stdout)
-    theirs = next(u["processes"] for u in theirs_doc["units"] if u["name"] == "web")
+
+    def their_web() -> list[int] | None:
+        doc = json.loads(as_nobody(env, "ps", "--json").stdout)
+        found = next(u["processes"] for u in doc["units"] if u["name"] == "web")
+        return found if len(found) == 2 else None
+
+    theirs: list[int] = wait_for(their_web)  # type: ignore[assignment]
     try:
-        assert len(theirs) == 2 and all(os.stat(f"/proc/{p}").st_uid == NOBODY for p in theirs)
+        assert all(os.stat(f"/proc/{p}").st_uid == NOBODY for p in theirs)
         if torn:
             tear(Path(os.environ["GPUSLATE_STATE_DIR"]))
         doc = down_web(Path(os.environ["GPUSLATE_STATE_DIR"]))
@@ -177,7 +191,7 @@ def test_another_users_holder_on_a_crashed_units_gpu_is_no_stray(shared):
     host, env = shared
     state = Path(os.environ["GPUSLATE_STATE_DIR"])
     up_web(state, 0)
-    mine = processes(state)
+    mine = settled(state)
     for pid in mine:
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: all(is_gone(p) for p in mine) and gpus_clean(host, [0]))
