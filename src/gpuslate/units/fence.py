@@ -396,8 +396,9 @@ class MarkerFence:
 
     @property
     def cgroup(self) -> str | None:
-        cgs = self.trusted + self.candidates
-        return cgs[0] if cgs else None
+        """The first of the unit's cgroups as verified now (never an unverified one by name)."""
+        found = self.cgroups(ProcTable())
+        return found[0] if found else None
 
     def rule(self) -> Rule:
         pid = self.main.pid if self.main else None
