@@ -9,6 +9,7 @@ from typing import Any
 
 from .common import add_common, nonnegative_float, note, print_json, size
 from .exits import exit_epilog, exit_status_for_result
+from .plain import safe
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="SIGTERM every process of the unit (cgroup, session, process group), grace, "
                        "SIGKILL; sweep processes of the unit that appeared meanwhile; then verify its GPU memory "
                        "is released, as 'clear' does. A unit with a corrupt record is stopped by what can still "
-                       "be found of it (its cgroup, its GPUSLATE_UNIT marker, its port); the record is then "
-                       "set aside.",
+                       "be found of it (its cgroup, its instance's marker, its port); the record is then "
+                       "set aside. Only this unit instance's processes are reached (never another user's or "
+                       "another state folder's unit of the same name).",
                        epilog=exit_epilog({0: "stopped and its GPU memory released", 2: "bad input, or unknown unit",
                                            4: "not released in time (or held by processes not found in the "
                                            "unit: see --clear)", 5: "permission denied on some process"}))
@@ -42,8 +44,6 @@ def down_status(result: Any) -> int:
 def memory_text(rep: Any) -> str:
     """What the stop proved about GPU memory: released or not, on which GPUs; or why nothing was
     verified (never "released" for an empty set)."""
-    from .plain import safe
-
     if rep.released is None:
         return f"GPU memory not verified: {safe(rep.unverified)}"
     gpus = ",".join(map(str, rep.verified_gpus))
@@ -51,8 +51,6 @@ def memory_text(rep: Any) -> str:
 
 
 def print_down(result: Any) -> None:
-    from .plain import safe
-
     rep = result.report
     procs = rep.results + rep.swept
     by = {s: sum(1 for r in procs if r.ended_by == s) for s in ("SIGTERM", "SIGKILL")}
@@ -75,7 +73,6 @@ def print_down(result: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..units import down
     from ..units.interrupts import deferred_interrupts
-    from .plain import safe
 
     with deferred_interrupts(signals=(signal.SIGHUP,)):  # a dropped ssh session must not leave it half-stopped
         result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
