@@ -79,7 +79,7 @@ json_values = st.recursive(
 )
 GOOD = {"schema": store.SCHEMA, "name": "u", "spec": {"name": "u", "command": ["x"], "port": 1}, "phase": "ready",
         "pid": 10, "start_ticks": 5, "pgid": 10, "sid": 10, "containment": "session", "cgroup": None,
-        "log": "/tmp/u.log", "gpus": [0], "port": 1, "env": {}, "launched_at": 1.0}
+        "log": "/tmp/u.log", "gpus": [0], "port": 1, "env": {}, "launched_at": 1.0, "instance": "a1" * 16}
 
 
 @settings(max_examples=300)
@@ -107,12 +107,14 @@ def test_a_missing_required_field_is_named(key: str) -> None:
 
 @given(st.integers(0, len(json.dumps(GOOD))))
 def test_a_torn_record_still_reads_what_it_can(cut: int) -> None:
-    text = json.dumps(GOOD)[:cut]
+    text = json.dumps(store.UnitRecord.from_json(GOOD).to_json())[:cut]  # as written: the instance early
     got = store.salvage(text)
     for key, value in got.items():
-        assert key in ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus")
+        assert key in ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance")
         if key in ("pid", "start_ticks"):
             assert value == GOOD[key] or str(GOOD[key]).startswith(str(value))
+        if key == "instance":  # whole or not at all: a cut id would name another instance
+            assert value == GOOD["instance"]
 
 
 @settings(max_examples=200)

@@ -196,3 +196,35 @@ def test_files_no_unit_can_have_are_not_listed(units_host, units, tmp_path):
     r = units("ps", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["units"] == []
+
+
+def test_down_of_a_torn_record_verifies_what_its_processes_held(units_host, units):
+    """The torn record lost the unit's GPUs: `down` reads what the processes it found hold before
+    it signals them, and verifies those GPUs released (the simulated driver frees memory 0.2 s after
+    the process exits: a claim made without polling would be false)."""
+    port = free_port()
+    r = units("up", "t", "--gpus", "2-3", "--port", str(port), "--containment", "session", "--json", "--",
+              *serve_cmd(port, memory="3GiB"))
+    assert r.returncode == 0, r.stderr
+    corrupt(store.record_path("t"), "truncated")
+    assert "gpus" not in store.read("t").salvage
+    r = units("down", "t")
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr
+    assert gpus_clean(units_host, [2, 3])  # at once: down returned only once it was so
+    assert "GPU memory on GPU 2,3 released" in r.stdout, r.stdout
+
+
+def test_down_never_calls_an_unverified_nothing_released(units_host, units):
+    """A torn record of which nothing runs and that names no GPU: nothing to verify, and `down`
+    says so instead of "released"."""
+    path = store.record_path("gone")
+    path.write_text('{"schema": "gpuslate.unit.v1", "name": "gone", "spec": {')
+    r = units("down", "gone", "--json")
+    no_traceback(r)
+    doc = json.loads(r.stdout)
+    assert doc["memory_released"] is None and doc["verified_gpus"] == [] and "no GPU" in doc["unverified"]
+    assert r.returncode == 0 and doc["record_set_aside"]  # nothing of it ran: the record goes aside
+    path.write_text('{"schema": "gpuslate.unit.v1", "name": "gone", "spec": {')
+    r = units("down", "gone")
+    assert "not verified" in r.stdout and "released" not in r.stdout.replace("not verified", ""), r.stdout

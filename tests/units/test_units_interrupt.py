@@ -106,3 +106,77 @@ def ps_state(name: str) -> str:
     from unitkit import run_units
 
     return ps(run_units)[name]["state"]
+
+
+def test_hangup_of_up_stops_the_starting_server(units_host):
+    """The ssh session drops while `up` waits for a server to load: the kernel sends SIGHUP to `up`
+    (the session leader of the terminal) and every later write to the terminal fails. The server,
+    in a session of its own, would go on starting and hold its GPUs; `up` stops it, verifies the
+    GPUs free and records the unit failed, all without a terminal to report to."""
+    import fcntl
+    import pty
+    import termios
+
+    port = free_port()
+    master, slave = pty.openpty()
+
+    def take_terminal() -> None:  # in the child, after setsid: the pty becomes its controlling terminal
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "up", "web", "--gpus", "0-1", "--port", str(port),
+                             "--engine", "sglang", "--start-timeout", "120", "--grace", "1", "--",
+                             *serve_cmd(port, startup=60.0)], stdin=slave, stdout=slave, stderr=slave,
+                            env=gpuslate_env(), start_new_session=True, preexec_fn=take_terminal)
+    os.close(slave)
+    try:
+        wait_for(lambda: holding(units_host, 0) and holding(units_host, 1), timeout=30)
+        rec = store.load("web")
+        assert rec is not None and rec.phase == "starting"
+        server = [rec.pid, holding(units_host, 0), holding(units_host, 1)]
+        os.close(master)  # the terminal goes away: SIGHUP to up, EIO on every later write
+        master = -1
+        rc = proc.wait(60)
+    finally:
+        if master >= 0:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert all(is_gone(p) for p in server)  # gone before up exited: it stopped and waited for them
+    assert gpus_clean(units_host, [0, 1])
+    rec = store.load("web")
+    assert rec.phase == "failed" and "SIGHUP" in rec.failure, rec.failure
+    assert rc == 130, rc
+    assert ps_state("web") == "failed"
+
+
+def test_hangup_of_down_does_not_leave_the_unit_half_stopped(units_host, units):
+    """`down` of a unit that ignores SIGTERM waits out the grace before SIGKILL; the ssh session
+    drops meanwhile. `down` finishes: SIGKILL, the GPUs verified, the unit recorded stopped."""
+    import fcntl
+    import pty
+    import termios
+
+    survivor = [a for a in HOLD if a != "--ignore-term"] + ["--survive-term"]  # only SIGKILL ends it
+    r = units("up", "web", "--gpus", "0", "--ready-log", '"pid"', "--", *survivor)
+    assert r.returncode == 0, r.stderr
+    pid = holding(units_host, 0)
+    master, slave = pty.openpty()
+    seen = bytearray()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "down", "web", "--grace", "3"], stdin=slave,
+                            stdout=slave, stderr=slave, env=gpuslate_env(), start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    try:
+        wait_for(lambda: seen.extend(os.read(master, 4096)) or b"SIGTERM sent" in seen, timeout=20)
+        os.close(master)  # SIGHUP to down, in the middle of its grace
+        master = -1
+        proc.wait(60)
+    finally:
+        if master >= 0:
+            os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert is_gone(pid) and gpus_clean(units_host, [0])
+    assert store.load("web").phase == "stopped" and ps_state("web") == "stopped"

@@ -8,7 +8,7 @@ from pathlib import Path
 import gpuslate
 from gpuslate.units import UnitSpec, store, swap, up
 from gpuslate.proc.procfs import ProcessId
-from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, fence_of
+from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, UnitMark, fence_of
 from unitkit import free_port, serve_cmd
 
 PKG = Path(gpuslate.__file__).parent
@@ -84,7 +84,8 @@ def test_each_containment_has_its_fence_type():
         assert fence.kill() is False  # nothing to kill: no such cgroup, and a session cannot
     # only a fence without a cgroup pays for reading every process's environment
     assert fence_of(store.UnitRecord.from_json({**base, "containment": "session"})).scan_marker  # type: ignore[union-attr]
-    assert not CgroupFence("/x", SessionFence("u", ProcessId(10, 5), 10, 10, scan_marker=False)).session.scan_marker
+    mark = UnitMark("u", "0" * 32, "/state")
+    assert not CgroupFence("/x", SessionFence(mark, ProcessId(10, 5), 10, 10, scan_marker=False)).session.scan_marker
 
 
 def test_swap_reads_each_unit_record_once(units_host, monkeypatch):

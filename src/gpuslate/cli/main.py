@@ -100,7 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _use_sim(args)
         return int(args.handler(args))
     except KeyboardInterrupt as exc:
-        print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)
+        try:
+            print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)
+        except (OSError, ValueError):  # hung up (SIGHUP): the terminal is gone, the status still tells
+            pass
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:  # `gpuslate status | head`: not an error worth a traceback
         return ExitStatus.OK

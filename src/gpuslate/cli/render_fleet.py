@@ -123,7 +123,8 @@ def _down(doc: dict[str, Any], label: str) -> None:
     procs = (doc.get("processes") or []) + (doc.get("swept") or [])
     t = doc.get("timings") or {}
     name, before = _t(doc.get("name")), _t(doc.get("previous_state"))
-    released = "released" if doc.get("memory_released") else "[red]NOT released[/]"
+    released = ("released" if doc.get("memory_released") else "[red]NOT released[/]"
+                if doc.get("memory_released") is not None else f"not verified: {_t(doc.get('unverified'))}")
     if not procs:
         console().print(f"Unit {name} ({before}): no process left to stop; GPU memory {released} "
                         f"({t.get('verify_s', 0):.2f} s)")

@@ -41,11 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..units import swap
-    from ..units.interrupts import sigterm_interrupts
+    from ..units.interrupts import stop_signals_interrupt
     from .down import down_status, print_down
     from .up import print_up, report_failure, up_status
 
-    with sigterm_interrupts():  # a SIGTERM cleans up NEW's start like Ctrl-C (exit 130)
+    with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
         result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
                       sim=getattr(args, "sim", None), on_event=note, prefetch=not args.no_prefetch)
     if args.json:

@@ -126,7 +126,8 @@ def report_failure(result: Any) -> None:
     sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {safe(r.failure)}\n")
     t = result.teardown
     if t is not None:
-        left = "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis))
+        left = (f"GPU memory not verified: {safe(t.unverified)}" if t.released is None else
+                "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis)))
         sys.stderr.write(f"gpuslate: stopped what it left running; {left}\n")
 
 
@@ -143,13 +144,13 @@ def print_up(result: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..units import Unit, resolve, up
-    from ..units.interrupts import sigterm_interrupts
+    from ..units.interrupts import stop_signals_interrupt
 
     command = list(args.command)
     prev = Unit.load(args.name)
     spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
                    previous=prev.spec.to_json() if prev and prev.spec else None)
-    with sigterm_interrupts():  # a SIGTERM cleans up like Ctrl-C (exit 130)
+    with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
         result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
                     on_event=note)
     if args.json:

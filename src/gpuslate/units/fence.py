@@ -1,38 +1,303 @@
 """A unit's fence: which live processes belong to it, how to end them all at once, and how to
 clean up after them. One type per kind of containment, chosen once when the unit is loaded.
 
-* :class:`SessionFence`: the unit's session and process group, the main
-  process's descendants, the processes recorded at readiness (each identity
-  checked) and, when nothing stronger fences the unit, processes started
-  since it that carry its ``GPUSLATE_UNIT`` environment marker;
+Which processes belong to a unit is a pure function, :func:`decide`, of facts
+gathered once per question (:func:`gather`): each process's stat, owner,
+unit marker and cgroup membership, and the fence's own :class:`Rule` (the
+recorded main process and members, the unit's instance id, the caller's uid).
+The rules it follows are the invariants of docs/units.md ("Which processes are
+a unit's"):
+
+* **Identity, never a number.** A process is the unit's by an identity: the
+  main process or a recorded member with its recorded start time, a member of
+  the unit's cgroup, a descendant of the verified main process, or a process
+  carrying this unit *instance's* marker (``GPUSLATE_UNIT_ID``, 128 random
+  bits made at launch). A session or process group id is a number the kernel
+  reuses once every member is gone: it counts only while a process verified
+  as above is in it (the kernel keeps the number from being reused while any
+  member lives), never because the main process is gone. The witness is read
+  again after every candidate (:func:`confirmed`): still there, the number
+  was the unit's when each candidate was read.
+* **Never another instance.** A process that carries another instance's
+  marker, or this unit's name from another state folder, belongs to that
+  unit and is never taken in by a scan.
+* **Only what the caller may mean.** A non-root caller's fence holds only its
+  own processes; root's reaches other users' processes only by identity
+  (main, recorded members, cgroup, descendants, instance marker), never by a
+  name, a port or a number.
+
+Fences:
+
+* :class:`SessionFence`: the unit's identities, its session and group while
+  a verified member is in them, the sessions a marked process leads, and
+  (without a cgroup) processes carrying its instance marker;
 * :class:`CgroupFence`: every process of its cgroup (descendants cannot
   leave it), plus the session fence; ends with ``cgroup.kill``;
 * :class:`ScopeFence`: the same for a transient systemd scope;
-* :class:`MarkerFence`: for a unit whose record cannot be read: the cgroups
-  gpuslate made for that name, the processes carrying its marker and the
-  sessions such a process leads, the main process and its session when the
-  torn record still shows its pid and start time, and the invoking user's
-  process listening on the port the torn record still shows.
+* :class:`MarkerFence`: for a unit whose record cannot be read: what the torn
+  record still shows (main identity, instance id, cgroup, port) and the
+  processes carrying its marker. Without an instance id, the name marker
+  counts only together with this state folder's, and only for the caller's
+  own processes; cgroups found by name only when a process in them carries
+  such a marker.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from enum import Enum
+from typing import Callable, Iterable, Literal, NamedTuple, Protocol, Sequence
 
-from ..proc.procfs import ProcessId, ProcStat
+from ..proc.procfs import ProcessId, ProcStat, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
-from .store import UnitRecord
+from .store import UnitRecord, units_dir
 
 FenceKind = Literal["cgroup", "scope", "session", "marker"]
+
+#: the environment variables a unit's processes inherit (launch.py sets them)
+NAME_VAR, ID_VAR, STATE_VAR = "GPUSLATE_UNIT", "GPUSLATE_UNIT_ID", "GPUSLATE_UNIT_STATE"
+#: how much of an environment block is read: a unit's markers come first (launch.py), and another
+#: user's process must not make a scan read megabytes per process
+_ENV_LIMIT = 64 << 10
+
+
+class Marker(str, Enum):
+    """What a process's environment says about the unit asked about."""
+
+    OURS = "ours"  # this unit instance's id
+    NAMED = "named"  # no instance id, but this unit's name and this state folder
+    FOREIGN = "foreign"  # another instance's id, or this name from another state folder
+    NONE = "none"  # read, and no unit marker (or one that cannot be placed: an old unit's bare name)
+    UNREAD = "unread"  # not read (not needed, another user's, gone)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class UnitMark(NamedTuple):
+    """How this unit instance is marked: what :func:`classify` compares an environment with."""
+
+    name: str
+    instance: str | None  # None: unknown (a torn record, a record from before instance ids)
+    state: str  # the state folder the unit is recorded in (resolved)
+
+
+def classify(env: bytes | None, mark: UnitMark) -> Marker:
+    """What the environment block ``env`` (NUL-separated, None: unreadable) says about ``mark``."""
+    if env is None:
+        return Marker.UNREAD
+    found: dict[str, str] = {}
+    for item in env.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key.decode("latin-1") in (NAME_VAR, ID_VAR, STATE_VAR):
+            found.setdefault(key.decode("latin-1"), value.decode("utf-8", "replace"))
+    if ID_VAR in found and mark.instance is not None:
+        return Marker.OURS if found[ID_VAR] == mark.instance else Marker.FOREIGN
+    if NAME_VAR not in found or STATE_VAR not in found:
+        return Marker.NONE
+    if found[NAME_VAR] == mark.name and found[STATE_VAR] == mark.state:
+        return Marker.NAMED
+    return Marker.FOREIGN
+
+
+def read_environ(pid: int) -> bytes | None:
+    """``pid``'s environment block as the kernel shows it (None: gone, or another user's). A
+    process that rewrote it (setproctitle) shows its title instead: its marker is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return b"\0" + os.read(fd, _ENV_LIMIT)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class ProcFacts(NamedTuple):
+    """What :func:`decide` knows of one process (a zombie too)."""
+
+    stat: ProcStat
+    uid: int | None  # None: unknown (gone while read)
+    marker: Marker = Marker.UNREAD
+    in_cgroup: bool = False  # in one of the unit's (verified) cgroups
+    listener: bool = False  # the process on the unit's port (a corrupt record's last resort)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The fence's own facts: what the record (or what is left of it) says, and who asks."""
+
+    caller_uid: int
+    main: ProcessId | None  # the main process as recorded (None: a torn record lost it)
+    sid: int | None  # the unit's session and group ids (the main pid: launch.py makes it lead both)
+    pgid: int | None
+    recorded: frozenset[ProcessId] = frozenset()  # members recorded at readiness
+    since: int = 0  # start time (ticks) before which nothing found by a scan belongs to the unit
+    by_marker: bool = True  # include processes that carry the unit's marker
+    named_ok: bool = False  # the instance id is unknown: the name + state folder marker counts
+
+    def marked(self, p: ProcFacts) -> bool:
+        if not self.by_marker or p.stat.start_ticks < self.since:
+            return False
+        return p.marker == Marker.OURS or (self.named_ok and p.marker == Marker.NAMED)
+
+
+def _reachable(rule: Rule, p: ProcFacts, by_identity: bool) -> bool:
+    """A non-root caller means only its own processes; root reaches another user's only by identity."""
+    if p.uid is None:
+        return False
+    return p.uid == rule.caller_uid or (rule.caller_uid == 0 and by_identity)
+
+
+class Number(str, Enum):
+    """The kinds of process number the kernel reuses that a unit's membership may rest on."""
+
+    SESSION = "session"
+    GROUP = "group"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Held(NamedTuple):
+    """A session or group number taken as the unit's, on the word of these witnesses."""
+
+    kind: Number
+    number: int
+    witnesses: tuple[ProcessId, ...]
+
+
+class Decision(NamedTuple):
+    members: dict[int, str]  # pid -> why it belongs
+    by_number: dict[int, tuple[Number, int]]  # the members taken in by a number: which one
+    held: tuple[Held, ...]  # the numbers trusted, with their witnesses
+
+
+def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) -> Decision:
+    """The unit's live processes among ``procs`` (zombies included: they are never members, but
+    they witness), why each belongs, and the numbers trusted on a witness's word. Pure, total.
+    ``exclude``: never members (the caller and its ancestors)."""
+    skip = set(exclude)
+    present = {p.stat.pid: p for p in procs if p.stat.pid not in skip}
+    out: dict[int, str] = {}
+
+    def add(p: ProcFacts, why: str, by_identity: bool) -> None:
+        if not p.stat.has_exited and p.stat.pid not in out and _reachable(rule, p, by_identity):
+            out[p.stat.pid] = why
+
+    # 1. identities. A witness, alive or a zombie (which still holds its pid, group and session
+    # numbers), proves that the numbers it is in are still the unit's
+    witnesses: list[ProcFacts] = []
+    for p in present.values():
+        if rule.main is not None and p.stat.ident == rule.main:
+            why, strong = "main process", True
+        elif p.stat.ident in rule.recorded:
+            why, strong = "recorded at readiness", True
+        elif p.in_cgroup:
+            why, strong = "in the unit's cgroup", True
+        elif rule.marked(p):
+            why, strong = "carries the unit's marker", p.marker == Marker.OURS  # a name: the caller's own only
+        else:
+            continue
+        if _reachable(rule, p, strong):  # a name marker on another user's process proves nothing
+            witnesses.append(p)
+            add(p, why, strong)
+    main = present.get(rule.main.pid) if rule.main is not None else None
+    if main is not None and main.stat.ident == rule.main and not main.stat.has_exited:
+        kids: dict[int, list[ProcFacts]] = {}
+        for p in present.values():
+            kids.setdefault(p.stat.ppid, []).append(p)
+        stack, seen = list(kids.get(main.stat.pid, [])), {main.stat.pid}
+        while stack:
+            p = stack.pop()
+            if p.stat.pid in seen or p.marker == Marker.FOREIGN:  # another unit started from inside: its own
+                continue
+            seen.add(p.stat.pid)
+            add(p, "descendant of the main process", True)
+            stack.extend(kids.get(p.stat.pid, []))
+    # 2. the port's listener (a torn record's last clue): the caller's own, never another instance's
+    listener = next((p for p in present.values() if p.listener), None)
+    if listener is not None and listener.stat.start_ticks >= rule.since and listener.marker != Marker.FOREIGN:
+        add(listener, "listens on the unit's port", False)
+        if listener.stat.pid in out:
+            witnesses.append(listener)
+    # 3. numbers, only while a witness holds them: the unit's session and group, and the sessions
+    # its processes lead (setsid after a double fork took the unit there). With no witness left,
+    # a number may name a stranger's session: the kernel reuses it once its last member is gone.
+    sessions = {w.stat.sid for w in witnesses if w.stat.sid == rule.sid or w.stat.sid == w.stat.pid}
+    groups = {w.stat.pgid for w in witnesses if w.stat.pgid == rule.pgid}
+    held = tuple([Held(Number.SESSION, n, tuple(w.stat.ident for w in witnesses if w.stat.sid == n))
+                  for n in sorted(sessions)] +
+                 [Held(Number.GROUP, n, tuple(w.stat.ident for w in witnesses if w.stat.pgid == n))
+                  for n in sorted(groups)])
+    by_number: dict[int, tuple[Number, int]] = {}
+    floor = rule.main.start_ticks if rule.main is not None else rule.since
+    for p in present.values():
+        if p.marker == Marker.FOREIGN or p.stat.start_ticks < floor or p.stat.pid in out:
+            continue
+        if p.stat.sid in sessions:
+            add(p, "in the unit's session", True)
+            by_number[p.stat.pid] = (Number.SESSION, p.stat.sid)
+        elif p.stat.pgid in groups:
+            add(p, "in the unit's process group", True)
+            by_number[p.stat.pid] = (Number.GROUP, p.stat.pgid)
+    return Decision(out, {pid: n for pid, n in by_number.items() if pid in out}, held)
+
+
+def still_held(h: Held) -> bool:
+    """Whether a witness of ``h`` is, read again now, the same process still in that number (a
+    zombie counts: it holds its numbers until reaped). Read after every candidate was: a number
+    still held now was the unit's when each of them was read (it is reused only once empty)."""
+    for w in h.witnesses:
+        st = read_stat(w.pid)
+        if st is not None and st.start_ticks == w.start_ticks and \
+                (st.sid if h.kind == Number.SESSION else st.pgid) == h.number:
+            return True
+    return False
+
+
+def confirmed(d: Decision, holds: Callable[[Held], bool] = still_held) -> dict[int, str]:
+    """The members of ``d``, less those a number took in that no witness holds any more: between
+    the read of the witness and of the candidate, the number may have changed hands."""
+    lost = {(h.kind, h.number) for h in d.held if not holds(h)}
+    return {pid: why for pid, why in d.members.items() if d.by_number.get(pid) not in lost}
+
+
+def gather(table: ProcTable, floor: int, *, mark: UnitMark | None, cgroup: Iterable[int] = (),
+           listener: int | None = None, keep: Iterable[ProcessId] = ()) -> list[ProcFacts]:
+    """Facts on every process (zombies too) started at or after ``floor``, and on the processes of
+    ``cgroup`` and ``keep`` whenever they started. Environments are read only with ``mark``."""
+    in_cg, kept = set(cgroup), set(keep)
+    out: list[ProcFacts] = []
+    for st in table.all():
+        if st.start_ticks < floor and st.pid not in in_cg and st.ident not in kept:
+            continue
+        marker = classify(read_environ(st.pid), mark) if mark is not None else Marker.UNREAD
+        out.append(ProcFacts(st, table.uid(st.pid), marker, st.pid in in_cg, st.pid == listener))
+    return out
+
+
+def _exclude(table: ProcTable) -> list[int]:
+    # never ourselves, nor whatever runs us (gpuslate started from inside the unit)
+    return [os.getpid(), *table.ancestors(os.getpid())]
+
+
+def _stats(table: ProcTable, members: dict[int, str]) -> list[ProcStat]:
+    return sorted((st for pid in members if (st := table.get(pid)) is not None), key=lambda s: s.pid)
 
 
 class Fence(Protocol):
     kind: FenceKind
-    cgroup: str | None  # the cgroup (relative to the cgroup2 mount) when there is one
+
+    @property
+    def cgroup(self) -> str | None:
+        """The cgroup (relative to the cgroup2 mount) when there is one."""
+        ...
 
     def members(self, table: ProcTable) -> list[ProcStat]:
         """Every live process of the unit (never zombies, never this process or its ancestors)."""
@@ -47,69 +312,36 @@ class Fence(Protocol):
         ...
 
 
-def has_marker(pid: int, name: str) -> bool:
-    """Whether ``pid``'s environment has ``GPUSLATE_UNIT=name`` (inherited by every descendant;
-    gone when a process rewrote its environment block, as setproctitle does)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:  # gone, or another user's process: not readable, and not ours to stop
-        return False
-    return f"\0GPUSLATE_UNIT={name}\0".encode() in b"\0" + env
-
-
-def _finish(found: dict[int, ProcStat], table: ProcTable) -> list[ProcStat]:
-    # never ourselves, nor whatever runs us (gpuslate started from inside the unit)
-    for pid in [os.getpid(), *table.ancestors(os.getpid())]:
-        found.pop(pid, None)
-    return sorted(found.values(), key=lambda s: s.pid)
-
-
-def _add(found: dict[int, ProcStat], st: ProcStat | None) -> None:
-    if st is not None and not st.has_exited:
-        found[st.pid] = st
-
-
 @dataclass(frozen=True)
 class SessionFence:
-    name: str
+    mark: UnitMark
     main: ProcessId
     pgid: int
     sid: int
     recorded: tuple[ProcessId, ...] = ()
     scan_marker: bool = True  # only when no cgroup holds the unit: the scan reads every environ
     kind: FenceKind = "session"
-    cgroup: str | None = None
 
-    def collect(self, table: ProcTable, found: dict[int, ProcStat]) -> None:
-        main = table.get(self.main.pid)
-        main_is_ours = main is not None and main.start_ticks == self.main.start_ticks
-        # The kernel keeps a session or group id from being reused while any member
-        # lives; a live process with the leader's pid but another start time means
-        # all members are gone and the number now names someone else's session.
-        if main is None or main_is_ours:
-            for st in table.all():
-                if st.sid == self.sid or st.pgid == self.pgid:
-                    _add(found, st)
-        if main_is_ours:
-            _add(found, main)
-            for pid in table.descendants(self.main.pid):
-                _add(found, table.get(pid))
-        for ident in self.recorded:
-            st = table.get(ident.pid)
-            if st is not None and st.start_ticks == ident.start_ticks:
-                _add(found, st)
-        if self.scan_marker:
-            # a descendant that double-forked into a session of its own is found by the
-            # environment it inherited, among processes started since the unit
-            for st in table.all():
-                if st.pid not in found and st.start_ticks >= self.main.start_ticks and has_marker(st.pid, self.name):
-                    _add(found, st)
+    @property
+    def cgroup(self) -> str | None:
+        return None
+
+    @property
+    def name(self) -> str:
+        return self.mark.name
+
+    def rule(self) -> Rule:
+        # without an instance id (a record from before them) only identities and numbers count
+        return Rule(os.getuid(), self.main, self.sid, self.pgid, frozenset(self.recorded), self.main.start_ticks,
+                    by_marker=self.scan_marker and self.mark.instance is not None)
+
+    def decide_in(self, table: ProcTable, cgroup: Sequence[int] = ()) -> dict[int, str]:
+        facts = gather(table, self.main.start_ticks, mark=self.mark if self.scan_marker else None,
+                       cgroup=cgroup, keep=self.recorded)
+        return confirmed(decide(self.rule(), facts, _exclude(table)))
 
     def members(self, table: ProcTable) -> list[ProcStat]:
-        found: dict[int, ProcStat] = {}
-        self.collect(table, found)
-        return _finish(found, table)
+        return _stats(table, self.decide_in(table))
 
     def kill(self) -> bool:
         return False
@@ -129,11 +361,7 @@ class CgroupFence:
         return self.path
 
     def members(self, table: ProcTable) -> list[ProcStat]:
-        found: dict[int, ProcStat] = {}
-        for pid in cgroup_pids(self.path):
-            _add(found, table.get(pid))
-        self.session.collect(table, found)
-        return _finish(found, table)
+        return _stats(table, self.session.decide_in(table, cgroup_pids(self.path)))
 
     def kill(self) -> bool:
         return bool(self.path and cgroup_pids(self.path)) and cgroup_kill(self.path)
@@ -153,8 +381,9 @@ class ScopeFence(CgroupFence):
 class MarkerFence:
     """What can still be found of a unit whose record is unreadable."""
 
-    name: str
-    cgroups: tuple[str, ...] = ()
+    mark: UnitMark
+    trusted: tuple[str, ...] = ()  # the cgroup the torn record (ours) still names
+    candidates: tuple[str, ...] = ()  # cgroups gpuslate made for a unit of this name: verified before use
     port: int | None = None
     since_ticks: int | None = None  # the torn record's main start time, when it still reads
     main: ProcessId | None = None  # the torn record's main process, when pid and start time read
@@ -162,72 +391,69 @@ class MarkerFence:
     kind: FenceKind = "marker"
 
     @property
+    def name(self) -> str:
+        return self.mark.name
+
+    @property
     def cgroup(self) -> str | None:
-        return self.cgroups[0] if self.cgroups else None
+        """The first of the unit's cgroups as verified now (never an unverified one by name)."""
+        found = self.cgroups(ProcTable())
+        return found[0] if found else None
+
+    def rule(self) -> Rule:
+        pid = self.main.pid if self.main else None
+        return Rule(os.getuid(), self.main, pid, pid, frozenset(), self.since_ticks or 0,
+                    by_marker=True, named_ok=self.mark.instance is None)
+
+    def cgroups(self, table: ProcTable) -> list[str]:
+        """The trusted cgroup, and those found by name in which a process carries the unit's marker
+        (two state folders of one user may each have a unit of this name)."""
+        rule = self.rule()
+        out = list(self.trusted)
+        for cg in self.candidates:
+            pids = cgroup_pids(cg)
+            facts = [ProcFacts(st, table.uid(st.pid), classify(read_environ(st.pid), self.mark))
+                     for pid in pids if (st := table.get(pid)) is not None and not st.has_exited]
+            if any(rule.marked(p) and _reachable(rule, p, p.marker == Marker.OURS) for p in facts):
+                out.append(cg)
+        return out
 
     def members(self, table: ProcTable) -> list[ProcStat]:
-        found: dict[int, ProcStat] = {}
-        for cg in self.cgroups:
-            for pid in cgroup_pids(cg):
-                _add(found, table.get(pid))
-        main = table.get(self.main.pid) if self.main else None
-        if main is not None and self.main is not None and main.start_ticks == self.main.start_ticks:
-            # a unit's main process leads its own session and group (launch.py): with its
-            # identity verified, so are they
-            for st in table.all():
-                if st.sid == main.pid or st.pgid == main.pid:
-                    _add(found, st)
-            _add(found, main)
-            for pid in table.descendants(main.pid):
-                _add(found, table.get(pid))
-        since = self.since_ticks or 0
-        marked = [st for st in table.all()
-                  if st.pid not in found and st.start_ticks >= since and has_marker(st.pid, self.name)]
-        for st in marked:
-            _add(found, st)
-        listener = self._listener(table, since)
-        if listener is not None:
-            _add(found, listener)
-        # a marked session leader (or the server on the port leading one) is the unit's main process
-        # or a part of it that left with setsid: its session is the unit's too, workers that
-        # renamed themselves (and lost the marker) included
-        leaders = {st.pid for st in [*marked, *([listener] if listener else [])] if st.sid == st.pid}
-        for st in table.all():
-            if st.sid in leaders:
-                _add(found, st)
-        return _finish(found, table)
+        in_cg = [pid for cg in self.cgroups(table) for pid in cgroup_pids(cg)]
+        listener = self._listener(table)
+        facts = gather(table, self.since_ticks or 0, mark=self.mark, cgroup=in_cg,
+                       listener=listener, keep=[self.main] if self.main else [])
+        return _stats(table, confirmed(decide(self.rule(), facts, _exclude(table))))
 
-    def _listener(self, table: ProcTable, since: int) -> ProcStat | None:
-        if self.port is not None and self.written_ticks is not None:
-            # The server on the unit's port, if it is the invoking user's and started before the
-            # record was last written: the port was free when the unit launched (pre-flight) and
-            # the record is rewritten at ready and at stop, so a listener started later is not it.
-            pid = port_listener(self.port)
-            st = table.get(pid) if pid else None
-            if (st is not None and since <= st.start_ticks <= self.written_ticks
-                    and not st.has_exited and _owned_by_me(st.pid)):
-                return st
-        return None
+    def _listener(self, table: ProcTable) -> int | None:
+        if self.port is None or self.written_ticks is None:
+            return None
+        # The server on the unit's port, started before the record was last written: the port was
+        # free when the unit launched (pre-flight) and the record is rewritten at ready and at stop,
+        # so a listener started later is not it. Its owner and marker are checked by decide().
+        pid = port_listener(self.port)
+        st = table.get(pid) if pid else None
+        if st is None or st.has_exited or not (self.since_ticks or 0) <= st.start_ticks <= self.written_ticks:
+            return None
+        return st.pid
 
     def kill(self) -> bool:
-        return any([cgroup_kill(cg) for cg in self.cgroups if cgroup_pids(cg)])
+        return any([cgroup_kill(cg) for cg in self.cgroups(ProcTable()) if cgroup_pids(cg)])
 
     def release(self, wait: float = 0.0) -> None:
-        for cg in self.cgroups:
-            discard_cgroup(cg, wait)
+        for cg in self.trusted + self.candidates:
+            discard_cgroup(cg, wait)  # removes only an empty cgroup
 
 
-def _owned_by_me(pid: int) -> bool:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid == os.getuid()
-    except OSError:
-        return False
+def state_mark() -> str:
+    """This state folder as units launched from it carry it (``GPUSLATE_UNIT_STATE``)."""
+    return os.path.realpath(units_dir())
 
 
 def fence_of(rec: UnitRecord) -> Fence:
-    """The fence of a unit as its record describes it."""
-    session = SessionFence(rec.name, rec.ident, rec.pgid, rec.sid, tuple(rec.member_ids),
-                           scan_marker=rec.cgroup is None)
+    """The fence of a unit as its record (in this state folder) describes it."""
+    mark = UnitMark(rec.name, rec.instance or None, state_mark())
+    session = SessionFence(mark, rec.ident, rec.pgid, rec.sid, tuple(rec.member_ids), scan_marker=rec.cgroup is None)
     if rec.containment == "cgroup":
         return CgroupFence(rec.cgroup, session)
     if rec.containment == "scope":

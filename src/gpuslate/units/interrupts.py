@@ -1,11 +1,16 @@
-"""Interrupts around a unit's start: SIGTERM treated like Ctrl-C, and cleanup that neither can cut short.
+"""Interrupts around a unit's start: SIGTERM and SIGHUP treated like Ctrl-C, and cleanup that none
+of them can cut short.
 
 An ``up`` that is interrupted stops what it started and verifies the GPUs
-free before it exits. A second Ctrl-C (people press it twice) or a SIGTERM
-(a CI runner's timeout, ``systemctl stop``) during that cleanup must not end
-it half-way and leave the server holding its GPUs: while cleanup runs, both
-signals are only noted. Signal handlers belong to the main thread: elsewhere
-these helpers change nothing.
+free before it exits. The ways it is interrupted: Ctrl-C (SIGINT), SIGTERM (a
+CI runner's timeout, ``systemctl stop``) and SIGHUP (the ssh session or the
+terminal went away: its default action would end ``up`` at once and leave the
+server starting, holding its GPUs, with nobody to stop it). A second one of
+them during that cleanup (people press Ctrl-C twice; a dropped session sends
+SIGHUP and then SIGCONT, a CI runner SIGTERM then SIGKILL) must not end it
+half-way: while cleanup runs, they are only noted. The terminal may be gone
+by then: noting them never fails on its account. Signal handlers belong to
+the main thread: elsewhere these helpers change nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Callable, Iterator
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: the signals that, outside cleanup, stop a start like Ctrl-C does (SIGINT raises KeyboardInterrupt already)
+_AS_CTRL_C = {signal.SIGTERM: "terminated (SIGTERM)", signal.SIGHUP: "hung up (SIGHUP): the terminal went away"}
 
 
 def _install(handler: Callable[[int, FrameType | None], Any], sigs: tuple[int, ...]) -> dict[int, Any] | None:
@@ -36,17 +43,24 @@ def _restore(old: dict[int, Any] | None) -> None:
 
 
 @contextmanager
-def deferred_interrupts(on_signal: Callable[[int], None] | None = None) -> Iterator[list[int]]:
-    """Within the block, SIGINT and SIGTERM are recorded (in the yielded list) and reported to
-    ``on_signal`` instead of interrupting; the caller decides what to do with them afterwards."""
+def deferred_interrupts(on_signal: Callable[[int], None] | None = None,
+                        signals: tuple[int, ...] = _SIGNALS) -> Iterator[list[int]]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP (or only ``signals``) are recorded (in the
+    yielded list) and reported to ``on_signal`` instead of interrupting; the caller decides what
+    to do with them afterwards. ``on_signal`` failing (a write to a terminal that is gone)
+    interrupts nothing. ``down`` defers SIGHUP alone: a dropped ssh session must not leave a unit
+    half-stopped, while Ctrl-C and SIGTERM keep their meaning (someone asked)."""
     got: list[int] = []
 
     def note(signum: int, _frame: FrameType | None) -> None:
         got.append(signum)
         if on_signal is not None:
-            on_signal(signum)
+            try:
+                on_signal(signum)
+            except (OSError, ValueError):
+                pass
 
-    old = _install(note, _SIGNALS)
+    old = _install(note, signals)
     try:
         yield got
     finally:
@@ -54,14 +68,16 @@ def deferred_interrupts(on_signal: Callable[[int], None] | None = None) -> Itera
 
 
 @contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl-C, so the same cleanup runs."""
+def stop_signals_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C, so the same
+    cleanup runs."""
 
-    def raise_interrupt(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt("terminated (SIGTERM)")
+    def raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(_AS_CTRL_C.get(signal.Signals(signum), "interrupted"))
 
-    old = _install(raise_interrupt, (signal.SIGTERM,))
+    old = _install(raise_interrupt, tuple(_AS_CTRL_C))
     try:
         yield
     finally:
         _restore(old)
+

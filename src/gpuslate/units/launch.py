@@ -10,6 +10,7 @@ Ctrl-C there.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..errors import UsageError
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
 from .contain import LaunchFence, choose_fence, discard_cgroup
+from .fence import ID_VAR, NAME_VAR, STATE_VAR, state_mark
 from .spec import UnitSpec
 
 # Popen objects of the units this process started: kept so their exit status
@@ -35,15 +37,21 @@ class Launched(NamedTuple):
     fence_note: str | None  # why a stronger fence was not used
     log: Path
     env: dict[str, str]  # added to the caller's environment
+    instance: str  # the unit instance's id (GPUSLATE_UNIT_ID)
     spawned: float  # time.monotonic() right before the fork
     spawned_at: float  # epoch
 
 
-def unit_env(spec: UnitSpec) -> dict[str, str]:
-    env = dict(spec.env)
+def unit_env(spec: UnitSpec, instance: str) -> dict[str, str]:
+    """What the unit's processes get on top of the caller's environment, the markers first (a
+    spec's ``env`` cannot forge them; and first in the environment block, where a bounded read
+    finds them): ``GPUSLATE_UNIT`` (the name, for a human with /proc), ``GPUSLATE_UNIT_ID``
+    (this instance: how ``down`` finds a process that left the session) and
+    ``GPUSLATE_UNIT_STATE`` (the state folder: a torn record's last clue)."""
+    env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state_mark()}
     if spec.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
-    env["GPUSLATE_UNIT"] = spec.name  # lets the server (and a human with /proc) know what it is
+    env.update((k, v) for k, v in spec.env.items() if k not in env)
     return env
 
 
@@ -54,7 +62,8 @@ def launch(spec: UnitSpec) -> Launched:
         raise UsageError(f"containment {spec.containment!r} is not possible on this host: {note}")
     log = store.log_path(spec.name)
     fd = logfile.open_for_unit(log)
-    added = unit_env(spec)
+    instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
+    added = unit_env(spec, instance)
     try:
         try:
             proc, t_spawn, at = _spawn(spec, fence, fd, added)
@@ -74,12 +83,13 @@ def launch(spec: UnitSpec) -> Launched:
     st = read_stat(proc.pid)  # a zombie of ours until reaped, so this always succeeds
     assert st is not None
     cgroup = fence.cgroup if fence.kind == "cgroup" else _scope_cgroup(proc) if fence.kind == "scope" else None
-    return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, t_spawn, at)
+    return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, instance, t_spawn, at)
 
 
 def _spawn(spec: UnitSpec, fence: LaunchFence, fd: int, added: dict[str, str],
            ) -> tuple[subprocess.Popen[bytes], float, float]:
-    env = {**os.environ, **added}  # without --gpus the caller's CUDA_VISIBLE_DEVICES (if any) stays
+    # ours first, then the caller's (without --gpus its CUDA_VISIBLE_DEVICES, if any, stays)
+    env = {**added, **{k: v for k, v in os.environ.items() if k not in added}}
     argv = [*fence.argv_prefix, *spec.command]
     t_spawn, at = time.monotonic(), time.time()
     try:

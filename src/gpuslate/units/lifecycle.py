@@ -9,6 +9,7 @@ racing the first one's workers for memory.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from enum import Enum
 from typing import Any, Callable, Literal, NamedTuple
@@ -16,7 +17,7 @@ from typing import Any, Callable, Literal, NamedTuple
 from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
 from ..gpu import GpuBackend
-from ..proc.procfs import read_stat, user_name
+from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from .._time import iso_time
@@ -74,7 +75,7 @@ class UpResult(NamedTuple):
         r = self.record
         return {
             "schema": UP_SCHEMA, "ok": self.ok, "status": self.status, "name": r.name,
-            "pid": r.pid, "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid,
+            "pid": r.pid, "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid, "instance": r.instance,
             "containment": r.containment, "cgroup": r.cgroup, "containment_note": self.fence_note,
             "command": r.spec["command"], "env": r.env, "gpus": r.gpus, "port": r.port, "log": r.log,
             "launched_at": iso_time(r.launched_at), "ready_at": iso_time(r.ready_at) if r.ready_at else None,
@@ -116,7 +117,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
     ``unit``: the unit as the caller loaded it (None: it has no record), used only when the
     caller holds the host lock (``lock=False``, as ``swap`` does); else it is loaded under the lock."""
     spec.validate()
-    note = on_event or (lambda _m: None)
+    note = on_event = quiet(on_event)
     t0 = time.monotonic()
     with HostSession(sim, backend) as host, \
             host.locked(f"up {spec.name}", timeout=spec.start_timeout, on_event=on_event, use=lock) as waited:
@@ -155,14 +156,15 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
                 name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
                 start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
                 containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
-                port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me())
+                port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
+                instance=launched.instance)
             store.save(rec)
         current = Unit(spec.name, store.record_path(spec.name), rec, None, spec, fence_of(rec))
         t_launch = time.monotonic()
         timings = {"lock_wait_s": waited, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
         try:
             if pending:
-                raise KeyboardInterrupt("interrupted while starting")
+                raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
             status, probe = _await_ready(spec, launched)
             sm = None
             if status == "ready":
@@ -193,6 +195,22 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
                         timings, tail, teardown, cleared, launched.fence_note)
+
+
+def quiet(on_event: Note | None) -> Note:
+    """``on_event`` that cannot fail: a progress line to a terminal that is gone (the ssh session
+    dropped: EIO, a closed pipe) must not cut short the stop of a unit."""
+    if on_event is None:
+        return lambda _m: None
+    report = on_event
+
+    def safe(msg: str) -> None:
+        try:
+            report(msg)
+        except (OSError, ValueError):
+            pass
+
+    return safe
 
 
 def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
@@ -254,7 +272,7 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
             raise UsageError(f"invalid --{label} {v}: must be at least 0")
     if unit is None and not store.record_path(name).exists():
         raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-    note = on_event or (lambda _m: None)
+    note = on_event = quiet(on_event)
     t0 = time.monotonic()
     with HostSession(sim, backend) as host, \
             host.locked(f"down {name}", timeout=timeout, on_event=on_event, use=lock) as waited:
@@ -288,8 +306,13 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
                 note(f"GPU memory of unit {name} is held by processes started while it ran but not found "
                      f"in it: {who}; 'gpuslate down {name} --clear' ends them")
                 return False
+            # clear takes pids: each is checked to still name the stray seen (its start time) right
+            # before, and clear then plans (and signals) by identity
+            live = [s.pid for s in strays if is_alive(ProcessId(s.pid, s.start_ticks))]
+            if not live:
+                return True
             note(f"clearing what unit {name} left on its GPUs: {who}")
-            cleared.append(clear(u.gpus, pids=[s.pid for s in strays], grace=grace_s,
+            cleared.append(clear(u.gpus, pids=live, grace=grace_s,
                                  timeout=max(0.0, deadline - time.monotonic()), max_used=limit, backend=be,
                                  lock=False, on_event=on_event))
             return cleared[-1].ok

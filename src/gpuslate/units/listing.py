@@ -56,12 +56,14 @@ class UnitStatus(NamedTuple):
         if r is None:
             salvage = p.salvage if p else {}
             doc.update({"start_ticks": salvage.get("start_ticks"), "pgid": None, "sid": None,
+                        "instance": salvage.get("instance") or None,
                         "containment": None, "cgroup": self.unit.fence.cgroup, "port": salvage.get("port"),
                         "gpus": self.unit.gpus, "launched_at": None, "ready_at": None, "stopped_at": None,
                         "time_to_ready_s": None, "exit_code": None, "failure": None, "command": None, "log": None})
             return doc
         doc.update({
-            "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid, "containment": r.containment,
+            "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid, "instance": r.instance or None,
+            "containment": r.containment,
             "cgroup": r.cgroup, "port": r.port, "gpus": r.gpus,
             "launched_at": iso_time(r.launched_at), "ready_at": iso_time(r.ready_at) if r.ready_at else None,
             "stopped_at": iso_time(r.stopped_at) if r.stopped_at else None,

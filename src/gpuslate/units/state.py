@@ -35,7 +35,7 @@ class UnitState(str, Enum):
     EXITED = "exited"  # the main process ended by itself; nothing of the unit is left
     FAILED = "failed"  # up gave up on it and cleaned up
     STOPPED = "stopped"  # down stopped it
-    ORPHANED = "orphaned"  # processes of the unit (or GPU holders started after it) live on unattended
+    ORPHANED = "orphaned"  # processes of the unit (or the caller's GPU holders started after it) live on
     CORRUPT = "corrupt"  # its record cannot be read; what it may still run is found by name
 
     def __str__(self) -> str:
@@ -51,7 +51,7 @@ class UnitFacts:
     members_alive: bool  # any process of the unit (main included)
     up_alive: bool  # the gpuslate process that launched the unit still runs (same start time)
     ready_answer: bool | None  # the readiness check answered (None: not asked)
-    strays: tuple[int, ...] = ()  # GPU holders started after the unit, on its GPUs, not found in it
+    strays: tuple[int, ...] = ()  # the caller's GPU holders started after the unit, on its GPUs, not found in it
 
 
 def unit_state(f: UnitFacts) -> UnitState:

@@ -6,6 +6,12 @@ group, descendants, recorded members), grace, SIGKILL; then ``cgroup.kill``
 for anything that forked meanwhile; then sweep again for processes of the
 unit that appeared during the stop; then poll until the unit's GPUs are free,
 with the same test and the same diagnosis as ``clear``.
+
+The GPUs verified are the unit's (as recorded) *and* those its processes held
+when they were found, read before they are signaled: a unit whose record lost
+its GPU list (a torn record) is verified on what its processes really held.
+Verifying no GPU at all is never reported as memory released: the report
+says what could not be verified, and why.
 """
 
 from __future__ import annotations
@@ -31,14 +37,22 @@ class StopReport(NamedTuple):
     results: list[VictimResult]  # first round
     swept: list[VictimResult]  # later rounds: processes of the unit that appeared during the stop
     cgroup_killed: bool
-    released: bool  # the unit's GPUs verified free
+    released: bool | None  # the GPUs verified free; None: no GPU to verify (see ``unverified``)
     readings: list[GpuReading]
     diagnosis: list[GpuDiagnosis]
     timings: dict[str, float]  # stop_s (signals -> all gone), verify_s (-> memory released), total_s
+    verified_gpus: list[int] = []  # the unit's GPUs and those its processes held before the signals
+    held: dict[int, list[int]] = {}  # pid -> GPUs it held when it was found (read before its signal)
+    unverified: str | None = None  # why nothing was verified, or what could not be read
+    held_unknown: bool = False  # what the processes held before the signals could not be read
 
     @property
     def ok(self) -> bool:
-        return self.released and not any(r.alive or r.permission_denied for r in self.results + self.swept)
+        """Everything stopped and the memory verified released; or, with no GPU to verify,
+        every process found read as holding none (an unread holding is never taken for none)."""
+        if any(r.alive or r.permission_denied for r in self.results + self.swept):
+            return False
+        return self.released is True or (self.released is None and not self.held_unknown)
 
     @property
     def permission_denied(self) -> bool:
@@ -48,6 +62,8 @@ class StopReport(NamedTuple):
         return {
             "processes": [r.to_json() for r in self.results], "swept": [r.to_json() for r in self.swept],
             "cgroup_killed": self.cgroup_killed, "memory_released": self.released,
+            "verified_gpus": self.verified_gpus, "held_before": {str(p): g for p, g in sorted(self.held.items())},
+            "unverified": self.unverified,
             "memory": [{"gpu": r.index, "used": r.memory.used if r.memory else None,
                         "processes": [p.pid for p in r.processes or []], "error": r.error} for r in self.readings],
             "diagnosis": [d.to_json() for d in self.diagnosis],
@@ -55,13 +71,29 @@ class StopReport(NamedTuple):
         }
 
 
-def _victim(st: ProcStat, unit: Unit) -> Victim:
+def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:
     info = read_info(st.pid)
     return Victim(st.ident, {
         "pid": st.pid, "start_ticks": st.start_ticks, "name": st.name, "unit": unit.name,
         "command": info.command if info else None, "user": info.user if info else None,
-        "pgid": st.pgid, "sid": st.sid, "gpus": unit.gpus,
+        "pgid": st.pgid, "sid": st.sid, "gpus": sorted(set(unit.gpus) | set(held or [])),
     })
+
+
+def held_gpus(backend: GpuBackend, pids: set[int]) -> tuple[dict[int, list[int]], str | None]:
+    """pid -> the GPUs on which it holds memory or a context, for ``pids``; with why it is
+    unknown (a reading that failed is never taken for "holds nothing")."""
+    try:
+        readings = backend.read(None, full=False)
+    except Exception as exc:  # any backend failure: what they hold is unknown, and said so
+        return {}, f"could not read what the unit's processes held: {exc}"
+    out: dict[int, list[int]] = {}
+    errors = [f"GPU {r.index}: {r.error}" for r in readings if r.processes is None]
+    for r in readings:
+        for p in r.processes or []:
+            if p.pid in pids:
+                out.setdefault(p.pid, []).append(r.index)
+    return out, f"could not read what the unit's processes held: {'; '.join(errors)}" if errors else None
 
 
 def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, run_id: str,
@@ -78,14 +110,21 @@ def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, 
     limit = default_max_used(backend) if max_used is None else max_used
     log = audit
     done: set[tuple[int, int]] = set()
+    held: dict[int, list[int]] = {}
+    unread: list[str] = []
 
     def round_(grace_s: float) -> list[VictimResult]:
         nonlocal log
         procs = [st for st in unit.members(ProcTable()) if (st.pid, st.start_ticks) not in done]
         if not procs:
             return []
+        found, problem = held_gpus(backend, {st.pid for st in procs})  # before they are signaled
+        held.update(found)
+        if problem:
+            unread.append(problem)
         log = log or AuditLog()
-        res = terminate([_victim(st, unit) for st in procs], grace=min(grace_s, max(0.0, deadline - time.monotonic())),
+        res = terminate([_victim(st, unit, found.get(st.pid)) for st in procs],
+                        grace=min(grace_s, max(0.0, deadline - time.monotonic())),
                         kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
                         audit=log, on_event=on_event, clock_start=t0)
         done.update((r.victim.ident.pid, r.victim.ident.start_ticks) for r in res)
@@ -107,17 +146,27 @@ def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, 
             break
         swept += more
     t_exit = time.monotonic()
-    gpus = unit.gpus
-    can_free = before_verify(deadline) if before_verify is not None and gpus else True
-    if can_free:
-        ok, readings = poll_until_free(backend, gpus, limit, deadline) if gpus else (True, [])
-    else:
-        ok, readings = False, backend.read(gpus, full=False)
-    t_free = time.monotonic()
+    gpus = sorted(set(unit.gpus).union(*held.values()))
+    released: bool | None = None
+    readings: list[GpuReading] = []
     diagnosis: list[GpuDiagnosis] = []
-    if not ok:
-        everyone = {r.victim.ident.pid: r for r in results + swept}
-        diagnosis = diagnose(take_snapshot(backend, gpus), limit, victims=everyone)
+    unverified = "; ".join(unread) or None
+    if gpus:
+        can_free = before_verify(deadline) if before_verify is not None else True
+        if can_free:
+            released, readings = poll_until_free(backend, gpus, limit, deadline)
+        else:
+            released, readings = False, backend.read(gpus, full=False)
+        if not released:
+            everyone = {r.victim.ident.pid: r for r in results + swept}
+            diagnosis = diagnose(take_snapshot(backend, gpus), limit, victims=everyone)
+    elif unverified is None:
+        found = len(results) + len(swept)
+        unverified = ("no GPU is known for the unit: its record names none"
+                      + (f" and the {found} process{'es' if found != 1 else ''} found held none" if found else
+                         " and no process of it was found"))
+    t_free = time.monotonic()
     unit.fence.release()
     timings = {"stop_s": t_exit - t0, "verify_s": t_free - t_exit, "total_s": time.monotonic() - t0}
-    return StopReport(results, swept, killed, ok, readings, diagnosis, timings)
+    return StopReport(results, swept, killed, released, readings, diagnosis, timings, gpus, held, unverified,
+                      held_unknown=bool(unread))

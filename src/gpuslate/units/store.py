@@ -32,6 +32,7 @@ SCHEMA = "gpuslate.unit.v1"
 #: phases recorded by up/down; ``ps`` derives the state from them and what lives (units/state.py)
 STARTING, READY, FAILED, STOPPED = Phase.STARTING, Phase.READY, Phase.FAILED, Phase.STOPPED
 CONTAINMENTS = ("cgroup", "scope", "session")
+INSTANCE_RE = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass
@@ -57,6 +58,10 @@ class UnitRecord:
     failure: str | None = None
     members: list[list[int]] = field(default_factory=list)  # [pid, start_ticks] seen while ready
     launched_by: dict[str, Any] = field(default_factory=dict)
+    #: 128 random bits (hex) made at launch and put in the unit's environment as GPUSLATE_UNIT_ID:
+    #: what tells this unit's processes from those of a unit of the same name of another user or
+    #: state folder. "" in records from before instance ids (their processes carry none).
+    instance: str = ""
 
     @property
     def ident(self) -> ProcessId:
@@ -67,7 +72,8 @@ class UnitRecord:
         return [ProcessId(p, t) for p, t in self.members]
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, **asdict(self)}
+        # the instance right after the name: a record torn by a crash still shows it
+        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, **asdict(self)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> UnitRecord:
@@ -148,6 +154,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "members": lambda v: isinstance(v, list) and all(
         isinstance(m, list) and len(m) == 2 and _int(m[0], 1) and _int(m[1]) for m in v),
     "launched_by": lambda v: isinstance(v, dict),
+    "instance": lambda v: isinstance(v, str) and (v == "" or INSTANCE_RE.fullmatch(v) is not None),
 }
 
 
@@ -161,12 +168,12 @@ class Unreadable(NamedTuple):
 
     path: Path
     reason: str
-    salvage: dict[str, Any]  # pid, start_ticks, port, cgroup, launched_at: each only if it reads as one
+    salvage: dict[str, Any]  # pid, start_ticks, port, cgroup, launched_at, gpus, instance: each only if it reads as one
 
 
 _SALVAGE = {"pid": r'"pid"\s*:\s*(\d+)', "start_ticks": r'"start_ticks"\s*:\s*(\d+)',
             "port": r'"port"\s*:\s*(\d+)', "cgroup": r'"cgroup"\s*:\s*"(/[^"\\]*)"',
-            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)'}
+            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)', "instance": r'"instance"\s*:\s*"([0-9a-f]{32})"'}
 
 
 def salvage(text: str) -> dict[str, Any]:
@@ -181,7 +188,7 @@ def salvage(text: str) -> dict[str, Any]:
         m = re.search(pattern, text)
         if m:
             v = m.group(1)
-            out[key] = v if key == "cgroup" else float(v) if key == "launched_at" else int(v)
+            out[key] = v if key in ("cgroup", "instance") else float(v) if key == "launched_at" else int(v)
     if "cgroup" in out and ".." in out["cgroup"].split("/"):
         del out["cgroup"]
     return out
@@ -189,7 +196,7 @@ def salvage(text: str) -> dict[str, Any]:
 
 def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The fields of a record that parses but is invalid that are still valid one by one."""
-    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus")
+    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance")
     return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 

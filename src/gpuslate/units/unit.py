@@ -19,7 +19,7 @@ from ..proc.procfs import CLK_TCK, ProcessId, ProcStat
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
-from .fence import Fence, MarkerFence, fence_of
+from .fence import Fence, MarkerFence, UnitMark, fence_of, state_mark
 from .readiness import Probe
 from .spec import UnitSpec
 from .state import Phase, UnitFacts, UnitState, needs_readiness_answer, unit_state
@@ -61,7 +61,8 @@ class Unit:
             except (UsageError, TypeError, ValueError) as exc:
                 rec = store.Unreadable(store.record_path(name), f"its spec is invalid: {exc}",
                                        {"pid": rec.pid, "start_ticks": rec.start_ticks, "port": rec.port,
-                                        "cgroup": rec.cgroup, "launched_at": rec.launched_at})
+                                        "cgroup": rec.cgroup, "launched_at": rec.launched_at, "gpus": rec.gpus,
+                                        "instance": rec.instance})
             else:
                 return cls(name, store.record_path(name), rec, None, spec, fence_of(rec))
         return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.path, rec.salvage))
@@ -95,7 +96,9 @@ class Unit:
     def strays(self, readings: Sequence[GpuReading], table: ProcTable, members: Iterable[int],
                claimed: Iterable[int] = ()) -> list[Stray]:
         """Holders of memory on the unit's GPUs started between its launch and its stop that are
-        neither found in it nor in another unit (``claimed``)."""
+        neither found in it nor in another unit (``claimed``), and are the caller's own: another
+        user's process is never taken for a unit's stray (a crashed unit's GPUs and even its pid
+        may be anyone's now)."""
         rec = self.record
         if rec is None:
             return []
@@ -108,6 +111,8 @@ class Unit:
             for p in r.processes or []:
                 st = table.get(p.pid)
                 if p.pid in skip or not p.used_memory or st is None or st.has_exited:
+                    continue
+                if table.uid(p.pid) != os.getuid():
                     continue
                 if st.start_ticks < rec.start_ticks:
                     continue
@@ -150,19 +155,20 @@ def epoch_to_ticks(epoch: float) -> float:
 
 
 def _marker_fence(name: str, path: Path, salvage: dict[str, Any]) -> MarkerFence:
-    cgroups = set(gpuslate_cgroups(name))
     cg = salvage.get("cgroup")
     # a torn record names processes to signal only through a cgroup gpuslate made for this name
-    if isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-"):
-        cgroups.add(cg)
+    ours = isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-")
+    trusted = (cg,) if ours else ()
+    candidates = tuple(c for c in gpuslate_cgroups(name) if c not in trusted)
     pid, ticks = salvage.get("pid"), salvage.get("start_ticks")
     main = ProcessId(pid, ticks) if isinstance(pid, int) and isinstance(ticks, int) else None
     try:
         written = epoch_to_ticks(os.stat(path, follow_symlinks=False).st_mtime)
     except OSError:
         written = None
-    return MarkerFence(name, tuple(sorted(cgroups)), salvage.get("port"), ticks if isinstance(ticks, int) else None,
-                       main, written)
+    instance = salvage.get("instance") or None
+    return MarkerFence(UnitMark(name, instance, state_mark()), trusted, candidates, salvage.get("port"),
+                       ticks if isinstance(ticks, int) else None, main, written)
 
 
 def load_units() -> list[Unit]:
