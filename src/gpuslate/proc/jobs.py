@@ -277,12 +277,23 @@ def job_root(view: ProcessView, pid: int, protected: Protection,
     st = view.get(pid)
     if st is None or not group_known(st):
         return pid
-    leader = view.get(st.pgid)
-    if _alive(leader) and not protected(st.pgid):
+    if _leads(view, st.pgid) and not protected(st.pgid):
         return st.pgid
-    root = pid
+    return _climb(view, st, protected, left)
+
+
+def _leads(view: ProcessView, pgid: int) -> bool:
+    """Whether process ``pgid`` lives and still leads group ``pgid`` (a group's leader is the
+    process whose pid is the group's id: a process by that number in another group is none)."""
+    leader = view.get(pgid)
+    return _alive(leader) and leader is not None and leader.pgid == pgid
+
+
+def _climb(view: ProcessView, st: ProcStat, protected: Protection, left: Callable[[int], None] | None) -> int:
+    """The highest ancestor of ``st`` still in its process group, stopping before a protected one."""
+    root = st.pid
     cur = st
-    seen = {pid}
+    seen = {st.pid}
     while cur.ppid > 0 and cur.ppid not in seen:
         parent = view.get(cur.ppid)
         if parent is None or parent.pgid != st.pgid:
@@ -314,12 +325,17 @@ def job_members(view: ProcessView, root: int, gpu_memory_holders: Iterable[int],
         return members
     seeds: list[int] = []
     if group_known(st):
-        leader = view.get(st.pgid)
         if st.pgid == root:
             seeds = [m for m in view.group_members(st.pgid) if m != root]
-        elif not _alive(leader) and shared_group(view, st.pgid, protected) is None:
+        elif not _leads(view, st.pgid) and shared_group(view, st.pgid, protected) is None:
+            # the group's holders, each from its highest ancestor in the group (the wrapper that
+            # started it, like the root's own climb)
             holders = set(gpu_memory_holders)
-            seeds = [m for m in view.group_members(st.pgid) if m != root and m in holders]
+            seeds = []
+            for m in view.group_members(st.pgid):
+                mst = view.get(m)
+                if m != root and m in holders and mst is not None:
+                    seeds.append(_climb(view, mst, protected, left))
     seen = {root}
     for p in [root, *seeds]:
         if p != root:
