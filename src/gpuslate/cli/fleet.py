@@ -163,6 +163,8 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")
     if command == "sim" and getattr(args, "sim_command", None) in ("hold", "serve"):
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
+    if command == "exporter":  # Prometheus scrapes each host's own exporter
+        raise UsageError("'exporter' runs until killed: start it on each host (see docs/exporter.md)")
     inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
     hosts = select_hosts(fleet.hosts, inventory, fleet.group)
     opts = SshOptions.from_env(fleet.connect_timeout)
