@@ -6,8 +6,8 @@ reads only what was appended since the last one (the offset is remembered;
 the whole file is never parsed again), at most :data:`MAX_READ` bytes at a
 time so that a first scrape of a large log stays bounded (later scrapes catch
 up). A line still being written (no newline yet) waits for the next scrape.
-A file replaced or truncated (another inode, or shorter than the offset) is
-counted again from its start, as a counter reset, which Prometheus expects.
+A file replaced or truncated (another inode, shorter than the offset, or other
+first bytes: an inode number can be reused) is counted again from its start, as a counter reset, which Prometheus expects.
 
 The counts are monotonic, as Prometheus counters must be: a signal is counted
 when its line appears, its outcome when the outcome line appears (a signal of
@@ -31,6 +31,8 @@ from .model import label
 MAX_READ = 8 * 1024 * 1024
 #: a line longer than this is no audit entry: dropped without parsing
 MAX_LINE = 1024 * 1024
+#: how many of the file's first bytes identify it (entry ids are random)
+HEAD = 256
 #: signals awaiting their outcome line that are remembered (the oldest are forgotten first)
 MAX_PENDING = 100_000
 
@@ -56,6 +58,7 @@ class AuditTail:
         self._file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file read so far
         self._offset = 0
         self._partial = b""
+        self._head = b""  # the file's first bytes: another file under a reused inode differs there
 
     def update(self) -> None:
         """Read what was appended since the last call; a missing log counts nothing.
@@ -72,8 +75,11 @@ class AuditTail:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise PermissionDenied(f"the audit log {self.path} is not a regular file")
-            if self._file != (st.st_dev, st.st_ino) or st.st_size < self._offset:
+            if (self._file != (st.st_dev, st.st_ino) or st.st_size < self._offset
+                    or os.pread(fd, len(self._head), 0) != self._head):
                 self._reset((st.st_dev, st.st_ino))
+            if len(self._head) < HEAD:  # appends never change it; a short file's grows
+                self._head = os.pread(fd, HEAD, 0)
             data = os.pread(fd, min(st.st_size - self._offset, MAX_READ), self._offset) \
                 if st.st_size > self._offset else b""
         finally:
@@ -92,6 +98,7 @@ class AuditTail:
         self._file = file
         self._offset = 0
         self._partial = b""
+        self._head = b""
 
     def _take(self, line: bytes) -> None:
         try:
