@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -258,3 +259,17 @@ def test_scrape_of_a_stuck_driver_answers_in_time(sim_host, hold, exporter):
     samples = wait_for(lambda: (s := e.scrape()) and value(s, "gpuslate_exporter_reading_ok") == 1 and s,
                        timeout=10, interval=0.05)
     assert {pid for _, pid in process_series(samples)} == {h.pid}
+
+
+def test_help_states_exit_codes_and_every_option_and_the_readme_defaults(capsys):
+    from test_help import help_of, subparser
+
+    text = " ".join(help_of(["exporter"], capsys).split())
+    assert "exit status: 0 stopped by SIGTERM or Ctrl-C; 2 bad input" in text and "130 interrupted" in text
+    parser = subparser(["exporter"])
+    assert all(a.help for a in parser._actions if a.option_strings)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `exporter "))
+    args = parser.parse_args([])
+    assert "[--scrape-timeout 5]" in row and args.scrape_timeout == 5.0
+    assert "127.0.0.1:9847" in row and args.listen == "127.0.0.1:9847"
