@@ -150,6 +150,8 @@ class GpuslateCollector(Collector):
         self._worker: threading.Thread | None = None
         self._errors: Counter[str] = Counter()
         self._scrapes = 0
+        #: the labels of gpuslate_exporter_info, as the last reading found them
+        self._info: tuple[str, ...] = (__version__, backend.name, "", "")
 
     def describe(self) -> Iterable[Metric]:
         return []  # registering must not take a reading
@@ -184,6 +186,9 @@ class GpuslateCollector(Collector):
                 facts, units_ok = gather_facts(self.backend, with_units=self.with_units)
                 if not units_ok:
                     failed.append("units")
+                # asked here, inside the time bound: NVML's memory API is a driver query on first use
+                self._info = (__version__, self.backend.name, label(facts.snapshot.driver_version),
+                              self.backend.memory_api)
             except Exception:  # noqa: BLE001 - the driver failed: counted, the scrape still answers
                 failed.append("reading")
             if self.audit is not None:
@@ -202,10 +207,7 @@ class GpuslateCollector(Collector):
         return box[0]
 
     def _families(self, reading: Reading, audit: AuditCounts | None, elapsed: float) -> Iterator[Metric]:
-        be = self.backend
-        snap = reading.facts.snapshot if reading.facts is not None else None
-        yield _family("gpuslate_exporter_info", [((__version__, be.name, label(snap.driver_version if snap else
-                                                                                 None), be.memory_api), 1)])
+        yield _family("gpuslate_exporter_info", [(self._info, 1)])
         if reading.facts is not None:
             yield from _host_families(reading.facts, account(reading.facts))
         if audit is not None:
