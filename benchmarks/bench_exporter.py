@@ -181,7 +181,7 @@ def main() -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH")) if p)
     result: dict = {"mode": a.mode, "python": sys.version.split()[0], "host": os.uname().nodename,
-                    "cpus": os.cpu_count()}
+                    "cpus": os.cpu_count(), "loadavg_at_start": os.getloadavg()}
     procs: list[subprocess.Popen[str]] = []
     holders: Holders | None = None
     tmp = tempfile.mkdtemp(prefix="bench-exporter-")
@@ -245,6 +245,7 @@ def main() -> None:
             holders.close()
         shutil.rmtree(tmp, ignore_errors=True)
     result["ok"] = bool(ok)
+    result["loadavg_at_end"] = os.getloadavg()  # the CPU machine is shared: scrape times follow its load
     stem = a.out / f"bench-exporter-{a.mode}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     c, s = result["client_ms"], result["server_ms"]
