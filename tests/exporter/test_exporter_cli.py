@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -158,8 +159,6 @@ def test_healthz_index_404_and_head(sim_host, exporter):
     assert e.get("/")[0] == 200 and e.get("/nope")[0] == 404
     status, ctype, _ = e.get("/metrics?x=1")
     assert status == 200 and ctype.startswith("text/plain; version=0.0.4")
-    import urllib.request
-
     req = urllib.request.Request(e.url + "/metrics", method="HEAD")
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 200 and int(r.headers["Content-Length"]) > 0 and r.read() == b""

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 
+from ..errors import UsageError
+from ..exporter import DEFAULT_LISTEN, SCHEMA
 from .common import add_common, backend_for, note, positive_float
 from .exits import exit_epilog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..exporter import DEFAULT_LISTEN
-
     p = sub.add_parser(
         "exporter", help="serve Prometheus metrics: GPU memory by process, job, user and unit",
         description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
@@ -38,9 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-
-    try:
+    try:  # imported here, not at the top: a missing extra becomes one clear line, not an ImportError
         from ..exporter.collector import registry_for
         from ..exporter.server import MetricsServer, format_address, parse_listen
     except ImportError as exc:
@@ -74,10 +73,6 @@ def _announce(args: argparse.Namespace, bound: str, address: tuple[str, int], ba
     if not args.json:
         note(f"serving http://{bound}/metrics ({backend}); SIGTERM or Ctrl-C stops")
         return
-    import json
-
-    from ..exporter import SCHEMA
-
     doc = {"schema": SCHEMA, "listen": bound, "address": address[0], "port": address[1],
            "metrics_url": f"http://{bound}/metrics", "backend": backend, "pid": os.getpid()}
     sys.stdout.write(json.dumps(doc) + "\n")

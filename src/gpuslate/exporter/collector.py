@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from enum import Enum
 from typing import Iterable, Iterator, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,11 +35,25 @@ from ..units.state import UnitState
 from .auditlog import AuditCounts, AuditTail
 from .model import Account, Facts, UnitRow, account, label
 
-GAUGE, COUNTER = "gauge", "counter"
+class Kind(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+GAUGE, COUNTER = Kind.GAUGE, Kind.COUNTER
+
+
+class Stage(str, Enum):
+    """A part of a scrape whose failure is counted (``gpuslate_exporter_scrape_errors_total{stage}``)."""
+
+    READING = "reading"  # the driver (or the simulated host) failed
+    TIMEOUT = "timeout"  # over the time bound, or an earlier reading still stuck
+    UNITS = "units"  # the units could not be listed (state folder)
+    AUDIT = "audit"  # the audit log could not be read
 
 
 class Spec(NamedTuple):
-    type: str
+    type: Kind
     help: str
     labels: tuple[str, ...]
 
@@ -98,13 +113,9 @@ METRICS: dict[str, Spec] = {
     "gpuslate_exporter_scrape_duration_seconds": Spec(GAUGE, "Seconds this scrape took to read the host.", ()),
 }
 
-#: stages of a scrape whose failure is counted (gpuslate_exporter_scrape_errors_total{stage})
-STAGES = ("reading", "timeout", "units", "audit")
-
-
 class Reading(NamedTuple):
     facts: Facts | None
-    failed: tuple[str, ...]  # stages that failed
+    failed: tuple[Stage, ...]
 
 
 def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts, bool]:
@@ -148,7 +159,7 @@ class GpuslateCollector(Collector):
         self.with_units = with_units
         self._turn = threading.Lock()  # one scrape reads at a time
         self._worker: threading.Thread | None = None
-        self._errors: Counter[str] = Counter()
+        self._errors: Counter[Stage] = Counter()
         self._scrapes = 0
         #: the labels of gpuslate_exporter_info, as the last reading found them
         self._info: tuple[str, ...] = (__version__, backend.name, "", "")
@@ -164,38 +175,38 @@ class GpuslateCollector(Collector):
                 self._scrapes += 1
                 self._errors.update(reading.failed)
                 # after a timeout the stuck reading may still be changing the counts: not shown then
-                audit = self.audit.counts if self.audit is not None and "timeout" not in reading.failed else None
+                audit = self.audit.counts if self.audit is not None and Stage.TIMEOUT not in reading.failed else None
                 families = list(self._families(reading, audit, time.monotonic() - t0))
             finally:
                 self._turn.release()
         else:  # earlier scrapes took the whole time: answer, do not queue
-            self._errors["timeout"] += 1
-            families = list(self._families(Reading(None, ("timeout",)), None, time.monotonic() - t0))
+            self._errors[Stage.TIMEOUT] += 1
+            families = list(self._families(Reading(None, (Stage.TIMEOUT,)), None, time.monotonic() - t0))
         yield from families
 
     def _read(self, deadline: float) -> Reading:
         """The facts, read in a worker thread awaited until ``deadline``."""
         if self._worker is not None and self._worker.is_alive():
-            return Reading(None, ("timeout",))  # the reading of an earlier scrape is still stuck
+            return Reading(None, (Stage.TIMEOUT,))  # the reading of an earlier scrape is still stuck
         box: list[Reading] = []
 
         def work() -> None:
-            failed: list[str] = []
+            failed: list[Stage] = []
             facts: Facts | None = None
             try:
                 facts, units_ok = gather_facts(self.backend, with_units=self.with_units)
                 if not units_ok:
-                    failed.append("units")
+                    failed.append(Stage.UNITS)
                 # asked here, inside the time bound: NVML's memory API is a driver query on first use
                 self._info = (__version__, self.backend.name, label(facts.snapshot.driver_version),
                               self.backend.memory_api)
             except Exception:  # noqa: BLE001 - the driver failed: counted, the scrape still answers
-                failed.append("reading")
+                failed.append(Stage.READING)
             if self.audit is not None:
                 try:
                     self.audit.update()
                 except Exception:  # noqa: BLE001 - an unreadable audit log: counted, the GPUs still shown
-                    failed.append("audit")
+                    failed.append(Stage.AUDIT)
             box.append(Reading(facts, tuple(failed)))
 
         worker = threading.Thread(target=work, name="gpuslate-exporter-reading", daemon=True)
@@ -203,7 +214,7 @@ class GpuslateCollector(Collector):
         worker.start()
         worker.join(max(0.0, deadline - time.monotonic()))
         if worker.is_alive():
-            return Reading(None, ("timeout",))
+            return Reading(None, (Stage.TIMEOUT,))
         return box[0]
 
     def _families(self, reading: Reading, audit: AuditCounts | None, elapsed: float) -> Iterator[Metric]:
@@ -213,7 +224,7 @@ class GpuslateCollector(Collector):
         if audit is not None:
             yield from _audit_families(audit)
         yield _family("gpuslate_exporter_scrapes", [((), self._scrapes)])
-        yield _family("gpuslate_exporter_scrape_errors", [((s,), self._errors[s]) for s in STAGES])
+        yield _family("gpuslate_exporter_scrape_errors", [((s.value,), self._errors[s]) for s in Stage])
         yield _family("gpuslate_exporter_reading_ok", [((), 0 if reading.facts is None else 1)])
         yield _family("gpuslate_exporter_scrape_duration_seconds", [((), elapsed)])
 
