@@ -118,18 +118,9 @@ def measure(e: Exporter, a: argparse.Namespace, log, expect_series: int | None) 
     res["series_ok"] = expect_series is None or all(c == expect_series for c in counts)
 
     pid = e.proc.pid
-    c0, t0 = cpu_seconds(pid), time.monotonic()
-    next_scrape = t0
-    while time.monotonic() - t0 < a.idle_seconds:
-        if time.monotonic() >= next_scrape:
-            e.scrape()
-            next_scrape += a.interval
-        time.sleep(max(0.0, min(next_scrape, t0 + a.idle_seconds) - time.monotonic()))
-    wall = time.monotonic() - t0
-    res["idle"] = {"seconds": round(wall, 1), "interval_s": a.interval,
-                   "cpu_pct_of_core": round(100 * (cpu_seconds(pid) - c0) / wall, 3)}
-    log(f"idle at one scrape per {a.interval:g} s: {res['idle']['cpu_pct_of_core']} % of a core over {wall:.0f} s")
-
+    res["idle"] = {"seconds": 0, "interval_s": a.interval, "cpu_pct_of_core": None}
+    if a.idle_seconds > 0:
+        res["idle"] = idle_cpu(e, a, log)
     rss = [(0, rss_bytes(pid))]
     t0 = time.monotonic()
     for i in range(1, a.memory_scrapes + 1):
@@ -141,6 +132,22 @@ def measure(e: Exporter, a: argparse.Namespace, log, expect_series: int | None) 
                      "growth_mib_after_first_1000": round((rss[-1][1] - rss[min(1, len(rss) - 1)][1]) / 2**20, 1)}
     log(f"memory over {a.memory_scrapes} scrapes: RSS {res['memory']['rss_mib']} MiB")
     return res
+
+
+def idle_cpu(e: Exporter, a: argparse.Namespace, log) -> dict:
+    """The exporter's CPU over ``a.idle_seconds`` with one scrape every ``a.interval`` seconds."""
+    pid = e.proc.pid
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    next_scrape = t0
+    while time.monotonic() - t0 < a.idle_seconds:
+        if time.monotonic() >= next_scrape:
+            e.scrape()
+            next_scrape += a.interval
+        time.sleep(max(0.0, min(next_scrape, t0 + a.idle_seconds) - time.monotonic()))
+    wall = time.monotonic() - t0
+    pct_core = round(100 * (cpu_seconds(pid) - c0) / wall, 3)
+    log(f"idle at one scrape per {a.interval:g} s: {pct_core} % of a core over {wall:.0f} s")
+    return {"seconds": round(wall, 1), "interval_s": a.interval, "cpu_pct_of_core": pct_core}
 
 
 def nvidia_smi_apps() -> dict[int, int]:
@@ -253,7 +260,7 @@ def main() -> None:
         f"| mode | process series | scrape median (HTTP) | p90 | max | exporter's own median | idle CPU at "
         f"{a.interval:g} s | RSS over {a.memory_scrapes} scrapes |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n"
         f"| {a.mode} | {result['process_series']} | {c['median']:.1f} ms | {c['p90']:.1f} ms | {c['max']:.1f} ms | "
-        f"{s['median']:.1f} ms | {result['idle']['cpu_pct_of_core']} % | "
+        f"{s['median']:.1f} ms | {result['idle']['cpu_pct_of_core'] if result['idle']['cpu_pct_of_core'] is not None else '-'} % | "
         f"{' → '.join(str(m) for _, m in result['memory']['rss_mib'])} MiB |\n")
     stem.with_suffix(".log").write_text("\n".join(lines) + "\n")
     log(f"{'ok' if ok else 'FAILED'}: {stem}.json")

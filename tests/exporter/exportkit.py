@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from typing import Iterable
+
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from exportkit import Exporter, process_series, value
-from helpers import GiB, gpuslate_env, is_gone, run_cli, wait_for
+from helpers import GiB, run_cli, wait_for
 
 
 def status_processes(sim_host) -> dict[tuple[int, int], dict]:
