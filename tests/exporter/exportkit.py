@@ -12,7 +12,6 @@ import sys
 import urllib.error
 import urllib.request
 
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
