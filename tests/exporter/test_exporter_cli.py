@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from exportkit import Exporter, process_series, value
-from helpers import GiB, run_cli, wait_for
+from helpers import GiB, gpuslate_env, run_cli, wait_for
 
 
 def status_processes(sim_host) -> dict[tuple[int, int], dict]:
@@ -272,3 +273,13 @@ def test_help_states_exit_codes_and_every_option_and_the_readme_defaults(capsys)
     args = parser.parse_args([])
     assert "[--scrape-timeout 5]" in row and args.scrape_timeout == 5.0
     assert "127.0.0.1:9847" in row and args.listen == "127.0.0.1:9847"
+
+
+def test_without_prometheus_client_one_line_and_exit_2(sim_host):
+    code = ("import sys; sys.modules['prometheus_client'] = None; from gpuslate.cli.main import main; "
+            "sys.exit(main(['exporter']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                       env=gpuslate_env())
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == ["gpuslate: error: gpuslate exporter needs prometheus_client, which is not "
+                                     "installed", "gpuslate: hint: pip install 'gpuslate[exporter]'"]
