@@ -113,6 +113,7 @@ METRICS: dict[str, Spec] = {
     "gpuslate_exporter_scrape_duration_seconds": Spec(GAUGE, "Seconds this scrape took to read the host.", ()),
 }
 
+
 class Reading(NamedTuple):
     facts: Facts | None
     failed: tuple[Stage, ...]
@@ -126,8 +127,8 @@ def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts
     leaders: dict[int, bool] = {}
     for p in holders:
         if p.pgid is not None and p.pgid != p.pid and p.pgid not in leaders:
-            st = read_stat(p.pgid)
-            leaders[p.pgid] = st is not None and not st.has_exited
+            st = read_stat(p.pgid)  # a pid reused since by a process outside the group leads nothing
+            leaders[p.pgid] = st is not None and not st.has_exited and st.pgid == p.pgid
     commands = {p.pid: p.command for g in snap.gpus for p in g.processes if p.command is not None}
     for root in {p.root_pid for p in holders} - commands.keys():
         info = read_info(root)  # a launcher that holds no GPU itself
