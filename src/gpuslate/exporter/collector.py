@@ -7,8 +7,8 @@ rule's root), the units as ``ps`` classifies them, what the audit log gained —
 never a cached one. The reading runs in a worker thread: a scrape that waits
 longer than ``timeout`` (a driver call stuck in the kernel) answers at once
 with the exporter's own metrics and an error counted, not a hang; while that
-reading is still stuck, later scrapes answer the same way instead of piling up
-threads. Scrapes that arrive together take their turns.
+reading is still stuck, later scrapes answer the same way instead of queueing
+behind it. Scrapes that arrive together take their turns.
 
 The metric names, types, labels and help texts are in :data:`METRICS`, the one
 list that docs/exporter.md documents and the dashboard test checks against.
@@ -16,11 +16,12 @@ list that docs/exporter.md documents and the dashboard test checks against.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import Counter
 from enum import Enum
-from typing import Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -149,6 +150,51 @@ def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts
     return Facts(snap, leaders, commands, unit_of, units), units_ok
 
 
+class _Slot:
+    """One job for the worker: what to run, its result, and when it is done."""
+
+    def __init__(self, fn: Callable[[], Reading]) -> None:
+        self.fn = fn
+        self.result: Reading | None = None
+        self.done = threading.Event()
+
+
+class _Worker:
+    """One long-lived thread that takes the readings (a thread per scrape would churn the
+    allocator's per-thread arenas). A job that overruns its wait keeps the worker busy; while
+    it is, :meth:`run` answers ``None`` at once instead of queueing behind it."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._busy = False  # set by run(), cleared by the worker when the job ends
+        # started by the first job, on the thread of the first scrape: it inherits that thread's
+        # signal mask (the CLI leaves SIGTERM and SIGINT to its main thread)
+        self._thread = threading.Thread(target=self._loop, name="gpuslate-exporter-reading", daemon=True)
+
+    def run(self, fn: Callable[[], Reading], timeout: float) -> Reading | None:
+        """``fn()`` on the worker, awaited up to ``timeout`` seconds; None when it overran, or when
+        an earlier job is still running (callers take turns: one caller at a time)."""
+        if self._busy:
+            return None
+        slot = _Slot(fn)
+        self._busy = True
+        if self._thread.ident is None:
+            self._thread.start()
+        self._jobs.put(slot)
+        return slot.result if slot.done.wait(max(0.0, timeout)) else None
+
+    def _loop(self) -> None:
+        while True:
+            slot = self._jobs.get()
+            try:
+                slot.result = slot.fn()
+            except Exception:  # noqa: BLE001 - fn counts its own failures; anything else must not end the worker
+                slot.result = None
+            finally:
+                self._busy = False
+                slot.done.set()
+
+
 class GpuslateCollector(Collector):
     """The exporter's collector, for a private :class:`~prometheus_client.CollectorRegistry`."""
 
@@ -159,7 +205,7 @@ class GpuslateCollector(Collector):
         self.audit = audit
         self.with_units = with_units
         self._turn = threading.Lock()  # one scrape reads at a time
-        self._worker: threading.Thread | None = None
+        self._worker = _Worker()
         self._errors: Counter[Stage] = Counter()
         self._scrapes = 0
         #: the labels of gpuslate_exporter_info, as the last reading found them
@@ -186,37 +232,28 @@ class GpuslateCollector(Collector):
         yield from families
 
     def _read(self, deadline: float) -> Reading:
-        """The facts, read in a worker thread awaited until ``deadline``."""
-        if self._worker is not None and self._worker.is_alive():
-            return Reading(None, (Stage.TIMEOUT,))  # the reading of an earlier scrape is still stuck
-        box: list[Reading] = []
+        """The facts, read by the worker thread and awaited until ``deadline``."""
+        reading = self._worker.run(self._gather, deadline - time.monotonic())
+        return reading if reading is not None else Reading(None, (Stage.TIMEOUT,))
 
-        def work() -> None:
-            failed: list[Stage] = []
-            facts: Facts | None = None
+    def _gather(self) -> Reading:
+        failed: list[Stage] = []
+        facts: Facts | None = None
+        try:
+            facts, units_ok = gather_facts(self.backend, with_units=self.with_units)
+            if not units_ok:
+                failed.append(Stage.UNITS)
+            # asked here, inside the time bound: NVML's memory API is a driver query on first use
+            self._info = (__version__, self.backend.name, label(facts.snapshot.driver_version),
+                          self.backend.memory_api)
+        except Exception:  # noqa: BLE001 - the driver failed: counted, the scrape still answers
+            failed.append(Stage.READING)
+        if self.audit is not None:
             try:
-                facts, units_ok = gather_facts(self.backend, with_units=self.with_units)
-                if not units_ok:
-                    failed.append(Stage.UNITS)
-                # asked here, inside the time bound: NVML's memory API is a driver query on first use
-                self._info = (__version__, self.backend.name, label(facts.snapshot.driver_version),
-                              self.backend.memory_api)
-            except Exception:  # noqa: BLE001 - the driver failed: counted, the scrape still answers
-                failed.append(Stage.READING)
-            if self.audit is not None:
-                try:
-                    self.audit.update()
-                except Exception:  # noqa: BLE001 - an unreadable audit log: counted, the GPUs still shown
-                    failed.append(Stage.AUDIT)
-            box.append(Reading(facts, tuple(failed)))
-
-        worker = threading.Thread(target=work, name="gpuslate-exporter-reading", daemon=True)
-        self._worker = worker
-        worker.start()
-        worker.join(max(0.0, deadline - time.monotonic()))
-        if worker.is_alive():
-            return Reading(None, (Stage.TIMEOUT,))
-        return box[0]
+                self.audit.update()
+            except Exception:  # noqa: BLE001 - an unreadable audit log: counted, the GPUs still shown
+                failed.append(Stage.AUDIT)
+        return Reading(facts, tuple(failed))
 
     def _families(self, reading: Reading, audit: AuditCounts | None, elapsed: float) -> Iterator[Metric]:
         yield _family("gpuslate_exporter_info", [(self._info, 1)])
