@@ -283,3 +283,18 @@ def test_without_prometheus_client_one_line_and_exit_2(sim_host):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == ["gpuslate: error: gpuslate exporter needs prometheus_client, which is not "
                                      "installed", "gpuslate: hint: pip install 'gpuslate[exporter]'"]
+
+
+def test_an_unreadable_audit_log_is_counted_and_the_gpus_still_shown(sim_host, hold, exporter, tmp_path):
+    h = hold("--memory", "1GiB", "--gpus", "0")
+    e = exporter()
+    fifo = tmp_path / "state" / "audit.jsonl"  # the state folder of the sim_host fixture
+    os.mkfifo(fifo)  # a FIFO must not block a scrape: refused, counted
+    try:
+        samples = e.scrape()
+        assert value(samples, "gpuslate_exporter_scrape_errors_total", stage="audit") == 1
+        assert value(samples, "gpuslate_exporter_reading_ok") == 1
+        assert {pid for _, pid in process_series(samples)} == {h.pid}
+    finally:
+        fifo.unlink()
+    assert value(e.scrape(), "gpuslate_exporter_scrape_errors_total", stage="audit") == 1  # not counted again
