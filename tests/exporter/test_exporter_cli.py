@@ -298,3 +298,25 @@ def test_an_unreadable_audit_log_is_counted_and_the_gpus_still_shown(sim_host, h
     finally:
         fifo.unlink()
     assert value(e.scrape(), "gpuslate_exporter_scrape_errors_total", stage="audit") == 1  # not counted again
+
+
+def test_a_restarted_unit_has_a_new_launch_time(sim_host, exporter):
+    """Restarts and swaps are counted in PromQL as changes() of the launch time."""
+    def up() -> None:
+        r = run_cli("up", "web", "--gpus", "2", "--ready-log", '"ready": true', "--", sys.executable, "-m", "gpuslate",
+                    "sim", "hold", "--memory", "1GiB", "--gpus", "2", "--workers", "1")
+        assert r.returncode == 0, r.stderr
+
+    e = exporter()
+    try:
+        up()
+        first = value(e.scrape(), "gpuslate_unit_launch_time_seconds", unit="web")
+        assert run_cli("down", "web").returncode == 0
+        up()
+        samples = e.scrape()
+        assert value(samples, "gpuslate_unit_launch_time_seconds", unit="web") > first
+        assert value(samples, "gpuslate_unit_stops_total", unit="web", action="down") == 1
+        assert value(samples, "gpuslate_unit_ready", unit="web") == 1
+        assert 0 < value(samples, "gpuslate_unit_time_to_ready_seconds", unit="web") < 30
+    finally:
+        run_cli("down", "web")
