@@ -43,7 +43,7 @@ def _limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..host.audit import AuditLog
+    from ..host.audit import AuditLog, of_host
 
     alias = getattr(args, "audit_alias", False)
     if alias:
@@ -51,25 +51,12 @@ def run(args: argparse.Namespace) -> int:
     sim = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM") or None
     log = AuditLog(sim_root=sim)
     limit = getattr(args, "limit", 50)
-    entries = log.read(limit=limit or None, where=_of_host(log.sim_root))
+    entries = log.read(limit=limit or None, where=of_host(log.sim_root))
     if getattr(args, "json", False):
         print_json({"schema": OLD_SCHEMA if alias else SCHEMA, "path": str(log.path), "entries": entries})
     else:
         print_log(entries, str(log.path))
     return 0
-
-
-def _of_host(sim_root: str | None) -> Any:
-    """Entries about this backend: a simulated host's own, or the driver's. Entries
-    written before backends were recorded (no ``backend``) are shown everywhere."""
-
-    def where(e: dict[str, Any]) -> bool:
-        backend = e.get("backend")
-        if backend is None:
-            return True
-        return e.get("sim") == sim_root if sim_root else backend != "sim"
-
-    return where
 
 
 _OUTCOME_STYLE = {

@@ -168,6 +168,8 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")
     if command == "sim" and getattr(args, "sim_command", None) in ("hold", "serve"):
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
+    if command == "exporter":  # Prometheus scrapes each host's own exporter
+        raise UsageError("'exporter' runs until killed: start it on each host (see docs/exporter.md)")
     text = command in TEXT_COMMANDS
     words = remote_words(argv, json_output=not text)
     hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, text)

@@ -17,7 +17,7 @@ from ..errors import UsageError
 COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
     "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
-    "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm",
+    "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm", "exporter": "exporter",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 

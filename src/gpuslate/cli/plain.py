@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import IO, Literal, NamedTuple, Sequence
 
+from .._text import clean, cut, safe  # noqa: F401 - re-exported: the CLI's renderers import them from here
+
 Style = Literal["bold", "dim", "red", "green", "yellow", "cyan", "magenta"]
 Justify = Literal["left", "right"]
 _SGR: dict[str, str] = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36",
@@ -43,32 +45,6 @@ def width_of(out: IO[str]) -> int | None:
         return os.get_terminal_size(out.fileno()).columns
     except (OSError, ValueError):
         return 80
-
-
-def safe(text: object) -> str:
-    """``text`` with every character that is not printable (C0 and C1 controls, DEL, ESC
-    starting a sequence, bidirectional overrides) shown as an escape (``\\x1b``,
-    ``\\u202e``), never sent to the terminal: a process can name itself
-    ``\\e[2J\\e[31m...``. The one escaping function for whatever gpuslate shows
-    from processes (``logs`` alone prints a server's output raw, like ``docker logs``)."""
-    s = str(text)
-    if s.isprintable():  # the common case, at C speed
-        return s
-    return "".join(c if c.isprintable() else _escape(c) for c in s)
-
-
-def _escape(c: str) -> str:
-    o = ord(c)
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
-
-
-def clean(text: str | None) -> str:
-    """One printable line: whitespace runs become one space, the rest goes through :func:`safe`."""
-    return safe(" ".join((text or "").split()))
-
-
-def cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
 
 
 def paint(text: str, styles: Sequence[Style], color: bool) -> str:

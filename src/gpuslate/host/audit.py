@@ -211,6 +211,19 @@ class AuditLog:
             raise PermissionDenied(f"cannot read the audit log {self.path}: {exc.strerror or exc}") from None
 
 
+def of_host(sim_root: str | None) -> Callable[[dict[str, Any]], bool]:
+    """Entries about one backend: a simulated host's own (``sim_root``), or the driver's
+    (``None``). Entries written before backends were recorded (no ``backend``) belong to every one."""
+
+    def where(e: dict[str, Any]) -> bool:
+        backend = e.get("backend")
+        if backend is None:
+            return True
+        return e.get("sim") == sim_root if sim_root else backend != "sim"
+
+    return where
+
+
 def _write_all(fd: int, data: bytes) -> None:
     # One write in practice; a short write (disk nearly full) continues under the
     # same flock, so the line still cannot interleave with another writer's.

@@ -1,0 +1,341 @@
+"""One scrape: a fresh reading of the host, bounded in time, as Prometheus metric families.
+
+The backend (NVML, or a simulated host) is opened once and stays open; every
+scrape takes one new reading — the ``status`` snapshot
+(:func:`~gpuslate.host.snapshot.take_snapshot`, whose ``root_pid`` is the job
+rule's root), the units as ``ps`` classifies them, what the audit log gained —
+never a cached one. The reading runs in a worker thread: a scrape that waits
+longer than ``timeout`` (a driver call stuck in the kernel) answers at once
+with the exporter's own metrics and an error counted, not a hang; while that
+reading is still stuck, later scrapes answer the same way instead of queueing
+behind it. Scrapes that arrive together take their turns.
+
+The metric names, types, labels and help texts are in :data:`METRICS`, the one
+list that docs/exporter.md documents and the dashboard test checks against.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from enum import Enum
+from typing import Callable, Iterable, Iterator, NamedTuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .. import __version__
+from ..gpu.types import GpuBackend
+from ..host.audit import AuditLog, of_host
+from ..host.snapshot import take_snapshot
+from ..proc.procfs import read_info, read_stat
+from ..units.listing import list_units
+from ..units.state import UnitState
+from .auditlog import AuditCounts, AuditTail
+from .model import Account, Facts, UnitRow, account, label
+
+class Kind(str, Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+GAUGE, COUNTER = Kind.GAUGE, Kind.COUNTER
+
+
+class Stage(str, Enum):
+    """A part of a scrape whose failure is counted (``gpuslate_exporter_scrape_errors_total{stage}``)."""
+
+    READING = "reading"  # the driver (or the simulated host) failed
+    TIMEOUT = "timeout"  # over the time bound, or an earlier reading still stuck
+    UNITS = "units"  # the units could not be listed (state folder)
+    AUDIT = "audit"  # the audit log could not be read
+
+
+class Spec(NamedTuple):
+    type: Kind
+    help: str
+    labels: tuple[str, ...]
+
+
+_G = ("gpu",)
+_PROCESS = ("gpu", "pid", "kind", "user", "command", "job_pid", "job_command", "unit", "orphaned")
+_U = ("unit",)
+
+#: every metric the exporter serves (counters without their ``_total`` suffix)
+METRICS: dict[str, Spec] = {
+    "gpuslate_gpu_info": Spec(GAUGE, "Always 1: the GPU's UUID and model name.", ("gpu", "uuid", "name")),
+    "gpuslate_gpu_memory_total_bytes": Spec(GAUGE, "GPU memory in total.", _G),
+    "gpuslate_gpu_memory_used_bytes": Spec(GAUGE, "GPU memory in use (without driver-reserved memory on R510+ "
+                                                  "drivers).", _G),
+    "gpuslate_gpu_memory_reserved_bytes": Spec(GAUGE, "GPU memory the driver reserves for itself.", _G),
+    "gpuslate_gpu_utilization_ratio": Spec(GAUGE, "Share of the last sample period a kernel ran (0 to 1).", _G),
+    "gpuslate_gpu_temperature_celsius": Spec(GAUGE, "GPU core temperature.", _G),
+    "gpuslate_gpu_power_watts": Spec(GAUGE, "Power drawn.", _G),
+    "gpuslate_gpu_power_limit_watts": Spec(GAUGE, "Power limit.", _G),
+    "gpuslate_gpu_pstate": Spec(GAUGE, "Performance state: 0 (P0, most performance) to 15.", _G),
+    "gpuslate_gpu_read_error": Spec(GAUGE, "1 when an essential query of the GPU failed: its state is unknown.", _G),
+    "gpuslate_gpu_memory_holders": Spec(GAUGE, "Processes with a context (memory) on the GPU.", _G),
+    "gpuslate_gpu_handle_holders": Spec(GAUGE, "Processes that only hold the GPU's device file open.", _G),
+    "gpuslate_gpu_leaked_memory_bytes": Spec(GAUGE, "Memory in use that no listed process holds (leaked or "
+                                                    "orphaned contexts, teardown in progress).", _G),
+    "gpuslate_gpu_orphaned_memory_bytes": Spec(GAUGE, "Memory held by processes whose launcher (process group "
+                                                      "leader) has exited.", _G),
+    "gpuslate_gpu_orphaned_processes": Spec(GAUGE, "Processes holding memory whose launcher has exited.", _G),
+    "gpuslate_process_memory_bytes": Spec(GAUGE, "GPU memory one process holds, with its job (the root by "
+                                                 "gpuslate's job rule), user and unit.", _PROCESS),
+    "gpuslate_unit_state": Spec(GAUGE, "1 for the managed unit's current state (as gpuslate ps shows it), "
+                                       "0 for the others.", ("unit", "state")),
+    "gpuslate_unit_ready": Spec(GAUGE, "1 when the managed unit is ready.", _U),
+    "gpuslate_unit_uptime_seconds": Spec(GAUGE, "Seconds since the unit's main process started.", _U),
+    "gpuslate_unit_launch_time_seconds": Spec(GAUGE, "When the unit was last launched (Unix time); "
+                                                     "changes() counts restarts and swaps.", _U),
+    "gpuslate_unit_time_to_ready_seconds": Spec(GAUGE, "Seconds the unit took to become ready at its last "
+                                                       "launch.", _U),
+    "gpuslate_unit_memory_bytes": Spec(GAUGE, "GPU memory the unit's processes hold on its GPUs.", _U),
+    "gpuslate_unit_processes": Spec(GAUGE, "Live processes of the unit.", _U),
+    "gpuslate_unit_stops": Spec(COUNTER, "gpuslate runs that signaled the unit's processes, by action (down, "
+                                         "also in swap; up-failed; up-interrupted), from the audit log.",
+                                ("unit", "action")),
+    "gpuslate_clear_runs": Spec(COUNTER, "gpuslate clear runs that sent signals, from the audit log.", ()),
+    "gpuslate_signals": Spec(COUNTER, "Signals gpuslate sent, by action and signal, from the audit log.",
+                             ("action", "signal")),
+    "gpuslate_signal_outcomes": Spec(COUNTER, "Outcomes of signals gpuslate sent (delivered, not_running, "
+                                              "pid_reused, permission_denied, error), from the audit log.",
+                                     ("action", "signal", "outcome")),
+    "gpuslate_exporter_info": Spec(GAUGE, "Always 1: the exporter's version and backend.",
+                                   ("version", "backend", "driver_version", "memory_api")),
+    "gpuslate_exporter_scrapes": Spec(COUNTER, "Scrapes answered.", ()),
+    "gpuslate_exporter_scrape_errors": Spec(COUNTER, "Scrapes whose reading failed, by stage (reading, timeout, "
+                                                     "units, audit).", ("stage",)),
+    "gpuslate_exporter_reading_ok": Spec(GAUGE, "1 when this scrape's reading of the GPUs succeeded in time; "
+                                                "0: the GPU and process series are missing.", ()),
+    "gpuslate_exporter_scrape_duration_seconds": Spec(GAUGE, "Seconds this scrape took to read the host.", ()),
+}
+
+
+class Reading(NamedTuple):
+    facts: Facts | None
+    failed: tuple[Stage, ...]
+
+
+def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts, bool]:
+    """One snapshot and the facts :func:`~.model.account` needs; the bool says whether the
+    units could be listed (a broken state folder must not hide the GPUs)."""
+    snap = take_snapshot(backend)
+    holders = [p for g in snap.gpus for p in g.processes if p.kind != "handle" and p.visible]
+    leaders: dict[int, bool] = {}
+    for p in holders:
+        if p.pgid is not None and p.pgid != p.pid and p.pgid not in leaders:
+            st = read_stat(p.pgid)  # a pid reused since by a process outside the group leads nothing
+            leaders[p.pgid] = st is not None and not st.has_exited and st.pgid == p.pgid
+    commands = {p.pid: p.command for g in snap.gpus for p in g.processes if p.command is not None}
+    for root in {p.root_pid for p in holders} - commands.keys():
+        info = read_info(root)  # a launcher that holds no GPU itself
+        if info is not None:
+            commands[root] = info.command
+    units: list[UnitRow] = []
+    unit_of: dict[int, str] = {}
+    units_ok = True
+    if with_units:
+        try:
+            for u in list_units(backend=backend).units:
+                rec = u.record
+                units.append(UnitRow(u.unit.name, u.state, u.uptime_s, rec.launched_at if rec else None,
+                                     rec.time_to_ready_s if rec else None, u.gpu_memory, len(u.processes)))
+                unit_of.update(dict.fromkeys(u.processes, u.unit.name))
+        except Exception:  # noqa: BLE001 - a broken state folder is counted (stage units), never a failed scrape
+            units_ok = False
+    return Facts(snap, leaders, commands, unit_of, units), units_ok
+
+
+class _Slot:
+    """One job for the worker: what to run, its result, and when it is done."""
+
+    def __init__(self, fn: Callable[[], Reading]) -> None:
+        self.fn = fn
+        self.result: Reading | None = None
+        self.done = threading.Event()
+
+
+class _Worker:
+    """One long-lived thread that takes the readings (a thread per scrape would churn the
+    allocator's per-thread arenas). A job that overruns its wait keeps the worker busy; while
+    it is, :meth:`run` answers ``None`` at once instead of queueing behind it."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._busy = False  # set by run(), cleared by the worker when the job ends
+        # started by the first job, on the thread of the first scrape: it inherits that thread's
+        # signal mask (the CLI leaves SIGTERM and SIGINT to its main thread)
+        self._thread = threading.Thread(target=self._loop, name="gpuslate-exporter-reading", daemon=True)
+
+    def run(self, fn: Callable[[], Reading], timeout: float) -> Reading | None:
+        """``fn()`` on the worker, awaited up to ``timeout`` seconds; None when it overran, or when
+        an earlier job is still running (callers take turns: one caller at a time)."""
+        if self._busy:
+            return None
+        slot = _Slot(fn)
+        self._busy = True
+        if self._thread.ident is None:
+            self._thread.start()
+        self._jobs.put(slot)
+        return slot.result if slot.done.wait(max(0.0, timeout)) else None
+
+    def _loop(self) -> None:
+        while True:
+            slot = self._jobs.get()
+            try:
+                slot.result = slot.fn()
+            except Exception:  # noqa: BLE001 - fn counts its own failures; anything else must not end the worker
+                slot.result = None
+            finally:
+                self._busy = False
+                slot.done.set()
+
+
+class GpuslateCollector(Collector):
+    """The exporter's collector, for a private :class:`~prometheus_client.CollectorRegistry`."""
+
+    def __init__(self, backend: GpuBackend, *, timeout: float = 5.0, audit: AuditTail | None = None,
+                 with_units: bool = True) -> None:
+        self.backend = backend
+        self.timeout = timeout
+        self.audit = audit
+        self.with_units = with_units
+        self._turn = threading.Lock()  # one scrape reads at a time
+        self._worker = _Worker()
+        self._errors: Counter[Stage] = Counter()
+        self._scrapes = 0
+        #: the labels of gpuslate_exporter_info, as the last reading found them
+        self._info: tuple[str, ...] = (__version__, backend.name, "", "")
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # registering must not take a reading
+
+    def collect(self) -> Iterator[Metric]:
+        t0 = time.monotonic()
+        if self._turn.acquire(timeout=self.timeout):
+            try:
+                reading = self._read(t0 + self.timeout)
+                self._scrapes += 1
+                self._errors.update(reading.failed)
+                # after a timeout the stuck reading may still be changing the counts: not shown then
+                audit = self.audit.counts if self.audit is not None and Stage.TIMEOUT not in reading.failed else None
+                families = list(self._families(reading, audit, time.monotonic() - t0))
+            finally:
+                self._turn.release()
+        else:  # earlier scrapes took the whole time: answer, do not queue
+            self._errors[Stage.TIMEOUT] += 1
+            families = list(self._families(Reading(None, (Stage.TIMEOUT,)), None, time.monotonic() - t0))
+        yield from families
+
+    def _read(self, deadline: float) -> Reading:
+        """The facts, read by the worker thread and awaited until ``deadline``."""
+        reading = self._worker.run(self._gather, deadline - time.monotonic())
+        return reading if reading is not None else Reading(None, (Stage.TIMEOUT,))
+
+    def _gather(self) -> Reading:
+        failed: list[Stage] = []
+        facts: Facts | None = None
+        try:
+            facts, units_ok = gather_facts(self.backend, with_units=self.with_units)
+            if not units_ok:
+                failed.append(Stage.UNITS)
+            # asked here, inside the time bound: NVML's memory API is a driver query on first use
+            self._info = (__version__, self.backend.name, label(facts.snapshot.driver_version),
+                          self.backend.memory_api)
+        except Exception:  # noqa: BLE001 - the driver failed: counted, the scrape still answers
+            failed.append(Stage.READING)
+        if self.audit is not None:
+            try:
+                self.audit.update()
+            except Exception:  # noqa: BLE001 - an unreadable audit log: counted, the GPUs still shown
+                failed.append(Stage.AUDIT)
+        return Reading(facts, tuple(failed))
+
+    def _families(self, reading: Reading, audit: AuditCounts | None, elapsed: float) -> Iterator[Metric]:
+        yield _family("gpuslate_exporter_info", [(self._info, 1)])
+        if reading.facts is not None:
+            yield from _host_families(reading.facts, account(reading.facts))
+        if audit is not None:
+            yield from _audit_families(audit)
+        yield _family("gpuslate_exporter_scrapes", [((), self._scrapes)])
+        yield _family("gpuslate_exporter_scrape_errors", [((s.value,), self._errors[s]) for s in Stage])
+        yield _family("gpuslate_exporter_reading_ok", [((), 0 if reading.facts is None else 1)])
+        yield _family("gpuslate_exporter_scrape_duration_seconds", [((), elapsed)])
+
+
+Sample = tuple[tuple[object, ...], float]
+
+
+def _family(name: str, samples: Iterable[Sample]) -> Metric:
+    spec = METRICS[name]
+    cls = GaugeMetricFamily if spec.type == GAUGE else CounterMetricFamily
+    fam = cls(name, spec.help, labels=spec.labels)
+    for labels, value in samples:
+        fam.add_metric([str(v) for v in labels], value)
+    return fam
+
+
+def _pstate(text: str | None) -> int | None:
+    if text and text[0] == "P" and text[1:].isdigit():
+        return int(text[1:])
+    return None
+
+
+def _host_families(facts: Facts, acc: Account) -> Iterator[Metric]:
+    readings = [g.reading for g in facts.snapshot.gpus]
+
+    def per_gpu(name: str, values: Iterable[tuple[int, float | None]]) -> Metric:
+        return _family(name, [((gpu,), v) for gpu, v in values if v is not None])
+
+    yield _family("gpuslate_gpu_info", [((r.index, label(r.uuid), label(r.name)), 1) for r in readings])
+    for name, field in (("total", "total"), ("used", "used"), ("reserved", "reserved")):
+        yield per_gpu(f"gpuslate_gpu_memory_{name}_bytes",
+                      ((r.index, getattr(r.memory, field) if r.memory else None) for r in readings))
+    yield per_gpu("gpuslate_gpu_utilization_ratio",
+                  ((r.index, r.utilization_pct / 100 if r.utilization_pct is not None else None) for r in readings))
+    yield per_gpu("gpuslate_gpu_temperature_celsius", ((r.index, r.temperature_c) for r in readings))
+    yield per_gpu("gpuslate_gpu_power_watts", ((r.index, r.power_w) for r in readings))
+    yield per_gpu("gpuslate_gpu_power_limit_watts", ((r.index, r.power_limit_w) for r in readings))
+    yield per_gpu("gpuslate_gpu_pstate", ((r.index, _pstate(r.pstate)) for r in readings))
+    yield per_gpu("gpuslate_gpu_read_error", ((r.index, 1 if r.error else 0) for r in readings))
+    yield per_gpu("gpuslate_gpu_memory_holders", ((g.gpu, g.memory_holders) for g in acc.gpus))
+    yield per_gpu("gpuslate_gpu_handle_holders", ((g.gpu, g.handle_holders) for g in acc.gpus))
+    yield per_gpu("gpuslate_gpu_leaked_memory_bytes", ((g.gpu, g.leaked) for g in acc.gpus))
+    yield per_gpu("gpuslate_gpu_orphaned_memory_bytes", ((g.gpu, g.orphaned) for g in acc.gpus))
+    yield per_gpu("gpuslate_gpu_orphaned_processes", ((g.gpu, g.orphaned_processes) for g in acc.gpus))
+    yield _family("gpuslate_process_memory_bytes", [
+        ((p.gpu, p.pid, p.kind, p.user, p.command, p.job_pid, p.job_command, p.unit, str(p.orphaned).lower()),
+         p.bytes) for p in acc.processes])
+    units = facts.units
+    yield _family("gpuslate_unit_state", [((label(u.name), s.value), 1 if u.state == s else 0)
+                                          for u in units for s in UnitState])
+    yield _family("gpuslate_unit_ready", [((label(u.name),), 1 if u.state == UnitState.READY else 0) for u in units])
+    for name, attr in (("uptime_seconds", "uptime_s"), ("launch_time_seconds", "launched_at"),
+                       ("time_to_ready_seconds", "time_to_ready_s"), ("memory_bytes", "memory"),
+                       ("processes", "processes")):
+        yield _family(f"gpuslate_unit_{name}", [((label(u.name),), getattr(u, attr)) for u in units
+                                                 if getattr(u, attr) is not None])
+
+
+def _audit_families(c: AuditCounts) -> Iterator[Metric]:
+    yield _family("gpuslate_clear_runs", [((), len(c.clear_runs))])
+    yield _family("gpuslate_signals", [(k, n) for k, n in sorted(c.signals.items())])
+    yield _family("gpuslate_signal_outcomes", [(k, n) for k, n in sorted(c.outcomes.items())])
+    yield _family("gpuslate_unit_stops", [(k, len(runs)) for k, runs in sorted(c.unit_stops.items())])
+
+
+def registry_for(backend: GpuBackend, *, timeout: float = 5.0, audit: bool = True) -> CollectorRegistry:
+    """A private registry holding only the exporter's collector for ``backend``; with ``audit``,
+    the counts of the audit log of ``backend``'s host (its simulated host's own, or the driver's)."""
+    tail = None
+    if audit:
+        sim_root = str(backend.host.root) if backend.name == "sim" else None  # type: ignore[attr-defined]
+        log = AuditLog(backend=backend.name, sim_root=sim_root)
+        tail = AuditTail(log.path, of_host(log.sim_root))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuslateCollector(backend, timeout=timeout, audit=tail))
+    return registry
