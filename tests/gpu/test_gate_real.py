@@ -89,8 +89,10 @@ def test_namespace_init_with_a_monitor_inside_is_refused(started, tmp_path):
     if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --pid is not permitted here")
     ready = tmp_path / "ready"
-    inner = (f"{sys.executable} -c {json.dumps(HOLDER)} {4 * GiB} >> {ready} & "
-             f"{sys.executable} -c {json.dumps(MONITOR)} >> {ready} & wait")
+    (tmp_path / "holder.py").write_text(HOLDER)
+    (tmp_path / "monitor.py").write_text(MONITOR)
+    inner = (f"{sys.executable} {tmp_path / 'holder.py'} {4 * GiB} >> {ready} & "
+             f"{sys.executable} {tmp_path / 'monitor.py'} >> {ready} & wait")
     p = subprocess.Popen(["unshare", "--fork", "--pid", "bash", "-c", inner], start_new_session=True,
                          stdin=subprocess.DEVNULL)
     started.append(Started(p))  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PermissionDenied
-from ..host.state import open_state_file
+from ..host.state import open_dir
 from .model import label
 
 #: the most bytes one scrape reads from the log
@@ -65,8 +65,9 @@ class AuditTail:
 
         Raises :class:`PermissionDenied` when the log is a symbolic link or not a regular file.
         """
-        try:
-            fd = open_state_file(self.path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block a scrape
+        try:  # the folder walked from / as every state path is; never a link, never blocking on a FIFO
+            with open_dir(self.path.parent) as folder:
+                fd = folder.open(self.path.name, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return
         except OSError as exc:
