@@ -23,8 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     init = ss.add_parser("init", help="create (or reset) a simulated host in DIR",
                          description="Create a simulated GPU host in the folder DIR (or reset the one there: "
                          "its holders' records and leaks are forgotten). Point gpuslate at it with --sim DIR "
-                         "or GPUSLATE_SIM=DIR.",
-                         epilog=exit_epilog({2: "bad input, or DIR is neither empty nor a simulated host"},
+                         "or GPUSLATE_SIM=DIR. The folder is DIR: a --sim naming another folder is refused.",
+                         epilog=exit_epilog({2: "bad input, DIR is neither empty nor a simulated host, or --sim "
+                                             "names another folder"},
                                             backend=False))
     add_common(init)
     init.add_argument("dir", metavar="DIR", help="the folder of the simulated host (created if missing)")
@@ -46,9 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     hold = ss.add_parser("hold", help="hold simulated GPU memory until killed",
                          description="Hold memory on simulated GPUs with real processes until killed. "
-                         "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held.",
+                         "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held "
+                         "(pids as the holder sees them; status shows host pids). Like a driver, a GPU never "
+                         "holds more than its memory: asking for more fails (simulated CUDA out of memory).",
                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT (after it was ready)",
-                                             2: "bad input, or no simulated host"}))
+                                             2: "bad input, or no simulated host",
+                                             6: "out of memory: a GPU lacks the room (nothing is held)"}))
     add_common(hold)
     hold.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to hold (default: all)")
     hold.add_argument("--memory", type=size, required=True, metavar="SIZE",
@@ -74,7 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
                           epilog=exit_epilog({0: "ended by SIGTERM or SIGINT", 1: "failed to start (e.g. its "
-                                              "port is in use, or --fail-startup)"}))
+                                              "port is in use, or --fail-startup)",
+                                              6: "its workers could not hold their memory (a GPU lacks the "
+                                              "room: simulated CUDA out of memory)"}))
     serve.lazy_build = _serve_options  # type: ignore[attr-defined]
     serve.set_defaults(handler=run_serve)
 
@@ -82,7 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Leave SIZE of memory on simulated GPU N held by no process, like an "
                          "orphaned CUDA context, until the next 'gpuslate sim init' of the host: what "
                          "'clear' and 'wait' must diagnose rather than wait out.",
-                         epilog=exit_epilog({2: "bad input, or no simulated host"}))
+                         epilog=exit_epilog({2: "bad input, or no simulated host",
+                                             6: "out of memory: the GPU lacks the room"}))
     add_common(leak)
     leak.add_argument("--gpu", type=whole(0, 1023), required=True, metavar="N", help="the GPU index")
     leak.add_argument("--memory", type=size, required=True, metavar="SIZE", help="memory left held, e.g. 2GiB")
@@ -124,6 +131,10 @@ def _host(args: argparse.Namespace):  # -> SimHost
 def run_init(args: argparse.Namespace) -> int:
     from ..sim.host import SimHost
 
+    # one meaning: the folder is DIR; a --sim naming another one is a mistake, not a second target
+    if getattr(args, "sim", None) and os.path.abspath(args.sim) != os.path.abspath(args.dir):
+        raise UsageError(f"sim init creates the host in DIR ({args.dir}); --sim names another folder "
+                         f"({args.sim}): drop --sim or pass the same folder")
     host = SimHost.init(args.dir, gpus=args.count, memory=args.memory, name=args.name,
                         release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api)
     cfg = host.config

@@ -2,7 +2,10 @@
 
 Everything above this module (discovery, termination, verification) runs for
 real against it: memory is held by real processes and their device files are
-found by the same fd scan as real ``/dev/nvidia*`` files.
+found by the same fd scan as real ``/dev/nvidia*`` files. Like NVML, it
+reports host pids, from the processes that hold the memory (see
+:mod:`gpuslate.sim.records`), and a record it cannot read makes that GPU's
+reading an error, never clean.
 """
 
 from __future__ import annotations
@@ -49,17 +52,24 @@ class SimBackend:
         reserved = int(cfg["reserved"])
         used = dict.fromkeys(indices, 0)
         procs: dict[int, dict[int, GpuProcess]] = {i: {} for i in indices}
-        for held in self.host.held():
+        survey = self.host.survey()
+        for held in survey.held:
             rec = held.record
             if rec.gpu not in used:
                 continue
             used[rec.gpu] += rec.bytes
-            if rec.pid is not None:
+            if rec.pid is not None:  # the owner as the host sees it; None: no process to name
                 prev = procs[rec.gpu].get(rec.pid)
                 amount = rec.bytes + ((prev.used_memory or 0) if prev else 0)
                 procs[rec.gpu][rec.pid] = GpuProcess(rec.pid, rec.kind, amount)
         out = []
         for i in indices:
+            problems = survey.problems.get(i, []) + survey.problems.get(None, [])
+            if problems:  # like a failed NVML query: unknown, never clean
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                out.append(GpuReading(i, cfg["uuids"][i], cfg["name"], i, None, None, None, None, None, None, None,
+                                      error=problems[0] + more))
+                continue
             u = min(used[i], total - reserved)
             busy = u / total
             # v1 has no 'reserved' field: the driver's own memory is part of 'used'

@@ -16,7 +16,6 @@ import sys
 from typing import IO, NoReturn
 
 from ..errors import ServerFailed, UsageError
-from ..proc.procfs import identity
 from .host import SimHost
 
 
@@ -53,31 +52,15 @@ def assign(gpus: list[int], memory: int, workers: int) -> list[list[tuple[int, i
 
 
 def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
-    """Open the device files like a CUDA context does and record the memory.
+    """Open the device files like a CUDA context does, then allocate the memory.
 
-    Returns the open fds, which the caller keeps for its whole life.
+    Returns the open fds, which the caller keeps for its whole life: closing
+    them (exiting) releases the memory. Raises ServerFailed when a GPU has no
+    room, like CUDA's out-of-memory error.
     """
     fds = [os.open(host.dev / "nvidiactl", os.O_RDONLY), os.open(host.dev / "nvidia-uvm", os.O_RDONLY)]
-    me = identity(host_pid())
-    assert me is not None
-    for gpu, nbytes in held:
-        fds.append(os.open(host.device_path(gpu), os.O_RDONLY))
-        if nbytes > 0:
-            host.add_record(gpu, me, nbytes)
-    return fds
-
-
-def host_pid() -> int:
-    """This process's pid as the host (and a real driver) sees it.
-
-    Inside a PID namespace ``os.getpid()`` is the namespace's number (1 for its
-    init); ``/proc/self`` resolves in the namespace of the mounted /proc, which
-    is the host's unless the namespace mounted its own.
-    """
-    try:
-        return int(os.readlink("/proc/self"))
-    except (OSError, ValueError):
-        return os.getpid()
+    fds += [os.open(host.device_path(gpu), os.O_RDONLY) for gpu, _ in held]
+    return fds + host.allocate(held)
 
 
 def _sleep_forever() -> NoReturn:
@@ -114,7 +97,10 @@ def hold(
     """Hold ``memory`` bytes on each GPU in ``gpus`` until killed.
 
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
-    all memory is held. ``title`` may contain ``{rank}`` (the worker number).
+    all memory is held: the pids as this process sees them (inside a PID
+    namespace, that namespace's; ``status`` shows host pids, as a driver does).
+    ``title`` may contain ``{rank}`` (the worker number). Raises ServerFailed,
+    holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
     """
     if not gpus:
         raise UsageError("no GPUs to hold: pass --gpus")
@@ -173,15 +159,23 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
         except ChildProcessError:
             pass
     pids: list[int] = []
+    errors: list[str] = []
     with os.fdopen(r) as reports:
-        for line in reports:
+        for line in reports:  # one line per worker; EOF once every worker has written or died
             if line.startswith("error "):
-                raise ServerFailed(f"simulated worker failed: {line[6:].strip()}")
-            pids.append(int(line))
-            if len(pids) == workers:
+                errors.append(line[6:].strip())
+            else:
+                pids.append(int(line))
+            if len(pids) + len(errors) == workers:
                 break
-    if len(pids) != workers:
-        raise ServerFailed("a simulated worker died before holding its memory")
+    if errors or len(pids) != workers:
+        for pid in pids:  # like a server whose rank failed to load: the others go too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise ServerFailed(f"simulated worker failed: {errors[0]}" if errors
+                           else "a simulated worker died before holding its memory")
     return pids
 
 
@@ -196,7 +190,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: in
         if title:
             set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
         fds = _hold_here(host, held)
-        os.write(w, f"{host_pid()}\n".encode())
+        os.write(w, f"{os.getpid()}\n".encode())  # the launcher's view: same namespace
         os.close(w)
     except BaseException as exc:  # report, never fall back into the launcher's stack
         try:
@@ -208,5 +202,5 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: in
 
 
 def _announce(out: IO[str], workers: list[int]) -> None:
-    out.write(json.dumps({"ready": True, "pid": host_pid(), "workers": workers}) + "\n")
+    out.write(json.dumps({"ready": True, "pid": os.getpid(), "workers": workers}) + "\n")
     out.flush()

@@ -6,26 +6,40 @@ Layout of ``DIR``::
     dev/nvidia0 ...     device files; holders keep them open, so the same
     dev/nvidiactl       /proc fd scan that finds real /dev/nvidia* finds them
     dev/nvidia-uvm
-    alloc/*.json        one record per (process, GPU) holding memory,
-                        or per leaked context (no process)
+    memory.lock         the allocation lock (flock): room is checked and
+                        memory recorded under it, so holders never overcommit
+    alloc/*.json        one record per (process, GPU) holding memory, kept
+                        open and flock'ed by its holder; or per leaked context
     alloc/*.dead        when a holder was first seen dead (driver teardown start)
 
 Memory is held by real processes (see :mod:`gpuslate.sim.holder`): a record
-counts while its process lives, and for ``release_delay`` seconds after it
-was first seen dead, like a driver tearing down a context; never instantly.
+counts while its holder keeps it open, and for ``release_delay`` seconds after
+it was first seen dead, like a driver tearing down a context; never instantly.
+Like a driver, the host refuses memory beyond a GPU's total (an out-of-memory
+error), and names each record's owner by its host pid, found from the host's
+/proc and never from what the holder says (:mod:`gpuslate.sim.records`).
+Reading never fails on another user's records: one that cannot be read makes
+its GPU's memory unknown, never free.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
+import stat
 import time
 import uuid as uuidlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple, Sequence
 
-from ..errors import BackendUnavailable, UsageError
-from ..proc.procfs import ProcessId, read_stat
+from .._parse import format_size
+from ..errors import BackendUnavailable, ServerFailed, UsageError
+from ..proc.fdscan import scan_device_holders
+from ..proc.procfs import ProcessId, identity, read_stat
+from .records import SUFFIX, Claim, Owner, RecordFile, create_record, gpu_of_name, lock_owners, owner_of, read_record
 
 SCHEMA = "gpuslate.simhost.v1"
 DEFAULT_NAME = "NVIDIA RTX PRO 6000 Blackwell"
@@ -34,11 +48,18 @@ DRIVER_VERSION = "sim-580.95.05"
 #: what an idle H200 reports as driver-reserved (the v1 memory API counts it as used)
 V1_DEFAULT_RESERVED = 645 * 1024**2
 MEMORY_APIS = ("v2", "v1")
+#: the allocation lock: every holder takes it to check for room and record its memory
+LOCK_NAME = "memory.lock"
+DEAD_SUFFIX = ".dead"
 
 
 class AllocRecord(NamedTuple):
+    """A record as the simulated driver accounts for it: ``pid`` and ``start_ticks``
+    name its owner as the host sees it (see :mod:`gpuslate.sim.records`), ``None``
+    for a leak or an owner no process of this host can be named for."""
+
     gpu: int
-    pid: int | None  # None: a leaked context held by no process
+    pid: int | None
     start_ticks: int | None
     bytes: int
     kind: str
@@ -52,12 +73,22 @@ class HeldMemory(NamedTuple):
     alive: bool  # False: the process exited and the driver is still releasing
 
 
+class Survey(NamedTuple):
+    """Everything the simulated driver holds now, and what it could not read."""
+
+    held: list[HeldMemory]
+    problems: dict[int | None, list[str]]  # GPU (None: every GPU) -> records that could not be read
+
+
 class SimHost:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).absolute()
         self.dev = self.root / "dev"
         self.alloc = self.root / "alloc"
         self._config: dict[str, Any] | None = None
+        self._resolved: dict[str, Owner] = {}  # record path -> its owner, as last seen alive
+        self._dead_seen: dict[str, float] = {}  # record name -> when this reader first saw it dead
+        self._kept: list[int] = []  # fds of records held by add_record for this process
 
     # -- creation ---------------------------------------------------------
     @classmethod
@@ -101,6 +132,9 @@ class SimHost:
                 entry.unlink()
         for n in wanted:
             (host.dev / n).touch()
+        lock = host.root / LOCK_NAME
+        if not lock.exists():
+            os.close(os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
         seed = uuidlib.uuid4().hex[:8]
         config = {
             "schema": SCHEMA, "name": name, "gpus": gpus, "memory": memory, "reserved": reserved,
@@ -163,74 +197,220 @@ class SimHost:
                 f"GPU {bad[0]} does not exist: this simulated host has {self.gpu_count} GPUs (0-{self.gpu_count - 1})"
             )
 
-    # -- records --------------------------------------------------------------
-    def add_record(self, gpu: int, ident: ProcessId | None, nbytes: int, kind: str = "compute") -> Path:
-        if ident is None:
-            name = f"g{gpu}.leak.{uuidlib.uuid4().hex[:12]}.json"
-        else:
-            name = f"g{gpu}.p{ident.pid}.t{ident.start_ticks}.json"
-        rec = {"gpu": gpu, "pid": ident.pid if ident else None,
-               "start_ticks": ident.start_ticks if ident else None, "bytes": nbytes, "kind": kind}
-        path = self.alloc / name
-        _atomic_write(path, json.dumps(rec))
-        return path
+    # -- memory -------------------------------------------------------------
+    def allocate(self, held: Sequence[tuple[int, int]], *, kind: str = "compute") -> list[int]:
+        """Hold memory for the calling process: ``(gpu, bytes)`` each, one context per GPU.
+
+        Like a driver, and atomically against every other holder of this host (a
+        lock in the folder): when any GPU lacks the room, nothing is held and
+        :class:`~gpuslate.errors.ServerFailed` says which, like CUDA's
+        out-of-memory error. The caller must already hold each GPU's
+        device file open. Returns the fds that keep the memory held: it is released
+        when they close (at exit at the latest), after the release delay.
+        """
+        claim_of = identity(os.getpid())
+        wanted = [(g, n) for g, n in held if n > 0]
+        self.check_gpus([g for g, _ in wanted])
+        fds: list[int] = []
+        with self._memory_lock():
+            self._check_room(wanted)
+            try:
+                for gpu, nbytes in wanted:
+                    claim = Claim(gpu, claim_of.pid if claim_of else os.getpid(),
+                                  claim_of.start_ticks if claim_of else None, nbytes, kind)
+                    fds.append(create_record(str(self.alloc), f"g{gpu}.{uuidlib.uuid4().hex[:16]}{SUFFIX}", claim))
+            except BaseException:
+                for fd in fds:  # all or nothing: closing a record ends it (collected after the delay)
+                    os.close(fd)
+                raise
+        return fds
 
     def leak(self, gpu: int, nbytes: int) -> Path:
         """Leave memory held by no process (an orphaned context) until the next init."""
         self.check_gpus([gpu])
-        return self.add_record(gpu, None, nbytes)
+        with self._memory_lock():
+            self._check_room([(gpu, nbytes)])
+            name = f"g{gpu}.leak.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
+            os.close(create_record(str(self.alloc), name, Claim(gpu, None, None, nbytes, "compute")))
+        return self.alloc / name
+
+    def _check_room(self, wanted: Sequence[tuple[int, int]]) -> None:
+        cfg = self.config
+        total, reserved = int(cfg["memory"]), int(cfg["reserved"])
+        used: dict[int, int] = {}
+        survey = self.survey(owners=False)
+        for h in survey.held:  # memory still being released is not free yet, as on a real GPU
+            used[h.record.gpu] = used.get(h.record.gpu, 0) + h.record.bytes
+        asked: dict[int, int] = {}
+        for gpu, nbytes in wanted:
+            asked[gpu] = asked.get(gpu, 0) + nbytes
+        for gpu, nbytes in sorted(asked.items()):
+            problems = survey.problems.get(gpu, []) + survey.problems.get(None, [])
+            if problems:
+                raise ServerFailed(f"simulated GPU {gpu}: its free memory is unknown ({problems[0]})")
+            free = total - reserved - used.get(gpu, 0)
+            if nbytes > free:
+                raise ServerFailed(
+                    f"simulated GPU {gpu} is out of memory: tried to allocate {format_size(nbytes)}; "
+                    f"{format_size(total)} total, {format_size(used.get(gpu, 0) + reserved)} in use, "
+                    f"{format_size(max(free, 0))} free")
+
+    @contextmanager
+    def _memory_lock(self, timeout: float = 10.0) -> Iterator[None]:
+        """The host's allocation lock (``memory.lock``, a ``flock``: read access is enough)."""
+        path = self.root / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:  # a host made before the lock existed
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise ServerFailed(f"cannot create {path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ServerFailed(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ServerFailed(f"{path} is not a regular file")
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise ServerFailed(f"the simulated host is busy: {path} stayed locked "
+                                             f"for {timeout:g} s") from None
+                    time.sleep(0.005)  # allocations hold the lock for milliseconds
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # -- what is held ---------------------------------------------------------
+    def add_record(self, gpu: int, ident: ProcessId | None, nbytes: int, kind: str = "compute") -> Path:
+        """Hold memory for the calling process (``ident`` must be it) or leak it
+        (``ident=None``); the record lives as long as this object. For tests and
+        scripts; holders use :meth:`allocate`."""
+        if ident is None:
+            return self.leak(gpu, nbytes)
+        if ident.pid != os.getpid():
+            raise UsageError("add_record holds memory for the calling process only")
+        before = set(os.listdir(self.alloc))
+        self._kept.extend(self.allocate([(gpu, nbytes)], kind=kind))
+        return self.alloc / next(n for n in os.listdir(self.alloc) if n not in before and n.startswith(f"g{gpu}."))
 
     def records(self) -> list[AllocRecord]:
-        out: list[AllocRecord] = []
-        try:
-            names = os.listdir(self.alloc)
-        except FileNotFoundError:
-            return out
-        for name in names:
-            if not name.endswith(".json"):
-                continue
-            path = self.alloc / name
-            try:
-                rec = json.loads(path.read_text())
-            except (FileNotFoundError, ValueError):
-                continue  # being written (atomic rename) or collected right now
-            out.append(AllocRecord(rec["gpu"], rec["pid"], rec["start_ticks"], rec["bytes"], rec["kind"], path))
-        return out
+        """Every record that still holds memory, live or being released."""
+        return [h.record for h in self.held()]
 
     def held(self, now: float | None = None) -> list[HeldMemory]:
         """Records that still hold memory now, after applying the release delay."""
+        return self.survey(now).held
+
+    def survey(self, now: float | None = None, *, owners: bool = True) -> Survey:
+        """What the simulated driver holds now (see :mod:`gpuslate.sim.records`).
+
+        Never raises for a record: one that cannot be read is a problem of its GPU
+        (its memory is then unknown, never free). ``owners=False`` skips naming the
+        owners (the /proc scan), for the allocation check.
+        """
         now = time.time() if now is None else now
-        delay = self.release_delay
+        problems: dict[int | None, list[str]] = {}
+        files = self._read_records(problems)
+        live = [f for f in files if f.locked]
+        resolved: dict[str, Owner] = {}
+        if owners and live:
+            resolved = self._owners(live)
+            self._resolved.update(resolved)
         out: list[HeldMemory] = []
-        for rec in self.records():
-            if rec.pid is None:
-                out.append(HeldMemory(rec, True))
+        for f in files:
+            c = f.claim
+            path = self.alloc / f.name
+            if c.is_leak or f.locked:
+                owner = resolved.get(f.path)
+                out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
+                                                  owner.start_ticks if owner else None, c.bytes, c.kind, path), True))
                 continue
-            st = read_stat(rec.pid)
-            if st is not None and st.start_ticks == rec.start_ticks and not st.has_exited:
-                out.append(HeldMemory(rec, True))
-                continue
-            dead_at = self._dead_since(rec.path, now)
-            if now < dead_at + delay:
-                out.append(HeldMemory(rec, False))
-            else:
-                _unlink(rec.path)
-                _unlink(rec.path.with_suffix(".dead"))
+            if now < self._dead_since(f.name, now) + self.release_delay:
+                owner = self._dead_owner(f)
+                out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
+                                                  owner.start_ticks if owner else None, c.bytes, c.kind, path), False))
+            else:  # released: collect it when we may (another user's record is left to its owner)
+                _unlink_quietly(path)
+                _unlink_quietly(self.alloc / (f.name[: -len(SUFFIX)] + DEAD_SUFFIX))
+                self._dead_seen.pop(f.name, None)
+                self._resolved.pop(f.path, None)
+        return Survey(out, problems)
+
+    def _read_records(self, problems: dict[int | None, list[str]]) -> list[RecordFile]:
+        try:
+            alloc_fd = os.open(self.alloc, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            problems.setdefault(None, []).append(f"{self.alloc} cannot be read: {exc.strerror}")
+            return []
+        try:
+            real = os.path.realpath(self.alloc)
+            files: list[RecordFile] = []
+            for name in sorted(os.listdir(alloc_fd)):
+                if name.startswith(".") or not name.endswith(SUFFIX):
+                    continue  # being written (renamed into place when locked), or a dead marker
+                got = read_record(alloc_fd, name, real, self.gpu_count)
+                if isinstance(got, str):
+                    problems.setdefault(gpu_of_name(name), []).append(got)
+                elif got is not None:
+                    files.append(got)
+            return files
+        except OSError as exc:
+            problems.setdefault(None, []).append(f"{self.alloc} cannot be read: {exc.strerror}")
+            return []
+        finally:
+            os.close(alloc_fd)
+
+    def _owners(self, live: list[RecordFile]) -> dict[str, Owner]:
+        """The owner of each live record, from the host's /proc (see :func:`owner_of`)."""
+        real_dev = os.path.realpath(self.dev)
+        scan = scan_device_holders((os.path.realpath(self.alloc) + "/", real_dev + "/nvidia"))
+        starts: dict[int, int | None] = {}
+        for pid in list(scan.holders) + scan.unreadable:
+            st = read_stat(pid)
+            starts[pid] = st.start_ticks if st is not None else None
+        unseen = [f for f in live if not any(f.path in t for t in scan.holders.values())]
+        locks = lock_owners(f.inode for f in unseen) if unseen and scan.unreadable else {}
+        out: dict[str, Owner] = {}
+        for f in live:
+            owner = owner_of(f.path, f"{real_dev}/nvidia{f.claim.gpu}", scan, starts, locks.get(f.inode))
+            if owner is not None:
+                out[f.path] = owner
         return out
 
-    def _dead_since(self, path: Path, now: float) -> float:
-        marker = path.with_suffix(".dead")
+    def _dead_owner(self, f: RecordFile) -> Owner | None:
+        """Whom to name for memory still being released: never a process that is alive
+        and not the one that held it (a reused pid, a false claim)."""
+        seen = self._resolved.get(f.path)
+        for pid, start in (seen or (None, None), (f.claim.claimed_pid, f.claim.claimed_start)):
+            if pid is None:
+                continue
+            st = read_stat(pid)
+            if st is None or (st.has_exited and st.start_ticks == start):
+                return Owner(pid, start)
+        return None
+
+    def _dead_since(self, name: str, now: float) -> float:
+        """When the driver started releasing a dead holder's record: fixed by its first
+        observer in a marker file; a reader that may not write one remembers it itself."""
+        marker = name[: -len(SUFFIX)] + DEAD_SUFFIX
+        seen = self._dead_seen.setdefault(name, now)
         try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(self.alloc / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644)
         except FileExistsError:
-            try:
-                return float(marker.read_text() or now)
-            except (FileNotFoundError, ValueError):
-                return now
-        # the first observer of the death fixes when teardown started
+            return _read_time(self.alloc / marker, seen)
+        except OSError:  # another user's shared host: not ours to write
+            return seen
         with os.fdopen(fd, "w") as f:
-            f.write(repr(now))
-        return now
+            f.write(repr(seen))
+        return seen
 
 
 def _config_problem(cfg: object) -> str | None:
@@ -269,8 +449,24 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _unlink(path: Path) -> None:
+def _unlink_quietly(path: Path) -> None:
     try:
         path.unlink()
-    except FileNotFoundError:
+    except OSError:  # gone already, or not ours to remove (a sticky shared folder)
         pass
+
+
+def _read_time(path: Path, default: float) -> float:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return default
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return default
+        value = float(os.read(fd, 64) or default)
+    except (OSError, ValueError):
+        return default
+    finally:
+        os.close(fd)
+    return value if math.isfinite(value) else default
