@@ -334,11 +334,12 @@ class SimHost:
                 owner = self._dead_owner(f)
                 out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
                                                   owner.start_ticks if owner else None, c.bytes, c.kind, path), False))
-            else:  # released: collect it when we may (another user's record is left to its owner)
-                _unlink_quietly(path)
+            elif _unlink_quietly(path):  # released: collected, with its marker, when we may
                 _unlink_quietly(self.alloc / (f.name[: -len(SUFFIX)] + DEAD_SUFFIX))
                 self._dead_seen.pop(f.name, None)
                 self._resolved.pop(f.path, None)
+            # else another user's record in a shared folder: its marker stays, so every
+            # reader agrees it is released, until its owner's next read collects it
         return Survey(out, problems)
 
     def _read_records(self, problems: dict[int | None, list[str]]) -> list[RecordFile]:
@@ -405,7 +406,7 @@ class SimHost:
             fd = os.open(self.alloc / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o644)
         except FileExistsError:
-            return _read_time(self.alloc / marker, seen)
+            return min(_read_time(self.alloc / marker, seen), now)  # a time to come is no teardown start
         except OSError:  # another user's shared host: not ours to write
             return seen
         with os.fdopen(fd, "w") as f:
@@ -449,11 +450,15 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _unlink_quietly(path: Path) -> None:
+def _unlink_quietly(path: Path) -> bool:
+    """Remove a file; ``False`` when it is not ours to remove (a sticky shared folder)."""
     try:
         path.unlink()
-    except OSError:  # gone already, or not ours to remove (a sticky shared folder)
-        pass
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _read_time(path: Path, default: float) -> float:
