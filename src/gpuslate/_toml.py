@@ -2,6 +2,12 @@
 
 ``tomllib`` parses without positions, so a value rejected after parsing is
 found again in the text for a FILE:LINE message: best effort, and 1 when unsure.
+
+``tomllib`` also recurses once per nested array or inline table (a deep file is
+a RecursionError) and takes quadratic time in a key's dotted parts (a 50,000-part
+key takes a minute). A configuration file needs neither, so the text is bounded
+before it is parsed (:func:`check_bounds`, one linear pass): its size, its
+nesting and its keys' parts, each refused with FILE:LINE.
 """
 
 from __future__ import annotations
@@ -11,6 +17,12 @@ import re
 from typing import Any
 
 from .errors import UsageError
+
+#: no configuration or experiment spec comes near these; anything beyond is refused before parsing
+MAX_BYTES = 1 << 20
+MAX_NESTING = 32  # arrays and inline tables inside one another (a table header counts 1 or 2)
+MAX_KEY_PARTS = 32  # dotted parts of one key or table name
+_OPEN, _CLOSE = "[{", "]}"
 
 
 def read_toml(path: str | os.PathLike[str], what: str) -> tuple[str, dict[str, Any]]:
@@ -22,15 +34,90 @@ def read_toml(path: str | os.PathLike[str], what: str) -> tuple[str, dict[str, A
         import tomli as tomllib  # type: ignore[no-redef]
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            text = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{what} {path} not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
+    if len(text) > MAX_BYTES:
+        raise UsageError(f"{path}: too large for a {what} (more than {MAX_BYTES >> 20} MiB)")
+    problem = check_bounds(text)
+    if problem is not None:
+        line, why = problem
+        raise UsageError(f"{path}:{line}: malformed TOML: {why}")
     try:
         return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: malformed TOML: {exc}") from None
+    except RecursionError:  # not reached within the bounds above; never a traceback all the same
+        raise UsageError(f"{path}: malformed TOML: nested too deeply") from None
+
+
+def check_bounds(text: str) -> tuple[int, str] | None:
+    """(line, why) of the first place ``text`` nests deeper than :data:`MAX_NESTING` or
+    has a key of more than :data:`MAX_KEY_PARTS` parts; ``None`` when within bounds.
+
+    One pass that skips strings (all four kinds) and comments. A run of dots between
+    structural characters (``= , [ ] { }``, a newline) counts as one key's parts: a
+    float or a time has one dot, so values never reach the bound.
+    """
+    depth = dots = 0
+    line = 1
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+            dots = 0
+        elif c == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif c in "\"'":
+            quote = text[i:i + 3] if text[i:i + 3] in ('"""', "'''") else c
+            j = i + len(quote)
+            while True:
+                end = text.find(quote, j)
+                if end < 0:
+                    return None  # unterminated: tomllib says where
+                if quote[0] == '"' and _escaped(text, end):
+                    j = end + 1
+                    continue
+                break
+            if len(quote) == 3:
+                for _ in range(2):  # up to two quotes may end the content: '''a''''' is "a''"
+                    if text[end + 3:end + 4] != c:
+                        break
+                    end += 1
+                line += text.count("\n", i, end)
+            elif "\n" in text[i:end]:
+                return None  # a newline in a one-line string: tomllib says where
+            i = end + len(quote)
+            continue
+        elif c in _OPEN:
+            depth += 1
+            dots = 0
+            if depth > MAX_NESTING:
+                return line, f"arrays or inline tables nested deeper than {MAX_NESTING} levels"
+        elif c in _CLOSE:
+            depth = max(depth - 1, 0)
+            dots = 0
+        elif c in "=,":
+            dots = 0
+        elif c == ".":
+            dots += 1
+            if dots >= MAX_KEY_PARTS:
+                return line, f"a key of more than {MAX_KEY_PARTS} dotted parts"
+        i += 1
+    return None
+
+
+def _escaped(text: str, at: int) -> bool:
+    """Whether the quote at ``at`` is escaped (an odd number of backslashes before it)."""
+    k = at - 1
+    while k >= 0 and text[k] == "\\":
+        k -= 1
+    return (at - 1 - k) % 2 == 1
 
 
 def line_of(text: str, table: str | None, key: str | None) -> int:
