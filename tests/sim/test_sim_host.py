@@ -292,6 +292,20 @@ def test_an_unreadable_record_is_an_error_of_its_gpu_for_that_user(shared, other
     assert status(shared)["gpus"][1]["memory"]["used"] == GiB  # root reads it: a leak of 1 GiB
 
 
+def test_another_users_reset_of_a_shared_host_is_one_line(shared, other_user):
+    live = start([sys.executable, "-m", "gpuslate", "--sim", str(shared.root), "sim", "hold", "--gpus", "0",
+                  "--memory", "5GiB"])
+    try:
+        pid = ready_line(live)["pid"]
+        r = subprocess.run(as_user(other_user, shared, "sim", "init", str(shared.root), "--count", "2"),
+                           capture_output=True, text=True, timeout=60, **user_kw(other_user, shared))
+        assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.count("gpuslate: error:") == 1 and "cannot initialise" in r.stderr
+        assert holders(status(shared), 0) == {pid: 5 * GiB}  # root's holder keeps its memory
+    finally:
+        kill_tree(live)
+
+
 # -- out of memory ---------------------------------------------------------------------------
 
 def test_hold_beyond_a_gpus_memory_fails_like_a_driver(host):

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from .._parse import format_size
-from ..errors import BackendUnavailable, ServerFailed, UsageError
+from ..errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
 from ..proc.fdscan import scan_device_holders
 from ..proc.procfs import ProcessId, identity, read_stat
 from .records import SUFFIX, Claim, Owner, RecordFile, create_record, gpu_of_name, lock_owners, owner_of, read_record
@@ -120,21 +120,12 @@ class SimHost:
         host = cls(root)
         if host.root.exists() and any(host.root.iterdir()) and not (host.root / "host.json").exists():
             raise UsageError(f"refusing to initialise {host.root}: it is not empty and not a simulated host")
-        host.root.mkdir(parents=True, exist_ok=True)
-        host.dev.mkdir(exist_ok=True)
-        host.alloc.mkdir(exist_ok=True)
-        for entry in host.alloc.iterdir():  # a new host forgets leaks and records
-            entry.unlink()
-        # existing device files are kept: a process holding one keeps holding it
-        wanted = {f"nvidia{i}" for i in range(gpus)} | {"nvidiactl", "nvidia-uvm"}
-        for entry in host.dev.iterdir():
-            if entry.name not in wanted:
-                entry.unlink()
-        for n in wanted:
-            (host.dev / n).touch()
-        lock = host.root / LOCK_NAME
-        if not lock.exists():
-            os.close(os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+        try:
+            host._make_files(gpus)
+        except OSError as exc:  # another user's host, a read-only folder: one line, never a traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            error = PermissionDenied if isinstance(exc, PermissionError) else UsageError
+            raise error(f"cannot initialise {host.root}: {exc.strerror}{where}") from None
         seed = uuidlib.uuid4().hex[:8]
         config = {
             "schema": SCHEMA, "name": name, "gpus": gpus, "memory": memory, "reserved": reserved,
@@ -144,6 +135,23 @@ class SimHost:
         }
         _atomic_write(host.root / "host.json", json.dumps(config, indent=2))
         return host
+
+    def _make_files(self, gpus: int) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.dev.mkdir(exist_ok=True)
+        self.alloc.mkdir(exist_ok=True)
+        for entry in self.alloc.iterdir():  # a new host forgets leaks and records
+            entry.unlink()
+        # existing device files are kept: a process holding one keeps holding it
+        wanted = {f"nvidia{i}" for i in range(gpus)} | {"nvidiactl", "nvidia-uvm"}
+        for entry in self.dev.iterdir():
+            if entry.name not in wanted:
+                entry.unlink()
+        for path in [self.dev / n for n in sorted(wanted)] + [self.root / LOCK_NAME]:  # made if missing, never touched
+            try:
+                os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+            except FileExistsError:
+                pass
 
     # -- configuration ------------------------------------------------------
     @property
@@ -298,10 +306,6 @@ class SimHost:
         self._kept.extend(self.allocate([(gpu, nbytes)], kind=kind))
         return self.alloc / next(n for n in os.listdir(self.alloc) if n not in before and n.startswith(f"g{gpu}."))
 
-    def records(self) -> list[AllocRecord]:
-        """Every record that still holds memory, live or being released."""
-        return [h.record for h in self.held()]
-
     def held(self, now: float | None = None) -> list[HeldMemory]:
         """Records that still hold memory now, after applying the release delay."""
         return self.survey(now).held
@@ -372,12 +376,12 @@ class SimHost:
         """The owner of each live record, from the host's /proc (see :func:`owner_of`)."""
         real_dev = os.path.realpath(self.dev)
         scan = scan_device_holders((os.path.realpath(self.alloc) + "/", real_dev + "/nvidia"))
-        starts: dict[int, int | None] = {}
-        for pid in list(scan.holders) + scan.unreadable:
-            st = read_stat(pid)
-            starts[pid] = st.start_ticks if st is not None else None
         unseen = [f for f in live if not any(f.path in t for t in scan.holders.values())]
         locks = lock_owners(f.inode for f in unseen) if unseen and scan.unreadable else {}
+        starts: dict[int, int | None] = {}
+        for pid in {*scan.holders, *locks.values()}:
+            st = read_stat(pid)
+            starts[pid] = st.start_ticks if st is not None else None
         out: dict[str, Owner] = {}
         for f in live:
             owner = owner_of(f.path, f"{real_dev}/nvidia{f.claim.gpu}", scan, starts, locks.get(f.inode))
