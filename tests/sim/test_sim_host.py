@@ -306,6 +306,16 @@ def test_another_users_reset_of_a_shared_host_is_one_line(shared, other_user):
         kill_tree(live)
 
 
+def test_a_user_who_may_not_write_the_host_gets_one_line(shared, other_user):
+    shared.alloc.chmod(0o755)  # root's host, not shared for holding
+    r = subprocess.run(as_user(other_user, shared, "sim", "hold", "--gpus", "0", "--memory", "1GiB"),
+                       capture_output=True, text=True, timeout=60, **user_kw(other_user, shared))
+    assert r.returncode == 5 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "cannot record memory" in line and "Permission denied" in line
+    assert status(shared)["gpus"][0]["memory"]["used"] == 0
+
+
 # -- out of memory ---------------------------------------------------------------------------
 
 def test_hold_beyond_a_gpus_memory_fails_like_a_driver(host):

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "its holders' records and leaks are forgotten). Point gpuslate at it with --sim DIR "
                          "or GPUSLATE_SIM=DIR. The folder is DIR: a --sim naming another folder is refused.",
                          epilog=exit_epilog({2: "bad input, DIR is neither empty nor a simulated host, or --sim "
-                                             "names another folder"},
+                                             "names another folder", 5: "DIR holds another user's files"},
                                             backend=False))
     add_common(init)
     init.add_argument("dir", metavar="DIR", help="the folder of the simulated host (created if missing)")
@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "holds more than its memory: asking for more fails (simulated CUDA out of memory).",
                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT (after it was ready)",
                                              2: "bad input, or no simulated host",
+                                             5: "this user may not record memory in the host's folder",
                                              6: "out of memory: a GPU lacks the room (nothing is held)"}))
     add_common(hold)
     hold.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to hold (default: all)")
@@ -89,6 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "orphaned CUDA context, until the next 'gpuslate sim init' of the host: what "
                          "'clear' and 'wait' must diagnose rather than wait out.",
                          epilog=exit_epilog({2: "bad input, or no simulated host",
+                                             5: "this user may not record memory in the host's folder",
                                              6: "out of memory: the GPU lacks the room"}))
     add_common(leak)
     leak.add_argument("--gpu", type=whole(0, 1023), required=True, metavar="N", help="the GPU index")

@@ -219,19 +219,21 @@ class SimHost:
         claim_of = identity(os.getpid())
         wanted = [(g, n) for g, n in held if n > 0]
         self.check_gpus([g for g, _ in wanted])
-        fds: list[int] = []
+        made: list[tuple[str, int]] = []
         with self._memory_lock():
             self._check_room(wanted)
             try:
                 for gpu, nbytes in wanted:
                     claim = Claim(gpu, claim_of.pid if claim_of else os.getpid(),
                                   claim_of.start_ticks if claim_of else None, nbytes, kind)
-                    fds.append(create_record(str(self.alloc), f"g{gpu}.{uuidlib.uuid4().hex[:16]}{SUFFIX}", claim))
+                    name = f"g{gpu}.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
+                    made.append((name, self._create(name, claim)))
             except BaseException:
-                for fd in fds:  # all or nothing: closing a record ends it (collected after the delay)
+                for name, fd in made:  # all or nothing: what was recorded never held memory
+                    _unlink_quietly(self.alloc / name)
                     os.close(fd)
                 raise
-        return fds
+        return [fd for _, fd in made]
 
     def leak(self, gpu: int, nbytes: int) -> Path:
         """Leave memory held by no process (an orphaned context) until the next init."""
@@ -239,8 +241,14 @@ class SimHost:
         with self._memory_lock():
             self._check_room([(gpu, nbytes)])
             name = f"g{gpu}.leak.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
-            os.close(create_record(str(self.alloc), name, Claim(gpu, None, None, nbytes, "compute")))
+            os.close(self._create(name, Claim(gpu, None, None, nbytes, "compute")))
         return self.alloc / name
+
+    def _create(self, name: str, claim: Claim) -> int:
+        try:
+            return create_record(str(self.alloc), name, claim)
+        except OSError as exc:  # a folder this user may not write, a full disk: one line
+            raise _os_failure(f"cannot record memory in {self.alloc}", exc) from None
 
     def _check_room(self, wanted: Sequence[tuple[int, int]]) -> None:
         cfg = self.config
@@ -273,9 +281,9 @@ class SimHost:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
             except OSError as exc:
-                raise ServerFailed(f"cannot create {path}: {exc.strerror}") from None
+                raise _os_failure(f"cannot create {path}", exc) from None
         except OSError as exc:
-            raise ServerFailed(f"cannot open {path}: {exc.strerror}") from None
+            raise _os_failure(f"cannot open {path}", exc) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ServerFailed(f"{path} is not a regular file")
@@ -452,6 +460,13 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _os_failure(what: str, exc: OSError) -> ServerFailed | PermissionDenied:
+    """An OS refusal while holding memory, as one line: permission (5), else a failed start (6)."""
+    if isinstance(exc, PermissionError):
+        return PermissionDenied(f"{what}: {exc.strerror}")
+    return ServerFailed(f"{what}: {exc.strerror}")
 
 
 def _unlink_quietly(path: Path) -> bool:
