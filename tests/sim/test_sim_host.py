@@ -162,6 +162,53 @@ def test_a_records_claimed_pid_is_never_reported(host, holds_device):
         kill_tree(p)
 
 
+FORKER = textwrap.dedent("""
+    import os, sys, time
+    from gpuslate.proc.procfs import identity
+    from gpuslate.sim.host import SimHost
+    host = SimHost(sys.argv[1])
+    dev = os.open(host.device_path(0), os.O_RDONLY)
+    host.add_record(0, identity(os.getpid()), 2 << 30)
+    child = os.fork()
+    if child == 0:
+        time.sleep(600)
+        os._exit(0)
+    print(child, flush=True)
+    if sys.argv[2] == "exit":
+        os._exit(0)  # the child keeps the context open: it holds the memory now
+    time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("parent", ["stays", "exit"])
+def test_a_context_inherited_by_fork_is_named_once(host, parent):
+    p = start([sys.executable, "-c", FORKER, str(host.root), parent])
+    try:
+        child = int(p.stdout.readline())
+        if parent == "exit":
+            p.wait(10)
+        doc = status(host)
+        assert holders(doc, 0) == {(p.pid if parent == "stays" else child): 2 << 30}  # the creator while it lives
+        assert doc["gpus"][0]["memory"]["used"] == 2 << 30
+    finally:
+        kill_tree(p)
+
+
+def test_a_hard_link_to_a_record_is_the_same_memory(host):
+    p = start([sys.executable, "-m", "gpuslate", "--sim", str(host.root), "sim", "hold", "--gpus", "0",
+               "--memory", "5GiB"])
+    try:
+        pid = ready_line(p)["pid"]
+        (record,) = host.alloc.glob("g0.*.json")
+        os.link(record, host.alloc / "g0.copy.json")
+        os.link(record, host.alloc / "g1.copy.json")
+        doc = status(host)
+        assert holders(doc, 0) == {pid: 5 * GiB} and doc["gpus"][0]["memory"]["used"] == 5 * GiB
+        assert doc["gpus"][1]["memory"]["used"] == 0
+    finally:
+        kill_tree(p)
+
+
 def test_an_unlocked_record_is_released_not_believed(host):
     """A record written by hand (no holder keeps it) is a dead holder's: released after the delay."""
     (host.alloc / "g1.forged.json").write_text(json.dumps(

@@ -51,6 +51,8 @@ MEMORY_APIS = ("v2", "v1")
 #: the allocation lock: every holder takes it to check for room and record its memory
 LOCK_NAME = "memory.lock"
 DEAD_SUFFIX = ".dead"
+#: 64 GPUs x 256 workers; more records than that is no host's bookkeeping
+MAX_RECORDS = 64 * 256
 
 
 class AllocRecord(NamedTuple):
@@ -333,6 +335,7 @@ class SimHost:
         if owners and live:
             resolved = self._owners(live)
             self._resolved.update(resolved)
+        files = _once_per_inode(files, resolved)
         out: list[HeldMemory] = []
         for f in files:
             c = f.claim
@@ -364,10 +367,14 @@ class SimHost:
             return []
         try:
             real = os.path.realpath(self.alloc)
+            names = [n for n in sorted(os.listdir(alloc_fd))  # not: being written, or a dead marker
+                     if not n.startswith(".") and n.endswith(SUFFIX)]
+            if len(names) > MAX_RECORDS:
+                problems.setdefault(None, []).append(f"{self.alloc} has {len(names)} records, more than a "
+                                                     f"host of {self.gpu_count} GPUs can hold ({MAX_RECORDS})")
+                return []
             files: list[RecordFile] = []
-            for name in sorted(os.listdir(alloc_fd)):
-                if name.startswith(".") or not name.endswith(SUFFIX):
-                    continue  # being written (renamed into place when locked), or a dead marker
+            for name in names:
                 got = read_record(alloc_fd, name, real, self.gpu_count)
                 if isinstance(got, str):
                     problems.setdefault(gpu_of_name(name), []).append(got)
@@ -460,6 +467,17 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _once_per_inode(files: list[RecordFile], resolved: dict[str, Owner]) -> list[RecordFile]:
+    """A hard link to a record is the same memory: kept once, under the name its holder opened."""
+    out: list[RecordFile] = []
+    seen: set[tuple[int, int]] = set()
+    for f in sorted(files, key=lambda f: f.path not in resolved):  # stable: named ones first
+        if f.inode not in seen:
+            seen.add(f.inode)
+            out.append(f)
+    return out
 
 
 def _os_failure(what: str, exc: OSError) -> ServerFailed | PermissionDenied:
