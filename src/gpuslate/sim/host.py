@@ -218,6 +218,10 @@ class SimHost:
         device file open. Returns the fds that keep the memory held: it is released
         when they close (at exit at the latest), after the release delay.
         """
+        return [fd for _, fd in self._allocate(held, kind)]
+
+    def _allocate(self, held: Sequence[tuple[int, int]], kind: str) -> list[tuple[str, int]]:
+        """:meth:`allocate`, returning each record's (name, fd)."""
         claim_of = identity(os.getpid())
         wanted = [(g, n) for g, n in held if n > 0]
         self.check_gpus([g for g, _ in wanted])
@@ -235,7 +239,7 @@ class SimHost:
                     _unlink_quietly(self.alloc / name)
                     os.close(fd)
                 raise
-        return [fd for _, fd in made]
+        return made
 
     def leak(self, gpu: int, nbytes: int) -> Path:
         """Leave memory held by no process (an orphaned context) until the next init."""
@@ -297,7 +301,7 @@ class SimHost:
                 except BlockingIOError:
                     if time.monotonic() > deadline:
                         raise ServerFailed(f"the simulated host is busy: {path} stayed locked "
-                                             f"for {timeout:g} s") from None
+                                           f"for {timeout:g} s") from None
                     time.sleep(0.005)  # allocations hold the lock for milliseconds
             yield
         finally:
@@ -310,11 +314,11 @@ class SimHost:
         scripts; holders use :meth:`allocate`."""
         if ident is None:
             return self.leak(gpu, nbytes)
-        if ident.pid != os.getpid():
-            raise UsageError("add_record holds memory for the calling process only")
-        before = set(os.listdir(self.alloc))
-        self._kept.extend(self.allocate([(gpu, nbytes)], kind=kind))
-        return self.alloc / next(n for n in os.listdir(self.alloc) if n not in before and n.startswith(f"g{gpu}."))
+        if ident.pid != os.getpid() or nbytes <= 0:
+            raise UsageError("add_record holds memory (more than 0 bytes) for the calling process only")
+        ((name, fd),) = self._allocate([(gpu, nbytes)], kind)
+        self._kept.append(fd)
+        return self.alloc / name
 
     def held(self, now: float | None = None) -> list[HeldMemory]:
         """Records that still hold memory now, after applying the release delay."""
