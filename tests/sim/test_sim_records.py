@@ -12,33 +12,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.proc.fdscan import FdScan
-from gpuslate.sim.records import Claim, create_record, lock_owners, owner_of, parse_claim, read_record
+from gpuslate.sim.records import (START_SLACK, Claim, LockFact, RecordFile, create_record, lock_owners, owner_of,
+                                  parse_claim, read_record)
 
 REC = "/sim/alloc/g0.x.json"
 DEV = "/sim/dev/nvidia0"
 OTHER = ["/sim/dev/nvidia1", "/sim/alloc/g1.y.json", "/sim/dev/nvidiactl"]
+CREATED = 1000.0
 
 pids = st.integers(1, 60)
-targets = st.sets(st.sampled_from([REC, DEV, *OTHER]), max_size=4)
+targets = st.frozensets(st.sampled_from([REC, DEV, *OTHER]), max_size=4)
+locks = st.one_of(st.none(), st.builds(
+    LockFact, pid=pids, start_ticks=st.one_of(st.none(), st.integers(0, 5)),
+    started=st.one_of(st.none(), st.floats(CREATED - 10, CREATED + 10)), targets=st.one_of(st.none(), targets)))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(holders=st.dictionaries(pids, targets, max_size=8), unreadable=st.lists(pids, max_size=5),
-       starts=st.dictionaries(pids, st.one_of(st.none(), st.integers(0, 5)), max_size=60),
-       lock_pid=st.one_of(st.none(), pids))
-def test_owner_is_a_holder_of_both_files_or_the_kernels_lock_owner_we_could_not_inspect(
-        holders, unreadable, starts, lock_pid):
-    unreadable = [p for p in unreadable if p not in holders]
-    owner = owner_of(REC, DEV, FdScan(holders, unreadable), starts, lock_pid)
-    both = [p for p, t in holders.items() if REC in t and DEV in t]
-    if both:
-        # the one that started first (unknown start last), lowest pid among equals
-        key = [(starts.get(p) if starts.get(p) is not None else 1 << 62, p) for p in both]
-        assert owner is not None and owner.pid == min(key)[1]
-    elif lock_pid is not None and lock_pid in unreadable:
-        assert owner is not None and owner.pid == lock_pid
+       starts=st.dictionaries(pids, st.one_of(st.none(), st.integers(0, 5)), max_size=60), lock=locks,
+       scanned=st.booleans())
+def test_owner_is_the_kernels_locker_or_a_holder_of_both_files_never_a_guess(
+        holders, unreadable, starts, lock, scanned):
+    record = RecordFile("g0.x.json", REC, Claim(0, 1, 0, 5, "compute"), True, (1, 2), CREATED)
+    scan = FdScan(holders, unreadable) if scanned else None
+    owner = owner_of(record, DEV, lock, scan, starts)
+    both = [p for p, t in holders.items() if REC in t and DEV in t] if scanned else []
+    lock_counts = (lock is not None and lock.start_ticks is not None and lock.started is not None
+                   and lock.started <= CREATED + START_SLACK
+                   and (lock.targets is None or {REC, DEV} <= lock.targets))
+    if lock_counts:
+        # the locker: started before the record was written, and holds both files or cannot be inspected
+        assert owner == (lock.pid, lock.start_ticks)
+    elif both:
+        # else the holder of both that started first (unknown start last), lowest pid among equals
+        key = min((starts.get(p) if starts.get(p) is not None else 1 << 62, p) for p in both)
+        assert owner is not None and owner.pid == key[1]
     else:
-        assert owner is None  # unknown never names a process
+        assert owner is None  # unknown never names a process; the record's claim (pid 1) never does
 
 
 @settings(max_examples=300, deadline=None)

@@ -37,9 +37,10 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 from .._parse import format_size
 from ..errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
-from ..proc.fdscan import scan_device_holders
-from ..proc.procfs import ProcessId, identity, read_stat
-from .records import SUFFIX, Claim, Owner, RecordFile, create_record, gpu_of_name, lock_owners, owner_of, read_record
+from ..proc.fdscan import FdScan, scan_device_holders
+from ..proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
+from .records import (SUFFIX, Claim, LockFact, Owner, RecordFile, create_record, fd_targets, gpu_of_name, lock_owners,
+                      owner_of, read_record)
 
 SCHEMA = "gpuslate.simhost.v1"
 DEFAULT_NAME = "NVIDIA RTX PRO 6000 Blackwell"
@@ -392,18 +393,29 @@ class SimHost:
             os.close(alloc_fd)
 
     def _owners(self, live: list[RecordFile]) -> dict[str, Owner]:
-        """The owner of each live record, from the host's /proc (see :func:`owner_of`)."""
+        """The owner of each live record, from the host's /proc (see :func:`owner_of`):
+        the lock owners first; the whole fd scan only for records they do not explain."""
         real_dev = os.path.realpath(self.dev)
-        scan = scan_device_holders((os.path.realpath(self.alloc) + "/", real_dev + "/nvidia"))
-        unseen = [f for f in live if not any(f.path in t for t in scan.holders.values())]
-        locks = lock_owners(f.inode for f in unseen) if unseen and scan.unreadable else {}
-        starts: dict[int, int | None] = {}
-        for pid in {*scan.holders, *locks.values()}:
+        locks = lock_owners(f.inode for f in live)
+        facts: dict[int, LockFact] = {}
+        for pid in set(locks.values()):
             st = read_stat(pid)
-            starts[pid] = st.start_ticks if st is not None else None
+            facts[pid] = LockFact(pid, st.start_ticks if st else None, ticks_to_epoch(st.start_ticks) if st else None,
+                                  fd_targets(pid))
         out: dict[str, Owner] = {}
+        scan: FdScan | None = None
+        starts: dict[int, int | None] = {}
         for f in live:
-            owner = owner_of(f.path, f"{real_dev}/nvidia{f.claim.gpu}", scan, starts, locks.get(f.inode))
+            device = f"{real_dev}/nvidia{f.claim.gpu}"
+            lock = facts.get(locks.get(f.inode, 0))
+            owner = owner_of(f, device, lock, None, starts)
+            if owner is None:
+                if scan is None:  # once, and only when needed
+                    scan = scan_device_holders((os.path.realpath(self.alloc) + "/", real_dev + "/nvidia"))
+                    for pid in scan.holders:
+                        st = read_stat(pid)
+                        starts[pid] = st.start_ticks if st is not None else None
+                owner = owner_of(f, device, lock, scan, starts)
             if owner is not None:
                 out[f.path] = owner
         return out

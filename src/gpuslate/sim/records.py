@@ -18,15 +18,18 @@ The scheme, one record per context (GPU, process):
   the record open (a ``flock`` belongs to the open file and ends when its last
   fd closes: at exit, at SIGKILL). This needs no access to anyone's ``/proc``,
   so it works for every user.
-* **Owner** is the process whose fd table, read from the host's ``/proc``,
-  holds both the record and the GPU's device file (:func:`owner_of`, a pure
-  function of those facts). Several (a fork inherited both fds): the one that
-  started first, which created the context. None visible because their fd
-  tables may not be read (another user's holder, a non-root reader): the pid
-  that ``/proc/locks`` names as the lock's owner, which the kernel translates
-  into the reader's PID namespace, and only if that pid is one we could not
-  inspect. Otherwise no process is named: the memory counts, held by no
-  process that can be signaled, like a context in another container.
+* **Owner** (:func:`owner_of`, a pure function of these facts) is first the
+  process ``/proc/locks`` names for the record's lock: the kernel recorded
+  which process took it and translates that pid into the reader's PID
+  namespace, so a holder inside ``unshare --pid`` shows as its host pid. It
+  counts when it started before the record was written (not a reused pid) and
+  its fd table, read from the host's ``/proc``, holds both the record and the
+  GPU's device file, or may not be read (another user's holder, a non-root
+  reader). Failing that (the locker exited and a forked child kept the fds), a
+  scan of every readable fd table: the process holding both that started
+  first. Otherwise no process is named: the memory counts, held by no process
+  that can be signaled, like a context in another container. The common case
+  costs one read of ``/proc/locks`` and one fd table per holder, not a scan.
 * **Claims.** The pid and start time a holder writes into its record are
   never trusted for a live record. After its death, while the driver still
   "releases" it, the owner named is the one resolved while it lived (by this
@@ -48,10 +51,11 @@ from typing import Any, Iterable, NamedTuple
 
 from ..gpu.types import PROCESS_KINDS
 from ..proc.fdscan import FdScan
+from ..proc.procfs import PROC
 
 #: a record is a few dozen bytes; anything larger is not one
 MAX_RECORD_BYTES = 4096
-#: /proc/locks is read only when an owner cannot be seen in /proc; bounded all the same
+#: /proc/locks lists every lock of the host: bounded all the same
 MAX_LOCKS_BYTES = 4 << 20
 SUFFIX = ".json"
 
@@ -78,11 +82,25 @@ class RecordFile(NamedTuple):
     claim: Claim
     locked: bool  # some process still holds the record open (its flock)
     inode: tuple[int, int]  # (st_dev, st_ino), to find its lock in /proc/locks
+    created: float  # its mtime: when its holder wrote it, before it locked it
 
 
 class Owner(NamedTuple):
     pid: int
     start_ticks: int | None
+
+
+class LockFact(NamedTuple):
+    """The process ``/proc/locks`` names for a record's lock, as this host sees it."""
+
+    pid: int
+    start_ticks: int | None  # None: no such process now
+    started: float | None  # when it started (epoch seconds)
+    targets: frozenset[str] | None  # what its fds point to; None: its fd table may not be read
+
+
+#: /proc/stat's boot time is whole seconds, so a start time is known to about a second
+START_SLACK = 1.5
 
 
 def gpu_of_name(name: str) -> int | None:
@@ -150,33 +168,61 @@ def read_record(alloc_fd: int, name: str, real_dir: str, gpus: int) -> RecordFil
             except OSError as exc:
                 return f"record {name!r}: its holder cannot be checked: {os.strerror(exc.errno or 0)}"
             # else: nobody holds it; our own shared lock ends when we close the fd
-        return RecordFile(name, os.path.join(real_dir, name), claim, locked, (st.st_dev, st.st_ino))
+        return RecordFile(name, os.path.join(real_dir, name), claim, locked, (st.st_dev, st.st_ino), st.st_mtime)
     except OSError as exc:
         return f"record {name!r} cannot be read: {os.strerror(exc.errno or 0) or exc}"
     finally:
         os.close(fd)
 
 
-def owner_of(record_path: str, device_path: str, scan: FdScan, starts: dict[int, int | None],
-             lock_pid: int | None) -> Owner | None:
-    """Who owns a live record, from facts only (see the module docstring).
+def owner_of(record: RecordFile, device_path: str, lock: LockFact | None, scan: FdScan | None,
+             starts: dict[int, int | None]) -> Owner | None:
+    """Who owns a live record, from kernel facts only (see the module docstring); never
+    a pid the record names.
 
-    ``scan`` holds the fd targets of every inspectable process; ``starts`` their
-    start ticks (``None``: gone since); ``lock_pid`` the pid ``/proc/locks``
-    names for the record's lock, when it was read. Never a pid from the record.
+    First the process the kernel lists for the record's lock (it took the lock when
+    it created the context), if it started before the record was written and holds
+    both the record and ``device_path``, or may not be inspected. Else, from a scan
+    of every inspectable fd table (``scan``; ``None``: not taken), the process that
+    holds both and started first (a fork inherits the fds). Else nobody.
+    ``starts`` gives the scanned holders' start ticks (``None``: gone since).
     """
+    if (lock is not None and lock.start_ticks is not None and lock.started is not None
+            and lock.started <= record.created + START_SLACK):  # a pid reused since is not the locker
+        if lock.targets is None or (record.path in lock.targets and device_path in lock.targets):
+            return Owner(lock.pid, lock.start_ticks)
+    if scan is None:
+        return None
     candidates = [pid for pid, targets in scan.holders.items()
-                  if record_path in targets and device_path in targets]
-    if candidates:
-        def age(pid: int) -> tuple[int, int]:
-            s = starts.get(pid)
-            return (s if s is not None else 1 << 62, pid)
+                  if record.path in targets and device_path in targets]
+    if not candidates:
+        return None
 
-        first = min(candidates, key=age)
-        return Owner(first, starts.get(first))
-    if lock_pid is not None and lock_pid in scan.unreadable:
-        return Owner(lock_pid, starts.get(lock_pid))
-    return None
+    def age(pid: int) -> tuple[int, int]:
+        s = starts.get(pid)
+        return (s if s is not None else 1 << 62, pid)
+
+    first = min(candidates, key=age)
+    return Owner(first, starts.get(first))
+
+
+def fd_targets(pid: int) -> frozenset[str] | None:
+    """What a process's fds point to; ``None`` when its fd table may not be read,
+    empty when it is gone."""
+    fd_dir = f"{PROC}/{pid}/fd/"
+    try:
+        fds = os.listdir(fd_dir)
+    except PermissionError:
+        return None
+    except OSError:
+        return frozenset()
+    out: set[str] = set()
+    for fd in fds:
+        try:
+            out.add(os.readlink(fd_dir + fd))
+        except OSError:
+            continue
+    return frozenset(out)
 
 
 def lock_owners(inodes: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
@@ -186,7 +232,7 @@ def lock_owners(inodes: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]
     if not wanted:
         return {}
     try:
-        with open("/proc/locks", "rb") as f:
+        with open(f"{PROC}/locks", "rb") as f:
             text = f.read(MAX_LOCKS_BYTES).decode("ascii", "replace")
     except OSError:
         return {}
