@@ -444,8 +444,12 @@ class SimHost:
             return min(_read_time(self.alloc / marker, seen), now)  # a time to come is no teardown start
         except OSError:  # another user's shared host: not ours to write
             return seen
-        with os.fdopen(fd, "w") as f:
-            f.write(repr(seen))
+        try:
+            os.write(fd, repr(seen).encode())
+        except OSError:  # a full disk: readers that find it empty use their own first sighting
+            pass
+        finally:
+            os.close(fd)
         return seen
 
 
