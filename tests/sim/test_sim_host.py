@@ -75,11 +75,11 @@ def host(tmp_path: Path) -> SimHost:
 
 # -- J1: host pids, from the holder of the memory ---------------------------------------------
 
-def _namespaced(host: SimHost, *hold_args: str) -> tuple[subprocess.Popen[str], dict]:
+def _namespaced(host: SimHost, *hold_args: str, own_proc: bool = True) -> tuple[subprocess.Popen[str], dict]:
     if not shutil.which("unshare"):
         pytest.fail("unshare (util-linux) is needed") if CI else pytest.skip("no unshare")
-    p = start(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "gpuslate",
-               "--sim", str(host.root), "sim", "hold", *hold_args])
+    p = start(["unshare", "--pid", "--fork", *(["--mount-proc"] if own_proc else []), sys.executable, "-m",
+               "gpuslate", "--sim", str(host.root), "sim", "hold", *hold_args])
     line = p.stdout.readline()
     if not line:
         err = p.stderr.read()
@@ -95,8 +95,10 @@ def _children(pid: int) -> list[int]:
         return [int(x) for x in f.read().split()]
 
 
-def test_namespaced_holder_is_reported_by_its_host_pid_and_clear_finds_it(host):
-    p, ready = _namespaced(host, "--gpus", "0", "--memory", "4GiB")
+@pytest.mark.parametrize("own_proc", [True, False], ids=["mount-proc", "host-proc"])
+def test_namespaced_holder_is_reported_by_its_host_pid_and_clear_finds_it(host, own_proc):
+    """Its own /proc or the host's: it believes it is PID 1 either way, and is reported by its host pid."""
+    p, ready = _namespaced(host, "--gpus", "0", "--memory", "4GiB", own_proc=own_proc)
     try:
         assert ready["pid"] == 1  # what it believes
         (host_pid,) = _children(p.pid)  # unshare's child: the namespace's init, as the host sees it
@@ -116,8 +118,9 @@ def test_namespaced_holder_is_reported_by_its_host_pid_and_clear_finds_it(host):
         kill_tree(p)
 
 
-def test_namespaced_workers_are_reported_by_their_host_pids(host):
-    p, ready = _namespaced(host, "--gpus", "0,1", "--memory", "2GiB", "--workers", "2")
+@pytest.mark.parametrize("own_proc", [True, False], ids=["mount-proc", "host-proc"])
+def test_namespaced_workers_are_reported_by_their_host_pids(host, own_proc):
+    p, ready = _namespaced(host, "--gpus", "0,1", "--memory", "2GiB", "--workers", "2", own_proc=own_proc)
     try:
         assert ready["pid"] == 1 and sorted(ready["workers"]) == [2, 3]
         (launcher,) = _children(p.pid)
