@@ -140,48 +140,62 @@ def hold(
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
                   orphan: bool = False, title: str | None = None) -> list[int]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
-    their pids once every one of them holds its memory (like TP ranks loading)."""
+    their pids once every one of them holds its memory (like TP ranks loading).
+
+    All or nothing: when one fails (out of memory), the others end themselves
+    before the error is raised; they wait at a barrier (a pipe) that only says
+    "go" when all of them hold their memory, so none is ever signaled by pid.
+    """
     host.check_gpus(gpus)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # a forked child must not flush the parent's buffers again
     r, w = os.pipe()
+    go_r, go_w = os.pipe()
     intermediates: list[int] = []
-    for rank, held in enumerate(assign(gpus, memory, workers)):
-        pid = os.fork()
-        if pid == 0:
-            _worker(host, held, rank, r, w, orphan, title)
-        if orphan:
-            intermediates.append(pid)
-    os.close(w)
-    for pid in intermediates:  # the middle process exits at once: collect it
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+    try:
+        for rank, held in enumerate(assign(gpus, memory, workers)):
+            pid = os.fork()
+            if pid == 0:
+                os.close(go_w)
+                _worker(host, held, rank, (r, w), go_r, orphan, title)
+            if orphan:
+                intermediates.append(pid)
+        os.close(w)
+        os.close(go_r)
+        for pid in intermediates:  # the middle process exits at once: collect it
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        pids, errors = _reports(r, workers)
+        if errors or len(pids) != workers:
+            raise ServerFailed(f"simulated worker failed: {errors[0]}" if errors
+                               else "a simulated worker died before holding its memory")
+        os.write(go_w, b"g" * workers)  # at most 256 bytes: never blocks on a pipe
+        return pids
+    finally:
+        os.close(go_w)  # without "go", an end of file: every worker that held memory exits
+
+
+def _reports(r: int, workers: int) -> tuple[list[int], list[str]]:
+    """(pids, errors) from the workers' lines; stops at EOF once every worker wrote or died."""
     pids: list[int] = []
     errors: list[str] = []
     with os.fdopen(r) as reports:
-        for line in reports:  # one line per worker; EOF once every worker has written or died
+        for line in reports:
             if line.startswith("error "):
                 errors.append(line[6:].strip())
             else:
                 pids.append(int(line))
             if len(pids) + len(errors) == workers:
                 break
-    if errors or len(pids) != workers:
-        for pid in pids:  # like a server whose rank failed to load: the others go too
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        raise ServerFailed(f"simulated worker failed: {errors[0]}" if errors
-                           else "a simulated worker died before holding its memory")
-    return pids
+    return pids, errors
 
 
-def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: int,
+def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple[int, int], go: int,
             orphan: bool, title: str | None) -> NoReturn:
     """Runs in the forked child; never returns into the launcher's code."""
+    r, w = report
     try:
         os.close(r)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -192,11 +206,15 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, r: int, w: in
         fds = _hold_here(host, held)
         os.write(w, f"{os.getpid()}\n".encode())  # the launcher's view: same namespace
         os.close(w)
+        started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file
+        os.close(go)
     except BaseException as exc:  # report, never fall back into the launcher's stack
         try:
-            os.write(w, f"error {exc}\n".encode())
+            os.write(w, f"error {' '.join(str(exc).split())}\n".encode())
         finally:
             os._exit(1)
+    if not started:
+        os._exit(1)
     del fds
     _sleep_forever()
 
