@@ -404,14 +404,16 @@ def test_concurrent_holders_never_overcommit_a_gpu(host):
             kill_tree(p)
 
 
-def test_workers_that_do_not_fit_fail_and_release_the_others(host):
-    """Two workers share GPU 0 (50 GiB each) beside a 40 GiB holder: the second fails, the launcher
-    takes the first one down with it, exit 6, and the memory comes back."""
+@pytest.mark.parametrize("orphan", [[], ["--orphan-workers"]], ids=["children", "orphans"])
+def test_workers_that_do_not_fit_fail_and_release_the_others(host, orphan):
+    """Two workers share GPU 0 (50 GiB each) beside a 40 GiB holder: the second fails, the first
+    ends itself at the start barrier (even reparented away from the launcher), exit 6, and the
+    memory comes back."""
     other = start([sys.executable, "-m", "gpuslate", "--sim", str(host.root), "sim", "hold", "--gpus", "0",
                    "--memory", "40GiB"])
     try:
         ready_line(other)
-        r = gpuslate("sim", "hold", "--gpus", "0", "--memory", "100GiB", "--workers", "2", sim=host)
+        r = gpuslate("sim", "hold", "--gpus", "0", "--memory", "100GiB", "--workers", "2", *orphan, sim=host)
         assert r.returncode == 6 and "simulated worker failed" in r.stderr and "out of memory" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
         wait_for(lambda: status(host)["gpus"][0]["memory"]["used"] == 40 * GiB)
