@@ -100,8 +100,8 @@ def test_namespaced_holder_is_reported_by_its_host_pid_and_clear_finds_it(host, 
     """Its own /proc or the host's: it believes it is PID 1 either way, and is reported by its host pid."""
     p, ready = _namespaced(host, "--gpus", "0", "--memory", "4GiB", own_proc=own_proc)
     try:
-        assert ready["pid"] == 1  # what it believes
         (host_pid,) = _children(p.pid)  # unshare's child: the namespace's init, as the host sees it
+        assert ready["pid"] == (1 if own_proc else host_pid)  # what its /proc says
         doc = status(host)
         assert holders(doc, 0) == {host_pid: 4 * GiB}
         assert 1 not in holders(doc, 0) and doc["gpus"][0]["memory"]["used"] == 4 * GiB
@@ -122,9 +122,10 @@ def test_namespaced_holder_is_reported_by_its_host_pid_and_clear_finds_it(host, 
 def test_namespaced_workers_are_reported_by_their_host_pids(host, own_proc):
     p, ready = _namespaced(host, "--gpus", "0,1", "--memory", "2GiB", "--workers", "2", own_proc=own_proc)
     try:
-        assert ready["pid"] == 1 and sorted(ready["workers"]) == [2, 3]
         (launcher,) = _children(p.pid)
         workers = _children(launcher)
+        assert ready["pid"] == (1 if own_proc else launcher)
+        assert sorted(ready["workers"]) == ([2, 3] if own_proc else sorted(workers))
         doc = status(host)
         listed = {pid for g in (0, 1) for pid in holders(doc, g)}
         assert listed == set(workers) and len(workers) == 2
@@ -226,6 +227,7 @@ def test_an_unlocked_record_is_released_not_believed(host):
     (b"{not json", "invalid"),
     (b'{"gpu": 0, "pid": 5, "bytes": -1, "kind": "compute"}', "invalid"),
     (b"x" * 5000, "too large"),
+    (b"[" * 2000 + b"]" * 2000, "invalid"),
     (None, "not a regular file"),  # a FIFO: never hangs the reader
 ])
 def test_a_broken_record_makes_its_gpu_unknown_never_clean(host, content, problem):
@@ -240,6 +242,12 @@ def test_a_broken_record_makes_its_gpu_unknown_never_clean(host, content, proble
     assert doc["gpus"][0]["error"] is None and doc["gpus"][0]["memory"]["used"] == 0
     r = gpuslate("clear", "--gpus", "1", "--yes", "--timeout", "0.3", "--json", sim=host)
     assert r.returncode == 4 and json.loads(r.stdout)["status"] != "clean"  # a failed query is never clean
+
+
+def test_a_broken_record_of_no_known_gpu_makes_every_gpu_unknown(host):
+    (host.alloc / "g\u00b2.odd.json").write_text("{}")  # a name that only looks like a GPU's
+    doc = status(host)
+    assert all(g["error"] and "invalid" in g["error"] for g in doc["gpus"])
 
 
 # -- J2: another user's records ---------------------------------------------------------------

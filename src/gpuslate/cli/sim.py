@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     hold = ss.add_parser("hold", help="hold simulated GPU memory until killed",
                          description="Hold memory on simulated GPUs with real processes until killed. "
                          "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held "
-                         "(pids as the holder sees them; status shows host pids). Like a driver, a GPU never "
+                         "(pids as the holder's /proc shows them; status shows host pids). Like a driver, a GPU never "
                          "holds more than its memory: asking for more fails (simulated CUDA out of memory).",
                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT (after it was ready)",
                                              2: "bad input, or no simulated host",
@@ -186,7 +186,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
-    workers: list[int] = []
+    workers: list[int] = []  # in this process's PID namespace: what it may signal
 
     def start() -> list[int]:
         if not root:
@@ -203,14 +203,16 @@ def run_serve(args: argparse.Namespace) -> int:
         n = len(gpus) if args.workers is None else args.workers
         if n < 0 or n > 256:
             raise UsageError(f"invalid --workers {n}: 0 to 256")
-        workers.extend(start_workers(host, gpus, args.memory, n, title=args.title) if n else [])
-        return list(workers)
+        started = start_workers(host, gpus, args.memory, n, title=args.title) if n else []
+        workers.extend(w.own for w in started)
+        return [w.shown for w in started]
 
     try:
         return run_server(config, start_workers=start)
     finally:
         # like a real server's shutdown: its ranks go with it (a SIGKILLed
-        # launcher cannot do this, which is how orphaned workers happen)
+        # launcher cannot do this, which is how orphaned workers happen). They are
+        # our children, never reaped before this: their pids cannot have been reused
         for pid in workers:
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import sys
-from typing import IO, NoReturn
+from typing import IO, NamedTuple, NoReturn
 
 from ..errors import ServerFailed, UsageError
 from .host import SimHost
@@ -49,6 +49,24 @@ def assign(gpus: list[int], memory: int, workers: int) -> list[list[tuple[int, i
         for k, w in enumerate(ws):
             plan[w].append((g, share + (1 if k < extra else 0)))
     return plan
+
+
+class WorkerPid(NamedTuple):
+    """A worker's pid in the two views a process in a PID namespace has."""
+
+    own: int  # in the launcher's PID namespace (os.getpid()): what the launcher may signal
+    shown: int  # as /proc shows it: the host's pid, unless the namespace mounted its own /proc
+
+
+def shown_pid() -> int:
+    """This process's pid as its /proc shows it (``/proc/self``): what ``ps`` and
+    tools reading that /proc see. The host's pid unless a PID namespace mounted its
+    own /proc; only for telling people, never for the simulated driver's accounting,
+    which finds holders from the reader's side (see :mod:`gpuslate.sim.records`)."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
 
 
 def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
@@ -97,8 +115,8 @@ def hold(
     """Hold ``memory`` bytes on each GPU in ``gpus`` until killed.
 
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
-    all memory is held: the pids as this process sees them (inside a PID
-    namespace, that namespace's; ``status`` shows host pids, as a driver does).
+    all memory is held: the pids as this process's /proc shows them (see
+    :func:`shown_pid`; ``status`` shows host pids, as a driver does).
     ``title`` may contain ``{rank}`` (the worker number). Raises ServerFailed,
     holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
     """
@@ -133,12 +151,12 @@ def hold(
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
     pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title)
-    _announce(out, pids)
+    _announce(out, [w.shown for w in pids])
     _sleep_forever()
 
 
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
-                  orphan: bool = False, title: str | None = None) -> list[int]:
+                  orphan: bool = False, title: str | None = None) -> list[WorkerPid]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
     their pids once every one of them holds its memory (like TP ranks loading).
 
@@ -177,16 +195,17 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
         os.close(go_w)  # without "go", an end of file: every worker that held memory exits
 
 
-def _reports(r: int, workers: int) -> tuple[list[int], list[str]]:
+def _reports(r: int, workers: int) -> tuple[list[WorkerPid], list[str]]:
     """(pids, errors) from the workers' lines; stops at EOF once every worker wrote or died."""
-    pids: list[int] = []
+    pids: list[WorkerPid] = []
     errors: list[str] = []
     with os.fdopen(r) as reports:
         for line in reports:
             if line.startswith("error "):
                 errors.append(line[6:].strip())
             else:
-                pids.append(int(line))
+                own, shown = line.split()
+                pids.append(WorkerPid(int(own), int(shown)))
             if len(pids) + len(errors) == workers:
                 break
     return pids, errors
@@ -204,7 +223,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
         if title:
             set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
         fds = _hold_here(host, held)
-        os.write(w, f"{os.getpid()}\n".encode())  # the launcher's view: same namespace
+        os.write(w, f"{os.getpid()} {shown_pid()}\n".encode())
         os.close(w)
         started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file
         os.close(go)
@@ -220,5 +239,5 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
 
 
 def _announce(out: IO[str], workers: list[int]) -> None:
-    out.write(json.dumps({"ready": True, "pid": os.getpid(), "workers": workers}) + "\n")
+    out.write(json.dumps({"ready": True, "pid": shown_pid(), "workers": workers}) + "\n")
     out.flush()

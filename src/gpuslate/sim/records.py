@@ -106,7 +106,7 @@ START_SLACK = 1.5
 def gpu_of_name(name: str) -> int | None:
     """The GPU a record's file name says (``gN.``), or ``None``."""
     head = name.split(".", 1)[0]
-    if head[:1] == "g" and head[1:].isdigit() and len(head) < 6:
+    if head[:1] == "g" and head[1:].isascii() and head[1:].isdigit() and len(head) < 6:
         return int(head[1:])
     return None
 
@@ -115,7 +115,7 @@ def parse_claim(data: bytes, gpus: int) -> Claim | str:
     """A record's content, or what is wrong with it (a string)."""
     try:
         rec: Any = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # 4 KiB can still nest 2,000 deep
         return "not JSON"
     if not isinstance(rec, dict):
         return "not a record"
