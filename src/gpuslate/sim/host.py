@@ -321,6 +321,10 @@ class SimHost:
         self._kept.append(fd)
         return self.alloc / name
 
+    def records(self) -> list[AllocRecord]:
+        """Every record that holds memory now, live or being released (owners as in :meth:`survey`)."""
+        return [h.record for h in self.held()]
+
     def held(self, now: float | None = None) -> list[HeldMemory]:
         """Records that still hold memory now, after applying the release delay."""
         return self.survey(now).held
