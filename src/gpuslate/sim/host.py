@@ -219,11 +219,12 @@ class SimHost:
         device file open. Returns the fds that keep the memory held: it is released
         when they close (at exit at the latest), after the release delay.
         """
-        return [fd for _, fd in self._allocate(held, kind)]
+        return [fd for _, fd in self._allocate(held, kind, identity(os.getpid()))]
 
-    def _allocate(self, held: Sequence[tuple[int, int]], kind: str) -> list[tuple[str, int]]:
-        """:meth:`allocate`, returning each record's (name, fd)."""
-        claim_of = identity(os.getpid())
+    def _allocate(self, held: Sequence[tuple[int, int]], kind: str,
+                  claim_of: ProcessId | None) -> list[tuple[str, int]]:
+        """:meth:`allocate`, returning each record's (name, fd); ``claim_of`` is what the
+        record says about its holder (a claim: see :mod:`gpuslate.sim.records`)."""
         wanted = [(g, n) for g, n in held if n > 0]
         self.check_gpus([g for g, _ in wanted])
         made: list[tuple[str, int]] = []
@@ -310,14 +311,14 @@ class SimHost:
 
     # -- what is held ---------------------------------------------------------
     def add_record(self, gpu: int, ident: ProcessId | None, nbytes: int, kind: str = "compute") -> Path:
-        """Hold memory for the calling process (``ident`` must be it) or leak it
-        (``ident=None``); the record lives as long as this object. For tests and
-        scripts; holders use :meth:`allocate`."""
+        """Hold memory for the calling process, whatever ``ident`` (what the record claims
+        about its holder: only ever a claim), or leak it (``ident=None``); the record stays
+        held for this process's life. For tests and scripts; holders use :meth:`allocate`."""
         if ident is None:
             return self.leak(gpu, nbytes)
-        if ident.pid != os.getpid() or nbytes <= 0:
-            raise UsageError("add_record holds memory (more than 0 bytes) for the calling process only")
-        ((name, fd),) = self._allocate([(gpu, nbytes)], kind)
+        if nbytes <= 0:
+            raise UsageError("add_record holds more than 0 bytes")
+        ((name, fd),) = self._allocate([(gpu, nbytes)], kind, ident)
         self._kept.append(fd)
         return self.alloc / name
 
