@@ -236,13 +236,13 @@ def test_not_with_host(cli):
 
 
 def test_scrape_of_a_stuck_driver_answers_in_time(sim_host, hold, exporter):
-    """A reading that hangs (here a record file of the simulated driver that is a FIFO nobody
-    writes, so the driver's read blocks for real) answers within --scrape-timeout with the
-    error counted, keeps answering while stuck, and reads afresh once the driver answers."""
+    """A reading that hangs (here the simulated driver's DIR/stuck FIFO that nobody writes, so
+    the driver's read blocks for real) answers within --scrape-timeout with the error counted,
+    keeps answering while stuck, and reads afresh once the driver answers."""
     h = hold("--memory", "1GiB", "--gpus", "0")
     e = exporter("--scrape-timeout", "1")
     assert value(e.scrape(), "gpuslate_exporter_reading_ok") == 1
-    fifo = sim_host.alloc / "g1.p1.t1.json"
+    fifo = sim_host.root / "stuck"
     os.mkfifo(fifo)
     try:
         for n in (1, 2):
@@ -251,8 +251,7 @@ def test_scrape_of_a_stuck_driver_answers_in_time(sim_host, hold, exporter):
             assert value(samples, "gpuslate_exporter_scrape_errors_total", stage="timeout") == n
             assert value(samples, "gpuslate_exporter_scrape_duration_seconds") < 3
             assert "gpuslate_process_memory_bytes" not in samples
-        fd = os.open(fifo, os.O_WRONLY)  # the stuck reader takes this record and goes on
-        os.write(fd, b'{"gpu": 1, "pid": null, "start_ticks": null, "bytes": 0, "kind": "compute"}')
+        fd = os.open(fifo, os.O_WRONLY)  # the stuck reader is released and goes on
         os.close(fd)
     finally:
         fifo.unlink(missing_ok=True)

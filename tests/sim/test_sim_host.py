@@ -474,3 +474,27 @@ def test_sim_init_refuses_a_sim_naming_another_folder(tmp_path, host):
     same = subprocess.run([sys.executable, "-m", "gpuslate", "sim", "init", str(host.root), "--sim",
                            str(host.root), "--count", "2"], capture_output=True, text=True, env=gpuslate_env())
     assert same.returncode == 0, same.stderr
+
+
+# -- a driver that hangs, on purpose ------------------------------------------------------------
+
+def test_a_stuck_fifo_hangs_every_read_until_written(host):
+    """DIR/stuck (a FIFO of the host's owner) is the one deliberate way to make the simulated
+    driver hang; a record that is a FIFO never does (test_a_broken_record_...)."""
+    os.mkfifo(host.root / "stuck")
+    p = start([sys.executable, "-m", "gpuslate", "--sim", str(host.root), "status", "--json"])
+    try:
+        def reader_waits() -> int | None:
+            try:
+                return os.open(host.root / "stuck", os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until a reader opened it
+            except OSError:
+                return None
+
+        fd = wait_for(reader_waits, timeout=20)
+        assert p.poll() is None  # status is blocked in the driver
+        (host.root / "stuck").unlink()
+        os.close(fd)  # the driver answers
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0 and json.loads(out)["gpus"][0]["error"] is None, err
+    finally:
+        kill_tree(p)

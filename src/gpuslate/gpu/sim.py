@@ -52,6 +52,7 @@ class SimBackend:
         reserved = int(cfg["reserved"])
         used = dict.fromkeys(indices, 0)
         procs: dict[int, dict[int, GpuProcess]] = {i: {} for i in indices}
+        self.host.stall()  # DIR/stuck: a driver call that hangs, on purpose
         survey = self.host.survey()
         for held in survey.held:
             rec = held.record

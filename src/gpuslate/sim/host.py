@@ -6,6 +6,9 @@ Layout of ``DIR``::
     dev/nvidia0 ...     device files; holders keep them open, so the same
     dev/nvidiactl       /proc fd scan that finds real /dev/nvidia* finds them
     dev/nvidia-uvm
+    stuck               (optional) a FIFO: while it exists, every read of the
+                        simulated driver blocks on it until a writer opens it,
+                        like an NVML call that hangs (see :meth:`SimHost.stall`)
     memory.lock         the allocation lock (flock): room is checked and
                         memory recorded under it, so holders never overcommit
     alloc/*.json        one record per (process, GPU) holding memory, kept
@@ -51,6 +54,7 @@ V1_DEFAULT_RESERVED = 645 * 1024**2
 MEMORY_APIS = ("v2", "v1")
 #: the allocation lock: every holder takes it to check for room and record its memory
 LOCK_NAME = "memory.lock"
+STUCK_NAME = "stuck"
 DEAD_SUFFIX = ".dead"
 #: 64 GPUs x 256 workers; more records than that is no host's bookkeeping
 MAX_RECORDS = 64 * 256
@@ -207,6 +211,32 @@ class SimHost:
             raise UsageError(
                 f"GPU {bad[0]} does not exist: this simulated host has {self.gpu_count} GPUs (0-{self.gpu_count - 1})"
             )
+
+    # -- a driver that hangs --------------------------------------------------
+    def stall(self) -> None:
+        """Block while ``DIR/stuck`` is a FIFO of the host's owner, until a writer opens
+        it and closes it: a simulated driver call that hangs, for tests of timeouts.
+
+        Deliberate and visible, unlike a record that is a FIFO (never waited on: see
+        :func:`~gpuslate.sim.records.read_record`); another user's FIFO is ignored.
+        """
+        path = self.root / STUCK_NAME
+        try:
+            st = os.lstat(path)
+            owner = os.stat(self.root / "host.json").st_uid
+        except OSError:
+            return
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != owner:
+            return
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # blocks until a writer opens it
+        except OSError:
+            return
+        try:
+            while os.read(fd, 4096):
+                pass
+        finally:
+            os.close(fd)
 
     # -- memory -------------------------------------------------------------
     def allocate(self, held: Sequence[tuple[int, int]], *, kind: str = "compute") -> list[int]:
