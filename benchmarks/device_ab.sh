@@ -9,7 +9,10 @@
 #
 #   bash benchmarks/device_ab.sh [OUT]        (default: $OUT)
 #
-# Nothing is downloaded. If `transformers serve` cannot be started with any of the command forms
+# Nothing is downloaded. `transformers serve` needs transformers' [serving] extra (fastapi, starlette,
+# uvicorn, pydantic, openai and theirs), which the device image lacks: carry them as wheels in .whl/
+# (fastapi 0.115 with starlette 0.46: newer fastapi needs opentelemetry); they go to a fresh
+# /tmp/site-ab each run. If `transformers serve` cannot be started with any of the command forms
 # tried (its CLI changes between versions), benchmarks/gpu_openai_server.py (a real model on the GPU,
 # OpenAI API, enforcing --api-key) takes its place and the log says so. Everything goes to a work
 # folder; OUT gets at most 6 files: device_ab.tgz (all of it), the log, bench.json, report.md,
@@ -20,6 +23,9 @@ W=/tmp/ab-device
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 exec > >(tee -a "$W/device_ab.log") 2>&1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# transformers serve lists the hub cache on /v1/models and fails when it does not exist
+export HF_HUB_CACHE="$W/hf-cache" && mkdir -p "$HF_HUB_CACHE"
+BUDGET=${AB_BUDGET:-330}  # seconds for the whole script; the experiment is skipped when under 60 are left
 PY=${PYTHON:-python3}
 KEY=sk-gpuslate-ab-test
 PORT=8101
@@ -29,8 +35,8 @@ echo "== $($PY -c 'import rich, matplotlib, setproctitle; print("rich, matplotli
 
 # gpuslate as users get it, without network (the package itself; its deps are in the image or carried)
 rm -rf /tmp/gs && mkdir -p /tmp/gs && cp -r src/gpuslate /tmp/gs/
-ls .whl/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/gs:/tmp/site
+rm -rf /tmp/site-ab && ls .whl/*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps --upgrade --target /tmp/site-ab .whl/*.whl
+export PYTHONPATH=/tmp/gs:/tmp/site-ab
 GS=("$PY" -m gpuslate)
 "${GS[@]}" --version
 
@@ -169,7 +175,7 @@ text = ("[experiment]\nname = \"h200-ab\"\norder = \"interleaved\"\n\n[load]\n"
 open(f"{w}/ab.toml", "w").write(text)
 print(text)
 PYEOF
-left=$((330 - SECONDS))
+left=$((BUDGET - SECONDS))
 echo "== ${left}s left for the experiment"
 if [ $left -gt 60 ]; then
   GPUSLATE_STATE_DIR="$W/state" OPENAI_API_KEY=$KEY step $left "${GS[@]}" experiment run "$W/ab.toml" --out "$W/exp" --json >"$W/experiment.json"

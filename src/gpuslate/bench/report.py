@@ -228,11 +228,13 @@ def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
 
 
 def level_drifts(drift: dict[str, Any], order: str) -> float:
-    """What the intervals are widened by. Interleaved: nothing more, as each deployment's repeats
-    were measured at different times of the run, so their spread (the interval's noise term)
-    already contains the drift. Blocked: a deployment's repeats ran back to back and their spread
-    cannot see it: the control's drift is added."""
-    return 0.0 if order == "interleaved" else float(drift.get("drift") or 0.0)
+    """What the intervals are widened by: the drift measured over the run, whatever the order.
+    Blocked: a deployment's repeats ran back to back and their spread cannot see the drift, so
+    the control's drift is added. Interleaved: each deployment's repeats were measured at
+    different times, so their spread holds some of it, but with two or three repeats it says
+    little; the drift all deployments shared between repeats is added too, so that a difference
+    is claimed only beyond drift + noise (a CPU hog started halfway must not read as a win)."""
+    return float(drift.get("drift") or 0.0)
 
 
 def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
