@@ -17,6 +17,7 @@ import pytest
 
 from gpuslate.sim.host import SimHost
 from helpers import GiB, Holder, gpuslate_env, program_named, run_cli
+from otheruser import other_user, shared_host  # noqa: F401  (fixtures for the tests across users)
 
 
 @pytest.fixture

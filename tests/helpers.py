@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import pytest
 
 from gpuslate.proc.procfs import ProcessId, read_stat
 from gpuslate.proc.signals import send_signal
@@ -48,6 +52,40 @@ def kill_leftovers(host: SimHost, units: Sequence[Unit]) -> None:
         unit.fence.release(wait=10.0)  # init may take seconds to reap the killed processes
 
 
+
+
+USER_MARKER = "gpuslate test user, removed by the tests"
+
+
+def unavailable(why: str) -> None:
+    """Skip a test that needs what this machine lacks; in CI (``CI=true``), which installs what the
+    tests need, fail instead, so that a missing tool never hides a test."""
+    (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(why)
+
+
+@contextmanager
+def throwaway_user(name: str) -> Iterator[pwd.struct_passwd]:
+    """A second user called ``name``, created for the caller and removed afterwards (as is one an
+    earlier run left behind); someone's own user of that name is used and never removed. Needs root
+    and ``useradd``."""
+    if os.geteuid() != 0:
+        unavailable("needs root to create a second user")
+    try:
+        existing = pwd.getpwnam(name)
+    except KeyError:
+        existing = None
+    if existing is not None and existing.pw_gecos != USER_MARKER:
+        yield existing
+        return
+    if existing is None:
+        if not shutil.which("useradd"):
+            unavailable("useradd is not available to create a second user")
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", USER_MARKER,
+                        name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 def program_named(name: str, root: Path) -> str:

@@ -5,11 +5,9 @@ stderr, and starts or signals nothing."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 

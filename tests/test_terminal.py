@@ -15,11 +15,10 @@ import sys
 import termios
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from helpers import SRC, gpuslate_env, is_gone, wait_for
+from helpers import gpuslate_env, is_gone
 
 EVIL = "\x1b[2J\x1b[31mEVIL\x9b31m\u202eworker"
 LONG = " --model-path /models/meta-llama/Meta-Llama-3.1-405B-Instruct-FP8 --tensor-parallel-size 8 --port 30000"

@@ -4,7 +4,6 @@ Property tests (hypothesis) plus the crossover the simulated server's model impl
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from hypothesis import given, settings

@@ -23,10 +23,9 @@ from typing import Iterator
 import pytest
 
 from gpuslate.sim.host import SimHost
-from helpers import SRC, GiB, gpuslate_env, is_gone, wait_for
+from helpers import SRC, GiB, gpuslate_env, is_gone, throwaway_user, wait_for
 
 USER = "gpuslate-simhost"
-MARKER = "gpuslate sim host test user, removed by the tests"
 SYSTEM_PYTHON = "/usr/bin/python3"
 CI = os.environ.get("CI") == "true"
 
@@ -255,22 +254,8 @@ def test_a_broken_record_of_no_known_gpu_makes_every_gpu_unknown(host):
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[pwd.struct_passwd]:
     """A second user for the module; removed afterwards."""
-    if os.geteuid() != 0:
-        pytest.fail("needs root to create a second user") if CI else pytest.skip("needs root")
-    try:
-        existing = pwd.getpwnam(USER)
-    except KeyError:
-        existing = None
-    if existing is not None and existing.pw_gecos != MARKER:
-        yield existing  # someone's own user of that name: use it, never remove it
-        return
-    if existing is None:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", MARKER, USER],
-                       check=True)
-    try:
-        yield pwd.getpwnam(USER)
-    finally:
-        subprocess.run(["userdel", USER], check=False, capture_output=True)
+    with throwaway_user(USER) as user:
+        yield user
 
 
 @pytest.fixture

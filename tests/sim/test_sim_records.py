@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.proc.fdscan import FdScan
-from gpuslate.sim.records import (START_SLACK, Claim, LockFact, RecordFile, create_record, lock_owners, owner_of,
+from gpuslate.sim.records import (START_SLACK, Claim, LockFact, RecordFile, lock_owners, owner_of,
                                   parse_claim, read_record)
 
 REC = "/sim/alloc/g0.x.json"

@@ -30,10 +30,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from helpers import SRC
+from helpers import SRC, throwaway_user
 
 USER = "gpuslate-fuzz"
-MARKER = "gpuslate test user, removed by the tests"
 DRIVER = str(Path(__file__).resolve().parents[1] / "fuzzkit" / "driver.py")
 #: where a gpuslate that wrote outside its state folder would have written
 CANARIES = [Path.home() / ".local" / "state" / "gpuslate", Path("/run/lock/gpuslate"),
@@ -54,18 +53,7 @@ def fuzz_user() -> Iterator[pwd.struct_passwd]:
     for tool in ("unshare", "useradd", "userdel", "runuser", "setpriv"):
         if not shutil.which(tool):
             _unavailable(f"{tool} is not installed")
-    try:
-        existing = pwd.getpwnam(USER)
-    except KeyError:
-        existing = None
-    if existing is not None and existing.pw_gecos != MARKER:
-        yield existing  # someone's own user of that name: use it, never remove it
-        return
-    if existing is None:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--comment", MARKER, USER],
-                       check=True)
-    try:
-        user = pwd.getpwnam(USER)
+    with throwaway_user(USER) as user:
         python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable  # as the driver
         probe = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import gpuslate", SRC],
                                user=user.pw_uid, group=user.pw_gid, extra_groups=[], capture_output=True, text=True,
@@ -73,8 +61,6 @@ def fuzz_user() -> Iterator[pwd.struct_passwd]:
         if probe.returncode != 0:
             _unavailable(f"{USER} cannot run gpuslate from {SRC}: {probe.stderr.strip()[-200:]}")
         yield user
-    finally:
-        subprocess.run(["userdel", USER], check=False, capture_output=True)
 
 
 def _canary_state() -> dict[str, Any]:

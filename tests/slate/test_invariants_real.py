@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_clear_users import _env, other_user, run_as, shared_host, start_as  # noqa: F401  (fixtures)
+from otheruser import _env, start_as
 
 from gpuslate.errors import PermissionDenied
 from gpuslate.proc.procfs import ProcessId, read_stat

@@ -6,7 +6,6 @@ the unit `stopped` while that process holds its GPUs: `orphaned`, naming it; `do
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 
 from gpuslate.units import store
