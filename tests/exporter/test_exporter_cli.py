@@ -281,7 +281,8 @@ def test_without_prometheus_client_one_line_and_exit_2(sim_host):
                        env=gpuslate_env())
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == ["gpuslate: error: gpuslate exporter needs prometheus_client, which is not "
-                                     "installed", "gpuslate: hint: pip install 'gpuslate[exporter]'"]
+                                     "installed", "gpuslate: hint: install the exporter extra: pip install "
+                                     "'gpuslate[exporter]' (in a clone: pip install '.[exporter]')"]
 
 
 def test_an_unreadable_audit_log_is_counted_and_the_gpus_still_shown(sim_host, hold, exporter, tmp_path):

@@ -29,7 +29,8 @@ class HfTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise UsageError("--tokenizer needs the tokenizers library",
-                             hint="pip install 'gpuslate[tokenizers]'") from None
+                             hint="install the tokenizers extra: pip install 'gpuslate[tokenizers]' "
+                                  "(in a clone: pip install '.[tokenizers]')") from None
         try:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # the library raises its own Exception subclass for bad files

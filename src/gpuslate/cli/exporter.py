@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(exc, "name", None) != "prometheus_client" and "prometheus_client" not in str(exc):
             raise
         raise UsageError("gpuslate exporter needs prometheus_client, which is not installed",
-                         hint="pip install 'gpuslate[exporter]'") from None
+                         hint="install the exporter extra: pip install 'gpuslate[exporter]' "
+                              "(in a clone: pip install '.[exporter]')") from None
 
     address = parse_listen(args.listen, allow_remote=args.allow_remote)  # bad input: before anything opens
     backend = backend_for(args)
