@@ -228,3 +228,28 @@ def test_down_never_calls_an_unverified_nothing_released(units_host, units):
     path.write_text('{"schema": "gpuslate.unit.v1", "name": "gone", "spec": {')
     r = units("down", "gone")
     assert "not verified" in r.stdout and "released" not in r.stdout.replace("not verified", ""), r.stdout
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_log_that_is_no_regular_file_is_refused_not_followed(units_host, units, tmp_path, kind):
+    """A unit's log is a state file: `logs` never waits on a FIFO planted as NAME.log, and never
+    reads (nor `up` writes) through a symbolic link."""
+    logs_dir = store.log_path("web").parent  # state/units/logs
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not a log\n")
+    store.record_path("web").write_text('{"schema": "gpuslate.unit.v1", "name": "web", "spec": {')  # torn
+    log = logs_dir / "web.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+    else:
+        log.symlink_to(target)
+    try:
+        r = units("logs", "web", timeout=30)  # a blocking open of a FIFO would wait here for ever
+        no_traceback(r)
+        assert r.returncode == 5, (r.stdout, r.stderr)
+        assert ("FIFO" if kind == "fifo" else "link") in r.stderr.splitlines()[0], r.stderr
+        assert "not a log" not in r.stdout
+    finally:
+        log.unlink()
+        store.record_path("web").unlink()
+    assert target.read_text() == "not a log\n"

@@ -4,6 +4,10 @@ The unit writes straight into its file (stdout and stderr, ``O_APPEND``):
 no gpuslate process has to stay alive to carry its output. The price is that
 a running unit's file is not cut while it runs; it is rotated when the unit
 is started again (``NAME.log`` -> ``NAME.log.1`` ... ``NAME.log.KEEP``).
+
+Log files are state files: every one is opened through the checked state folder
+(:func:`gpuslate.host.state.open_dir`), never through a symbolic link, and a FIFO
+or anything else that is not a regular file is refused, not waited on.
 """
 
 from __future__ import annotations
@@ -11,26 +15,50 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Callable, Iterator
+
+from ..host.state import StateDir, open_dir
 
 KEEP = 5
 _BLOCK = 64 * 1024
 
 
 def rotate(path: Path, keep: int = KEEP) -> None:
-    if not path.exists():
+    with open_dir(path.parent, create=True) as folder:
+        _rotate(folder, path.name, keep)
+
+
+def _rotate(folder: StateDir, name: str, keep: int) -> None:
+    names = set(folder.names())
+    if name not in names:
         return
     for i in range(keep - 1, 0, -1):
-        older = path.with_name(f"{path.name}.{i}")
-        if older.exists():
-            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
-    os.replace(path, path.with_name(f"{path.name}.1"))
+        if f"{name}.{i}" in names:
+            folder.rename(f"{name}.{i}", f"{name}.{i + 1}")
+    folder.rename(name, f"{name}.1")
 
 
 def open_for_unit(path: Path) -> int:
     """A fresh log file for a new run of the unit; the descriptor the unit writes to."""
-    rotate(path)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    with open_dir(path.parent, create=True) as folder:
+        _rotate(folder, path.name, KEEP)
+        return folder.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    """The log for reading, through the checked folder (FileNotFoundError when there is none)."""
+    with open_dir(path.parent) as folder:
+        fd = folder.open(path.name, os.O_RDONLY)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        with open_dir(path.parent) as folder:
+            return folder.lstat(path.name).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def tail(path: Path, n: int | None) -> list[str]:
@@ -42,7 +70,7 @@ def tail_at(path: Path, n: int | None) -> tuple[list[str], tuple[int, int] | Non
     """:func:`tail`, and where it stopped reading ((inode, offset); None without a file),
     for :func:`follow` to go on from exactly there."""
     try:
-        f = open(path, "rb")
+        f = _open_log(path)
     except FileNotFoundError:
         return [], None
     with f:
@@ -73,7 +101,7 @@ def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[]
     while True:
         if f is None:
             try:
-                f = open(path, "rb")
+                f = _open_log(path)
                 ino = os.fstat(f.fileno()).st_ino
                 if since is not None and since[0] == ino:
                     f.seek(since[1])
@@ -87,10 +115,8 @@ def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[]
             for line in lines:
                 yield line.decode("utf-8", "replace") + "\n"
             continue
-        try:
-            rotated = f is not None and os.stat(path).st_ino != ino
-        except FileNotFoundError:
-            rotated = False
+        now = _inode(path) if f is not None else None
+        rotated = f is not None and now is not None and now != ino
         if rotated:
             assert f is not None
             f.close()
