@@ -28,9 +28,7 @@ class ProcTable:
         self._system: dict[int, bool] = {}
         self._sigs: dict[int, SignalFacts | None] = {}
         self._ns: dict[int, tuple[int, ...] | None] = {}
-        self._sessions: dict[int, list[int]] | None = None
-        self._children: dict[int, list[int]] | None = None
-        self._groups: dict[int, list[int]] | None = None
+        self._indexes: dict[str, dict[int, list[int]]] = {}  # ppid|pgid|sid -> pids, built on first use
         self._complete = False
 
     def get(self, pid: int) -> ProcStat | None:
@@ -86,13 +84,18 @@ class ProcTable:
         self.load_all()
         return [st for st in self._stats.values() if st is not None]
 
-    def children(self, pid: int) -> list[int]:
-        if self._children is None:
-            kids: dict[int, list[int]] = {}
+    def _by(self, field: str) -> dict[int, list[int]]:
+        """Every process by one of its stat fields (``ppid``, ``pgid``, ``sid``), read once."""
+        index = self._indexes.get(field)
+        if index is None:
+            index = {}
             for st in self.all():
-                kids.setdefault(st.ppid, []).append(st.pid)
-            self._children = kids
-        return self._children.get(pid, [])
+                index.setdefault(getattr(st, field), []).append(st.pid)
+            self._indexes[field] = index
+        return index
+
+    def children(self, pid: int) -> list[int]:
+        return self._by("ppid").get(pid, [])
 
     def descendants(self, pid: int) -> list[int]:
         """Every descendant, whatever it is (units use this for their own trees)."""
@@ -113,23 +116,13 @@ class ProcTable:
         return ancestors(self, pid)
 
     def group_members(self, pgid: int) -> list[int]:
-        if self._groups is None:
-            groups: dict[int, list[int]] = {}
-            for st in self.all():
-                groups.setdefault(st.pgid, []).append(st.pid)
-            self._groups = groups
-        return self._groups.get(pgid, [])
+        return self._by("pgid").get(pgid, [])
 
     def all_pids(self) -> list[int]:
         return [st.pid for st in self.all()]
 
     def session_members(self, sid: int) -> list[int]:
-        if self._sessions is None:
-            sessions: dict[int, list[int]] = {}
-            for st in self.all():
-                sessions.setdefault(st.sid, []).append(st.pid)
-            self._sessions = sessions
-        return self._sessions.get(sid, [])
+        return self._by("sid").get(sid, [])
 
     def root_pid(self, pid: int) -> int:
         """The root of the job that ``pid`` belongs to, as anyone sees it (see :mod:`.jobs`)."""
