@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
+from ..extras import Extra, require
 from .common import note, print_json
 from .exits import ExitStatus, exit_epilog
 
@@ -186,6 +187,7 @@ def plan_from_args(args: argparse.Namespace) -> LoadPlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("bench", Extra.BENCH)  # before the load generator (and aiohttp) is imported
     from ..bench.loadgen import normalize_url
 
     plan = plan_from_args(args)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Interrupted, NotDoneError, UsageError
+from ..extras import Extra, require
 from .common import add_common, note, print_json
 from .exits import ExitStatus, exit_epilog
 
@@ -83,6 +84,9 @@ def scenario(quick: bool, port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the simulated servers (sim serve), the load and the report's plots: checked before the
+    # simulated host or anything else is started
+    require("demo", Extra.BENCH, Extra.PLOTS)
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
     from ..sim.host import SimHost

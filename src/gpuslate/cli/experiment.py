@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import Interrupted
+from ..extras import Extra, install_hint, missing, require
 from .common import add_common, note, print_error, print_json
 from .exits import ExitStatus, exit_epilog
 
@@ -87,10 +88,13 @@ def _sigterm_as_interrupt() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("experiment run", Extra.BENCH)  # the load generator: before anything is started
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
 
     spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
+    if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
+        note(f"matplotlib is not installed: the report will have no plots ({install_hint(Extra.PLOTS)})")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
     _sigterm_as_interrupt()
     display = ProgressDisplay()
@@ -126,6 +130,7 @@ def outcome(rep: Report) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
+    require("experiment report", Extra.BENCH)  # the bench package (its point format) needs aiohttp
     rep = write_report_for(Path(args.dir))
     if args.json:
         print_json(rep.to_json())

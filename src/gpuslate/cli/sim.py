@@ -7,6 +7,7 @@ import os
 
 from .._parse import format_gpu_list
 from ..errors import UsageError
+from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, print_json, size, whole
 from .exits import exit_epilog
 
@@ -179,6 +180,7 @@ def run_leak(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import signal
 
+    require("sim serve", Extra.BENCH)  # the HTTP server is aiohttp's
     from ..sim.server import config_from_args, run_server
 
     try:
