@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
     if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
-        note(f"matplotlib is not installed: the report will have no plots ({install_hint(Extra.PLOTS)})")
+        note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
     _sigterm_as_interrupt()
     display = ProgressDisplay()
