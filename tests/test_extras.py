@@ -110,6 +110,14 @@ def test_bench_without_aiohttp_sends_nothing(server: str, tmp_path: Path) -> Non
     assert Counting.requests == [] and not out.exists()
 
 
+def test_bench_tokenizer_without_tokenizers_sends_nothing(server: str, tmp_path: Path) -> None:
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text("{}")
+    proc = gpuslate(["bench", server, "--requests", "2", "--tokenizer", str(tok)], hide=("tokenizers",))
+    assert_names_extra(proc, "bench --tokenizer", "tokenizers", "tokenizers")
+    assert Counting.requests == []
+
+
 def test_sim_serve_without_aiohttp_binds_nothing(sim_host) -> None:
     port = free_port()
     proc = gpuslate(["sim", "serve", "--port", str(port), "--memory", "1GiB"], hide=("aiohttp",))

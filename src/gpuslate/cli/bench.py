@@ -197,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if plan.tokenizer:
         from ..bench.tokens import resolve_tokenizer_file
 
-        resolve_tokenizer_file(plan.tokenizer)  # exit 2 before anything is sent
+        require("bench --tokenizer", Extra.TOKENIZERS)  # exit 2 before anything is sent
+        resolve_tokenizer_file(plan.tokenizer)
     bar = _ProgressBar() if sys.stderr.isatty() else None
     signals: list[int] = []
     try:
