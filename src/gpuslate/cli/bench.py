@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 EPILOG = exit_epilog({
     0: "every level completed and no request failed",
-    2: "bad input (nothing was sent)",
+    2: "bad input, or the bench extra (aiohttp) not installed (nothing was sent)",
     6: "the server cannot be reached, refused the API key, or no request succeeded",
     7: "partial: some requests failed or a level stopped early (the server went away)",
     130: "interrupted by Ctrl-C (what finished is printed and --out written)",

@@ -79,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
-                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT", 1: "failed to start (e.g. its "
+                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT",
+                                              2: "bad input, or the bench extra (aiohttp) not installed",
+                                              1: "failed to start (e.g. its "
                                               "port is in use, or --fail-startup)",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
