@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import UsageError
+from ..extras import Extra, install_hint
 from .experiment import POINT_SCHEMA, write_json_atomic
 from .threshold import Recommendation, ratio_interval, recommend
 
@@ -219,7 +220,7 @@ def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
     try:  # matplotlib is imported only by plots.py, and only when pictures are drawn
         from . import plots
     except ImportError as exc:
-        return [], f"plots skipped: {exc} (pip install matplotlib)"
+        return [], f"plots skipped: {exc}; {install_hint(Extra.PLOTS)}"
     marks = None
     if rec is not None and rec.crossover is not None:
         marks = {"threshold": rec.threshold, "crossover": rec.crossover, "recommended": rec.recommended}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import UsageError
+from ..extras import Extra, install_hint
 
 
 class TokenCounter(Protocol):
@@ -28,9 +29,7 @@ class HfTokenizer:
         try:  # an optional dependency: imported only when --tokenizer is given
             from tokenizers import Tokenizer
         except ImportError:
-            raise UsageError("--tokenizer needs the tokenizers library",
-                             hint="install the tokenizers extra: pip install 'gpuslate[tokenizers]' "
-                                  "(in a clone: pip install '.[tokenizers]')") from None
+            raise UsageError("--tokenizer needs the tokenizers library", hint=install_hint(Extra.TOKENIZERS)) from None
         try:
             self._tok = Tokenizer.from_file(str(path))
         except Exception as exc:  # the library raises its own Exception subclass for bad files

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
+from ..extras import Extra, require
 from .common import note, print_json
 from .exits import ExitStatus, exit_epilog
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 EPILOG = exit_epilog({
     0: "every level completed and no request failed",
-    2: "bad input (nothing was sent)",
+    2: "bad input, or the bench extra (aiohttp) not installed (nothing was sent)",
     6: "the server cannot be reached, refused the API key, or no request succeeded",
     7: "partial: some requests failed or a level stopped early (the server went away)",
     130: "interrupted by Ctrl-C (what finished is printed and --out written)",
@@ -186,6 +187,7 @@ def plan_from_args(args: argparse.Namespace) -> LoadPlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("bench", Extra.BENCH)  # before the load generator (and aiohttp) is imported
     from ..bench.loadgen import normalize_url
 
     plan = plan_from_args(args)
@@ -195,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if plan.tokenizer:
         from ..bench.tokens import resolve_tokenizer_file
 
-        resolve_tokenizer_file(plan.tokenizer)  # exit 2 before anything is sent
+        require("bench --tokenizer", Extra.TOKENIZERS)  # exit 2 before anything is sent
+        resolve_tokenizer_file(plan.tokenizer)
     bar = _ProgressBar() if sys.stderr.isatty() else None
     signals: list[int] = []
     try:

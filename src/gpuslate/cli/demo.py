@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Interrupted, NotDoneError, UsageError
+from ..extras import Extra, require
 from .common import add_common, note, print_json
 from .exits import ExitStatus, exit_epilog
 
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "speculative and speculative-with-threshold servers are swapped in and swept; the report "
                        "shows where speculation stops paying off. Everything is stopped and verified at the end.",
                        epilog=exit_epilog({0: "done, everything stopped and verified clean",
-                                           2: "bad --out", 4: "not verified clean at the end",
+                                           2: "bad --out, or the bench or plots extra not installed (nothing was started)", 4: "not verified clean at the end",
                                            6: "a simulated server failed",
                                            130: "interrupted by Ctrl-C (everything stopped and verified)",
                                            143: "terminated by SIGTERM (likewise)"}))
@@ -83,6 +84,9 @@ def scenario(quick: bool, port: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the simulated servers (sim serve), the load and the report's plots: checked before the
+    # simulated host or anything else is started
+    require("demo", Extra.BENCH, Extra.PLOTS)
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
     from ..sim.host import SimHost

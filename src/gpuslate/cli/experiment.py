@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import Interrupted
+from ..extras import Extra, install_hint, missing, require
 from .common import add_common, note, print_error, print_json
 from .exits import ExitStatus, exit_epilog
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 RUN_EPILOG = exit_epilog({
-    0: "every point ran and no request failed", 2: "bad spec or --out (nothing was started)",
+    0: "every point ran and no request failed", 2: "bad spec or --out, or the bench extra not installed (nothing was started)",
     4: "a deployment could not be stopped with its GPUs verified free",
     6: "a deployment did not come up, or no request succeeded",
     7: "some requests failed (grouped in DIR/points)",
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
                            "report.md, summary.json and summary.csv, the speculation recommendation and its "
                            "engine files (sglang-args.txt, sglang-adaptive-config.json, vllm-config.json).",
-                           epilog=exit_epilog({0: "report written", 2: "DIR is not an experiment folder"},
+                           epilog=exit_epilog({0: "report written", 2: "DIR is not an experiment folder, or the bench extra not installed"},
                                               backend=False))
     rep.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                      help="print the versioned JSON document instead of a table")
@@ -87,10 +88,13 @@ def _sigterm_as_interrupt() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    require("experiment run", Extra.BENCH)  # the load generator: before anything is started
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
 
     spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
+    if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
+        note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
     _sigterm_as_interrupt()
     display = ProgressDisplay()
@@ -126,6 +130,7 @@ def outcome(rep: Report) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
+    require("experiment report", Extra.BENCH)  # the bench package (its point format) needs aiohttp
     rep = write_report_for(Path(args.dir))
     if args.json:
         print_json(rep.to_json())

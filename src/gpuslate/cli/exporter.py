@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ..errors import UsageError
+from ..extras import Extra, require
 from ..exporter import DEFAULT_LISTEN, SCHEMA
 from .common import add_common, backend_for, note, positive_float
 from .exits import exit_epilog
@@ -39,15 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:  # imported here, not at the top: a missing extra becomes one clear line, not an ImportError
-        from ..exporter.collector import registry_for
-        from ..exporter.server import MetricsServer, format_address, parse_listen
-    except ImportError as exc:
-        if getattr(exc, "name", None) != "prometheus_client" and "prometheus_client" not in str(exc):
-            raise
-        raise UsageError("gpuslate exporter needs prometheus_client, which is not installed",
-                         hint="install the exporter extra: pip install 'gpuslate[exporter]' "
-                              "(in a clone: pip install '.[exporter]')") from None
+    require("exporter", Extra.EXPORTER)  # a missing extra: one clear line, not an ImportError
+    # imported here, not at the top: only once the extra is known to be there
+    from ..exporter.collector import registry_for
+    from ..exporter.server import MetricsServer, format_address, parse_listen
 
     address = parse_listen(args.listen, allow_remote=args.allow_remote)  # bad input: before anything opens
     backend = backend_for(args)

@@ -7,6 +7,7 @@ import os
 
 from .._parse import format_gpu_list
 from ..errors import UsageError
+from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, print_json, size, whole
 from .exits import exit_epilog
 
@@ -78,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
-                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT", 1: "failed to start (e.g. its "
+                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT",
+                                              2: "bad input, or the bench extra (aiohttp) not installed",
+                                              1: "failed to start (e.g. its "
                                               "port is in use, or --fail-startup)",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
@@ -179,6 +182,7 @@ def run_leak(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import signal
 
+    require("sim serve", Extra.BENCH)  # the HTTP server is aiohttp's
     from ..sim.server import config_from_args, run_server
 
     try:

@@ -1,0 +1,76 @@
+"""The optional parts of gpuslate, and the one check every command that needs one makes.
+
+The core install (``pip install gpuslate``) is what ``status``, ``clear``,
+``wait``, ``up/down/ps/logs/swap``, ``audit``, ``sim init/hold/leak`` and
+``slurm`` need. Heavier third-party packages are extras (pyproject.toml):
+
+- ``bench``: aiohttp, for ``bench``, ``experiment``, ``sim serve`` and ``demo``;
+- ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
+- ``exporter``: prometheus_client, for ``exporter``;
+- ``tokenizers``: tokenizers, for ``bench --tokenizer``;
+- ``all``: every extra.
+
+A command checks for its extras before it starts anything (:func:`require`),
+so a missing one is a :class:`~gpuslate.errors.UsageError` (exit 2) naming
+the install line, never an ImportError half-way through. The check looks the
+package up without importing it (``importlib.util.find_spec``), so it costs
+nothing on the commands' startup paths.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from enum import Enum
+
+from .errors import UsageError
+
+
+class Extra(Enum):
+    """An optional dependency group of pyproject.toml; the value is its name there."""
+
+    BENCH = "bench"
+    PLOTS = "plots"
+    EXPORTER = "exporter"
+    TOKENIZERS = "tokenizers"
+
+
+#: the top-level modules each extra provides (keep in step with pyproject.toml)
+MODULES: dict[Extra, tuple[str, ...]] = {
+    Extra.BENCH: ("aiohttp",),
+    Extra.PLOTS: ("matplotlib",),
+    Extra.EXPORTER: ("prometheus_client",),
+    Extra.TOKENIZERS: ("tokenizers",),
+}
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (looked up, not imported; a module set to None
+    in ``sys.modules``, i.e. blocked, counts as missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module without __spec__
+        return False
+
+
+def missing(*extras: Extra) -> list[Extra]:
+    """The extras among ``extras`` with at least one module not installed, in the given order."""
+    return [e for e in extras if not all(installed(m) for m in MODULES[e])]
+
+
+def install_hint(*extras: Extra) -> str:
+    """The line that installs ``extras``: ``install the bench extra: pip install 'gpuslate[bench]' (...)``."""
+    names = ",".join(e.value for e in extras)
+    what = " and ".join(e.value for e in extras) + (" extra" if len(extras) == 1 else " extras")
+    return f"install the {what}: pip install 'gpuslate[{names}]' (in a clone: pip install '.[{names}]')"
+
+
+def require(command: str, *extras: Extra) -> None:
+    """Raise a :class:`UsageError` (exit 2) naming the missing modules and the install
+    line when any of ``extras`` is not installed; ``command`` is what needs them."""
+    absent = missing(*extras)
+    if not absent:
+        return
+    modules = [m for e in absent for m in MODULES[e] if not installed(m)]
+    verb = "is" if len(modules) == 1 else "are"
+    raise UsageError(f"gpuslate {command} needs {' and '.join(modules)}, which {verb} not installed",
+                     hint=install_hint(*absent))

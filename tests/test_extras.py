@@ -1,0 +1,199 @@
+"""The lean install: commands that need an extra say which line installs it, and the core never loads one.
+
+Each command runs as a real ``gpuslate`` process with the extra's package blocked
+(``sys.modules[NAME] = None`` before gpuslate's CLI is imported: ``import NAME``
+then fails as it does where the package is not installed). It must exit 2 with
+one error line and one hint line naming ``pip install 'gpuslate[EXTRA]'``, no
+traceback, and start nothing: no request reaches a server, no port is bound, no
+simulated host or results folder is made, no unit is recorded. ``status`` and
+``clear --dry-run`` on a simulated host holding real memory must import neither
+aiohttp nor matplotlib.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from gpuslate.cli.demo import scenario
+from gpuslate.errors import UsageError
+from gpuslate.extras import MODULES, Extra, install_hint, installed, missing, require
+from helpers import gpuslate_env
+
+WRAPPER = """\
+import json, sys
+for name in json.loads(sys.argv[1]):
+    sys.modules[name] = None
+from gpuslate.cli.main import main
+code = main(json.loads(sys.argv[2]))
+loaded = sorted(m for m in ("aiohttp", "matplotlib") if sys.modules.get(m) is not None)
+print("LOADED " + json.dumps(loaded), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def gpuslate(args: list[str], hide: tuple[str, ...] = (), cwd: Path | None = None,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``gpuslate ARGS`` in a fresh interpreter with the ``hide`` packages blocked."""
+    return subprocess.run([sys.executable, "-c", WRAPPER, json.dumps(list(hide)), json.dumps(args)],
+                          capture_output=True, text=True, env=gpuslate_env(env), cwd=cwd, timeout=60)
+
+
+def loaded(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The heavy optional packages the process had imported when main returned."""
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("LOADED ")]
+    assert len(line) == 1, proc.stderr
+    return json.loads(line[0][len("LOADED "):])
+
+
+def assert_names_extra(proc: subprocess.CompletedProcess[str], command: str, extras: str,
+                       modules: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("LOADED ")]
+    assert lines == [
+        f"gpuslate: error: gpuslate {command} needs {modules}, which "
+        f"{'is' if ' and ' not in modules else 'are'} not installed",
+        f"gpuslate: hint: install the {extras.replace(',', ' and ')} extra{'s' if ',' in extras else ''}: "
+        f"pip install 'gpuslate[{extras}]' (in a clone: pip install '.[{extras}]')"], proc.stderr
+    assert proc.stdout == ""
+
+
+class Counting(http.server.BaseHTTPRequestHandler):
+    requests: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802  (the stdlib's name)
+        Counting.requests.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    """A real HTTP server on loopback that records every request it gets."""
+    Counting.requests = []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bench_without_aiohttp_sends_nothing(server: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = gpuslate(["bench", server, "--requests", "2", "--concurrency", "1", "--out", str(out)],
+                    hide=("aiohttp",))
+    assert_names_extra(proc, "bench", "bench", "aiohttp")
+    assert Counting.requests == [] and not out.exists()
+
+
+def test_bench_tokenizer_without_tokenizers_sends_nothing(server: str, tmp_path: Path) -> None:
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text("{}")
+    proc = gpuslate(["bench", server, "--requests", "2", "--tokenizer", str(tok)], hide=("tokenizers",))
+    assert_names_extra(proc, "bench --tokenizer", "tokenizers", "tokenizers")
+    assert Counting.requests == []
+
+
+def test_sim_serve_without_aiohttp_binds_nothing(sim_host) -> None:
+    port = free_port()
+    proc = gpuslate(["sim", "serve", "--port", str(port), "--memory", "1GiB"], hide=("aiohttp",))
+    assert_names_extra(proc, "sim serve", "bench", "aiohttp")
+    with socket.socket() as s:  # nothing listens there: the port is still free to bind
+        s.bind(("127.0.0.1", port))
+    status = gpuslate(["--json", "status"])
+    assert status.returncode == 0, status.stderr
+    assert not any(g["processes"] for g in json.loads(status.stdout)["gpus"]), status.stdout
+
+
+def test_experiment_run_without_aiohttp_starts_nothing(sim_host, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text(scenario(True, free_port()))
+    out = tmp_path / "results"
+    proc = gpuslate(["experiment", "run", str(spec), "--out", str(out)], hide=("aiohttp",))
+    assert_names_extra(proc, "experiment run", "bench", "aiohttp")
+    assert not out.exists()
+    ps = gpuslate(["--json", "ps"])
+    assert ps.returncode == 0, ps.stderr
+    assert json.loads(ps.stdout)["units"] == [], ps.stdout
+
+
+@pytest.mark.parametrize("hide, extras, modules", [
+    (("aiohttp",), "bench", "aiohttp"),
+    (("matplotlib",), "plots", "matplotlib"),
+    (("aiohttp", "matplotlib"), "bench,plots", "aiohttp and matplotlib"),
+])
+def test_demo_without_its_extras_starts_nothing(tmp_path: Path, hide: tuple[str, ...], extras: str,
+                                                modules: str) -> None:
+    temp = tmp_path / "tmp"  # where the demo would make its simulated host
+    temp.mkdir()
+    out = tmp_path / "demo-out"
+    proc = gpuslate(["demo", "--quick", "--out", str(out)], hide=hide, cwd=tmp_path, env={"TMPDIR": str(temp)})
+    assert_names_extra(proc, "demo", extras, modules)
+    assert list(temp.iterdir()) == [] and not out.exists()
+
+
+def test_status_and_dry_run_clear_load_no_extra(sim_host, hold) -> None:
+    holder = hold("--gpus", "0,1", "--memory", "2GiB")
+    status = gpuslate(["--json", "status"])
+    assert status.returncode == 0, status.stderr
+    assert str(holder.proc.pid) in status.stdout  # it did read the holder
+    assert loaded(status) == []
+    clear = gpuslate(["--json", "clear", "--gpus", "0", "--dry-run"])
+    assert clear.returncode == 0, clear.stderr
+    assert str(holder.proc.pid) in clear.stdout  # the plan names the holder, and nothing is signaled
+    assert loaded(clear) == []
+    assert holder.proc.poll() is None
+
+
+def test_require_names_only_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    require("status", *Extra)  # the test extra installs every one: nothing missing here
+    assert missing(*Extra) == []
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert not installed("matplotlib") and installed("json") and not installed("gpuslate_no_such_module.sub")
+    assert missing(Extra.BENCH, Extra.PLOTS) == [Extra.PLOTS]
+    with pytest.raises(UsageError) as err:
+        require("demo", Extra.BENCH, Extra.PLOTS)
+    assert str(err.value) == "gpuslate demo needs matplotlib, which is not installed"
+    assert err.value.hint == install_hint(Extra.PLOTS)
+    assert set(MODULES) == set(Extra)
+
+
+def test_extras_match_pyproject() -> None:
+    """Every Extra is an optional-dependency group, `all` holds every one, `test` pulls `all`."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    groups = project["optional-dependencies"]
+    assert {e.value for e in Extra} <= set(groups)
+    (everything,) = groups["all"]
+    assert everything.startswith("gpuslate[") and set(everything[9:-1].split(",")) == {e.value for e in Extra}
+    assert "gpuslate[all]" in groups["test"]
+    core = " ".join(project["dependencies"])
+    assert "aiohttp" not in core and "matplotlib" not in core
+    assert all(m in " ".join(groups[e.value]).replace("-", "_") for e in Extra for m in MODULES[e])
