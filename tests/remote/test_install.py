@@ -139,6 +139,22 @@ def test_clean_host_gets_gpuslate_through_install(install_lab, gs, hold):
     _no_traceback(again)
 
 
+def test_another_prefix_names_the_remote_command(install_lab, gs):
+    home = _home(install_lab, "clean")
+    r = gs("--host", "clean", "install", "--prefix", str(home / "opt"), "--json")
+    assert r.returncode == 0, r.stderr
+    res = _host_doc(r)["result"]
+    launcher = home / "opt" / "bin" / "gpuslate"
+    assert res["launcher"] == res["remote_command"] == str(launcher) and launcher.is_file()
+    text = gs("--host", "clean", "install", "--prefix", str(home / "opt"))
+    assert f"GPUSLATE_REMOTE_COMMAND={launcher}" in text.stdout
+    env = {**install_lab.client_env(), "GPUSLATE_REMOTE_COMMAND": str(launcher)}
+    ps = subprocess.run([sys.executable, "-m", "gpuslate", "--host", "clean", "ps", "--json"], capture_output=True,
+                        text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+    assert ps.returncode == 0, ps.stderr
+    assert _host_doc(ps)["result"]["schema"] == "gpuslate.ps.v1"
+
+
 def test_old_python_is_refused_before_anything_is_written(install_lab, gs):
     r = gs("--host", "oldpy", "install", "--json")
     assert r.returncode == 3, r.stderr
@@ -167,7 +183,8 @@ def test_unwritable_prefix_is_named(install_lab, gs):
 
 def test_bad_input_contacts_no_host(install_lab, gs):
     for args in (["install"], ["--host", "clean", "install", "--prefix", "relative/dir"],
-                 ["--host", "clean", "install", "--out", "x.pyz"], ["--host", "clean", "install", "--python", "-c"]):
+                 ["--host", "clean", "install", "--out", "x.pyz"], ["--host", "clean", "install", "--python", "-c"],
+                 ["--slurm", "install"]):
         r = gs(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gpuslate: error:"), r.stderr

@@ -15,6 +15,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .. import __version__
 from ..errors import GpuslateError, UsageError
 from .common import add_common, note, print_json
 from .exits import exit_epilog
@@ -75,8 +76,8 @@ def host_runner(args: argparse.Namespace, opts: SshOptions
         raise UsageError(f"invalid --python {args.python!r}: a command or path on the host")
     archive = build()
     if not args.json:
-        note(f"gpuslate {archive.sha256[:12]}: {len(archive.data) / 1e6:.1f} MB zipapp "
-             f"(bundled: {', '.join(archive.included) or 'nothing'})")
+        note(f"built the zipapp of gpuslate {__version__}: {len(archive.data) / 1e6:.1f} MB, sha256 "
+             f"{archive.sha256[:12]} (bundled: {', '.join(archive.included) or 'nothing'})")
 
     def one(host: HostSpec, words: Sequence[str]) -> HostOutcome:
         start = time.monotonic()
