@@ -9,8 +9,8 @@ that says it is 3.8.
 
 from __future__ import annotations
 
-import json
 import io
+import json
 import os
 import select
 import shutil
@@ -19,15 +19,22 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from sshd_hosts import SshLab, sshd_available, start_lab
 
 from gpuslate.errors import UsageError
-from gpuslate.remote.zipapp import BUNDLED, MIN_PYTHON, build, check_prefix, parse_python_version
-from sshd_hosts import SshLab, sshd_available, start_lab
+from gpuslate.remote.zipapp import (
+    BUNDLED,
+    MIN_PYTHON,
+    build,
+    check_prefix,
+    parse_python_version,
+)
 
 pytestmark = pytest.mark.ssh
 
@@ -68,7 +75,7 @@ def install_lab() -> Iterator[SshLab]:
 @pytest.fixture
 def gs(install_lab: SshLab) -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True, check=False,
                               env=install_lab.client_env(), timeout=timeout, cwd=str(install_lab.base),
                               stdin=subprocess.DEVNULL)
 
@@ -94,8 +101,10 @@ def test_clean_host_gets_gpuslate_through_install(install_lab, gs, hold):
     clean = install_lab.hosts["clean"]
     py = install_lab.base.parent / "cleanpy" / "bin" / "python3"
     # the premise: that interpreter has no gpuslate and no rich
-    probe = subprocess.run([str(py), "-c", "import gpuslate"], capture_output=True, text=True, env={"PATH": "/usr/bin"})
-    assert probe.returncode == 1 and "No module named 'gpuslate'" in probe.stderr
+    for module in ("gpuslate", "rich"):
+        probe = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True, check=False, text=True,
+                               env={"PATH": "/usr/bin"})
+        assert probe.returncode == 1 and f"No module named '{module}'" in probe.stderr
 
     before = gs("--host", "clean", "status", "--json")
     assert before.returncode == 3, before.stderr
@@ -150,6 +159,7 @@ def test_another_prefix_names_the_remote_command(install_lab, gs):
     assert f"GPUSLATE_REMOTE_COMMAND={launcher}" in text.stdout
     env = {**install_lab.client_env(), "GPUSLATE_REMOTE_COMMAND": str(launcher)}
     ps = subprocess.run([sys.executable, "-m", "gpuslate", "--host", "clean", "ps", "--json"], capture_output=True,
+                        check=False,
                         text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
     assert ps.returncode == 0, ps.stderr
     assert _host_doc(ps)["result"]["schema"] == "gpuslate.ps.v1"
@@ -199,6 +209,7 @@ def test_out_writes_a_zipapp_that_runs_in_a_clean_interpreter(install_lab, gs, t
     assert doc["schema"] == "gpuslate.install.v1" and doc["status"] == "written" and doc["pyz"] == str(out)
     py = install_lab.base.parent / "cleanpy" / "bin" / "python3"
     ran = subprocess.run([str(py), str(out), "--sim", str(sim_host.root), "status", "--json"], capture_output=True,
+                         check=False,
                          text=True, env={"PATH": "/usr/bin:/bin", "GPUSLATE_STATE_DIR": str(tmp_path / "st")},
                          timeout=60)
     assert ran.returncode == 0, ran.stderr
@@ -229,13 +240,13 @@ def test_the_archive_is_pure_python_and_reproducible():
 
 @given(st.tuples(st.integers(0, 99), st.integers(0, 99), st.integers(0, 99)))
 def test_python_version_line(v):
-    assert parse_python_version("Python %d.%d.%d\n/usr/bin/python3\n" % v) == v
-    assert parse_python_version("Python %d.%d\n" % v[:2]) == (v[0], v[1], 0)
+    assert parse_python_version("Python {}.{}.{}\n/usr/bin/python3\n".format(*v)) == v
+    assert parse_python_version("Python {}.{}\n".format(*v[:2])) == (v[0], v[1], 0)
 
 
 @given(st.text(max_size=40))
 def test_prefix_is_absolute_or_home(prefix):
-    ok = (prefix.startswith("/") or prefix == "~" or prefix.startswith("~/")) and prefix.isprintable()
+    ok = (prefix.startswith(("/", "~/")) or prefix == "~") and prefix.isprintable()
     if ok:
         assert check_prefix(prefix) == prefix
     else:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import GpuslateError, UsageError
@@ -33,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "~/.local). The host's Python (>= 3.10) is checked first; the installed gpuslate is run "
                        "once (--version, status --json) to prove it works. Without --host: --out FILE writes "
                        "the zipapp here. See docs/remote.md.",
-                       epilog=exit_epilog({0: "installed (or written: --out)", 2: "bad input, or neither --host nor --out",
+                       epilog=exit_epilog({0: "installed (or written: --out)",
+                                           2: "bad input, or neither --host nor --out",
                                            3: "a host without Python >= 3.10, or unreachable",
                                            5: "the files could not be written there (or --out here)",
                                            7: "some hosts failed"}))

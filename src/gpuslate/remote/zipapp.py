@@ -218,7 +218,7 @@ def parse_python_version(text: str) -> tuple[int, int, int] | None:
 
 def check_prefix(prefix: str) -> str:
     """``--prefix``: absolute, or under the remote home (``~/...``); one line, no control characters."""
-    if not (prefix.startswith("/") or prefix == "~" or prefix.startswith("~/")) or not prefix.isprintable():
+    if not (prefix.startswith(("/", "~/")) or prefix == "~") or not prefix.isprintable():
         raise UsageError(f"invalid --prefix {prefix!r}: an absolute path on the host, or ~/...")
     return prefix
 
@@ -228,7 +228,7 @@ def _ssh(host: HostSpec, line: str, opts: SshOptions, data: bytes | None = None,
     """``line`` on ``host`` with ``data`` on its stdin (run_ssh's, with bytes in)."""
     start = time.monotonic()
     try:
-        p = subprocess.run(ssh_argv(host, line, opts), input=data if data is not None else b"",
+        p = subprocess.run(ssh_argv(host, line, opts), input=data if data is not None else b"", check=False,
                            capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return SshResult(255, "", f"gpuslate: ssh timed out after {timeout:g} s", time.monotonic() - start)
@@ -279,7 +279,8 @@ def install_on_host(host: HostSpec, archive: Archive, opts: SshOptions, *, prefi
         paths = json.loads(put.stdout)
         pyz, launcher = str(paths["pyz"]), str(paths["launcher"])
     except (ValueError, KeyError, TypeError):
-        raise RemoteCommandFailed(f"{label}: writing the files failed ({_last(put.stderr) or f'exit {put.returncode}'})",
+        why = _last(put.stderr) or f"exit {put.returncode}"
+        raise RemoteCommandFailed(f"{label}: writing the files failed ({why})",
                                   exit_code=put.returncode or 1) from None
 
     ran = _ssh(host, remote_line([launcher, "--version"]), opts)
