@@ -173,8 +173,8 @@ def write_local(archive: Archive, out: str) -> InstallResult:
 #: run by the remote interpreter (any Python: the version is checked from its output)
 _PROBE = 'import sys; print("Python %d.%d.%d" % tuple(sys.version_info[:3])); print(sys.executable)'
 
-#: argv: PREFIX SIZE SHA256; the archive on stdin. Written next to its place, then renamed: never half a file,
-#: never through a link. Prints the two paths.
+#: argv: PREFIX SIZE SHA256 VERSION; the archive on stdin. Written next to its place, then renamed: never half a
+#: file, never through a link. Prints the two paths, and whether the launcher is where --host looks for it.
 _WRITER = r"""
 import hashlib, json, os, shlex, sys
 prefix, size, digest = os.path.expanduser(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
@@ -206,7 +206,8 @@ try:
 except OSError as e:
     sys.stderr.write("gpuslate install: cannot write %s: %s\n" % (e.filename or prefix, e.strerror or e))
     sys.exit(73)
-print(json.dumps({"pyz": pyz, "launcher": launcher}))
+found = os.path.realpath(launcher) == os.path.realpath(os.path.expanduser("~/.local/bin/gpuslate"))
+print(json.dumps({"pyz": pyz, "launcher": launcher, "found": found}))
 """
 
 
@@ -277,7 +278,7 @@ def install_on_host(host: HostSpec, archive: Archive, opts: SshOptions, *, prefi
                             hint="choose a folder you may write there: install --prefix DIR")
     try:
         paths = json.loads(put.stdout)
-        pyz, launcher = str(paths["pyz"]), str(paths["launcher"])
+        pyz, launcher, found = str(paths["pyz"]), str(paths["launcher"]), paths["found"] is True
     except (ValueError, KeyError, TypeError):
         why = _last(put.stderr) or f"exit {put.returncode}"
         raise RemoteCommandFailed(f"{label}: writing the files failed ({why})",
@@ -289,14 +290,13 @@ def install_on_host(host: HostSpec, archive: Archive, opts: SshOptions, *, prefi
                                   f"({_last(ran.stderr) or _last(ran.stdout) or f'exit {ran.returncode}'})",
                                   exit_code=ran.returncode or 1)
     check = _status_check(host, launcher, opts)
-    default = prefix.rstrip("/") in ("~/.local", "~/.local/")
     warnings = []
     if "tomli" in archive.missing and version[:2] < (3, 11):
         warnings.append("no tomli was bundled (not importable where the zipapp was built): gpuslate.toml files "
                         "cannot be read with Python 3.10")
     return InstallResult(InstallStatus.INSTALLED, __version__, archive.sha256, len(archive.data), pyz,
                          launcher=launcher, python=interpreter, python_version=shown, status_check=check,
-                         remote_command=None if default else launcher, bundled=archive.included, warnings=warnings)
+                         remote_command=None if found else launcher, bundled=archive.included, warnings=warnings)
 
 
 def _status_check(host: HostSpec, launcher: str, opts: SshOptions) -> str:
