@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sshd_hosts import SshLab, sshd_available, start_lab
+from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 from gpuslate.errors import UsageError
 from gpuslate.remote.zipapp import (
@@ -189,6 +189,15 @@ def test_unwritable_prefix_is_named(install_lab, gs):
     err = _host_doc(r)["error"]
     assert err["type"] == "install_failed" and "/proc/gpuslate-nowhere" in err["message"]
     _no_traceback(r)
+
+
+def test_unreachable_host_is_named_and_the_others_installed(install_lab, gs):
+    install_lab.add_alias("nobody", free_port())  # nothing listens there
+    r = gs("-H", "nobody", "-H", "clean", "install", "--json")
+    assert r.returncode == 7, r.stderr
+    hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert hosts["nobody"]["error"]["type"] == "unreachable" and hosts["nobody"]["exit_code"] == 3
+    assert hosts["clean"]["ok"] and hosts["clean"]["result"]["status"] == "installed"
 
 
 def test_bad_input_contacts_no_host(install_lab, gs):
