@@ -7,6 +7,9 @@ Python >= 3.10 first, and runs it once to prove it works. Each host's
 ``gpuslate.install.v1`` document sits in the run's ``gpuslate.fleet.v1``.
 Without ``--host``: ``--out FILE`` writes the zipapp here (``python3 FILE``
 runs it); neither is a usage error. See docs/remote.md.
+
+The library modules load on use (in the functions): ``gpuslate --help``
+imports every command module, and this one's need zipapp, tempfile, shutil.
 """
 
 from __future__ import annotations
@@ -91,4 +94,3 @@ def host_runner(args: argparse.Namespace, opts: SshOptions
 
     words = ["install", "--prefix", prefix, "--python", args.python]
     return words, one
-
