@@ -19,6 +19,8 @@ code fits: unreachable and gpuslate-missing hosts are an unavailable backend
 (3), a refused key or a changed host key a permission problem (5), a host
 that does not answer in time a timeout (4), an incompatible remote gpuslate a
 usage problem (2); a remote command that ran and failed keeps its own code.
+``install`` adds two: a host without Python >= 3.10 cannot run gpuslate (3),
+and files it may not write there are a permission problem (5).
 """
 
 from __future__ import annotations
@@ -134,6 +136,18 @@ class RemoteCommandFailed(GpuslateError):
     def __init__(self, message: str, *, exit_code: int, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.exit_code = exit_code
+
+
+class RemotePythonUnsupported(BackendUnavailable):
+    """``install``: the host has no ``python3`` (or the one given), or one older than 3.10."""
+
+    code = "python_unsupported"
+
+
+class InstallFailed(PermissionDenied):
+    """``install``: the host refused the files (permission, a read-only or full file system)."""
+
+    code = "install_failed"
 
 
 class NotRun(PartialFailure):

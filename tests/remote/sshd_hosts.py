@@ -131,10 +131,11 @@ def _wrapper(bin_dir: Path) -> None:
 
 def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str, ...] = (),
               refuse: tuple[str, ...] = (), extra_path: dict[str, Path] | None = None,
-              aliases_per_sshd: int = 1) -> SshLab:
+              aliases_per_sshd: int = 1, env: dict[str, dict[str, str]] | None = None) -> SshLab:
     """Start one sshd per name (``aliases_per_sshd`` > 1: several client aliases share
     one sshd and one simulated host). ``missing``: hosts without gpuslate on PATH;
-    ``refuse``: hosts whose sshd accepts no key."""
+    ``refuse``: hosts whose sshd accepts no key; ``env``: a host's own SetEnv values
+    (``PATH``, ``PYTHONPATH``, ``HOME``...), replacing the defaults."""
     if os.geteuid() == 0:
         # sshd refuses to start without its privilege separation folder
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -160,6 +161,11 @@ def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str
             path.append(str(extra_path[name]))
         path += ["/usr/local/bin", "/usr/bin", "/bin"]
         port = free_port()
+        setenv = {"GPUSLATE_SIM": str(sim.root), "GPUSLATE_STATE_DIR": str(root / "state"),
+                  "GPUSLATE_LOCK_DIR": str(root / "locks"), "PYTHONPATH": SRC, "PATH": ":".join(path),
+                  # SHLVL=1: bash then skips ~/.bashrc for ssh commands (Debian sources it), so the
+                  # test user's shell setup (pyenv, ...) is neither in the PATH nor in the timings
+                  "SHLVL": "1", **(env or {}).get(name, {})}
         conf = root / "sshd_config"
         conf.write_text("\n".join([
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {root / 'host_key'}",
@@ -169,11 +175,7 @@ def start_lab(base: Path, names: list[str], *, gpus: int = 4, missing: tuple[str
             "PubkeyAuthentication yes", "PermitRootLogin prohibit-password",
             "StrictModes no",  # the temporary folder's modes are the test runner's
             "MaxSessions 200", "MaxStartups 200:30:400", "LogLevel ERROR", "PrintMotd no",
-            f"SetEnv GPUSLATE_SIM={sim.root} GPUSLATE_STATE_DIR={root / 'state'} "
-            f"GPUSLATE_LOCK_DIR={root / 'locks'} PYTHONPATH={SRC} PATH={':'.join(path)}"
-            # SHLVL=1: bash then skips ~/.bashrc for ssh commands (Debian sources it), so the
-            # test user's shell setup (pyenv, ...) is neither in the PATH nor in the timings
-            " SHLVL=1",
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in setenv.items()),
             "",
         ]))
         # Daemonized (no -D): the listener is then no descendant of the test run, which a

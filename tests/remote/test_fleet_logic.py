@@ -46,7 +46,7 @@ def test_ssh_failures_are_named(stderr, cls, code):
                                res(1, stderr="/usr/bin/python3: No module named gpuslate")])
 def test_missing_gpuslate_has_the_install_command(r):
     _, err = interpret(H, r, OPTS)
-    assert isinstance(err, errors.GpuslateMissing) and "pip install gpuslate" in (err.hint or "")
+    assert isinstance(err, errors.GpuslateMissing) and "gpuslate --host HOST install" in (err.hint or "")
 
 
 def test_documents_and_their_versions():

@@ -150,7 +150,7 @@ def test_gpuslate_missing_falls_back_to_nvidia_smi_for_status(lab, fleet):
     assert [g["index"] for g in res["gpus"]] == [0, 1]
     assert res["gpus"][0]["memory"]["used"] == 1024 * 1024**2
     assert res["gpus"][0]["processes"][0]["pid"] == 4242 and res["gpus"][1]["processes"] == []
-    assert any("pip install gpuslate" in w for w in res["warnings"])
+    assert any("gpuslate --host HOST install" in w for w in res["warnings"])
     text = fleet("-H", "bare", "status")
     assert "from nvidia-smi" in text.stdout and "4242" in text.stdout
 
@@ -158,7 +158,7 @@ def test_gpuslate_missing_falls_back_to_nvidia_smi_for_status(lab, fleet):
     r = fleet("-H", "bare", "-H", "h1", "clear", "--yes", "--json")
     hosts = _by_host(_doc(r))
     assert hosts["bare"]["error"]["type"] == "gpuslate_missing"
-    assert "pip install gpuslate" in hosts["bare"]["error"]["hint"] and hosts["h1"]["ok"]
+    assert "gpuslate --host HOST install" in hosts["bare"]["error"]["hint"] and hosts["h1"]["ok"]
     assert r.returncode == 7
 
 

@@ -172,7 +172,12 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
         raise UsageError("'exporter' runs until killed: start it on each host (see docs/exporter.md)")
     text = command in TEXT_COMMANDS
     words = remote_words(argv, json_output=not text)
-    hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, text)
+    if command == "install":  # runs here: builds the zipapp once and pushes it to each host
+        if fleet.slurm:
+            raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
+        hosts, fan, sequential = _install_over_ssh(fleet, args)
+    else:
+        hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, text)
     progress = Progress(len(hosts))
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
@@ -216,6 +221,24 @@ def _over_ssh(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec
         return run_sequential(hs, words, opts, keep_going=fleet.keep_going, on_done=progress.done)
 
     return hosts, fan, sequential
+
+
+def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[HostSpec], Fan, Fan]:
+    """The selected hosts, and ``install`` on them (see :mod:`.install`): run here, pushed over ssh."""
+    from ..remote.fleet import run_parallel
+    from ..remote.hosts import select_hosts
+    from ..remote.ssh import SshOptions
+    from .install import host_runner
+
+    inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
+    hosts = select_hosts(fleet.hosts, inventory, fleet.group)
+    opts = SshOptions.from_env(fleet.connect_timeout)
+    shown, one = host_runner(args, opts)
+
+    def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
+        return run_parallel(hs, shown, opts, parallel=fleet.parallel, on_done=progress.done, run_one=one)
+
+    return hosts, fan, fan
 
 
 def _over_srun(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:

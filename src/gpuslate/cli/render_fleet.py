@@ -157,6 +157,17 @@ def _swap(doc: dict[str, Any], label: str) -> None:
             + (f"  (gpuslate overhead {overhead:.3f} s)" if isinstance(overhead, (int, float)) else ""))
 
 
+def _install(doc: dict[str, Any], label: str) -> None:
+    """``install``: where it went, which Python runs it, and what to set when the fleet will not find it."""
+    c = console()
+    c.print(f"  installed gpuslate {_t(doc.get('version'))} at {_t(doc.get('launcher'))} "
+            f"(Python {_t(doc.get('python_version'))}: {_t(doc.get('python'))}; status: {_t(doc.get('status_check'))})")
+    for w in doc.get("warnings") or []:
+        c.print(f"  [yellow]warning:[/] {_t(w)}")
+    if doc.get("remote_command"):
+        c.print(f"  [yellow]not where --host looks:[/] set GPUSLATE_REMOTE_COMMAND={_t(doc['remote_command'])} here")
+
+
 def _text(doc: dict[str, Any], label: str) -> None:
     sys.stdout.write(str(doc.get("text") or ""))  # logs: printed as a local 'gpuslate logs' prints them
     sys.stdout.flush()
@@ -174,7 +185,7 @@ def _render_generic(doc: dict[str, Any], label: str) -> None:
 
 _RENDERERS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "status": _status, "clear": _clear, "wait": _wait, "log": _log, "audit": _log, "ps": _ps, "up": _up, "down": _down,
-    "swap": _swap, "": _text,
+    "swap": _swap, "install": _install, "": _text,
 }
 
 

@@ -8,7 +8,7 @@ import os
 from .._parse import format_gpu_list
 from ..errors import UsageError
 from ..extras import Extra, require
-from .common import add_common, gpu_list, nonnegative_float, print_json, size, whole
+from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
 from .exits import exit_epilog
 
 
@@ -159,9 +159,12 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_hold(args: argparse.Namespace) -> int:
-    from ..sim.holder import hold
+    from ..sim.holder import full_titles, hold
 
     host = _host(args)
+    if args.title and not full_titles():
+        note("setproctitle is not installed: --title sets only the kernel's process name (15 characters), "
+             "not the command line (pip install setproctitle)")
     gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title, reap=not args.no_reap)

@@ -19,7 +19,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 from ..errors import GpuslateError, GpuslateMissing, NotRun, RemoteCommandFailed, RemoteIncompatible
 from .hosts import HostSpec
 from .smi import SEPARATOR, smi_apps_words, smi_words, status_from_smi
-from .ssh import INSTALL_HINT, SshOptions, SshResult, remote_line, run_ssh, transport_error
+from .ssh import (DEFAULT_REMOTE_COMMAND, INSTALL_HINT, INSTALLED_LAUNCHER, SshOptions, SshResult, missing,
+                  remote_line, run_ssh, transport_error)
 
 SCHEMA = "gpuslate.fleet.v1"
 ERROR_SCHEMA = "gpuslate.error.v1"
@@ -120,10 +121,14 @@ def interpret(host: HostSpec, res: SshResult, opts: SshOptions, *, text_output: 
 
 def run_on_host(host: HostSpec, words: Sequence[str], opts: SshOptions, *, fallback_status: bool = False,
                 text_output: bool = False, timeout: float | None = None) -> HostOutcome:
-    """``gpuslate WORDS`` on one host. ``fallback_status``: where gpuslate is missing,
-    read the GPUs with nvidia-smi instead (read-only ``status`` only)."""
+    """``gpuslate WORDS`` on one host. Without ``GPUSLATE_REMOTE_COMMAND``, a host whose PATH has no
+    ``gpuslate`` is tried again with the launcher ``install`` writes (``~/.local/bin/gpuslate``).
+    ``fallback_status``: where gpuslate is missing, read the GPUs with nvidia-smi instead
+    (read-only ``status`` only)."""
     start = time.monotonic()
     res = run_ssh(host, remote_line([*opts.remote_command, *words]), opts, timeout=timeout)
+    if opts.remote_command == DEFAULT_REMOTE_COMMAND and res.returncode == 127 and missing(res):
+        res = run_ssh(host, f"{INSTALLED_LAUNCHER} {remote_line(words)}", opts, timeout=timeout)
     doc, err = interpret(host, res, opts, text_output=text_output)
     if isinstance(err, GpuslateMissing) and fallback_status:
         doc, err = _smi_status(host, opts, err, timeout)
@@ -144,11 +149,14 @@ def _smi_status(host: HostSpec, opts: SshOptions, missing: GpuslateMissing, time
 
 def run_parallel(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptions, *,
                  parallel: int = DEFAULT_PARALLEL, on_done: Callable[[HostOutcome], None] | None = None,
-                 fallback_status: bool = False, text_output: bool = False) -> FleetResult:
-    """Every host at once, at most ``parallel`` at a time; results in host order."""
+                 fallback_status: bool = False, text_output: bool = False,
+                 run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None) -> FleetResult:
+    """Every host at once, at most ``parallel`` at a time; results in host order.
+    ``run_one`` runs one host (default: ``gpuslate WORDS`` over ssh; ``install`` passes its own)."""
 
     def one(h: HostSpec) -> HostOutcome:
-        out = run_on_host(h, words, opts, fallback_status=fallback_status, text_output=text_output)
+        out = (run_one(h, words) if run_one is not None else
+               run_on_host(h, words, opts, fallback_status=fallback_status, text_output=text_output))
         if on_done is not None:
             on_done(out)
         return out

@@ -29,22 +29,26 @@ from .hosts import HostSpec
 CONTROL_PERSIST_S = 120
 #: a socket path must fit sun_path (108 bytes); %C expands to 40 hex digits
 _MAX_CONTROL_DIR = 60
-INSTALL_HINT = ("install it there: python3 -m pip install gpuslate (or 'pip install .' in a clone), or set "
-                "GPUSLATE_REMOTE_COMMAND to the command that runs it, e.g. '/opt/venv/bin/gpuslate'")
+INSTALL_HINT = ("install it there: gpuslate --host HOST install (a single file, copied over ssh; docs/remote.md), "
+                "or set GPUSLATE_REMOTE_COMMAND to the command that runs it, e.g. '/opt/venv/bin/gpuslate'")
+DEFAULT_REMOTE_COMMAND = ("gpuslate",)
+#: where ``install`` puts its launcher (the default --prefix ~/.local): tried when ``gpuslate`` is not on the
+#: host's PATH (a non-interactive ssh command's PATH rarely has ~/.local/bin). Expanded by the remote shell.
+INSTALLED_LAUNCHER = '"$HOME"/.local/bin/gpuslate'
 
 
 class SshOptions(NamedTuple):
     connect_timeout: float = 10.0
     config: str | None = None  # -F FILE ($GPUSLATE_SSH_CONFIG); None: ssh's own (~/.ssh/config)
     control_dir: str | None = None  # None: no connection reuse
-    remote_command: tuple[str, ...] = ("gpuslate",)
+    remote_command: tuple[str, ...] = DEFAULT_REMOTE_COMMAND
 
     @classmethod
     def from_env(cls, connect_timeout: float = 10.0) -> SshOptions:
         remote = os.environ.get("GPUSLATE_REMOTE_COMMAND", "").strip()
         return cls(connect_timeout=connect_timeout, config=os.environ.get("GPUSLATE_SSH_CONFIG") or None,
                    control_dir=str(control_dir()),
-                   remote_command=tuple(shlex.split(remote)) if remote else ("gpuslate",))
+                   remote_command=tuple(shlex.split(remote)) if remote else DEFAULT_REMOTE_COMMAND)
 
 
 class SshResult(NamedTuple):

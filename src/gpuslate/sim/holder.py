@@ -9,6 +9,7 @@ monitors that only hold the device open (``memory=0``).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -19,8 +20,15 @@ from ..errors import ServerFailed, UsageError
 from .host import SimHost
 
 
+def full_titles() -> bool:
+    """Whether :func:`set_title` can rewrite the whole command line: setproctitle, a C extension,
+    is importable (the zipapp of ``install`` has none: there a title is the kernel's name only)."""
+    return importlib.util.find_spec("setproctitle") is not None
+
+
 def set_title(title: str) -> None:
-    """Set the process title the way model servers do (cmdline and comm)."""
+    """Set the process title the way model servers do (cmdline and comm); without setproctitle,
+    the kernel's process name only (15 characters; see :func:`full_titles`)."""
     try:
         import setproctitle
 
