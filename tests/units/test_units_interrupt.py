@@ -4,12 +4,17 @@ judges the unit by what lives and what it answers, never `starting` for ever."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
+import termios
 import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from gpuslate.units import store
 from gpuslate.units.readiness import http
@@ -108,40 +113,55 @@ def ps_state(name: str) -> str:
     return ps(run_units)[name]["state"]
 
 
+@contextmanager
+def on_terminal(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[], None], Callable[[bytes], bool]]]:
+    """``gpuslate ARGS`` as the session leader of a pseudo-terminal of its own; yields the process,
+    ``hang_up()`` (close the terminal: the kernel sends SIGHUP, later writes fail) and ``seen(text)``
+    (whether the output so far holds ``text``, reading what is there). The process is killed on the
+    way out if it is still running."""
+    master, slave = pty.openpty()
+    out = bytearray()
+
+    def take_terminal() -> None:  # in the child, after setsid: the pty becomes its controlling terminal
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", *args], stdin=slave, stdout=slave, stderr=slave,
+                            env=gpuslate_env(), start_new_session=True, preexec_fn=take_terminal)
+    os.close(slave)
+    open_fd = [master]
+
+    def hang_up() -> None:
+        if open_fd:
+            os.close(open_fd.pop())
+
+    def seen(text: bytes) -> bool:
+        if open_fd:
+            out.extend(os.read(open_fd[0], 4096))
+        return text in out
+
+    try:
+        yield proc, hang_up, seen
+    finally:
+        hang_up()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_hangup_of_up_stops_the_starting_server(units_host):
     """The ssh session drops while `up` waits for a server to load: the kernel sends SIGHUP to `up`
     (the session leader of the terminal) and every later write to the terminal fails. The server,
     in a session of its own, would go on starting and hold its GPUs; `up` stops it, verifies the
     GPUs free and records the unit failed, all without a terminal to report to."""
-    import fcntl
-    import pty
-    import termios
-
     port = free_port()
-    master, slave = pty.openpty()
-
-    def take_terminal() -> None:  # in the child, after setsid: the pty becomes its controlling terminal
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "up", "web", "--gpus", "0-1", "--port", str(port),
-                             "--engine", "sglang", "--start-timeout", "120", "--grace", "1", "--",
-                             *serve_cmd(port, startup=60.0)], stdin=slave, stdout=slave, stderr=slave,
-                            env=gpuslate_env(), start_new_session=True, preexec_fn=take_terminal)
-    os.close(slave)
-    try:
+    with on_terminal("up", "web", "--gpus", "0-1", "--port", str(port), "--engine", "sglang", "--start-timeout",
+                     "120", "--grace", "1", "--", *serve_cmd(port, startup=60.0)) as (proc, hang_up, _seen):
         wait_for(lambda: holding(units_host, 0) and holding(units_host, 1), timeout=30)
         rec = store.load("web")
         assert rec is not None and rec.phase == "starting"
         server = [rec.pid, holding(units_host, 0), holding(units_host, 1)]
-        os.close(master)  # the terminal goes away: SIGHUP to up, EIO on every later write
-        master = -1
+        hang_up()  # the terminal goes away: SIGHUP to up, EIO on every later write
         rc = proc.wait(60)
-    finally:
-        if master >= 0:
-            os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert all(is_gone(p) for p in server)  # gone before up exited: it stopped and waited for them
     assert gpus_clean(units_host, [0, 1])
     rec = store.load("web")
@@ -153,30 +173,13 @@ def test_hangup_of_up_stops_the_starting_server(units_host):
 def test_hangup_of_down_does_not_leave_the_unit_half_stopped(units_host, units):
     """`down` of a unit that ignores SIGTERM waits out the grace before SIGKILL; the ssh session
     drops meanwhile. `down` finishes: SIGKILL, the GPUs verified, the unit recorded stopped."""
-    import fcntl
-    import pty
-    import termios
-
     survivor = [a for a in HOLD if a != "--ignore-term"] + ["--survive-term"]  # only SIGKILL ends it
     r = units("up", "web", "--gpus", "0", "--ready-log", '"pid"', "--", *survivor)
     assert r.returncode == 0, r.stderr
     pid = holding(units_host, 0)
-    master, slave = pty.openpty()
-    seen = bytearray()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "down", "web", "--grace", "3"], stdin=slave,
-                            stdout=slave, stderr=slave, env=gpuslate_env(), start_new_session=True,
-                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
-    os.close(slave)
-    try:
-        wait_for(lambda: seen.extend(os.read(master, 4096)) or b"SIGTERM sent" in seen, timeout=20)
-        os.close(master)  # SIGHUP to down, in the middle of its grace
-        master = -1
+    with on_terminal("down", "web", "--grace", "3") as (proc, hang_up, seen):
+        wait_for(lambda: seen(b"SIGTERM sent"), timeout=20)
+        hang_up()  # SIGHUP to down, in the middle of its grace
         proc.wait(60)
-    finally:
-        if master >= 0:
-            os.close(master)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert is_gone(pid) and gpus_clean(units_host, [0])
     assert store.load("web").phase == "stopped" and ps_state("web") == "stopped"
