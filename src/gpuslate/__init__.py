@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "Host": "gpuslate.api", "status": "gpuslate.api", "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
+    "Host": "gpuslate.api", "status": "gpuslate.api",
+    "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
     "GpuState": "gpuslate.host.snapshot", "HolderProcess": "gpuslate.host.snapshot", "open_backend": "gpuslate.gpu",
     "GpuBackend": "gpuslate.gpu", "ProcessId": "gpuslate.proc.procfs",
     "clear": "gpuslate.api", "ClearResult": "gpuslate.slate.clear", "ClearOptions": "gpuslate.slate.clear",

@@ -25,4 +25,5 @@ from .swap import SwapOptions, SwapResult, swap
 from .unit import Unit
 
 __all__ = ["up", "down", "swap", "list_units", "resolve", "UnitSpec", "UpResult", "DownResult",
-           "SwapResult", "UpOptions", "DownOptions", "SwapOptions", "PsResult", "UnitStatus", "Unit", "UnitState", "UnitFacts", "unit_state"]
+           "SwapResult", "UpOptions", "DownOptions", "SwapOptions", "PsResult", "UnitStatus", "Unit", "UnitState",
+           "UnitFacts", "unit_state"]

@@ -200,7 +200,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                     timings["smoke_s"] = sm["latency_s"]
                     status = "ready" if sm["ok"] else "smoke_failed"
         except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/up.py), a bug: leave nothing half-started
-            _stop_interrupted(current, be, spec, limit, note, str(exc) or type(exc).__name__)
+            _stop_interrupted(host, current, spec, limit, str(exc) or type(exc).__name__)
             raise
         teardown, tail = None, []
         if status == "ready":
@@ -212,7 +212,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
             tail = logfile.tail(launched.log, LOG_TAIL)
             with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
                 teardown = stop_unit(current, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                                     action="up-failed", max_used=limit, on_event=note)
+                                     audit=host.audit, action="up-failed", max_used=limit, on_event=note)
                 rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         store.save(rec)
         timings["total_s"] = time.monotonic() - t0
@@ -234,14 +234,15 @@ def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
         poll.sleep(deadline)
 
 
-def _stop_interrupted(unit: Unit, be: GpuBackend, spec: UnitSpec, limit: int, note: Note, why: str) -> None:
+def _stop_interrupted(host: HostContext, unit: Unit, spec: UnitSpec, limit: int, why: str) -> None:
     """Stop a unit whose start was interrupted; further Ctrl-C or SIGTERM cannot cut this short."""
     rec = unit.record
     assert rec is not None
+    note = host.note
     note(f"stopping {spec.name}, please wait")
     with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
-        stop_unit(unit, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                  action="up-interrupted", max_used=limit, on_event=note)
+        stop_unit(unit, host.backend, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                  audit=host.audit, action="up-interrupted", max_used=limit, on_event=note)
         rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         rec.failure = f"interrupted while starting ({why})"
         rec.exit_code = exit_status(rec.pid)
@@ -319,8 +320,9 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
                                               max_used=limit)))
             return cleared[-1].ok
 
-        report = stop_unit(u, be, grace=grace_s, timeout=spec.stop_timeout if opts.timeout is None else opts.timeout,
-                           run_id=new_run_id(), action="down", max_used=limit, on_event=note,
+        stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
+        report = stop_unit(u, be, grace=grace_s, timeout=stop_timeout,
+                           run_id=new_run_id(), audit=host.audit, action="down", max_used=limit, on_event=note,
                            before_verify=leftovers)
         aside = None
         rec = u.record
