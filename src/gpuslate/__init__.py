@@ -67,8 +67,10 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_EXPORTS))
 
 
-__all__ = [
-    "__version__", *_EXPORTS,
+__all__ = [  # written out (not built from _EXPORTS) so that linters and type checkers see it; a test compares
+    "__version__", "Host", "status", "clear", "wait_free", "take_snapshot", "Snapshot", "GpuState", "HolderProcess",
+    "open_backend", "GpuBackend", "ProcessId", "Selection", "ClearOptions", "ClearResult", "WaitOptions",
+    "WaitResult", "UnitSpec", "UpOptions", "DownOptions", "SwapOptions",
     "GpuslateError", "UsageError", "BackendUnavailable", "GpuQueryError", "NotDoneError",
     "PermissionDenied", "ServerFailed", "PartialFailure", "Interrupted",
 ]

@@ -88,3 +88,11 @@ def test_clear_options_accept_exactly_the_usable_values(grace, timeout, max_used
     else:
         with pytest.raises(UsageError):
             opts.validate()
+
+
+def test_public_names_are_exported_and_resolve():
+    import gpuslate
+
+    assert set(gpuslate._EXPORTS) <= set(gpuslate.__all__)
+    for name in gpuslate.__all__:
+        assert getattr(gpuslate, name) is not None, name

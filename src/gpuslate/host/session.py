@@ -13,6 +13,10 @@ This is the *context* only. The verbs (``status``, ``clear``, ``wait``, ``up``,
 subclass that lives above ``slate/`` and ``units/`` in the import graph: those
 packages take a :class:`HostContext` and import this module, so the verbs
 cannot live here without an import loop.
+
+The lock, the audit log and the state folder are imported where they are first
+used (three imports inside methods, on purpose): ``status`` only looks, takes no
+lock and writes no log, and must not pay for their modules at every start.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from ..gpu import GpuBackend, open_backend
-from .audit import AuditLog
-from .lock import HostLock, default_lock_dir, describe_holder
-from .state import state_dir
+
+if TYPE_CHECKING:
+    from .audit import AuditLog
+    from .lock import HostLock
 
 MiB = 1024**2
 #: the default --max-used: an idle GPU counts as free on drivers with and without NVML's v2 memory
@@ -125,6 +130,8 @@ class HostContext:
             finally:
                 self._lock_depth -= 1
             return
+        from .lock import HostLock, default_lock_dir, describe_holder  # late: see the module docstring
+
         lock = HostLock(default_lock_dir(self.sim_root) / "host.lock", purpose=purpose)
         limit = f" (at most {timeout:g} s)" if timeout is not None else ""
         t0 = time.monotonic()
@@ -142,12 +149,16 @@ class HostContext:
         """The audit log, opened on first use (an unsafe state folder refuses then), its
         entries marked with this context's backend and host."""
         if self._audit is None:
+            from .audit import AuditLog  # late: see the module docstring
+
             self._audit = AuditLog(backend=self.backend.name, sim_root=self.sim_root, context=self._audit_context)
         return self._audit
 
     def state_dir(self) -> Path:
         """This host's state folder (checked, created 0700 when missing): see
         :func:`~gpuslate.host.state.state_dir` for where it is."""
+        from .state import state_dir  # late: see the module docstring
+
         return state_dir(self.sim_root)
 
     def close(self) -> None:

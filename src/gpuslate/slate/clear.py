@@ -271,7 +271,8 @@ class _ForkWatch:
             if uid != self.me and not self.plan.selection.all_users:
                 continue
             argv = table.argv(pid)
-            info = {"pid": pid, "start_ticks": st.start_ticks, "user": user_name(uid) if uid is not None else None,
+            info: dict[str, Any] = {
+                    "pid": pid, "start_ticks": st.start_ticks, "user": user_name(uid) if uid is not None else None,
                     "uid": uid, "command": " ".join(argv) if argv else f"[{st.name}]", "name": st.name,
                     "gpus": [], "used_memory": None, "role": Role.FORKED.value,
                     "reason": f"started by {st.ppid} after the plan, while its job was being stopped",

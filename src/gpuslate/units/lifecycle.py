@@ -16,7 +16,6 @@ from typing import Any, Callable, Literal, NamedTuple
 
 from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
-from ..gpu import GpuBackend
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
