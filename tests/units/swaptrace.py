@@ -16,22 +16,18 @@ import threading
 from collections import Counter
 from pathlib import Path
 from types import FrameType
-from typing import Any, Iterator
 from contextlib import contextmanager
+from typing import Any, Iterator
 
 import gpuslate
 
 PKG = str(Path(gpuslate.__file__).parent) + "/"
 
 
-def module_of(frame: FrameType) -> str | None:
-    path = frame.f_code.co_filename
-    return path[len(PKG):] if path.startswith(PKG) else None
-
-
 class Trace:
-    def __init__(self, phases: dict[str, tuple[str, str]]) -> None:
-        """``phases``: phase name -> (module path, function name) whose call opens it."""
+    def __init__(self, phases: dict[str, tuple[str, str]], root: str = PKG) -> None:
+        """``phases``: phase name -> (module path under ``root``, function name) whose call opens it."""
+        self.root = root
         self.phases = {v: k for k, v in phases.items()}
         self.entries: dict[str, Counter[str]] = {}
         self.reentries: dict[str, Counter[str]] = {}
@@ -39,9 +35,13 @@ class Trace:
         self.paths: dict[str, str] = {}  # module -> one call path that re-entered it
         self._thread = threading.get_ident()
 
+    def module_of(self, frame: FrameType) -> str | None:
+        path = frame.f_code.co_filename
+        return path[len(self.root):] if path.startswith(self.root) else None
+
     def _chain(self, frame: FrameType | None) -> Iterator[tuple[str, FrameType]]:
         while frame is not None:
-            m = module_of(frame)
+            m = self.module_of(frame)
             if m is not None:
                 yield m, frame
             frame = frame.f_back
@@ -49,7 +49,7 @@ class Trace:
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call" or threading.get_ident() != self._thread:
             return
-        mod = module_of(frame)
+        mod = self.module_of(frame)
         if mod is None:
             return
         chain = list(self._chain(frame.f_back))
@@ -77,8 +77,8 @@ class Trace:
 
 
 @contextmanager
-def traced(phases: dict[str, tuple[str, str]]) -> Iterator[Trace]:
-    trace = Trace(phases)
+def traced(phases: dict[str, tuple[str, str]], root: str = PKG) -> Iterator[Trace]:
+    trace = Trace(phases, root)
     sys.setprofile(trace)
     try:
         yield trace

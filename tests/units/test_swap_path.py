@@ -55,6 +55,24 @@ def test_one_swap_one_backend_one_lock_one_audit_log(units_host, counted):
         assert host.down("new").ok
 
 
+def test_the_trace_sees_a_climb_back(tmp_path, monkeypatch):
+    """The detector itself: verb -> a -> b -> a is a re-entry of a; verb -> a -> b -> c is none."""
+    pkg = tmp_path / "tracepkg"
+    pkg.mkdir()
+    (pkg / "verb.py").write_text("from tracepkg import a\ndef run(back):\n    return a.f(back)\n")
+    (pkg / "a.py").write_text("from tracepkg import b\ndef f(back):\n    return b.g(back)\ndef h():\n    return 1\n")
+    (pkg / "b.py").write_text("from tracepkg import a, c\ndef g(back):\n    return a.h() if back else c.k()\n")
+    (pkg / "c.py").write_text("def k():\n    return 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from tracepkg import verb
+
+    for back, expected in ((True, {"a.py": 1}), (False, {})):
+        with traced({"run": ("verb.py", "run")}, root=str(pkg) + "/") as trace:
+            verb.run(back)
+        assert trace.order == ["run"]
+        assert dict(trace.reentries.get("run", {})) == expected
+
+
 def test_swap_enters_each_module_once_per_phase(units_host):
     old, new = specs()
     host = Host.open()
