@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .units.swap import SwapOptions, SwapResult
 
 #: verb -> the module that implements it, imported on the verb's first call
+#: ("selection": the module of :class:`~gpuslate.slate.plan.Selection`, clear's input)
 _VERBS = {
     "clear": "gpuslate.slate.clear", "wait": "gpuslate.slate.wait", "selection": "gpuslate.slate.plan",
     "up": "gpuslate.units.lifecycle", "down": "gpuslate.units.lifecycle", "swap": "gpuslate.units.swap",
