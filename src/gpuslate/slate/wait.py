@@ -17,7 +17,6 @@ and why, with the remedy; gpuslate never resets a GPU itself.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Sequence
 
 from .._parse import format_size
@@ -119,8 +118,7 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
         poll.sleep(deadline)
 
 
-@dataclass(frozen=True)
-class WaitOptions:
+class WaitOptions(NamedTuple):
     """How long ``wait`` waits and what counts as free; plain data."""
 
     max_used: int | None = None  # most memory a free GPU may show; None: the host's default

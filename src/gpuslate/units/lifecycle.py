@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Literal, NamedTuple
 
 from ..host.audit import new_run_id
@@ -45,8 +44,7 @@ Note = Callable[[str], None]
 UpStatus = Literal["ready", "exited", "timeout", "smoke_failed"]
 
 
-@dataclass(frozen=True)
-class UpOptions:
+class UpOptions(NamedTuple):
     """How ``up`` starts a unit (what it starts is the :class:`~.spec.UnitSpec`); plain data."""
 
     clear_first: bool = False  # clear the unit's GPUs first, with clear's rules
@@ -58,8 +56,7 @@ class UpOptions:
         return self
 
 
-@dataclass(frozen=True)
-class DownOptions:
+class DownOptions(NamedTuple):
     """How ``down`` stops a unit; None: the unit's own setting. Plain data."""
 
     grace: float | None = None  # SIGTERM to SIGKILL

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Literal, NamedTuple
 
 from .._time import iso_time
@@ -84,8 +84,7 @@ class SwapResult(NamedTuple):
         }
 
 
-@dataclass(frozen=True)
-class SwapOptions:
+class SwapOptions(NamedTuple):
     """How ``swap`` replaces a unit; plain data."""
 
     rollback: bool = False  # NEW failed: start OLD again with the spec it last ran with
