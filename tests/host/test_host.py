@@ -96,3 +96,20 @@ def test_public_names_are_exported_and_resolve():
     assert set(gpuslate._EXPORTS) <= set(gpuslate.__all__)
     for name in gpuslate.__all__:
         assert getattr(gpuslate, name) is not None, name
+
+
+def test_status_through_the_host_loads_no_verb_module(sim_host):
+    """``gpuslate status`` opens a Host; the modules of clear, wait and the units stay unloaded."""
+    import subprocess
+    import sys
+
+    from helpers import gpuslate_env
+
+    code = ("import sys; from gpuslate.cli.main import main; rc = main(['--sim', sys.argv[1], 'status', '--json']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('gpuslate.slate', 'gpuslate.units', "
+            "'dataclasses'))), file=sys.stderr); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(sim_host.root)], capture_output=True, text=True,
+                       env=gpuslate_env(), timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["schema"] == "gpuslate.status.v1"
+    assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
