@@ -106,7 +106,8 @@ def open_and_wrap(*a, **k):
             with lock: spans.append(("backend.read(full)" if full else "backend.read(memory+processes)", s, now()))
     be.read = r
     return be
-g.open_backend = common.open_backend = open_and_wrap
+import gpuslate.host.session as hs  # status and clear open their backend through the Host
+g.open_backend = common.open_backend = hs.open_backend = open_and_wrap
 import io
 buf = io.StringIO(); real = sys.stdout; sys.stdout = buf
 s = now()

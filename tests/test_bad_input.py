@@ -114,12 +114,12 @@ def test_sim_naming_a_file_or_a_broken_host_exits_3(cli, tmp_path, monkeypatch):
 
 def test_interrupt_is_reported_as_interrupted(sim_host, monkeypatch, capsys):
     from gpuslate.cli.main import main
-    from gpuslate.host import snapshot
+    from gpuslate.api import Host
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(snapshot, "take_snapshot", interrupted)
+    monkeypatch.setattr(Host, "status", interrupted)
     assert main(["--json", "status"]) == 130
     out, err = capsys.readouterr()
     doc = json.loads(out)

@@ -13,7 +13,6 @@ import pytest
 
 import gpuslate
 from gpuslate.host.audit import AuditLog
-from gpuslate.slate.clear import clear
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
 from gpuslate.proc.terminate import Victim, terminate
@@ -230,7 +229,7 @@ def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
 
 def test_every_signal_is_audited(sim_host, hold, tmp_path):
     h = hold("--gpus", "0-1", "--memory", "2GiB", "--workers", "2", "--survive-term")
-    result = clear(grace=0.1)
+    result = gpuslate.clear(grace=0.1)
     assert result.ok
     entries = AuditLog(tmp_path / "state" / "audit.jsonl").read()
     sent = sorted((e["target"]["pid"], e["signal"]) for e in entries)

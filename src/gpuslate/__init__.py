@@ -28,20 +28,28 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "status": "gpuslate.api", "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
+    "Host": "gpuslate.api", "status": "gpuslate.api",
+    "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
     "GpuState": "gpuslate.host.snapshot", "HolderProcess": "gpuslate.host.snapshot", "open_backend": "gpuslate.gpu",
     "GpuBackend": "gpuslate.gpu", "ProcessId": "gpuslate.proc.procfs",
-    "clear": "gpuslate.slate.clear", "ClearResult": "gpuslate.slate.clear",
-    "wait_free": "gpuslate.slate.wait", "WaitResult": "gpuslate.slate.wait",
+    "clear": "gpuslate.api", "ClearResult": "gpuslate.slate.clear", "ClearOptions": "gpuslate.slate.clear",
+    "Selection": "gpuslate.slate.plan",
+    "wait_free": "gpuslate.api", "WaitResult": "gpuslate.slate.wait", "WaitOptions": "gpuslate.slate.wait",
+    "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.units.lifecycle",
+    "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
 }
 
 if TYPE_CHECKING:
-    from .api import status
-    from .slate.clear import ClearResult, clear
+    from .api import Host, clear, status, wait_free
+    from .slate.clear import ClearOptions, ClearResult
+    from .slate.plan import Selection
+    from .units.lifecycle import DownOptions, UpOptions
+    from .units.spec import UnitSpec
+    from .units.swap import SwapOptions
     from .gpu import GpuBackend, open_backend
     from .proc.procfs import ProcessId
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
-    from .slate.wait import WaitResult, wait_free
+    from .slate.wait import WaitOptions, WaitResult
 
 
 def __getattr__(name: str) -> Any:
@@ -59,8 +67,10 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_EXPORTS))
 
 
-__all__ = [
-    "__version__", *_EXPORTS,
+__all__ = [  # written out (not built from _EXPORTS) so that linters and type checkers see it; a test compares
+    "__version__", "Host", "status", "clear", "wait_free", "take_snapshot", "Snapshot", "GpuState", "HolderProcess",
+    "open_backend", "GpuBackend", "ProcessId", "Selection", "ClearOptions", "ClearResult", "WaitOptions",
+    "WaitResult", "UnitSpec", "UpOptions", "DownOptions", "SwapOptions",
     "GpuslateError", "UsageError", "BackendUnavailable", "GpuQueryError", "NotDoneError",
     "PermissionDenied", "ServerFailed", "PartialFailure", "Interrupted",
 ]

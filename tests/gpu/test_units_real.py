@@ -139,7 +139,10 @@ def real_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 
 def test_up_swap_down_with_torch_workers(real_units: Path) -> None:
     import gpuslate
-    from gpuslate.units import UnitSpec, down, list_units, swap, up
+    from gpuslate.units import UnitSpec
+
+    host = gpuslate.Host.open()
+    up, down, swap, list_units = host.up, host.down, host.swap, host.ps
 
     port = free_port()
 

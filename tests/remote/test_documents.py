@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpuslate.gpu import open_backend
 from gpuslate.host.snapshot import take_snapshot
 from gpuslate.remote.documents import clear_result, snapshot
-from gpuslate.slate.clear import clear
+from gpuslate import clear
 
 
 def test_status_document_round_trip(sim_host, hold):

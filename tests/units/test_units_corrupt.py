@@ -165,10 +165,11 @@ def test_bad_unit_names_are_usage_errors(units_host, units, name):
 @pytest.mark.parametrize("name", [*BAD_NAMES, "a\0b", "a/../b", "a\nb"])
 def test_library_refuses_bad_unit_names_before_touching_anything(units_host, name):
     from gpuslate.errors import UsageError
-    from gpuslate.units import down, resolve
+    from gpuslate import Host
+    from gpuslate.units import resolve
 
     for call in (lambda: store.read(name), lambda: store.record_path(name), lambda: store.log_path(name),
-                 lambda: down(name), lambda: resolve(name, command=["true"])):
+                 lambda: Host.open().down(name), lambda: resolve(name, command=["true"])):
         with pytest.raises(UsageError, match="invalid unit name"):
             call()
 

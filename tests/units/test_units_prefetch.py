@@ -10,7 +10,7 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslate.units import swap
+from gpuslate import Host, SwapOptions
 from gpuslate.units.prefetch import FIT_FRACTION, decide, model_paths, plan_prefetch
 from unitkit import free_port, serve_cmd
 
@@ -78,11 +78,12 @@ def test_prefetch_that_would_not_fit_is_skipped_with_a_warning(units_host, tmp_p
     port = free_port()
     model, size = make_model(tmp_path / "llama-big", shards=1, shard_mib=4)
     write_toml(tmp_path / "gpuslate.toml", port, model)
-    from gpuslate.units import resolve, up
+    from gpuslate.units import resolve
 
-    assert up(resolve("baseline")).ok
     events: list[str] = []
-    res = swap("baseline", "next", on_event=events.append, prefetch_memory=size)  # 90 % of it fits, not all
+    host = Host.open(on_event=events.append)
+    assert host.up(resolve("baseline")).ok
+    res = host.swap("baseline", "next", SwapOptions(prefetch_memory=size))  # 90 % of it fits, not all
     assert res.ok, res.up.record.failure if res.up else res.status
     pf = res.prefetch
     assert pf is not None and pf.status == "skipped" and pf.read_bytes == 0

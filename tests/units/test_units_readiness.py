@@ -7,9 +7,27 @@ import json
 
 import pytest
 
-from gpuslate.units import UnitSpec, down, list_units, up
+from gpuslate import Host
+from gpuslate.units import UnitSpec
 from gpuslate.units.readiness import http
+from gpuslate.units.lifecycle import DownResult, UpResult
+from gpuslate.units.listing import PsResult
 from unitkit import free_port, serve_cmd
+
+
+def up(spec: UnitSpec) -> UpResult:
+    with Host.open() as host:  # the simulated host of the units_host fixture
+        return host.up(spec)
+
+
+def down(name: str) -> DownResult:
+    with Host.open() as host:
+        return host.down(name)
+
+
+def list_units() -> PsResult:
+    with Host.open() as host:
+        return host.ps()
 
 KINDS = {
     "sglang": {"engine": "sglang"},

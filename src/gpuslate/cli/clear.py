@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from .._parse import format_gpu_list
-from .common import add_common, backend_for, gpu_list, nonnegative_float, note, pid_type, print_json, size
+from .common import add_common, gpu_list, nonnegative_float, note, pid_type, print_json, size
 from .exits import exit_epilog, exit_status_for_result
 
 
@@ -59,16 +59,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from ..slate.clear import clear
+    from ..api import Host
+    from ..slate.clear import ClearOptions
+    from ..slate.plan import Selection
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
-
-    # The CLI opens the backend and never closes it: the process exits right after,
+    sel = Selection(tuple(args.gpus) if args.gpus is not None else None, tuple(args.pid), args.user, args.match,
+                    args.all_users, args.include_handles, args.holders_only)
+    opts = ClearOptions(grace=args.grace, timeout=args.timeout, max_used=args.max_used, dry_run=args.dry_run,
+                        confirm=_confirm if ask else None)
+    # The CLI opens the host and never closes it: the process exits right after,
     # and nvmlShutdown would only add milliseconds to every clear (as for status).
-    result = clear(args.gpus, pids=args.pid, user=args.user, match=args.match, all_users=args.all_users,
-                   include_handles=args.include_handles, holders_only=args.holders_only, grace=args.grace,
-                   timeout=args.timeout, max_used=args.max_used, dry_run=args.dry_run, sim=args.sim,
-                   backend=backend_for(args), confirm=_confirm if ask else None, on_event=note)
+    result = Host.open(args.sim, on_event=note).clear(sel, opts)
     if args.json:
         print_json(result.to_json())
     else:
@@ -90,9 +92,10 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
 
 
 def run_wait(args: argparse.Namespace) -> int:
-    from ..slate.wait import wait_free
+    from ..api import Host
+    from ..slate.wait import WaitOptions
 
-    result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, backend=backend_for(args))
+    result = Host.open(args.sim).wait(args.gpus, WaitOptions(max_used=args.max_used, timeout=args.timeout))
     if args.json:
         print_json(result.to_json())
     else:

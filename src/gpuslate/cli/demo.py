@@ -195,8 +195,8 @@ def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
 def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool) -> dict[str, Any]:
     """Stop what the demo itself started (the hand-started server, if the experiment did not clear it),
     then verify: every GPU free, no unit running."""
-    from .. import wait_free
-    from ..units import list_units
+    from ..api import Host
+    from ..slate.wait import WaitOptions
 
     if hand is not None and hand.poll() is None:
         try:
@@ -210,8 +210,9 @@ def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool
             hand.wait()
     elif hand is not None:
         hand.wait()
-    free = wait_free(None, timeout=30, sim=sim)
-    units = [u for u in list_units().units if u.state in ("starting", "ready", "orphaned")]
+    with Host.open(sim) as host:
+        free = host.wait(None, WaitOptions(timeout=30))
+        units = [u for u in host.ps().units if u.state in ("starting", "ready", "orphaned")]
     busy = [r.index for r in free.readings if r.processes or r.memory is None or r.memory.used > free.max_used]
     doc = {"ok": free.ok and not units, "gpus": len(free.gpus), "gpus_free": len(free.gpus) - len(busy),
            "units_running": len(units), "interrupted": interrupted}

@@ -72,12 +72,14 @@ def print_down(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import down
+    from ..api import Host
+    from ..units import DownOptions
     from ..units.interrupts import deferred_interrupts
 
-    with deferred_interrupts(signals=(signal.SIGHUP,)):  # a dropped ssh session must not leave it half-stopped
-        result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,
-                      max_used=args.max_used, clear_strays=args.clear, on_event=note)
+    opts = DownOptions(grace=args.grace, timeout=args.timeout, max_used=args.max_used, clear_strays=args.clear)
+    # a dropped ssh session must not leave it half-stopped
+    with deferred_interrupts(signals=(signal.SIGHUP,)), Host.open(getattr(args, "sim", None), on_event=note) as host:
+        result = host.down(args.name, opts)
     if args.json:
         print_json(result.to_json())
     else:

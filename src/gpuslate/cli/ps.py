@@ -31,11 +31,12 @@ def _duration(s: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from .._parse import format_size
-    from ..units import list_units
+    from ..api import Host
     from .render import safe
     from .up import gpu_text
 
-    result = list_units(sim=getattr(args, "sim", None))
+    with Host.open(getattr(args, "sim", None)) as host:
+        result = host.ps()
     if args.json:
         print_json(result.to_json())
         return 0

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
-from .common import add_common, backend_for, gpu_list, positive_float, print_json
+from .common import add_common, gpu_list, positive_float, print_json
 from .exits import exit_epilog
+
+if TYPE_CHECKING:
+    from ..api import Host
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,17 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..host.snapshot import take_snapshot
+    from ..api import Host
 
-    backend = backend_for(args)
+    host = Host.open(getattr(args, "sim", None))
     if args.watch:
-        try:
-            return _watch(args, backend)
-        finally:
-            backend.close()
-    # No backend.close() for one snapshot: the process exits now and the driver
-    # releases everything; nvmlShutdown would add milliseconds to every call.
-    snap = take_snapshot(backend, args.gpus)
+        with host:
+            return _watch(args, host)
+    # Not closed for one snapshot: the process exits now and the driver releases
+    # everything; nvmlShutdown would add milliseconds to every call.
+    snap = host.status(args.gpus)
     if args.json:
         print_json(snap.to_json())
     else:
@@ -42,22 +44,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch(args: argparse.Namespace, backend: object) -> int:
+def _watch(args: argparse.Namespace, host: Host) -> int:
     import json
     import sys
-
-    from ..host.snapshot import take_snapshot
 
     try:
         if args.json:
             while True:
-                sys.stdout.write(json.dumps(take_snapshot(backend, args.gpus).to_json()) + "\n")
+                sys.stdout.write(json.dumps(host.status(args.gpus).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)
         from .render_status import print_status
 
         while True:
-            print_status(take_snapshot(backend, args.gpus), redraw=True)
+            print_status(host.status(args.gpus), redraw=True)
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how a watch ends: not a failure

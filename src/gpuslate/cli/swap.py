@@ -40,14 +40,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import swap
+    from ..api import Host
+    from ..units import SwapOptions
     from ..units.interrupts import stop_signals_interrupt
     from .down import down_status, print_down
     from .up import print_up, report_failure, up_status
 
-    with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
-        result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
-                      sim=getattr(args, "sim", None), on_event=note, prefetch=not args.no_prefetch)
+    opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch)
+    # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
+    with stop_signals_interrupt(), Host.open(getattr(args, "sim", None), on_event=note) as host:
+        result = host.swap(args.old, args.new, opts)
     if args.json:
         print_json(result.to_json())
     else:

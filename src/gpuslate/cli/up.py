@@ -143,16 +143,17 @@ def print_up(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import Unit, resolve, up
+    from ..api import Host
+    from ..units import Unit, UpOptions, resolve
     from ..units.interrupts import stop_signals_interrupt
 
     command = list(args.command)
     prev = Unit.load(args.name)
     spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
                    previous=prev.spec.to_json() if prev and prev.spec else None)
-    with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
-        result = up(spec, clear_first=args.clear, sim=getattr(args, "sim", None), max_used=args.max_used,
-                    on_event=note)
+    with stop_signals_interrupt(), Host.open(getattr(args, "sim", None), on_event=note) as host:
+        # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
+        result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
     if args.json:
         print_json(result.to_json())
     elif result.ok:

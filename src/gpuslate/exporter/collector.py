@@ -31,6 +31,7 @@ from ..gpu.types import GpuBackend
 from ..host.audit import AuditLog, of_host
 from ..host.snapshot import take_snapshot
 from ..proc.procfs import read_info, read_stat
+from ..host.session import HostContext
 from ..units.listing import list_units
 from ..units.state import UnitState
 from .auditlog import AuditCounts, AuditTail
@@ -140,7 +141,7 @@ def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts
     units_ok = True
     if with_units:
         try:
-            for u in list_units(backend=backend).units:
+            for u in list_units(HostContext(backend=backend)).units:
                 rec = u.record
                 units.append(UnitRow(u.unit.name, u.state, u.uptime_s, rec.launched_at if rec else None,
                                      rec.time_to_ready_s if rec else None, u.gpu_memory, len(u.processes)))

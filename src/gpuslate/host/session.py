@@ -1,22 +1,36 @@
-"""The host session: one host, opened once, for one command.
+"""The host context: one host, opened once, for one command.
 
-Opening the GPU backend, knowing what it can do (its memory API, and so what
-an idle GPU's "used" memory looks like), taking the host lock with a timeout
-and a "waiting for ..." line that names the holder, opening the audit log that
-records which backend and host a signal was for, and closing: written once,
-here, and used by every command that touches GPUs (``clear``, ``wait``,
-``up``, ``down``, ``swap``, ``ps``, the library's ``status()``).
+Everything an operation needs from the host it runs on, owned in one place for
+the length of one command: the GPU backend and what it can do (its memory API,
+and so what an idle GPU's "used" memory looks like), the host lock (taken once
+and re-entrant, so that a composite verb such as ``swap`` or ``up --clear``
+calls its sibling verbs while holding it, with no ``lock=`` flag anywhere),
+the audit log (opened on first use, its entries marked with this backend and
+host), the state folder, and the event sink that progress lines go to.
+
+This is the *context* only. The verbs (``status``, ``clear``, ``wait``, ``up``,
+``down``, ``swap``, ``ps``) are the methods of :class:`gpuslate.api.Host`, a
+subclass that lives above ``slate/`` and ``units/`` in the import graph: those
+packages take a :class:`HostContext` and import this module, so the verbs
+cannot live here without an import loop.
+
+The lock, the audit log and the state folder are imported where they are first
+used (three imports inside methods, on purpose): ``status`` only looks, takes no
+lock and writes no log, and must not pay for their modules at every start.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from ..gpu import GpuBackend, open_backend
-from .audit import AuditLog
-from .lock import HostLock, default_lock_dir, describe_holder
+
+if TYPE_CHECKING:
+    from .audit import AuditLog
+    from .lock import HostLock
 
 MiB = 1024**2
 #: the default --max-used: an idle GPU counts as free on drivers with and without NVML's v2 memory
@@ -26,21 +40,58 @@ DEFAULT_MAX_USED_V2 = 64 * MiB
 DEFAULT_MAX_USED_V1 = 1024 * MiB
 
 Note = Callable[[str], None]
+_H = TypeVar("_H", bound="HostContext")
 
 
 def default_max_used(backend: GpuBackend) -> int:
     return DEFAULT_MAX_USED_V1 if getattr(backend, "memory_api", "v2") == "v1" else DEFAULT_MAX_USED_V2
 
 
-class HostSession:
+def quiet(on_event: Note | None) -> Note:
+    """``on_event`` that cannot fail: a progress line to a terminal that is gone (the ssh session
+    dropped: EIO, a closed pipe) must not cut short a clear or the stop of a unit."""
+    if on_event is None:
+        return lambda _m: None
+    report = on_event
+
+    def safe(msg: str) -> None:
+        try:
+            report(msg)
+        except (OSError, ValueError):
+            pass
+
+    return safe
+
+
+class HostContext:
     """The backend of one host and what goes with it, for the length of one command.
 
-    ``backend`` given: the session uses it and leaves it open (the caller owns it).
+    ``backend`` given: the context uses it and leaves it open (the caller owns it);
+    else the simulated host ``sim`` (or ``$GPUSLATE_SIM``), else the NVIDIA driver,
+    opened on first use: a verb checks its input first, so bad input is a
+    :class:`~gpuslate.errors.UsageError` whether or not the host has GPUs.
+    ``on_event`` receives progress lines (escaped by whoever prints them); a sink that
+    fails is ignored. ``audit_context`` is added to every audit entry (the Slurm job
+    a hook ran for).
     """
 
-    def __init__(self, sim: str | None = None, backend: GpuBackend | None = None) -> None:
-        self.backend = backend if backend is not None else open_backend(sim)
+    def __init__(self, sim: str | None = None, *, backend: GpuBackend | None = None,
+                 on_event: Note | None = None, audit_context: dict[str, Any] | None = None) -> None:
+        self._sim = sim
+        self._backend = backend
         self._owned = backend is None
+        self.note: Note = quiet(on_event)
+        self._audit_context = audit_context
+        self._audit: AuditLog | None = None
+        self._lock: HostLock | None = None
+        self._lock_depth = 0
+
+    @property
+    def backend(self) -> GpuBackend:
+        """The GPU backend, opened on first use (:class:`~gpuslate.errors.BackendUnavailable`)."""
+        if self._backend is None:
+            self._backend = open_backend(self._sim)
+        return self._backend
 
     @property
     def name(self) -> str:
@@ -49,43 +100,73 @@ class HostSession:
     @property
     def sim_root(self) -> str | None:
         """The simulated host's folder; None on a real host."""
-        return str(self.backend.host.root) if self.backend.name == "sim" else None  # type: ignore[attr-defined]
+        if self.backend.name != "sim":
+            return None
+        return str(self.backend.host.root)  # type: ignore[attr-defined]
 
     def max_used(self, given: int | None = None) -> int:
         """``given``, else the most memory an idle GPU shows on this driver."""
         return default_max_used(self.backend) if given is None else given
 
-    @contextmanager
-    def locked(self, purpose: str, *, timeout: float | None = None, on_event: Note | None = None,
-               use: bool = True) -> Iterator[float]:
-        """Hold the host lock (when ``use``) for the block; yields the seconds spent waiting.
+    @property
+    def lock_depth(self) -> int:
+        """How many verbs of this context hold the host lock now (0: not held)."""
+        return self._lock_depth
 
-        The wait counts against ``timeout`` (None: for ever) and is announced once,
-        naming the holder (found through /proc/locks when it is not gpuslate).
+    @contextmanager
+    def locked(self, purpose: str, *, timeout: float | None = None) -> Iterator[float]:
+        """Hold the host lock for the block; yields the seconds spent waiting for it.
+
+        Re-entrant: a verb called by a verb that holds the lock (``swap`` calling
+        ``down`` and ``up``) counts one level more and waits for nothing; the lock
+        is released when the outermost block ends. The wait counts against
+        ``timeout`` (None: for ever) and is announced once, naming the holder
+        (found through /proc/locks when it is not gpuslate).
         """
-        if not use:
-            yield 0.0
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield 0.0
+            finally:
+                self._lock_depth -= 1
             return
+        from .lock import HostLock, default_lock_dir, describe_holder  # late: see the module docstring
+
         lock = HostLock(default_lock_dir(self.sim_root) / "host.lock", purpose=purpose)
-        note = on_event or (lambda _m: None)
         limit = f" (at most {timeout:g} s)" if timeout is not None else ""
         t0 = time.monotonic()
-        lock.acquire(timeout=timeout, on_wait=lambda h: note(
+        lock.acquire(timeout=timeout, on_wait=lambda h: self.note(
             f"waiting for the host lock{limit}: held by {describe_holder(h)}"))
+        self._lock, self._lock_depth = lock, 1
         try:
             yield time.monotonic() - t0
         finally:
+            self._lock, self._lock_depth = None, 0
             lock.release()
 
-    def audit_log(self) -> AuditLog:
-        """The audit log, its entries marked with this session's backend and host."""
-        return AuditLog(backend=self.backend.name, sim_root=self.sim_root)
+    @property
+    def audit(self) -> AuditLog:
+        """The audit log, opened on first use (an unsafe state folder refuses then), its
+        entries marked with this context's backend and host."""
+        if self._audit is None:
+            from .audit import AuditLog  # late: see the module docstring
+
+            self._audit = AuditLog(backend=self.backend.name, sim_root=self.sim_root, context=self._audit_context)
+        return self._audit
+
+    def state_dir(self) -> Path:
+        """This host's state folder (checked, created 0700 when missing): see
+        :func:`~gpuslate.host.state.state_dir` for where it is."""
+        from .state import state_dir  # late: see the module docstring
+
+        return state_dir(self.sim_root)
 
     def close(self) -> None:
-        if self._owned:
-            self.backend.close()
+        if self._owned and self._backend is not None:
+            self._backend.close()
+            self._backend = None
 
-    def __enter__(self) -> HostSession:
+    def __enter__(self: _H) -> _H:
         return self
 
     def __exit__(self, *exc: object) -> None:

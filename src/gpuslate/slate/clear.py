@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from enum import Enum
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 from .._parse import format_gpu_list
 from .._time import iso_time
 from ..errors import Interrupted, NotDoneError, UsageError
 from ..gpu.types import GpuBackend, GpuReading
-from ..host.audit import AuditLog, new_run_id
-from ..host.session import HostSession
+from ..host.audit import new_run_id
+from ..host.session import HostContext
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
@@ -108,41 +109,57 @@ def _mem(r: GpuReading) -> dict[str, Any]:
             "processes": [p.pid for p in r.processes or []], "error": r.error}
 
 
-def clear(
-    gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: str | None = None,
-    match: str | None = None, all_users: bool = False, include_handles: bool = False,
-    holders_only: bool = False, grace: float = 10.0, timeout: float = 60.0, max_used: int | None = None,
-    dry_run: bool = False, sim: str | None = None, backend: GpuBackend | None = None,
-    confirm: Callable[[Plan], bool] | None = None, on_event: Callable[[str], None] | None = None,
-    lock: bool = True, audit: AuditLog | None = None,
-) -> ClearResult:
+class ClearOptions(NamedTuple):
+    """How ``clear`` acts (what it acts on is the :class:`~.plan.Selection`).
+
+    Plain data, so that a remote host receives the same options: ``confirm`` is the
+    one callable (a person reading the plan), and a remote run refuses it. Every
+    verb's options are immutable NamedTuples (``_asdict()``, ``_replace()``): a
+    dataclass would make ``gpuslate clear`` import ``dataclasses`` (and ``inspect``,
+    ``ast``...), about 10 ms at every start.
+    """
+
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    timeout: float = 60.0  # for the whole clear, the wait for the host lock included
+    max_used: int | None = None  # most memory a free GPU may show; None: the host's default
+    dry_run: bool = False  # plan only; the host lock is not taken and nothing is signaled
+    confirm: Callable[[Plan], bool] | None = None  # asked with the plan before any signal
+
+    def validate(self) -> ClearOptions:
+        """:class:`~gpuslate.errors.UsageError` on a value no clear can act on."""
+        for name, v in (("grace", self.grace), ("timeout", self.timeout)):
+            if not v >= 0:
+                raise UsageError(f"invalid --{name} {v}: must be at least 0")
+        if self.max_used is not None and self.max_used < 0:
+            raise UsageError("invalid --max-used: must not be negative")
+        return self
+
+
+def clear(host: HostContext, selection: Selection, options: ClearOptions = ClearOptions()) -> ClearResult:
     """Terminate the jobs holding the selected GPUs and verify the GPUs are free.
 
     Raises :class:`~gpuslate.errors.UsageError` on bad input before anything is
-    signaled, and :class:`~gpuslate.errors.Interrupted` when ``confirm`` says no.
-    The time ``confirm`` takes (a person reading the plan) counts in no timing
-    and not against ``timeout``.
+    signaled, and :class:`~gpuslate.errors.Interrupted` when ``options.confirm``
+    says no. The time ``confirm`` takes (a person reading the plan) counts in no
+    timing and not against ``timeout``. The host lock is taken through ``host``
+    (re-entrant: a verb that holds it, such as ``up --clear``, does not wait for it).
     """
-    for name, v in (("grace", grace), ("timeout", timeout)):
-        if not v >= 0:
-            raise UsageError(f"invalid --{name} {v}: must be at least 0")
-    if max_used is not None and max_used < 0:
-        raise UsageError("invalid --max-used: must not be negative")
-    sel = Selection(tuple(gpus) if gpus is not None else None, tuple(pids), user, match, all_users,
-                    include_handles, holders_only)
-    resolve(sel)  # bad input fails before the backend is even opened
-    note = on_event or (lambda _m: None)
+    opts = options.validate()
+    sel = selection
+    resolve(sel)  # bad input fails before the host is even locked
+    note = host.note
+    timeout = opts.timeout
     t_start = time.monotonic()
     started_at = time.time()
-    with HostSession(sim, backend) as host, \
-            host.locked(_purpose(gpus, sel), timeout=timeout, on_event=note, use=lock and not dry_run):
+    locked = nullcontext(0.0) if opts.dry_run else host.locked(_purpose(sel), timeout=timeout)
+    with locked:
         be = host.backend
-        limit = host.max_used(max_used)
+        limit = host.max_used(opts.max_used)
         plan = make_plan(be, sel)
         t_plan = time.monotonic()
         before = plan.before_verified
         timings = {"plan_s": t_plan - t_start}
-        if dry_run:
+        if opts.dry_run:
             timings["total_s"] = time.monotonic() - t_start
             return ClearResult(ClearStatus.DRY_RUN, plan.before.host, be.name, plan, [], before, before, [], [],
                                timings, limit, started_at)
@@ -154,16 +171,16 @@ def clear(
             timings["total_s"] = time.monotonic() - t_start
             return ClearResult(ClearStatus.NOTHING_SELECTED, plan.before.host, be.name, plan, [], before,
                                before, [], [], timings, limit, started_at)
-        if confirm is not None and plan.targets:
+        if opts.confirm is not None and plan.targets:
             t_ask = time.monotonic()
-            if not confirm(plan):
+            if not opts.confirm(plan):
                 raise Interrupted("not confirmed: nothing was signaled")
             t_start += time.monotonic() - t_ask  # a person reading the plan is not clear's time
         deadline = t_start + timeout
         run_id = new_run_id()
         victims = [Victim(t.ident, _audit_info(t), t.ignores_sigterm, t.job, t.waits_for) for t in plan.targets]
-        log = audit if audit is not None else (host.audit_log() if victims else None)
-        results = terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
+        log = host.audit if victims else None
+        results = terminate(victims, grace=min(opts.grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
                             audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan),
                             gate=ActGate())
@@ -199,8 +216,8 @@ def clear(
                            respawned, timings, limit, started_at)
 
 
-def _purpose(gpus: Sequence[int] | None, sel: Selection) -> str:
-    return f"gpuslate clear --gpus {format_gpu_list(list(gpus)) if gpus else 'all'}"
+def _purpose(sel: Selection) -> str:
+    return f"gpuslate clear --gpus {format_gpu_list(list(sel.gpus)) if sel.gpus else 'all'}"
 
 
 def _audit_info(t: Target) -> dict[str, Any]:
@@ -255,7 +272,8 @@ class _ForkWatch:
             if uid != self.me and not self.plan.selection.all_users:
                 continue
             argv = table.argv(pid)
-            info = {"pid": pid, "start_ticks": st.start_ticks, "user": user_name(uid) if uid is not None else None,
+            info: dict[str, Any] = {
+                    "pid": pid, "start_ticks": st.start_ticks, "user": user_name(uid) if uid is not None else None,
                     "uid": uid, "command": " ".join(argv) if argv else f"[{st.name}]", "name": st.name,
                     "gpus": [], "used_memory": None, "role": Role.FORKED.value,
                     "reason": f"started by {st.ppid} after the plan, while its job was being stopped",

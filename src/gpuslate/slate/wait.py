@@ -21,8 +21,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from .._parse import format_size
 from ..gpu.types import GpuBackend, GpuReading
+from ..errors import UsageError
 from ..proc.terminate import Poller, VictimResult
-from ..host.session import HostSession
+from ..host.session import HostContext
 from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
 
 WAIT_SCHEMA = "gpuslate.wait.v1"
@@ -117,18 +118,32 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
         poll.sleep(deadline)
 
 
-def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
-              sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
+class WaitOptions(NamedTuple):
+    """How long ``wait`` waits and what counts as free; plain data."""
+
+    max_used: int | None = None  # most memory a free GPU may show; None: the host's default
+    timeout: float = 60.0
+
+    def validate(self) -> WaitOptions:
+        if not self.timeout >= 0:
+            raise UsageError(f"invalid --timeout {self.timeout}: must be at least 0")
+        if self.max_used is not None and self.max_used < 0:
+            raise UsageError("invalid --max-used: must not be negative")
+        return self
+
+
+def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
+              options: WaitOptions = WaitOptions()) -> WaitResult:
     """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
-    with HostSession(sim, backend) as host:
-        be = host.backend
-        sel = resolve_gpus(be, gpus)
-        limit = host.max_used(max_used)
-        t0 = time.monotonic()
-        ok, readings = poll_until_free(be, sel, limit, t0 + timeout)
-        elapsed = time.monotonic() - t0
-        diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
-        return WaitResult(ok, sel, limit, elapsed, readings, diag)
+    opts = options.validate()
+    be = host.backend
+    sel = resolve_gpus(be, list(gpus) if gpus is not None else None)
+    limit = host.max_used(opts.max_used)
+    t0 = time.monotonic()
+    ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout)
+    elapsed = time.monotonic() - t0
+    diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
+    return WaitResult(ok, sel, limit, elapsed, readings, diag)
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,

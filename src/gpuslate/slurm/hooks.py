@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
-from ..host.audit import AuditLog
-from ..host.session import HostSession
+from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus, take_snapshot
 from ..proc.procfs import read_signal_facts
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
@@ -117,15 +116,14 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
     t0 = time.monotonic()
     deadline = t0 + timeout
     timings: dict[str, float] = {}
-    with HostSession(sim, backend) as host:
+    audit = {"slurm_job": job.job_id, "slurm_hook": Hook.EPILOG.value, "slurm_node": job.node}
+    with HostContext(sim, backend=backend, audit_context=audit) as host:
         be = host.backend
         gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []  # a GPU that does not exist: UsageError
         limit = host.max_used(max_used)
         found: list[JobProcess] = []
         cleared: ClearResult | None = None
         refused: str | None = None
-        audit = AuditLog(backend=be.name, sim_root=host.sim_root,
-                         context={"slurm_job": job.job_id, "slurm_hook": Hook.EPILOG.value, "slurm_node": job.node})
         for _attempt in range(_ATTEMPTS):
             found = find_job_processes(job.job_id, job.uid, among=_gpu_processes(be))
             timings["find_s"] = time.monotonic() - t0
@@ -134,13 +132,14 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
                 break
             # imported here, not at the top, for the clean path's start-up time: only a job that
             # left a GPU holder needs clear's planner
-            from ..slate.clear import clear
+            from ..slate.clear import ClearOptions, clear
+            from ..slate.plan import Selection
 
             gate = _Gate(job)
             try:
-                cleared = clear(None, pids=[p.pid for p in found], all_users=True, include_handles=True,
-                                grace=grace, timeout=max(0.0, deadline - time.monotonic()), max_used=limit,
-                                backend=be, confirm=gate, audit=audit)
+                sel = Selection(None, tuple(p.pid for p in found), all_users=True, include_handles=True)
+                cleared = clear(host, sel, ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
+                                                        max_used=limit, confirm=gate))
                 break
             except Interrupted:
                 refused = gate.refused or "the plan was refused; nothing was signaled"
@@ -159,7 +158,7 @@ def prolog(job: SlurmJob, *, timeout: float = 10.0, max_used: int | None = None,
     """Verify the job's GPUs free before it starts, else drain; signals nothing."""
     _check_times(0.0, timeout)
     t0 = time.monotonic()
-    with HostSession(sim, backend) as host:
+    with HostContext(sim, backend=backend) as host:
         be = host.backend
         gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []
         return _verify(Hook.PROLOG, job, be, gpus, host.max_used(max_used), t0 + timeout, drain, [], None, None,

@@ -1,25 +1,29 @@
 """Managed units: model servers started, watched, stopped and swapped by gpuslate.
 
-    up(spec)            start, return once ready (or failed and cleaned up)
-    down(name)          stop every process of the unit, verify its GPUs released
-    swap(old, new)      down + verify + up, phases timed; optional rollback
-    list_units()        every unit with its live state (ps)
+    up(host, spec)      start, return once ready (or failed and cleaned up)
+    down(host, name)    stop every process of the unit, verify its GPUs released
+    swap(host, old, new)  down + verify + up, phases timed; optional rollback
+    list_units(host)    every unit with its live state (ps)
     resolve(name, ...)  a unit's spec from gpuslate.toml / the command line / its last run
     Unit.load(name)     one unit, loaded once: record (or why it is corrupt), spec, fence
     unit_state(facts)   the pure decision behind ps's states
 
+The verbs take the :class:`~gpuslate.host.session.HostContext` they run on
+first and an options object last; the public way in is ``gpuslate.Host``,
+whose methods ``host.up(spec)``, ``host.down(name)``... call these.
 Each returns a result object with ``ok`` and ``to_json()``; nothing here
 prints or exits. See docs/units.md.
 """
 
 from __future__ import annotations
 
-from .lifecycle import DownResult, UpResult, down, up
+from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, down, up
 from .listing import PsResult, UnitStatus, list_units
 from .spec import UnitSpec, resolve
 from .state import UnitFacts, UnitState, unit_state
-from .swap import SwapResult, swap
+from .swap import SwapOptions, SwapResult, swap
 from .unit import Unit
 
 __all__ = ["up", "down", "swap", "list_units", "resolve", "UnitSpec", "UpResult", "DownResult",
-           "SwapResult", "PsResult", "UnitStatus", "Unit", "UnitState", "UnitFacts", "unit_state"]
+           "SwapResult", "UpOptions", "DownOptions", "SwapOptions", "PsResult", "UnitStatus", "Unit", "UnitState",
+           "UnitFacts", "unit_state"]

@@ -11,22 +11,21 @@ from __future__ import annotations
 import os
 import signal
 import time
-from enum import Enum
 from typing import Any, Callable, Literal, NamedTuple
 
 from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
-from ..gpu import GpuBackend
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from .._time import iso_time
 from ..host.snapshot import resolve_gpus
-from ..slate.clear import ClearResult, clear
+from ..slate.clear import ClearOptions, ClearResult, clear
+from ..slate.plan import Selection
 from . import logfile, store
 from .contain import collect_stale_cgroups
 from .fence import fence_of
-from ..host.session import HostSession
+from ..host.session import HostContext
 from .interrupts import deferred_interrupts
 from .launch import Launched, exit_status, launch
 from .preflight import check_gpus, check_port
@@ -36,13 +35,6 @@ from .state import Phase, UnitState, unit_state
 from .stop import StopReport, stop_unit
 from .unit import Stray, Unit, load_units, unit_of_pids
 
-class _Unloaded(Enum):
-    TOKEN = 0
-
-
-#: ``up(unit=...)`` default: the caller did not load the unit (``None`` means it has no record)
-NOT_LOADED = _Unloaded.TOKEN
-
 UP_SCHEMA = "gpuslate.up.v1"
 DOWN_SCHEMA = "gpuslate.down.v1"
 LOG_TAIL = 20
@@ -50,6 +42,35 @@ Note = Callable[[str], None]
 
 
 UpStatus = Literal["ready", "exited", "timeout", "smoke_failed"]
+
+
+class UpOptions(NamedTuple):
+    """How ``up`` starts a unit (what it starts is the :class:`~.spec.UnitSpec`); plain data."""
+
+    clear_first: bool = False  # clear the unit's GPUs first, with clear's rules
+    max_used: int | None = None  # most memory a free GPU may show; None: the host's default
+
+    def validate(self) -> UpOptions:
+        if self.max_used is not None and self.max_used < 0:
+            raise UsageError("invalid --max-used: must not be negative")
+        return self
+
+
+class DownOptions(NamedTuple):
+    """How ``down`` stops a unit; None: the unit's own setting. Plain data."""
+
+    grace: float | None = None  # SIGTERM to SIGKILL
+    timeout: float | None = None  # stopping and memory release together (the wait for the lock too)
+    max_used: int | None = None
+    clear_strays: bool = False  # end what holds the unit's GPUs without being found in it, with clear
+
+    def validate(self) -> DownOptions:
+        for label, v in (("grace", self.grace), ("timeout", self.timeout)):
+            if v is not None and not v >= 0:
+                raise UsageError(f"invalid --{label} {v}: must be at least 0")
+        if self.max_used is not None and self.max_used < 0:
+            raise UsageError("invalid --max-used: must not be negative")
+        return self
 
 
 class UpResult(NamedTuple):
@@ -109,21 +130,19 @@ class DownResult(NamedTuple):
                 "corrupt": self.corrupt, "record_set_aside": self.set_aside}
 
 
-def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, backend: GpuBackend | None = None,
-       lock: bool = True, max_used: int | None = None, on_event: Note | None = None,
-       unit: Unit | None | _Unloaded = NOT_LOADED) -> UpResult:
+def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:
     """Start ``spec`` as a managed unit and return once it is ready, or failed and was cleaned up.
 
-    ``unit``: the unit as the caller loaded it (None: it has no record), used only when the
-    caller holds the host lock (``lock=False``, as ``swap`` does); else it is loaded under the lock."""
+    Under the host lock of ``host`` (re-entrant: ``swap`` holds it already), from
+    the pre-flight until the unit is ready or cleaned up."""
     spec.validate()
-    note = on_event = quiet(on_event)
+    opts = options.validate()
+    note = host.note
     t0 = time.monotonic()
-    with HostSession(sim, backend) as host, \
-            host.locked(f"up {spec.name}", timeout=spec.start_timeout, on_event=on_event, use=lock) as waited:
+    with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
         be = host.backend
         t_lock = time.monotonic()
-        prev = unit if not isinstance(unit, _Unloaded) and not lock else Unit.load(spec.name)
+        prev = Unit.load(spec.name)  # under the lock: as it is now
         if prev is not None and prev.corrupt:
             found = [st.pid for st in prev.members()]
             raise UsageError(prev.describe_problem() + (f"; processes of it still run: {found}" if found else
@@ -133,13 +152,13 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
             raise UsageError(f"unit {spec.name} is already running (pid {prev.record.pid}): "  # type: ignore[union-attr]
                              f"stop it first with 'gpuslate down {spec.name}'")
         gpus = resolve_gpus(be, spec.gpus)
-        limit = host.max_used(max_used)
+        limit = host.max_used(opts.max_used)
         if spec.port is not None:
             check_port(spec.ready_host, spec.port, for_unit=spec.name)
         cleared = None
-        if clear_first:
-            cleared = clear(gpus, grace=spec.grace, timeout=spec.stop_timeout, max_used=limit, backend=be,
-                            lock=False, on_event=on_event)
+        if opts.clear_first:
+            cleared = clear(host, Selection(tuple(gpus)),
+                            ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
             if not cleared.ok:
                 raise NotDoneError(f"--clear could not free GPUs {','.join(map(str, gpus))} for unit {spec.name}: "
                                    + "; ".join(d.summary() for d in cleared.diagnosis),
@@ -177,7 +196,7 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
                     timings["smoke_s"] = sm["latency_s"]
                     status = "ready" if sm["ok"] else "smoke_failed"
         except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/up.py), a bug: leave nothing half-started
-            _stop_interrupted(current, be, spec, limit, note, str(exc) or type(exc).__name__)
+            _stop_interrupted(host, current, spec, limit, str(exc) or type(exc).__name__)
             raise
         teardown, tail = None, []
         if status == "ready":
@@ -189,28 +208,12 @@ def up(spec: UnitSpec, *, clear_first: bool = False, sim: str | None = None, bac
             tail = logfile.tail(launched.log, LOG_TAIL)
             with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
                 teardown = stop_unit(current, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                                     action="up-failed", max_used=limit, on_event=on_event)
+                                     audit=host.audit, action="up-failed", max_used=limit, on_event=note)
                 rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         store.save(rec)
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
                         timings, tail, teardown, cleared, launched.fence_note)
-
-
-def quiet(on_event: Note | None) -> Note:
-    """``on_event`` that cannot fail: a progress line to a terminal that is gone (the ssh session
-    dropped: EIO, a closed pipe) must not cut short the stop of a unit."""
-    if on_event is None:
-        return lambda _m: None
-    report = on_event
-
-    def safe(msg: str) -> None:
-        try:
-            report(msg)
-        except (OSError, ValueError):
-            pass
-
-    return safe
 
 
 def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
@@ -227,14 +230,15 @@ def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
         poll.sleep(deadline)
 
 
-def _stop_interrupted(unit: Unit, be: GpuBackend, spec: UnitSpec, limit: int, note: Note, why: str) -> None:
+def _stop_interrupted(host: HostContext, unit: Unit, spec: UnitSpec, limit: int, why: str) -> None:
     """Stop a unit whose start was interrupted; further Ctrl-C or SIGTERM cannot cut this short."""
     rec = unit.record
     assert rec is not None
+    note = host.note
     note(f"stopping {spec.name}, please wait")
     with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
-        stop_unit(unit, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                  action="up-interrupted", max_used=limit, on_event=note)
+        stop_unit(unit, host.backend, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                  audit=host.audit, action="up-interrupted", max_used=limit, on_event=note)
         rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         rec.failure = f"interrupted while starting ({why})"
         rec.exit_code = exit_status(rec.pid)
@@ -256,9 +260,7 @@ def _me() -> dict[str, Any]:
     return {"pid": os.getpid(), "start_ticks": st.start_ticks if st else None, "user": user_name(os.getuid())}
 
 
-def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None, lock: bool = True,
-         grace: float | None = None, timeout: float | None = None, max_used: int | None = None,
-         clear_strays: bool = False, on_event: Note | None = None, unit: Unit | None = None) -> DownResult:
+def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> DownResult:
     """Stop every process of unit ``name`` and verify its GPUs are released.
 
     Processes that hold memory on the unit's GPUs, started while it ran but not found in it
@@ -266,23 +268,20 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
     busy: ``down`` names them (not ok); with ``clear_strays`` it ends them with ``clear``.
     A unit whose record is corrupt is stopped by what can still be found of it (its cgroup,
     its ``GPUSLATE_UNIT`` marker, its port), and the record is then set aside.
-    ``unit``: as loaded by a caller that holds the host lock (``lock=False``)."""
-    for label, v in (("grace", grace), ("timeout", timeout)):
-        if v is not None and not v >= 0:
-            raise UsageError(f"invalid --{label} {v}: must be at least 0")
-    if unit is None and not store.record_path(name).exists():
+    Under the host lock of ``host`` (re-entrant: ``swap`` holds it already)."""
+    opts = options.validate()
+    if not store.record_path(name).exists():
         raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-    note = on_event = quiet(on_event)
+    note = host.note
     t0 = time.monotonic()
-    with HostSession(sim, backend) as host, \
-            host.locked(f"down {name}", timeout=timeout, on_event=on_event, use=lock) as waited:
+    with host.locked(f"down {name}", timeout=opts.timeout) as waited:
         be = host.backend
-        u = unit if unit is not None and not lock else Unit.load(name)  # it may have changed while we waited
+        u = Unit.load(name)  # under the lock: it may have changed while we waited
         if u is None:
             raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
         spec = u.spec or UnitSpec(name)  # corrupt: the defaults
-        grace_s = spec.grace if grace is None else grace
-        limit = host.max_used(max_used)
+        grace_s = spec.grace if opts.grace is None else opts.grace
+        limit = host.max_used(opts.max_used)
         collect_stale_cgroups()  # under the host lock
         table = ProcTable()
         previous = unit_state(u.facts(table, u.members(table)))
@@ -302,7 +301,7 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
             if not strays:
                 return True
             who = ", ".join(f"pid {s.pid} ({s.name}, GPU {','.join(map(str, s.gpus))})" for s in strays)
-            if not clear_strays:
+            if not opts.clear_strays:
                 note(f"GPU memory of unit {name} is held by processes started while it ran but not found "
                      f"in it: {who}; 'gpuslate down {name} --clear' ends them")
                 return False
@@ -312,13 +311,14 @@ def down(name: str, *, sim: str | None = None, backend: GpuBackend | None = None
             if not live:
                 return True
             note(f"clearing what unit {name} left on its GPUs: {who}")
-            cleared.append(clear(u.gpus, pids=live, grace=grace_s,
-                                 timeout=max(0.0, deadline - time.monotonic()), max_used=limit, backend=be,
-                                 lock=False, on_event=on_event))
+            cleared.append(clear(host, Selection(tuple(u.gpus), tuple(live)),
+                                 ClearOptions(grace=grace_s, timeout=max(0.0, deadline - time.monotonic()),
+                                              max_used=limit)))
             return cleared[-1].ok
 
-        report = stop_unit(u, be, grace=grace_s, timeout=spec.stop_timeout if timeout is None else timeout,
-                           run_id=new_run_id(), action="down", max_used=limit, on_event=on_event,
+        stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
+        report = stop_unit(u, be, grace=grace_s, timeout=stop_timeout,
+                           run_id=new_run_id(), audit=host.audit, action="down", max_used=limit, on_event=note,
                            before_verify=leftovers)
         aside = None
         rec = u.record

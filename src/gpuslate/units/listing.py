@@ -11,13 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from ..gpu import GpuBackend
 from ..gpu.types import GpuReading
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .._parse import format_size
 from .._time import iso_time
-from ..host.session import HostSession
+from ..host.session import HostContext
 from .state import UnitState, unit_state
 from .store import UnitRecord
 from .unit import Stray, Unit, load_units
@@ -84,8 +83,10 @@ class PsResult(NamedTuple):
         return {"schema": PS_SCHEMA, "units": [u.to_json() for u in self.units], "warnings": self.warnings}
 
 
-def list_units(*, sim: str | None = None, backend: GpuBackend | None = None) -> PsResult:
-    """Every recorded unit (corrupt records included), classified against the live host."""
+def list_units(host: HostContext) -> PsResult:
+    """Every recorded unit (corrupt records included), classified against the live host.
+
+    Takes no lock: what it reports is a look, as ``status`` is."""
     units = load_units()
     table = ProcTable()
     warnings: list[str] = []
@@ -95,8 +96,7 @@ def list_units(*, sim: str | None = None, backend: GpuBackend | None = None) -> 
     known = False
     if wanted:
         try:
-            with HostSession(sim, backend) as host:
-                readings = host.backend.read(wanted, full=False)
+            readings = host.backend.read(wanted, full=False)
             known = True
         except Exception as exc:  # ps still lists the units when the GPUs cannot be read
             warnings.append(f"GPU memory unknown: {exc}")

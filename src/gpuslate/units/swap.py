@@ -8,7 +8,8 @@ has answered its smoke completion, when it has one). To shorten it, NEW's
 weight files are read into the page cache first, while OLD still serves
 (:mod:`.prefetch`); the swap waits for that read before it stops OLD.
 
-The whole swap holds the host lock once, so no ``clear`` or other ``up`` can
+The whole swap holds the host lock once (re-entrant: ``down`` and ``up`` run
+inside it on the same :class:`~gpuslate.host.session.HostContext`), so no ``clear`` or other ``up`` can
 slip in between the old server leaving the GPUs and the new one taking them.
 """
 
@@ -21,9 +22,8 @@ from typing import Any, Callable, Literal, NamedTuple
 
 from .._time import iso_time
 from ..errors import UsageError
-from ..gpu import GpuBackend
 from . import store
-from ..host.session import HostSession
+from ..host.session import HostContext
 from .lifecycle import DownResult, UpResult, down, up
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
@@ -84,32 +84,47 @@ class SwapResult(NamedTuple):
         }
 
 
-def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str | None = None,
-         sim: str | None = None, backend: GpuBackend | None = None, lock: bool = True,
-         on_event: Callable[[str], None] | None = None, prefetch: bool = True,
-         prefetch_memory: int | None = None, prefetch_timeout: float = 600.0) -> SwapResult:
+class SwapOptions(NamedTuple):
+    """How ``swap`` replaces a unit; plain data."""
+
+    rollback: bool = False  # NEW failed: start OLD again with the spec it last ran with
+    config: str | None = None  # the unit file NEW is resolved from (default ./gpuslate.toml)
+    prefetch: bool = True  # read NEW's weight files into the page cache before OLD is stopped
+    prefetch_memory: int | None = None  # bound for the prefetch instead of the host's MemAvailable
+    prefetch_timeout: float = 600.0  # most seconds OLD keeps serving while NEW's weights are read
+
+    def validate(self) -> SwapOptions:
+        if not self.prefetch_timeout >= 0:
+            raise UsageError(f"invalid prefetch timeout {self.prefetch_timeout}: must be at least 0")
+        if self.prefetch_memory is not None and self.prefetch_memory < 0:
+            raise UsageError("invalid prefetch memory: must not be negative")
+        return self
+
+
+def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions = SwapOptions()) -> SwapResult:
     """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec).
 
-    Each unit is loaded once, under the host lock, and handed to ``down`` and ``up``.
+    The whole swap holds the host lock of ``host`` once; ``down`` and ``up`` run on the
+    same host (one backend, one audit log) and find the lock already held.
     With ``prefetch`` (the default), NEW's weight files are read into the page cache
     before OLD is stopped, for up to ``prefetch_timeout`` seconds; ``prefetch_memory``
     bounds it instead of the host's MemAvailable.
     """
+    opts = options.validate()
     t0 = time.monotonic()
-    note = on_event or (lambda _m: None)
+    note = host.note
     new_name = new.name if isinstance(new, UnitSpec) else new
     if not store.record_path(old).exists():  # before waiting for the lock: a typo fails at once
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
     pf: Prefetch | None = None
     try:
-        with HostSession(sim, backend) as host, \
-                host.locked(f"swap {old} -> {new_name}", on_event=on_event, use=lock) as waited:
-            be = host.backend
+        with host.locked(f"swap {old} -> {new_name}") as waited:
             old_unit = Unit.load(old)
             if old_unit is None:
                 raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
             if old_unit.spec is None:
                 raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
+            old_spec = old_unit.spec
             new_unit = old_unit if new_name == old else Unit.load(new_name)
             if new_unit is not None and new_unit.corrupt:
                 raise UsageError(new_unit.describe_problem(),
@@ -117,25 +132,25 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
             if isinstance(new, UnitSpec):
                 new_spec = new.validate()
             else:
-                new_spec = resolve(new, config=config, previous=new_unit.spec.to_json() if new_unit and new_unit.spec
-                                   else None)
+                new_spec = resolve(new, config=opts.config,
+                                   previous=new_unit.spec.to_json() if new_unit and new_unit.spec else None)
             if new_name != old and new_unit is not None and new_unit.running():
                 raise UsageError(f"unit {new_name} is already running: nothing to swap to")
             phases: dict[str, float] = {"lock_wait_s": waited}
             pf_report = None
-            pf = _start_prefetch(new_spec, prefetch_memory, note) if prefetch else None
+            pf = _start_prefetch(new_spec, opts.prefetch_memory, note) if opts.prefetch else None
             if pf is not None:
                 t_pf = time.monotonic()
-                pf_report = pf.wait(prefetch_timeout)  # OLD still serves meanwhile
+                pf_report = pf.wait(opts.prefetch_timeout)  # OLD still serves meanwhile
                 phases["prefetch_wait_s"] = time.monotonic() - t_pf
                 if pf_report.status == "partial":
-                    note(f"prefetch not done after {prefetch_timeout:g} s: stopping {old} anyway; "
+                    note(f"prefetch not done after {opts.prefetch_timeout:g} s: stopping {old} anyway; "
                          "the rest is read in the background")
                 elif pf_report.status == "failed":
                     note(f"prefetch failed ({pf_report.error}); going on without it")
             stop_at = time.time()
             t_stop = time.monotonic()
-            d = down(old, backend=be, lock=False, on_event=on_event, unit=old_unit)
+            d = down(host, old)
             phases["stop_old_s"] = d.report.timings["stop_s"]
             phases["verify_clean_s"] = d.report.timings["verify_s"]
             if not d.ok:
@@ -144,7 +159,7 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
             t_up = time.monotonic()
             watch = _PortWatch(new_spec) if new_spec.port is not None else None
             try:
-                u = up(new_spec, backend=be, lock=False, on_event=on_event, unit=new_unit)
+                u = up(host, new_spec)
             finally:
                 if watch is not None:
                     watch.stop()
@@ -160,12 +175,12 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
                 return SwapResult(old, new_spec.name, "swapped", d, u, None, phases, time.monotonic() - t0,
                                   downtime_s=t_ready - t_stop, downtime=parts, prefetch=pf_report,
                                   stop_old_at=stop_at)
-            if not rollback:
+            if not opts.rollback:
                 return SwapResult(old, new_spec.name, "up_failed", d, u, None, phases, time.monotonic() - t0,
                                   prefetch=pf_report, stop_old_at=stop_at)
             note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
             t_rb = time.monotonic()
-            rb = up(old_unit.spec, backend=be, lock=False, on_event=on_event, unit=old_unit)
+            rb = up(host, old_spec)
             phases["rollback_s"] = time.monotonic() - t_rb
             status: SwapStatus = "rolled_back" if rb.ok else "rollback_failed"
             return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0,
