@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     require("demo", Extra.BENCH, Extra.PLOTS)
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost
     from .experiment import (ProgressDisplay, _sigterm_as_interrupt, interrupted_status, print_report, run_json,
                              write_report_for)
 

@@ -126,7 +126,7 @@ def _use_sim(args: argparse.Namespace) -> None:
 
     if not getattr(args, "sim", None) or getattr(args, "sim_command", None) == "init":
         return
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost
 
     root = os.path.abspath(args.sim)
     SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none

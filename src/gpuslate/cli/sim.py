@@ -122,7 +122,7 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
 
 
 def _host(args: argparse.Namespace):  # -> SimHost
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost
 
     root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
     if not root:
@@ -134,7 +134,7 @@ def _host(args: argparse.Namespace):  # -> SimHost
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost
 
     # one meaning: the folder is DIR; a --sim naming another one is a mistake, not a second target
     if getattr(args, "sim", None) and os.path.abspath(args.sim) != os.path.abspath(args.dir):
@@ -159,7 +159,7 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_hold(args: argparse.Namespace) -> int:
-    from ..sim.holder import full_titles, hold
+    from ..gpu.sim.holder import full_titles, hold
 
     host = _host(args)
     if args.title and not full_titles():
@@ -201,7 +201,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 raise UsageError("--workers needs a simulated host: pass --sim DIR or set GPUSLATE_SIM")
             return []
         from .._parse import parse_gpu_list
-        from ..sim.holder import start_workers
+        from ..gpu.sim.holder import start_workers
 
         host = _host(args)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

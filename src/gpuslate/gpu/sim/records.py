@@ -49,9 +49,9 @@ import os
 import stat
 from typing import Any, Iterable, NamedTuple
 
-from ..gpu.types import PROCESS_KINDS
-from ..proc.fdscan import FdScan
-from ..proc.procfs import PROC
+from ..types import PROCESS_KINDS
+from ...proc.fdscan import FdScan
+from ...proc.procfs import PROC
 
 #: a record is a few dozen bytes; anything larger is not one
 MAX_RECORD_BYTES = 4096

@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import IO, NamedTuple, NoReturn
 
-from ..errors import ServerFailed, UsageError
+from ...errors import ServerFailed, UsageError
 from .host import SimHost
 
 
@@ -70,7 +70,7 @@ def shown_pid() -> int:
     """This process's pid as its /proc shows it (``/proc/self``): what ``ps`` and
     tools reading that /proc see. The host's pid unless a PID namespace mounted its
     own /proc; only for telling people, never for the simulated driver's accounting,
-    which finds holders from the reader's side (see :mod:`gpuslate.sim.records`)."""
+    which finds holders from the reader's side (see :mod:`gpuslate.gpu.sim.records`)."""
     try:
         return int(os.readlink("/proc/self"))
     except (OSError, ValueError):
