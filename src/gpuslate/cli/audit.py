@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any
 
+from .._parse import format_gpu_list
 from .common import add_common, note, print_json
 from .exits import exit_epilog
 
@@ -68,7 +70,6 @@ _OUTCOME_STYLE = {
 def print_log(entries: list[dict[str, Any]], path: str) -> None:
     from rich.table import Table
 
-    from .._parse import format_gpu_list
     from .render import cell, emit, fitted_cell, one_line
 
     if not entries:
@@ -122,7 +123,6 @@ def _outcome_cell(e: dict[str, Any]) -> str:
 def _local_time(iso: object) -> str:
     """The stored UTC time as local time, like ``status`` shows times."""
     import calendar
-    import time
 
     if not isinstance(iso, str):
         return "-"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -86,8 +87,6 @@ def note(msg: str) -> None:
 
 
 def print_json(doc: Any) -> None:
-    import json  # only here: the `status` table never needs it, and it takes about 1.5 ms to import
-
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     sys.stdout.flush()
 

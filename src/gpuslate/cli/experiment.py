@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -220,8 +221,6 @@ class ProgressDisplay:
         p = self.current
         if p is None:
             return ""
-        import time
-
         remaining = None if p.eta_at is None else max(0.0, p.eta_at - time.monotonic())
         left = f", ~{_dur(remaining)} left" if remaining is not None else ""
         where = (f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})"

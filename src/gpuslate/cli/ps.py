@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from .._parse import format_size
 from .common import add_common, print_json
 from .exits import exit_epilog
 
@@ -30,7 +31,6 @@ def _duration(s: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._parse import format_size
     from ..units import list_units
     from .render import safe
     from .up import gpu_text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._parse import format_gpu_list
+from .._parse import format_gpu_list, format_size, parse_gpu_list
 from ..errors import UsageError
 from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
@@ -148,7 +148,6 @@ def run_init(args: argparse.Namespace) -> int:
                     "memory": cfg["memory"], "reserved": cfg["reserved"], "name": cfg["name"],
                     "release_delay": cfg["release_delay"], "memory_api": cfg["memory_api"]})
     else:
-        from .._parse import format_size
         from .render import safe
 
         print(f"Simulated host at {host.root}: {cfg['gpus']} × {safe(cfg['name'])} "
@@ -200,7 +199,6 @@ def run_serve(args: argparse.Namespace) -> int:
             if args.workers:
                 raise UsageError("--workers needs a simulated host: pass --sim DIR or set GPUSLATE_SIM")
             return []
-        from .._parse import parse_gpu_list
         from ..gpu.sim.holder import start_workers
 
         host = _host(args)

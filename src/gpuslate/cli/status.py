@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 
 from .common import add_common, backend_for, gpu_list, positive_float, print_json
@@ -43,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace, backend: object) -> int:
-    import json
-    import sys
-
     from ..host.snapshot import take_snapshot
 
     try:

@@ -6,9 +6,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from .._parse import format_size
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
-from .up import unit_name
+from .up import print_up, report_failure, unit_name, up_status
 
 if TYPE_CHECKING:
     from ..units.swap import SwapResult
@@ -43,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
     from ..units import swap
     from ..units.interrupts import stop_signals_interrupt
     from .down import down_status, print_down
-    from .up import print_up, report_failure, up_status
 
     with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
         result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
@@ -85,8 +85,6 @@ _DOWNTIME_LABELS = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPU
 
 
 def print_prefetch(result: SwapResult) -> None:
-    from .._parse import format_size
-
     pf = result.prefetch
     if pf is None:
         return

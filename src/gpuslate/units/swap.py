@@ -19,6 +19,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Literal, NamedTuple
 
+from .._parse import format_size
 from .._time import iso_time
 from ..errors import UsageError
 from ..gpu import GpuBackend
@@ -177,8 +178,6 @@ def swap(old: str, new: str | UnitSpec, *, rollback: bool = False, config: str |
 
 def _start_prefetch(spec: UnitSpec, memory: int | None, note: Callable[[str], None]) -> Prefetch | None:
     """Plan NEW's prefetch and start reading; ``None`` when there is nothing to read."""
-    from .._parse import format_size
-
     plan = plan_prefetch(spec.command, spec.prefetch, cwd=spec.cwd, available=memory)
     if not plan.files:
         return None
