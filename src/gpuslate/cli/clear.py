@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from ..slate.clear import clear
+    from ..slate.clear import clear  # lazy: startup
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
 
@@ -72,7 +72,7 @@ def run_clear(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        from .render_clear import print_clear
+        from .render_clear import print_clear  # lazy: startup
 
         print_clear(result)
     return exit_status_for_result(result.status)
@@ -80,7 +80,7 @@ def run_clear(args: argparse.Namespace) -> int:
 
 def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
     """On a terminal: show the plan, ask before any signal."""
-    from .render_clear import print_plan
+    from .render_clear import print_plan  # lazy: startup
 
     print_plan(plan, file=sys.stderr)
     n = len(plan.targets)
@@ -90,7 +90,7 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
 
 
 def run_wait(args: argparse.Namespace) -> int:
-    from ..slate.wait import wait_free
+    from ..slate.wait import wait_free  # lazy: startup
 
     result = wait_free(args.gpus, max_used=args.max_used, timeout=args.timeout, backend=backend_for(args))
     if args.json:
@@ -104,7 +104,7 @@ def print_wait(ok: bool, gpus: list[int], elapsed_s: float, diagnosis: list) -> 
     if ok:
         print(f"GPUs {format_gpu_list(gpus)} free after {elapsed_s:.3f} s")
         return
-    from .render_clear import print_diagnosis
+    from .render_clear import print_diagnosis  # lazy: startup
 
     print(f"GPUs {format_gpu_list(gpus)} not free after {elapsed_s:.1f} s:")
     print_diagnosis(diagnosis)

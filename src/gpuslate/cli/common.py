@@ -80,7 +80,7 @@ def note(msg: str) -> None:
     """A progress line for people, on stderr (stdout stays for the result or JSON).
 
     Escaped: progress lines quote process titles and the lock's holder file."""
-    from .render import safe
+    from .render import safe  # lazy: startup
 
     sys.stderr.write(f"gpuslate: {safe(msg)}\n")
     sys.stderr.flush()
@@ -93,7 +93,7 @@ def print_json(doc: Any) -> None:
 
 def print_error(exc: BaseException, status: int, as_json: bool) -> None:
     """One line on stderr (plus a hint line when there is one); a JSON document with --json."""
-    from .render import safe
+    from .render import safe  # lazy: startup
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None

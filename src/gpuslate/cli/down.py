@@ -72,8 +72,8 @@ def print_down(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import down
-    from ..units.interrupts import deferred_interrupts
+    from ..units import down  # lazy: startup
+    from ..units.interrupts import deferred_interrupts  # lazy: startup
 
     with deferred_interrupts(signals=(signal.SIGHUP,)):  # a dropped ssh session must not leave it half-stopped
         result = down(args.name, sim=getattr(args, "sim", None), grace=args.grace, timeout=args.timeout,

@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
-            import traceback
+            import traceback  # lazy: startup
 
             traceback.print_exc()
         print_error(exc, status, args.json)
@@ -123,7 +123,7 @@ def _use_sim(args: argparse.Namespace) -> None:
     the state folder (audit log, units) and the servers ``up`` starts follow it."""
     if not getattr(args, "sim", None) or getattr(args, "sim_command", None) == "init":
         return
-    from ..gpu.sim.host import SimHost
+    from ..gpu.sim.host import SimHost  # lazy: startup
 
     root = os.path.abspath(args.sim)
     SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none

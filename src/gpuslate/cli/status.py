@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..host.snapshot import take_snapshot
+    from ..host.snapshot import take_snapshot  # lazy: startup
 
     backend = backend_for(args)
     if args.watch:
@@ -38,14 +38,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(snap.to_json())
     else:
-        from .render_status import print_status
+        from .render_status import print_status  # lazy: startup
 
         print_status(snap)
     return 0
 
 
 def _watch(args: argparse.Namespace, backend: object) -> int:
-    from ..host.snapshot import take_snapshot
+    from ..host.snapshot import take_snapshot  # lazy: startup
 
     try:
         if args.json:
@@ -53,7 +53,7 @@ def _watch(args: argparse.Namespace, backend: object) -> int:
                 sys.stdout.write(json.dumps(take_snapshot(backend, args.gpus).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)
-        from .render_status import print_status
+        from .render_status import print_status  # lazy: startup
 
         while True:
             print_status(take_snapshot(backend, args.gpus), redraw=True)

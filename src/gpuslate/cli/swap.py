@@ -14,7 +14,7 @@ from .up import print_up, report_failure, unit_name, up_status
 if TYPE_CHECKING:
     from ..units.swap import SwapResult
 
-_LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
+PHASE_LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
            ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
            ("preflight_new_s", "pre-flight {new}"),
            ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
@@ -41,9 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import swap
-    from ..units.interrupts import stop_signals_interrupt
-    from .down import down_status, print_down
+    from ..units import swap  # lazy: startup
+    from ..units.interrupts import stop_signals_interrupt  # lazy: startup
+    from .down import down_status, print_down  # lazy: startup
 
     with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
         result = swap(args.old, args.new, rollback=args.rollback, config=args.config,
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if result.rollback is not None and result.rollback.ok:
             print(f"Rolled back: {args.old} is serving again.")
             print_up(result.rollback)
-        for key, label in _LABELS:
+        for key, label in PHASE_LABELS:
             if key in result.phases:
                 print(f"  {label.format(old=args.old, new=args.new):<28} {result.phases[key]:8.3f} s")
         print(f"  {'total':<28} {result.total_s:8.3f} s" +

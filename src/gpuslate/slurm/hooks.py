@@ -134,7 +134,7 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
                 break
             # imported here, not at the top, for the clean path's start-up time: only a job that
             # left a GPU holder needs clear's planner
-            from ..slate.clear import clear
+            from ..slate.clear import clear  # lazy: startup
 
             gate = _Gate(job)
             try:

@@ -30,11 +30,11 @@ def set_title(title: str) -> None:
     """Set the process title the way model servers do (cmdline and comm); without setproctitle,
     the kernel's process name only (15 characters; see :func:`full_titles`)."""
     try:
-        import setproctitle
+        import setproctitle  # lazy: optional
 
         setproctitle.setproctitle(title)
     except ImportError:  # fall back to the kernel name only (15 characters)
-        import ctypes
+        import ctypes  # lazy: optional
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
