@@ -188,7 +188,7 @@ def plan_from_args(args: argparse.Namespace) -> LoadPlan:
 
 def run(args: argparse.Namespace) -> int:
     require("bench", Extra.BENCH)  # before the load generator (and aiohttp) is imported
-    from ..bench.loadgen import normalize_url  # lazy: startup
+    from ..bench.plan import normalize_url  # lazy: startup
 
     plan = plan_from_args(args)
     normalize_url(args.url)  # a bad URL is a usage error before anything is sent

@@ -131,7 +131,6 @@ def outcome(rep: Report) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    require("experiment report", Extra.BENCH)  # the bench package (its point format) needs aiohttp
     rep = write_report_for(Path(args.dir))
     if args.json:
         print_json(rep.to_json())
