@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import aiohttp
 
@@ -33,7 +33,13 @@ from .plan import LoadPlan, normalize_url
 from .prompts import PromptSource, load_dataset
 from .result import BenchResult, Progress
 from .scheduler import Scheduler, unless_stopped
-from .serverinfo import CONTINUOUS_USAGE_ENGINES, acceptance_between, resolve_model, server_facts, spec_counters
+from .serverinfo import (
+    CONTINUOUS_USAGE_ENGINES,
+    acceptance_between,
+    resolve_model,
+    server_facts,
+    spec_counters,
+)
 from .tokens import load_tokenizer
 
 

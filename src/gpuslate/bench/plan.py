@@ -186,6 +186,5 @@ def normalize_url(url: str) -> str:
     if parts.query or parts.fragment:
         raise UsageError(f"invalid URL {url!r}: no query or fragment expected")
     path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
+    path = path.removesuffix("/v1")
     return f"{parts.scheme}://{parts.netloc}{path}"

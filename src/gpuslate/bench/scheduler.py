@@ -19,8 +19,9 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from .client import Client, is_connection_failure
 from .metrics import RequestRecord

@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Callable, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import PermissionDenied
 from .procfs import ProcessId
-from .signals import (DELIVERED, NOT_RUNNING, PERMISSION_DENIED, PID_REUSED, ExitWatch, is_gone, reap_if_child,
-                      send_signal)
+from .signals import (
+    DELIVERED,
+    NOT_RUNNING,
+    PERMISSION_DENIED,
+    PID_REUSED,
+    ExitWatch,
+    is_gone,
+    reap_if_child,
+    send_signal,
+)
 
 
 class SignalAudit(Protocol):

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from .host import SimHost
 from ..types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
+from .host import SimHost
 
 
 class SimBackend:

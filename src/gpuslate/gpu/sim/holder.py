@@ -235,7 +235,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
         os.close(w)
         started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file
         os.close(go)
-    except BaseException as exc:  # report, never fall back into the launcher's stack
+    except BaseException as exc:  # noqa: BLE001 - report, never fall back into the launcher's stack
         try:
             os.write(w, f"error {' '.join(str(exc).split())}\n".encode())
         finally:

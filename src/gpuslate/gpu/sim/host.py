@@ -34,16 +34,28 @@ import os
 import stat
 import time
 import uuid as uuidlib
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..._parse import format_size
 from ...errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
 from ...proc.fdscan import FdScan, scan_device_holders
 from ...proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
-from .records import (SUFFIX, Claim, LockFact, Owner, RecordFile, create_record, fd_targets, gpu_of_name, lock_owners,
-                      owner_of, read_record)
+from .records import (
+    SUFFIX,
+    Claim,
+    LockFact,
+    Owner,
+    RecordFile,
+    create_record,
+    fd_targets,
+    gpu_of_name,
+    lock_owners,
+    owner_of,
+    read_record,
+)
 
 SCHEMA = "gpuslate.simhost.v1"
 DEFAULT_NAME = "NVIDIA RTX PRO 6000 Blackwell"
@@ -109,7 +121,7 @@ class SimHost:
         release_delay: float = 0.2,
         reserved: int | None = None,
         memory_api: str = "v2",
-    ) -> "SimHost":
+    ) -> SimHost:
         """``memory_api="v1"`` simulates a driver before R510: reserved memory
         (default then 645 MiB, like an idle H200) is reported inside 'used'."""
         if memory_api not in MEMORY_APIS:
