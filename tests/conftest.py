@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import GiB, Holder, gpuslate_env, program_named, run_cli
 from otheruser import other_user, shared_host  # noqa: F401  (fixtures for the tests across users)
 

@@ -20,7 +20,7 @@ from gpuslate.proc.signals import send_signal
 from gpuslate.proc.tree import ProcTable
 
 if TYPE_CHECKING:
-    from gpuslate.sim.host import SimHost
+    from gpuslate.gpu.sim.host import SimHost
     from gpuslate.units.unit import Unit
 
 GiB = 1024**3

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import GiB, SRC, throwaway_user
 
 USER = "gpuslate-tester"

@@ -16,7 +16,7 @@ from gpuslate.host.audit import AuditLog
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
 from gpuslate.proc.terminate import Victim, terminate
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import GiB, gpuslate_env, is_gone, wait_for
 
 

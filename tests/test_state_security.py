@@ -140,7 +140,7 @@ def test_simulated_runs_keep_state_inside_the_simulated_host(sim_host, hold, cli
 
 
 def test_audit_sim_is_honoured(tmp_path, monkeypatch, hold, cli, sim_host):
-    from gpuslate.sim.host import SimHost
+    from gpuslate.gpu.sim.host import SimHost
 
     other = SimHost.init(tmp_path / "other", gpus=2, memory=8 << 30)
     monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "shared-state"))  # one log for both hosts

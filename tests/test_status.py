@@ -159,7 +159,7 @@ def test_leak_without_process(sim_host, cli):
 
 
 def test_release_delay(tmp_path, hold):
-    from gpuslate.sim.host import SimHost
+    from gpuslate.gpu.sim.host import SimHost
 
     host = SimHost.init(tmp_path / "slow", gpus=2, memory=96 * GiB, release_delay=1.0)
     h = hold("--gpus", "0", "--memory", "40GiB", host=host)

@@ -113,7 +113,7 @@ def parse_host(text: str) -> str:
     A name made only of digits and dots is an IPv4 address and must be a valid one
     (``999.1.1.1`` is no host name), so a typo fails here rather than in a resolver.
     """
-    import ipaddress
+    import ipaddress  # lazy: startup
 
     s = str(text)
     shown = _shown(text)
@@ -133,7 +133,7 @@ def parse_host(text: str) -> str:
 
 def parse_http_url(text: str) -> str:
     """An absolute ``http://`` or ``https://`` URL whose host and port parse."""
-    from urllib.parse import urlsplit
+    from urllib.parse import urlsplit  # lazy: startup
 
     shown = _shown(text, 80)
     s = str(text)

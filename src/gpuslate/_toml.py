@@ -29,9 +29,9 @@ def read_toml(path: str | os.PathLike[str], what: str) -> tuple[str, dict[str, A
     """(text, document) of a TOML file; a UsageError naming ``what`` when it is missing,
     unreadable or malformed (tomllib's message already says the line and column)."""
     try:
-        import tomllib  # type: ignore[import-not-found]
+        import tomllib  # type: ignore[import-not-found]  # lazy: optional
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+        import tomli as tomllib  # type: ignore[no-redef]  # lazy: optional
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(MAX_BYTES + 1)

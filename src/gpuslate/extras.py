@@ -1,10 +1,10 @@
 """The optional parts of gpuslate, and the one check every command that needs one makes.
 
 The core install (``pip install gpuslate``) is what ``status``, ``clear``,
-``wait``, ``up/down/ps/logs/swap``, ``audit``, ``sim init/hold/leak`` and
-``slurm`` need. Heavier third-party packages are extras (pyproject.toml):
+``wait``, ``up/down/ps/logs/swap``, ``audit``, ``sim init/hold/leak``,
+``slurm`` and ``experiment report`` need. Heavier third-party packages are extras (pyproject.toml):
 
-- ``bench``: aiohttp, for ``bench``, ``experiment``, ``sim serve`` and ``demo``;
+- ``bench``: aiohttp, for ``bench``, ``experiment run``, ``sim serve`` and ``demo``;
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 import helpers
 from helpers import gpuslate_env
 

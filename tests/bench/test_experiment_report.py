@@ -12,6 +12,7 @@ import pytest
 
 from gpuslate.bench.experiment import POINT_SCHEMA, write_json_atomic
 from gpuslate.bench.report import CSV_COLUMNS, aggregate, write_report
+from test_extras import gpuslate as gpuslate_without, loaded
 
 
 def stat(v):
@@ -110,6 +111,20 @@ def test_report_cli(tmp_path, cli):
     r = cli("experiment", "report", str(make_dir(tmp_path, all_points())))
     assert r.returncode == 0, r.stderr
     assert "Recommendation: speculation wins up to concurrency 1" in r.stdout and "concurrency 2" in r.stdout
+
+
+@pytest.mark.parametrize("hide", [("aiohttp",), ("aiohttp", "matplotlib")])
+def test_report_cli_needs_no_extra(tmp_path, hide):
+    """The report reads points from disk: no load generator, so no aiohttp (the bench extra);
+    without matplotlib too it is written, its plots skipped with the install line."""
+    out = make_dir(tmp_path, all_points())
+    r = gpuslate_without(["experiment", "report", str(out)], hide=hide)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "aiohttp" not in loaded(r)
+    assert "Recommendation: speculation wins up to concurrency 1" in r.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["recommendation"]["threshold"] == 1
+    assert (summary["files"]["plots"] == []) == ("matplotlib" in hide)
 
 
 def test_engine_files_order_drift_and_intervals_in_the_report(tmp_path):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.bench import LoadPlan, parse_levels
-from gpuslate.bench.loadgen import normalize_url
+from gpuslate.bench.plan import normalize_url
 from gpuslate.bench.serverinfo import SpecCounters, acceptance_between, accept_length_between, prom_sum
 from gpuslate.bench.metrics import (RequestRecord, Slo, TokenSource, level_result, per_token_itl, percentile,
                                     split_tokens, summarize, tpot)

@@ -42,7 +42,7 @@ import gpuslate  # noqa: E402
 from gpuslate.errors import GpuslateError  # noqa: E402
 from gpuslate.proc.procfs import ProcessId, list_pids, read_stat  # noqa: E402
 from gpuslate.proc.signals import send_signal  # noqa: E402
-from gpuslate.sim.host import SimHost  # noqa: E402
+from gpuslate.gpu.sim.host import SimHost  # noqa: E402
 
 from fuzzkit import checks  # noqa: E402
 from fuzzkit.forest import GPUS, Forest, NodeSpec, generate  # noqa: E402

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from gpuslate.proc.procfs import identity  # noqa: E402
-from gpuslate.sim.host import SimHost  # noqa: E402
+from gpuslate.gpu.sim.host import SimHost  # noqa: E402
 
 PR_SET_NAME = 15
 

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import GiB
 from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpuslate.proc.procfs import list_pids, read_cmdline, read_stat
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "salloc", "squeue")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import pytest
 
 from gpuslate.host.audit import AuditLog
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import GiB, is_gone, run_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh

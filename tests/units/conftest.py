@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import SRC, kill_leftovers
 from unitkit import run_units
 

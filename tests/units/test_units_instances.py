@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from gpuslate.proc.procfs import read_stat
 from helpers import GiB, SRC, is_gone, wait_for
 from test_units_lifecycle import gpus_clean

@@ -218,7 +218,7 @@ def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
     if not rows:
         return [], "no points yet"
     try:  # matplotlib is imported only by plots.py, and only when pictures are drawn
-        from . import plots
+        from . import plots  # lazy: optional
     except ImportError as exc:
         return [], f"plots skipped: {exc}; {install_hint(Extra.PLOTS)}"
     marks = None

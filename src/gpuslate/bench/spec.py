@@ -58,7 +58,7 @@ from typing import Any, Literal, get_args
 from ..errors import UsageError
 from .._toml import line_of, read_toml
 from ..units.spec import UnitSpec, load_config, resolve
-from .loadgen import LoadPlan
+from .plan import LoadPlan
 
 Role = Literal["baseline", "speculative", "speculative+threshold"]
 

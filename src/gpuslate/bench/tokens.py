@@ -27,7 +27,7 @@ class HfTokenizer:
 
     def __init__(self, path: Path) -> None:
         try:  # an optional dependency: imported only when --tokenizer is given
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # lazy: optional
         except ImportError:
             raise UsageError("--tokenizer needs the tokenizers library", hint=install_hint(Extra.TOKENIZERS)) from None
         try:

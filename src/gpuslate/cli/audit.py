@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from typing import Any
 
+from .._parse import format_gpu_list
 from .common import add_common, note, print_json
 from .exits import exit_epilog
 
@@ -43,7 +45,7 @@ def _limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..host.audit import AuditLog, of_host
+    from ..host.audit import AuditLog, of_host  # lazy: startup
 
     alias = getattr(args, "audit_alias", False)
     if alias:
@@ -66,10 +68,9 @@ _OUTCOME_STYLE = {
 
 
 def print_log(entries: list[dict[str, Any]], path: str) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: startup
 
-    from .._parse import format_gpu_list
-    from .render import cell, emit, fitted_cell, one_line
+    from .render import cell, emit, fitted_cell, one_line  # lazy: startup
 
     if not entries:
         emit(f"no signals recorded in {cell(path)}")
@@ -107,7 +108,7 @@ def _by(actor: dict[str, Any]) -> str:
 
 
 def _outcome_cell(e: dict[str, Any]) -> str:
-    from .render import cell
+    from .render import cell  # lazy: startup
 
     outcome = e.get("outcome")
     if outcome is None:
@@ -121,8 +122,7 @@ def _outcome_cell(e: dict[str, Any]) -> str:
 
 def _local_time(iso: object) -> str:
     """The stored UTC time as local time, like ``status`` shows times."""
-    import calendar
-    import time
+    import calendar  # lazy: startup
 
     if not isinstance(iso, str):
         return "-"

@@ -114,7 +114,7 @@ def _rate(text: str) -> float:
 
 def parse_goodput(text: str) -> tuple[tuple[Any, float], ...]:
     """``ttft:500,tpot:50`` -> ((Slo.TTFT, 500.0), (Slo.TPOT, 50.0)); UsageError naming the bad item."""
-    from ..bench.metrics import Slo
+    from ..bench.metrics import Slo  # lazy: startup
 
     out: dict[Any, float] = {}
     for item in text.split(","):
@@ -165,7 +165,7 @@ def _extra_body(text: str | None) -> dict[str, Any]:
 
 def plan_from_args(args: argparse.Namespace) -> LoadPlan:
     """The :class:`LoadPlan` the flags describe; UsageError on a bad combination or value."""
-    from ..bench import LoadPlan, parse_levels
+    from ..bench import LoadPlan, parse_levels  # lazy: startup
 
     if args.max_concurrency is not None and args.request_rate is None:
         raise UsageError("--max-concurrency needs --request-rate (closed-loop levels set "
@@ -188,14 +188,14 @@ def plan_from_args(args: argparse.Namespace) -> LoadPlan:
 
 def run(args: argparse.Namespace) -> int:
     require("bench", Extra.BENCH)  # before the load generator (and aiohttp) is imported
-    from ..bench.loadgen import normalize_url
+    from ..bench.plan import normalize_url  # lazy: startup
 
     plan = plan_from_args(args)
     normalize_url(args.url)  # a bad URL is a usage error before anything is sent
     if args.out:
         _check_out(args.out)
     if plan.tokenizer:
-        from ..bench.tokens import resolve_tokenizer_file
+        from ..bench.tokens import resolve_tokenizer_file  # lazy: startup
 
         require("bench --tokenizer", Extra.TOKENIZERS)  # exit 2 before anything is sent
         resolve_tokenizer_file(plan.tokenizer)
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        from .render_bench import print_bench
+        from .render_bench import print_bench  # lazy: startup
 
         print_bench(result)
     if result.interrupted:
@@ -246,7 +246,7 @@ def _label(lv: Any) -> str:
 
 async def _run_async(url: str, plan: LoadPlan, on_progress: Callable[[Progress], None] | None,
                      signals: list[int]) -> BenchResult:
-    from ..bench import run_bench_async
+    from ..bench import run_bench_async  # lazy: startup
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -288,8 +288,9 @@ class _ProgressBar:
     """A rich progress bar on stderr, one task per level."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.console import Console  # lazy: startup
+        from rich.progress import (  # lazy: startup
+            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn)
 
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)

@@ -41,10 +41,10 @@ def run() -> None:
     """Console-script entry point (see :func:`gpuslate.cli.main.run`)."""
     command = early_command(sys.argv[1:])
     if command is not None:
-        from ..gpu.nvml import start_early_init  # only the commands that open the driver load it
+        from ..gpu.nvml import start_early_init  # lazy: startup; only the commands that open the driver load it
 
         # status shows nothing but a first full reading: it is taken meanwhile too
         start_early_init(prefetch=command == "status")
-    from .main import run as run_cli  # after the driver's start: overlapping it is this module's purpose
+    from .main import run as run_cli  # lazy: startup; after the driver's start: overlapping it is this module's purpose
 
     run_cli()

@@ -59,9 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from ..api import Host
-    from ..slate.clear import ClearOptions
-    from ..slate.plan import Selection
+    from ..api import Host  # lazy: startup
+    from ..slate.clear import ClearOptions  # lazy: startup
+    from ..slate.plan import Selection  # lazy: startup
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
     sel = Selection(tuple(args.gpus) if args.gpus is not None else None, tuple(args.pid), args.user, args.match,
@@ -74,7 +74,7 @@ def run_clear(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        from .render_clear import print_clear
+        from .render_clear import print_clear  # lazy: startup
 
         print_clear(result)
     return exit_status_for_result(result.status)
@@ -82,7 +82,7 @@ def run_clear(args: argparse.Namespace) -> int:
 
 def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
     """On a terminal: show the plan, ask before any signal."""
-    from .render_clear import print_plan
+    from .render_clear import print_plan  # lazy: startup
 
     print_plan(plan, file=sys.stderr)
     n = len(plan.targets)
@@ -92,8 +92,8 @@ def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
 
 
 def run_wait(args: argparse.Namespace) -> int:
-    from ..api import Host
-    from ..slate.wait import WaitOptions
+    from ..api import Host  # lazy: startup
+    from ..slate.wait import WaitOptions  # lazy: startup
 
     result = Host.open(args.sim).wait(args.gpus, WaitOptions(max_used=args.max_used, timeout=args.timeout))
     if args.json:
@@ -107,7 +107,7 @@ def print_wait(ok: bool, gpus: list[int], elapsed_s: float, diagnosis: list) -> 
     if ok:
         print(f"GPUs {format_gpu_list(gpus)} free after {elapsed_s:.3f} s")
         return
-    from .render_clear import print_diagnosis
+    from .render_clear import print_diagnosis  # lazy: startup
 
     print(f"GPUs {format_gpu_list(gpus)} not free after {elapsed_s:.1f} s:")
     print_diagnosis(diagnosis)

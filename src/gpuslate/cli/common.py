@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -79,22 +80,20 @@ def note(msg: str) -> None:
     """A progress line for people, on stderr (stdout stays for the result or JSON).
 
     Escaped: progress lines quote process titles and the lock's holder file."""
-    from .render import safe
+    from .render import safe  # lazy: startup
 
     sys.stderr.write(f"gpuslate: {safe(msg)}\n")
     sys.stderr.flush()
 
 
 def print_json(doc: Any) -> None:
-    import json  # only here: the `status` table never needs it, and it takes about 1.5 ms to import
-
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     sys.stdout.flush()
 
 
 def print_error(exc: BaseException, status: int, as_json: bool) -> None:
     """One line on stderr (plus a hint line when there is one); a JSON document with --json."""
-    from .render import safe
+    from .render import safe  # lazy: startup
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None

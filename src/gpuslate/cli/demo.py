@@ -87,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
     # the simulated servers (sim serve), the load and the report's plots: checked before the
     # simulated host or anything else is started
     require("demo", Extra.BENCH, Extra.PLOTS)
-    from ..bench.experiment import run_experiment
-    from ..bench.spec import load_spec
-    from ..sim.host import SimHost
-    from .experiment import (ProgressDisplay, _sigterm_as_interrupt, interrupted_status, print_report, run_json,
-                             write_report_for)
+    from ..bench.experiment import run_experiment  # lazy: startup
+    from ..bench.spec import load_spec  # lazy: startup
+    from ..gpu.sim.host import SimHost  # lazy: startup
+    from .experiment import (  # lazy: startup
+        ProgressDisplay, interrupted_status, print_report, run_json, sigterm_as_interrupt, write_report_for)
 
     out = Path(args.out or "gpuslate-demo").absolute()
     _check_out(out)
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     # their records stay out of the user's own state folder
     os.environ["GPUSLATE_SIM"] = sim
     os.environ["GPUSLATE_STATE_DIR"] = str(work / "state")
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     if out.exists():
         shutil.rmtree(out)  # a previous demo's results (checked above)
     out.mkdir(parents=True)
@@ -195,8 +195,8 @@ def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
 def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool) -> dict[str, Any]:
     """Stop what the demo itself started (the hand-started server, if the experiment did not clear it),
     then verify: every GPU free, no unit running."""
-    from ..api import Host
-    from ..slate.wait import WaitOptions
+    from ..api import Host  # lazy: startup
+    from ..slate.wait import WaitOptions  # lazy: startup
 
     if hand is not None and hand.poll() is None:
         try:

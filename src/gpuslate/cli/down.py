@@ -72,9 +72,9 @@ def print_down(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import Host
-    from ..units import DownOptions
-    from ..units.interrupts import deferred_interrupts
+    from ..api import Host  # lazy: startup
+    from ..units import DownOptions  # lazy: startup
+    from ..units.interrupts import deferred_interrupts  # lazy: startup
 
     opts = DownOptions(grace=args.grace, timeout=args.timeout, max_used=args.max_used, clear_strays=args.clear)
     # a dropped ssh session must not leave it half-stopped

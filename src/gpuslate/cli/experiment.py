@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -79,7 +80,7 @@ def interrupted_status(exc: Interrupted, json_out: bool, message: str | None = N
     return status
 
 
-def _sigterm_as_interrupt() -> None:
+def sigterm_as_interrupt() -> None:
     """SIGTERM ends a run like Ctrl-C: units stopped and verified, exit 143."""
     def raise_interrupt(signum: int, frame: Any) -> NoReturn:
         raise Terminated("terminated")
@@ -89,14 +90,14 @@ def _sigterm_as_interrupt() -> None:
 
 def run(args: argparse.Namespace) -> int:
     require("experiment run", Extra.BENCH)  # the load generator: before anything is started
-    from ..bench.experiment import run_experiment
-    from ..bench.spec import load_spec
+    from ..bench.experiment import run_experiment  # lazy: startup
+    from ..bench.spec import load_spec  # lazy: startup
 
     spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
     if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
         note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     display = ProgressDisplay()
     try:
         result = run_experiment(spec, out, resume=args.resume, sim=getattr(args, "sim", None),
@@ -130,7 +131,6 @@ def outcome(rep: Report) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    require("experiment report", Extra.BENCH)  # the bench package (its point format) needs aiohttp
     rep = write_report_for(Path(args.dir))
     if args.json:
         print_json(rep.to_json())
@@ -140,7 +140,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def write_report_for(out: Path) -> Report:
-    from ..bench.report import write_report
+    from ..bench.report import write_report  # lazy: startup
 
     return write_report(out)
 
@@ -154,7 +154,7 @@ def run_json(result: RunResult) -> dict[str, Any]:
 
 
 def print_report(rep: Report, out: Path) -> None:
-    from ..bench.report import level_tables, order_sentence, time_scale_sentence
+    from ..bench.report import level_tables, order_sentence, time_scale_sentence  # lazy: startup
 
     s = rep.summary
     pts = s["points"]
@@ -202,15 +202,15 @@ class ProgressDisplay:
         self.current: ExperimentProgress | None = None
         self.key: tuple[Any, ...] | None = None
         if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.live import Live
+            from rich.console import Console  # lazy: startup
+            from rich.live import Live  # lazy: startup
 
             self.live = Live(_Line(self), console=Console(file=sys.stderr), transient=True, refresh_per_second=4)
             self.live.start()
 
     def note(self, msg: str) -> None:
         if self.live is not None:
-            from rich.markup import escape
+            from rich.markup import escape  # lazy: startup
 
             self.live.console.print(f"gpuslate: {escape(msg)}", highlight=False)
         else:
@@ -220,8 +220,6 @@ class ProgressDisplay:
         p = self.current
         if p is None:
             return ""
-        import time
-
         remaining = None if p.eta_at is None else max(0.0, p.eta_at - time.monotonic())
         left = f", ~{_dur(remaining)} left" if remaining is not None else ""
         where = (f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})"
@@ -260,7 +258,7 @@ class _Line:
         self.display = display
 
     def __rich__(self) -> Any:
-        from rich.text import Text
+        from rich.text import Text  # lazy: startup
 
         return Text(self.display.line())  # plain text: no markup, no highlighting
 

@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     require("exporter", Extra.EXPORTER)  # a missing extra: one clear line, not an ImportError
     # imported here, not at the top: only once the extra is known to be there
-    from ..exporter.collector import registry_for
-    from ..exporter.server import MetricsServer, format_address, parse_listen
+    from ..exporter.collector import registry_for  # lazy: startup
+    from ..exporter.server import MetricsServer, format_address, parse_listen  # lazy: startup
 
     address = parse_listen(args.listen, allow_remote=args.allow_remote)  # bad input: before anything opens
     backend = backend_for(args)

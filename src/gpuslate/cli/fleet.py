@@ -12,12 +12,14 @@ a summary. This module stays light to import: the heavy parts load on use.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
-from ..errors import UsageError
-from .exits import exit_code_of
+from ..errors import Interrupted, UsageError
+from .common import print_json
+from .exits import exit_code_of, fleet_exit_code
 
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult, HostOutcome
@@ -161,8 +163,6 @@ class Progress:
 
 def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:
     """``gpuslate COMMAND`` (``argv``, already checked into ``args``) on every selected host."""
-    from .exits import fleet_exit_code
-
     if getattr(args, "watch", None) or getattr(args, "follow", False):
         raise UsageError(f"{command} --{'watch' if command == 'status' else 'follow'} does not work with "
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")
@@ -189,11 +189,9 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     finally:
         progress.close()
     if args.json:
-        from .common import print_json
-
         print_json(result.to_json(exit_code_of))
     else:
-        from .render_fleet import print_fleet
+        from .render_fleet import print_fleet  # lazy: startup
 
         print_fleet(result, command)
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
@@ -205,9 +203,9 @@ Fan = Callable[["list[HostSpec]", "list[str]", Progress], "FleetResult"]
 
 def _over_ssh(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:
     """The selected hosts, and how to run a command on them over ssh (in parallel, one by one)."""
-    from ..remote.fleet import run_parallel, run_sequential
-    from ..remote.hosts import select_hosts
-    from ..remote.ssh import SshOptions
+    from ..remote.fleet import run_parallel, run_sequential  # lazy: startup
+    from ..remote.hosts import select_hosts  # lazy: startup
+    from ..remote.ssh import SshOptions  # lazy: startup
 
     inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
     hosts = select_hosts(fleet.hosts, inventory, fleet.group)
@@ -225,10 +223,10 @@ def _over_ssh(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec
 
 def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[HostSpec], Fan, Fan]:
     """The selected hosts, and ``install`` on them (see :mod:`.install`): run here, pushed over ssh."""
-    from ..remote.fleet import run_parallel
-    from ..remote.hosts import select_hosts
-    from ..remote.ssh import SshOptions
-    from .install import host_runner
+    from ..remote.fleet import run_parallel  # lazy: startup
+    from ..remote.hosts import select_hosts  # lazy: startup
+    from ..remote.ssh import SshOptions  # lazy: startup
+    from .install import host_runner  # lazy: startup
 
     inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
     hosts = select_hosts(fleet.hosts, inventory, fleet.group)
@@ -243,12 +241,10 @@ def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[
 
 def _over_srun(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:
     """The nodes of the current Slurm allocation, and how to run a command on them through srun."""
-    import os
-
-    from ..remote.fleet import run_sequential
-    from ..remote.hosts import HostSpec
-    from ..remote.srun import allocation_from_env, run_allocation
-    from ..remote.ssh import SshOptions
+    from ..remote.fleet import run_sequential  # lazy: startup
+    from ..remote.hosts import HostSpec  # lazy: startup
+    from ..remote.srun import allocation_from_env, run_allocation  # lazy: startup
+    from ..remote.ssh import SshOptions  # lazy: startup
 
     if text:
         raise UsageError(f"{command} prints text, not a document: with --slurm, run it through srun yourself")
@@ -279,9 +275,8 @@ def _read_inventory(path: str) -> str:
 
 def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progress: Progress) -> FleetResult:
     """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
-    from ..errors import Interrupted
-    from ..remote.fleet import FleetResult
-    from .render_fleet import print_plans
+    from ..remote.fleet import FleetResult  # lazy: startup
+    from .render_fleet import print_plans  # lazy: startup
 
     cut = words.index("--json")
     plans = fan(hosts, [*words[:cut], "--dry-run", *words[cut:]], progress)

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Without --host: ``--out FILE`` writes the zipapp here."""
-    from ..remote.zipapp import build, write_local
+    from ..remote.zipapp import build, write_local  # lazy: startup
 
     if not args.out:
         raise UsageError("install copies gpuslate to remote hosts: give --host HOST (or --out FILE to write "
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 def host_runner(args: argparse.Namespace, opts: SshOptions
                 ) -> tuple[list[str], Callable[[HostSpec, Sequence[str]], HostOutcome]]:
     """(the words shown as the fleet's command, how to install on one host): the zipapp is built once, here."""
-    from ..remote.fleet import HostOutcome
-    from ..remote.zipapp import build, check_prefix, install_on_host
+    from ..remote.fleet import HostOutcome  # lazy: startup
+    from ..remote.zipapp import build, check_prefix, install_on_host  # lazy: startup
 
     if args.out:
         raise UsageError("--out writes the zipapp here: give it without --host")

@@ -34,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import Unit, store
-    from ..units.logfile import follow, tail_at
+    from ..units import Unit, store  # lazy: startup
+    from ..units.logfile import follow, tail_at  # lazy: startup
 
     unit = Unit.load(args.name)
     if unit is None:

@@ -8,10 +8,11 @@ import os
 import sys
 from typing import Sequence
 
+from .. import __version__
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
 from . import fleet as fleet_cli
-from ..errors import UsageError
+from ..errors import GpuslateError, UsageError
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
@@ -70,8 +71,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                             5: "permission denied, or an unsafe state folder", 6: "a managed server failed",
                             7: "partial: some targets failed"}) + " Each command's --help lists its own.",
     )
-    from .. import __version__
-
     parser.add_argument("--version", action="version", version=f"gpuslate {__version__}")
     add_common(parser, top=True)
     fleet_cli.add_fleet_help(parser)
@@ -111,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
-            import traceback
+            import traceback  # lazy: startup
 
             traceback.print_exc()
         print_error(exc, status, args.json)
@@ -122,11 +121,9 @@ def _use_sim(args: argparse.Namespace) -> None:
     """``--sim DIR``: checked first (exit 3 for no simulated host, whatever the
     command), then one simulated host for the whole run: the backend, the lock,
     the state folder (audit log, units) and the servers ``up`` starts follow it."""
-    import os
-
     if not getattr(args, "sim", None) or getattr(args, "sim_command", None) == "init":
         return
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost  # lazy: startup
 
     root = os.path.abspath(args.sim)
     SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none
@@ -134,8 +131,6 @@ def _use_sim(args: argparse.Namespace) -> None:
 
 
 def _is_gpuslate_error(exc: BaseException) -> bool:
-    from ..errors import GpuslateError
-
     return isinstance(exc, GpuslateError)
 
 

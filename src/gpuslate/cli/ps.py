@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .._parse import format_size
+from .._time import format_duration
 from .common import add_common, print_json
 from .exits import exit_epilog
 
@@ -19,21 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-
-
 def run(args: argparse.Namespace) -> int:
-    from .._parse import format_size
-    from ..api import Host
-    from .render import safe
-    from .up import gpu_text
+    from .._parse import format_size  # lazy: startup
+    from ..api import Host  # lazy: startup
+    from .render import safe  # lazy: startup
+    from .up import gpu_text  # lazy: startup
 
     with Host.open(getattr(args, "sim", None)) as host:
         result = host.ps()
@@ -48,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     for u in result.units:
         r = u.record
         ttr = r.time_to_ready_s if r is not None else None
-        rows.append((u.unit.name, u.state.value, str(u.pid or "-"), _duration(u.uptime_s),
+        rows.append((u.unit.name, u.state.value, str(u.pid or "-"), format_duration(u.uptime_s),
                      str((r.port if r else None) or "-"), gpu_text(u.unit.gpus),
                      format_size(u.gpu_memory) if u.gpu_memory is not None else "-",
                      f"{ttr:.2f}s" if ttr is not None else "-"))

@@ -26,7 +26,7 @@ PIPE_WIDTH = 1000
 def console(file: IO[str] | None = None) -> Any:
     """A rich console. On a terminal, its width; piped, :data:`PIPE_WIDTH` so that no
     column is cut (use :func:`emit` to print without the padding that width brings)."""
-    from rich.console import Console
+    from rich.console import Console  # lazy: startup
 
     out = file or sys.stdout
     return Console(file=out, highlight=False, width=None if out.isatty() else PIPE_WIDTH)
@@ -50,7 +50,7 @@ def emit(*renderables: Any, file: IO[str] | None = None) -> None:
 
 def cell(text: object) -> str:
     """A table cell from process data: escaped for the terminal and for rich markup."""
-    from rich.markup import escape
+    from rich.markup import escape  # lazy: startup
 
     return escape(safe(text))
 
@@ -58,14 +58,14 @@ def cell(text: object) -> str:
 def one_line(text: str | None, limit: int = 100) -> str:
     """Commands can hold newlines (python -c) and run long: a table row shows
     one line, cut with an ellipsis (``--json`` has the whole command); as rich markup."""
-    from rich.markup import escape
+    from rich.markup import escape  # lazy: startup
 
     return escape(cut(clean(text), limit))
 
 
 def fitted_cell(markup: str) -> Any:
     """A cell that is cut (``…``), never wrapped, when its column must shrink."""
-    from rich.text import Text
+    from rich.text import Text  # lazy: startup
 
     text = Text.from_markup(markup, overflow="ellipsis")
     text.no_wrap = True
@@ -75,7 +75,7 @@ def fitted_cell(markup: str) -> Any:
 def process_table(columns: tuple[tuple[str, str], ...]) -> Any:
     """A table of processes that fits the terminal by cutting the Command column
     first: numbers, users and GPUs stay whole at 80 columns."""
-    from rich.table import Table
+    from rich.table import Table  # lazy: startup
 
     t = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for name, just in columns:

@@ -35,9 +35,9 @@ def _accept(lv: LevelResult) -> str:
 
 
 def print_bench(result: BenchResult) -> None:
-    from rich.markup import escape
-    from rich.measure import Measurement
-    from rich.table import Table
+    from rich.markup import escape  # lazy: startup
+    from rich.measure import Measurement  # lazy: startup
+    from rich.table import Table  # lazy: startup
 
     con = console()
     server = result.server

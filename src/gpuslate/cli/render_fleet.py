@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 
 from .._parse import format_size
+from .._time import format_duration
 from ..remote.fleet import FleetResult, HostOutcome
 from .exits import exit_code_of
 from .render import console, one_line
@@ -32,8 +33,8 @@ def render_document(doc: dict[str, Any], label: str) -> None:
 
 
 def _status(doc: dict[str, Any], label: str) -> None:
-    from ..remote.documents import snapshot
-    from .render_status import print_status
+    from ..remote.documents import snapshot  # lazy: startup
+    from .render_status import print_status  # lazy: startup
 
     snap = snapshot(doc)
     # the heading names the host as it was asked for; nvidia-smi documents say so
@@ -44,35 +45,34 @@ def _status(doc: dict[str, Any], label: str) -> None:
 
 
 def _clear(doc: dict[str, Any], label: str) -> None:
-    from ..remote.documents import clear_result
-    from .render_clear import print_clear
+    from ..remote.documents import clear_result  # lazy: startup
+    from .render_clear import print_clear  # lazy: startup
 
     print_clear(clear_result(doc))
 
 
 def _wait(doc: dict[str, Any], label: str) -> None:
-    from ..remote.documents import diagnosis
-    from .clear import print_wait
+    from ..remote.documents import diagnosis  # lazy: startup
+    from .clear import print_wait  # lazy: startup
 
     print_wait(bool(doc.get("ok")), doc.get("gpus") or [], float(doc.get("elapsed_s") or 0),
                [diagnosis(d) for d in doc.get("diagnosis") or []])
 
 
 def _log(doc: dict[str, Any], label: str) -> None:
-    from .audit import print_log
+    from .audit import print_log  # lazy: startup
 
     print_log(list(doc.get("entries") or []), str(doc.get("path") or "?"))
 
 
 def _ps(doc: dict[str, Any], label: str) -> None:
-    from .ps import _duration
-    from .up import gpu_text
+    from .up import gpu_text  # lazy: startup
 
     units = doc.get("units") or []
     if not units:
         console().print("No units.")
         return
-    from rich.table import Table
+    from rich.table import Table  # lazy: startup
 
     t = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("NAME", "STATE", "PID", "UPTIME", "PORT", "GPUS", "GPU MEMORY", "READY IN"):
@@ -80,7 +80,7 @@ def _ps(doc: dict[str, Any], label: str) -> None:
     for u in units:
         ttr = u.get("time_to_ready_s")
         t.add_row(_t(u.get("name")), _t(u.get("state")), str(u.get("pid")),
-                  _duration(u.get("uptime_s")), str(u.get("port") or "-"), gpu_text(u.get("gpus") or []),
+                  format_duration(u.get("uptime_s")), str(u.get("port") or "-"), gpu_text(u.get("gpus") or []),
                   format_size(u["gpu_memory"]) if u.get("gpu_memory") is not None else "-",
                   f"{ttr:.2f}s" if isinstance(ttr, (int, float)) else "-")
     console().print(t)
@@ -88,7 +88,7 @@ def _ps(doc: dict[str, Any], label: str) -> None:
 
 def _up(doc: dict[str, Any], label: str) -> None:
     """The lines of a local ``up`` (cli/up.py print_up / report_failure), from the document."""
-    from .up import gpu_text
+    from .up import gpu_text  # lazy: startup
 
     c = console()
     name = _t(doc.get("name"))
@@ -137,7 +137,7 @@ def _down(doc: dict[str, Any], label: str) -> None:
 
 def _swap(doc: dict[str, Any], label: str) -> None:
     """The lines of a local ``swap`` (cli/swap.py), from the document."""
-    from .swap import _LABELS
+    from .swap import PHASE_LABELS  # lazy: startup
 
     if isinstance(doc.get("down"), dict):
         _down(doc["down"], label)
@@ -149,7 +149,7 @@ def _swap(doc: dict[str, Any], label: str) -> None:
     c = console()
     phases = doc.get("phases") or {}
     old, new = _t(doc.get("old")), _t(doc.get("new"))
-    for key, text in _LABELS:
+    for key, text in PHASE_LABELS:
         if isinstance(phases.get(key), (int, float)):
             c.print(f"  {text.format(old=old, new=new):<28} {phases[key]:8.3f} s")
     overhead = doc.get("overhead_s")
@@ -191,8 +191,8 @@ _RENDERERS: dict[str, Callable[[dict[str, Any], str], None]] = {
 
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
-    from ..remote.documents import clear_result
-    from .render_clear import print_plan
+    from ..remote.documents import clear_result  # lazy: startup
+    from .render_clear import print_plan  # lazy: startup
 
     c = console(sys.stderr)
     n = 0
@@ -227,7 +227,7 @@ def print_fleet(result: FleetResult, command: str) -> None:
             render_document(o.result, o.host.label)
         _error(c, o)
     if len(result.hosts) > 1 or any(not o.ok for o in result.hosts):
-        from rich.table import Table
+        from rich.table import Table  # lazy: startup
 
         t = Table(box=None, pad_edge=False, header_style="bold", title_justify="left")
         for col in ("HOST", "RESULT", "EXIT", "TIME", "DETAIL"):

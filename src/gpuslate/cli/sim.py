@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._parse import format_gpu_list
+from .._parse import format_gpu_list, format_size, parse_gpu_list
 from ..errors import UsageError
 from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
@@ -107,7 +107,7 @@ def _no_subcommand(args: argparse.Namespace) -> int:
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
     add_common(serve)
-    from ..sim.serverconfig import add_arguments
+    from ..sim.serverconfig import add_arguments  # lazy: startup
 
     add_arguments(serve)
     serve.add_argument("--gpus", type=gpu_list, metavar="LIST",
@@ -122,7 +122,7 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
 
 
 def _host(args: argparse.Namespace):  # -> SimHost
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost  # lazy: startup
 
     root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
     if not root:
@@ -134,7 +134,7 @@ def _host(args: argparse.Namespace):  # -> SimHost
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from ..sim.host import SimHost
+    from ..gpu.sim.host import SimHost  # lazy: startup
 
     # one meaning: the folder is DIR; a --sim naming another one is a mistake, not a second target
     if getattr(args, "sim", None) and os.path.abspath(args.sim) != os.path.abspath(args.dir):
@@ -148,8 +148,7 @@ def run_init(args: argparse.Namespace) -> int:
                     "memory": cfg["memory"], "reserved": cfg["reserved"], "name": cfg["name"],
                     "release_delay": cfg["release_delay"], "memory_api": cfg["memory_api"]})
     else:
-        from .._parse import format_size
-        from .render import safe
+        from .render import safe  # lazy: startup
 
         print(f"Simulated host at {host.root}: {cfg['gpus']} × {safe(cfg['name'])} "
               f"({format_size(cfg['memory'])}, NVML memory API {cfg['memory_api']}), "
@@ -159,7 +158,7 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_hold(args: argparse.Namespace) -> int:
-    from ..sim.holder import full_titles, hold
+    from ..gpu.sim.holder import full_titles, hold  # lazy: startup
 
     host = _host(args)
     if args.title and not full_titles():
@@ -183,10 +182,10 @@ def run_leak(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import signal
+    import signal  # lazy: startup
 
     require("sim serve", Extra.BENCH)  # the HTTP server is aiohttp's
-    from ..sim.server import config_from_args, run_server
+    from ..sim.server import config_from_args, run_server  # lazy: startup
 
     try:
         config = config_from_args(args)
@@ -200,8 +199,7 @@ def run_serve(args: argparse.Namespace) -> int:
             if args.workers:
                 raise UsageError("--workers needs a simulated host: pass --sim DIR or set GPUSLATE_SIM")
             return []
-        from .._parse import parse_gpu_list
-        from ..sim.holder import start_workers
+        from ..gpu.sim.holder import start_workers  # lazy: startup
 
         host = _host(args)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_hook(args: argparse.Namespace) -> int:
-    from ..slurm.hooks import HookStatus, epilog, prolog
-    from ..slurm.job import job_from_env
+    from ..slurm.hooks import HookStatus, epilog, prolog  # lazy: startup
+    from ..slurm.job import job_from_env  # lazy: startup
 
     job = job_from_env(os.environ)  # a bad environment: UsageError before anything is opened
     if args.slurm_command == "epilog":
@@ -79,7 +79,7 @@ def run_hook(args: argparse.Namespace) -> int:
 
 
 def _print(result: HookResult) -> None:
-    from ..slurm.hooks import HookStatus
+    from ..slurm.hooks import HookStatus  # lazy: startup
 
     job = result.job
     head = f"slurm {result.hook.value}: job {job.job_id} on {clean(job.node)}"
@@ -93,7 +93,7 @@ def _print(result: HookResult) -> None:
     if result.status == HookStatus.CLEAN:
         print(f"{head}: {gpus} free after {result.timings.get('total_s', 0.0):.3f} s")
         return
-    from .render_clear import print_diagnosis
+    from .render_clear import print_diagnosis  # lazy: startup
 
     print(f"{head}: {gpus} not free after {result.timings.get('total_s', 0.0):.1f} s:")
     print_diagnosis(result.diagnosis)

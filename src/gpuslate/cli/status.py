@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import Host
+    from ..api import Host  # lazy: startup
 
     host = Host.open(getattr(args, "sim", None))
     if args.watch:
@@ -38,23 +40,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(snap.to_json())
     else:
-        from .render_status import print_status
+        from .render_status import print_status  # lazy: startup
 
         print_status(snap)
     return 0
 
 
 def _watch(args: argparse.Namespace, host: Host) -> int:
-    import json
-    import sys
-
     try:
         if args.json:
             while True:
                 sys.stdout.write(json.dumps(host.status(args.gpus).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)
-        from .render_status import print_status
+        from .render_status import print_status  # lazy: startup
 
         while True:
             print_status(host.status(args.gpus), redraw=True)

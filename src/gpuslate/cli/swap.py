@@ -6,14 +6,15 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from .._parse import format_size
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
-from .up import unit_name
+from .up import print_up, report_failure, unit_name, up_status
 
 if TYPE_CHECKING:
     from ..units.swap import SwapResult
 
-_LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
+PHASE_LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
            ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
            ("preflight_new_s", "pre-flight {new}"),
            ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
@@ -40,11 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import Host
-    from ..units import SwapOptions
-    from ..units.interrupts import stop_signals_interrupt
-    from .down import down_status, print_down
-    from .up import print_up, report_failure, up_status
+    from ..api import Host  # lazy: startup
+    from ..units import SwapOptions  # lazy: startup
+    from ..units.interrupts import stop_signals_interrupt  # lazy: startup
+    from .down import down_status, print_down  # lazy: startup
+    from .up import print_up, report_failure, up_status  # lazy: startup
 
     opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch)
     # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         if result.rollback is not None and result.rollback.ok:
             print(f"Rolled back: {args.old} is serving again.")
             print_up(result.rollback)
-        for key, label in _LABELS:
+        for key, label in PHASE_LABELS:
             if key in result.phases:
                 print(f"  {label.format(old=args.old, new=args.new):<28} {result.phases[key]:8.3f} s")
         print(f"  {'total':<28} {result.total_s:8.3f} s" +
@@ -87,8 +88,6 @@ _DOWNTIME_LABELS = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPU
 
 
 def print_prefetch(result: SwapResult) -> None:
-    from .._parse import format_size
-
     pf = result.prefetch
     if pf is None:
         return

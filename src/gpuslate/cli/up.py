@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def unit_name(text: str) -> str:
     """The argparse type of every unit name (``up``/``down``/``logs`` NAME, ``swap`` OLD and NEW):
     the one :class:`~gpuslate.units.names.UnitName` type, so a bad name is exit 2 before anything."""
-    from ..units.names import UnitName  # here, not at the top: the units package is heavy to import
+    from ..units.names import UnitName  # lazy: startup; here, not at the top: the units package is heavy to import
 
     try:
         return UnitName(text)
@@ -117,7 +117,7 @@ def report_failure(result: Any) -> None:
     """The log tail and one error line on stderr (with --json too: stdout stays the document).
 
     The tail is the server's own output, shown as it wrote it (like ``logs``)."""
-    from .render import safe
+    from .render import safe  # lazy: startup
 
     r = result.record
     if result.log_tail:
@@ -143,9 +143,9 @@ def print_up(result: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..api import Host
-    from ..units import Unit, UpOptions, resolve
-    from ..units.interrupts import stop_signals_interrupt
+    from ..api import Host  # lazy: startup
+    from ..units import Unit, UpOptions, resolve  # lazy: startup
+    from ..units.interrupts import stop_signals_interrupt  # lazy: startup
 
     command = list(args.command)
     prev = Unit.load(args.name)

@@ -20,9 +20,9 @@ def open_backend(sim: str | os.PathLike[str] | None = None) -> GpuBackend:
     """
     root = sim if sim is not None else sim_root_from_env()
     if root:
-        from .sim import SimBackend
+        from .sim import SimBackend  # lazy: startup
 
         return SimBackend(root)
-    from .nvml import open_nvml
+    from .nvml import open_nvml  # lazy: startup
 
     return open_nvml()

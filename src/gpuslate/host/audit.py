@@ -121,7 +121,7 @@ class AuditLog:
         return self._dir
 
     def _append(self, make: Callable[[str], list[dict[str, Any]]], *, durable: bool) -> None:
-        from .._time import iso_time
+        from .._time import iso_time  # lazy: startup
 
         hint = "no signal was sent" if durable else None
         try:
@@ -159,14 +159,14 @@ class AuditLog:
 
     def _hostname(self) -> str:
         if self._host is None:
-            import socket  # only when writing: keeps CLI start-up light
+            import socket  # lazy: startup; only when writing: keeps CLI start-up light
 
             self._host = socket.gethostname()
         return self._host
 
     def _actor_info(self) -> dict[str, Any]:
         if self._actor is None:
-            from ..proc.procfs import user_name
+            from ..proc.procfs import user_name  # lazy: startup
 
             uid = os.getuid()
             self._actor = {
@@ -195,7 +195,7 @@ class AuditLog:
             return []
         since_iso: str | None = None
         if since is not None:
-            from .._time import iso_time
+            from .._time import iso_time  # lazy: startup
 
             since_iso = iso_time(since)
         try:

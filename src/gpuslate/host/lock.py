@@ -60,7 +60,7 @@ def default_lock_dir(sim_root: str | None) -> Path:
             return SYSTEM_LOCK_DIR
     except PermissionDenied:
         pass  # e.g. /run/lock is root-only on this distribution
-    import tempfile  # only for this fallback: it is slow to import
+    import tempfile  # lazy: startup; only for this fallback: it is slow to import
 
     path = Path(tempfile.gettempdir()) / TEMP_LOCK_DIR_NAME
     _make_dir(path, shared=True)
@@ -217,8 +217,8 @@ class HostLock:
         return _read_holder_in(self._dir, self.holder_path.name)
 
     def _write_holder(self) -> None:
-        from ..proc.procfs import identity, user_name
-        from .._time import iso_time
+        from ..proc.procfs import identity, user_name  # lazy: startup
+        from .._time import iso_time  # lazy: startup
 
         pid = os.getpid()
         ident = identity(pid)
@@ -254,7 +254,7 @@ def _kernel_holder(fd: int) -> dict[str, Any] | None:
     is gone. The line to match: ``N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE 0 EOF``
     (device numbers in hex); ``->`` lines are waiters, not holders.
     """
-    from ..proc.procfs import read_info
+    from ..proc.procfs import read_info  # lazy: startup
 
     try:
         st = os.fstat(fd)
@@ -306,7 +306,7 @@ def _read_holder_in(folder: StateDir, name: str) -> dict[str, Any]:
 
 
 def _alive(pid: int, start_ticks: object) -> bool:
-    from ..proc.procfs import read_stat
+    from ..proc.procfs import read_stat  # lazy: startup
 
     if pid <= 0:
         return False

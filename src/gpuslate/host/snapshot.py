@@ -8,6 +8,7 @@ hold a device file open: monitors, the persistence daemon, MPS control).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -171,8 +172,6 @@ def resolve_gpus(backend: GpuBackend, gpus: Sequence[int] | None) -> list[int]:
 
 def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, full: bool = True) -> Snapshot:
     """Read the selected GPUs and every process that holds them."""
-    import threading
-
     taken_at = time.time()
     indices = resolve_gpus(backend, gpus)
     # The /proc scan runs while the driver answers: NVML calls release the GIL

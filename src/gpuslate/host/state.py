@@ -342,7 +342,7 @@ def _hint(trust: Trust) -> str:
 
 def open_state_dir(sim_root: str | os.PathLike[str] | None = None) -> StateDir:
     """The state folder (see :func:`state_dir` for where), created 0700 when missing, held open."""
-    return open_dir(_configured_dir(sim_root), create=True)
+    return open_dir(configured_dir(sim_root), create=True)
 
 
 def state_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
@@ -383,7 +383,9 @@ def write_state_file(path: Path, data: bytes) -> None:
         d.write_atomic(path.name, data)
 
 
-def _configured_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
+def configured_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
+    """Where the state folder is, not yet opened or checked: ``$GPUSLATE_STATE_DIR``, else the
+    simulated host's ``state/`` (``sim_root`` or ``$GPUSLATE_SIM``), else the XDG state folder."""
     env = os.environ.get("GPUSLATE_STATE_DIR")
     if env:
         return Path(env).expanduser()

@@ -14,13 +14,33 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import PermissionDenied
-from ..host.audit import AuditLog
 from .procfs import ProcessId
-from .signals import (DELIVERED, NOT_RUNNING, PERMISSION_DENIED, PID_REUSED, ExitWatch, is_gone, reap_if_child,
-                      send_signal)
+from .signals import (
+    DELIVERED,
+    NOT_RUNNING,
+    PERMISSION_DENIED,
+    PID_REUSED,
+    ExitWatch,
+    is_gone,
+    reap_if_child,
+    send_signal,
+)
+
+
+class SignalAudit(Protocol):
+    """Where every signal is written before it is sent: :class:`gpuslate.host.audit.AuditLog`.
+
+    A protocol rather than an import, so that ``proc/`` (processes and signals)
+    stays below ``host/`` (which builds on it) and the packages form no loop."""
+
+    def before_signals(self, *, run_id: str, action: str, signal: str, targets: list[dict[str, Any]],
+                       reason: str | None = None) -> list[str]: ...
+
+    def outcomes(self, results: list[tuple[str, str, str | None]]) -> None: ...
 
 
 class Victim(NamedTuple):
@@ -112,7 +132,7 @@ class Poller:
 
 def terminate(
     victims: list[Victim], *, grace: float, kill_wait: float, action: str, run_id: str,
-    audit: AuditLog | None, on_event: Callable[[str], None] | None = None,
+    audit: SignalAudit | None, on_event: Callable[[str], None] | None = None,
     clock_start: float | None = None, discover: Callable[[list[Victim]], list[Victim]] | None = None,
     discover_every: float = 0.05, gate: Gate | None = None,
 ) -> list[VictimResult]:

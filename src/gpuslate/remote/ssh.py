@@ -22,7 +22,7 @@ from typing import NamedTuple, Sequence
 
 from ..errors import (GpuslateError, GpuslateMissing, HostAuthRefused, HostKeyChanged, HostTimedOut,
                       HostUnreachable, PermissionDenied)
-from ..host.state import _configured_dir
+from ..host.state import configured_dir
 from .hosts import HostSpec
 
 #: how long an idle shared connection stays open after the last command
@@ -69,7 +69,7 @@ def control_dir() -> Path:
     if runtime and os.path.isabs(runtime):
         candidates.append(Path(runtime) / "gpuslate-ssh")
     try:
-        candidates.append(_configured_dir() / "ssh")
+        candidates.append(configured_dir() / "ssh")
     except GpuslateError:
         pass
     candidates.append(Path(f"/tmp/gpuslate-ssh-{os.geteuid()}"))

@@ -132,8 +132,8 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
                 break
             # imported here, not at the top, for the clean path's start-up time: only a job that
             # left a GPU holder needs clear's planner
-            from ..slate.clear import ClearOptions, clear
-            from ..slate.plan import Selection
+            from ..slate.clear import ClearOptions, clear  # lazy: startup
+            from ..slate.plan import Selection  # lazy: startup
 
             gate = _Gate(job)
             try:

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
 
+from .._parse import format_size
 from .._time import iso_time
 
 #: options whose value names the model (SGLang, vLLM, TGI, llama.cpp-style servers)
@@ -144,8 +145,6 @@ def mem_available() -> int | None:
 
 def decide(paths: list[str], files: list[tuple[str, int]], available: int | None) -> PrefetchPlan:
     """Prefetch only what fits in the page cache as a whole (a partial prefetch evicts itself)."""
-    from .._parse import format_size
-
     total = sum(size for _, size in files)
     if not files:
         return PrefetchPlan(paths, files, total, available, False, None)

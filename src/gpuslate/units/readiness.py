@@ -20,14 +20,14 @@ import socket
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .spec import UnitSpec
 
 
 def http(method: str, url: str, *, body: dict[str, Any] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
     """One HTTP request; raises OSError when nothing answers."""
-    import http.client
-    from urllib.parse import urlsplit
+    import http.client  # lazy: startup
 
     u = urlsplit(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection

@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Literal, NamedTuple
 
+from .._parse import format_size
 from .._time import iso_time
 from ..errors import UsageError
 from . import store
@@ -192,8 +193,6 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
 
 def _start_prefetch(spec: UnitSpec, memory: int | None, note: Callable[[str], None]) -> Prefetch | None:
     """Plan NEW's prefetch and start reading; ``None`` when there is nothing to read."""
-    from .._parse import format_size
-
     plan = plan_prefetch(spec.command, spec.prefetch, cwd=spec.cwd, available=memory)
     if not plan.files:
         return None

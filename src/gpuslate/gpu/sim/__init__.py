@@ -1,10 +1,18 @@
-"""The simulated backend: GPUs of a :class:`~gpuslate.sim.host.SimHost` folder.
+"""Simulated GPUs: the ``sim`` backend (:class:`SimBackend`, here) and the host folder it reads.
 
-Everything above this module (discovery, termination, verification) runs for
+A simulated GPU host is a GPU backend like NVML, so it lives beside the NVML
+backend, below everything that discovers, terminates and verifies
+(``proc/`` is all it uses): :mod:`.host` is the folder (``gpuslate sim init``),
+:mod:`.records` the simulated driver's bookkeeping, :mod:`.holder` the real
+processes that hold its memory (``gpuslate sim hold``). The simulated
+*inference server* (``gpuslate sim serve``) is a client of GPUs, not a GPU,
+and lives above in :mod:`gpuslate.sim`.
+
+Everything above this package (discovery, termination, verification) runs for
 real against it: memory is held by real processes and their device files are
-found by the same fd scan as real ``/dev/nvidia*`` files. Like NVML, it
-reports host pids, from the processes that hold the memory (see
-:mod:`gpuslate.sim.records`), and a record it cannot read makes that GPU's
+found by the same fd scan as real ``/dev/nvidia*`` files. Like NVML, the
+backend reports host pids, from the processes that hold the memory (see
+:mod:`gpuslate.gpu.sim.records`), and a record it cannot read makes that GPU's
 reading an error, never clean.
 """
 
@@ -12,10 +20,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from ..sim.host import SimHost
-from .types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
+from ..types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
+from .host import SimHost
 
 
 class SimBackend:

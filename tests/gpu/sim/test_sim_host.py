@@ -22,7 +22,7 @@ from typing import Iterator
 
 import pytest
 
-from gpuslate.sim.host import SimHost
+from gpuslate.gpu.sim.host import SimHost
 from helpers import SRC, GiB, gpuslate_env, is_gone, throwaway_user, wait_for
 
 USER = "gpuslate-simhost"
@@ -134,8 +134,8 @@ def test_namespaced_workers_are_reported_by_their_host_pids(host, own_proc):
 
 LIAR = textwrap.dedent("""
     import os, sys, time
-    from gpuslate.sim.host import SimHost
-    from gpuslate.sim.records import Claim, create_record
+    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.sim.records import Claim, create_record
     host = SimHost(sys.argv[1])
     claim = Claim(0, 1, 0, 3 << 30, "compute")  # says: PID 1 holds 3 GiB
     if sys.argv[2] == "device":
@@ -168,7 +168,7 @@ def test_a_records_claimed_pid_is_never_reported(host, holds_device):
 FORKER = textwrap.dedent("""
     import os, sys, time
     from gpuslate.proc.procfs import identity
-    from gpuslate.sim.host import SimHost
+    from gpuslate.gpu.sim.host import SimHost
     host = SimHost(sys.argv[1])
     dev = os.open(host.device_path(0), os.O_RDONLY)
     host.add_record(0, identity(os.getpid()), 2 << 30)

@@ -47,11 +47,12 @@ import fcntl
 import json
 import os
 import stat
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
-from ..gpu.types import PROCESS_KINDS
-from ..proc.fdscan import FdScan
-from ..proc.procfs import PROC
+from ...proc.fdscan import FdScan
+from ...proc.procfs import PROC
+from ..types import PROCESS_KINDS
 
 #: a record is a few dozen bytes; anything larger is not one
 MAX_RECORD_BYTES = 4096

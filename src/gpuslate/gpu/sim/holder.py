@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import IO, NamedTuple, NoReturn
 
-from ..errors import ServerFailed, UsageError
+from ...errors import ServerFailed, UsageError
 from .host import SimHost
 
 
@@ -30,11 +30,11 @@ def set_title(title: str) -> None:
     """Set the process title the way model servers do (cmdline and comm); without setproctitle,
     the kernel's process name only (15 characters; see :func:`full_titles`)."""
     try:
-        import setproctitle
+        import setproctitle  # lazy: optional
 
         setproctitle.setproctitle(title)
     except ImportError:  # fall back to the kernel name only (15 characters)
-        import ctypes
+        import ctypes  # lazy: optional
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
@@ -70,7 +70,7 @@ def shown_pid() -> int:
     """This process's pid as its /proc shows it (``/proc/self``): what ``ps`` and
     tools reading that /proc see. The host's pid unless a PID namespace mounted its
     own /proc; only for telling people, never for the simulated driver's accounting,
-    which finds holders from the reader's side (see :mod:`gpuslate.sim.records`)."""
+    which finds holders from the reader's side (see :mod:`gpuslate.gpu.sim.records`)."""
     try:
         return int(os.readlink("/proc/self"))
     except (OSError, ValueError):
@@ -235,7 +235,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
         os.close(w)
         started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file
         os.close(go)
-    except BaseException as exc:  # report, never fall back into the launcher's stack
+    except BaseException as exc:  # noqa: BLE001 - report, never fall back into the launcher's stack
         try:
             os.write(w, f"error {' '.join(str(exc).split())}\n".encode())
         finally:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.proc.fdscan import FdScan
-from gpuslate.sim.records import (START_SLACK, Claim, LockFact, RecordFile, lock_owners, owner_of,
+from gpuslate.gpu.sim.records import (START_SLACK, Claim, LockFact, RecordFile, lock_owners, owner_of,
                                   parse_claim, read_record)
 
 REC = "/sim/alloc/g0.x.json"
@@ -68,7 +68,7 @@ def test_parse_claim_never_raises_and_accepts_only_valid_records(data):
 
 def test_a_record_is_live_exactly_while_its_holder_keeps_it(tmp_path):
     """The flock of create_record is what read_record sees, from another process; /proc/locks names it."""
-    code = ("import sys; from gpuslate.sim.records import Claim, create_record;"
+    code = ("import sys; from gpuslate.gpu.sim.records import Claim, create_record;"
             "fd = create_record(sys.argv[1], 'g0.t.json', Claim(0, 99, 0, 5, 'compute'));"
             "print('ready', flush=True); sys.stdin.read()")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

@@ -15,12 +15,12 @@ Layout of ``DIR``::
                         open and flock'ed by its holder; or per leaked context
     alloc/*.dead        when a holder was first seen dead (driver teardown start)
 
-Memory is held by real processes (see :mod:`gpuslate.sim.holder`): a record
+Memory is held by real processes (see :mod:`gpuslate.gpu.sim.holder`): a record
 counts while its holder keeps it open, and for ``release_delay`` seconds after
 it was first seen dead, like a driver tearing down a context; never instantly.
 Like a driver, the host refuses memory beyond a GPU's total (an out-of-memory
 error), and names each record's owner by its host pid, found from the host's
-/proc and never from what the holder says (:mod:`gpuslate.sim.records`).
+/proc and never from what the holder says (:mod:`gpuslate.gpu.sim.records`).
 Reading never fails on another user's records: one that cannot be read makes
 its GPU's memory unknown, never free.
 """
@@ -34,16 +34,28 @@ import os
 import stat
 import time
 import uuid as uuidlib
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
-from .._parse import format_size
-from ..errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
-from ..proc.fdscan import FdScan, scan_device_holders
-from ..proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
-from .records import (SUFFIX, Claim, LockFact, Owner, RecordFile, create_record, fd_targets, gpu_of_name, lock_owners,
-                      owner_of, read_record)
+from ..._parse import format_size
+from ...errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
+from ...proc.fdscan import FdScan, scan_device_holders
+from ...proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
+from .records import (
+    SUFFIX,
+    Claim,
+    LockFact,
+    Owner,
+    RecordFile,
+    create_record,
+    fd_targets,
+    gpu_of_name,
+    lock_owners,
+    owner_of,
+    read_record,
+)
 
 SCHEMA = "gpuslate.simhost.v1"
 DEFAULT_NAME = "NVIDIA RTX PRO 6000 Blackwell"
@@ -62,7 +74,7 @@ MAX_RECORDS = 64 * 256
 
 class AllocRecord(NamedTuple):
     """A record as the simulated driver accounts for it: ``pid`` and ``start_ticks``
-    name its owner as the host sees it (see :mod:`gpuslate.sim.records`), ``None``
+    name its owner as the host sees it (see :mod:`gpuslate.gpu.sim.records`), ``None``
     for a leak or an owner no process of this host can be named for."""
 
     gpu: int
@@ -109,7 +121,7 @@ class SimHost:
         release_delay: float = 0.2,
         reserved: int | None = None,
         memory_api: str = "v2",
-    ) -> "SimHost":
+    ) -> SimHost:
         """``memory_api="v1"`` simulates a driver before R510: reserved memory
         (default then 645 MiB, like an idle H200) is reported inside 'used'."""
         if memory_api not in MEMORY_APIS:
@@ -218,7 +230,7 @@ class SimHost:
         it and closes it: a simulated driver call that hangs, for tests of timeouts.
 
         Deliberate and visible, unlike a record that is a FIFO (never waited on: see
-        :func:`~gpuslate.sim.records.read_record`); another user's FIFO is ignored.
+        :func:`~gpuslate.gpu.sim.records.read_record`); another user's FIFO is ignored.
         """
         path = self.root / STUCK_NAME
         try:
@@ -254,7 +266,7 @@ class SimHost:
     def _allocate(self, held: Sequence[tuple[int, int]], kind: str,
                   claim_of: ProcessId | None) -> list[tuple[str, int]]:
         """:meth:`allocate`, returning each record's (name, fd); ``claim_of`` is what the
-        record says about its holder (a claim: see :mod:`gpuslate.sim.records`)."""
+        record says about its holder (a claim: see :mod:`gpuslate.gpu.sim.records`)."""
         wanted = [(g, n) for g, n in held if n > 0]
         self.check_gpus([g for g, _ in wanted])
         made: list[tuple[str, int]] = []
@@ -361,7 +373,7 @@ class SimHost:
         return self.survey(now).held
 
     def survey(self, now: float | None = None, *, owners: bool = True) -> Survey:
-        """What the simulated driver holds now (see :mod:`gpuslate.sim.records`).
+        """What the simulated driver holds now (see :mod:`gpuslate.gpu.sim.records`).
 
         Never raises for a record: one that cannot be read is a problem of its GPU
         (its memory is then unknown, never free). ``owners=False`` skips naming the
