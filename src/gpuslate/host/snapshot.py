@@ -11,9 +11,10 @@ import os
 import time
 from typing import Any, Iterable, NamedTuple, Sequence
 
-from .._time import iso_time
+from .._document import checked, reading
+from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuReading, MemoryInfo
+from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
@@ -55,6 +56,12 @@ class HolderProcess(NamedTuple):
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HolderProcess:
+        return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
+                   d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
+                   bool(d["visible"]), d.get("cgroup"))
+
 
 class GpuState(NamedTuple):
     reading: GpuReading
@@ -82,6 +89,18 @@ class GpuState(NamedTuple):
             "error": r.error,
             "processes": [p.to_json() for p in self.processes],
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuState:
+        """The GPU of a status document; the driver's process list is the holders that are not handles."""
+        m = d["memory"]
+        procs = [HolderProcess.from_json(p) for p in d["processes"]]
+        reading = GpuReading(d["index"], d["uuid"], d["name"], None,
+                             MemoryInfo(m["total"], m["used"], m["reserved"], m["free"]) if m is not None else None,
+                             d["utilization_pct"], d["temperature_c"], d["power_w"], d["power_limit_w"],
+                             d["pstate"], [GpuProcess(p.pid, p.kind, p.used_memory) for p in procs
+                                           if p.kind != "handle"], d["error"])
+        return cls(reading, procs)
 
 
 class Holding(NamedTuple):
@@ -147,6 +166,15 @@ class Snapshot(NamedTuple):
             "host_processes": [p.to_json() for p in self.host_processes],
             "warnings": self.warnings,
         }
+
+    @classmethod
+    def from_json(cls, doc: object) -> Snapshot:
+        """A ``gpuslate.status.v1`` document (this host's or another's) as the Snapshot it was."""
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            return cls(str(d["host"]), str(d["backend"]), d["driver_version"], parse_iso_time(d["taken_at"]),
+                       [GpuState.from_json(g) for g in d["gpus"]],
+                       [HolderProcess.from_json(p) for p in d["host_processes"]], [str(w) for w in d["warnings"]])
 
     def holders(self) -> dict[int, Holding]:
         """Every process holding one of the snapshot's GPUs, its holds together."""
