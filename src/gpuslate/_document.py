@@ -11,8 +11,9 @@ A document of another schema or version, or one that is malformed, raises
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import BadDocument
 
@@ -37,7 +38,3 @@ def reading(schema: str) -> Iterator[None]:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise BadDocument(f"malformed {schema} document: {type(exc).__name__}: {exc}") from None
 
-
-def rounded(values: dict[str, float]) -> dict[str, float]:
-    """Timings as documents carry them (4 decimals)."""
-    return {k: round(v, 4) for k, v in values.items()}
