@@ -116,8 +116,8 @@ def print_log(listing: AuditListing) -> None:
                          no_wrap=col not in ("Command", "Outcome"),
                          min_width=len("delivered") if col == "Outcome" else 8 if col == "Command" else None)
     for e in entries:
-        target = e.get("target") if isinstance(e.get("target"), dict) else {}
-        actor = e.get("actor") if isinstance(e.get("actor"), dict) else {}
+        target: dict[str, Any] = e["target"] if isinstance(e.get("target"), dict) else {}
+        actor: dict[str, Any] = e["actor"] if isinstance(e.get("actor"), dict) else {}
         gpus = target.get("gpus")
         try:
             gpu_text = format_gpu_list(gpus) if gpus else "-"

@@ -46,7 +46,7 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
 def _forked_target(r: VictimResult) -> Target:
     i = r.victim.info
     return Target(r.victim.ident, i.get("user"), i.get("uid"), i.get("command") or "", i.get("name") or "", [],
-                  None, Role.FORKED, i.get("reason") or "", i.get("job") or 0, None, None, None)
+                  None, Role.FORKED, i.get("reason") or "", i.get("job") or 0, None, (), None, None)
 
 
 def print_plan(plan: Plan, file: IO[str] | None = None) -> None:

@@ -31,7 +31,7 @@ PS_SCHEMA = "gpuslate.ps.v1"
 STATES = tuple(s.value for s in UnitState)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ReadBackFence:
     """The fence of a unit read back from a ``ps`` document (another host's, maybe): it names the
     cgroup the document named and finds no process here, so it can never be used to signal one."""
