@@ -20,7 +20,6 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 from ..errors import BadDocument, UsageError
 from .exits import exit_code_of
 from .plain import Cell, Column, cut, paint, safe, table, use_color, width_of
-from .results import show_document
 
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult, HostOutcome
@@ -345,6 +344,8 @@ def _error(o: HostOutcome, out: IO[str]) -> None:
 
 def _show(doc: dict[str, Any]) -> None:
     """One host's document, shown as the command shows its result locally."""
+    from .results import show_document  # here: every command imports this module, few show documents
+
     sys.stdout.flush()
     if doc.get("schema") is None:  # a command whose output is text (logs): as it printed it
         sys.stdout.write(str(doc.get("text") or ""))
