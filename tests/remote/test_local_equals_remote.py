@@ -27,7 +27,7 @@ HEADING = "── h1 ──\n"
 _CLOCK = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 _FLOAT = re.compile(r"\d+\.\d+")
 _PID = re.compile(r"\b\d{3,}\b")  # pids (GPU indexes and counts are shorter)
-_SIZE = re.compile(r"\d+(\.\d+)? ?[KMGT]i?B(/s)?")
+_COUNTS = re.compile(r"\d+ process(es)?|SIGTERM \d+, SIGKILL \d+")  # how many a stop found: varies by run
 
 
 def _stable(text: str) -> str:
@@ -36,8 +36,9 @@ def _stable(text: str) -> str:
 
 
 def _shape(text: str) -> str:
-    """Without pids either, and without the padding their widths change."""
-    return "\n".join(re.sub(r" +", " ", line).rstrip() for line in _PID.sub("N", _stable(text)).splitlines())
+    """Without pids and process counts either, and without the padding their widths change."""
+    text = _COUNTS.sub("COUNT", _PID.sub("N", _stable(text)))
+    return "\n".join(re.sub(r" +", " ", line).rstrip() for line in text.splitlines())
 
 
 class Pair:
