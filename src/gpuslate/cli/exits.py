@@ -16,6 +16,14 @@ from .. import errors
 
 if TYPE_CHECKING:
     from ..remote.fleet import HostOutcome
+    from ..slate.clear import ClearResult
+    from ..slate.wait import WaitResult
+    from ..slurm.hooks import HookResult
+    from ..units.lifecycle import DownResult, UpResult
+    from ..units.listing import PsResult
+    from ..units.swap import SwapResult as _Swap
+
+    CommandResult = ClearResult | WaitResult | UpResult | DownResult | _Swap | PsResult | HookResult
 
 
 class ExitStatus(IntEnum):
@@ -116,17 +124,17 @@ def exit_status_for_result(status: Enum) -> ExitStatus:
         raise AssertionError(f"no exit code for result status {status!r}") from None
 
 
-def exit_status_of(result: Any) -> ExitStatus:
+def exit_status_of(result: CommandResult) -> ExitStatus:
     """A command result's exit code: by its status; a failed swap by the part that failed (stopping
     OLD, starting NEW), with that part's own status."""
-    from ..units.swap import SwapStatus
+    from ..units.swap import SwapResult, SwapStatus
 
-    status = result.status
-    if status == SwapStatus.DOWN_FAILED and isinstance(status, SwapStatus):
-        return exit_status_for_result(result.down.status)
-    if isinstance(status, SwapStatus) and result.up is not None and not result.up.ok:
-        return exit_status_for_result(result.up.status)
-    return exit_status_for_result(status)
+    if isinstance(result, SwapResult):
+        if result.status == SwapStatus.DOWN_FAILED:
+            return exit_status_for_result(result.down.status)
+        if result.up is not None and not result.up.ok:
+            return exit_status_for_result(result.up.status)
+    return exit_status_for_result(result.status)
 
 
 def error_type_for(exc: BaseException) -> str:

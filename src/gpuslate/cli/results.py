@@ -11,7 +11,8 @@ The renderers are imported when a document is shown: ``status`` never loads rich
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class Result(Protocol):
@@ -28,57 +29,66 @@ def as_sent(result: R) -> R:
     return type(result).from_json(result.to_json())  # type: ignore[attr-defined]
 
 
-class Kind(NamedTuple):
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Kind(Generic[T]):
     """A result type by its document: how to read it back, and its renderer."""
 
-    read: Callable[[object], Any]
-    show: Callable[[Any], None]
+    read: Callable[[object], T]
+    show: Callable[[T], None]
+
+    def show_document(self, doc: object) -> None:
+        self.show(self.read(doc))
 
 
-def _status() -> Kind:
+def _status() -> Kind[Any]:
     from ..host.snapshot import Snapshot
     from .render_status import print_status
 
-    return Kind(Snapshot.from_json, lambda s: print_status(s))
+    return Kind(Snapshot.from_json, lambda snap: print_status(snap))
 
 
-def _clear() -> Kind:
+def _clear() -> Kind[Any]:
     from ..slate.clear import ClearResult
     from .render_clear import print_clear
 
     return Kind(ClearResult.from_json, print_clear)
 
 
-def _wait() -> Kind:
+def _wait() -> Kind[Any]:
     from ..slate.wait import WaitResult
     from .render_clear import print_wait
 
     return Kind(WaitResult.from_json, print_wait)
 
 
-def _units(name: str) -> Kind:
+def _units(name: str) -> Kind[Any]:
     from ..units.lifecycle import DownResult, UpResult
     from ..units.listing import PsResult
     from ..units.swap import SwapResult
     from . import render_units as r
 
-    return {"up": Kind(UpResult.from_json, r.show_up), "down": Kind(DownResult.from_json, r.show_down),
-            "swap": Kind(SwapResult.from_json, r.show_swap), "ps": Kind(PsResult.from_json, r.show_ps)}[name]
+    kinds: dict[str, Kind[Any]] = {
+        "up": Kind(UpResult.from_json, r.show_up), "down": Kind(DownResult.from_json, r.show_down),
+        "swap": Kind(SwapResult.from_json, r.show_swap), "ps": Kind(PsResult.from_json, r.show_ps)}
+    return kinds[name]
 
 
-def _audit() -> Kind:
+def _audit() -> Kind[Any]:
     from .audit import AuditListing, print_log
 
     return Kind(AuditListing.from_json, print_log)
 
 
-_KINDS: dict[str, Callable[[], Kind]] = {
+_KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 
 
-def kind_of(schema: object) -> Kind | None:
+def kind_of(schema: object) -> Kind[Any] | None:
     """The result type of a ``gpuslate.NAME.v1`` document; None for one without a renderer."""
     if not isinstance(schema, str) or not schema.startswith("gpuslate."):
         return None
@@ -91,5 +101,5 @@ def show_document(doc: dict[str, Any]) -> bool:
     kind = kind_of(doc.get("schema"))
     if kind is None:
         return False
-    kind.show(kind.read(doc))
+    kind.show_document(doc)
     return True
