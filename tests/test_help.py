@@ -97,7 +97,7 @@ def test_readme_defaults_are_the_parsers(command):
 
 def test_gpu_lists_print_one_way():
     from gpuslate._parse import format_gpu_list
-    from gpuslate.cli.up import gpu_text
+    from gpuslate.cli.render_units import gpu_text
 
     assert gpu_text([0, 1, 2, 5, 7, 8]) == format_gpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert gpu_text([]) == "-"

@@ -128,6 +128,12 @@ class RemoteIncompatible(UsageError):
     code = "incompatible"
 
 
+class BadDocument(RemoteIncompatible):
+    """A result document that cannot be read back: another schema or version, or malformed."""
+
+    code = "bad_document"
+
+
 class RemoteCommandFailed(GpuslateError):
     """The remote gpuslate ran and failed; ``exit_code`` is its own exit status."""
 

@@ -59,7 +59,7 @@ def test_table_for_people(sim: SimProc) -> None:
     r = run_cli("bench", sim.url, "-c", "2", "-n", "4", "--input-len", "8", "--output-len", "8")
     assert r.returncode == 0, r.stderr
     assert "sim-model at " + sim.url in r.stdout
-    header = next(line for line in r.stdout.splitlines() if "out tok/s" in line)
+    header = next(line for line in r.stdout.splitlines() if "Out tok/s" in line)
     assert "TTFT ms" in header and "ITL ms" in header
     assert "Traceback" not in r.stderr
 
@@ -184,4 +184,4 @@ def test_progress_bar_on_a_terminal(sim: SimProc) -> None:
         os.close(master)
     assert proc.returncode == 0
     assert b"level 1/1 c=1" in seen
-    assert "out tok/s" in out
+    assert "Out tok/s" in out

@@ -135,9 +135,9 @@ def test_status_from_nvidia_smi_csv():
     g0, g1 = doc["gpus"]
     assert g0["memory"]["used"] == 2048 * 1024**2 and g0["processes"][0]["pid"] == 77
     assert g1["memory"] is None and g1["error"] and g1["power_w"] is None
-    from gpuslate.remote.documents import snapshot
+    from gpuslate.host.snapshot import Snapshot
 
-    snap = snapshot(doc)  # renders like any status document
+    snap = Snapshot.from_json(doc)  # renders like any status document
     assert snap.gpus[0].processes[0].used_memory == 2000 * 1024**2
 
 

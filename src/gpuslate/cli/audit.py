@@ -9,14 +9,45 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from enum import Enum
+from typing import Any, NamedTuple
 
+from .._document import checked, reading
 from .._parse import format_gpu_list
 from .common import add_common, note, print_json
 from .exits import exit_epilog
 
 SCHEMA = "gpuslate.audit.v1"
 OLD_SCHEMA = "gpuslate.log.v1"  # the same document under the command's old name
+
+
+class AuditStatus(str, Enum):
+    LISTED = "listed"
+
+
+class AuditListing(NamedTuple):
+    """The result of ``audit``: the newest entries of the audit log, as stored."""
+
+    path: str
+    entries: list[dict[str, Any]]
+    old_name: bool = False  # asked for as 'gpuslate log': the document keeps its old schema
+
+    @property
+    def status(self) -> AuditStatus:
+        return AuditStatus.LISTED
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": OLD_SCHEMA if self.old_name else SCHEMA, "path": self.path, "entries": self.entries}
+
+    @classmethod
+    def from_json(cls, doc: object) -> AuditListing:
+        old = isinstance(doc, dict) and doc.get("schema") == OLD_SCHEMA
+        d = checked(doc, OLD_SCHEMA if old else SCHEMA)
+        with reading(d["schema"]):
+            entries = d["entries"]
+            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+                raise TypeError("entries: not a list of objects")
+            return cls(str(d["path"]), entries, old)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,11 +84,11 @@ def run(args: argparse.Namespace) -> int:
     sim = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM") or None
     log = AuditLog(sim_root=sim)
     limit = getattr(args, "limit", 50)
-    entries = log.read(limit=limit or None, where=of_host(log.sim_root))
+    listing = AuditListing(str(log.path), log.read(limit=limit or None, where=of_host(log.sim_root)), alias)
     if getattr(args, "json", False):
-        print_json({"schema": OLD_SCHEMA if alias else SCHEMA, "path": str(log.path), "entries": entries})
+        print_json(listing.to_json())
     else:
-        print_log(entries, str(log.path))
+        print_log(listing)
     return 0
 
 
@@ -67,11 +98,12 @@ _OUTCOME_STYLE = {
 }
 
 
-def print_log(entries: list[dict[str, Any]], path: str) -> None:
+def print_log(listing: AuditListing) -> None:
     from rich.table import Table  # lazy: startup
 
     from .render import cell, emit, fitted_cell, one_line  # lazy: startup
 
+    entries, path = listing.entries, listing.path
     if not entries:
         emit(f"no signals recorded in {cell(path)}")
         return
@@ -85,8 +117,8 @@ def print_log(entries: list[dict[str, Any]], path: str) -> None:
                          no_wrap=col not in ("Command", "Outcome"),
                          min_width=len("delivered") if col == "Outcome" else 8 if col == "Command" else None)
     for e in entries:
-        target = e.get("target") if isinstance(e.get("target"), dict) else {}
-        actor = e.get("actor") if isinstance(e.get("actor"), dict) else {}
+        target: dict[str, Any] = e["target"] if isinstance(e.get("target"), dict) else {}
+        actor: dict[str, Any] = e["actor"] if isinstance(e.get("actor"), dict) else {}
         gpus = target.get("gpus")
         try:
             gpu_text = format_gpu_list(gpus) if gpus else "-"

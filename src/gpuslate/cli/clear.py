@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._parse import format_gpu_list
 from .common import add_common, gpu_list, nonnegative_float, note, pid_type, print_json, size
-from .exits import exit_epilog, exit_status_for_result
+from .exits import exit_epilog, exit_status_of
+from .results import as_sent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,8 +76,8 @@ def run_clear(args: argparse.Namespace) -> int:
     else:
         from .render_clear import print_clear  # lazy: startup
 
-        print_clear(result)
-    return exit_status_for_result(result.status)
+        print_clear(as_sent(result))
+    return exit_status_of(result)
 
 
 def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
@@ -99,15 +99,7 @@ def run_wait(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        print_wait(result.ok, result.gpus, result.elapsed_s, result.diagnosis)
-    return exit_status_for_result("free" if result.ok else "not_free")
+        from .render_clear import print_wait  # lazy: startup
 
-
-def print_wait(ok: bool, gpus: list[int], elapsed_s: float, diagnosis: list) -> None:  # type: ignore[type-arg]
-    if ok:
-        print(f"GPUs {format_gpu_list(gpus)} free after {elapsed_s:.3f} s")
-        return
-    from .render_clear import print_diagnosis  # lazy: startup
-
-    print(f"GPUs {format_gpu_list(gpus)} not free after {elapsed_s:.1f} s:")
-    print_diagnosis(diagnosis)
+        print_wait(as_sent(result))
+    return exit_status_of(result)

@@ -2,19 +2,28 @@
 
 Commands never pick a number themselves: an error goes through
 :func:`exit_status_for`, a finished result through :func:`exit_status_for_result`
-(by its status), and the JSON error document's ``type`` through
+(by its status enum: every result has one), and the JSON error document's ``type`` through
 :func:`error_type_for`. README.md documents the table.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
-from typing import TYPE_CHECKING
+from enum import Enum, IntEnum
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 
 if TYPE_CHECKING:
     from ..remote.fleet import HostOutcome
+    from ..slate.clear import ClearResult
+    from ..slate.wait import WaitResult
+    from ..slurm.hooks import HookResult
+    from ..units.lifecycle import DownResult, UpResult
+    from ..units.listing import PsResult
+    from ..units.swap import SwapResult as _Swap
+
+    CommandResult = ClearResult | WaitResult | UpResult | DownResult | _Swap | PsResult | HookResult
 
 
 class ExitStatus(IntEnum):
@@ -43,27 +52,43 @@ _BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (
     (errors.GpuQueryError, ExitStatus.INTERNAL_ERROR),
 )
 
-#: the status of every result a command reports (clear, wait, up, down, swap) -> its exit code
-_BY_RESULT: dict[str, ExitStatus] = {
-    # done
-    "clean": ExitStatus.OK, "dry_run": ExitStatus.OK, "free": ExitStatus.OK, "ready": ExitStatus.OK,
-    "stopped": ExitStatus.OK, "swapped": ExitStatus.OK,
-    # not done in time (GPUs not free, server not ready, unit not stopped)
-    "timeout": ExitStatus.TIMEOUT, "not_free": ExitStatus.TIMEOUT, "down_failed": ExitStatus.TIMEOUT,
-    "held_by_others": ExitStatus.TIMEOUT,  # clear: every target gone, the GPUs held by what is not one
-    "nothing_selected": ExitStatus.TIMEOUT,  # clear: the selector chose nothing this caller may signal
-    "refused": ExitStatus.TIMEOUT,  # clear: a target the act-time gate refused still holds GPU memory
-    "permission_denied": ExitStatus.PERMISSION_DENIED,
-    # a managed server failed
-    "exited": ExitStatus.SERVER_FAILED, "smoke_failed": ExitStatus.SERVER_FAILED, "failed": ExitStatus.SERVER_FAILED,
-    "up_failed": ExitStatus.SERVER_FAILED, "rolled_back": ExitStatus.SERVER_FAILED,
-    "rollback_failed": ExitStatus.SERVER_FAILED,
-    "partial": ExitStatus.PARTIAL,
-    # slurm prolog/epilog: the GPUs not free in time; the node drained (or not asked to be: --no-drain)
-    "drained": ExitStatus.TIMEOUT,
-    "drain_failed": ExitStatus.NOT_DRAINED,
-    "interrupted": ExitStatus.INTERRUPTED,
-}
+#: every result's status -> its exit code, one table per status enum (keyed by the enums, never
+#: strings: two enums may share a value, "timeout", and still mean their own code). The enums are
+#: imported only when a result is looked up: ``--help`` and bad input never load the packages.
+@cache
+def _by_result() -> dict[type[Enum], dict[Any, ExitStatus]]:
+    from ..slate.clear import ClearStatus  # lazy: startup
+    from ..slate.wait import WaitStatus  # lazy: startup
+    from ..slurm.hooks import HookStatus  # lazy: startup
+    from ..units.lifecycle import DownStatus, UpStatus  # lazy: startup
+    from ..units.listing import PsStatus  # lazy: startup
+    from ..units.swap import SwapStatus  # lazy: startup
+
+    ok, timeout, denied, failed = (ExitStatus.OK, ExitStatus.TIMEOUT, ExitStatus.PERMISSION_DENIED,
+                                   ExitStatus.SERVER_FAILED)
+    return {
+        ClearStatus: {
+            ClearStatus.CLEAN: ok, ClearStatus.DRY_RUN: ok, ClearStatus.TIMEOUT: timeout,
+            ClearStatus.HELD_BY_OTHERS: timeout,  # every target gone, the GPUs held by what is not one
+            ClearStatus.NOTHING_SELECTED: timeout,  # the selector chose nothing this caller may signal
+            ClearStatus.REFUSED: timeout,  # a target the act-time gate refused still holds GPU memory
+            ClearStatus.PERMISSION_DENIED: denied},
+        WaitStatus: {WaitStatus.FREE: ok, WaitStatus.NOT_FREE: timeout},
+        UpStatus: {UpStatus.READY: ok, UpStatus.TIMEOUT: timeout, UpStatus.EXITED: failed,
+                   UpStatus.SMOKE_FAILED: failed},
+        DownStatus: {DownStatus.STOPPED: ok, DownStatus.TIMEOUT: timeout, DownStatus.PERMISSION_DENIED: denied},
+        SwapStatus: {SwapStatus.SWAPPED: ok, SwapStatus.DOWN_FAILED: timeout, SwapStatus.UP_FAILED: failed,
+                     SwapStatus.ROLLED_BACK: failed, SwapStatus.ROLLBACK_FAILED: failed},
+        PsStatus: {PsStatus.LISTED: ok},
+        # slurm prolog/epilog: the GPUs not free in time; the node drained (or not asked to be: --no-drain)
+        HookStatus: {HookStatus.CLEAN: ok, HookStatus.DRAINED: timeout, HookStatus.NOT_FREE: timeout,
+                     HookStatus.DRAIN_FAILED: ExitStatus.NOT_DRAINED},
+    }
+
+
+def result_status_enums() -> list[type[Enum]]:
+    """Every result status enum the table knows (a test checks each member has a code)."""
+    return list(_by_result())
 
 
 def exit_status_for(exc: BaseException) -> ExitStatus:
@@ -91,12 +116,25 @@ def fleet_exit_code(codes: list[int]) -> int:
     return failed[0]
 
 
-def exit_status_for_result(status: str) -> ExitStatus:
-    """The exit code of a result by its status (a ``str`` enum member or its value)."""
+def exit_status_for_result(status: Enum) -> ExitStatus:
+    """The exit code of a result by its status enum member."""
     try:
-        return _BY_RESULT[str(getattr(status, "value", status))]
+        return _by_result()[type(status)][status]
     except KeyError:
         raise AssertionError(f"no exit code for result status {status!r}") from None
+
+
+def exit_status_of(result: CommandResult) -> ExitStatus:
+    """A command result's exit code: by its status; a failed swap by the part that failed (stopping
+    OLD, starting NEW), with that part's own status."""
+    from ..units.swap import SwapResult, SwapStatus  # lazy: startup
+
+    if isinstance(result, SwapResult):
+        if result.status == SwapStatus.DOWN_FAILED:
+            return exit_status_for_result(result.down.status)
+        if result.up is not None and not result.up.ok:
+            return exit_status_for_result(result.up.status)
+    return exit_status_for_result(result.status)
 
 
 def error_type_for(exc: BaseException) -> str:

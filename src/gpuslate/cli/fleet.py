@@ -15,11 +15,13 @@ import argparse
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import Interrupted, UsageError
+from ..errors import BadDocument, Interrupted, UsageError
 from .common import print_json
 from .exits import exit_code_of, fleet_exit_code
+from .plain import Cell, Column, cut, paint, safe, table, use_color, width_of
 
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult, HostOutcome
@@ -191,8 +193,6 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     if args.json:
         print_json(result.to_json(exit_code_of))
     else:
-        from .render_fleet import print_fleet  # lazy: startup
-
         print_fleet(result, command)
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 
@@ -276,7 +276,6 @@ def _read_inventory(path: str) -> str:
 def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progress: Progress) -> FleetResult:
     """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
     from ..remote.fleet import FleetResult  # lazy: startup
-    from .render_fleet import print_plans  # lazy: startup
 
     cut = words.index("--json")
     plans = fan(hosts, [*words[:cut], "--dry-run", *words[cut:]], progress)
@@ -294,3 +293,112 @@ def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progre
     done = fan(planned, [*words[:cut], "--yes", *words[cut:]], progress)
     by_host = {o.host: o for o in done.hosts}
     return FleetResult(done.command, [by_host.get(o.host, o) for o in plans.hosts])
+
+
+def print_plans(plans: FleetResult) -> int:
+    """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
+    from ..slate.clear import ClearResult  # lazy: startup
+    from .render_clear import print_plan  # lazy: startup
+
+    n = 0
+    for o in plans.hosts:
+        _heading(o, sys.stderr)
+        if o.result is not None and o.ok:
+            try:
+                plan = ClearResult.from_json(o.result).plan
+            except BadDocument as exc:
+                _error_line(str(exc), exc.code, None, sys.stderr)
+                continue
+            n += len(plan.targets)
+            print_plan(plan, file=sys.stderr)
+        else:
+            _error(o, sys.stderr)
+    return n
+
+
+def _heading(o: HostOutcome, out: IO[str]) -> None:
+    line = f"── {safe(o.host.label)} ──"
+    if o.result is not None and o.result.get("source") == "nvidia-smi":
+        line += " (from nvidia-smi: gpuslate is not installed there)"
+    out.write(paint(line, ("bold",), use_color(out)) + "\n")
+    out.flush()
+
+
+def _error_line(message: str, code: str, hint: str | None, out: IO[str]) -> None:
+    color = use_color(out)
+    out.write(f"{paint(f'error ({safe(code)}):', ('red',), color)} {safe(message)}\n")
+    if hint:
+        out.write(paint(f"hint: {safe(hint)}", ("dim",), color) + "\n")
+    out.flush()
+
+
+def _error(o: HostOutcome, out: IO[str]) -> None:
+    if o.error is not None:
+        _error_line(o.error.message, o.error.code, o.error.hint, out)
+
+
+def _show(doc: dict[str, Any]) -> None:
+    """One host's document, shown as the command shows its result locally."""
+    from .results import show_document  # lazy: startup (every command imports this module, few show documents)
+
+    sys.stdout.flush()
+    if doc.get("schema") is None:  # a command whose output is text (logs): as it printed it
+        sys.stdout.write(str(doc.get("text") or ""))
+    elif doc.get("schema") == "gpuslate.install.v1":
+        _install(doc)
+    elif not show_document(doc):
+        _generic(doc)
+    sys.stdout.flush()
+
+
+def _install(doc: dict[str, Any]) -> None:
+    """``install`` (run here, pushed to the host): where it went, which Python runs it, and what to
+    set when the fleet will not find it."""
+    out = sys.stdout
+    out.write(f"  installed gpuslate {safe(doc.get('version'))} at {safe(doc.get('launcher'))} "
+              f"(Python {safe(doc.get('python_version'))}: {safe(doc.get('python'))}; "
+              f"status: {safe(doc.get('status_check'))})\n")
+    for w in doc.get("warnings") or []:
+        out.write(f"  warning: {safe(w)}\n")
+    if doc.get("remote_command"):
+        out.write(f"  not where --host looks: set GPUSLATE_REMOTE_COMMAND={safe(doc['remote_command'])} here\n")
+
+
+def _generic(doc: dict[str, Any]) -> None:
+    """A document without a renderer: its scalar fields, one a line (--json has everything)."""
+    for k, v in doc.items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            sys.stdout.write(f"  {safe(k)}: {cut(safe(v), 100)}\n")
+        elif isinstance(v, (list, dict)):
+            sys.stdout.write(f"  {safe(k)}: {len(v)} {'items' if isinstance(v, list) else 'fields'}\n")
+
+
+_SUMMARY = (Column("Host"), Column("Result"), Column("Exit", "right"), Column("Time", "right"), Column("Detail"))
+
+
+def print_fleet(result: FleetResult, command: str) -> None:
+    """Each host's result under its heading; then, for several hosts or a failure, a summary."""
+    out = sys.stdout
+    for o in result.hosts:
+        _heading(o, out)
+        if o.result is not None:
+            try:
+                _show(o.result)
+            except BadDocument as exc:
+                _error_line(f"{o.host.label}: {exc}", exc.code, None, out)
+        _error(o, out)
+    if len(result.hosts) == 1 and result.hosts[0].ok:
+        return
+    rows = []
+    for o in result.hosts:
+        res = Cell("ok", ("green",)) if o.ok else Cell(safe(o.error.code if o.error else "failed"), ("red",))
+        detail = "" if o.error is None else cut(safe(o.error.message.removeprefix(f"{o.host.label}: ")), 80)
+        if o.ok and o.result is not None and o.result.get("source") == "nvidia-smi":
+            detail = "gpuslate missing: read-only view from nvidia-smi"
+        rows.append([Cell(safe(o.host.label)), res, Cell(str(exit_code_of(o))), Cell(f"{o.elapsed_s:.2f}s"),
+                     Cell(detail)])
+    ok, n, color = sum(o.ok for o in result.hosts), len(result.hosts), use_color(out)
+    out.write(f"\n{paint(safe(command), ('bold',), color)} on {n} host{'s' if n != 1 else ''}: "
+              f"{ok} ok, {n - ok} failed\n")
+    out.write("\n".join(table(_SUMMARY, rows, color=color, width=width_of(out), shrink=4, gap=2)) + "\n")
+    out.flush()

@@ -47,8 +47,9 @@ def print_bench(result: BenchResult) -> None:
               f"{'' if result.plan.stream else ', not streamed'}", soft_wrap=True)
     goodput = bool(result.plan.goodput)
     table = Table(box=None, pad_edge=False, header_style="bold")
-    names = ["conc", "done", "fail", "req/s", "out tok/s", "peak tok/s", "TTFT ms", "TPOT ms", "ITL ms",
-             "chunk gap ms", "E2E ms", "in flight", "accept", "spec steps"] + (["goodput"] if goodput else [])
+    # the one table style of every command: bold Title Case headers, no borders (units stay as written)
+    names = ["Conc", "Done", "Fail", "Req/s", "Out tok/s", "Peak tok/s", "TTFT ms", "TPOT ms", "ITL ms",
+             "Chunk gap ms", "E2E ms", "In flight", "Accept", "Spec steps"] + (["Goodput"] if goodput else [])
     for name in names:
         table.add_column(name, justify="right", no_wrap=True)
     for lv in result.levels:

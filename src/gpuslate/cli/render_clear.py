@@ -1,13 +1,15 @@
-"""Readable reports for ``clear`` and ``wait`` (rich)."""
+"""Readable reports for ``clear`` and ``wait`` (rich), for a local run and a remote document alike
+(see :mod:`.results`)."""
 
 from __future__ import annotations
 
 from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
+from ..proc.terminate import VictimResult
 from ..slate.clear import ClearResult, ClearStatus
 from ..slate.plan import Plan, Role, Target
-from ..slate.wait import GpuDiagnosis
+from ..slate.wait import GpuDiagnosis, WaitResult
 from .render import cell, emit, fitted_cell, one_line, process_table
 
 
@@ -41,10 +43,10 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
     return t
 
 
-def _forked_target(r: Any) -> Target:
+def _forked_target(r: VictimResult) -> Target:
     i = r.victim.info
     return Target(r.victim.ident, i.get("user"), i.get("uid"), i.get("command") or "", i.get("name") or "", [],
-                  None, Role.FORKED, i.get("reason") or "", i.get("job") or 0, None, None, None)
+                  None, Role.FORKED, i.get("reason") or "", i.get("job") or 0, None, (), None, None)
 
 
 def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
@@ -89,6 +91,14 @@ def _diagnosis(diag: list[GpuDiagnosis]) -> list[str]:
 
 def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> None:
     emit(*_diagnosis(diag), file=file)
+
+
+def print_wait(result: WaitResult) -> None:
+    gpus = format_gpu_list(result.gpus)
+    if result.ok:
+        emit(f"GPUs {gpus} free after {result.elapsed_s:.3f} s")
+        return
+    emit(f"GPUs {gpus} not free after {result.elapsed_s:.1f} s:", *_diagnosis(result.diagnosis))
 
 
 def print_clear(result: ClearResult) -> None:

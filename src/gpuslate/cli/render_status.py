@@ -1,4 +1,5 @@
-"""The ``status`` table, laid out without rich (see :mod:`.plain` for why)."""
+"""The ``status`` table, laid out without rich (see :mod:`.plain` for why): the one renderer of a
+:class:`~gpuslate.host.snapshot.Snapshot`, this host's or another's (``--host``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import IO
 
 from .._parse import format_gpu_list, format_size
 from ..host.snapshot import GpuState, HolderProcess, Holding, Snapshot
-from ..proc.procfs import read_info
 from .plain import Cell, Column, Style, clean, cut, paint, table, use_color, width_of
 
 COMMAND_LIMIT = 100
@@ -32,14 +32,17 @@ def _memory_cell(g: GpuState) -> Cell:
     return Cell(f"{format_size(m.used)}/{format_size(m.total)}", (color,))
 
 
-def _launcher(root_pid: int, members: list[HolderProcess], local: bool) -> tuple[str, str] | None:
-    """(user, command) of a job's launcher that holds no GPU itself; None when it does."""
+def _launcher(root_pid: int, members: list[HolderProcess], snap: Snapshot) -> tuple[str, str] | None:
+    """(user, command) of a job's launcher that holds no GPU itself, as the snapshot read it on its
+    host; None when it holds one."""
     if any(p.pid == root_pid for p in members):
         return None
-    if not local:  # another host's launcher: this host's /proc knows nothing of it
+    found = snap.launcher(root_pid)
+    if found is None and snap.launchers is None:  # a document from a gpuslate before launchers
         return ("-", "(holds no GPU itself)")
-    info = read_info(root_pid)
-    return (clean(info.user or "-"), cut(clean(info.command), COMMAND_LIMIT)) if info else ("-", "(exited)")
+    if found is None or found.command is None:
+        return ("-", "(exited)")
+    return (clean(found.user or "-"), cut(clean(found.command), COMMAND_LIMIT))
 
 
 def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
@@ -66,7 +69,7 @@ def _gpu_rows(snap: Snapshot) -> list[list[Cell]]:
     return rows
 
 
-def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
+def _process_rows(snap: Snapshot) -> list[list[Cell]]:
     """One row per process (its GPUs together), grouped under the job's launcher."""
     procs: dict[int, HolderProcess] = {}
     for g in snap.gpus:
@@ -77,7 +80,7 @@ def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
         jobs.setdefault(procs[pid].root_pid, {})[pid] = h
     rows: list[list[Cell]] = []
     for root, members in jobs.items():
-        launcher = _launcher(root, [procs[pid] for pid in members], local)
+        launcher = _launcher(root, [procs[pid] for pid in members], snap)
         if launcher:
             rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(launcher[0]),
                          Cell(launcher[1], ("dim",))])
@@ -96,14 +99,14 @@ def _process_rows(snap: Snapshot, local: bool) -> list[list[Cell]]:
     return rows
 
 
-def status_lines(snap: Snapshot, *, color: bool, width: int | None, local: bool = True) -> list[str]:
+def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]:
     """The table: a head line, the GPUs (only the model name may be cut, never a number),
     the processes under their launchers (only the command may be cut), host-level holders, warnings.
-    ``local=False``: another host's snapshot (``--host``): nothing is read from this host's /proc."""
+    Nothing is read from this host: another host's snapshot (``--host``) is shown as it is."""
     head = (f"{paint(clean(snap.host), ('bold',), color)}  backend {paint(clean(snap.backend), ('cyan',), color)}  "
             f"driver {clean(snap.driver_version) or '-'}  {paint(time_label(snap.taken_at), ('dim',), color)}")
     lines = [head, *table(_GPU_COLUMNS, _gpu_rows(snap), color=color, width=width, shrink=1), ""]
-    procs = _process_rows(snap, local)
+    procs = _process_rows(snap)
     if procs:
         lines += table(_PROC_COLUMNS, procs, color=color, width=width, shrink=5)
     else:
@@ -116,12 +119,13 @@ def status_lines(snap: Snapshot, *, color: bool, width: int | None, local: bool 
 
 
 def time_label(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    """Local time to the second, of the time as documents carry it (to the millisecond)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(round(epoch, 3)))
 
 
-def print_status(snap: Snapshot, out: IO[str] | None = None, *, redraw: bool = False, local: bool = True) -> None:
+def print_status(snap: Snapshot, out: IO[str] | None = None, *, redraw: bool = False) -> None:
     """Print the table; ``redraw`` (``--watch`` on a terminal) first clears the screen."""
     out = out or sys.stdout
-    text = "\n".join(status_lines(snap, color=use_color(out), width=width_of(out), local=local)) + "\n"
+    text = "\n".join(status_lines(snap, color=use_color(out), width=width_of(out))) + "\n"
     out.write(("\x1b[H\x1b[2J" + text) if redraw and out.isatty() else text)
     out.flush()

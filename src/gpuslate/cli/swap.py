@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import TYPE_CHECKING
 
 from .._parse import format_size
 from .common import add_common, note, print_json
-from .exits import exit_epilog, exit_status_for_result
-from .up import print_up, report_failure, unit_name, up_status
-
-if TYPE_CHECKING:
-    from ..units.swap import SwapResult
-
-PHASE_LABELS = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
-           ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
-           ("preflight_new_s", "pre-flight {new}"),
-           ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
-           ("rollback_s", "rollback to {old}"))
+from .exits import exit_epilog, exit_status_of
+from .results import as_sent
+from .up import unit_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,8 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
     from ..units import SwapOptions  # lazy: startup
     from ..units.interrupts import stop_signals_interrupt  # lazy: startup
-    from .down import down_status, print_down  # lazy: startup
-    from .up import print_up, report_failure, up_status  # lazy: startup
+    from .render_units import report_swap_failure, show_swap  # lazy: startup
 
     opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch)
     # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
@@ -53,61 +42,7 @@ def run(args: argparse.Namespace) -> int:
         result = host.swap(args.old, args.new, opts)
     if args.json:
         print_json(result.to_json())
+        report_swap_failure(as_sent(result))  # stdout stays the document
     else:
-        print_down(result.down)
-        if result.up is not None and result.up.ok:
-            print_up(result.up)
-        if result.rollback is not None and result.rollback.ok:
-            print(f"Rolled back: {args.old} is serving again.")
-            print_up(result.rollback)
-        for key, label in PHASE_LABELS:
-            if key in result.phases:
-                print(f"  {label.format(old=args.old, new=args.new):<28} {result.phases[key]:8.3f} s")
-        print(f"  {'total':<28} {result.total_s:8.3f} s" +
-              (f"  (gpuslate overhead {result.overhead_s:.3f} s)" if result.overhead_s is not None else ""))
-        print_prefetch(result)
-        print_downtime(result)
-    if result.status == "down_failed":
-        sys.stderr.write(f"gpuslate: error: could not stop {args.old} cleanly; {args.new} was not started\n")
-        return down_status(result.down)
-    if result.up is not None and not result.up.ok:
-        report_failure(result.up)
-        if result.rollback is not None:
-            if result.rollback.ok:
-                sys.stderr.write(f"gpuslate: rolled back: {args.old} is ready again\n")
-            else:
-                report_failure(result.rollback)
-        return up_status(result.up)
-    return exit_status_for_result(result.status)
-
-
-_DOWNTIME_LABELS = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
-                    ("preflight_new_s", "pre-flight {new}"), ("spawn_new_s", "spawn {new}"),
-                    ("start_to_port_open_s", "process start -> port open"),
-                    ("port_open_to_ready_s", "port open -> ready"), ("smoke_new_s", "smoke completion"))
-
-
-def print_prefetch(result: SwapResult) -> None:
-    pf = result.prefetch
-    if pf is None:
-        return
-    if pf.status in ("done", "partial"):
-        n = len(pf.plan.files)
-        took = f" in {pf.seconds:.3f} s, {format_size(int(pf.read_bytes / pf.seconds))}/s" if pf.seconds else ""
-        print(f"  prefetch: {pf.status}, {format_size(pf.read_bytes)} of {format_size(pf.plan.total)} in "
-              f"{n} file{'s' if n != 1 else ''}{took}")
-    else:
-        print(f"  prefetch: {pf.status}" + (f" ({pf.plan.warning or pf.error})" if pf.plan.warning or pf.error else ""))
-
-
-def print_downtime(result: SwapResult) -> None:
-    """Nothing served for downtime_s: its parts, one line each."""
-    if result.downtime_s is None or not result.downtime:
-        return
-    print(f"  {'downtime (nothing serves)':<28} {result.downtime_s:8.3f} s")
-    parts = result.downtime
-    for key, label in _DOWNTIME_LABELS:
-        if key in parts:
-            print(f"    {label.format(old=result.old, new=result.new):<26} {parts[key]:8.3f} s")
-    if "start_to_port_open_s" not in parts:
-        print(f"    {'process start -> ready':<26} {parts['start_to_ready_s']:8.3f} s")
+        show_swap(as_sent(result))
+    return exit_status_of(result)

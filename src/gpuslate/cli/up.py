@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import Any
 
-from .._parse import format_gpu_list
 from ..errors import UsageError
 from .common import add_common, gpu_list, nonnegative_float, note, port_type, positive_float, print_json, size
-from .exits import exit_epilog, exit_status_for_result
+from .exits import exit_epilog, exit_status_of
+from .results import as_sent
 
 UP_EXITS = {0: "ready", 4: "not ready within --start-timeout, or its GPUs or port busy at pre-flight",
             5: "permission denied", 6: "the server failed (exited before ready, failed its smoke test)"}
@@ -103,49 +103,11 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             "env": env, "cwd": args.cwd, "containment": args.containment}
 
 
-def gpu_text(gpus: list[int]) -> str:
-    """A unit's GPUs as every command prints GPU lists (``0,2-3``); ``-`` for none."""
-    return format_gpu_list(gpus) or "-"
-
-
-def up_status(result: Any) -> int:
-    """Exit status of an UpResult: a start timeout is a timeout (4), any other failure 6."""
-    return exit_status_for_result(result.status)
-
-
-def report_failure(result: Any) -> None:
-    """The log tail and one error line on stderr (with --json too: stdout stays the document).
-
-    The tail is the server's own output, shown as it wrote it (like ``logs``)."""
-    from .render import safe  # lazy: startup
-
-    r = result.record
-    if result.log_tail:
-        sys.stderr.write(f"--- last {len(result.log_tail)} lines of {r.log} ---\n")
-        sys.stderr.write("\n".join(result.log_tail) + "\n---\n")
-    sys.stderr.write(f"gpuslate: error: unit {r.name} failed: {safe(r.failure)}\n")
-    t = result.teardown
-    if t is not None:
-        left = (f"GPU memory not verified: {safe(t.unverified)}" if t.released is None else
-                "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis)))
-        sys.stderr.write(f"gpuslate: stopped what it left running; {left}\n")
-
-
-def print_up(result: Any) -> None:
-    r = result.record
-    line = (f"Unit {r.name} ready in {r.time_to_ready_s:.2f} s: pid {r.pid}, GPUs {gpu_text(r.gpus)}, "
-            f"port {r.port if r.port is not None else '-'}, {r.containment}")
-    if result.smoke:
-        line += f", smoke completion {result.smoke['latency_s']:.3f} s"
-    print(line)
-    print(f"  readiness: {result.readiness['kind']} ({result.readiness['detail']})")
-    print(f"  log: {r.log}")
-
-
 def run(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
     from ..units import Unit, UpOptions, resolve  # lazy: startup
     from ..units.interrupts import stop_signals_interrupt  # lazy: startup
+    from .render_units import report_up_failure, show_up  # lazy: startup
 
     command = list(args.command)
     prev = Unit.load(args.name)
@@ -156,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
     if args.json:
         print_json(result.to_json())
-    elif result.ok:
-        print_up(result)
-    if not result.ok:
-        report_failure(result)
-    return up_status(result)
+        if not result.ok:  # stdout stays the document; the failure's story on stderr
+            report_up_failure(as_sent(result))
+    else:
+        show_up(as_sent(result))
+    return exit_status_of(result)

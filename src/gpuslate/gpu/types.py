@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Protocol, Sequence
+from typing import Any, Literal, NamedTuple, Protocol, Sequence
 
 #: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
 PROCESS_KINDS = ("compute", "graphics", "mps", "handle")
@@ -49,6 +49,20 @@ class GpuReading(NamedTuple):
     pstate: str | None
     processes: list[GpuProcess] | None
     error: str | None
+
+
+def memory_json(r: GpuReading) -> dict[str, Any]:
+    """What a result document keeps of a reading: used memory, the pids listed, the error."""
+    return {"gpu": r.index, "used": r.memory.used if r.memory else None,
+            "processes": [p.pid for p in r.processes or []], "error": r.error}
+
+
+def memory_from_json(d: dict[str, Any]) -> GpuReading:
+    """A reading back from :func:`memory_json` (what it does not keep is unknown: None, 0)."""
+    used = d["used"]
+    return GpuReading(d["gpu"], None, None, None, MemoryInfo(0, used, 0, 0) if used is not None else None,
+                      None, None, None, None, None, [GpuProcess(pid, "compute", None) for pid in d["processes"]],
+                      d["error"])
 
 
 class GpuBackend(Protocol):

@@ -130,7 +130,7 @@ class HostContext:
             finally:
                 self._lock_depth -= 1
             return
-        from .lock import HostLock, default_lock_dir, describe_holder  # late: see the module docstring
+        from .lock import HostLock, default_lock_dir, describe_holder  # lazy: startup (see the module docstring)
 
         lock = HostLock(default_lock_dir(self.sim_root) / "host.lock", purpose=purpose)
         limit = f" (at most {timeout:g} s)" if timeout is not None else ""
@@ -149,7 +149,7 @@ class HostContext:
         """The audit log, opened on first use (an unsafe state folder refuses then), its
         entries marked with this context's backend and host."""
         if self._audit is None:
-            from .audit import AuditLog  # late: see the module docstring
+            from .audit import AuditLog  # lazy: startup (see the module docstring)
 
             self._audit = AuditLog(backend=self.backend.name, sim_root=self.sim_root, context=self._audit_context)
         return self._audit
@@ -157,7 +157,7 @@ class HostContext:
     def state_dir(self) -> Path:
         """This host's state folder (checked, created 0700 when missing): see
         :func:`~gpuslate.host.state.state_dir` for where it is."""
-        from .state import state_dir  # late: see the module docstring
+        from .state import state_dir  # lazy: startup (see the module docstring)
 
         return state_dir(self.sim_root)
 

@@ -12,9 +12,10 @@ import threading
 import time
 from typing import Any, Iterable, NamedTuple, Sequence
 
-from .._time import iso_time
+from .._document import checked, reading
+from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuReading, MemoryInfo
+from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
@@ -56,6 +57,12 @@ class HolderProcess(NamedTuple):
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HolderProcess:
+        return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
+                   d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
+                   bool(d["visible"]), d.get("cgroup"))
+
 
 class GpuState(NamedTuple):
     reading: GpuReading
@@ -83,6 +90,18 @@ class GpuState(NamedTuple):
             "error": r.error,
             "processes": [p.to_json() for p in self.processes],
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuState:
+        """The GPU of a status document; the driver's process list is the holders that are not handles."""
+        m = d["memory"]
+        procs = [HolderProcess.from_json(p) for p in d["processes"]]
+        reading = GpuReading(d["index"], d["uuid"], d["name"], None,
+                             MemoryInfo(m["total"], m["used"], m["reserved"], m["free"]) if m is not None else None,
+                             d["utilization_pct"], d["temperature_c"], d["power_w"], d["power_limit_w"],
+                             d["pstate"], [GpuProcess(p.pid, p.kind, p.used_memory) for p in procs
+                                           if p.kind != "handle"], d["error"])
+        return cls(reading, procs)
 
 
 class Holding(NamedTuple):
@@ -131,6 +150,22 @@ def holdings(entries: Iterable[tuple[int, int, str, int | None]]) -> dict[int, H
     return out
 
 
+class Launcher(NamedTuple):
+    """The root of a job whose processes hold GPUs while it holds none itself (``python launch.py``
+    over its workers), as this host's /proc showed it; user and command None: it had exited."""
+
+    pid: int
+    user: str | None
+    command: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Launcher:
+        return cls(d["pid"], d["user"], d["command"])
+
+
 class Snapshot(NamedTuple):
     host: str
     backend: str
@@ -139,15 +174,33 @@ class Snapshot(NamedTuple):
     gpus: list[GpuState]
     host_processes: list[HolderProcess]  # hold only control devices (nvidiactl, uvm)
     warnings: list[str]
+    #: the jobs' launchers that hold no GPU themselves; None: not known (a document from before them)
+    launchers: tuple[Launcher, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "schema": SCHEMA, "host": self.host, "backend": self.backend,
             "driver_version": self.driver_version, "taken_at": iso_time(self.taken_at),
             "gpus": [g.to_json() for g in self.gpus],
             "host_processes": [p.to_json() for p in self.host_processes],
             "warnings": self.warnings,
         }
+        if self.launchers is not None:
+            doc["launchers"] = [launcher.to_json() for launcher in self.launchers]
+        return doc
+
+    def launcher(self, pid: int) -> Launcher | None:
+        return next((launcher for launcher in self.launchers or () if launcher.pid == pid), None)
+
+    @classmethod
+    def from_json(cls, doc: object) -> Snapshot:
+        """A ``gpuslate.status.v1`` document (this host's or another's) as the Snapshot it was."""
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            return cls(str(d["host"]), str(d["backend"]), d["driver_version"], parse_iso_time(d["taken_at"]),
+                       [GpuState.from_json(g) for g in d["gpus"]],
+                       [HolderProcess.from_json(p) for p in d["host_processes"]], [str(w) for w in d["warnings"]],
+                       tuple(Launcher.from_json(x) for x in d["launchers"]) if "launchers" in d else None)
 
     def holders(self) -> dict[int, Holding]:
         """Every process holding one of the snapshot's GPUs, its holds together."""
@@ -231,5 +284,15 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         host=os.uname().nodename, backend=backend.name, driver_version=backend.driver_version(),
         taken_at=taken_at, gpus=states,
         host_processes=[holder(pid, "handle", None) for pid in sorted(control_only)],
-        warnings=warnings,
+        warnings=warnings, launchers=_launchers(states),
     )
+
+
+def _launchers(states: list[GpuState]) -> tuple[Launcher, ...]:
+    """The roots of the holders' jobs that hold none of these GPUs themselves, read now."""
+    holding = {p.pid for g in states for p in g.processes}
+    out = []
+    for root in sorted({p.root_pid for g in states for p in g.processes} - holding):
+        info = read_info(root)
+        out.append(Launcher(root, info.user, info.command) if info else Launcher(root, None, None))
+    return tuple(out)

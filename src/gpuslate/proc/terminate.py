@@ -72,6 +72,10 @@ class SignalRecord(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {"signal": self.signal, "at_s": round(self.at, 4), "outcome": self.outcome}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SignalRecord:
+        return cls(d["signal"], float(d["at_s"]), d["outcome"])
+
 
 class VictimResult:
     """What happened to one victim."""
@@ -97,6 +101,26 @@ class VictimResult:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.victim.info, **self.outcome_json()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], info: dict[str, Any] | None = None) -> VictimResult:
+        """A victim's result from its document (:meth:`to_json`, or :meth:`outcome_json` with the
+        victim's ``info`` apart)."""
+        outcome = ("signals", "exited_at_s", "ended_by", "permission_denied", "refused")
+        if info is None:
+            info = {k: v for k, v in d.items() if k not in outcome}
+        r = cls(Victim(ProcessId(d["pid"], d.get("start_ticks") or 0), info))
+        r.signals = [SignalRecord.from_json(s) for s in d["signals"]]
+        r.exited_at, r.ended_by = d["exited_at_s"], d["ended_by"]
+        r.permission_denied, r.refused = bool(d["permission_denied"]), d["refused"]
+        return r
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VictimResult) and (self.victim, self.signals, self.exited_at, self.ended_by,
+                                                    self.permission_denied, self.refused) == \
+            (other.victim, other.signals, other.exited_at, other.ended_by, other.permission_denied, other.refused)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class Poller:

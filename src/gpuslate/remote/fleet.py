@@ -110,7 +110,7 @@ def interpret(host: HostSpec, res: SshResult, opts: SshOptions, *, text_output: 
     if problem is not None:
         return None, RemoteIncompatible(f"{label}: {problem}")
     if doc["schema"] == ERROR_SCHEMA:
-        e = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+        e: dict[str, Any] = doc["error"] if isinstance(doc.get("error"), dict) else {}
         code = e.get("exit_code") if isinstance(e.get("exit_code"), int) else rc
         return None, RemoteCommandFailed(f"{label}: {e.get('message') or detail}", exit_code=code or 1,
                                          hint=e.get("hint") if isinstance(e.get("hint"), str) else None)

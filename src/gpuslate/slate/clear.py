@@ -19,9 +19,10 @@ from enum import Enum
 from typing import Any, Callable, NamedTuple
 
 from .._parse import format_gpu_list
-from .._time import iso_time
+from .._document import checked, reading
+from .._time import iso_time, parse_iso_time
 from ..errors import Interrupted, NotDoneError, UsageError
-from ..gpu.types import GpuBackend, GpuReading
+from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.audit import new_run_id
 from ..host.session import HostContext
 from ..host.snapshot import Snapshot, take_snapshot
@@ -30,7 +31,7 @@ from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_nam
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from .gate import ActGate
-from .plan import Plan, Role, Selection, Target, VerifyMode, make_plan, resolve
+from .plan import Plan, Role, Selection, Spared, Target, VerifyMode, make_plan, resolve
 from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
@@ -51,6 +52,10 @@ class Respawn(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Respawn:
+        return cls(d["pid"], d["command"], d["replaces"], d["supervisor"], d["remedy"])
 
 
 class ClearStatus(str, Enum):
@@ -96,17 +101,39 @@ class ClearResult(NamedTuple):
             "backend": self.backend, "dry_run": self.status == ClearStatus.DRY_RUN,
             "started_at": iso_time(self.started_at), "gpus": self.plan.gpus,
             "verify": self.plan.verify_mode.value, "max_used": self.max_used,
-            "before": [_mem(r) for r in self.before], "after": [_mem(r) for r in self.after],
+            "before": [memory_json(r) for r in self.before], "after": [memory_json(r) for r in self.after],
             "targets": targets, "spared": [s.to_json() for s in self.plan.spared],
             "respawned": [r.to_json() for r in self.respawned],
             "diagnosis": [d.to_json() for d in self.diagnosis],
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
         }
 
-
-def _mem(r: GpuReading) -> dict[str, Any]:
-    return {"gpu": r.index, "used": r.memory.used if r.memory else None,
-            "processes": [p.pid for p in r.processes or []], "error": r.error}
+    @classmethod
+    def from_json(cls, doc: object) -> ClearResult:
+        """A ``gpuslate.clear.v1`` document as the ClearResult it was. What the document does not
+        carry stays unknown: the plan's snapshot has no GPUs, its selection is empty (the document's
+        ``verify`` says how the GPUs were verified), no pid is known to have been on the host."""
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            status = ClearStatus(d["status"])
+            targets: list[Target] = []
+            results: list[VictimResult] = []
+            for t in d["targets"]:
+                if t["role"] == Role.FORKED.value:  # forked by a job while it was stopped: a result only
+                    results.append(VictimResult.from_json(t))
+                    continue
+                target = Target.from_json(t)
+                targets.append(target)
+                if status not in (ClearStatus.DRY_RUN, ClearStatus.NOTHING_SELECTED):
+                    results.append(VictimResult.from_json(t, _audit_info(target)))
+            started = parse_iso_time(d["started_at"])
+            host, backend = str(d["host"]), str(d["backend"])
+            plan = Plan(list(d["gpus"]), targets, [Spared.from_json(x) for x in d["spared"]],
+                        Snapshot(host, backend, None, started, [], [], []), Selection(), frozenset(),
+                        VerifyMode(d["verify"]))
+            return cls(status, host, backend, plan, results, [memory_from_json(m) for m in d["before"]],
+                       [memory_from_json(m) for m in d["after"]], [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
+                       [Respawn.from_json(r) for r in d["respawned"]], dict(d["timings"]), d["max_used"], started)
 
 
 class ClearOptions(NamedTuple):

@@ -342,6 +342,13 @@ class Target(NamedTuple):
                 "job": self.job, "ignores_sigterm": self.ignores_sigterm, "container": self.container,
                 "cgroup": self.cgroup}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Target:
+        """A target of a clear document (``waits_for`` is not in it: () )."""
+        return cls(ProcessId(d["pid"], d["start_ticks"]), d["user"], d["uid"], d["command"], d["name"],
+                   list(d["gpus"]), d["used_memory"], Role(d["role"]), d["reason"], d["job"], d["ignores_sigterm"],
+                   (), d["container"], d["cgroup"])
+
 
 class Spared(NamedTuple):
     pid: int
@@ -355,6 +362,10 @@ class Spared(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Spared:
+        return cls(d["pid"], d["user"], d["command"], list(d["gpus"]), d["kind"], d["reason"], d["job"])
+
 
 class Plan(NamedTuple):
     gpus: list[int]  # the GPUs the clear verifies
@@ -364,8 +375,13 @@ class Plan(NamedTuple):
     selection: Selection
     known: frozenset[int]  # every pid on the host when the plan was made: later ones are new
 
+    #: how the GPUs are verified when the selection is not known (a plan read back from a document)
+    verify: VerifyMode | None = None
+
     @property
     def verify_mode(self) -> VerifyMode:
+        if self.verify is not None:
+            return self.verify
         return VerifyMode.RELEASED if self.selection.narrows else VerifyMode.FREE
 
     @property

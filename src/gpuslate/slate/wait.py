@@ -17,11 +17,13 @@ and why, with the remedy; gpuslate never resets a GPU itself.
 from __future__ import annotations
 
 import time
+from enum import Enum
 from typing import Any, Callable, NamedTuple, Sequence
 
+from .._document import checked, reading
 from .._parse import format_size
-from ..gpu.types import GpuBackend, GpuReading
 from ..errors import UsageError
+from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..proc.terminate import Poller, VictimResult
 from ..host.session import HostContext
 from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
@@ -65,6 +67,10 @@ class Problem(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Problem:
+        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"])
+
 
 class GpuDiagnosis(NamedTuple):
     gpu: int
@@ -77,9 +83,20 @@ class GpuDiagnosis(NamedTuple):
         return {"gpu": self.gpu, "used": self.used, "max_used": self.max_used, "error": self.error,
                 "problems": [p.to_json() for p in self.problems]}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuDiagnosis:
+        return cls(d["gpu"], d["used"], d["max_used"], d["error"], [Problem.from_json(p) for p in d["problems"]])
+
     def summary(self) -> str:
         head = f"GPU {self.gpu}: " + (f"{format_size(self.used)} used" if self.used is not None else "state unknown")
         return head + "; " + "; ".join(p.reason for p in self.problems)
+
+
+class WaitStatus(str, Enum):
+    """How a ``wait --free`` ended (its JSON document has ``ok``: derived from it)."""
+
+    FREE = "free"
+    NOT_FREE = "not_free"  # not free within the timeout
 
 
 class WaitResult(NamedTuple):
@@ -94,10 +111,21 @@ class WaitResult(NamedTuple):
         return {
             "schema": WAIT_SCHEMA, "ok": self.ok, "gpus": self.gpus, "max_used": self.max_used,
             "elapsed_s": round(self.elapsed_s, 4),
-            "memory": [{"gpu": r.index, "used": r.memory.used if r.memory else None,
-                        "processes": [p.pid for p in r.processes or []], "error": r.error} for r in self.readings],
+            "memory": [memory_json(r) for r in self.readings],
             "diagnosis": [d.to_json() for d in self.diagnosis],
         }
+
+    @property
+    def status(self) -> WaitStatus:
+        return WaitStatus.FREE if self.ok else WaitStatus.NOT_FREE
+
+    @classmethod
+    def from_json(cls, doc: object) -> WaitResult:
+        d = checked(doc, WAIT_SCHEMA)
+        with reading(WAIT_SCHEMA):
+            return cls(bool(d["ok"]), list(d["gpus"]), d["max_used"], float(d["elapsed_s"]),
+                       [memory_from_json(m) for m in d["memory"]],
+                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]])
 
 
 def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float, *,

@@ -55,7 +55,7 @@ from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
 from .store import UnitRecord, units_dir
 
-FenceKind = Literal["cgroup", "scope", "session", "marker"]
+FenceKind = Literal["cgroup", "scope", "session", "marker", "document"]  # document: read back, finds nothing
 
 #: the environment variables a unit's processes inherit (launch.py sets them)
 NAME_VAR, ID_VAR, STATE_VAR = "GPUSLATE_UNIT", "GPUSLATE_UNIT_ID", "GPUSLATE_UNIT_STATE"

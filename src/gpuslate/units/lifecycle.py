@@ -11,14 +11,16 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Callable, Literal, NamedTuple
+from enum import Enum
+from typing import Any, Callable, NamedTuple
 
 from ..host.audit import new_run_id
 from ..errors import NotDoneError, UsageError
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
-from .._time import iso_time
+from .._document import checked, reading
+from .._time import iso_time, parse_iso_time
 from ..host.snapshot import resolve_gpus
 from ..slate.clear import ClearOptions, ClearResult, clear
 from ..slate.plan import Selection
@@ -41,7 +43,21 @@ LOG_TAIL = 20
 Note = Callable[[str], None]
 
 
-UpStatus = Literal["ready", "exited", "timeout", "smoke_failed"]
+class UpStatus(str, Enum):
+    """How an ``up`` ended (the JSON ``status``)."""
+
+    READY = "ready"
+    EXITED = "exited"  # the server exited before it was ready
+    TIMEOUT = "timeout"  # not ready within the start timeout
+    SMOKE_FAILED = "smoke_failed"
+
+
+class DownStatus(str, Enum):
+    """How a ``down`` ended (not in its JSON document, which has ``ok``: derived from it)."""
+
+    STOPPED = "stopped"  # every process ended and the GPU memory released (or nothing to verify)
+    TIMEOUT = "timeout"  # not stopped, or its memory not released, in time
+    PERMISSION_DENIED = "permission_denied"  # some process could not be signaled
 
 
 class UpOptions(NamedTuple):
@@ -86,7 +102,7 @@ class UpResult(NamedTuple):
 
     @property
     def ok(self) -> bool:
-        return self.status == "ready"
+        return self.status == UpStatus.READY
 
     @property
     def time_to_ready(self) -> float | None:
@@ -95,7 +111,7 @@ class UpResult(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         r = self.record
         return {
-            "schema": UP_SCHEMA, "ok": self.ok, "status": self.status, "name": r.name,
+            "schema": UP_SCHEMA, "ok": self.ok, "status": self.status.value, "name": r.name,
             "pid": r.pid, "start_ticks": r.start_ticks, "pgid": r.pgid, "sid": r.sid, "instance": r.instance,
             "containment": r.containment, "cgroup": r.cgroup, "containment_note": self.fence_note,
             "command": r.spec["command"], "env": r.env, "gpus": r.gpus, "port": r.port, "log": r.log,
@@ -106,6 +122,28 @@ class UpResult(NamedTuple):
             "log_tail": self.log_tail, "teardown": self.teardown.to_json() if self.teardown else None,
             "cleared": self.cleared.to_json() if self.cleared is not None else None,
         }
+
+    @classmethod
+    def from_json(cls, doc: object) -> UpResult:
+        """A ``gpuslate.up.v1`` document as the UpResult it was (its record as far as the document
+        shows it: the spec's command only, no members, the phase its status implies)."""
+        d = checked(doc, UP_SCHEMA)
+        with reading(UP_SCHEMA):
+            status = UpStatus(d["status"])
+            rec = store.UnitRecord(
+                name=d["name"], spec={"command": d["command"]},
+                phase=Phase.READY if status == UpStatus.READY else Phase.FAILED, pid=d["pid"],
+                start_ticks=d["start_ticks"], pgid=d["pgid"], sid=d["sid"], containment=d["containment"],
+                cgroup=d["cgroup"], log=d["log"], gpus=list(d["gpus"]), port=d["port"], env=dict(d["env"]),
+                launched_at=parse_iso_time(d["launched_at"]),
+                ready_at=parse_iso_time(d["ready_at"]) if d["ready_at"] else None,
+                time_to_ready_s=d["time_to_ready_s"], exit_code=d["exit_code"], failure=d["failure"],
+                instance=d["instance"] or "")
+            teardown = d["teardown"]
+            return cls(status, rec, d["readiness"], d["smoke"], dict(d["timings"]), list(d["log_tail"]),
+                       StopReport.from_json(teardown) if teardown is not None else None,
+                       ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
+                       d["containment_note"])
 
 
 class DownResult(NamedTuple):
@@ -122,12 +160,30 @@ class DownResult(NamedTuple):
     def ok(self) -> bool:
         return self.report.ok and (self.cleared is None or self.cleared.ok)
 
+    @property
+    def status(self) -> DownStatus:
+        if self.ok:
+            return DownStatus.STOPPED
+        return DownStatus.PERMISSION_DENIED if self.report.permission_denied else DownStatus.TIMEOUT
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": DOWN_SCHEMA, "ok": self.ok, "name": self.name, "previous_state": self.previous_state.value,
                 **self.report.to_json(), "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "strays": [s.to_json() for s in self.strays],
                 "cleared": self.cleared.to_json() if self.cleared is not None else None,
                 "corrupt": self.corrupt, "record_set_aside": self.set_aside}
+
+    @classmethod
+    def from_json(cls, doc: object) -> DownResult:
+        """A ``gpuslate.down.v1`` document as the DownResult it was."""
+        d = checked(doc, DOWN_SCHEMA)
+        with reading(DOWN_SCHEMA):
+            cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
+            # what the processes held could not be read: told only by ok, where nothing was verified
+            unknown = d["memory_released"] is None and not d["ok"] and (cleared is None or cleared.ok)
+            return cls(d["name"], UnitState(d["previous_state"]), StopReport.from_json(d, held_unknown=unknown),
+                       dict(d["timings"]), [Stray.from_json(x) for x in d["strays"]], cleared, d["corrupt"],
+                       d["record_set_aside"])
 
 
 def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:
@@ -186,7 +242,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                 raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
             status, probe = _await_ready(spec, launched)
             sm = None
-            if status == "ready":
+            if status == UpStatus.READY:
                 t_ready = time.monotonic()
                 rec.time_to_ready_s = round(t_ready - launched.spawned, 4)
                 rec.ready_at = time.time()
@@ -194,12 +250,12 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                 if spec.smoke:
                     sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
                     timings["smoke_s"] = sm["latency_s"]
-                    status = "ready" if sm["ok"] else "smoke_failed"
+                    status = UpStatus.READY if sm["ok"] else UpStatus.SMOKE_FAILED
         except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/up.py), a bug: leave nothing half-started
             _stop_interrupted(host, current, spec, limit, str(exc) or type(exc).__name__)
             raise
         teardown, tail = None, []
-        if status == "ready":
+        if status == UpStatus.READY:
             rec.phase = Phase.READY
             rec.members = [[st.pid, st.start_ticks] for st in current.members()]
         else:
@@ -222,11 +278,11 @@ def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
     poll = Poller(first=0.002, cap=0.02)
     while True:
         if launched.proc.poll() is not None:
-            return "exited", probe
+            return UpStatus.EXITED, probe
         if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
-            return "ready", probe
+            return UpStatus.READY, probe
         if time.monotonic() >= deadline:
-            return "timeout", probe
+            return UpStatus.TIMEOUT, probe
         poll.sleep(deadline)
 
 
@@ -247,10 +303,10 @@ def _stop_interrupted(host: HostContext, unit: Unit, spec: UnitSpec, limit: int,
 
 def _failure(status: UpStatus, spec: UnitSpec, probe: Probe, sm: dict[str, Any] | None,
              rec: store.UnitRecord) -> str:
-    if status == "exited":
+    if status == UpStatus.EXITED:
         code = exit_status(rec.pid)
         return f"the server exited before it was ready (exit code {code})"
-    if status == "timeout":
+    if status == UpStatus.TIMEOUT:
         return f"not ready after {spec.start_timeout:g} s ({probe.kind}: {probe.detail})"
     return f"the smoke completion failed: {sm['error'] if sm else 'unknown'}"
 

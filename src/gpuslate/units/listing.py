@@ -9,20 +9,47 @@ for a unit whose ``up`` vanished while it was starting, one readiness probe.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..gpu.types import GpuReading
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .._parse import format_size
-from .._time import iso_time
+from .._document import checked, reading
+from .._time import iso_time, parse_iso_time
 from ..host.session import HostContext
-from .state import UnitState, unit_state
-from .store import UnitRecord
+from .fence import FenceKind
+from .state import Phase, UnitState, unit_state
+from .store import UnitRecord, Unreadable
 from .unit import Stray, Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
 STATES = tuple(s.value for s in UnitState)
+
+
+@dataclass
+class ReadBackFence:
+    """The fence of a unit read back from a ``ps`` document (another host's, maybe): it names the
+    cgroup the document named and finds no process here, so it can never be used to signal one."""
+
+    recorded_cgroup: str | None
+    kind: FenceKind = "document"
+
+    @property
+    def cgroup(self) -> str | None:
+        return self.recorded_cgroup
+
+    def members(self, table: ProcTable) -> list[Any]:
+        return []
+
+    def kill(self) -> bool:
+        return False
+
+    def release(self, wait: float = 0.0) -> None:
+        pass
 
 
 class UnitStatus(NamedTuple):
@@ -71,6 +98,35 @@ class UnitStatus(NamedTuple):
         })
         return doc
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> UnitStatus:
+        """A unit of a ``ps`` document, detached from any host (see :class:`ReadBackFence`)."""
+        path = Path(d["record_file"])
+        if d["corrupt_reason"] is not None:
+            salvage = {k: d[k] for k in ("pid", "start_ticks", "port", "instance") if d[k] is not None}
+            salvage["gpus"] = list(d["gpus"])
+            unit = Unit(d["name"], path, None, Unreadable(path, d["corrupt_reason"], salvage), None,
+                        ReadBackFence(d["cgroup"]))
+        else:
+            rec = UnitRecord(
+                name=d["name"], spec={"command": d["command"]}, phase=Phase.STARTING, pid=d["pid"],
+                start_ticks=d["start_ticks"], pgid=d["pgid"], sid=d["sid"], containment=d["containment"],
+                cgroup=d["cgroup"], log=d["log"], gpus=list(d["gpus"]), port=d["port"], env={},
+                launched_at=parse_iso_time(d["launched_at"]),
+                ready_at=parse_iso_time(d["ready_at"]) if d["ready_at"] else None,
+                time_to_ready_s=d["time_to_ready_s"],
+                stopped_at=parse_iso_time(d["stopped_at"]) if d["stopped_at"] else None,
+                exit_code=d["exit_code"], failure=d["failure"], instance=d["instance"] or "")
+            unit = Unit(d["name"], path, rec, None, None, ReadBackFence(d["cgroup"]))
+        return cls(unit, UnitState(d["state"]), list(d["processes"]), d["gpu_memory"], d["uptime_s"],
+                   [Stray.from_json(s) for s in d["strays"]])
+
+
+class PsStatus(str, Enum):
+    """A ``ps`` lists what it finds: a unit it cannot read is listed as corrupt, with a warning."""
+
+    LISTED = "listed"
+
 
 class PsResult(NamedTuple):
     units: list[UnitStatus]
@@ -81,6 +137,16 @@ class PsResult(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PS_SCHEMA, "units": [u.to_json() for u in self.units], "warnings": self.warnings}
+
+    @property
+    def status(self) -> PsStatus:
+        return PsStatus.LISTED
+
+    @classmethod
+    def from_json(cls, doc: object) -> PsResult:
+        d = checked(doc, PS_SCHEMA)
+        with reading(PS_SCHEMA):
+            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]])
 
 
 def list_units(host: HostContext) -> PsResult:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
+from enum import Enum
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from .._parse import format_size
-from .._time import iso_time
+from .._time import iso_time, parse_iso_time
 
 #: options whose value names the model (SGLang, vLLM, TGI, llama.cpp-style servers)
 MODEL_OPTIONS = ("--model-path", "--model", "--model-dir", "--model-id", "--weights")
@@ -33,7 +34,12 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".np
 FIT_FRACTION = 0.9
 CHUNK = 16 * 1024 * 1024  # large sequential reads: what disks and readahead like best
 
-PrefetchStatus = Literal["done", "skipped", "partial", "failed", "none"]
+class PrefetchStatus(str, Enum):
+    DONE = "done"
+    SKIPPED = "skipped"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    NONE = "none"
 
 
 class PrefetchPlan(NamedTuple):
@@ -63,12 +69,21 @@ class PrefetchReport(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         p = self.plan
-        return {"status": self.status, "paths": p.paths, "files": len(p.files), "bytes": p.total,
+        return {"status": PrefetchStatus(self.status).value, "paths": p.paths, "files": len(p.files), "bytes": p.total,
                 "read_bytes": self.read_bytes, "available": p.available, "warning": p.warning,
                 "error": self.error,
                 "started_at": iso_time(self.started_at) if self.started_at else None,
                 "finished_at": iso_time(self.finished_at) if self.finished_at else None,
                 "seconds": round(self.seconds, 4) if self.seconds is not None else None}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PrefetchReport:
+        """The prefetch of a swap document: its files are counted there, not named (placeholders here)."""
+        plan = PrefetchPlan(list(d["paths"]), [("", 0)] * int(d["files"]), d["bytes"], d["available"],
+                            d["warning"] is None, d["warning"])
+        return cls(PrefetchStatus(d["status"]), plan, d["read_bytes"],
+                   parse_iso_time(d["started_at"]) if d["started_at"] else None,
+                   parse_iso_time(d["finished_at"]) if d["finished_at"] else None, d["error"])
 
 
 def model_paths(command: Sequence[str], *, exists: Callable[[str], bool],
@@ -237,13 +252,13 @@ class Prefetch:
     def report(self) -> PrefetchReport:
         p = self.plan
         if self._thread is None:
-            status: PrefetchStatus = "skipped" if p.warning else "none"
+            status = PrefetchStatus.SKIPPED if p.warning else PrefetchStatus.NONE
         elif self._error:
-            status = "failed"
+            status = PrefetchStatus.FAILED
         elif self._thread.is_alive() or self._read < p.total:
-            status = "partial"
+            status = PrefetchStatus.PARTIAL
         else:
-            status = "done"
+            status = PrefetchStatus.DONE
         return PrefetchReport(status, p, self._read, self._started,
                               None if self._thread is not None and self._thread.is_alive() else self._finished,
                               self._error)

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from ..host.audit import AuditLog
-from ..gpu.types import GpuBackend, GpuReading
+from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
@@ -64,11 +64,21 @@ class StopReport(NamedTuple):
             "cgroup_killed": self.cgroup_killed, "memory_released": self.released,
             "verified_gpus": self.verified_gpus, "held_before": {str(p): g for p, g in sorted(self.held.items())},
             "unverified": self.unverified,
-            "memory": [{"gpu": r.index, "used": r.memory.used if r.memory else None,
-                        "processes": [p.pid for p in r.processes or []], "error": r.error} for r in self.readings],
+            "memory": [memory_json(r) for r in self.readings],
             "diagnosis": [d.to_json() for d in self.diagnosis],
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], *, held_unknown: bool = False) -> StopReport:
+        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document. ``held_unknown``
+        is not in it: it only matters when nothing was verified, where the caller's ``ok`` tells it."""
+        return cls([VictimResult.from_json(p) for p in d["processes"]],
+                   [VictimResult.from_json(p) for p in d["swept"]], bool(d["cgroup_killed"]),
+                   d["memory_released"], [memory_from_json(m) for m in d["memory"]],
+                   [GpuDiagnosis.from_json(g) for g in d["diagnosis"]], dict(d["timings"]),
+                   list(d["verified_gpus"]), {int(p): g for p, g in d["held_before"].items()}, d["unverified"],
+                   held_unknown)
 
 
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:

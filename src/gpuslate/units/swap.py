@@ -18,10 +18,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from typing import Any, Callable, Literal, NamedTuple
+from enum import Enum
+from typing import Any, Callable, NamedTuple
 
+from .._document import checked, reading
 from .._parse import format_size
-from .._time import iso_time
+from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from . import store
 from ..host.session import HostContext
@@ -31,7 +33,14 @@ from .readiness import Probe
 from .spec import UnitSpec, resolve
 from .unit import Unit
 
-SwapStatus = Literal["swapped", "down_failed", "up_failed", "rolled_back", "rollback_failed"]
+class SwapStatus(str, Enum):
+    """How a ``swap`` ended (the JSON ``status``)."""
+
+    SWAPPED = "swapped"
+    DOWN_FAILED = "down_failed"  # OLD not stopped cleanly: NEW not started
+    UP_FAILED = "up_failed"
+    ROLLED_BACK = "rolled_back"  # NEW failed, OLD serves again
+    ROLLBACK_FAILED = "rollback_failed"
 
 SWAP_SCHEMA = "gpuslate.swap.v1"
 #: the downtime's parts, in order: they add up to downtime_s. start_to_ready_s is split
@@ -55,17 +64,18 @@ class SwapResult(NamedTuple):
     downtime: dict[str, float] | None = None  # its breakdown, see DOWNTIME_PARTS
     prefetch: PrefetchReport | None = None
     stop_old_at: float | None = None  # epoch: the old server was told to stop
+    overhead: float | None = None  # as a document gave it (else computed: see overhead_s)
 
     @property
     def ok(self) -> bool:
-        return self.status == "swapped"
+        return self.status == SwapStatus.SWAPPED
 
     @property
     def overhead_s(self) -> float | None:
         """Total minus the old server's teardown, the new server's startup and the prefetch
         (done while the old server serves): what gpuslate adds."""
-        if not self.ok:
-            return None
+        if self.overhead is not None or not self.ok:
+            return self.overhead
         p = self.phases
         return (self.total_s - p.get("prefetch_wait_s", 0.0) - p["stop_old_s"] - p["verify_clean_s"]
                 - p["ready_new_s"] - p.get("smoke_new_s", 0.0))
@@ -73,7 +83,7 @@ class SwapResult(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         ov = self.overhead_s
         return {
-            "schema": SWAP_SCHEMA, "ok": self.ok, "status": self.status, "old": self.old, "new": self.new,
+            "schema": SWAP_SCHEMA, "ok": self.ok, "status": self.status.value, "old": self.old, "new": self.new,
             "phases": {k: round(v, 4) for k, v in self.phases.items()}, "total_s": round(self.total_s, 4),
             "overhead_s": round(ov, 4) if ov is not None else None,
             "downtime_s": round(self.downtime_s, 4) if self.downtime_s is not None else None,
@@ -83,6 +93,20 @@ class SwapResult(NamedTuple):
             "down": self.down.to_json(), "up": self.up.to_json() if self.up else None,
             "rollback": self.rollback.to_json() if self.rollback else None,
         }
+
+    @classmethod
+    def from_json(cls, doc: object) -> SwapResult:
+        """A ``gpuslate.swap.v1`` document as the SwapResult it was."""
+        d = checked(doc, SWAP_SCHEMA)
+        with reading(SWAP_SCHEMA):
+            return cls(d["old"], d["new"], SwapStatus(d["status"]), DownResult.from_json(d["down"]),
+                       UpResult.from_json(d["up"]) if d["up"] is not None else None,
+                       UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
+                       dict(d["phases"]), float(d["total_s"]), d["downtime_s"],
+                       dict(d["downtime"]) if d["downtime"] is not None else None,
+                       PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
+                       parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
+                       d["overhead_s"])
 
 
 class SwapOptions(NamedTuple):
@@ -155,7 +179,7 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
             phases["stop_old_s"] = d.report.timings["stop_s"]
             phases["verify_clean_s"] = d.report.timings["verify_s"]
             if not d.ok:
-                return SwapResult(old, new_spec.name, "down_failed", d, None, None, phases, time.monotonic() - t0,
+                return SwapResult(old, new_spec.name, SwapStatus.DOWN_FAILED, d, None, None, phases, time.monotonic() - t0,
                                   prefetch=pf_report, stop_old_at=stop_at)
             t_up = time.monotonic()
             watch = _PortWatch(new_spec) if new_spec.port is not None else None
@@ -173,17 +197,17 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
                 phases["smoke_new_s"] = u.timings["smoke_s"]
             if u.ok:
                 parts = _downtime_parts(phases, t_stop, t_up, t_ready, u, watch)
-                return SwapResult(old, new_spec.name, "swapped", d, u, None, phases, time.monotonic() - t0,
+                return SwapResult(old, new_spec.name, SwapStatus.SWAPPED, d, u, None, phases, time.monotonic() - t0,
                                   downtime_s=t_ready - t_stop, downtime=parts, prefetch=pf_report,
                                   stop_old_at=stop_at)
             if not opts.rollback:
-                return SwapResult(old, new_spec.name, "up_failed", d, u, None, phases, time.monotonic() - t0,
+                return SwapResult(old, new_spec.name, SwapStatus.UP_FAILED, d, u, None, phases, time.monotonic() - t0,
                                   prefetch=pf_report, stop_old_at=stop_at)
             note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
             t_rb = time.monotonic()
             rb = up(host, old_spec)
             phases["rollback_s"] = time.monotonic() - t_rb
-            status: SwapStatus = "rolled_back" if rb.ok else "rollback_failed"
+            status = SwapStatus.ROLLED_BACK if rb.ok else SwapStatus.ROLLBACK_FAILED
             return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0,
                               prefetch=pf_report, stop_old_at=stop_at)
     finally:

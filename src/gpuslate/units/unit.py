@@ -38,6 +38,10 @@ class Stray(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Stray:
+        return cls(d["pid"], d["start_ticks"], d["name"], list(d["gpus"]), d["used_memory"])
+
 
 @dataclass(frozen=True)
 class Unit:

@@ -1,0 +1,105 @@
+"""One renderer per result type, for a local run and for another host's document alike.
+
+A command's ``--json`` document is the contract: a local result is shown as its document gives
+it back (:func:`as_sent`), and a remote host's document is read back into the same result type
+(``from_json``) and shown by the same function (:func:`show_document`). So a command prints the
+same bytes here and over ``--host``; only the fleet's heading and summary are added around it.
+
+The renderers are imported when a document is shown: ``status`` never loads rich.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+
+class Result(Protocol):
+    """What every command result is: a versioned document, and read back from one."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Result)
+
+
+def as_sent(result: R) -> R:
+    """``result`` as its document carries it: what a remote host's renderer would get."""
+    return type(result).from_json(result.to_json())  # type: ignore[attr-defined]
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Kind(Generic[T]):
+    """A result type by its document: how to read it back, and its renderer."""
+
+    read: Callable[[object], T]
+    show: Callable[[T], None]
+
+    def show_document(self, doc: object) -> None:
+        self.show(self.read(doc))
+
+
+def _status() -> Kind[Any]:
+    from ..host.snapshot import Snapshot
+    from .render_status import print_status
+
+    return Kind(Snapshot.from_json, lambda snap: print_status(snap))
+
+
+def _clear() -> Kind[Any]:
+    from ..slate.clear import ClearResult
+    from .render_clear import print_clear
+
+    return Kind(ClearResult.from_json, print_clear)
+
+
+def _wait() -> Kind[Any]:
+    from ..slate.wait import WaitResult
+    from .render_clear import print_wait
+
+    return Kind(WaitResult.from_json, print_wait)
+
+
+def _units(name: str) -> Kind[Any]:
+    from ..units.lifecycle import DownResult, UpResult
+    from ..units.listing import PsResult
+    from ..units.swap import SwapResult
+    from . import render_units as r
+
+    kinds: dict[str, Kind[Any]] = {
+        "up": Kind(UpResult.from_json, r.show_up), "down": Kind(DownResult.from_json, r.show_down),
+        "swap": Kind(SwapResult.from_json, r.show_swap), "ps": Kind(PsResult.from_json, r.show_ps)}
+    return kinds[name]
+
+
+def _audit() -> Kind[Any]:
+    from .audit import AuditListing, print_log
+
+    return Kind(AuditListing.from_json, print_log)
+
+
+_KINDS: dict[str, Callable[[], Kind[Any]]] = {
+    "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
+    **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
+}
+
+
+def kind_of(schema: object) -> Kind[Any] | None:
+    """The result type of a ``gpuslate.NAME.v1`` document; None for one without a renderer."""
+    if not isinstance(schema, str) or not schema.startswith("gpuslate."):
+        return None
+    make = _KINDS.get(schema.removeprefix("gpuslate.").rsplit(".v", 1)[0])
+    return make() if make is not None else None
+
+
+def show_document(doc: dict[str, Any]) -> bool:
+    """Show a command's document as the command shows its result; False when it has no renderer."""
+    kind = kind_of(doc.get("schema"))
+    if kind is None:
+        return False
+    kind.show_document(doc)
+    return True

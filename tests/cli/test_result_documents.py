@@ -1,0 +1,137 @@
+"""Every result document reads back into its result type: ``X.from_json(doc).to_json() == doc`` on
+documents of real runs against a simulated host (status, clear, wait, up, down, swap, ps), and a
+document of another schema or a malformed one is one BadDocument, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuslate.errors import BadDocument
+from gpuslate.host.snapshot import Snapshot
+from gpuslate.slate.clear import ClearResult
+from gpuslate.slate.wait import WaitResult
+from gpuslate.units.lifecycle import DownResult, UpResult
+from gpuslate.units.listing import PsResult
+from gpuslate.units.swap import SwapResult
+from helpers import gpuslate_env
+
+SERVE = [sys.executable, "-m", "gpuslate", "sim", "serve", "--startup-seconds", "0.1", "--memory", "2GiB"]
+
+
+@pytest.fixture
+def run(sim_host, tmp_path: Path) -> Callable[..., tuple[int, dict[str, Any]]]:
+    """``gpuslate ARGS --json`` on the simulated host: (exit code, document)."""
+    env = gpuslate_env({"GPUSLATE_LOCK_DIR": str(tmp_path / "locks")})
+
+    def go(*args: str) -> tuple[int, dict[str, Any]]:
+        r = subprocess.run([sys.executable, "-m", "gpuslate", "--json", *args], capture_output=True, text=True,
+                           env=env, timeout=60, cwd=str(tmp_path))
+        assert r.stdout, r.stderr
+        return r.returncode, json.loads(r.stdout)
+
+    yield go
+    for name in ("a", "b", "c"):
+        go("down", name)
+
+
+def _port() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def test_status_and_clear_documents_read_back(run, hold):
+    hold("--memory", "0", "--gpus", "2", "--title", "my-monitor")  # spared: a handle holder
+    h = hold("--memory", "6GiB", "--gpus", "0-1", "--workers", "2", "--orphan-workers")
+    rc, doc = run("status")
+    assert rc == 0 and any(p["kind"] == "handle" for g in doc["gpus"] for p in g["processes"])
+    assert Snapshot.from_json(doc).to_json() == doc
+    rc, doc = run("wait", "--free", "--gpus", "0", "--timeout", "0")
+    assert rc == 4 and not doc["ok"] and doc["diagnosis"]
+    assert WaitResult.from_json(doc).to_json() == doc
+    for args in (("--dry-run",), ("--pid", str(h.pid), "--grace", "2"), ("--yes", "--grace", "2")):
+        rc, doc = run("clear", *args)
+        assert rc == 0, doc
+        assert doc["targets"] or "--yes" in args
+        back = ClearResult.from_json(doc)
+        assert back.to_json() == doc and back.status.value == doc["status"]
+    rc, doc = run("wait", "--free", "--timeout", "5")
+    assert rc == 0 and WaitResult.from_json(doc).to_json() == doc
+
+
+def test_unit_documents_read_back(run):
+    pa, pb = _port(), _port()
+    rc, doc = run("up", "a", "--gpus", "0,1", "--port", pa, "--engine", "sglang", "--smoke", "--", *SERVE, "--port", pa)
+    assert rc == 0, doc
+    assert UpResult.from_json(doc).to_json() == doc
+    rc, doc = run("ps")
+    assert rc == 0 and [u["state"] for u in doc["units"]] == ["ready"]
+    assert PsResult.from_json(doc).to_json() == doc
+    rc, doc = run("up", "c", "--gpus", "3", "--start-timeout", "5", "--ready-log", "never", "--",
+                  sys.executable, "-c", "raise SystemExit(3)")
+    assert rc == 6 and doc["status"] == "exited", doc
+    assert doc["status"] == "exited" and doc["teardown"] is not None
+    assert UpResult.from_json(doc).to_json() == doc
+    rc, doc = run("up", "b", "--gpus", "2", "--port", pb, "--", *SERVE, "--port", pb)
+    assert rc == 0, doc
+    rc, doc = run("down", "b")
+    assert rc == 0 and doc["processes"], doc
+    assert DownResult.from_json(doc).to_json() == doc
+    rc, doc = run("swap", "a", "b")
+    assert rc == 0 and doc["status"] == "swapped", doc
+    back = SwapResult.from_json(doc)
+    assert back.to_json() == doc and back.overhead_s == doc["overhead_s"]
+    rc, doc = run("ps")
+    assert sorted(u["state"] for u in doc["units"]) == ["failed", "ready", "stopped"]
+    assert PsResult.from_json(doc).to_json() == doc
+
+
+@pytest.mark.parametrize("cls", [Snapshot, ClearResult, WaitResult, UpResult, DownResult, SwapResult, PsResult])
+def test_another_schema_or_a_malformed_document_is_one_error(cls):
+    for bad in ([], "x", {"schema": "gpuslate.other.v1"}, {"schema": None}):
+        with pytest.raises(BadDocument, match="not a gpuslate"):
+            cls.from_json(bad)
+    schema = {Snapshot: "status", ClearResult: "clear", WaitResult: "wait", UpResult: "up", DownResult: "down",
+              SwapResult: "swap", PsResult: "ps"}[cls]
+    with pytest.raises(BadDocument, match="not a gpuslate"):
+        cls.from_json({"schema": f"gpuslate.{schema}.v2"})  # a newer version: not guessed at
+    with pytest.raises(BadDocument, match=f"malformed gpuslate.{schema}.v1 document"):
+        cls.from_json({"schema": f"gpuslate.{schema}.v1"})
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_opt_int = st.none() | st.integers(0, 2**40)
+_holder = st.fixed_dictionaries({
+    "pid": st.integers(1, 2**22), "start_ticks": st.none(),  # "started" follows from the ticks
+    "kind": st.sampled_from(["compute", "graphics", "handle"]),
+    "used_memory": _opt_int, "user": st.none() | _text, "uid": _opt_int, "name": st.none() | _text,
+    "command": st.none() | _text, "started": st.none(), "ppid": _opt_int, "pgid": _opt_int, "sid": _opt_int,
+    "root_pid": st.integers(1, 2**22), "state": st.none() | st.sampled_from(["S", "R", "Z"]),
+    "container": st.none() | _text, "cgroup": st.none() | _text, "visible": st.booleans()})
+_gpu = st.fixed_dictionaries({
+    "index": st.integers(0, 7), "uuid": st.none() | _text, "name": st.none() | _text,
+    "memory": st.none() | st.fixed_dictionaries({"total": st.integers(0, 2**40), "used": st.integers(0, 2**40),
+                                                 "reserved": st.integers(0, 2**30), "free": st.integers(0, 2**40)}),
+    "utilization_pct": st.none() | st.integers(0, 100), "temperature_c": st.none() | st.integers(0, 99),
+    "power_w": st.none() | st.floats(0, 1000), "power_limit_w": st.none() | st.floats(0, 1000),
+    "pstate": st.none() | st.just("P0"), "error": st.none() | _text, "processes": st.lists(_holder, max_size=3)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({
+    "schema": st.just("gpuslate.status.v1"), "host": _text, "backend": _text, "driver_version": st.none() | _text,
+    "taken_at": st.just("2026-12-01T10:11:12.345Z"), "gpus": st.lists(_gpu, max_size=3),
+    "host_processes": st.lists(_holder, max_size=2), "warnings": st.lists(_text, max_size=2)}))
+def test_any_status_document_reads_back(doc):
+    assert Snapshot.from_json(doc).to_json() == doc
