@@ -44,31 +44,31 @@ class Kind(Generic[T]):
 
 
 def _status() -> Kind[Any]:
-    from ..host.snapshot import Snapshot
-    from .render_status import print_status
+    from ..host.snapshot import Snapshot  # lazy: startup
+    from .render_status import print_status  # lazy: startup
 
     return Kind(Snapshot.from_json, lambda snap: print_status(snap))
 
 
 def _clear() -> Kind[Any]:
-    from ..slate.clear import ClearResult
-    from .render_clear import print_clear
+    from ..slate.clear import ClearResult  # lazy: startup
+    from .render_clear import print_clear  # lazy: startup
 
     return Kind(ClearResult.from_json, print_clear)
 
 
 def _wait() -> Kind[Any]:
-    from ..slate.wait import WaitResult
-    from .render_clear import print_wait
+    from ..slate.wait import WaitResult  # lazy: startup
+    from .render_clear import print_wait  # lazy: startup
 
     return Kind(WaitResult.from_json, print_wait)
 
 
 def _units(name: str) -> Kind[Any]:
-    from ..units.lifecycle import DownResult, UpResult
-    from ..units.listing import PsResult
-    from ..units.swap import SwapResult
-    from . import render_units as r
+    from ..units.lifecycle import DownResult, UpResult  # lazy: startup
+    from ..units.listing import PsResult  # lazy: startup
+    from ..units.swap import SwapResult  # lazy: startup
+    from . import render_units as r  # lazy: startup
 
     kinds: dict[str, Kind[Any]] = {
         "up": Kind(UpResult.from_json, r.show_up), "down": Kind(DownResult.from_json, r.show_down),
@@ -77,7 +77,7 @@ def _units(name: str) -> Kind[Any]:
 
 
 def _audit() -> Kind[Any]:
-    from .audit import AuditListing, print_log
+    from .audit import AuditListing, print_log  # lazy: startup
 
     return Kind(AuditListing.from_json, print_log)
 
