@@ -10,13 +10,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from gpuslate.sim.host import SimHost
-from helpers import GiB, SRC, throwaway_user
+from helpers import SRC, GiB, throwaway_user
 
 USER = "gpuslate-tester"
 SYSTEM_PYTHON = "/usr/bin/python3"

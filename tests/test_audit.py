@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuslate.errors import PermissionDenied, UsageError
 from gpuslate.host import audit
 from gpuslate.host.audit import AuditLog, new_run_id
-from gpuslate.errors import PermissionDenied, UsageError
 from gpuslate.host.state import state_dir
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

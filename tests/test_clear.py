@@ -13,11 +13,11 @@ import pytest
 
 import gpuslate
 from gpuslate.host.audit import AuditLog
-from gpuslate.slate.clear import clear
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
 from gpuslate.proc.terminate import Victim, terminate
 from gpuslate.sim.host import SimHost
+from gpuslate.slate.clear import clear
 from helpers import GiB, gpuslate_env, is_gone, wait_for
 
 

@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-
 from helpers import is_gone, wait_for
 from otheruser import USER, run_as, start_as
-
-
-
 
 
 def test_other_users_job_spared_without_all_users(shared_host, other_user, cli):

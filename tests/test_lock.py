@@ -11,13 +11,14 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from gpuslate.host import lock as lockmod
 from gpuslate.errors import GpuslateError, NotDoneError
+from gpuslate.host import lock as lockmod
 from gpuslate.host.lock import HostLock, default_lock_dir, read_holder
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -13,9 +13,8 @@ import pytest
 
 import gpuslate
 from gpuslate.gpu.nvml import nvml_library_present
-from gpuslate.host.snapshot import take_snapshot
 from gpuslate.gpu.sim import SimBackend
-
+from gpuslate.host.snapshot import take_snapshot
 from helpers import GiB, gpuslate_env, is_gone, wait_for
 
 

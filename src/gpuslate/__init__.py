@@ -37,10 +37,10 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .api import status
-    from .slate.clear import ClearResult, clear
     from .gpu import GpuBackend, open_backend
-    from .proc.procfs import ProcessId
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
+    from .proc.procfs import ProcessId
+    from .slate.clear import ClearResult, clear
     from .slate.wait import WaitResult, wait_free
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+
 def iso_time(epoch: float) -> str:
     """UTC ISO-8601 with milliseconds (no datetime import on the hot path)."""
     ms = int(round((epoch % 1) * 1000))

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from simproc import sim_serve, word_tokenizer
 
 from gpuslate.bench import LoadPlan, Progress, run_bench, run_bench_async
 from gpuslate.bench.metrics import TokenSource
 from gpuslate.errors import ServerFailed, UsageError
 from gpuslate.sim.perfmodel import PerfParams, throughput
-from simproc import sim_serve, word_tokenizer
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from exportkit import Exporter, need_tools
+
 from gpuslate.exporter.collector import COUNTER, METRICS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

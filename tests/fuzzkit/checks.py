@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 #: exit codes documented for clear (src/gpuslate/cli/exits.py)
 DOCUMENTED_EXITS = {0, 2, 3, 4, 5, 6, 7, 130}

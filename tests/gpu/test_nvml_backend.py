@@ -7,12 +7,10 @@ driver is exercised by the ``gpu``-marked tests in test_nvml_real.py.
 
 from __future__ import annotations
 
-
-import pytest
-
 import inspect
 import threading
 
+import pytest
 
 from gpuslate.errors import BackendUnavailable
 from gpuslate.gpu import nvml

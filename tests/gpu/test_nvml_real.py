@@ -12,8 +12,8 @@ import sys
 import pytest
 
 import gpuslate
-from helpers import gpuslate_env
 from gpuprocs import NVML_MONITOR, TORCH_HOLDER, start_python
+from helpers import gpuslate_env
 
 pytestmark = pytest.mark.gpu
 GiB = 1024**3

@@ -15,14 +15,14 @@ import signal
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from userkit import as_user, user_python
 
 from gpuslate.sim.host import SimHost
 from helpers import GiB, gpuslate_env, is_gone
-from userkit import as_user, user_python
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 

@@ -15,14 +15,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
+from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 from gpuslate.sim.host import SimHost
 from helpers import GiB
-from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 FAKE_SMI = """#!/bin/sh
 # a stand-in for nvidia-smi on a host without gpuslate: fixed CSV, like the real one prints

@@ -7,8 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.errors import UsageError
-from gpuslate.remote.hosts import (MAX_HOSTS, HostSpec, count_hostlist, expand_host_words, expand_hostlist,
-                                    format_inventory, parse_host, parse_inventory, select_hosts)
+from gpuslate.remote.hosts import (
+    MAX_HOSTS,
+    HostSpec,
+    count_hostlist,
+    expand_host_words,
+    expand_hostlist,
+    format_inventory,
+    parse_host,
+    parse_inventory,
+    select_hosts,
+)
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z][a-z0-9-]{0,6}){0,2}", fullmatch=True)
 ipv6 = st.sampled_from(["::1", "fe80::1", "2001:db8::7", "fd00:1:2::3"])

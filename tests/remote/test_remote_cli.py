@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
+from sshd_hosts import free_port
 
 from helpers import gpuslate_env, is_gone, wait_for
-from sshd_hosts import free_port
 
 pytestmark = pytest.mark.ssh
 

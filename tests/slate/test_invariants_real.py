@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pytest
-from otheruser import _env, start_as
 
 from gpuslate.errors import PermissionDenied
 from gpuslate.proc.procfs import ProcessId, read_stat
@@ -31,6 +30,7 @@ from gpuslate.proc.terminate import Victim, terminate
 from gpuslate.slate.clear import _ForkWatch
 from gpuslate.slate.plan import Plan, Selection
 from helpers import gpuslate_env, is_gone, wait_for
+from otheruser import _env, start_as
 
 PY = sys.executable
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root)")

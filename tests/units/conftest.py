@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
+from unitkit import run_units
 
 from gpuslate.sim.host import SimHost
 from helpers import SRC, kill_leftovers
-from unitkit import run_units
 
 
 @pytest.fixture

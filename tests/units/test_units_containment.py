@@ -7,9 +7,10 @@ import json
 import shlex
 import sys
 
+from unitkit import free_port, serve_cmd
+
 from gpuslate.units.contain import CGROUP_ROOT, _cgroup_v2
 from helpers import is_gone, wait_for
-from unitkit import free_port, serve_cmd
 
 ESCAPE = (
     "import os, sys, time\n"

@@ -13,14 +13,15 @@ import subprocess
 import sys
 import termios
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+
+from test_units_lifecycle import gpus_clean, ps
+from unitkit import free_port, serve_cmd
 
 from gpuslate.units import store
 from gpuslate.units.readiness import http
 from helpers import gpuslate_env, is_gone, wait_for
-from test_units_lifecycle import gpus_clean, ps
-from unitkit import free_port, serve_cmd
 
 
 class Up:

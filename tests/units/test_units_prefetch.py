@@ -9,10 +9,10 @@ import os
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from unitkit import free_port, serve_cmd
 
 from gpuslate.units import swap
 from gpuslate.units.prefetch import FIT_FRACTION, decide, model_paths, plan_prefetch
-from unitkit import free_port, serve_cmd
 
 MiB = 1024**2
 

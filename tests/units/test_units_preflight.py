@@ -7,9 +7,10 @@ import json
 import os
 import socket
 
+from unitkit import free_port, popen_units, serve_cmd
+
 from gpuslate.units import store
 from gpuslate.units.contain import choose_fence, discard_cgroup
-from unitkit import free_port, popen_units, serve_cmd
 
 
 def test_port_already_in_use(units_host, units):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import gpuslate
-from gpuslate.units import UnitSpec, store, swap, up
-from gpuslate.proc.procfs import ProcessId
-from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, UnitMark, fence_of
 from unitkit import free_port, serve_cmd
+
+import gpuslate
+from gpuslate.proc.procfs import ProcessId
+from gpuslate.units import UnitSpec, store, swap, up
+from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, UnitMark, fence_of
 
 PKG = Path(gpuslate.__file__).parent
 

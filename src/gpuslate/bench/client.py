@@ -15,7 +15,8 @@ import asyncio
 import json
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 

@@ -41,8 +41,9 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 PEAK_BUCKET_S = 1.0  # vLLM buckets tokens per whole second

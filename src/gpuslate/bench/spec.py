@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from ..errors import UsageError
 from .._toml import line_of, read_toml
+from ..errors import UsageError
 from ..units.spec import UnitSpec, load_config, resolve
 from .loadgen import LoadPlan
 

@@ -90,8 +90,14 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.experiment import run_experiment
     from ..bench.spec import load_spec
     from ..sim.host import SimHost
-    from .experiment import (ProgressDisplay, _sigterm_as_interrupt, interrupted_status, print_report, run_json,
-                             write_report_for)
+    from .experiment import (
+        ProgressDisplay,
+        _sigterm_as_interrupt,
+        interrupted_status,
+        print_report,
+        run_json,
+        write_report_for,
+    )
 
     out = Path(args.out or "gpuslate-demo").absolute()
     _check_out(out)

@@ -6,12 +6,12 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
+from ..errors import UsageError
+from . import fleet as fleet_cli
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
-from . import fleet as fleet_cli
-from ..errors import UsageError
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {

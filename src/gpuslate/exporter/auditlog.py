@@ -20,8 +20,9 @@ import json
 import os
 import stat
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PermissionDenied
 from ..host.state import open_dir

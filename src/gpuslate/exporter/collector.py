@@ -20,8 +20,9 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -35,6 +36,7 @@ from ..units.listing import list_units
 from ..units.state import UnitState
 from .auditlog import AuditCounts, AuditTail
 from .model import Account, Facts, UnitRow, account, label
+
 
 class Kind(str, Enum):
     GAUGE = "gauge"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Literal, NamedTuple, Protocol
 
 #: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
 PROCESS_KINDS = ("compute", "graphics", "mps", "handle")

@@ -38,7 +38,8 @@ starts a holder and clears it never loses its other children.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from .procfs import ProcStat, SignalFacts
 

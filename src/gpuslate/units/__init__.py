@@ -21,5 +21,20 @@ from .state import UnitFacts, UnitState, unit_state
 from .swap import SwapResult, swap
 from .unit import Unit
 
-__all__ = ["up", "down", "swap", "list_units", "resolve", "UnitSpec", "UpResult", "DownResult",
-           "SwapResult", "PsResult", "UnitStatus", "Unit", "UnitState", "UnitFacts", "unit_state"]
+__all__ = [
+           "DownResult",
+           "PsResult",
+           "SwapResult",
+           "Unit",
+           "UnitFacts",
+           "UnitSpec",
+           "UnitState",
+           "UnitStatus",
+           "UpResult",
+           "down",
+           "list_units",
+           "resolve",
+           "swap",
+           "unit_state",
+           "up",
+]

@@ -45,9 +45,10 @@ Fences:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Iterable, Literal, NamedTuple, Protocol, Sequence
+from typing import Literal, NamedTuple, Protocol
 
 from ..proc.procfs import ProcessId, ProcStat, read_stat
 from ..proc.tree import ProcTable

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, NamedTuple
 
 from .._time import iso_time
 

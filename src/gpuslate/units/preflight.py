@@ -5,14 +5,14 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .._parse import format_size
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
-from ..proc.procfs import read_info
 from ..host.snapshot import Snapshot, take_snapshot
+from ..proc.procfs import read_info
 from ..slate.wait import is_free
 
 

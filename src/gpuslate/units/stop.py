@@ -17,16 +17,17 @@ says what could not be verified, and why.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from ..host.audit import AuditLog
 from ..gpu.types import GpuBackend, GpuReading
+from ..host.audit import AuditLog
+from ..host.session import default_max_used
+from ..host.snapshot import take_snapshot
 from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from ..host.snapshot import take_snapshot
-from ..host.session import default_max_used
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .unit import Unit
 
