@@ -328,5 +328,5 @@ def test_reading_the_newest_of_100k_lines_is_fast(state: Path) -> None:
     start = time.perf_counter()
     newest = log.read(limit=50)
     elapsed = time.perf_counter() - start
-    assert len(newest) == 50 and newest[-1]["id"] == "%016x" % 49_999 and newest[-1]["outcome"] == "delivered"
+    assert len(newest) == 50 and newest[-1]["id"] == f"{49_999:016x}" and newest[-1]["outcome"] == "delivered"
     assert elapsed < 0.5, f"reading 50 of 100k lines took {elapsed:.2f} s"

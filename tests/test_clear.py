@@ -328,7 +328,7 @@ def _clear_on_terminal(answer: bytes, *args: str) -> tuple[int, str]:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
         os.close(slave)
         os.write(master, answer)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
         return proc.returncode, err
     finally:
         os.close(master)

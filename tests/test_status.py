@@ -190,7 +190,8 @@ def test_root_pid_climbs_when_group_leader_is_gone(sim_host):
     code = (
         "import subprocess,sys,os;"
         "b=subprocess.Popen([sys.executable,'-c',"
-        "'import subprocess,sys;c=subprocess.Popen([sys.executable,\"-m\",\"gpuslate\",\"sim\",\"hold\",\"--gpus\",\"0\",\"--memory\",\"1GiB\"],stdout=sys.stdout);c.wait()'],"
+        "'import subprocess,sys;c=subprocess.Popen([sys.executable,\"-m\",\"gpuslate\",\"sim\",\"hold\","
+        "\"--gpus\",\"0\",\"--memory\",\"1GiB\"],stdout=sys.stdout);c.wait()'],"
         "stdout=sys.stdout);print(b.pid,flush=True);os._exit(0)"
     )
     a = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

@@ -26,6 +26,12 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "BackendUnavailable", "ClearResult", "GpuBackend", "GpuQueryError", "GpuState", "GpuslateError", "HolderProcess",
+    "Interrupted", "NotDoneError", "PartialFailure", "PermissionDenied", "ProcessId", "ServerFailed", "Snapshot",
+    "UsageError", "WaitResult", "__version__", "clear", "open_backend", "status", "take_snapshot", "wait_free",
+]
+
 # public name -> module that defines it
 _EXPORTS = {
     "status": "gpuslate.api", "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from simproc import SimProc, sim_serve
 
 from helpers import gpuslate_env, run_cli, wait_for
+from simproc import SimProc, sim_serve
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from simproc import sim_serve, word_tokenizer
 
 from helpers import gpuslate_env, run_cli, wait_for
+from simproc import sim_serve, word_tokenizer
 
 pytestmark = pytest.mark.timeout(90)
 

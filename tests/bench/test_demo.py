@@ -11,8 +11,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from expkit import kill_leftovers, popen_cli
 
+from expkit import kill_leftovers, popen_cli
 from helpers import wait_for
 
 

@@ -18,8 +18,8 @@ import subprocess
 import sys
 
 import pytest
-from expkit import free_port, kill_leftovers, popen_cli
 
+from expkit import free_port, kill_leftovers, popen_cli
 from helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
 
+from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
 from gpuslate.sim.perfmodel import throughput
 from helpers import gpuslate_env, wait_for
 

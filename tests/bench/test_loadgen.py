@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simproc import sim_serve, word_tokenizer
 
 from gpuslate.bench import LoadPlan, Progress, run_bench, run_bench_async
 from gpuslate.bench.metrics import TokenSource
 from gpuslate.errors import ServerFailed, UsageError
 from gpuslate.sim.perfmodel import PerfParams, throughput
+from simproc import sim_serve, word_tokenizer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -206,7 +206,7 @@ def test_unreachable_server_is_a_clear_server_failure() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connection refused
-        with pytest.raises(ServerFailed, match="cannot reach the server at .*connection refused"):
+        with pytest.raises(ServerFailed, match=r"cannot reach the server at .*connection refused"):
             run_bench(f"http://127.0.0.1:{port}", LoadPlan(requests=1))
 
 

@@ -6,7 +6,6 @@ import json
 import sys
 
 from expkit import free_port, kill_leftovers
-
 from helpers import run_cli
 
 

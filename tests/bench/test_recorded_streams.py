@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from simproc import word_tokenizer
 
 from gpuslate.bench.client import StreamParser
 from gpuslate.bench.metrics import RequestRecord, TokenSource, level_result
 from gpuslate.bench.prompts import Prompt
 from gpuslate.bench.tokens import load_tokenizer
+from simproc import word_tokenizer
 
 PROMPT = Prompt(" the and for", 8, 3)
 

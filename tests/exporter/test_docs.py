@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 from exportkit import Exporter, need_tools
-
 from gpuslate.exporter.collector import COUNTER, METRICS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

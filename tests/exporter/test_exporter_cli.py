@@ -16,8 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from exportkit import Exporter, process_series, value
 
+from exportkit import Exporter, process_series, value
 from helpers import GiB, gpuslate_env, run_cli, wait_for
 
 

@@ -13,10 +13,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from exportkit import need_tools
-from test_docs import EXPORTER_DOCS, dashboard_queries
 
+from exportkit import need_tools
 from helpers import wait_for
+from test_docs import EXPORTER_DOCS, dashboard_queries
 
 pytestmark = pytest.mark.slow
 

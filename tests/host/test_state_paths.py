@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from userkit import as_user, user_python
 
 from gpuslate.sim.host import SimHost
 from helpers import GiB, gpuslate_env, is_gone
+from userkit import as_user, user_python
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 

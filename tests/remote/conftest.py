@@ -3,8 +3,9 @@
 One session-wide lab (starting sshd and generating keys costs about a second):
 ``h1`` and ``h2`` run this checkout's gpuslate; ``refused`` accepts no key;
 ``bare`` has no gpuslate but a fake ``nvidia-smi`` printing CSV; ``down`` is a
-closed port; ``rekeyed`` is h1 with another key in known_hosts; ``hang`` is a TCP listener that never speaks. In CI (``CI=true``)
-a missing sshd fails these tests instead of skipping them.
+closed port; ``rekeyed`` is h1 with another key in known_hosts; ``hang`` is a
+TCP listener that never speaks. In CI (``CI=true``) a missing sshd fails these
+tests instead of skipping them.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 from gpuslate.sim.host import SimHost
 from helpers import GiB
+from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 FAKE_SMI = """#!/bin/sh
 # a stand-in for nvidia-smi on a host without gpuslate: fixed CSV, like the real one prints

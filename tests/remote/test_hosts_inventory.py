@@ -162,9 +162,9 @@ def test_huge_ranges_are_refused_before_expanding():
         with pytest.raises(UsageError, match="at most 10000"):
             expand_hostlist(text)
         assert time.monotonic() - t0 < 0.5
-    with pytest.raises(UsageError, match="line 2: .*at most"):
+    with pytest.raises(UsageError, match=r"line 2: .*at most"):
         parse_inventory("[g]\ngpu[0:4096]x[0:4096]\n")
-    with pytest.raises(UsageError, match="line 3: .*at most"):  # the bound is on the whole inventory
+    with pytest.raises(UsageError, match=r"line 3: .*at most"):  # the bound is on the whole inventory
         parse_inventory("a[0:6000]\n\nb[0:6000]\n")
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 from gpuslate.errors import UsageError
 from gpuslate.remote.zipapp import (
@@ -35,6 +34,7 @@ from gpuslate.remote.zipapp import (
     check_prefix,
     parse_python_version,
 )
+from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 pytestmark = pytest.mark.ssh
 

@@ -6,10 +6,10 @@ import json
 import sys
 
 import pytest
-from sshd_hosts import free_port
 
 from gpuslate.errors import UsageError
 from gpuslate.units.spec import load_config, resolve
+from sshd_hosts import free_port
 
 
 def test_ready_host_in_toml_and_the_old_key_refused(tmp_path):

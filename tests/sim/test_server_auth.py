@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_server import FAST, run, sim, sse
 
 from gpuslate.sim.perfmodel import PerfParams
+from test_server import FAST, run, sim, sse
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -229,7 +229,7 @@ def job_cgroups() -> Iterator[Callable[[int], Path]]:
                 root_procs.write_text(pid)
             except OSError:
                 pass
-        wait_for(lambda: not (d / "cgroup.procs").read_text().split(), timeout=5)  # exiting processes
+        wait_for(lambda d=d: not (d / "cgroup.procs").read_text().split(), timeout=5)  # exiting processes
         d.rmdir()
     for parent in dict.fromkeys(d.parent for d in made):
         parent.rmdir()

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster import SlurmCluster
 
+from cluster import SlurmCluster
 from gpuslate.host.audit import AuditLog
 from helpers import is_gone, wait_for
 

@@ -9,17 +9,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from unitkit import run_units
 
 from gpuslate.sim.host import SimHost
 from helpers import SRC, kill_leftovers
+from unitkit import run_units
 
 
 @pytest.fixture
 def units_host(sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimHost]:
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
     # in-process up() starts units with this process's environment
-    monkeypatch.setenv("PYTHONPATH", SRC + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    inherited = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", SRC + (os.pathsep + inherited if inherited else ""))
     monkeypatch.chdir(tmp_path)
     yield sim_host
     from gpuslate.units.unit import load_units

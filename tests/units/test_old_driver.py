@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 
-from unitkit import free_port, serve_cmd
-
 from gpuslate.sim.host import SimHost
 from helpers import GiB, is_gone
+from unitkit import free_port, serve_cmd
 
 MiB = 1024**2
 

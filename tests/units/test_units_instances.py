@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_units_lifecycle import gpus_clean
-from unitkit import run_units
 
 from gpuslate.proc.procfs import read_stat
 from gpuslate.sim.host import SimHost
 from helpers import SRC, GiB, is_gone, wait_for
+from test_units_lifecycle import gpus_clean
+from unitkit import run_units
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -16,12 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from test_units_lifecycle import gpus_clean, ps
-from unitkit import free_port, serve_cmd
-
 from gpuslate.units import store
 from gpuslate.units.readiness import http
 from helpers import gpuslate_env, is_gone, wait_for
+from test_units_lifecycle import gpus_clean, ps
+from unitkit import free_port, serve_cmd
 
 
 class Up:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from unitkit import free_port, serve_cmd
 
 from gpuslate.units import UnitSpec, down, list_units, up
 from gpuslate.units.readiness import http
+from unitkit import free_port, serve_cmd
 
 KINDS = {
     "sglang": {"engine": "sglang"},

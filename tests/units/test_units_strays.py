@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import sys
 
-from test_units_lifecycle import gpus_clean, ps
-
 from gpuslate.units import store
 from helpers import GiB, is_gone, wait_for
+from test_units_lifecycle import gpus_clean, ps
 
 LATE_FORK = (
     "import os, sys, time\n"

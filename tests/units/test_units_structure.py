@@ -5,12 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from unitkit import free_port, serve_cmd
-
 import gpuslate
 from gpuslate.proc.procfs import ProcessId
 from gpuslate.units import UnitSpec, store, swap, up
 from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, UnitMark, fence_of
+from unitkit import free_port, serve_cmd
 
 PKG = Path(gpuslate.__file__).parent
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-from unitkit import free_port, serve_cmd
-
 from gpuslate.units import store
 from gpuslate.units.readiness import http
 from helpers import is_gone
+from unitkit import free_port, serve_cmd
 
 
 def write_toml(path, port: int) -> None:

@@ -16,6 +16,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import aiohttp
@@ -152,8 +153,8 @@ class StreamParser:
         count_tokens(rec, prompt, self.usage, "".join(self.text), len(self.times), tokenizer)
         cum = self.cumulative
         if cum and all(c is not None for c in cum) and cum[-1] == rec.output_tokens \
-                and all(b >= a for a, b in zip(cum, cum[1:])):
-            rec.chunk_tokens = [c for c in _diffs(cum)]  # type: ignore[arg-type]
+                and all(b >= a for a, b in pairwise(cum)):
+            rec.chunk_tokens = list(_diffs(cum))  # type: ignore[arg-type]
         else:
             rec.chunk_tokens = split_tokens(rec.output_tokens, self.chars)
 

@@ -60,7 +60,8 @@ class PointKey:
 
     @property
     def filename(self) -> str:
-        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{'__control' if self.control else ''}.json"
+        control = "__control" if self.control else ""
+        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{control}.json"
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,7 @@ class _Runner:
                 try:
                     self._stop(name, "interrupted")
                     stopped.append(name)
-                except BaseException as exc:  # report, never mask the original error
+                except BaseException as exc:  # noqa: BLE001 - reported, never masking the original error
                     failed.append(f"stopping {name} failed: {exc}")
         self.running = None
         if failed:

@@ -43,6 +43,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
@@ -92,7 +93,7 @@ class RequestRecord:
     @property
     def chunk_gaps(self) -> list[float]:
         t = self.chunk_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in pairwise(t)]
 
     @property
     def itl(self) -> list[float]:

@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:  # `gpuslate status | head`: not an error worth a traceback
         return ExitStatus.OK
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last resort: an exit status and one line, never a traceback
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
             import traceback

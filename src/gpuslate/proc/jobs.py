@@ -246,7 +246,7 @@ def descendants(view: ProcessView, pid: int, protected: Protection,
     ``left`` is told each protected process met on the way (considered and left)."""
     out: list[int] = []
     seen = {pid}
-    stack = [c for c in view.children(pid)]
+    stack = list(view.children(pid))
     while stack:
         p = stack.pop()
         if p in seen:

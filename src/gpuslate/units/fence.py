@@ -439,7 +439,7 @@ class MarkerFence:
         return st.pid
 
     def kill(self) -> bool:
-        return any([cgroup_kill(cg) for cg in self.cgroups(ProcTable()) if cgroup_pids(cg)])
+        return any([cgroup_kill(cg) for cg in self.cgroups(ProcTable()) if cgroup_pids(cg)])  # noqa: C419 - kill all
 
     def release(self, wait: float = 0.0) -> None:
         for cg in self.trusted + self.candidates:

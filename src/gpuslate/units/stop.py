@@ -86,7 +86,7 @@ def held_gpus(backend: GpuBackend, pids: set[int]) -> tuple[dict[int, list[int]]
     unknown (a reading that failed is never taken for "holds nothing")."""
     try:
         readings = backend.read(None, full=False)
-    except Exception as exc:  # any backend failure: what they hold is unknown, and said so
+    except Exception as exc:  # noqa: BLE001 - any backend failure: what they hold is unknown, and said so
         return {}, f"could not read what the unit's processes held: {exc}"
     out: dict[int, list[int]] = {}
     errors = [f"GPU {r.index}: {r.error}" for r in readings if r.processes is None]
