@@ -275,7 +275,7 @@ class _Runner:
         (an interrupted swap may leave the old one half-stopped), with further signals held off."""
         stopped, failed = [], []
         with _signals_held():
-            live = {u.record.name for u in list_units().units if u.processes}
+            live = {u.unit.name for u in list_units().units if u.processes}  # a corrupt record has a name too
             for name in dict.fromkeys(reversed(self.touched)):
                 if name not in live:
                     continue

@@ -23,11 +23,11 @@ COMMANDS = {
 _GLOBAL_WITH_VALUE = {"--sim"}
 
 
-class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+class _LazySubParsers(argparse._SubParsersAction):
     """Subcommands whose options need heavy imports build them only when chosen,
     so that `gpuslate status` does not pay for `gpuslate sim serve`'s options."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(self, parser, namespace, values, option_string=None):
         chosen = self._name_parser_map.get(values[0]) if values else None
         build = getattr(chosen, "lazy_build", None)
         if build is not None:
@@ -37,7 +37,7 @@ class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _LazySubParsers)
 

@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                               "port is in use, or --fail-startup)",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
-    serve.lazy_build = _serve_options  # type: ignore[attr-defined]
+    serve.lazy_build = _serve_options
     serve.set_defaults(handler=run_serve)
 
     leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)",

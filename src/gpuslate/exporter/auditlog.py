@@ -127,4 +127,5 @@ class AuditTail:
         elif event == "outcome":
             key = c.pending.pop(doc["id"], None)
             if key is not None:  # a signal of this host; only its first outcome counts
-                c.outcomes[(*key, label(str(doc.get("outcome"))))] += 1
+                counted = (*key, label(str(doc.get("outcome"))))
+                c.outcomes[counted] += 1

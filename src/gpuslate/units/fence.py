@@ -293,7 +293,9 @@ def _stats(table: ProcTable, members: dict[int, str]) -> list[ProcStat]:
 
 
 class Fence(Protocol):
-    kind: FenceKind
+    @property
+    def kind(self) -> FenceKind:
+        """Which containment this is (read-only: the fences are frozen)."""
 
     @property
     def cgroup(self) -> str | None:
