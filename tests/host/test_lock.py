@@ -21,7 +21,7 @@ from gpuslate.errors import GpuslateError, NotDoneError
 from gpuslate.host import lock as lockmod
 from gpuslate.host.lock import HostLock, default_lock_dir, read_holder
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 # Holds the lock until killed; with RAW, a bare flock that writes no .holder file.
 HOLDER = textwrap.dedent("""

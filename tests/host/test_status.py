@@ -109,7 +109,7 @@ def test_json_schema(sim_host, hold, cli):
     r = cli("status", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    schema = json.loads((Path(__file__).parents[1] / "docs" / "schemas" / "status.v1.json").read_text())
+    schema = json.loads((Path(__file__).parents[2] / "docs" / "schemas" / "status.v1.json").read_text())
     validator = jsonschema.Draft202012Validator(schema, format_checker=_format_checker(jsonschema))
     validator.validate(doc)
     # the checker really checks: a document a format-blind validator would pass fails here
