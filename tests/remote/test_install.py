@@ -36,7 +36,7 @@ from gpuslate.remote.zipapp import (
 )
 from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
-pytestmark = pytest.mark.ssh
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]  # real sshd processes, a zipapp built and run through them
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 OLD_PYTHON = "#!/bin/sh\n# a python3 of another age: prints its version, whatever it is asked\necho 'Python 3.8.10'\n"

@@ -13,7 +13,7 @@ import pytest
 from helpers import gpuslate_env, is_gone, wait_for
 from sshd_hosts import free_port
 
-pytestmark = pytest.mark.ssh
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]  # real sshd processes and whole commands through them
 
 
 def _doc(r: subprocess.CompletedProcess[str]) -> dict:

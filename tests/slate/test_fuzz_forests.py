@@ -34,6 +34,8 @@ import pytest
 
 from helpers import SRC, throwaway_user
 
+pytestmark = pytest.mark.slow  # the whole file: 200 random forests of real processes (about 2 minutes)
+
 USER = "gpuslate-fuzz"
 DRIVER = str(Path(__file__).resolve().parents[1] / "fuzzkit" / "driver.py")
 #: where a gpuslate that wrote outside its state folder would have written

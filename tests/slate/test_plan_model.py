@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -223,6 +224,7 @@ def independent_protection(w: World) -> set[int]:
     return out
 
 
+@pytest.mark.slow  # 400 examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_plan_invariants(data: st.DataObject) -> None:

@@ -38,6 +38,7 @@ def no_traceback(r) -> None:
     assert "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("containment,how", [("auto", "truncated"), ("session", "truncated"),
                                              ("session", "missing"), ("auto", "wrongtype")])
 def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, units, containment, how):

@@ -70,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpuslate-exporter"
     sys_version = ""
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # the standard library's name
         self._answer(send_body=True)
 
     def do_HEAD(self) -> None:
@@ -100,7 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
         if send_body:
             self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # the standard library's name and signature
         pass  # one line per scrape on stderr is noise; errors show in gpuslate_exporter_scrape_errors_total
 
 
