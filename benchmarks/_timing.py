@@ -6,7 +6,7 @@ import os
 import statistics
 import subprocess
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def interpreter_of(script: str) -> str:

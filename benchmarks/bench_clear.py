@@ -46,9 +46,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import (GiB, Holders, descends_from, device_holders, exit_on_sigterm,  # noqa: E402
-                      gpu_usage, visible_gpus, wait_all_free)
-from _timing import interpreter_of  # noqa: E402
+from _gpuhold import (
+    GiB,
+    Holders,
+    descends_from,
+    device_holders,
+    exit_on_sigterm,
+    gpu_usage,
+    visible_gpus,
+    wait_all_free,
+)
+from _timing import interpreter_of
 
 ROOT = Path(__file__).resolve().parents[1]
 FREE = 64 * 2**20

@@ -39,7 +39,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus  # noqa: E402
+from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 _SERIES = re.compile(r'^gpuslate_process_memory_bytes\{(.*)\} (\S+)$', re.M)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loadgen import ROOT, SRC, Server, run_client, write_tokenizer  # noqa: E402
+from bench_loadgen import ROOT, SRC, Server, run_client, write_tokenizer
 
 
 def gpuslate_cmd(url: str, n: int, c: int, a: argparse.Namespace) -> list[str]:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _timing import interpreter_of, report, summarize, time_commands  # noqa: E402
+from _timing import interpreter_of, report, summarize, time_commands
 
 FLOOR = "python -c pass (floor)"
 EPILOG = "gpuslate slurm epilog (clean node)"

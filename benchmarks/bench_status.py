@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus  # noqa: E402
-from _timing import interpreter_of, markdown, summarize, time_commands  # noqa: E402
+from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus
+from _timing import interpreter_of, markdown, summarize, time_commands
 
 FLOOR = "python: import pynvml; nvmlInit() (floor)"
 

@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import platform
-import select
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus  # noqa: E402
+from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus
 
 PY = sys.executable
 NVML_CTYPES = "import ctypes; l = ctypes.CDLL('libnvidia-ml.so.1'); assert l.nvmlInit_v2() == 0"

@@ -17,7 +17,6 @@ into memory instead and nothing is copied to a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys

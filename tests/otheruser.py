@@ -10,13 +10,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from gpuslate.gpu.sim.host import SimHost
-from helpers import GiB, SRC, throwaway_user
+from helpers import SRC, GiB, throwaway_user
 
 USER = "gpuslate-tester"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -68,7 +68,7 @@ def run_as(user: pwd.struct_passwd, args: list[str], **kw) -> subprocess.Complet
 
 def start_as(user: pwd.struct_passwd | None, host: SimHost, gpus: str) -> tuple[subprocess.Popen[str], int]:
     py = SYSTEM_PYTHON if user is not None and os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
-    kw = dict(user=user.pw_uid, group=user.pw_gid, extra_groups=[]) if user else {}
+    kw = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
     p = subprocess.Popen([py, "-m", "gpuslate", "--sim", str(host.root), "sim", "hold", "--gpus", gpus,
                           "--memory", "5GiB"], stdout=subprocess.PIPE, text=True, env=_env(), cwd="/",
                          start_new_session=True, **kw)

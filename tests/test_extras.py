@@ -18,8 +18,8 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -70,7 +70,7 @@ def assert_names_extra(proc: subprocess.CompletedProcess[str], command: str, ext
 class Counting(http.server.BaseHTTPRequestHandler):
     requests: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802  (the stdlib's name)
+    def do_GET(self) -> None:  # the standard library's name
         Counting.requests.append(self.path)
         self.send_response(200)
         self.end_headers()

@@ -27,6 +27,12 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "BackendUnavailable", "ClearResult", "GpuBackend", "GpuQueryError", "GpuState", "GpuslateError", "HolderProcess",
+    "Interrupted", "NotDoneError", "PartialFailure", "PermissionDenied", "ProcessId", "ServerFailed", "Snapshot",
+    "UsageError", "WaitResult", "__version__", "clear", "open_backend", "status", "take_snapshot", "wait_free",
+]
+
 # public name -> module that defines it
 _EXPORTS = {
     "Host": "gpuslate.api", "status": "gpuslate.api",
@@ -42,15 +48,14 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .api import Host, clear, status, wait_free
+    from .gpu import GpuBackend, open_backend
+    from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
     from .slate.clear import ClearOptions, ClearResult
     from .slate.plan import Selection
+    from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, UpOptions
     from .units.spec import UnitSpec
     from .units.swap import SwapOptions
-    from .gpu import GpuBackend, open_backend
-    from .proc.procfs import ProcessId
-    from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
-    from .slate.wait import WaitOptions, WaitResult
 
 
 def __getattr__(name: str) -> Any:
@@ -67,9 +72,34 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # written out (not built from _EXPORTS) so that linters and type checkers see it; a test compares
-    "__version__", "Host", "status", "clear", "wait_free", "take_snapshot", "Snapshot", "GpuState", "HolderProcess",
-    "open_backend", "GpuBackend", "ProcessId", "Selection", "ClearOptions", "ClearResult", "WaitOptions",
-    "WaitResult", "UnitSpec", "UpOptions", "DownOptions", "SwapOptions",
-    "GpuslateError", "UsageError", "BackendUnavailable", "GpuQueryError", "NotDoneError",
-    "PermissionDenied", "ServerFailed", "PartialFailure", "Interrupted",
+    "BackendUnavailable",
+    "ClearOptions",
+    "ClearResult",
+    "DownOptions",
+    "GpuBackend",
+    "GpuQueryError",
+    "GpuState",
+    "GpuslateError",
+    "HolderProcess",
+    "Host",
+    "Interrupted",
+    "NotDoneError",
+    "PartialFailure",
+    "PermissionDenied",
+    "ProcessId",
+    "Selection",
+    "ServerFailed",
+    "Snapshot",
+    "SwapOptions",
+    "UnitSpec",
+    "UpOptions",
+    "UsageError",
+    "WaitOptions",
+    "WaitResult",
+    "__version__",
+    "clear",
+    "open_backend",
+    "status",
+    "take_snapshot",
+    "wait_free",
 ]

@@ -47,7 +47,7 @@ def parse_size(text: str | int) -> int:
         number = float(m.group(1)) * _UNITS[unit]  # inf for 400 digits: caught below
         if not number <= MAX_SIZE:
             raise UsageError(f"invalid size {shown}: at most 1 EiB")
-        value = int(round(number))
+        value = round(number)
     if value > MAX_SIZE:
         raise UsageError(f"invalid size {_shown(text)}: at most 1 EiB")
     return value

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Any
 
 from .errors import UsageError
@@ -28,10 +29,10 @@ _OPEN, _CLOSE = "[{", "]}"
 def read_toml(path: str | os.PathLike[str], what: str) -> tuple[str, dict[str, Any]]:
     """(text, document) of a TOML file; a UsageError naming ``what`` when it is missing,
     unreadable or malformed (tomllib's message already says the line and column)."""
-    try:
-        import tomllib  # type: ignore[import-not-found]  # lazy: optional
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]  # lazy: optional
+    if sys.version_info >= (3, 11):  # imported here: only the commands that read a file pay for it
+        import tomllib  # lazy: startup
+    else:
+        import tomli as tomllib  # lazy: optional
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(MAX_BYTES + 1)

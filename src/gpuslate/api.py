@@ -28,8 +28,9 @@ a :class:`Host` for that call and goes through it.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .gpu import GpuBackend
 from .host.session import HostContext, Note

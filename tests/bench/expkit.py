@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuslate.gpu.sim.host import SimHost
 import helpers
+from gpuslate.gpu.sim.host import SimHost
 from helpers import gpuslate_env
 
 LEVELS = (1, 2, 4)

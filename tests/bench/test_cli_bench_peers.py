@@ -186,7 +186,7 @@ def _accepted(sock: socket.socket) -> bool:
     sock.settimeout(0.05)
     try:
         conn, _ = sock.accept()
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     _accepted.conns.append(conn)  # type: ignore[attr-defined]  # kept open: the client waits for an answer
     return True

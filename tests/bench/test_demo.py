@@ -15,6 +15,8 @@ import pytest
 from expkit import kill_leftovers, popen_cli
 from helpers import wait_for
 
+pytestmark = pytest.mark.slow  # the whole file: the whole demo, end to end
+
 
 @pytest.fixture
 def demo_env(sim_host, tmp_path, monkeypatch):

@@ -20,6 +20,8 @@ from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, 
 from gpuslate.sim.perfmodel import throughput
 from helpers import gpuslate_env, wait_for
 
+pytestmark = pytest.mark.slow  # the whole file: whole experiment runs against simulated servers
+
 
 @pytest.fixture
 def exp_host(sim_host, tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ import pytest
 
 from gpuslate.bench.experiment import POINT_SCHEMA, write_json_atomic
 from gpuslate.bench.report import CSV_COLUMNS, aggregate, write_report
-from test_extras import gpuslate as gpuslate_without, loaded
+from test_extras import gpuslate as gpuslate_without
+from test_extras import loaded
 
 
 def stat(v):

@@ -206,7 +206,7 @@ def test_unreachable_server_is_a_clear_server_failure() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connection refused
-        with pytest.raises(ServerFailed, match="cannot reach the server at .*connection refused"):
+        with pytest.raises(ServerFailed, match=r"cannot reach the server at .*connection refused"):
             run_bench(f"http://127.0.0.1:{port}", LoadPlan(requests=1))
 
 

@@ -11,11 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.bench import LoadPlan, parse_levels
+from gpuslate.bench.metrics import (
+    RequestRecord,
+    Slo,
+    TokenSource,
+    level_result,
+    per_token_itl,
+    percentile,
+    split_tokens,
+    summarize,
+    tpot,
+)
 from gpuslate.bench.plan import normalize_url
-from gpuslate.bench.serverinfo import SpecCounters, acceptance_between, accept_length_between, prom_sum
-from gpuslate.bench.metrics import (RequestRecord, Slo, TokenSource, level_result, per_token_itl, percentile,
-                                    split_tokens, summarize, tpot)
 from gpuslate.bench.prompts import PromptSource, load_dataset, random_prompts
+from gpuslate.bench.serverinfo import SpecCounters, accept_length_between, acceptance_between, prom_sum
 from gpuslate.errors import UsageError
 from gpuslate.sim.openai_api import count_prompt_tokens
 

@@ -4,6 +4,7 @@ Property tests (hypothesis) plus the crossover the simulated server's model impl
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -120,7 +121,7 @@ def test_never_recommends_beyond_largest_level(exp):
         assert 0 <= rec.threshold <= max(base)
         assert rec.threshold == 0 or rec.threshold in base  # always a measured level
         sched = rec.vllm_schedule()
-        assert sched[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(sched, sched[1:]))
+        assert sched[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in pairwise(sched))
         keys = sorted(int(k) for k in rec.sglang_adaptive_config())
         assert keys[0] == 1 and (rec.threshold == 0 or keys[-1] == rec.threshold + 1)
 

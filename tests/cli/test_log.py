@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.host.audit import AuditLog
 from gpuslate.cli import audit as log_cmd
 from gpuslate.cli.common import add_common
+from gpuslate.host.audit import AuditLog
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

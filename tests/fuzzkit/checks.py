@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 #: exit codes documented for clear (src/gpuslate/cli/exits.py)
 DOCUMENTED_EXITS = {0, 2, 3, 4, 5, 6, 7, 130}
@@ -181,7 +182,7 @@ def _verdicts(doc: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], dict[int,
 
 def check_collateral(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
     out = []
-    targets, spared = _verdicts(act)
+    _, spared = _verdicts(act)
     planned = _planned(act)
     killed = set(o.killed)
     gone = planned | killed
@@ -259,7 +260,7 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
     sel = o.selection
     chosen = set(sel["gpus"]) if sel["gpus"] is not None else None
     considered: dict[int, str] = {}
-    for lab, f in o.before.items():
+    for f in o.before.values():
         holds = {g for g, _ in f["holds"]} | set(f["handles"])
         if holds and (chosen is None or holds & chosen):
             considered[f["pid"]] = "holds a selected GPU"
@@ -268,7 +269,7 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
             continue
         tf = by_pid[t["pid"]][1]
         root = t.get("job") == t["pid"]  # only a job's root brings its group along
-        for lab, f in o.before.items():
+        for f in o.before.values():
             if _descends(by_pid, f, t["pid"]):
                 if not _through_protected(by_pid, f, t["pid"], spared):
                     considered.setdefault(f["pid"], f"a descendant of target {t['pid']}")

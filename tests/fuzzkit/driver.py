@@ -39,14 +39,13 @@ from typing import Any, NoReturn
 sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "src"), str(Path(__file__).resolve().parents[1])]
 
 import gpuslate  # noqa: E402
-from gpuslate.errors import GpuslateError  # noqa: E402
-from gpuslate.proc.procfs import ProcessId, list_pids, read_stat  # noqa: E402
-from gpuslate.proc.signals import send_signal  # noqa: E402
-from gpuslate.gpu.sim.host import SimHost  # noqa: E402
-
 from fuzzkit import checks  # noqa: E402
 from fuzzkit.forest import GPUS, Forest, NodeSpec, generate  # noqa: E402
 from fuzzkit.node import Node  # noqa: E402
+from gpuslate.errors import GpuslateError  # noqa: E402
+from gpuslate.gpu.sim.host import SimHost  # noqa: E402
+from gpuslate.proc.procfs import ProcessId, list_pids, read_stat  # noqa: E402
+from gpuslate.proc.signals import send_signal  # noqa: E402
 
 GiB = 1024**3
 GRACE = 0.2

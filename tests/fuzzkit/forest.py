@@ -122,7 +122,8 @@ def generate(seed: int, *, other_user: bool = True, max_nodes: int = 9) -> Fores
         nodes[nid] = node
         r = rng.random()
         if r < 0.45:
-            node.hold = [(g, rng.choice((256, 1024, 4096)) * MiB) for g in sorted(rng.sample(range(GPUS), rng.randint(1, 2)))]
+            gpus = sorted(rng.sample(range(GPUS), rng.randint(1, 2)))
+            node.hold = [(g, rng.choice((256, 1024, 4096)) * MiB) for g in gpus]
         elif r < 0.6:
             node.handles = sorted(rng.sample(range(GPUS), rng.randint(1, 2)))
         if rng.random() < 0.18:

@@ -112,7 +112,8 @@ def test_binding_reads_the_abi(fake_library: str):
     h0, h1 = nv.handle(0), nv.handle(1)
     assert (nv.minor_number(h0), nv.minor_number(h1)) == (4, 5)
     assert (nv.uuid(h1), nv.name(h0)) == ("GPU-bbbb", "NVIDIA H200")
-    assert (nv.utilization(h0), nv.temperature(h0), nv.power_limit(h0), nv.performance_state(h0)) == (37, 41, 700000, 32)
+    readings = (nv.utilization(h0), nv.temperature(h0), nv.power_limit(h0), nv.performance_state(h0))
+    assert readings == (37, 41, 700000, 32)
     assert nv.memory(h0, 2) == (140 * GiB, 60 * GiB + 1, 645 << 20, 80 * GiB)
     assert nv.memory(h0, 1) == (140 * GiB, 645 << 20, 0, 140 * GiB - (645 << 20))
     # the list grew between the calls: asked again with more room, all four read

@@ -7,12 +7,10 @@ driver is exercised by the ``gpu``-marked tests in test_nvml_real.py.
 
 from __future__ import annotations
 
-
-import pytest
-
 import inspect
 import threading
 
+import pytest
 
 from gpuslate.errors import BackendUnavailable
 from gpuslate.gpu import nvml
@@ -166,7 +164,7 @@ def test_failed_process_query_is_an_error_not_empty(monkeypatch):
 
 
 def test_no_driver(monkeypatch):
-    with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
+    with pytest.raises(BackendUnavailable, match=r"no NVIDIA driver available .*Library Not Found"):
         backend(monkeypatch, init_error=LIBRARY_NOT_FOUND)
 
 
@@ -174,7 +172,7 @@ def test_no_library(monkeypatch):
     """No libnvidia-ml.so.1 at all: the binding says so, the backend says no driver."""
     monkeypatch.setattr(nvml, "open_library", lambda: Nvml("libnvidia-ml-absent.so.1"))
     monkeypatch.setattr(nvml, "_early", None)
-    with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
+    with pytest.raises(BackendUnavailable, match=r"no NVIDIA driver available .*Library Not Found"):
         nvml.open_nvml()
 
 
@@ -246,7 +244,7 @@ def test_early_init_failure_is_reported_by_the_backend(monkeypatch):
     monkeypatch.setattr(nvml, "open_library", lambda: FakeNvml(init_error=LIBRARY_NOT_FOUND))
     monkeypatch.setattr(nvml, "_early", None)
     nvml.start_early_init()  # fails quietly on its thread
-    with pytest.raises(BackendUnavailable, match="no NVIDIA driver available .*Library Not Found"):
+    with pytest.raises(BackendUnavailable, match=r"no NVIDIA driver available .*Library Not Found"):
         nvml.open_nvml()
 
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 import gpuslate
-from helpers import gpuslate_env
 from gpuprocs import NVML_MONITOR, TORCH_HOLDER, start_python
+from helpers import gpuslate_env
 
 pytestmark = pytest.mark.gpu
 GiB = 1024**3
@@ -99,7 +99,7 @@ def test_binding_agrees_with_pynvml(started):
         assert nv.uuid(h) == pynvml.nvmlDeviceGetUUID(ph) and nv.name(h) == pynvml.nvmlDeviceGetName(ph)
         assert nv.minor_number(h) == pynvml.nvmlDeviceGetMinorNumber(ph)
         assert nv.power_limit(h) == pynvml.nvmlDeviceGetEnforcedPowerLimit(ph)
-        total, used, reserved, free = nv.memory(h, 2)
+        total, used, reserved, _free = nv.memory(h, 2)
         m = pynvml.nvmlDeviceGetMemoryInfo(ph, version=pynvml.nvmlMemory_v2)
         assert (total, reserved) == (m.total, m.reserved) and abs(used - m.used) <= 64 * 2**20
         mine = dict(nv.processes(h, "compute", 3))

@@ -11,8 +11,8 @@ import signal
 import socket
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

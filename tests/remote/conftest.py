@@ -3,8 +3,9 @@
 One session-wide lab (starting sshd and generating keys costs about a second):
 ``h1`` and ``h2`` run this checkout's gpuslate; ``refused`` accepts no key;
 ``bare`` has no gpuslate but a fake ``nvidia-smi`` printing CSV; ``down`` is a
-closed port; ``rekeyed`` is h1 with another key in known_hosts; ``hang`` is a TCP listener that never speaks. In CI (``CI=true``)
-a missing sshd fails these tests instead of skipping them.
+closed port; ``rekeyed`` is h1 with another key in known_hosts; ``hang`` is a
+TCP listener that never speaks. In CI (``CI=true``) a missing sshd fails these
+tests instead of skipping them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 

@@ -7,8 +7,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.errors import UsageError
-from gpuslate.remote.hosts import (MAX_HOSTS, HostSpec, count_hostlist, expand_host_words, expand_hostlist,
-                                    format_inventory, parse_host, parse_inventory, select_hosts)
+from gpuslate.remote.hosts import (
+    MAX_HOSTS,
+    HostSpec,
+    count_hostlist,
+    expand_host_words,
+    expand_hostlist,
+    format_inventory,
+    parse_host,
+    parse_inventory,
+    select_hosts,
+)
 
 names = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z][a-z0-9-]{0,6}){0,2}", fullmatch=True)
 ipv6 = st.sampled_from(["::1", "fe80::1", "2001:db8::7", "fd00:1:2::3"])
@@ -153,9 +162,9 @@ def test_huge_ranges_are_refused_before_expanding():
         with pytest.raises(UsageError, match="at most 10000"):
             expand_hostlist(text)
         assert time.monotonic() - t0 < 0.5
-    with pytest.raises(UsageError, match="line 2: .*at most"):
+    with pytest.raises(UsageError, match=r"line 2: .*at most"):
         parse_inventory("[g]\ngpu[0:4096]x[0:4096]\n")
-    with pytest.raises(UsageError, match="line 3: .*at most"):  # the bound is on the whole inventory
+    with pytest.raises(UsageError, match=r"line 3: .*at most"):  # the bound is on the whole inventory
         parse_inventory("a[0:6000]\n\nb[0:6000]\n")
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
 from gpuslate.errors import UsageError
 from gpuslate.remote.zipapp import (
@@ -35,8 +34,9 @@ from gpuslate.remote.zipapp import (
     check_prefix,
     parse_python_version,
 )
+from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 
-pytestmark = pytest.mark.ssh
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]  # real sshd processes, a zipapp built and run through them
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 OLD_PYTHON = "#!/bin/sh\n# a python3 of another age: prints its version, whatever it is asked\necho 'Python 3.8.10'\n"

@@ -13,7 +13,7 @@ import pytest
 from helpers import gpuslate_env, is_gone, wait_for
 from sshd_hosts import free_port
 
-pytestmark = pytest.mark.ssh
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]  # real sshd processes and whole commands through them
 
 
 def _doc(r: subprocess.CompletedProcess[str]) -> dict:
@@ -64,7 +64,7 @@ def test_clear_across_hosts(lab, fleet, hold):
         res = hosts[name]["result"]
         assert hosts[name]["ok"] and res["schema"] == "gpuslate.clear.v1" and res["status"] == "clean"
         assert {t["pid"] for t in res["targets"]} >= set(h.pids)
-        wait_for(lambda: all(is_gone(p) for p in h.pids))
+        wait_for(lambda h=h: all(is_gone(p) for p in h.pids))
     after = _by_host(_doc(fleet("-H", "h1", "-H", "h2", "status", "--json")))
     assert all(g["memory"]["used"] == 0 for e in after.values() for g in e["result"]["gpus"])
 
@@ -90,7 +90,7 @@ def test_clear_shows_every_plan_and_asks_once(lab, hold):
     assert "── h1 ──" in err and "── h2 ──" in err and len(re.findall(r"^Plan\b", err, re.M)) == 2
     assert out.count("Clean: GPUs 0-3 free") == 2
     for h in held:
-        wait_for(lambda: is_gone(h.pid))
+        wait_for(lambda h=h: is_gone(h.pid))
 
 
 def test_clear_answered_no_signals_nothing(lab, hold):
@@ -103,7 +103,7 @@ def test_clear_answered_no_signals_nothing(lab, hold):
         p = subprocess.Popen([sys.executable, "-m", "gpuslate", "-H", "h1", "clear"], stdin=slave,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=lab.client_env())
         os.write(master, b"n\n")
-        out, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=60)
     finally:
         os.close(master)
         os.close(slave)
@@ -218,7 +218,8 @@ def test_up_swap_down_on_a_remote_host(lab, fleet):
 
     try:
         # 'next' is recorded by a first run, so that swap can start it again from its record
-        r = fleet("-H", "h1", "up", "next", "--gpus", "0,1", "--port", str(port), "--json", *serve("--mode", "speculative"))
+        r = fleet("-H", "h1", "up", "next", "--gpus", "0,1", "--port", str(port), "--json",
+                  *serve("--mode", "speculative"))
         assert _doc(r)["hosts"][0]["ok"], r.stdout
         assert fleet("-H", "h1", "down", "next").returncode == 0
         r = fleet("-H", "h1", "up", "base", "--gpus", "0,1", "--port", str(port), *serve())

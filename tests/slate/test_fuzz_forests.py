@@ -8,8 +8,9 @@ forests, the selections and the checks are in tests/fuzzkit/ (its package doc sa
 
 Parameters: ``GPUSLATE_FUZZ_SEED`` (default: a new seed each run, printed on failure) and
 ``GPUSLATE_FUZZ_FORESTS`` (default 200); ``GPUSLATE_FUZZ_RESULTS=FILE`` keeps every forest's record
-(selection, plan, violations, tree) as JSON lines (``FILE.pid2`` for the second test). Forest ``i`` has the seed ``SEED + i``; a failure prints
-the forest's seed, the one-line command that replays it, and the forest as a tree.
+(selection, plan, violations, tree) as JSON lines (``FILE.pid2`` for the second test).
+Forest ``i`` has the seed ``SEED + i``; a failure prints the forest's seed, the one-line command that
+replays it, and the forest as a tree.
 
 Needs root (to create a PID namespace and a second user); fails in CI (``CI=true``) without it.
 """
@@ -25,12 +26,15 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from helpers import SRC, throwaway_user
+
+pytestmark = pytest.mark.slow  # the whole file: 200 random forests of real processes (about 2 minutes)
 
 USER = "gpuslate-fuzz"
 DRIVER = str(Path(__file__).resolve().parents[1] / "fuzzkit" / "driver.py")
@@ -108,7 +112,7 @@ def report(results: list[dict], test: str) -> str:
     lines = [f"{sum(1 for r in results if r['violations'])} of {len(results)} forests broke an invariant: "
              + ", ".join(f"{c} ({len({r['seed'] for r in rs})} forests)" for c, rs in sorted(by_class.items()))]
     shown: set[int] = set()
-    for cls, rs in sorted(by_class.items()):
+    for _cls, rs in sorted(by_class.items()):
         for r in rs[:2]:  # two examples a class is enough to read; every seed replays
             if r["seed"] in shown:
                 continue

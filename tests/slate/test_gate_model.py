@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_plan_model import OTHER, Forest, World, selections, worlds
 
 from gpuslate.errors import UsageError
 from gpuslate.proc.procfs import ProcessId, ProcStat, SignalFacts
 from gpuslate.slate.gate import refusals
 from gpuslate.slate.plan import Facts, Hold, Resolved, Selection, attribute, decide
+from test_plan_model import OTHER, Forest, World, selections, worlds
 
 ME = 1000
 
@@ -73,6 +74,7 @@ def kernel_deliver(f: Forest, victims: list[int], sig: int) -> set[int]:
     return dead
 
 
+@pytest.mark.slow  # 400 examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_gate_lets_no_signal_end_a_process_outside_the_run(data: st.DataObject) -> None:

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pytest
-from otheruser import _env, start_as
 
 from gpuslate.errors import PermissionDenied
 from gpuslate.proc.procfs import ProcessId, read_stat
@@ -31,6 +30,7 @@ from gpuslate.proc.terminate import Victim, terminate
 from gpuslate.slate.clear import _ForkWatch
 from gpuslate.slate.plan import Plan, Selection
 from helpers import gpuslate_env, is_gone, wait_for
+from otheruser import _env, start_as
 
 PY = sys.executable
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root)")
@@ -107,7 +107,7 @@ def test_signal_forwarder_is_refused_and_the_spared_user_lives(shared_host, othe
                                env=gpuslate_env())
         assert "refused" in audit.stdout, audit.stdout[-2000:]
     finally:
-        kill_tree(p, *[q for q in locals().get("pids", [])])
+        kill_tree(p, *locals().get("pids", []))
 
 
 @ROOT_ONLY
@@ -328,8 +328,8 @@ def test_audit_log_full_between_phases_says_what_was_sent():
 
 def test_match_against_a_huge_argv_is_bounded(sim_host, tmp_path):
     huge = ["x" * 120_000] * 5  # 600 KB of argv (one argument is at most 128 KiB)
-    code = ("import sys; sys.argv = ['gpuslate', '--sim', %r, 'sim', 'hold', '--gpus', '0', '--memory', '1GiB']; "
-            "from gpuslate.cli.main import main; sys.exit(main())") % str(sim_host.root)
+    code = (f"import sys; sys.argv = ['gpuslate', '--sim', {str(sim_host.root)!r}, 'sim', 'hold', '--gpus', '0', "
+            "'--memory', '1GiB']; from gpuslate.cli.main import main; sys.exit(main())")
     p = subprocess.Popen([PY, "-c", code, "vllm", *huge], stdout=subprocess.PIPE, text=True, env=gpuslate_env(),
                          start_new_session=True)
     try:

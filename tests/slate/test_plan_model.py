@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -223,6 +224,7 @@ def independent_protection(w: World) -> set[int]:
     return out
 
 
+@pytest.mark.slow  # 400 examples
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_plan_invariants(data: st.DataObject) -> None:
@@ -326,7 +328,7 @@ def test_caller_pid_1_and_ancestors_refused_by_pid() -> None:
              11: ProcStat(11, "python", "S", 10, 10, 10, 11, 0),  # the holder it started
              12: ProcStat(12, "sleep", "S", 10, 10, 10, 12, 0),  # its other child
              13: ProcStat(13, "gpuslate", "S", 10, 10, 10, 13, 0)}
-    f = Forest(procs, {}, {p: ME for p in procs})
+    f = Forest(procs, {}, dict.fromkeys(procs, ME))
     facts = Facts(f, (Hold(11, 0, "compute", 2**30),), 1, 13, ME)
     for pid, msg in ((1, "PID 1 is never a target"), (10, "ancestor of this gpuslate"), (13, "gpuslate itself")):
         try:

@@ -25,11 +25,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from gpuslate.proc.procfs import list_pids, read_cmdline, read_stat
 from gpuslate.gpu.sim.host import SimHost
+from gpuslate.proc.procfs import list_pids, read_cmdline, read_stat
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "salloc", "squeue")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -59,7 +59,7 @@ class SlurmCluster:
                  hook_timeout: float = 3.0) -> None:
         self.root = root
         self.nodes = list(nodes)
-        self.gpus = gpus or {n: 4 for n in nodes}
+        self.gpus = gpus or dict.fromkeys(nodes, 4)
         self.hook_timeout = hook_timeout
         self.conf = root / "slurm.conf"
         self.hooks = root / "hooks"
@@ -106,7 +106,7 @@ class SlurmCluster:
         for n in self.nodes:
             self._daemon(["slurmd", "-f", str(self.conf), "-N", n], r / f"slurmd-{n}.pid")
         deadline = time.monotonic() + timeout
-        while self.states() != {n: "idle" for n in self.nodes}:
+        while self.states() != dict.fromkeys(self.nodes, "idle"):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Slurm test cluster did not come up: {self.states()}\n" + self.logs())
             time.sleep(0.1)

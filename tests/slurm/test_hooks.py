@@ -11,13 +11,13 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
-from gpuslate.host.audit import AuditLog
 from gpuslate.gpu.sim.host import SimHost
+from gpuslate.host.audit import AuditLog
 from helpers import GiB, is_gone, run_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
@@ -229,7 +229,7 @@ def job_cgroups() -> Iterator[Callable[[int], Path]]:
                 root_procs.write_text(pid)
             except OSError:
                 pass
-        wait_for(lambda: not (d / "cgroup.procs").read_text().split(), timeout=5)  # exiting processes
+        wait_for(lambda d=d: not (d / "cgroup.procs").read_text().split(), timeout=5)  # exiting processes
         d.rmdir()
     for parent in dict.fromkeys(d.parent for d in made):
         parent.rmdir()

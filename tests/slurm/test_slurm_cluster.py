@@ -20,6 +20,8 @@ from cluster import SlurmCluster
 from gpuslate.host.audit import AuditLog
 from helpers import is_gone, wait_for
 
+pytestmark = pytest.mark.slow  # the whole file: a real munged, slurmctld and two slurmd
+
 PY = sys.executable
 
 

@@ -162,7 +162,8 @@ def test_slurm_option_without_srun(tmp_path):
     assert p.returncode == 3 and "no srun" in p.stderr.splitlines()[0] and "Traceback" not in p.stderr
 
 
-line_text = st.text(st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
+line_text = st.text(st.characters(blacklist_categories=("Cc", "Cs"),
+                                  blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
                     max_size=30)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -19,7 +19,8 @@ from unitkit import run_units
 def units_host(sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimHost]:
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
     # in-process up() starts units with this process's environment
-    monkeypatch.setenv("PYTHONPATH", SRC + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
+    inherited = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", SRC + (os.pathsep + inherited if inherited else ""))
     monkeypatch.chdir(tmp_path)
     yield sim_host
     from gpuslate.units.unit import load_units

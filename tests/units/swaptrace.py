@@ -14,10 +14,11 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import gpuslate
 

@@ -25,8 +25,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.proc.procfs import ProcessId, ProcStat, read_stat
-from gpuslate.units.fence import (Held, Marker, Number, ProcFacts, Rule, UnitMark, classify, confirmed, decide,
-                                  still_held)
+from gpuslate.units.fence import (
+    Held,
+    Marker,
+    Number,
+    ProcFacts,
+    Rule,
+    UnitMark,
+    classify,
+    confirmed,
+    decide,
+    still_held,
+)
 from gpuslate.units.state import Phase, UnitFacts, UnitState, unit_state
 from helpers import wait_for
 

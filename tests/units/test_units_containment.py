@@ -7,6 +7,8 @@ import json
 import shlex
 import sys
 
+import pytest
+
 from gpuslate.units.contain import CGROUP_ROOT, _cgroup_v2
 from helpers import is_gone, wait_for
 from unitkit import free_port, serve_cmd
@@ -22,9 +24,6 @@ ESCAPE = (
     "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
     "time.sleep(600)\n"
 )
-
-
-import pytest
 
 
 @pytest.mark.parametrize("containment", ["auto", "session"])

@@ -38,6 +38,7 @@ def no_traceback(r) -> None:
     assert "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("containment,how", [("auto", "truncated"), ("session", "truncated"),
                                              ("session", "missing"), ("auto", "wrongtype")])
 def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, units, containment, how):
@@ -164,8 +165,8 @@ def test_bad_unit_names_are_usage_errors(units_host, units, name):
 
 @pytest.mark.parametrize("name", [*BAD_NAMES, "a\0b", "a/../b", "a\nb"])
 def test_library_refuses_bad_unit_names_before_touching_anything(units_host, name):
-    from gpuslate.errors import UsageError
     from gpuslate import Host
+    from gpuslate.errors import UsageError
     from gpuslate.units import resolve
 
     for call in (lambda: store.read(name), lambda: store.record_path(name), lambda: store.log_path(name),

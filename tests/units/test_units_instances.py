@@ -18,14 +18,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from gpuslate.gpu.sim.host import SimHost
 from gpuslate.proc.procfs import read_stat
-from helpers import GiB, SRC, is_gone, wait_for
+from helpers import SRC, GiB, is_gone, wait_for
 from test_units_lifecycle import gpus_clean
 from unitkit import run_units
 

@@ -13,8 +13,10 @@ import subprocess
 import sys
 import termios
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+
+import pytest
 
 from gpuslate.units import store
 from gpuslate.units.readiness import http
@@ -84,6 +86,7 @@ def test_sigterm_to_up_cleans_up_like_ctrl_c(units_host):
     assert store.load("web").phase == "failed"
 
 
+@pytest.mark.slow
 def test_sigkill_of_up_leaves_a_unit_judged_by_what_lives(units_host, units):
     port = free_port()
     up = Up("web", "--gpus", "0-1", "--port", str(port), "--engine", "sglang", "--start-timeout", "60", "--",

@@ -9,9 +9,9 @@ import signal
 
 from gpuslate.gpu.sim import SimBackend
 from gpuslate.proc.procfs import read_stat
+from gpuslate.slate.wait import is_free
 from gpuslate.units import store
 from gpuslate.units.readiness import http
-from gpuslate.slate.wait import is_free
 from helpers import GiB, is_gone, wait_for
 from unitkit import free_port, popen_units, serve_cmd
 

@@ -127,8 +127,8 @@ def test_fits_only_as_a_whole(sizes, available):
 
 
 def test_explicit_prefetch_list_wins_and_empty_turns_it_off(tmp_path):
-    model, size = make_model(tmp_path / "m", shards=1, shard_mib=1)
-    other, other_size = make_model(tmp_path / "other", shards=1, shard_mib=1)
+    _, size = make_model(tmp_path / "m", shards=1, shard_mib=1)
+    _, other_size = make_model(tmp_path / "other", shards=1, shard_mib=1)
     cmd = ["python", "-m", "sglang.launch_server", "--model-path", "m"]
     assert plan_prefetch(cmd, None, cwd=str(tmp_path), available=2**40).total == size  # relative to cwd
     assert plan_prefetch(cmd, ["other"], cwd=str(tmp_path), available=2**40).total == other_size

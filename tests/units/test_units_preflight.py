@@ -66,8 +66,8 @@ def test_two_concurrent_ups_on_the_same_gpus(units_host, units):
     assert sorted(codes) == [0, 4], outs
     win, lose = (0, 1) if codes[0] == 0 else (1, 0)
     err = outs[lose][1]
-    assert "waiting for the host lock (at most 900 s): held by up c%d" % win in err  # serialized, said so
-    assert f"of unit c{win}" in err and "not free for unit c%d" % lose in err
+    assert f"waiting for the host lock (at most 900 s): held by up c{win}" in err  # serialized, said so
+    assert f"of unit c{win}" in err and f"not free for unit c{lose}" in err
     assert store.load(f"c{lose}") is None  # the loser started nothing
     assert units("ps").stdout.count("ready") == 1
     assert units("down", f"c{win}").returncode == 0

@@ -9,9 +9,9 @@ import pytest
 
 from gpuslate import Host
 from gpuslate.units import UnitSpec
-from gpuslate.units.readiness import http
 from gpuslate.units.lifecycle import DownResult, UpResult
 from gpuslate.units.listing import PsResult
+from gpuslate.units.readiness import http
 from unitkit import free_port, serve_cmd
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import gpuslate
 from gpuslate import Host
-from gpuslate.units import UnitSpec, store
 from gpuslate.proc.procfs import ProcessId
+from gpuslate.units import UnitSpec, store
 from gpuslate.units.fence import CgroupFence, Fence, ScopeFence, SessionFence, UnitMark, fence_of
 from unitkit import free_port, serve_cmd
 

@@ -9,7 +9,6 @@ import sys
 from helpers import gpuslate_env
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

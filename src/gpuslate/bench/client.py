@@ -15,7 +15,9 @@ import asyncio
 import json
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from itertools import pairwise
+from typing import Any
 
 import aiohttp
 
@@ -149,18 +151,17 @@ class StreamParser:
         rec.ttft_vllm = self.first_choice
         rec.chunk_times = self.times
         count_tokens(rec, prompt, self.usage, "".join(self.text), len(self.times), tokenizer)
-        cum = self.cumulative
-        if cum and all(c is not None for c in cum) and cum[-1] == rec.output_tokens \
-                and all(b >= a for a, b in zip(cum, cum[1:])):
-            rec.chunk_tokens = [c for c in _diffs(cum)]  # type: ignore[arg-type]
+        cum = [c for c in self.cumulative if c is not None]
+        if cum and len(cum) == len(self.cumulative) and cum[-1] == rec.output_tokens \
+                and all(b >= a for a, b in pairwise(cum)):
+            rec.chunk_tokens = _diffs(cum)
         else:
             rec.chunk_tokens = split_tokens(rec.output_tokens, self.chars)
 
 
-def _diffs(cum: list[int | None]) -> list[int]:
+def _diffs(cum: list[int]) -> list[int]:
     out, prev = [], 0
     for c in cum:
-        assert c is not None
         out.append(c - prev)
         prev = c
     return out

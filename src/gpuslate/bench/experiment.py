@@ -31,10 +31,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 from .. import __version__
 from .._time import iso_time
@@ -60,7 +61,8 @@ class PointKey:
 
     @property
     def filename(self) -> str:
-        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{'__control' if self.control else ''}.json"
+        control = "__control" if self.control else ""
+        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{control}.json"
 
 
 @dataclass(frozen=True)
@@ -278,14 +280,14 @@ class _Runner:
         stopped, failed = [], []
         with _signals_held():
             with Host.open(self.sim) as host:
-                live = {u.record.name for u in host.ps().units if u.processes}
+                live = {u.unit.name for u in host.ps().units if u.processes}  # a corrupt record has a name too
             for name in dict.fromkeys(reversed(self.touched)):
                 if name not in live:
                     continue
                 try:
                     self._stop(name, "interrupted")
                     stopped.append(name)
-                except BaseException as exc:  # report, never mask the original error
+                except BaseException as exc:  # noqa: BLE001 - reported, never masking the original error
                     failed.append(f"stopping {name} failed: {exc}")
         self.running = None
         if failed:

@@ -41,8 +41,10 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from itertools import pairwise
+from typing import Any
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 PEAK_BUCKET_S = 1.0  # vLLM buckets tokens per whole second
@@ -91,7 +93,7 @@ class RequestRecord:
     @property
     def chunk_gaps(self) -> list[float]:
         t = self.chunk_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in pairwise(t)]
 
     @property
     def itl(self) -> list[float]:

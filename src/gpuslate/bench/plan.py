@@ -74,7 +74,7 @@ class LoadPlan:
                 _check_int("concurrency", c, 1, MAX_CONCURRENCY)
         else:
             if isinstance(self.request_rate, bool) or not isinstance(self.request_rate, (int, float)) \
-                    or math.isnan(self.request_rate) or not 0 < self.request_rate \
+                    or math.isnan(self.request_rate) or not self.request_rate > 0 \
                     or (math.isfinite(self.request_rate) and self.request_rate > MAX_RATE):
                 raise UsageError(f"request rate must be a number within (0, {MAX_RATE:g}] or inf, "
                                  f"got {self.request_rate!r}")

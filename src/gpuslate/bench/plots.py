@@ -16,8 +16,8 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 PLOTS = ("throughput_vs_concurrency.png", "ttft_vs_concurrency.png", "itl_vs_concurrency.png",
          "throughput_vs_speed.png")

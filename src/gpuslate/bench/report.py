@@ -30,6 +30,7 @@ import csv
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,12 +92,14 @@ def aggregate(points: list[dict[str, Any]], time_scale: float = 1.0) -> list[dic
     for (dep, c), ps in groups.items():
         lv = [p["level"] for p in ps]
         thr = [_round(v["output_token_throughput"] / time_scale, 4) for v in lv]
+        known = [t for t in thr if t is not None]  # None: not finite (min/max of a None would raise)
         row: dict[str, Any] = {
             "deployment": dep, "role": ps[0].get("role"), "concurrency": c, "repeats": len(ps),
             "completed": sum(v["completed"] for v in lv), "failed": sum(v["failed"] for v in lv),
             "output_tokens": sum(v["output_tokens"] for v in lv),
             "input_tokens": sum(v["input_tokens"] for v in lv),
-            "output_token_throughput": {"mean": _round(_mean(thr), 4), "min": min(thr), "max": max(thr),
+            "output_token_throughput": {"mean": _round(_mean(thr), 4), "min": min(known, default=None),
+                                        "max": max(known, default=None),
                                         "values": thr, "repeats": [p["repeat"] for p in ps]},
             "request_throughput": _round(_mean([v["request_throughput"] / time_scale for v in lv]), 4),
             "total_token_throughput": _round(_mean([v["total_token_throughput"] / time_scale for v in lv]), 4),
@@ -419,10 +422,10 @@ def _spread(xs: list[float]) -> float:
     return (max(xs) - min(xs)) / mean if mean > 0 else 0.0
 
 
-def _mean(xs: list[float]) -> float:
+def _mean(xs: Sequence[float | None]) -> float:
     """Mean of the finite values; NaN (reported as null) when there are none."""
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else math.nan
+    finite = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _num(v: Any) -> float:

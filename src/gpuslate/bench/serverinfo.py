@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -37,7 +38,7 @@ async def resolve_model(session: aiohttp.ClientSession, base: str, model: str | 
         status, doc = await get_json(session, base + "/v1/models", headers)
     except (aiohttp.ClientConnectorError, asyncio.TimeoutError, aiohttp.ServerDisconnectedError) as exc:
         why = connect_failure(exc) if isinstance(exc, aiohttp.ClientConnectorError) else (
-            "no answer within {:g} s".format(PROBE_TIMEOUT_S) if isinstance(exc, asyncio.TimeoutError)
+            f"no answer within {PROBE_TIMEOUT_S:g} s" if isinstance(exc, asyncio.TimeoutError)
             else "disconnected")
         raise ServerFailed(f"cannot reach the server at {base}: {why}",
                            hint="is it running? (a test server: gpuslate sim serve --port 0)") from None

@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from ..errors import UsageError
 from .._toml import line_of, read_toml
+from ..errors import UsageError
 from ..units.spec import UnitSpec, load_config, resolve
 from .plan import LoadPlan
 
@@ -171,7 +171,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     for name in names:
         if name in own:
             source, where = p, f"{p}:{line_of(text, 'units.' + name, None)}"
-        elif name in referenced:
+        elif name in referenced and config_path is not None:
             source, where = config_path, f"{config_path}"  # load_config already checked its lines
         else:
             hint = f" or in {config_path}" if config_path else " (or set [experiment] config = \"gpuslate.toml\")"

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 Winner = Literal["speculative", "baseline", "tie"]
 Decision = Literal["disable_above", "always_off", "never_disable"]

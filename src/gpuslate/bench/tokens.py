@@ -32,7 +32,7 @@ class HfTokenizer:
             raise UsageError("--tokenizer needs the tokenizers library", hint=install_hint(Extra.TOKENIZERS)) from None
         try:
             self._tok = Tokenizer.from_file(str(path))
-        except Exception as exc:  # the library raises its own Exception subclass for bad files
+        except Exception as exc:  # noqa: BLE001 - the library raises its own Exception subclass for bad files
             raise UsageError(f"--tokenizer {path}: not a tokenizer.json: {' '.join(str(exc).split())[:200]}") from None
         self.path = path
 

@@ -14,8 +14,9 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 from ..extras import Extra, require
@@ -290,7 +291,12 @@ class _ProgressBar:
     def __init__(self) -> None:
         from rich.console import Console  # lazy: startup
         from rich.progress import (  # lazy: startup
-            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn)
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 #: commands that open the driver first thing
 EARLY_COMMANDS = frozenset({"status", "clear", "wait"})

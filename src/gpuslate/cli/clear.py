@@ -80,7 +80,7 @@ def run_clear(args: argparse.Namespace) -> int:
     return exit_status_of(result)
 
 
-def _confirm(plan) -> bool:  # type: ignore[no-untyped-def]
+def _confirm(plan) -> bool:
     """On a terminal: show the plan, ask before any signal."""
     from .render_clear import print_plan  # lazy: startup
 

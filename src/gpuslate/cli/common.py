@@ -53,7 +53,7 @@ def nonnegative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def whole(low: int, high: int):  # type: ignore[no-untyped-def]
+def whole(low: int, high: int):
     """An argparse type: a whole number in ASCII digits from ``low`` to ``high``
     (``int`` alone takes full-width digits and numbers of any length)."""
 

@@ -47,7 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "speculative and speculative-with-threshold servers are swapped in and swept; the report "
                        "shows where speculation stops paying off. Everything is stopped and verified at the end.",
                        epilog=exit_epilog({0: "done, everything stopped and verified clean",
-                                           2: "bad --out, or the bench or plots extra not installed (nothing was started)", 4: "not verified clean at the end",
+                                           2: "bad --out, or the bench or plots extra not installed "
+                                              "(nothing was started)",
+                                           4: "not verified clean at the end",
                                            6: "a simulated server failed",
                                            130: "interrupted by Ctrl-C (everything stopped and verified)",
                                            143: "terminated by SIGTERM (likewise)"}))
@@ -91,7 +93,13 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.spec import load_spec  # lazy: startup
     from ..gpu.sim.host import SimHost  # lazy: startup
     from .experiment import (  # lazy: startup
-        ProgressDisplay, interrupted_status, print_report, run_json, sigterm_as_interrupt, write_report_for)
+        ProgressDisplay,
+        interrupted_status,
+        print_report,
+        run_json,
+        sigterm_as_interrupt,
+        write_report_for,
+    )
 
     out = Path(args.out or "gpuslate-demo").absolute()
     _check_out(out)

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 RUN_EPILOG = exit_epilog({
-    0: "every point ran and no request failed", 2: "bad spec or --out, or the bench extra not installed (nothing was started)",
+    0: "every point ran and no request failed",
+    2: "bad spec or --out, or the bench extra not installed (nothing was started)",
     4: "a deployment could not be stopped with its GPUs verified free",
     6: "a deployment did not come up, or no request succeeded",
     7: "some requests failed (grouped in DIR/points)",
@@ -50,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
                            "report.md, summary.json and summary.csv, the speculation recommendation and its "
                            "engine files (sglang-args.txt, sglang-adaptive-config.json, vllm-config.json).",
-                           epilog=exit_epilog({0: "report written", 2: "DIR is not an experiment folder, or the bench extra not installed"},
+                           epilog=exit_epilog({0: "report written",
+                                               2: "DIR is not an experiment folder, or the bench extra not installed"},
                                               backend=False))
     rep.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                      help="print the versioned JSON document instead of a table")
@@ -266,5 +268,5 @@ class _Line:
 def _dur(s: float | None) -> str:
     if s is None:
         return "?"
-    s = int(round(s))
+    s = round(s)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

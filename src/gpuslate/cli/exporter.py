@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from ..extras import Extra, require
 from ..exporter import DEFAULT_LISTEN, SCHEMA
+from ..extras import Extra, require
 from .common import add_common, backend_for, note, positive_float
 from .exits import exit_epilog
 

@@ -6,13 +6,13 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
+from ..errors import GpuslateError, UsageError
+from . import fleet as fleet_cli
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
-from . import fleet as fleet_cli
-from ..errors import GpuslateError, UsageError
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
@@ -24,11 +24,11 @@ COMMANDS = {
 _GLOBAL_WITH_VALUE = {"--sim"}
 
 
-class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+class _LazySubParsers(argparse._SubParsersAction):
     """Subcommands whose options need heavy imports build them only when chosen,
     so that `gpuslate status` does not pay for `gpuslate sim serve`'s options."""
 
-    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
+    def __call__(self, parser, namespace, values, option_string=None):
         chosen = self._name_parser_map.get(values[0]) if values else None
         build = getattr(chosen, "lazy_build", None)
         if build is not None:
@@ -38,7 +38,7 @@ class _LazySubParsers(argparse._SubParsersAction):  # type: ignore[type-arg]
 
 
 class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _LazySubParsers)
 
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitStatus.INTERRUPTED
     except BrokenPipeError:  # `gpuslate status | head`: not an error worth a traceback
         return ExitStatus.OK
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last resort: an exit status and one line, never a traceback
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
             import traceback  # lazy: startup

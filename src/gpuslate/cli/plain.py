@@ -9,7 +9,8 @@ fixed columns, one line per row, one column that may be cut to fit.
 from __future__ import annotations
 
 import os
-from typing import IO, Literal, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import IO, Literal, NamedTuple
 
 from .._text import clean, cut, safe  # noqa: F401 - re-exported: the CLI's renderers import them from here
 
@@ -61,7 +62,7 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
     so that the line fits; the others are shown whole.
     """
     limits = [c.max_width for c in columns]
-    cells = [[Cell(cut(cell.text, limits[i]) if limits[i] else cell.text, cell.styles)
+    cells = [[Cell(cut(cell.text, lim) if (lim := limits[i]) else cell.text, cell.styles)
               for i, cell in enumerate(row)] for row in rows]
     widths = [max([len(c.header)] + [len(r[i].text) for r in cells]) for i, c in enumerate(columns)]
     if width is not None and shrink is not None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from .._parse import format_size
-from .._time import format_duration
 from .common import add_common, print_json
 from .exits import exit_epilog, exit_status_of
 from .results import as_sent

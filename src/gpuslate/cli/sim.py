@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                               "port is in use, or --fail-startup)",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
-    serve.lazy_build = _serve_options  # type: ignore[attr-defined]
+    serve.lazy_build = _serve_options
     serve.set_defaults(handler=run_serve)
 
     leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)",
@@ -129,7 +129,7 @@ def _host(args: argparse.Namespace):  # -> SimHost
         raise UsageError("no simulated host: pass --sim DIR or set GPUSLATE_SIM=DIR "
                          "(create one with 'gpuslate sim init DIR')")
     host = SimHost(root)
-    host.config  # a clear error now if DIR is no simulated host
+    host.config  # noqa: B018 - a clear error now if DIR is no simulated host
     return host
 
 
@@ -166,7 +166,8 @@ def run_hold(args: argparse.Namespace) -> int:
              "not the command line (pip install setproctitle)")
     gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
-         ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title, reap=not args.no_reap)
+         ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
+         reap=not args.no_reap)
 
 
 def run_leak(args: argparse.Namespace) -> int:

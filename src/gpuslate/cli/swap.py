@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from .._parse import format_size
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_of
 from .results import as_sent

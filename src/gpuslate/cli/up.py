@@ -54,7 +54,7 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
     p.usage = f"{p.prog} NAME [options] -- COMMAND [ARGS...]"
     parse = p.parse_known_args
 
-    def parse_known_args(args=None, namespace=None):  # type: ignore[no-untyped-def]
+    def parse_known_args(args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
         command: list[str] = []
         if "--" in args:
@@ -79,7 +79,8 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoke", action="store_true", default=None, help="once ready, send one real 1-token completion")
     p.add_argument("--model", help="model name for --smoke (default: the first of /v1/models)")
     p.add_argument("--start-timeout", type=positive_float, metavar="SECONDS", help="default 900")
-    p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS", help="SIGTERM to SIGKILL when stopping (default 10)")
+    p.add_argument("--grace", type=nonnegative_float, metavar="SECONDS",
+                   help="SIGTERM to SIGKILL when stopping (default 10)")
     p.add_argument("--stop-timeout", type=nonnegative_float, metavar="SECONDS",
                    help="stopping including GPU memory release (default 60)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="set in the server's environment (repeatable)")

@@ -7,7 +7,8 @@ the whole file is never parsed again), at most :data:`MAX_READ` bytes at a
 time so that a first scrape of a large log stays bounded (later scrapes catch
 up). A line still being written (no newline yet) waits for the next scrape.
 A file replaced or truncated (another inode, shorter than the offset, or other
-first bytes: an inode number can be reused) is counted again from its start, as a counter reset, which Prometheus expects.
+first bytes: an inode number can be reused) is counted again from its start, as
+a counter reset, which Prometheus expects.
 
 The counts are monotonic, as Prometheus counters must be: a signal is counted
 when its line appears, its outcome when the outcome line appears (a signal of
@@ -20,8 +21,9 @@ import json
 import os
 import stat
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import PermissionDenied
 from ..host.state import open_dir
@@ -125,4 +127,5 @@ class AuditTail:
         elif event == "outcome":
             key = c.pending.pop(doc["id"], None)
             if key is not None:  # a signal of this host; only its first outcome counts
-                c.outcomes[(*key, label(str(doc.get("outcome"))))] += 1
+                counted = (*key, label(str(doc.get("outcome"))))
+                c.outcomes[counted] += 1

@@ -20,8 +20,9 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -29,13 +30,14 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from .. import __version__
 from ..gpu.types import GpuBackend
 from ..host.audit import AuditLog, of_host
+from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.procfs import read_info, read_stat
-from ..host.session import HostContext
 from ..units.listing import list_units
 from ..units.state import UnitState
 from .auditlog import AuditCounts, AuditTail
 from .model import Account, Facts, UnitRow, account, label
+
 
 class Kind(str, Enum):
     GAUGE = "gauge"

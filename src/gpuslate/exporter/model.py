@@ -25,7 +25,8 @@ These are the workers the job rule attributes to no live launcher
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from .._text import clean, cut
 from ..host.snapshot import HolderProcess, Snapshot

@@ -70,10 +70,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpuslate-exporter"
     sys_version = ""
 
-    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+    def do_GET(self) -> None:  # the standard library's name
         self._answer(send_body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._answer(send_body=False)
 
     def _answer(self, *, send_body: bool) -> None:
@@ -100,7 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
         if send_body:
             self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the standard library's name
+    def log_message(self, format: str, *args: Any) -> None:  # the standard library's name and signature
         pass  # one line per scrape on stderr is noise; errors show in gpuslate_exporter_scrape_errors_total
 
 

@@ -18,8 +18,9 @@ and ``_v3`` functions, earlier drivers for the unversioned ones).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from ctypes import Structure, byref, c_char_p, c_int, c_uint, c_ulonglong, c_void_p
-from typing import Any, Callable
+from typing import Any
 
 #: return codes of nvml.h used by gpuslate (the others are reported by number and message)
 SUCCESS = 0

@@ -12,11 +12,19 @@ process list.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import BackendUnavailable, GpuQueryError, PermissionDenied
-from .libnvml import (ERROR_ARGUMENT_VERSION_MISMATCH, ERROR_FUNCTION_NOT_FOUND, ERROR_NO_PERMISSION,
-                      ERROR_NOT_SUPPORTED, Handle, Nvml, NvmlError)
+from .libnvml import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_NO_PERMISSION,
+    ERROR_NOT_SUPPORTED,
+    Handle,
+    Nvml,
+    NvmlError,
+)
 from .types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
 
 # PIDs that some drivers report for contexts they cannot attribute

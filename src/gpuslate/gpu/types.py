@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 #: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
 PROCESS_KINDS = ("compute", "graphics", "mps", "handle")
@@ -37,7 +38,7 @@ class GpuReading(NamedTuple):
     the fields that failed are ``None``: a failed query never reads as clean.
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, which nothing here calls
     uuid: str | None
     name: str | None
     minor: int | None  # /dev/nvidiaN of this GPU
@@ -69,8 +70,9 @@ class GpuBackend(Protocol):
     """What every GPU backend provides (NVML on real hosts, ``sim`` on simulated ones)."""
 
     name: str
-    #: known from the moment the backend is open (decides the default --max-used)
-    memory_api: MemoryApi
+    @property
+    def memory_api(self) -> MemoryApi:
+        """Known from the moment the backend is open (decides the default --max-used)."""
 
     def driver_version(self) -> str | None: ...
 

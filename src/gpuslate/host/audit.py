@@ -22,8 +22,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..errors import PermissionDenied, UsageError
 from .state import StateDir, open_dir, open_state_dir

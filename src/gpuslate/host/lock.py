@@ -23,8 +23,9 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import GpuslateError, NotDoneError, PermissionDenied
 from .state import StateDir, Trust, open_dir
@@ -217,8 +218,8 @@ class HostLock:
         return _read_holder_in(self._dir, self.holder_path.name)
 
     def _write_holder(self) -> None:
-        from ..proc.procfs import identity, user_name  # lazy: startup
         from .._time import iso_time  # lazy: startup
+        from ..proc.procfs import identity, user_name  # lazy: startup
 
         pid = os.getpid()
         ident = identity(pid)
@@ -300,7 +301,8 @@ def _read_holder_in(folder: StateDir, name: str) -> dict[str, Any]:
         doc = json.loads(folder.read(name, 64 * 1024) or b"")
     except (OSError, ValueError):
         return dict(_UNKNOWN)
-    if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not _alive(doc["pid"], doc.get("start_ticks")):
+    if (not isinstance(doc, dict) or not isinstance(doc.get("pid"), int)
+            or not _alive(doc["pid"], doc.get("start_ticks"))):
         return dict(_UNKNOWN)
     return {k: doc.get(k) for k in _UNKNOWN}
 

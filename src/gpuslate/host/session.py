@@ -22,9 +22,10 @@ lock and writes no log, and must not pay for their modules at every start.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..gpu import GpuBackend, open_backend
 

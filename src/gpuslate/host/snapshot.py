@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._time import iso_time, parse_iso_time
@@ -69,7 +70,7 @@ class GpuState(NamedTuple):
     processes: list[HolderProcess]
 
     @property
-    def index(self) -> int:
+    def index(self) -> int:  # type: ignore[override]  # shadows tuple.index, which nothing here calls
         return self.reading.index
 
     @property

@@ -276,7 +276,8 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 verb = "create" if create and not final else "use"
-                tail = "it exists and is not a directory" if final else f"{here} is {_kind(st.st_mode)}, not a directory"
+                tail = ("it exists and is not a directory" if final
+                        else f"{here} is {_kind(st.st_mode)}, not a directory")
                 raise PermissionDenied(f"cannot {verb} {what} {path}: {tail}", hint=_hint(trust))
             fd = _open_dir_at(path, parent_fd, name, here, what)
             after = os.fstat(fd)

@@ -38,7 +38,8 @@ starts a holder and clears it never loses its other children.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from .procfs import ProcStat, SignalFacts
 
@@ -245,7 +246,7 @@ def descendants(view: ProcessView, pid: int, protected: Protection,
     ``left`` is told each protected process met on the way (considered and left)."""
     out: list[int] = []
     seen = {pid}
-    stack = [c for c in view.children(pid)]
+    stack = list(view.children(pid))
     while stack:
         p = stack.pop()
         if p in seen:

@@ -124,11 +124,11 @@ def read_stat(pid: int) -> ProcStat | None:
     lpar = data.find(b"(")
     rpar = data.rfind(b")")
     name = data[lpar + 1 : rpar].decode("utf-8", "replace")
-    f = data[rpar + 2 :].split()
-    # f[0] is field 3 (state); field N is f[N - 3]
+    fields = data[rpar + 2 :].split()
+    # fields[0] is field 3 (state); field N is fields[N - 3]
     return ProcStat(
-        pid=pid, name=name, state=f[0].decode(), ppid=int(f[1]), pgid=int(f[2]),
-        sid=int(f[3]), tty_nr=int(f[4]), flags=int(f[6]), start_ticks=int(f[19]),
+        pid=pid, name=name, state=fields[0].decode(), ppid=int(fields[1]), pgid=int(fields[2]),
+        sid=int(fields[3]), tty_nr=int(fields[4]), flags=int(fields[6]), start_ticks=int(fields[19]),
     )
 
 

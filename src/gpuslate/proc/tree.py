@@ -9,8 +9,18 @@ from __future__ import annotations
 import os
 
 from .jobs import Protection, ancestors, job_root
-from .procfs import (PROC, ProcStat, SignalFacts, list_pids, read_cmdline, read_exe, read_exe_is_system,
-                     read_pid_ns, read_signal_facts, read_stat)
+from .procfs import (
+    PROC,
+    ProcStat,
+    SignalFacts,
+    list_pids,
+    read_cmdline,
+    read_exe,
+    read_exe_is_system,
+    read_pid_ns,
+    read_signal_facts,
+    read_stat,
+)
 
 
 class ProcTable:

@@ -13,14 +13,24 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import GpuslateError, GpuslateMissing, NotRun, RemoteCommandFailed, RemoteIncompatible
 from .hosts import HostSpec
 from .smi import SEPARATOR, smi_apps_words, smi_words, status_from_smi
-from .ssh import (DEFAULT_REMOTE_COMMAND, INSTALL_HINT, INSTALLED_LAUNCHER, SshOptions, SshResult, missing,
-                  remote_line, run_ssh, transport_error)
+from .ssh import (
+    DEFAULT_REMOTE_COMMAND,
+    INSTALL_HINT,
+    INSTALLED_LAUNCHER,
+    SshOptions,
+    SshResult,
+    missing,
+    remote_line,
+    run_ssh,
+    transport_error,
+)
 
 SCHEMA = "gpuslate.fleet.v1"
 ERROR_SCHEMA = "gpuslate.error.v1"

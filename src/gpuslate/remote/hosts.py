@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Iterator, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 from ..errors import UsageError
 
@@ -141,7 +142,9 @@ def count_hostlist(text: str) -> int:
 
 def _split_top(text: str) -> list[str]:
     """Split at the commas outside brackets: ``n[1,2],m`` -> ``n[1,2]``, ``m``."""
-    items, depth, cur = [], 0, []
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         depth += ch == "["
         depth -= ch == "]"

@@ -74,9 +74,9 @@ def status_from_smi(host: str, output: str, taken_at: float, warning: str) -> di
         if index is None:
             continue
         driver = driver or f["driver_version"]
-        used, total = _mib(f["memory.used"]), _mib(f["memory.total"])
-        memory = None if used is None or total is None else \
-            {"total": total, "used": used, "reserved": 0, "free": max(0, total - used)}
+        mem_used, mem_total = _mib(f["memory.used"]), _mib(f["memory.total"])
+        memory = None if mem_used is None or mem_total is None else \
+            {"total": mem_total, "used": mem_used, "reserved": 0, "free": max(0, mem_total - mem_used)}
         power, limit = _num(f["power.draw"]), _num(f["power.limit"])
         gpus.append({
             "index": index, "uuid": f["uuid"], "name": f["name"], "memory": memory,

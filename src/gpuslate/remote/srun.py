@@ -21,7 +21,8 @@ import re
 import shlex
 import subprocess
 import time
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from ..errors import GpuslateError, HostUnreachable, UsageError
 from .fleet import FleetResult, HostOutcome, interpret

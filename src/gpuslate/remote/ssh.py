@@ -17,11 +17,19 @@ import shlex
 import stat
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
-from ..errors import (GpuslateError, GpuslateMissing, HostAuthRefused, HostKeyChanged, HostTimedOut,
-                      HostUnreachable, PermissionDenied)
+from ..errors import (
+    GpuslateError,
+    GpuslateMissing,
+    HostAuthRefused,
+    HostKeyChanged,
+    HostTimedOut,
+    HostUnreachable,
+    PermissionDenied,
+)
 from ..host.state import configured_dir
 from .hosts import HostSpec
 

@@ -36,6 +36,7 @@ from .openai_api import (
     requested_model,
 )
 from .scheduler import BatchScheduler, SchedulerStopped, SimRequest
+
 # Re-exported: the CLI wires `sim serve` through this module.
 from .serverconfig import ServerConfig, add_arguments, config_from_args
 

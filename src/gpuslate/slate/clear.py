@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from enum import Enum
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
-from .._parse import format_gpu_list
 from .._document import checked, reading
+from .._parse import format_gpu_list
 from .._time import iso_time, parse_iso_time
 from ..errors import Interrupted, NotDoneError, UsageError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json

@@ -26,7 +26,7 @@ their pidfds: never a process group, never a session.
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..proc.collateral import collateral
 from ..proc.jobs import ProcessView, Protection

@@ -23,8 +23,9 @@ from __future__ import annotations
 import os
 import pwd
 import re
+from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from .._parse import format_gpu_list, format_size
 from ..errors import UsageError

@@ -17,16 +17,17 @@ and why, with the remedy; gpuslate never resets a GPU itself.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._parse import format_size
 from ..errors import UsageError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
-from ..proc.terminate import Poller, VictimResult
 from ..host.session import HostContext
 from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..proc.terminate import Poller, VictimResult
 
 WAIT_SCHEMA = "gpuslate.wait.v1"
 
@@ -195,7 +196,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
         if r.error:
             problems.append(Problem(None, None, None, None,
                                     f"the GPU could not be queried ({r.error}): its state is unknown, not free",
-                                    "check the driver (nvidia-smi -q -i %d) and the kernel log" % r.index))
+                                    f"check the driver (nvidia-smi -q -i {r.index}) and the kernel log"))
         accounted = 0
         for p in g.processes:
             if p.kind == "handle":

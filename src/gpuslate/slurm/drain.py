@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from .._parse import format_size
 from ..slate.wait import GpuDiagnosis

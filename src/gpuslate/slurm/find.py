@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 from ..proc.procfs import PROC, list_pids, read_stat
 

@@ -12,7 +12,8 @@ Slurm may carry only ``SLURM_STEP_GPUS``, ``CUDA_VISIBLE_DEVICES`` or
 from __future__ import annotations
 
 import socket
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from .._parse import parse_gpu_list
 from ..errors import UsageError

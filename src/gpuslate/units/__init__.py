@@ -24,6 +24,23 @@ from .state import UnitFacts, UnitState, unit_state
 from .swap import SwapOptions, SwapResult, swap
 from .unit import Unit
 
-__all__ = ["up", "down", "swap", "list_units", "resolve", "UnitSpec", "UpResult", "DownResult",
-           "SwapResult", "UpOptions", "DownOptions", "SwapOptions", "PsResult", "UnitStatus", "Unit", "UnitState",
-           "UnitFacts", "unit_state"]
+__all__ = [
+           "DownOptions",
+           "DownResult",
+           "PsResult",
+           "SwapOptions",
+           "SwapResult",
+           "Unit",
+           "UnitFacts",
+           "UnitSpec",
+           "UnitState",
+           "UnitStatus",
+           "UpOptions",
+           "UpResult",
+           "down",
+           "list_units",
+           "resolve",
+           "swap",
+           "unit_state",
+           "up",
+]

@@ -22,8 +22,9 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from ..proc.procfs import read_cgroup, read_stat
 

@@ -45,9 +45,10 @@ Fences:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Iterable, Literal, NamedTuple, Protocol, Sequence
+from typing import Literal, NamedTuple, Protocol
 
 from ..proc.procfs import ProcessId, ProcStat, read_stat
 from ..proc.tree import ProcTable
@@ -292,7 +293,9 @@ def _stats(table: ProcTable, members: dict[int, str]) -> list[ProcStat]:
 
 
 class Fence(Protocol):
-    kind: FenceKind
+    @property
+    def kind(self) -> FenceKind:
+        """Which containment this is (read-only: the fences are frozen)."""
 
     @property
     def cgroup(self) -> str | None:
@@ -438,7 +441,7 @@ class MarkerFence:
         return st.pid
 
     def kill(self) -> bool:
-        return any([cgroup_kill(cg) for cg in self.cgroups(ProcTable()) if cgroup_pids(cg)])
+        return any([cgroup_kill(cg) for cg in self.cgroups(ProcTable()) if cgroup_pids(cg)])  # noqa: C419 - kill all
 
     def release(self, wait: float = 0.0) -> None:
         for cg in self.trusted + self.candidates:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Callable, Iterator
+from typing import Any
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: the signals that, outside cleanup, stop a start like Ctrl-C does (SIGINT raises KeyboardInterrupt already)

@@ -11,23 +11,24 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
-from ..host.audit import new_run_id
+from .._document import checked, reading
+from .._time import iso_time, parse_iso_time
 from ..errors import NotDoneError, UsageError
+from ..host.audit import new_run_id
+from ..host.session import HostContext
+from ..host.snapshot import resolve_gpus
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
-from .._document import checked, reading
-from .._time import iso_time, parse_iso_time
-from ..host.snapshot import resolve_gpus
 from ..slate.clear import ClearOptions, ClearResult, clear
 from ..slate.plan import Selection
 from . import logfile, store
 from .contain import collect_stale_cgroups
 from .fence import fence_of
-from ..host.session import HostContext
 from .interrupts import deferred_interrupts
 from .launch import Launched, exit_status, launch
 from .preflight import check_gpus, check_port

@@ -14,13 +14,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .._document import checked, reading
+from .._parse import format_size
+from .._time import iso_time, parse_iso_time
 from ..gpu.types import GpuReading
+from ..host.session import HostContext
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
-from .._parse import format_size
-from .._document import checked, reading
-from .._time import iso_time, parse_iso_time
-from ..host.session import HostContext
 from .fence import FenceKind
 from .state import Phase, UnitState, unit_state
 from .store import UnitRecord, Unreadable
@@ -164,7 +164,7 @@ def list_units(host: HostContext) -> PsResult:
         try:
             readings = host.backend.read(wanted, full=False)
             known = True
-        except Exception as exc:  # ps still lists the units when the GPUs cannot be read
+        except Exception as exc:  # noqa: BLE001 - ps still lists the units when the GPUs cannot be read
             warnings.append(f"GPU memory unknown: {exc}")
     owner = {st.pid: name for name, procs in members.items() for st in procs}
     out: list[UnitStatus] = []

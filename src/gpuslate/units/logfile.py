@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO
 
 from ..host.state import StateDir, open_dir
 

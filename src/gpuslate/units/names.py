@@ -17,7 +17,7 @@ from ..errors import UsageError
 MAX_LENGTH = 64
 #: ASCII letters and digits, then also '.', '_', '-': never '/', '..', NUL, a control
 #: character, a space or a leading '-' (it would read as an option)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,%d}" % (MAX_LENGTH - 1))
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_LENGTH - 1}}}")
 RULE = f"1 to {MAX_LENGTH} ASCII letters, digits, '.', '_' or '-', starting with a letter or a digit"
 
 

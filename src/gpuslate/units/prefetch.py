@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from .._parse import format_size
 from .._time import iso_time, parse_iso_time

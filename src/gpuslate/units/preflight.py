@@ -5,14 +5,14 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .._parse import format_size
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
-from ..proc.procfs import read_info
 from ..host.snapshot import Snapshot, take_snapshot
+from ..proc.procfs import read_info
 from ..slate.wait import is_free
 
 
@@ -41,7 +41,8 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
             holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "")
                            + f" ({p.user or '?'}: {(p.command or p.name or '?')[:60]}, {format_size(p.used_memory)})")
         used = g.reading.memory.used if g.reading.memory else None
-        parts.append(f"GPU {g.index} ({format_size(used)} used): " + (", ".join(holders) or "held by no visible process"))
+        shown = ", ".join(holders) or "held by no visible process"
+        parts.append(f"GPU {g.index} ({format_size(used)} used): {shown}")
     which = ",".join(str(g.index) for g in busy)
     hint = (f"stop it first: gpuslate down {sorted(units)[0]}" if len(units) == 1 else
             "stop them first ('gpuslate down NAME', 'gpuslate clear'), or pass --clear to clear them")

@@ -58,7 +58,8 @@ class Probe:
 
     def check(self, timeout: float = 2.0) -> bool:
         try:
-            return getattr(self, f"_{self.kind}")(timeout)
+            ready: bool = getattr(self, f"_{self.kind}")(timeout)
+            return ready
         except OSError as exc:  # refused, reset, timed out: still starting
             self.detail = f"{self.target}: {exc.strerror or exc}"
             return False

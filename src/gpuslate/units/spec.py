@@ -234,7 +234,8 @@ def _check_cwd(cwd: str) -> str:
 
 
 def _toml_type(v: object) -> str:
-    return {list: "list", dict: "table"}.get(type(v), type(v).__name__)
+    names: dict[type, str] = {list: "list", dict: "table"}
+    return names.get(type(v), type(v).__name__)
 
 
 def _line_of(text: str, unit: str | None, key: str | None) -> int:

@@ -17,16 +17,17 @@ says what could not be verified, and why.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from ..host.audit import AuditLog
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
+from ..host.audit import AuditLog
+from ..host.session import default_max_used
+from ..host.snapshot import take_snapshot
 from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from ..host.snapshot import take_snapshot
-from ..host.session import default_max_used
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .unit import Unit
 
@@ -95,7 +96,7 @@ def held_gpus(backend: GpuBackend, pids: set[int]) -> tuple[dict[int, list[int]]
     unknown (a reading that failed is never taken for "holds nothing")."""
     try:
         readings = backend.read(None, full=False)
-    except Exception as exc:  # any backend failure: what they hold is unknown, and said so
+    except Exception as exc:  # noqa: BLE001 - any backend failure: what they hold is unknown, and said so
         return {}, f"could not read what the unit's processes held: {exc}"
     out: dict[int, list[int]] = {}
     errors = [f"GPU {r.index}: {r.error}" for r in readings if r.processes is None]

@@ -17,13 +17,14 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import PermissionDenied
-from ..proc.procfs import ProcessId
 from ..host.state import StateDir, open_state_dir
+from ..proc.procfs import ProcessId
 from .names import UnitName, is_unit_name
 from .state import Phase
 

@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
-from . import store
 from ..host.session import HostContext
+from . import store
 from .lifecycle import DownResult, UpResult, down, up
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
 from .spec import UnitSpec, resolve
 from .unit import Unit
+
 
 class SwapStatus(str, Enum):
     """How a ``swap`` ended (the JSON ``status``)."""
@@ -179,8 +181,8 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
             phases["stop_old_s"] = d.report.timings["stop_s"]
             phases["verify_clean_s"] = d.report.timings["verify_s"]
             if not d.ok:
-                return SwapResult(old, new_spec.name, SwapStatus.DOWN_FAILED, d, None, None, phases, time.monotonic() - t0,
-                                  prefetch=pf_report, stop_old_at=stop_at)
+                return SwapResult(old, new_spec.name, SwapStatus.DOWN_FAILED, d, None, None, phases,
+                                  time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
             t_up = time.monotonic()
             watch = _PortWatch(new_spec) if new_spec.port is not None else None
             try:

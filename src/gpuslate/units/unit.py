@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from ..errors import UsageError
 from ..gpu.types import GpuReading
@@ -162,7 +163,7 @@ def _marker_fence(name: str, path: Path, salvage: dict[str, Any]) -> MarkerFence
     cg = salvage.get("cgroup")
     # a torn record names processes to signal only through a cgroup gpuslate made for this name
     ours = isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-")
-    trusted = (cg,) if ours else ()
+    trusted = (cg,) if ours and isinstance(cg, str) else ()  # (ours implies a str: said again for mypy)
     candidates = tuple(c for c in gpuslate_cgroups(name) if c not in trusted)
     pid, ticks = salvage.get("pid"), salvage.get("start_ticks")
     main = ProcessId(pid, ticks) if isinstance(pid, int) and isinstance(ticks, int) else None

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -283,7 +283,7 @@ def as_user(user: pwd.struct_passwd, host: SimHost, *args: str) -> list[str]:
 def user_kw(user: pwd.struct_passwd, host: SimHost) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHOME"}
     env.update(PYTHONPATH=SRC, GPUSLATE_STATE_DIR=str(host.root.parent / "state-user"))
-    return dict(user=user.pw_uid, group=user.pw_gid, extra_groups=[], env=env, cwd="/")
+    return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [], "env": env, "cwd": "/"}
 
 
 def user_status(user: pwd.struct_passwd, host: SimHost) -> dict:

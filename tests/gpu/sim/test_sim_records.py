@@ -11,9 +11,17 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslate.gpu.sim.records import (
+    START_SLACK,
+    Claim,
+    LockFact,
+    RecordFile,
+    lock_owners,
+    owner_of,
+    parse_claim,
+    read_record,
+)
 from gpuslate.proc.fdscan import FdScan
-from gpuslate.gpu.sim.records import (START_SLACK, Claim, LockFact, RecordFile, lock_owners, owner_of,
-                                  parse_claim, read_record)
 
 REC = "/sim/alloc/g0.x.json"
 DEV = "/sim/dev/nvidia0"

@@ -189,9 +189,9 @@ def owner_of(record: RecordFile, device_path: str, lock: LockFact | None, scan: 
     ``starts`` gives the scanned holders' start ticks (``None``: gone since).
     """
     if (lock is not None and lock.start_ticks is not None and lock.started is not None
-            and lock.started <= record.created + START_SLACK):  # a pid reused since is not the locker
-        if lock.targets is None or (record.path in lock.targets and device_path in lock.targets):
-            return Owner(lock.pid, lock.start_ticks)
+            and lock.started <= record.created + START_SLACK  # a pid reused since is not the locker
+            and (lock.targets is None or (record.path in lock.targets and device_path in lock.targets))):
+        return Owner(lock.pid, lock.start_ticks)
     if scan is None:
         return None
     candidates = [pid for pid, targets in scan.holders.items()

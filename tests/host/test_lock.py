@@ -11,16 +11,17 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from gpuslate.host import lock as lockmod
 from gpuslate.errors import GpuslateError, NotDoneError
+from gpuslate.host import lock as lockmod
 from gpuslate.host.lock import HostLock, default_lock_dir, read_holder
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 # Holds the lock until killed; with RAW, a bare flock that writes no .holder file.
 HOLDER = textwrap.dedent("""
@@ -376,7 +377,8 @@ def test_lock_or_holder_file_that_is_not_a_regular_file_never_hangs(lock_path: P
         HostLock(lock_path, purpose="clear").acquire(timeout=0)
 
 
-def test_a_link_loop_on_the_way_is_refused_not_followed_for_ever(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_link_loop_on_the_way_is_refused_not_followed_for_ever(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "a" / "locks"))

@@ -13,9 +13,8 @@ import pytest
 
 import gpuslate
 from gpuslate.gpu.nvml import nvml_library_present
-from gpuslate.host.snapshot import take_snapshot
 from gpuslate.gpu.sim import SimBackend
-
+from gpuslate.host.snapshot import take_snapshot
 from helpers import GiB, gpuslate_env, is_gone, wait_for
 
 
@@ -110,7 +109,7 @@ def test_json_schema(sim_host, hold, cli):
     r = cli("status", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    schema = json.loads((Path(__file__).parents[1] / "docs" / "schemas" / "status.v1.json").read_text())
+    schema = json.loads((Path(__file__).parents[2] / "docs" / "schemas" / "status.v1.json").read_text())
     validator = jsonschema.Draft202012Validator(schema, format_checker=_format_checker(jsonschema))
     validator.validate(doc)
     # the checker really checks: a document a format-blind validator would pass fails here
@@ -191,7 +190,8 @@ def test_root_pid_climbs_when_group_leader_is_gone(sim_host):
     code = (
         "import subprocess,sys,os;"
         "b=subprocess.Popen([sys.executable,'-c',"
-        "'import subprocess,sys;c=subprocess.Popen([sys.executable,\"-m\",\"gpuslate\",\"sim\",\"hold\",\"--gpus\",\"0\",\"--memory\",\"1GiB\"],stdout=sys.stdout);c.wait()'],"
+        "'import subprocess,sys;c=subprocess.Popen([sys.executable,\"-m\",\"gpuslate\",\"sim\",\"hold\","
+        "\"--gpus\",\"0\",\"--memory\",\"1GiB\"],stdout=sys.stdout);c.wait()'],"
         "stdout=sys.stdout);print(b.pid,flush=True);os._exit(0)"
     )
     a = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

@@ -106,7 +106,7 @@ def test_unit_record_is_never_read_or_written_through_a_symlink(tmp_path, monkey
     target.write_text("{}")
     path = store.record_path("web")
     path.symlink_to(target)
-    with pytest.raises(PermissionDenied, match="web.json: it is a symbolic link, not a regular file"):
+    with pytest.raises(PermissionDenied, match=r"web\.json: it is a symbolic link, not a regular file"):
         store.read("web")  # refused (ps and down exit 5 saying why), never followed
     with pytest.raises(PermissionDenied, match="symbolic link"):
         read_state_file(path)

@@ -12,11 +12,11 @@ import sys
 import pytest
 
 import gpuslate
+from gpuslate.gpu.sim.host import SimHost
 from gpuslate.host.audit import AuditLog
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
 from gpuslate.proc.terminate import Victim, terminate
-from gpuslate.gpu.sim.host import SimHost
 from helpers import GiB, gpuslate_env, is_gone, wait_for
 
 
@@ -327,7 +327,7 @@ def _clear_on_terminal(answer: bytes, *args: str) -> tuple[int, str]:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
         os.close(slave)
         os.write(master, answer)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
         return proc.returncode, err
     finally:
         os.close(master)

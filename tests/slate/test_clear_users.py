@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-
 from helpers import is_gone, wait_for
 from otheruser import USER, run_as, start_as
-
-
-
 
 
 def test_other_users_job_spared_without_all_users(shared_host, other_user, cli):
@@ -53,7 +49,8 @@ def test_permission_denied_reported_rest_proceed(shared_host, other_user):
         assert r.returncode == 5, (r.stdout, r.stderr)
         doc = json.loads(r.stdout)
         by_pid = {t["pid"]: t for t in doc["targets"]}
-        assert by_pid[root_pid]["permission_denied"] and by_pid[root_pid]["signals"][0]["outcome"] == "permission_denied"
+        root = by_pid[root_pid]
+        assert root["permission_denied"] and root["signals"][0]["outcome"] == "permission_denied"
         assert by_pid[user_pid]["ended_by"] == "SIGTERM"
         wait_for(lambda: is_gone(user_pid))
         assert not is_gone(root_pid)

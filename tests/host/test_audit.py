@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuslate.errors import PermissionDenied, UsageError
 from gpuslate.host import audit
 from gpuslate.host.audit import AuditLog, new_run_id
-from gpuslate.errors import PermissionDenied, UsageError
 from gpuslate.host.state import state_dir
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
@@ -328,5 +328,5 @@ def test_reading_the_newest_of_100k_lines_is_fast(state: Path) -> None:
     start = time.perf_counter()
     newest = log.read(limit=50)
     elapsed = time.perf_counter() - start
-    assert len(newest) == 50 and newest[-1]["id"] == "%016x" % 49_999 and newest[-1]["outcome"] == "delivered"
+    assert len(newest) == 50 and newest[-1]["id"] == f"{49_999:016x}" and newest[-1]["outcome"] == "delivered"
     assert elapsed < 0.5, f"reading 50 of 100k lines took {elapsed:.2f} s"

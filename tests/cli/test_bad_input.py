@@ -89,6 +89,7 @@ def test_bad_unit_file_names_file_and_line(sim_host, cli, tmp_path, body, line, 
     assert f"{cfg}:{line}: " in first and needle in first, first
 
 
+@pytest.mark.slow
 def test_sim_naming_a_file_or_a_broken_host_exits_3(cli, tmp_path, monkeypatch):
     monkeypatch.delenv("GPUSLATE_SIM", raising=False)
     monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))
@@ -113,8 +114,8 @@ def test_sim_naming_a_file_or_a_broken_host_exits_3(cli, tmp_path, monkeypatch):
 
 
 def test_interrupt_is_reported_as_interrupted(sim_host, monkeypatch, capsys):
-    from gpuslate.cli.main import main
     from gpuslate.api import Host
+    from gpuslate.cli.main import main
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
