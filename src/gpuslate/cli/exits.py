@@ -8,6 +8,8 @@ Commands never pick a number themselves: an error goes through
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from enum import Enum, IntEnum
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -53,42 +55,88 @@ _BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (
 )
 
 #: every result's status -> its exit code, one table per status enum (keyed by the enums, never
-#: strings: two enums may share a value, "timeout", and still mean their own code). The enums are
-#: imported only when a result is looked up: ``--help`` and bad input never load the packages.
-@cache
-def _by_result() -> dict[type[Enum], dict[Any, ExitStatus]]:
-    from ..slate.clear import ClearStatus  # lazy: startup
-    from ..slate.wait import WaitStatus  # lazy: startup
-    from ..slurm.hooks import HookStatus  # lazy: startup
-    from ..units.lifecycle import DownStatus, UpStatus  # lazy: startup
-    from ..units.listing import PsStatus  # lazy: startup
-    from ..units.swap import SwapStatus  # lazy: startup
-
-    ok, timeout, denied, failed = (ExitStatus.OK, ExitStatus.TIMEOUT, ExitStatus.PERMISSION_DENIED,
+#: strings: two enums may share a value, "timeout", and still mean their own code). A table is built
+#: when a status of its enum is looked up, from the module that defines the enum -- already loaded,
+#: since a result of it exists -- so that `clear` does not import units/ or slurm/ for its exit code,
+#: nor ``--help`` anything.
+_OK, _TIMEOUT, _DENIED, _FAILED = (ExitStatus.OK, ExitStatus.TIMEOUT, ExitStatus.PERMISSION_DENIED,
                                    ExitStatus.SERVER_FAILED)
-    return {
-        ClearStatus: {
-            ClearStatus.CLEAN: ok, ClearStatus.DRY_RUN: ok, ClearStatus.TIMEOUT: timeout,
-            ClearStatus.HELD_BY_OTHERS: timeout,  # every target gone, the GPUs held by what is not one
-            ClearStatus.NOTHING_SELECTED: timeout,  # the selector chose nothing this caller may signal
-            ClearStatus.REFUSED: timeout,  # a target the act-time gate refused still holds GPU memory
-            ClearStatus.PERMISSION_DENIED: denied},
-        WaitStatus: {WaitStatus.FREE: ok, WaitStatus.NOT_FREE: timeout},
-        UpStatus: {UpStatus.READY: ok, UpStatus.TIMEOUT: timeout, UpStatus.EXITED: failed,
-                   UpStatus.SMOKE_FAILED: failed},
-        DownStatus: {DownStatus.STOPPED: ok, DownStatus.TIMEOUT: timeout, DownStatus.PERMISSION_DENIED: denied},
-        SwapStatus: {SwapStatus.SWAPPED: ok, SwapStatus.DOWN_FAILED: timeout, SwapStatus.UP_FAILED: failed,
-                     SwapStatus.ROLLED_BACK: failed, SwapStatus.ROLLBACK_FAILED: failed},
-        PsStatus: {PsStatus.LISTED: ok},
-        # slurm prolog/epilog: the GPUs not free in time; the node drained (or not asked to be: --no-drain)
-        HookStatus: {HookStatus.CLEAN: ok, HookStatus.DRAINED: timeout, HookStatus.NOT_FREE: timeout,
-                     HookStatus.DRAIN_FAILED: ExitStatus.NOT_DRAINED},
-    }
+
+
+def _clear_codes() -> dict[Any, ExitStatus]:
+    from ..slate.clear import ClearStatus  # lazy: startup (see above)
+
+    return {ClearStatus.CLEAN: _OK, ClearStatus.DRY_RUN: _OK, ClearStatus.TIMEOUT: _TIMEOUT,
+            ClearStatus.HELD_BY_OTHERS: _TIMEOUT,  # every target gone, the GPUs held by what is not one
+            ClearStatus.NOTHING_SELECTED: _TIMEOUT,  # the selector chose nothing this caller may signal
+            ClearStatus.REFUSED: _TIMEOUT,  # a target the act-time gate refused still holds GPU memory
+            ClearStatus.PERMISSION_DENIED: _DENIED}
+
+
+def _wait_codes() -> dict[Any, ExitStatus]:
+    from ..slate.wait import WaitStatus  # lazy: startup (see above)
+
+    return {WaitStatus.FREE: _OK, WaitStatus.NOT_FREE: _TIMEOUT}
+
+
+def _up_codes() -> dict[Any, ExitStatus]:
+    from ..units.lifecycle import UpStatus  # lazy: startup (see above)
+
+    return {UpStatus.READY: _OK, UpStatus.TIMEOUT: _TIMEOUT, UpStatus.EXITED: _FAILED,
+            UpStatus.SMOKE_FAILED: _FAILED}
+
+
+def _down_codes() -> dict[Any, ExitStatus]:
+    from ..units.lifecycle import DownStatus  # lazy: startup (see above)
+
+    return {DownStatus.STOPPED: _OK, DownStatus.TIMEOUT: _TIMEOUT, DownStatus.PERMISSION_DENIED: _DENIED}
+
+
+def _swap_codes() -> dict[Any, ExitStatus]:
+    from ..units.swap import SwapStatus  # lazy: startup (see above)
+
+    return {SwapStatus.SWAPPED: _OK, SwapStatus.DOWN_FAILED: _TIMEOUT, SwapStatus.UP_FAILED: _FAILED,
+            SwapStatus.ROLLED_BACK: _FAILED, SwapStatus.ROLLBACK_FAILED: _FAILED}
+
+
+def _ps_codes() -> dict[Any, ExitStatus]:
+    from ..units.listing import PsStatus  # lazy: startup (see above)
+
+    return {PsStatus.LISTED: _OK}
+
+
+def _hook_codes() -> dict[Any, ExitStatus]:
+    from ..slurm.hooks import HookStatus  # lazy: startup (see above)
+
+    # slurm prolog/epilog: the GPUs not free in time; the node drained (or not asked to be: --no-drain)
+    return {HookStatus.CLEAN: _OK, HookStatus.DRAINED: _TIMEOUT, HookStatus.NOT_FREE: _TIMEOUT,
+            HookStatus.DRAIN_FAILED: ExitStatus.NOT_DRAINED}
+
+
+#: the status enum (by where it is defined) -> its table
+_TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
+    "gpuslate.slate.clear.ClearStatus": _clear_codes,
+    "gpuslate.slate.wait.WaitStatus": _wait_codes,
+    "gpuslate.units.lifecycle.UpStatus": _up_codes,
+    "gpuslate.units.lifecycle.DownStatus": _down_codes,
+    "gpuslate.units.swap.SwapStatus": _swap_codes,
+    "gpuslate.units.listing.PsStatus": _ps_codes,
+    "gpuslate.slurm.hooks.HookStatus": _hook_codes,
+}
+
+
+@cache
+def _table(enum: type[Enum]) -> dict[Any, ExitStatus]:
+    build = _TABLES.get(f"{enum.__module__}.{enum.__qualname__}")
+    table = build() if build is not None else {}
+    if any(type(member) is not enum for member in table):  # the table's enum moved or was renamed
+        raise AssertionError(f"the exit-code table for {enum.__qualname__} is keyed by another enum")
+    return table
 
 
 def result_status_enums() -> list[type[Enum]]:
-    """Every result status enum the table knows (a test checks each member has a code)."""
-    return list(_by_result())
+    """Every result status enum the table knows (a test checks each member has a code); this loads them all."""
+    return [type(next(iter(build()))) for build in _TABLES.values()]
 
 
 def exit_status_for(exc: BaseException) -> ExitStatus:
@@ -119,7 +167,7 @@ def fleet_exit_code(codes: list[int]) -> int:
 def exit_status_for_result(status: Enum) -> ExitStatus:
     """The exit code of a result by its status enum member."""
     try:
-        return _by_result()[type(status)][status]
+        return _table(type(status))[status]
     except KeyError:
         raise AssertionError(f"no exit code for result status {status!r}") from None
 
@@ -127,10 +175,9 @@ def exit_status_for_result(status: Enum) -> ExitStatus:
 def exit_status_of(result: CommandResult) -> ExitStatus:
     """A command result's exit code: by its status; a failed swap by the part that failed (stopping
     OLD, starting NEW), with that part's own status."""
-    from ..units.swap import SwapResult, SwapStatus  # lazy: startup
-
-    if isinstance(result, SwapResult):
-        if result.status == SwapStatus.DOWN_FAILED:
+    swap = sys.modules.get("gpuslate.units.swap")  # a SwapResult exists only where its module is loaded
+    if swap is not None and isinstance(result, swap.SwapResult):
+        if result.status == swap.SwapStatus.DOWN_FAILED:
             return exit_status_for_result(result.down.status)
         if result.up is not None and not result.up.ok:
             return exit_status_for_result(result.up.status)

@@ -11,7 +11,6 @@ The renderers are imported when a document is shown: ``status`` never loads rich
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 
@@ -32,12 +31,17 @@ def as_sent(result: R) -> R:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
 class Kind(Generic[T]):
-    """A result type by its document: how to read it back, and its renderer."""
+    """A result type by its document: how to read it back, and its renderer.
 
-    read: Callable[[object], T]
-    show: Callable[[T], None]
+    A plain class, not a dataclass: ``dataclasses`` (with inspect, ast, dis...) costs every
+    ``clear`` about 10 ms at start, and this module is on its path."""
+
+    __slots__ = ("read", "show")
+
+    def __init__(self, read: Callable[[object], T], show: Callable[[T], None]) -> None:
+        self.read = read
+        self.show = show
 
     def show_document(self, doc: object) -> None:
         self.show(self.read(doc))

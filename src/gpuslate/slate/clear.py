@@ -177,12 +177,12 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     resolve(sel)  # bad input fails before the host is even locked
     note = host.note
     timeout = opts.timeout
+    be = host.backend  # opened (NVML initialised) before the clock starts and before the lock, as always
+    limit = host.max_used(opts.max_used)
     t_start = time.monotonic()
     started_at = time.time()
     locked = nullcontext(0.0) if opts.dry_run else host.locked(_purpose(sel), timeout=timeout)
     with locked:
-        be = host.backend
-        limit = host.max_used(opts.max_used)
         plan = make_plan(be, sel)
         t_plan = time.monotonic()
         before = plan.before_verified
