@@ -27,12 +27,6 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BackendUnavailable", "ClearResult", "GpuBackend", "GpuQueryError", "GpuState", "GpuslateError", "HolderProcess",
-    "Interrupted", "NotDoneError", "PartialFailure", "PermissionDenied", "ProcessId", "ServerFailed", "Snapshot",
-    "UsageError", "WaitResult", "__version__", "clear", "open_backend", "status", "take_snapshot", "wait_free",
-]
-
 # public name -> module that defines it
 _EXPORTS = {
     "Host": "gpuslate.api", "status": "gpuslate.api",
@@ -44,12 +38,14 @@ _EXPORTS = {
     "wait_free": "gpuslate.api", "WaitResult": "gpuslate.slate.wait", "WaitOptions": "gpuslate.slate.wait",
     "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.units.lifecycle",
     "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
+    "RemoteHost": "gpuslate.remote.host",
 }
 
 if TYPE_CHECKING:
     from .api import Host, clear, status, wait_free
     from .gpu import GpuBackend, open_backend
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
+    from .remote.host import RemoteHost
     from .slate.clear import ClearOptions, ClearResult
     from .slate.plan import Selection
     from .slate.wait import WaitOptions, WaitResult
@@ -87,6 +83,7 @@ __all__ = [  # written out (not built from _EXPORTS) so that linters and type ch
     "PartialFailure",
     "PermissionDenied",
     "ProcessId",
+    "RemoteHost",
     "Selection",
     "ServerFailed",
     "Snapshot",

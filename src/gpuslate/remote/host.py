@@ -1,0 +1,192 @@
+"""Another host, with the same verbs as :class:`gpuslate.Host`, over ssh.
+
+A :class:`RemoteHost` is to a host reached by ssh what :class:`gpuslate.Host` is
+to this one: ``status()``, ``clear(selection, options)``, ``wait(...)``,
+``up(spec)``, ``down(name)``, ``swap(old, new)``, ``ps()``, each returning the
+*same result type* a local call returns. The wire is the command's versioned
+``--json`` document: a verb becomes the ``gpuslate`` command line that asks for
+exactly its input and options (built here from the same ``Selection`` and
+options objects), runs on the host through the fleet's transport
+(:func:`~gpuslate.remote.fleet.run_on_host`: connection sharing, the installed
+launcher, named transport failures), and its document is read back with the
+result type's ``from_json``. So a result from another host is the same object,
+and is rendered by the same function, as one from here.
+
+What cannot cross the wire is refused before anything runs: a ``confirm``
+callback (a remote clear cannot ask a person here; plan with ``dry_run`` first,
+then clear), and a unit spec's explicit ``prefetch`` list (the remote host
+detects the model's files itself). A transport failure, or a command that
+produced no document, raises the named :class:`~gpuslate.errors.GpuslateError`;
+a command that ran and failed (a clear that timed out, a unit that did not come
+up) returns its result, whose status says so, as locally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._parse import format_gpu_list
+from ..errors import UsageError
+from ..host.snapshot import Snapshot
+from ..slate.clear import ClearOptions, ClearResult
+from ..slate.plan import Selection
+from ..slate.wait import WaitOptions, WaitResult
+from ..units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
+from ..units.listing import PsResult
+from ..units.spec import UnitSpec
+from ..units.swap import SwapOptions, SwapResult
+from .fleet import run_on_host
+from .hosts import HostSpec, parse_host
+from .ssh import SshOptions
+
+
+def _number(v: float) -> str:
+    return repr(float(v))
+
+
+def clear_words(selection: Selection, options: ClearOptions) -> list[str]:
+    """The ``clear`` command line that asks for ``selection`` with ``options`` (pure)."""
+    if options.confirm is not None:
+        raise UsageError("a remote clear cannot ask for confirmation here: plan it with dry_run=True, "
+                         "then clear without confirm")
+    words = ["clear", "--json", "--yes", "--grace", _number(options.grace), "--timeout", _number(options.timeout)]
+    if selection.gpus is not None:
+        words += ["--gpus", format_gpu_list(list(selection.gpus))]
+    for pid in selection.pids:
+        words += ["--pid", str(pid)]
+    if selection.user is not None:
+        words.append(f"--user={selection.user}")  # '=': a value that starts with '-' stays a value
+    if selection.match is not None:
+        words.append(f"--match={selection.match}")
+    for flag, on in (("--all-users", selection.all_users), ("--include-handles", selection.include_handles),
+                     ("--holders-only", selection.holders_only), ("--dry-run", options.dry_run)):
+        if on:
+            words.append(flag)
+    if options.max_used is not None:
+        words += ["--max-used", str(options.max_used)]
+    return words
+
+
+def wait_words(gpus: Sequence[int] | None, options: WaitOptions) -> list[str]:
+    words = ["wait", "--free", "--json", "--timeout", _number(options.timeout)]
+    if gpus is not None:
+        words += ["--gpus", format_gpu_list(list(gpus))]
+    if options.max_used is not None:
+        words += ["--max-used", str(options.max_used)]
+    return words
+
+
+def up_words(spec: UnitSpec, options: UpOptions) -> list[str]:
+    """``up NAME [options] -- COMMAND...`` for a whole spec: every field the ``up`` command takes."""
+    if spec.prefetch is not None:
+        raise UsageError(f"unit {spec.name}: an explicit prefetch list cannot be sent to another host "
+                         "(it detects the model's files itself); leave prefetch unset")
+    if not spec.command:
+        raise UsageError(f"unit {spec.name}: no command")
+    words = ["up", spec.name, "--json", f"--ready-host={spec.ready_host}", "--start-timeout",
+             _number(spec.start_timeout), "--grace", _number(spec.grace), "--stop-timeout",
+             _number(spec.stop_timeout), "--containment", spec.containment]
+    optional: tuple[tuple[str, Any], ...] = (
+        ("--gpus", format_gpu_list(spec.gpus) if spec.gpus is not None else None), ("--port", spec.port),
+        ("--engine", spec.engine), ("--ready", spec.ready_url), ("--ready-log", spec.ready_log),
+        ("--model", spec.model), ("--cwd", spec.cwd), ("--max-used", options.max_used))
+    for flag, value in optional:
+        if value is not None:
+            words.append(f"{flag}={value}")  # '=': a value that starts with '-' stays a value
+    for key, value in spec.env.items():
+        words.append(f"--env={key}={value}")
+    if spec.smoke:
+        words.append("--smoke")
+    if options.clear_first:
+        words.append("--clear")
+    return [*words, "--", *spec.command]
+
+
+def down_words(name: str, options: DownOptions) -> list[str]:
+    words = ["down", name, "--json"]
+    for flag, value in (("--grace", options.grace), ("--timeout", options.timeout)):
+        if value is not None:
+            words += [flag, _number(value)]
+    if options.max_used is not None:
+        words += ["--max-used", str(options.max_used)]
+    if options.clear_strays:
+        words.append("--clear")
+    return words
+
+
+def swap_words(old: str, new: str, options: SwapOptions) -> list[str]:
+    if (options.prefetch_memory, options.prefetch_timeout) != (SwapOptions().prefetch_memory,
+                                                               SwapOptions().prefetch_timeout):
+        raise UsageError("a remote swap takes the prefetch bounds of the host it runs on: leave "
+                         "prefetch_memory and prefetch_timeout unset")
+    words = ["swap", old, new, "--json"]
+    if options.rollback:
+        words.append("--rollback")
+    if options.config is not None:
+        words.append(f"--config={options.config}")
+    if not options.prefetch:
+        words.append("--no-prefetch")
+    return words
+
+
+class RemoteHost:
+    """Another host's GPUs and units, reached over ssh (see the module docstring).
+
+    ``host``: ``[USER@]HOST[:PORT]`` or a :class:`HostSpec`; ``sim``: a simulated host's
+    folder *on that host* (else its ``$GPUSLATE_SIM``, else its NVIDIA driver); ``ssh``:
+    the transport's options (default: from the environment, as ``--host`` uses);
+    ``timeout``: seconds for each command (None: the command's own limits).
+    """
+
+    def __init__(self, host: str | HostSpec, *, sim: str | None = None, ssh: SshOptions | None = None,
+                 timeout: float | None = None) -> None:
+        self.spec = host if isinstance(host, HostSpec) else parse_host(host)
+        self.sim = sim
+        self.ssh = ssh if ssh is not None else SshOptions.from_env()
+        self.timeout = timeout
+
+    @property
+    def name(self) -> str:
+        return self.spec.label
+
+    def _document(self, words: list[str]) -> dict[str, Any]:
+        """Run ``gpuslate WORDS`` there; its document, or the named failure raised."""
+        if self.sim is not None:
+            words = [*words, "--sim", self.sim]
+        outcome = run_on_host(self.spec, words, self.ssh, timeout=self.timeout)
+        if outcome.result is None:
+            assert outcome.error is not None
+            raise outcome.error
+        return outcome.result
+
+    def status(self, gpus: Sequence[int] | None = None) -> Snapshot:
+        words = ["status", "--json"] + (["--gpus", format_gpu_list(list(gpus))] if gpus is not None else [])
+        return Snapshot.from_json(self._document(words))
+
+    def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
+        opts = (options if options is not None else ClearOptions()).validate()
+        return ClearResult.from_json(self._document(clear_words(selection or Selection(), opts)))
+
+    def wait(self, gpus: Sequence[int] | None = None, options: WaitOptions | None = None) -> WaitResult:
+        opts = (options if options is not None else WaitOptions()).validate()
+        return WaitResult.from_json(self._document(wait_words(gpus, opts)))
+
+    def up(self, spec: UnitSpec, options: UpOptions | None = None) -> UpResult:
+        return UpResult.from_json(self._document(up_words(spec.validate(), options or UpOptions())))
+
+    def down(self, name: str, options: DownOptions | None = None) -> DownResult:
+        return DownResult.from_json(self._document(down_words(name, options or DownOptions())))
+
+    def swap(self, old: str, new: str, options: SwapOptions | None = None) -> SwapResult:
+        """``new``: the name of a unit the remote host knows (its unit file or a previous ``up``)."""
+        return SwapResult.from_json(self._document(swap_words(old, new, options or SwapOptions())))
+
+    def ps(self) -> PsResult:
+        return PsResult.from_json(self._document(["ps", "--json"]))
+
+    def __enter__(self) -> RemoteHost:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
