@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .errors import (
     BackendUnavailable,
     GpuQueryError,
@@ -24,8 +25,6 @@ from .errors import (
     ServerFailed,
     UsageError,
 )
-
-__version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {

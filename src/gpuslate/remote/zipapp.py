@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 from ..errors import GpuslateError, InstallFailed, RemoteCommandFailed, RemotePythonUnsupported, UsageError
 from .hosts import HostSpec
 from .ssh import SshOptions, SshResult, remote_line, ssh_argv, transport_error
