@@ -84,6 +84,8 @@ def namespace_members(view: ProcessView, init: int, facts: SignalFacts | None) -
         f = view.signal_facts(pid)
         if f is not None and len(f.nspid) < depth:
             continue  # in a namespace above the init's: not ended by it
+        if f is None and not _alive(view, pid):
+            continue  # its facts were unreadable because it is gone: no signal reaches it
         out.append(pid)  # unknown: it may be a member
     return out
 

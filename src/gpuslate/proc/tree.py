@@ -75,12 +75,24 @@ class ProcTable:
     def signal_facts(self, pid: int) -> SignalFacts | None:
         if pid not in self._sigs:
             self._sigs[pid] = read_signal_facts(pid)
+            if self._sigs[pid] is None:
+                self._forget_if_gone(pid)
         return self._sigs[pid]
 
     def pid_ns(self, pid: int) -> tuple[int, ...] | None:
         if pid not in self._ns:
             self._ns[pid] = read_pid_ns(pid)
+            if self._ns[pid] is None:
+                self._forget_if_gone(pid)
         return self._ns[pid]
+
+    def _forget_if_gone(self, pid: int) -> None:
+        """A fact that could not be read because the process exited since the table was read: the
+        table says so (``get`` is None), so that a caller that re-checks liveness does not count a
+        process that no signal can reach any more as an unknown one. Only when /proc has no such
+        pid at all: a pid reused since, or a zombie, keeps what the table read."""
+        if read_stat(pid) is None:
+            self._stats[pid] = None
 
     def load_all(self) -> None:
         if self._complete:
