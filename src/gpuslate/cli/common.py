@@ -9,7 +9,6 @@ from typing import Any
 
 from .._parse import parse_gpu_list, parse_int, parse_seconds, parse_size
 from ..errors import GpuslateError, UsageError
-from ..gpu import GpuBackend, open_backend
 from .exits import error_type_for
 
 
@@ -70,10 +69,6 @@ def whole(low: int, high: int):
 #: argparse types for process ids and ports
 pid_type = whole(1, 2**31 - 1)
 port_type = whole(1, 65535)
-
-
-def backend_for(args: argparse.Namespace) -> GpuBackend:
-    return open_backend(getattr(args, "sim", None))
 
 
 def note(msg: str) -> None:

@@ -10,7 +10,7 @@ import sys
 
 from ..exporter import DEFAULT_LISTEN, SCHEMA
 from ..extras import Extra, require
-from .common import add_common, backend_for, note, positive_float
+from .common import add_common, note, positive_float
 from .exits import exit_epilog
 
 
@@ -41,13 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     require("exporter", Extra.EXPORTER)  # a missing extra: one clear line, not an ImportError
     # imported here, not at the top: only once the extra is known to be there
+    from ..api import Host  # lazy: startup
     from ..exporter.collector import registry_for  # lazy: startup
     from ..exporter.server import MetricsServer, format_address, parse_listen  # lazy: startup
 
     address = parse_listen(args.listen, allow_remote=args.allow_remote)  # bad input: before anything opens
-    backend = backend_for(args)
-    try:
-        server = MetricsServer(registry_for(backend, timeout=args.scrape_timeout), address)
+    with Host.open(getattr(args, "sim", None)) as host:  # one context for the exporter's life
+        backend = host.backend  # opened first: no driver is exit 3 before anything listens
+        server = MetricsServer(registry_for(host, timeout=args.scrape_timeout), address)
         try:
             # SIGTERM and SIGINT are taken by sigwait below: blocked before the server's threads
             # start, they inherit the mask, and the signal waits for this thread (no handler runs
@@ -59,8 +60,6 @@ def run(args: argparse.Namespace) -> int:
             signal.sigwait(stop_signals)
         finally:
             server.close()
-    finally:
-        backend.close()
     return 0
 
 

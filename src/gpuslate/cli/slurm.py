@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .._parse import format_gpu_list
-from .common import add_common, backend_for, nonnegative_float, print_json, size
+from .common import add_common, nonnegative_float, print_json, size
 from .exits import exit_epilog, exit_status_for_result
 from .plain import clean
 
@@ -58,16 +58,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_hook(args: argparse.Namespace) -> int:
+    from ..api import Host  # lazy: startup
     from ..slurm.hooks import HookStatus, epilog, prolog  # lazy: startup
     from ..slurm.job import job_from_env  # lazy: startup
 
     job = job_from_env(os.environ)  # a bad environment: UsageError before anything is opened
-    if args.slurm_command == "epilog":
-        result = epilog(job, grace=args.grace, timeout=args.timeout, max_used=args.max_used,
-                        drain=not args.no_drain, backend=backend_for(args))
-    else:
-        result = prolog(job, timeout=args.timeout, max_used=args.max_used, drain=not args.no_drain,
-                        backend=backend_for(args))
+    with Host.open(getattr(args, "sim", None)) as host:
+        host.backend  # noqa: B018 - opened first, as before the Host: no driver is exit 3, whoever runs it
+        if args.slurm_command == "epilog":
+            result = epilog(host, job, grace=args.grace, timeout=args.timeout, max_used=args.max_used,
+                            drain=not args.no_drain)
+        else:
+            result = prolog(host, job, timeout=args.timeout, max_used=args.max_used, drain=not args.no_drain)
     if args.json:
         print_json(result.to_json())
     else:

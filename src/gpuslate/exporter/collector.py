@@ -1,7 +1,8 @@
 """One scrape: a fresh reading of the host, bounded in time, as Prometheus metric families.
 
-The backend (NVML, or a simulated host) is opened once and stays open; every
-scrape takes one new reading — the ``status`` snapshot
+The host context (:class:`~gpuslate.host.session.HostContext`: the backend,
+NVML or a simulated host, its state folder and audit log) is opened once and
+held for the exporter's life; every scrape takes one new reading — the ``status`` snapshot
 (:func:`~gpuslate.host.snapshot.take_snapshot`, whose ``root_pid`` is the job
 rule's root), the units as ``ps`` classifies them, what the audit log gained —
 never a cached one. The reading runs in a worker thread: a scrape that waits
@@ -28,8 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .. import __version__
-from ..gpu.types import GpuBackend
-from ..host.audit import AuditLog, of_host
+from ..host.audit import of_host
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.procfs import read_info, read_stat
@@ -123,10 +123,10 @@ class Reading(NamedTuple):
     failed: tuple[Stage, ...]
 
 
-def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts, bool]:
-    """One snapshot and the facts :func:`~.model.account` needs; the bool says whether the
-    units could be listed (a broken state folder must not hide the GPUs)."""
-    snap = take_snapshot(backend)
+def gather_facts(host: HostContext, *, with_units: bool = True) -> tuple[Facts, bool]:
+    """One snapshot of ``host`` and the facts :func:`~.model.account` needs; the bool says whether
+    the units could be listed (a broken state folder must not hide the GPUs)."""
+    snap = take_snapshot(host.backend)
     holders = [p for g in snap.gpus for p in g.processes if p.kind != "handle" and p.visible]
     leaders: dict[int, bool] = {}
     for p in holders:
@@ -143,7 +143,7 @@ def gather_facts(backend: GpuBackend, *, with_units: bool = True) -> tuple[Facts
     units_ok = True
     if with_units:
         try:
-            for u in list_units(HostContext(backend=backend)).units:
+            for u in list_units(host).units:
                 rec = u.record
                 units.append(UnitRow(u.unit.name, u.state, u.uptime_s, rec.launched_at if rec else None,
                                      rec.time_to_ready_s if rec else None, u.gpu_memory, len(u.processes)))
@@ -201,9 +201,9 @@ class _Worker:
 class GpuslateCollector(Collector):
     """The exporter's collector, for a private :class:`~prometheus_client.CollectorRegistry`."""
 
-    def __init__(self, backend: GpuBackend, *, timeout: float = 5.0, audit: AuditTail | None = None,
+    def __init__(self, host: HostContext, *, timeout: float = 5.0, audit: AuditTail | None = None,
                  with_units: bool = True) -> None:
-        self.backend = backend
+        self.host = host
         self.timeout = timeout
         self.audit = audit
         self.with_units = with_units
@@ -212,7 +212,7 @@ class GpuslateCollector(Collector):
         self._errors: Counter[Stage] = Counter()
         self._scrapes = 0
         #: the labels of gpuslate_exporter_info, as the last reading found them
-        self._info: tuple[str, ...] = (__version__, backend.name, "", "")
+        self._info: tuple[str, ...] = (__version__, host.name, "", "")
 
     def describe(self) -> Iterable[Metric]:
         return []  # registering must not take a reading
@@ -243,12 +243,12 @@ class GpuslateCollector(Collector):
         failed: list[Stage] = []
         facts: Facts | None = None
         try:
-            facts, units_ok = gather_facts(self.backend, with_units=self.with_units)
+            facts, units_ok = gather_facts(self.host, with_units=self.with_units)
             if not units_ok:
                 failed.append(Stage.UNITS)
             # asked here, inside the time bound: NVML's memory API is a driver query on first use
-            self._info = (__version__, self.backend.name, label(facts.snapshot.driver_version),
-                          self.backend.memory_api)
+            backend = self.host.backend
+            self._info = (__version__, backend.name, label(facts.snapshot.driver_version), backend.memory_api)
         except Exception:  # noqa: BLE001 - the driver failed: counted, the scrape still answers
             failed.append(Stage.READING)
         if self.audit is not None:
@@ -331,14 +331,14 @@ def _audit_families(c: AuditCounts) -> Iterator[Metric]:
     yield _family("gpuslate_unit_stops", [(k, len(runs)) for k, runs in sorted(c.unit_stops.items())])
 
 
-def registry_for(backend: GpuBackend, *, timeout: float = 5.0, audit: bool = True) -> CollectorRegistry:
-    """A private registry holding only the exporter's collector for ``backend``; with ``audit``,
-    the counts of the audit log of ``backend``'s host (its simulated host's own, or the driver's)."""
+def registry_for(host: HostContext, *, timeout: float = 5.0, audit: bool = True) -> CollectorRegistry:
+    """A private registry holding only the exporter's collector for ``host``, which the caller keeps
+    open for as long as the registry serves; with ``audit``, the counts of ``host``'s audit log
+    (its simulated host's own, or the driver's)."""
     tail = None
     if audit:
-        sim_root = str(backend.host.root) if backend.name == "sim" else None  # type: ignore[attr-defined]
-        log = AuditLog(backend=backend.name, sim_root=sim_root)
+        log = host.audit
         tail = AuditTail(log.path, of_host(log.sim_root))
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuslateCollector(backend, timeout=timeout, audit=tail))
+    registry.register(GpuslateCollector(host, timeout=timeout, audit=tail))
     return registry

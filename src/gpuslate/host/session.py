@@ -86,6 +86,7 @@ class HostContext:
         self._audit: AuditLog | None = None
         self._lock: HostLock | None = None
         self._lock_depth = 0
+        self._state: Path | None = None
 
     @property
     def backend(self) -> GpuBackend:
@@ -155,12 +156,27 @@ class HostContext:
             self._audit = AuditLog(backend=self.backend.name, sim_root=self.sim_root, context=self._audit_context)
         return self._audit
 
-    def state_dir(self) -> Path:
-        """This host's state folder (checked, created 0700 when missing): see
-        :func:`~gpuslate.host.state.state_dir` for where it is."""
-        from .state import state_dir  # lazy: startup (see the module docstring)
+    def add_audit_context(self, context: dict[str, Any]) -> None:
+        """Mark every audit entry written from now on with ``context`` too (the Slurm job a
+        hook runs for), whether or not the log is open yet."""
+        self._audit_context = {**(self._audit_context or {}), **context}
+        if self._audit is not None:
+            self._audit.context = dict(self._audit_context)
 
-        return state_dir(self.sim_root)
+    def state_dir(self) -> Path:
+        """This host's state folder (checked, created 0700 when missing), the same one for every
+        verb of this context: see :func:`~gpuslate.host.state.state_dir` for where it is.
+
+        Found without opening the backend (``logs`` needs no GPU): the simulated host
+        given, else ``$GPUSLATE_SIM``, as :func:`~gpuslate.gpu.open_backend` chooses; a
+        backend already open (or given) decides instead. Every file in it is still
+        reached through the checked walk of :mod:`~gpuslate.host.state` when it is
+        opened; the path is what is kept."""
+        if self._state is None:
+            from .state import state_dir  # lazy: startup (see the module docstring)
+
+            self._state = state_dir(self.sim_root if self._backend is not None else self._sim)
+        return self._state
 
     def close(self) -> None:
         if self._owned and self._backend is not None:

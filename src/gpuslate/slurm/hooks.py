@@ -106,9 +106,10 @@ class _Gate:
         return True
 
 
-def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used: int | None = None,
-           drain: bool = True, sim: str | None = None, backend: GpuBackend | None = None) -> HookResult:
-    """End what job ``job`` left on this node and verify its GPUs free, else drain (see the module doc)."""
+def epilog(host: HostContext, job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0,
+           max_used: int | None = None, drain: bool = True) -> HookResult:
+    """End what job ``job`` left on ``host`` and verify its GPUs free, else drain (see the module doc).
+    Every audit entry of ``host`` from now on names the job."""
     _check_times(grace, timeout)
     if os.geteuid() != 0 and job.uid != os.getuid():
         raise PermissionDenied(f"the epilog of job {job.job_id} (uid {job.uid}) must run as root, as Slurm runs "
@@ -116,53 +117,50 @@ def epilog(job: SlurmJob, *, grace: float = 5.0, timeout: float = 30.0, max_used
     t0 = time.monotonic()
     deadline = t0 + timeout
     timings: dict[str, float] = {}
-    audit = {"slurm_job": job.job_id, "slurm_hook": Hook.EPILOG.value, "slurm_node": job.node}
-    with HostContext(sim, backend=backend, audit_context=audit) as host:
-        be = host.backend
-        gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []  # a GPU that does not exist: UsageError
-        limit = host.max_used(max_used)
-        found: list[JobProcess] = []
-        cleared: ClearResult | None = None
-        refused: str | None = None
-        for _attempt in range(_ATTEMPTS):
-            found = find_job_processes(job.job_id, job.uid, among=_gpu_processes(be))
-            timings["find_s"] = time.monotonic() - t0
-            refused = None
-            if not found:
-                break
-            # imported here, not at the top, for the clean path's start-up time: only a job that
-            # left a GPU holder needs clear's planner
-            from ..slate.clear import ClearOptions, clear  # lazy: startup
-            from ..slate.plan import Selection  # lazy: startup
+    host.add_audit_context({"slurm_job": job.job_id, "slurm_hook": Hook.EPILOG.value, "slurm_node": job.node})
+    be = host.backend
+    gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []  # a GPU that does not exist: UsageError
+    limit = host.max_used(max_used)
+    found: list[JobProcess] = []
+    cleared: ClearResult | None = None
+    refused: str | None = None
+    for _attempt in range(_ATTEMPTS):
+        found = find_job_processes(job.job_id, job.uid, among=_gpu_processes(be))
+        timings["find_s"] = time.monotonic() - t0
+        refused = None
+        if not found:
+            break
+        # imported here, not at the top, for the clean path's start-up time: only a job that
+        # left a GPU holder needs clear's planner
+        from ..slate.clear import ClearOptions, clear  # lazy: startup
+        from ..slate.plan import Selection  # lazy: startup
 
-            gate = _Gate(job)
-            try:
-                sel = Selection(None, tuple(p.pid for p in found), all_users=True, include_handles=True)
-                cleared = clear(host, sel, ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
-                                                        max_used=limit, confirm=gate))
-                break
-            except Interrupted:
-                refused = gate.refused or "the plan was refused; nothing was signaled"
-                break
-            except UsageError as exc:  # a holder exited between finding and planning: find again
-                refused = f"could not plan the end of the job's processes: {exc}"
-            except (NotDoneError, PermissionDenied) as exc:  # the host lock, planning time, the audit log
-                refused = f"the job's processes were not ended: {exc}" + (f" ({exc.hint})" if exc.hint else "")
-                break
-        timings["clear_s"] = time.monotonic() - t0
-        return _verify(Hook.EPILOG, job, be, gpus, limit, deadline, drain, found, cleared, refused, timings, t0)
+        gate = _Gate(job)
+        try:
+            sel = Selection(None, tuple(p.pid for p in found), all_users=True, include_handles=True)
+            cleared = clear(host, sel, ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
+                                                    max_used=limit, confirm=gate))
+            break
+        except Interrupted:
+            refused = gate.refused or "the plan was refused; nothing was signaled"
+            break
+        except UsageError as exc:  # a holder exited between finding and planning: find again
+            refused = f"could not plan the end of the job's processes: {exc}"
+        except (NotDoneError, PermissionDenied) as exc:  # the host lock, planning time, the audit log
+            refused = f"the job's processes were not ended: {exc}" + (f" ({exc.hint})" if exc.hint else "")
+            break
+    timings["clear_s"] = time.monotonic() - t0
+    return _verify(Hook.EPILOG, job, be, gpus, limit, deadline, drain, found, cleared, refused, timings, t0)
 
 
-def prolog(job: SlurmJob, *, timeout: float = 10.0, max_used: int | None = None, drain: bool = True,
-           sim: str | None = None, backend: GpuBackend | None = None) -> HookResult:
-    """Verify the job's GPUs free before it starts, else drain; signals nothing."""
+def prolog(host: HostContext, job: SlurmJob, *, timeout: float = 10.0, max_used: int | None = None,
+           drain: bool = True) -> HookResult:
+    """Verify the job's GPUs free on ``host`` before it starts, else drain; signals nothing."""
     _check_times(0.0, timeout)
     t0 = time.monotonic()
-    with HostContext(sim, backend=backend) as host:
-        be = host.backend
-        gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []
-        return _verify(Hook.PROLOG, job, be, gpus, host.max_used(max_used), t0 + timeout, drain, [], None, None,
-                       {}, t0)
+    be = host.backend
+    gpus = resolve_gpus(be, list(job.gpus)) if job.gpus else []
+    return _verify(Hook.PROLOG, job, be, gpus, host.max_used(max_used), t0 + timeout, drain, [], None, None, {}, t0)
 
 
 def _check_times(grace: float, timeout: float) -> None:
