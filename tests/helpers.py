@@ -22,6 +22,7 @@ from gpuslate.proc.tree import ProcTable
 
 if TYPE_CHECKING:
     from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.units.store import UnitStore
     from gpuslate.units.unit import Unit
 
 GiB = 1024**3
@@ -33,6 +34,16 @@ def gpuslate_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = SRC + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra or {})
     return env
+
+
+def unit_records() -> UnitStore:
+    """The unit records of the state folder this process's environment names, as a Host opened
+    here finds it (``GPUSLATE_STATE_DIR``, else ``$GPUSLATE_SIM/state``)."""
+    from gpuslate.api import Host  # lazy: startup (a test module that needs no units loads none)
+    from gpuslate.units.store import UnitStore  # lazy: startup
+
+    with Host.open() as host:
+        return UnitStore.of(host)
 
 
 def kill_leftovers(host: SimHost, units: Sequence[Unit]) -> None:

@@ -4,7 +4,6 @@ process, and a teardown that kills whatever a test's units left (each by exact i
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -48,20 +47,10 @@ def popen_cli(*args: str, env: dict[str, str] | None = None, cwd: str | None = N
 def kill_leftovers(host: SimHost, state_dirs: list[Path]) -> None:
     """Kill what the units recorded in ``state_dirs`` and the holders on ``host`` left (see
     helpers.kill_leftovers)."""
+    from gpuslate.units.store import UnitStore
     from gpuslate.units.unit import load_units
 
-    saved = os.environ.get("GPUSLATE_STATE_DIR")
-    units = []
-    try:
-        for d in state_dirs:
-            if d.is_dir():
-                os.environ["GPUSLATE_STATE_DIR"] = str(d)
-                units += [u for u in load_units() if u.record is not None]
-    finally:
-        if saved is None:
-            os.environ.pop("GPUSLATE_STATE_DIR", None)
-        else:
-            os.environ["GPUSLATE_STATE_DIR"] = saved
+    units = [u for d in state_dirs if d.is_dir() for u in load_units(UnitStore(d)) if u.record is not None]
     helpers.kill_leftovers(host, units)
 
 

@@ -130,9 +130,10 @@ def real_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     from gpuslate.proc.signals import send_signal
     from gpuslate.proc.tree import ProcTable
     from gpuslate.units.unit import load_units
+    from helpers import unit_records
 
     table = ProcTable()
-    for unit in load_units():  # only what this test's units started
+    for unit in load_units(unit_records()):  # only what this test's units started
         for st in unit.members(table):
             send_signal(st.ident, signal.SIGKILL)
 

@@ -17,7 +17,7 @@ import pytest
 from gpuslate.errors import PermissionDenied
 from gpuslate.host.audit import AuditLog
 from gpuslate.host.state import check_private, read_state_file, state_dir, write_state_file
-from helpers import is_gone
+from helpers import is_gone, unit_records
 
 OTHER_UID = 54321  # no user needed: root can chown to any uid
 
@@ -99,15 +99,13 @@ def test_folders_above_are_checked_up_to_the_first_one_the_user_owns(tmp_path):
 
 
 def test_unit_record_is_never_read_or_written_through_a_symlink(tmp_path, monkeypatch):
-    from gpuslate.units import store
-
     monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))
     target = tmp_path / "not-a-record.json"
     target.write_text("{}")
-    path = store.record_path("web")
+    path = unit_records().record_path("web")
     path.symlink_to(target)
     with pytest.raises(PermissionDenied, match=r"web\.json: it is a symbolic link, not a regular file"):
-        store.read("web")  # refused (ps and down exit 5 saying why), never followed
+        unit_records().read("web")  # refused (ps and down exit 5 saying why), never followed
     with pytest.raises(PermissionDenied, match="symbolic link"):
         read_state_file(path)
     write_state_file(path, b'{"new": 1}')  # replaces the link itself, atomically
@@ -250,22 +248,21 @@ def test_sticky_folders_on_the_way_are_passed_the_state_folder_itself_never_shar
 
 
 def test_state_folders_and_files_are_private_whatever_the_umask(tmp_path, monkeypatch):
-    from gpuslate.units import store
-
     monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "a" / "b" / "state"))
     old = os.umask(0)
     try:
         log = AuditLog()
         log.before_signal(run_id="r", action="clear", signal="SIGTERM", target={"pid": 1})
-        store.log_path("web")  # makes units/logs
-        write_state_file(store.record_path("web"), b"{}")  # as store.save writes a record
+        unit_records().log_path("web")  # makes units/logs
+        write_state_file(unit_records().record_path("web"), b"{}")  # as store.save writes a record
     finally:
         os.umask(old)
-    for d in (tmp_path / "a", tmp_path / "a" / "b", log.path.parent, store.units_dir(), store.units_dir() / "logs"):
+    units = unit_records().units_dir()
+    for d in (tmp_path / "a", tmp_path / "a" / "b", log.path.parent, units, units / "logs"):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
-    for f in (log.path, store.record_path("web")):
+    for f in (log.path, unit_records().record_path("web")):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-    assert store.names() == ["web"]
+    assert unit_records().names() == ["web"]
 
 
 @pytest.mark.parametrize("kind", ["fifo", "socket", "directory"])

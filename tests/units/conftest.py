@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuslate.gpu.sim.host import SimHost
-from helpers import SRC, kill_leftovers
+from helpers import SRC, kill_leftovers, unit_records
 from unitkit import run_units
 
 
@@ -25,7 +25,7 @@ def units_host(sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     yield sim_host
     from gpuslate.units.unit import load_units
 
-    kill_leftovers(sim_host, load_units())
+    kill_leftovers(sim_host, load_units(unit_records()))
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-from gpuslate.units import store
 from gpuslate.units.readiness import http
-from helpers import gpuslate_env, is_gone, wait_for
+from helpers import gpuslate_env, is_gone, unit_records, wait_for
 from test_units_lifecycle import gpus_clean, ps
 from unitkit import free_port, serve_cmd
 
@@ -48,7 +47,7 @@ def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, unit
     assert r.returncode == 0, r.stderr
     a = json.loads(r.stdout)
     workers = json.loads(http("GET", f"http://127.0.0.1:{port}/get_server_info")[1])["worker_pids"]
-    reason = corrupt(store.record_path("a"), how)
+    reason = corrupt(unit_records().record_path("a"), how)
 
     # an unrelated unit starts, swaps and is listed as usual
     r = units("up", "b", "--gpus", "2", "--port", str(other), "--", *serve_cmd(other))
@@ -59,7 +58,7 @@ def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, unit
     assert listed["b"]["state"] == "ready"
     bad = listed["a"]
     assert bad["state"] == "corrupt" and reason in bad["corrupt_reason"]
-    assert bad["record_file"] == str(store.record_path("a"))
+    assert bad["record_file"] == str(unit_records().record_path("a"))
     assert {a["pid"], *workers} <= set(bad["processes"])  # found all the same
     table = units("ps")
     no_traceback(table)
@@ -83,7 +82,7 @@ def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, unit
     assert doc["corrupt"] and doc["record_set_aside"] and doc["previous_state"] == "corrupt"
     wait_for(lambda: all(is_gone(p) for p in (a["pid"], *workers)))
     wait_for(lambda: gpus_clean(units_host, [0, 1]))
-    assert not store.record_path("a").exists()
+    assert not unit_records().record_path("a").exists()
     assert "a" not in ps(units) and ps(units)["b"]["state"] == "ready"
     r = units("up", "a", "--gpus", "3", "--port", str(spare), "--", *serve_cmd(spare))
     assert r.returncode == 0, r.stderr
@@ -104,7 +103,7 @@ def test_renamed_server_of_a_corrupt_record_is_found_by_its_port(units_host, uni
     main = json.loads(r.stdout)["pid"]
     workers = json.loads(http("GET", f"http://127.0.0.1:{port}/get_server_info")[1])["worker_pids"]
     assert b"GPUSLATE_UNIT=r" not in open(f"/proc/{main}/environ", "rb").read()
-    corrupt(store.record_path("r"), "missing")  # no pid, no sid: the port and the GPUs still read
+    corrupt(unit_records().record_path("r"), "missing")  # no pid, no sid: the port and the GPUs still read
     assert set(ps(units)["r"]["processes"]) == {main, *workers}
     r = units("down", "r", "--json")
     assert r.returncode == 0, r.stderr
@@ -169,7 +168,8 @@ def test_library_refuses_bad_unit_names_before_touching_anything(units_host, nam
     from gpuslate.errors import UsageError
     from gpuslate.units import resolve
 
-    for call in (lambda: store.read(name), lambda: store.record_path(name), lambda: store.log_path(name),
+    records = unit_records()
+    for call in (lambda: records.read(name), lambda: records.record_path(name), lambda: records.log_path(name),
                  lambda: Host.open().down(name), lambda: resolve(name, command=["true"])):
         with pytest.raises(UsageError, match="invalid unit name"):
             call()
@@ -208,8 +208,8 @@ def test_down_of_a_torn_record_verifies_what_its_processes_held(units_host, unit
     r = units("up", "t", "--gpus", "2-3", "--port", str(port), "--containment", "session", "--json", "--",
               *serve_cmd(port, memory="3GiB"))
     assert r.returncode == 0, r.stderr
-    corrupt(store.record_path("t"), "truncated")
-    assert "gpus" not in store.read("t").salvage
+    corrupt(unit_records().record_path("t"), "truncated")
+    assert "gpus" not in unit_records().read("t").salvage
     r = units("down", "t")
     no_traceback(r)
     assert r.returncode == 0, r.stderr
@@ -220,7 +220,7 @@ def test_down_of_a_torn_record_verifies_what_its_processes_held(units_host, unit
 def test_down_never_calls_an_unverified_nothing_released(units_host, units):
     """A torn record of which nothing runs and that names no GPU: nothing to verify, and `down`
     says so instead of "released"."""
-    path = store.record_path("gone")
+    path = unit_records().record_path("gone")
     path.write_text('{"schema": "gpuslate.unit.v1", "name": "gone", "spec": {')
     r = units("down", "gone", "--json")
     no_traceback(r)
@@ -236,10 +236,10 @@ def test_down_never_calls_an_unverified_nothing_released(units_host, units):
 def test_a_log_that_is_no_regular_file_is_refused_not_followed(units_host, units, tmp_path, kind):
     """A unit's log is a state file: `logs` never waits on a FIFO planted as NAME.log, and never
     reads (nor `up` writes) through a symbolic link."""
-    logs_dir = store.log_path("web").parent  # state/units/logs
+    logs_dir = unit_records().log_path("web").parent  # state/units/logs
     target = tmp_path / "elsewhere.txt"
     target.write_text("not a log\n")
-    store.record_path("web").write_text('{"schema": "gpuslate.unit.v1", "name": "web", "spec": {')  # torn
+    unit_records().record_path("web").write_text('{"schema": "gpuslate.unit.v1", "name": "web", "spec": {')  # torn
     log = logs_dir / "web.log"
     if kind == "fifo":
         os.mkfifo(log)
@@ -253,5 +253,5 @@ def test_a_log_that_is_no_regular_file_is_refused_not_followed(units_host, units
         assert "not a log" not in r.stdout
     finally:
         log.unlink()
-        store.record_path("web").unlink()
+        unit_records().record_path("web").unlink()
     assert target.read_text() == "not a log\n"

@@ -25,7 +25,7 @@ import pytest
 
 from gpuslate.gpu.sim.host import SimHost
 from gpuslate.proc.procfs import read_stat
-from helpers import SRC, GiB, is_gone, wait_for
+from helpers import SRC, GiB, is_gone, unit_records, wait_for
 from test_units_lifecycle import gpus_clean
 from unitkit import run_units
 
@@ -173,7 +173,7 @@ def test_a_spec_cannot_forge_the_markers_and_they_come_first(units_host):
     from gpuslate.units.spec import UnitSpec
 
     spec = UnitSpec("web", command=["x"], env={"GPUSLATE_UNIT_ID": "f" * 32, "GPUSLATE_UNIT": "api", "A": "1"})
-    env = unit_env(spec, "a" * 32)
+    env = unit_env(spec, "a" * 32, unit_records().mark())
     assert env["GPUSLATE_UNIT_ID"] == "a" * 32 and env["GPUSLATE_UNIT"] == "web" and env["A"] == "1"
     assert list(env)[:3] == ["GPUSLATE_UNIT", "GPUSLATE_UNIT_ID", "GPUSLATE_UNIT_STATE"]
     doc = up_web(Path(os.environ["GPUSLATE_STATE_DIR"]), 2)

@@ -18,9 +18,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from gpuslate.units import store
 from gpuslate.units.readiness import http
-from helpers import gpuslate_env, is_gone, wait_for
+from helpers import gpuslate_env, is_gone, unit_records, wait_for
 from test_units_lifecycle import gpus_clean, ps
 from unitkit import free_port, serve_cmd
 
@@ -69,7 +68,7 @@ def test_cleanup_after_ctrl_c_survives_a_second_ctrl_c_and_sigterm(units_host):
     assert rc == 130, up.err
     assert is_gone(pid) and gpus_clean(units_host, [0])  # gone before up exited: cleanup ran to its end
     assert not any("Traceback" in line for line in up.err), up.err
-    rec = store.load("web")
+    rec = unit_records().load("web")
     assert rec.phase == "failed" and "interrupted" in rec.failure
     assert ps_state("web") == "failed"
 
@@ -83,7 +82,7 @@ def test_sigterm_to_up_cleans_up_like_ctrl_c(units_host):
     assert rc == 130, up.err
     assert up.said("stopping web, please wait") and not any("Traceback" in line for line in up.err)
     assert is_gone(pid) and gpus_clean(units_host, [0])
-    assert store.load("web").phase == "failed"
+    assert unit_records().load("web").phase == "failed"
 
 
 @pytest.mark.slow
@@ -91,7 +90,7 @@ def test_sigkill_of_up_leaves_a_unit_judged_by_what_lives(units_host, units):
     port = free_port()
     up = Up("web", "--gpus", "0-1", "--port", str(port), "--engine", "sglang", "--start-timeout", "60", "--",
             *serve_cmd(port, startup=4.0))
-    wait_for(lambda: store.load("web") is not None, timeout=20)
+    wait_for(lambda: unit_records().load("web") is not None, timeout=20)
     os.kill(up.proc.pid, signal.SIGKILL)
     up.finish()
     early = ps(units)["web"]["state"]
@@ -160,14 +159,14 @@ def test_hangup_of_up_stops_the_starting_server(units_host):
     with on_terminal("up", "web", "--gpus", "0-1", "--port", str(port), "--engine", "sglang", "--start-timeout",
                      "120", "--grace", "1", "--", *serve_cmd(port, startup=60.0)) as (proc, hang_up, _seen):
         wait_for(lambda: holding(units_host, 0) and holding(units_host, 1), timeout=30)
-        rec = store.load("web")
+        rec = unit_records().load("web")
         assert rec is not None and rec.phase == "starting"
         server = [rec.pid, holding(units_host, 0), holding(units_host, 1)]
         hang_up()  # the terminal goes away: SIGHUP to up, EIO on every later write
         rc = proc.wait(60)
     assert all(is_gone(p) for p in server)  # gone before up exited: it stopped and waited for them
     assert gpus_clean(units_host, [0, 1])
-    rec = store.load("web")
+    rec = unit_records().load("web")
     assert rec.phase == "failed" and "SIGHUP" in rec.failure, rec.failure
     assert rc == 130, rc
     assert ps_state("web") == "failed"
@@ -185,4 +184,4 @@ def test_hangup_of_down_does_not_leave_the_unit_half_stopped(units_host, units):
         hang_up()  # SIGHUP to down, in the middle of its grace
         proc.wait(60)
     assert is_gone(pid) and gpus_clean(units_host, [0])
-    assert store.load("web").phase == "stopped" and ps_state("web") == "stopped"
+    assert unit_records().load("web").phase == "stopped" and ps_state("web") == "stopped"

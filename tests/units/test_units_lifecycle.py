@@ -10,9 +10,8 @@ import signal
 from gpuslate.gpu.sim import SimBackend
 from gpuslate.proc.procfs import read_stat
 from gpuslate.slate.wait import is_free
-from gpuslate.units import store
 from gpuslate.units.readiness import http
-from helpers import GiB, is_gone, wait_for
+from helpers import GiB, is_gone, unit_records, wait_for
 from unitkit import free_port, popen_units, serve_cmd
 
 
@@ -76,7 +75,7 @@ def test_crash_during_startup(units_host, units):
     assert r.returncode == 6, r.stderr
     assert "OutOfMemoryError" in r.stderr and "exited before it was ready (exit code 1)" in r.stderr
     assert "GPUs verified clean" in r.stderr
-    rec = store.load("bad")
+    rec = unit_records().load("bad")
     assert rec is not None and rec.phase == "failed" and rec.exit_code == 1
     assert is_gone(rec.pid) and gpus_clean(units_host)
     assert not units_host.held()

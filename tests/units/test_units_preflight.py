@@ -7,8 +7,8 @@ import json
 import os
 import socket
 
-from gpuslate.units import store
 from gpuslate.units.contain import choose_fence, discard_cgroup
+from helpers import unit_records
 from unitkit import free_port, popen_units, serve_cmd
 
 
@@ -20,7 +20,7 @@ def test_port_already_in_use(units_host, units):
         r = units("up", "p", "--gpus", "0", "--port", str(port), "--", *serve_cmd(port))
     assert r.returncode == 4
     assert f"port {port} is already in use by pid {os.getpid()}" in r.stderr
-    assert store.load("p") is None and not units_host.held()  # nothing was started
+    assert unit_records().load("p") is None and not units_host.held()  # nothing was started
 
 
 def test_gpus_held_by_someone_else(units_host, units, hold):
@@ -30,7 +30,7 @@ def test_gpus_held_by_someone_else(units_host, units, hold):
     assert r.returncode == 4
     line = r.stderr.splitlines()[0]
     assert "GPU 3 not free for unit g" in line and f"pid {h.pid}" in line and "someone-elses-job" in line
-    assert "7.0 GiB" in line and store.load("g") is None
+    assert "7.0 GiB" in line and unit_records().load("g") is None
     # --clear ends the holder first (it is this user's), then the unit starts
     r = units("up", "g", "--gpus", "2-3", "--port", str(port), "--clear", "--json", "--", *serve_cmd(port))
     assert r.returncode == 0, r.stderr
@@ -54,7 +54,7 @@ def test_malformed_toml(units_host, units, tmp_path):
     r = units("up", "nosuch", "--config", str(tmp_path / "other.toml"))
     assert r.returncode == 2 and "unknown unit 'nosuch'" in r.stderr
     assert units("up", "a", "--config", str(tmp_path / "missing.toml")).returncode == 2
-    assert not units_host.held() and store.load("a") is None
+    assert not units_host.held() and unit_records().load("a") is None
 
 
 def test_two_concurrent_ups_on_the_same_gpus(units_host, units):
@@ -68,7 +68,7 @@ def test_two_concurrent_ups_on_the_same_gpus(units_host, units):
     err = outs[lose][1]
     assert f"waiting for the host lock (at most 900 s): held by up c{win}" in err  # serialized, said so
     assert f"of unit c{win}" in err and f"not free for unit c{lose}" in err
-    assert store.load(f"c{lose}") is None  # the loser started nothing
+    assert unit_records().load(f"c{lose}") is None  # the loser started nothing
     assert units("ps").stdout.count("ready") == 1
     assert units("down", f"c{win}").returncode == 0
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gpuslate.units import store
-from helpers import GiB, is_gone, wait_for
+from helpers import GiB, is_gone, unit_records, wait_for
 from test_units_lifecycle import gpus_clean, ps
 
 LATE_FORK = (
@@ -58,7 +57,7 @@ def test_late_renamed_escapee_is_named_and_cleared(units_host, units):
     doc = json.loads(r.stdout)
     assert doc["cleared"]["ok"] and pid in [t["pid"] for t in doc["cleared"]["targets"]]
     assert doc["memory_released"] and is_gone(pid) and gpus_clean(units_host, [0, 1])
-    assert ps(units)["web"]["state"] == "stopped" and store.load("web").phase == "stopped"
+    assert ps(units)["web"]["state"] == "stopped" and unit_records().load("web").phase == "stopped"
 
 
 def test_a_later_job_on_the_same_gpus_is_not_the_stopped_units(units_host, units, hold):

@@ -80,11 +80,11 @@ def test_each_containment_has_its_fence_type():
     kinds = {"session": SessionFence, "cgroup": CgroupFence, "scope": ScopeFence}
     for kind, cls in kinds.items():
         cg = None if kind == "session" else "/gpuslate-u-0123abcd"
-        fence: Fence = fence_of(store.UnitRecord.from_json({**base, "containment": kind, "cgroup": cg}))
+        fence: Fence = fence_of(store.UnitRecord.from_json({**base, "containment": kind, "cgroup": cg}), "/state")
         assert type(fence) is cls and fence.kind == kind and fence.cgroup == cg
         assert fence.kill() is False  # nothing to kill: no such cgroup, and a session cannot
     # only a fence without a cgroup pays for reading every process's environment
-    assert fence_of(store.UnitRecord.from_json({**base, "containment": "session"})).scan_marker  # type: ignore[union-attr]
+    assert fence_of(store.UnitRecord.from_json({**base, "containment": "session"}), "/state").scan_marker  # type: ignore[union-attr]
     mark = UnitMark("u", "0" * 32, "/state")
     assert not CgroupFence("/x", SessionFence(mark, ProcessId(10, 5), 10, 10, scan_marker=False)).session.scan_marker
 
@@ -96,13 +96,13 @@ def test_swap_reads_each_unit_record_once(units_host, monkeypatch):
     assert host.up(old).ok
     new = UnitSpec("new", command=serve_cmd(port, startup=0.1), gpus=[0], port=port)
     reads: list[str] = []
-    real = store.read
+    real = store.UnitStore.read
 
-    def counting(name: str):
+    def counting(self: store.UnitStore, name: str):
         reads.append(name)
-        return real(name)
+        return real(self, name)
 
-    monkeypatch.setattr(store, "read", counting)
+    monkeypatch.setattr(store.UnitStore, "read", counting)
     result = host.swap("old", new)
     assert result.ok, result.to_json()
     # swap checks both units under the lock, then each phase loads its unit once, under that same lock

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-from gpuslate.units import store
 from gpuslate.units.readiness import http
-from helpers import is_gone
+from helpers import is_gone, unit_records
 from unitkit import free_port, serve_cmd
 
 
@@ -46,7 +45,7 @@ def test_swap_baseline_to_speculative(units_host, units, tmp_path):
     new = server_info(port)
     assert new["mode"] == "speculative" and new["pid"] != old["pid"]
     assert all(is_gone(p) for p in (old["pid"], *old["worker_pids"]))
-    assert store.load("baseline").phase == "stopped" and store.load("speculative").phase == "ready"
+    assert unit_records().load("baseline").phase == "stopped" and unit_records().load("speculative").phase == "ready"
     table = units("swap", "speculative", "baseline", cwd=str(tmp_path))  # and back, human output
     assert table.returncode == 0, table.stderr
     assert "gpuslate overhead" in table.stdout and "baseline ready" in table.stdout
@@ -67,7 +66,7 @@ def test_swap_rollback_to_failing_unit(units_host, units, tmp_path):
     assert "OutOfMemoryError" in r.stderr and "rolled back" in r.stderr
     again = server_info(port)
     assert again["status"] == "ready" and again["mode"] == "baseline" and again["pid"] != first["pid"]
-    assert store.load("baseline").phase == "ready" and store.load("broken").phase == "failed"
+    assert unit_records().load("baseline").phase == "ready" and unit_records().load("broken").phase == "failed"
 
 
 def test_swap_without_rollback_leaves_gpus_clean(units_host, units, tmp_path):

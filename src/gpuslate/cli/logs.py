@@ -34,17 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..units import Unit, store  # lazy: startup
+    from ..api import Host  # lazy: startup
+    from ..units import Unit, UnitStore  # lazy: startup
     from ..units.logfile import follow, tail_at  # lazy: startup
 
-    unit = Unit.load(args.name)
+    with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
+        units = UnitStore.of(host)
+    unit = Unit.load(units, args.name)
     if unit is None:
         raise UsageError(f"unknown unit {args.name!r}: see 'gpuslate ps'")
     if args.tail is not None and args.tail < 0:
         raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
     if args.json and args.follow:
         raise UsageError("--json prints a snapshot: use it without --follow")
-    path = Path(unit.record.log) if unit.record else store.log_path(args.name)  # corrupt: where logs go
+    path = Path(unit.record.log) if unit.record else units.log_path(args.name)  # corrupt: where logs go
     out = sys.stdout
     lines, since = tail_at(path, args.tail)
     if args.json:
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     def running() -> bool:
-        return (Unit.load(args.name) or unit).running()  # a restart is a new record: follow it
+        return (Unit.load(units, args.name) or unit).running()  # a restart is a new record: follow it
 
     try:
         for line in follow(path, since=since, keep_going=running):

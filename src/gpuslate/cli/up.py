@@ -106,17 +106,17 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
-    from ..units import Unit, UpOptions, resolve  # lazy: startup
+    from ..units import Unit, UnitStore, UpOptions, resolve  # lazy: startup
     from ..units.interrupts import stop_signals_interrupt  # lazy: startup
     from .render_units import report_up_failure, show_up  # lazy: startup
 
     command = list(args.command)
-    prev = Unit.load(args.name)
-    spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
-                   previous=prev.spec.to_json() if prev and prev.spec else None)
-    with stop_signals_interrupt(), Host.open(getattr(args, "sim", None), on_event=note) as host:
-        # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
-        result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
+    with Host.open(getattr(args, "sim", None), on_event=note) as host:
+        prev = Unit.load(UnitStore.of(host), args.name)
+        spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
+                       previous=prev.spec.to_json() if prev and prev.spec else None)
+        with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
+            result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
     if args.json:
         print_json(result.to_json())
         if not result.ok:  # stdout stays the document; the failure's story on stderr

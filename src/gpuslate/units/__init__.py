@@ -5,7 +5,8 @@
     swap(host, old, new)  down + verify + up, phases timed; optional rollback
     list_units(host)    every unit with its live state (ps)
     resolve(name, ...)  a unit's spec from gpuslate.toml / the command line / its last run
-    Unit.load(name)     one unit, loaded once: record (or why it is corrupt), spec, fence
+    UnitStore.of(host)  the unit records of the host's state folder
+    Unit.load(units, name)  one unit, loaded once: record (or why it is corrupt), spec, fence
     unit_state(facts)   the pure decision behind ps's states
 
 The verbs take the :class:`~gpuslate.host.session.HostContext` they run on
@@ -21,6 +22,7 @@ from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, down, up
 from .listing import PsResult, UnitStatus, list_units
 from .spec import UnitSpec, resolve
 from .state import UnitFacts, UnitState, unit_state
+from .store import UnitStore
 from .swap import SwapOptions, SwapResult, swap
 from .unit import Unit
 
@@ -35,6 +37,7 @@ __all__ = [
            "UnitSpec",
            "UnitState",
            "UnitStatus",
+           "UnitStore",
            "UpOptions",
            "UpResult",
            "down",

@@ -54,7 +54,7 @@ from ..proc.procfs import ProcessId, ProcStat, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
-from .store import UnitRecord, units_dir
+from .store import UnitRecord
 
 FenceKind = Literal["cgroup", "scope", "session", "marker", "document"]  # document: read back, finds nothing
 
@@ -448,14 +448,10 @@ class MarkerFence:
             discard_cgroup(cg, wait)  # removes only an empty cgroup
 
 
-def state_mark() -> str:
-    """This state folder as units launched from it carry it (``GPUSLATE_UNIT_STATE``)."""
-    return os.path.realpath(units_dir())
-
-
-def fence_of(rec: UnitRecord) -> Fence:
-    """The fence of a unit as its record (in this state folder) describes it."""
-    mark = UnitMark(rec.name, rec.instance or None, state_mark())
+def fence_of(rec: UnitRecord, state: str) -> Fence:
+    """The fence of a unit as its record describes it; ``state``: the state folder the record is
+    in, as its units carry it (:meth:`~.store.UnitStore.mark`)."""
+    mark = UnitMark(rec.name, rec.instance or None, state)
     session = SessionFence(mark, rec.ident, rec.pgid, rec.sid, tuple(rec.member_ids), scan_marker=rec.cgroup is None)
     if rec.containment == "cgroup":
         return CgroupFence(rec.cgroup, session)

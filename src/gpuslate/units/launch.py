@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
 from .contain import LaunchFence, choose_fence, discard_cgroup
-from .fence import ID_VAR, NAME_VAR, STATE_VAR, state_mark
+from .fence import ID_VAR, NAME_VAR, STATE_VAR
 from .spec import UnitSpec
 
 # Popen objects of the units this process started: kept so their exit status
@@ -42,28 +42,28 @@ class Launched(NamedTuple):
     spawned_at: float  # epoch
 
 
-def unit_env(spec: UnitSpec, instance: str) -> dict[str, str]:
+def unit_env(spec: UnitSpec, instance: str, state: str) -> dict[str, str]:
     """What the unit's processes get on top of the caller's environment, the markers first (a
     spec's ``env`` cannot forge them; and first in the environment block, where a bounded read
     finds them): ``GPUSLATE_UNIT`` (the name, for a human with /proc), ``GPUSLATE_UNIT_ID``
     (this instance: how ``down`` finds a process that left the session) and
-    ``GPUSLATE_UNIT_STATE`` (the state folder: a torn record's last clue)."""
-    env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state_mark()}
+    ``GPUSLATE_UNIT_STATE`` (the state folder, ``state``: a torn record's last clue)."""
+    env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state}
     if spec.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
     env.update((k, v) for k, v in spec.env.items() if k not in env)
     return env
 
 
-def launch(spec: UnitSpec) -> Launched:
-    """Start ``spec.command``; raise UsageError if it cannot be executed at all."""
+def launch(spec: UnitSpec, units: store.UnitStore) -> Launched:
+    """Start ``spec.command``, its log in ``units``; raise UsageError if it cannot be executed at all."""
     fence, note = choose_fence(spec.name, spec.containment)
     if spec.containment not in ("auto", "session") and fence.kind != spec.containment:
         raise UsageError(f"containment {spec.containment!r} is not possible on this host: {note}")
-    log = store.log_path(spec.name)
+    log = units.log_path(spec.name)
     fd = logfile.open_for_unit(log)
     instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
-    added = unit_env(spec, instance)
+    added = unit_env(spec, instance, units.mark())
     try:
         try:
             proc, t_spawn, at = _spawn(spec, fence, fd, added)

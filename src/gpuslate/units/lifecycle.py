@@ -195,11 +195,12 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
     spec.validate()
     opts = options.validate()
     note = host.note
+    units = store.UnitStore.of(host)
     t0 = time.monotonic()
     with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
         be = host.backend
         t_lock = time.monotonic()
-        prev = Unit.load(spec.name)  # under the lock: as it is now
+        prev = Unit.load(units, spec.name)  # under the lock: as it is now
         if prev is not None and prev.corrupt:
             found = [st.pid for st in prev.members()]
             raise UsageError(prev.describe_problem() + (f"; processes of it still run: {found}" if found else
@@ -222,20 +223,20 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                                    hint="see 'gpuslate clear --gpus ... --json' for the whole story")
         collect_stale_cgroups()  # under the host lock
         check_gpus(be, gpus, limit, for_unit=spec.name,
-                   owners=lambda: unit_of_pids([u for u in load_units() if u.name != spec.name], ProcTable()))
+                   owners=lambda: unit_of_pids([u for u in load_units(units) if u.name != spec.name], ProcTable()))
         t_pre = time.monotonic()
         # from the fork until the record is on disk, an interrupt would leave a server no record
         # names: it is held back and acted on once the unit can be found (and stopped)
         with deferred_interrupts(lambda _s: note(f"interrupted: stopping {spec.name}, please wait")) as pending:
-            launched = launch(spec)
+            launched = launch(spec, units)
             rec = store.UnitRecord(
                 name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
                 start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
                 containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
                 port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
                 instance=launched.instance)
-            store.save(rec)
-        current = Unit(spec.name, store.record_path(spec.name), rec, None, spec, fence_of(rec))
+            units.save(rec)
+        current = Unit(spec.name, units.record_path(spec.name), rec, None, spec, fence_of(rec, units.mark()))
         t_launch = time.monotonic()
         timings = {"lock_wait_s": waited, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
         try:
@@ -253,7 +254,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                     timings["smoke_s"] = sm["latency_s"]
                     status = UpStatus.READY if sm["ok"] else UpStatus.SMOKE_FAILED
         except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/up.py), a bug: leave nothing half-started
-            _stop_interrupted(host, current, spec, limit, str(exc) or type(exc).__name__)
+            _stop_interrupted(host, units, current, spec, limit, str(exc) or type(exc).__name__)
             raise
         teardown, tail = None, []
         if status == UpStatus.READY:
@@ -267,7 +268,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                 teardown = stop_unit(current, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
                                      audit=host.audit, action="up-failed", max_used=limit, on_event=note)
                 rec.phase, rec.stopped_at = Phase.FAILED, time.time()
-        store.save(rec)
+        units.save(rec)
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
                         timings, tail, teardown, cleared, launched.fence_note)
@@ -287,7 +288,8 @@ def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
         poll.sleep(deadline)
 
 
-def _stop_interrupted(host: HostContext, unit: Unit, spec: UnitSpec, limit: int, why: str) -> None:
+def _stop_interrupted(host: HostContext, units: store.UnitStore, unit: Unit, spec: UnitSpec, limit: int,
+                      why: str) -> None:
     """Stop a unit whose start was interrupted; further Ctrl-C or SIGTERM cannot cut this short."""
     rec = unit.record
     assert rec is not None
@@ -299,7 +301,7 @@ def _stop_interrupted(host: HostContext, unit: Unit, spec: UnitSpec, limit: int,
         rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         rec.failure = f"interrupted while starting ({why})"
         rec.exit_code = exit_status(rec.pid)
-        store.save(rec)
+        units.save(rec)
 
 
 def _failure(status: UpStatus, spec: UnitSpec, probe: Probe, sm: dict[str, Any] | None,
@@ -327,13 +329,14 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
     its ``GPUSLATE_UNIT`` marker, its port), and the record is then set aside.
     Under the host lock of ``host`` (re-entrant: ``swap`` holds it already)."""
     opts = options.validate()
-    if not store.record_path(name).exists():
+    units = store.UnitStore.of(host)
+    if not units.record_path(name).exists():
         raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
     note = host.note
     t0 = time.monotonic()
     with host.locked(f"down {name}", timeout=opts.timeout) as waited:
         be = host.backend
-        u = Unit.load(name)  # under the lock: it may have changed while we waited
+        u = Unit.load(units, name)  # under the lock: it may have changed while we waited
         if u is None:
             raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
         spec = u.spec or UnitSpec(name)  # corrupt: the defaults
@@ -353,7 +356,7 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
             mine = [st.pid for st in u.members(table)]
             if not u.strays(readings, table, mine):
                 return True
-            claimed = unit_of_pids([o for o in load_units() if o.name != name], table)
+            claimed = unit_of_pids([o for o in load_units(units) if o.name != name], table)
             strays[:] = u.strays(readings, table, mine, claimed)
             if not strays:
                 return True
@@ -381,7 +384,7 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
         rec = u.record
         if rec is None:
             if report.ok:
-                aside = str(store.set_aside(u.path))
+                aside = str(units.set_aside(u.path))
         else:
             if rec.phase != Phase.FAILED:
                 rec.phase = Phase.STOPPED
@@ -389,7 +392,7 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
                 rec.stopped_at = time.time()
             if rec.exit_code is None:
                 rec.exit_code = exit_status(rec.pid)
-            store.save(rec)
+            units.save(rec)
         return DownResult(name, previous, report, {"lock_wait_s": waited, **report.timings,
                                                    "total_s": time.monotonic() - t0},
                           strays, cleared[-1] if cleared else None,

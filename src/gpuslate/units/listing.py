@@ -23,7 +23,7 @@ from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
 from .state import Phase, UnitState, unit_state
-from .store import UnitRecord, Unreadable
+from .store import UnitRecord, UnitStore, Unreadable
 from .unit import Stray, Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
@@ -153,7 +153,7 @@ def list_units(host: HostContext) -> PsResult:
     """Every recorded unit (corrupt records included), classified against the live host.
 
     Takes no lock: what it reports is a look, as ``status`` is."""
-    units = load_units()
+    units = load_units(UnitStore.of(host))
     table = ProcTable()
     warnings: list[str] = []
     members = {u.name: u.members(table) for u in units}

@@ -1,4 +1,10 @@
-"""Unit state on disk: ``state_dir()/units/NAME.json``, one file per unit, written atomically.
+"""Unit state on disk: ``STATE/units/NAME.json``, one file per unit, written atomically.
+
+``STATE`` is the state folder of the host context the command runs on
+(:meth:`~gpuslate.host.session.HostContext.state_dir`): a :class:`UnitStore`
+is made from it (:meth:`UnitStore.of`), so one ``Host`` reads and writes the
+unit records, the logs and the audit log of one state folder, whatever the
+environment says meanwhile.
 
 The record is what lets any later gpuslate process (``ps``, ``down``, ``swap``)
 find a unit's processes after the ``up`` that started it has exited: the main
@@ -20,13 +26,16 @@ import time
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import PermissionDenied
-from ..host.state import StateDir, open_state_dir
+from ..host.state import StateDir, open_dir
 from ..proc.procfs import ProcessId
 from .names import UnitName, is_unit_name
 from .state import Phase
+
+if TYPE_CHECKING:
+    from ..host.session import HostContext
 
 SCHEMA = "gpuslate.unit.v1"
 
@@ -201,97 +210,109 @@ def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 
-def _units() -> StateDir:
-    """``state_dir()/units``, walked from ``/`` and checked (host/state.py), held open."""
-    with open_state_dir() as state:
-        return state.subdir("units", create=True)
+class UnitStore:
+    """The unit records and logs of one state folder (``state/units``, ``state/units/logs``).
+
+    Holds only the folder's path: every use walks it again from ``/`` and checks it
+    (host/state.py), so a folder swapped meanwhile is refused, never followed.
+    """
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+
+    @classmethod
+    def of(cls, host: HostContext) -> UnitStore:
+        """The units of ``host``'s state folder."""
+        return cls(host.state_dir())
+
+    def _units(self) -> StateDir:
+        """``state/units``, walked from ``/`` and checked (host/state.py), held open."""
+        with open_dir(self.state, create=True) as state:
+            return state.subdir("units", create=True)
+
+    def units_dir(self) -> Path:
+        with self._units() as units:
+            return units.path
+
+    def mark(self) -> str:
+        """This state folder as units launched from it carry it (``GPUSLATE_UNIT_STATE``)."""
+        return os.path.realpath(self.units_dir())
+
+    def record_path(self, name: str) -> Path:
+        """Where unit ``name``'s record is (for messages); :class:`UsageError` for an invalid name."""
+        return self.units_dir() / _file(name)
+
+    def log_path(self, name: str) -> Path:
+        file = f"{UnitName(name)}.log"
+        with self._units() as units, units.subdir("logs", create=True) as logs:
+            return logs.path / file
+
+    def save(self, rec: UnitRecord) -> None:
+        file = _file(rec.name)
+        with self._units() as units:
+            try:
+                # atomic (readers see the old record or the new one, never half), never through a symlink
+                units.write_atomic(file, json.dumps(rec.to_json(), indent=2).encode())
+            except PermissionDenied:
+                raise
+            except OSError as exc:
+                raise PermissionDenied(f"cannot write unit state {units.path / file}: "
+                                       f"{exc.strerror or exc}") from None
+
+    def read(self, name: str) -> UnitRecord | Unreadable | None:
+        """Unit ``name``'s record; :class:`Unreadable` (with the reason) when the file is not a valid
+        record; None when there is none. Never raises for what the file contains; raises
+        :class:`PermissionDenied` when it is not a regular file of ours (a FIFO, a link, a device:
+        never opened in a way that could hang or lead elsewhere), :class:`UsageError` for an
+        invalid name."""
+        file = _file(name)
+        with self._units() as units:
+            path = units.path / file
+            try:
+                fd = units.open(file, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            except PermissionDenied:
+                raise
+            except OSError as exc:
+                return Unreadable(path, f"cannot open: {exc.strerror or exc}", {})
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(1 << 20)
+        text = raw.decode("utf-8", "replace")
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            return Unreadable(path, f"not valid JSON ({exc})", salvage(text))
+        try:
+            rec = UnitRecord.from_json(doc)
+        except CorruptRecord as exc:
+            return Unreadable(path, str(exc), salvage_doc(doc) if isinstance(doc, dict) else {})
+        if rec.name != name:
+            return Unreadable(path, f"names unit {rec.name!r}, not {name!r}", {})
+        return rec
+
+    def load(self, name: str) -> UnitRecord | None:
+        """Unit ``name``'s record if it is valid (see :meth:`read` for why it is not)."""
+        rec = self.read(name)
+        return rec if isinstance(rec, UnitRecord) else None
+
+    def names(self) -> list[str]:
+        """Every unit with a record file, valid or not (files whose name no unit can have are not units)."""
+        with self._units() as units:
+            return sorted(n[:-5] for n in units.names() if n.endswith(".json") and is_unit_name(n[:-5]))
+
+    def set_aside(self, path: Path) -> Path:
+        """Move a corrupt record out of the way (kept beside, for a human to look at)."""
+        file = _file(path.name[:-5]) if path.name.endswith(".json") else _file(path.name)
+        dest = f".{file}.corrupt.{int(time.time())}"
+        with self._units() as units:
+            try:
+                units.rename(file, dest)
+            except OSError as exc:
+                raise PermissionDenied(f"cannot move corrupt record {units.path / file} aside: "
+                                       f"{exc.strerror or exc}") from None
+            return units.path / dest
 
 
 def _file(name: str) -> str:
     return f"{UnitName(name)}.json"
-
-
-def units_dir() -> Path:
-    with _units() as units:
-        return units.path
-
-
-def record_path(name: str) -> Path:
-    """Where unit ``name``'s record is (for messages); :class:`UsageError` for an invalid name."""
-    return units_dir() / _file(name)
-
-
-def log_path(name: str) -> Path:
-    file = f"{UnitName(name)}.log"
-    with _units() as units, units.subdir("logs", create=True) as logs:
-        return logs.path / file
-
-
-def save(rec: UnitRecord) -> None:
-    file = _file(rec.name)
-    with _units() as units:
-        try:
-            # atomic (readers see the old record or the new one, never half), never through a symlink
-            units.write_atomic(file, json.dumps(rec.to_json(), indent=2).encode())
-        except PermissionDenied:
-            raise
-        except OSError as exc:
-            raise PermissionDenied(f"cannot write unit state {units.path / file}: {exc.strerror or exc}") from None
-
-
-def read(name: str) -> UnitRecord | Unreadable | None:
-    """Unit ``name``'s record; :class:`Unreadable` (with the reason) when the file is not a valid
-    record; None when there is none. Never raises for what the file contains; raises
-    :class:`PermissionDenied` when it is not a regular file of ours (a FIFO, a link, a device:
-    never opened in a way that could hang or lead elsewhere), :class:`UsageError` for an
-    invalid name."""
-    file = _file(name)
-    with _units() as units:
-        path = units.path / file
-        try:
-            fd = units.open(file, os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        except PermissionDenied:
-            raise
-        except OSError as exc:
-            return Unreadable(path, f"cannot open: {exc.strerror or exc}", {})
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(1 << 20)
-    text = raw.decode("utf-8", "replace")
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        return Unreadable(path, f"not valid JSON ({exc})", salvage(text))
-    try:
-        rec = UnitRecord.from_json(doc)
-    except CorruptRecord as exc:
-        return Unreadable(path, str(exc), salvage_doc(doc) if isinstance(doc, dict) else {})
-    if rec.name != name:
-        return Unreadable(path, f"names unit {rec.name!r}, not {name!r}", {})
-    return rec
-
-
-def load(name: str) -> UnitRecord | None:
-    """Unit ``name``'s record if it is valid (see :func:`read` for why it is not)."""
-    rec = read(name)
-    return rec if isinstance(rec, UnitRecord) else None
-
-
-def names() -> list[str]:
-    """Every unit with a record file, valid or not (files whose name no unit can have are not units)."""
-    with _units() as units:
-        return sorted(n[:-5] for n in units.names() if n.endswith(".json") and is_unit_name(n[:-5]))
-
-
-def set_aside(path: Path) -> Path:
-    """Move a corrupt record out of the way (kept beside, for a human to look at)."""
-    file = _file(path.name[:-5]) if path.name.endswith(".json") else _file(path.name)
-    dest = f".{file}.corrupt.{int(time.time())}"
-    with _units() as units:
-        try:
-            units.rename(file, dest)
-        except OSError as exc:
-            raise PermissionDenied(f"cannot move corrupt record {units.path / file} aside: "
-                                   f"{exc.strerror or exc}") from None
-        return units.path / dest

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
@@ -141,18 +142,19 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
     t0 = time.monotonic()
     note = host.note
     new_name = new.name if isinstance(new, UnitSpec) else new
-    if not store.record_path(old).exists():  # before waiting for the lock: a typo fails at once
+    units = store.UnitStore.of(host)
+    if not units.record_path(old).exists():  # before waiting for the lock: a typo fails at once
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
     pf: Prefetch | None = None
     try:
         with host.locked(f"swap {old} -> {new_name}") as waited:
-            old_unit = Unit.load(old)
+            old_unit = Unit.load(units, old)
             if old_unit is None:
                 raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
             if old_unit.spec is None:
                 raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
             old_spec = old_unit.spec
-            new_unit = old_unit if new_name == old else Unit.load(new_name)
+            new_unit = old_unit if new_name == old else Unit.load(units, new_name)
             if new_unit is not None and new_unit.corrupt:
                 raise UsageError(new_unit.describe_problem(),
                                  hint=f"'gpuslate down {new_name}' stops what is left of it")
@@ -184,7 +186,7 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
                 return SwapResult(old, new_spec.name, SwapStatus.DOWN_FAILED, d, None, None, phases,
                                   time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
             t_up = time.monotonic()
-            watch = _PortWatch(new_spec) if new_spec.port is not None else None
+            watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
             try:
                 u = up(host, new_spec)
             finally:
@@ -238,9 +240,9 @@ class _PortWatch:
     """Watches NEW's port from the swap's side, to split its start into process start ->
     port open -> ready (most servers bind their port before they load their weights)."""
 
-    def __init__(self, spec: UnitSpec) -> None:
+    def __init__(self, spec: UnitSpec, log: Path) -> None:
         self.opened: float | None = None  # time.monotonic() of the first accepted connection
-        self._probe = Probe(replace(spec, engine=None, ready_url=None, ready_log=None), store.log_path(spec.name))
+        self._probe = Probe(replace(spec, engine=None, ready_url=None, ready_log=None), log)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpuslate-portwatch", daemon=True)
         self._thread.start()

@@ -20,7 +20,7 @@ from ..proc.procfs import CLK_TCK, ProcessId, ProcStat
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
-from .fence import Fence, MarkerFence, UnitMark, fence_of, state_mark
+from .fence import Fence, MarkerFence, UnitMark, fence_of
 from .readiness import Probe
 from .spec import UnitSpec
 from .state import Phase, UnitFacts, UnitState, needs_readiness_answer, unit_state
@@ -54,23 +54,24 @@ class Unit:
     fence: Fence
 
     @classmethod
-    def load(cls, name: str) -> Unit | None:
-        """Unit ``name`` as recorded; None when it has no record. A corrupt record gives a Unit
-        all the same (``corrupt``), fenced by what can still be found of it."""
-        rec = store.read(name)
+    def load(cls, units: store.UnitStore, name: str) -> Unit | None:
+        """Unit ``name`` as recorded in ``units``; None when it has no record. A corrupt record gives
+        a Unit all the same (``corrupt``), fenced by what can still be found of it."""
+        rec = units.read(name)
         if rec is None:
             return None
+        mark = units.mark()
         if isinstance(rec, store.UnitRecord):
             try:
                 spec = UnitSpec.from_json(rec.spec).validate()
             except (UsageError, TypeError, ValueError) as exc:
-                rec = store.Unreadable(store.record_path(name), f"its spec is invalid: {exc}",
+                rec = store.Unreadable(units.record_path(name), f"its spec is invalid: {exc}",
                                        {"pid": rec.pid, "start_ticks": rec.start_ticks, "port": rec.port,
                                         "cgroup": rec.cgroup, "launched_at": rec.launched_at, "gpus": rec.gpus,
                                         "instance": rec.instance})
             else:
-                return cls(name, store.record_path(name), rec, None, spec, fence_of(rec))
-        return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.path, rec.salvage))
+                return cls(name, units.record_path(name), rec, None, spec, fence_of(rec, mark))
+        return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.path, rec.salvage, mark))
 
     @property
     def corrupt(self) -> bool:
@@ -159,7 +160,7 @@ def epoch_to_ticks(epoch: float) -> float:
     return (epoch - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK
 
 
-def _marker_fence(name: str, path: Path, salvage: dict[str, Any]) -> MarkerFence:
+def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str) -> MarkerFence:
     cg = salvage.get("cgroup")
     # a torn record names processes to signal only through a cgroup gpuslate made for this name
     ours = isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-")
@@ -172,15 +173,15 @@ def _marker_fence(name: str, path: Path, salvage: dict[str, Any]) -> MarkerFence
     except OSError:
         written = None
     instance = salvage.get("instance") or None
-    return MarkerFence(UnitMark(name, instance, state_mark()), trusted, candidates, salvage.get("port"),
+    return MarkerFence(UnitMark(name, instance, state), trusted, candidates, salvage.get("port"),
                        ticks if isinstance(ticks, int) else None, main, written)
 
 
-def load_units() -> list[Unit]:
-    """Every unit with a record file, corrupt ones included."""
+def load_units(units: store.UnitStore) -> list[Unit]:
+    """Every unit with a record file in ``units``, corrupt ones included."""
     out = []
-    for name in store.names():
-        u = Unit.load(name)
+    for name in units.names():
+        u = Unit.load(units, name)
         if u is not None:
             out.append(u)
     return out
