@@ -18,6 +18,11 @@ control block re-measuring the first deployment at one level. For each block:
    the GPU state just before the point, gpuslate's version and the engine's
    as the server reports it.
 
+The whole run goes through one :class:`~gpuslate.api.Host`, the caller's: one
+backend, one state folder and one audit log for every ``up``, ``swap``,
+``down`` and GPU reading of the experiment, its progress lines to the host's
+event sink.
+
 The last deployment is stopped at the end (and its GPUs verified free). An
 interrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops every unit
 this run started, verifies the GPUs, and raises :class:`Interrupted`; the
@@ -39,7 +44,7 @@ from typing import Any, Literal
 
 from .. import __version__
 from .._time import iso_time
-from ..api import Host, status
+from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import UpOptions
 from .plan import LoadPlan
@@ -176,19 +181,20 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
                                  "identity": spec.identity()})
 
 
-def run_experiment(spec: ExperimentSpec, out: str | Path, *, resume: bool = False, sim: str | None = None,
-                   on_event: Note | None = None,
+def run_experiment(host: Host, spec: ExperimentSpec, out: str | Path, *, resume: bool = False,
                    on_progress: Callable[[ExperimentProgress], None] | None = None) -> RunResult:
-    """Run (or resume) the experiment into ``out``; see the module docstring."""
+    """Run (or resume) the experiment into ``out`` on ``host`` (its lifetime: the caller keeps it
+    open and closes it); progress lines go to ``host``'s event sink. See the module docstring."""
     out = Path(out)
     prepare_dir(spec, out, resume)
-    return _Runner(spec, out, sim, on_event or (lambda _m: None), on_progress).run()
+    return _Runner(host, spec, out, on_progress).run()
 
 
 class _Runner:
-    def __init__(self, spec: ExperimentSpec, out: Path, sim: str | None, note: Note,
+    def __init__(self, host: Host, spec: ExperimentSpec, out: Path,
                  on_progress: Callable[[ExperimentProgress], None] | None) -> None:
-        self.spec, self.out, self.sim, self.note, self.on_progress = spec, out, sim, note, on_progress
+        self.host, self.spec, self.out, self.on_progress = host, spec, out, on_progress
+        self.note: Note = host.note
         self.points = out / "points"
         self.t0 = time.monotonic()
         self.running: str | None = None  # the unit this run started and that serves now
@@ -235,17 +241,14 @@ class _Runner:
         t = time.time()
         if self.running is not None:
             self.note(f"swap {self.running} -> {dep.name}")
-            old = self.running
-            with Host.open(self.sim, on_event=self.note) as host:
-                r = host.swap(old, dep.unit)
+            r = self.host.swap(self.running, dep.unit)
             doc = r.to_json()
             if r.status != "down_failed":
                 self.running = dep.name if r.ok else None  # a failed NEW was stopped by up itself
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
             self.note(f"up {dep.name}" + (" (clearing its GPUs first)" if first_clear else ""))
-            with Host.open(self.sim, on_event=self.note) as host:
-                u = host.up(dep.unit, UpOptions(clear_first=first_clear))
+            u = self.host.up(dep.unit, UpOptions(clear_first=first_clear))
             doc = u.to_json()
             if u.ok:
                 self.running = dep.name
@@ -264,8 +267,7 @@ class _Runner:
     def _stop(self, name: str, why: str) -> dict[str, Any]:
         self.note(f"down {name} ({why})")
         t = time.time()
-        with Host.open(self.sim, on_event=self.note) as host:
-            d = host.down(name)
+        d = self.host.down(name)
         doc = d.to_json()
         self._record({"deployment": name, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
         if d.ok:
@@ -279,8 +281,7 @@ class _Runner:
         (an interrupted swap may leave the old one half-stopped), with further signals held off."""
         stopped, failed = [], []
         with _signals_held():
-            with Host.open(self.sim) as host:
-                live = {u.unit.name for u in host.ps().units if u.processes}  # a corrupt record has a name too
+            live = {u.unit.name for u in self.host.ps().units if u.processes}  # a corrupt record has a name too
             for name in dict.fromkeys(reversed(self.touched)):
                 if name not in live:
                     continue
@@ -302,7 +303,7 @@ class _Runner:
     # -- points --------------------------------------------------------------------
 
     def _point(self, dep: Deployment, index: int, key: PointKey, warmup: int) -> None:
-        before = status(sim=self.sim).to_json()
+        before = self.host.status().to_json()
         plan = plan_for(self.spec, key, warmup=warmup)
         t_start, started_at = time.monotonic(), iso_time(time.time())
         self.point_started = t_start

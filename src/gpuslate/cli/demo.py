@@ -29,12 +29,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Interrupted, NotDoneError, UsageError
 from ..extras import Extra, require
 from .common import add_common, note, print_json
 from .exits import ExitStatus, exit_epilog
+
+if TYPE_CHECKING:
+    from ..api import Host
 
 SCHEMA = "gpuslate.demo.v1"
 MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     # the simulated servers (sim serve), the load and the report's plots: checked before the
     # simulated host or anything else is started
     require("demo", Extra.BENCH, Extra.PLOTS)
+    from ..api import Host  # lazy: startup
     from ..bench.experiment import run_experiment  # lazy: startup
     from ..bench.spec import load_spec  # lazy: startup
     from ..gpu.sim.host import SimHost  # lazy: startup
@@ -125,18 +129,19 @@ def run(args: argparse.Namespace) -> int:
     display = ProgressDisplay()
     ok = False
     stopped: Interrupted | None = None
-    try:
-        hand = _start_by_hand(hand_port, work, display)
-        _await_ready(hand, work)
-        out.rmdir()  # run_experiment creates it with its manifest
+    with Host.open(sim, on_event=display.note) as host:  # the demo's one context: the experiment's and the check's
         try:
-            result = run_experiment(spec, out, sim=sim, on_event=display.note, on_progress=display.update)
-            ok = True
-        except Interrupted as exc:  # the experiment stopped its units; the hint to --resume does not apply here
-            stopped = exc
-    finally:
-        display.close()
-        clean = _finish(hand, sim, interrupted=not ok)
+            hand = _start_by_hand(hand_port, work, display)
+            _await_ready(hand, work)
+            out.rmdir()  # run_experiment creates it with its manifest
+            try:
+                result = run_experiment(host, spec, out, on_progress=display.update)
+                ok = True
+            except Interrupted as exc:  # the experiment stopped its units; the hint to --resume does not apply
+                stopped = exc
+        finally:
+            display.close()
+            clean = _finish(host, hand, interrupted=not ok)
     if stopped is not None:
         return interrupted_status(stopped, args.json, f"interrupted; the partial results are in {out}")
     rep = write_report_for(out)
@@ -200,10 +205,9 @@ def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
         time.sleep(0.02)
 
 
-def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool) -> dict[str, Any]:
+def _finish(host: Host, hand: subprocess.Popen[bytes] | None, *, interrupted: bool) -> dict[str, Any]:
     """Stop what the demo itself started (the hand-started server, if the experiment did not clear it),
-    then verify: every GPU free, no unit running."""
-    from ..api import Host  # lazy: startup
+    then verify on ``host``: every GPU free, no unit running."""
     from ..slate.wait import WaitOptions  # lazy: startup
 
     if hand is not None and hand.poll() is None:
@@ -218,9 +222,8 @@ def _finish(hand: subprocess.Popen[bytes] | None, sim: str, *, interrupted: bool
             hand.wait()
     elif hand is not None:
         hand.wait()
-    with Host.open(sim) as host:
-        free = host.wait(None, WaitOptions(timeout=30))
-        units = [u for u in host.ps().units if u.state in ("starting", "ready", "orphaned")]
+    free = host.wait(None, WaitOptions(timeout=30))
+    units = [u for u in host.ps().units if u.state in ("starting", "ready", "orphaned")]
     busy = [r.index for r in free.readings if r.processes or r.memory is None or r.memory.used > free.max_used]
     doc = {"ok": free.ok and not units, "gpus": len(free.gpus), "gpus_free": len(free.gpus) - len(busy),
            "units_running": len(units), "interrupted": interrupted}

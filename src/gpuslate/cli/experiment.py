@@ -92,6 +92,7 @@ def sigterm_as_interrupt() -> None:
 
 def run(args: argparse.Namespace) -> int:
     require("experiment run", Extra.BENCH)  # the load generator: before anything is started
+    from ..api import Host  # lazy: startup
     from ..bench.experiment import run_experiment  # lazy: startup
     from ..bench.spec import load_spec  # lazy: startup
 
@@ -102,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
     sigterm_as_interrupt()
     display = ProgressDisplay()
     try:
-        result = run_experiment(spec, out, resume=args.resume, sim=getattr(args, "sim", None),
-                                on_event=display.note, on_progress=display.update)
+        with Host.open(getattr(args, "sim", None), on_event=display.note) as host:  # the run's one context
+            result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update)
     except Interrupted as exc:
         display.close()
         return interrupted_status(exc, args.json)
