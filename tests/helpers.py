@@ -36,6 +36,25 @@ def gpuslate_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def count_host_opens(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often, from now on, a GPU backend is opened by a host context, the host lock acquired
+    and an audit log opened (the counts go up as it happens)."""
+    from gpuslate.host import audit, lock, session  # lazy: startup
+
+    counts = {"backend": 0, "lock": 0, "audit": 0}
+
+    def count(key: str, real: Callable[..., object]) -> Callable[..., object]:
+        def wrapper(*a: object, **k: object) -> object:
+            counts[key] += 1
+            return real(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(session, "open_backend", count("backend", session.open_backend))
+    monkeypatch.setattr(lock.HostLock, "acquire", count("lock", lock.HostLock.acquire))
+    monkeypatch.setattr(audit.AuditLog, "__init__", count("audit", audit.AuditLog.__init__))
+    return counts
+
+
 def unit_records() -> UnitStore:
     """The unit records of the state folder this process's environment names, as a Host opened
     here finds it (``GPUSLATE_STATE_DIR``, else ``$GPUSLATE_SIM/state``)."""

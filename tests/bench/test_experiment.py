@@ -17,8 +17,9 @@ import jsonschema
 import pytest
 
 from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
+from gpuslate.cli.main import main
 from gpuslate.sim.perfmodel import throughput
-from helpers import gpuslate_env, wait_for
+from helpers import count_host_opens, gpuslate_env, wait_for
 
 pytestmark = pytest.mark.slow  # the whole file: whole experiment runs against simulated servers
 
@@ -126,6 +127,24 @@ def test_deployment_that_fails_to_start_is_cleaned_up(exp_host, cli, tmp_path):
     assert "speculative did not come up" in r.stderr and "Traceback" not in r.stderr
     assert not exp_host.held()
     assert len(list((tmp_path / "o" / "points").glob("baseline__*.json"))) == len(LEVELS)
+
+
+def test_an_experiment_runs_on_one_host(exp_host, tmp_path, monkeypatch, capsys):
+    """In process, counted: the run's up, swap and down and the GPU reading before every point
+    go through the one Host the command opened (one backend, one audit log; the lock once a verb)."""
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    counts = count_host_opens(monkeypatch)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["experiment", "run", str(spec), "--out", str(tmp_path / "o"), "--json"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)  # the command turns SIGTERM into an interrupt
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["run"]["points_run"] == 2 * len(LEVELS), doc
+    actions = [json.loads(p.read_text())["action"] for p in sorted((tmp_path / "o" / "transitions").glob("*.json"))]
+    assert actions == ["up", "swap", "down"], actions
+    assert counts == {"backend": 1, "lock": 3, "audit": 1}, counts
+    assert not exp_host.held()
 
 
 def test_progress_on_a_terminal(exp_host, tmp_path):

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuslate.cli.main import main
 from gpuslate.gpu.sim.host import SimHost
 from gpuslate.host.audit import AuditLog
-from helpers import GiB, is_gone, run_cli, wait_for
+from helpers import GiB, count_host_opens, is_gone, run_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
 # stands in for Slurm's scontrol: shows the node as $FAKE_STATE; records an update's arguments, one a line
@@ -92,6 +93,24 @@ def test_epilog_ends_only_the_ended_jobs_processes(sim_host, slurm_env, job_hold
     assert entries and {e["target"]["pid"] for e in entries} <= {mine["pid"], *mine["workers"]}
     assert all(e["context"] == {"slurm_job": 42, "slurm_hook": "epilog", "slurm_node": "node07"} for e in entries)
     assert not (tmp_path / "scontrol.args").exists()  # clean: nothing drained
+
+
+def test_epilog_opens_one_host_backend_lock_and_audit_log(sim_host, slurm_env, job_hold, tmp_path, monkeypatch,
+                                                          capsys):
+    """In process, counted: finding the job's holders, clearing them (plan, lock, signals, audit)
+    and verifying the GPUs all go through the one Host the hook opened; the job marks its entries."""
+    mine = job_hold("42", "--gpus", "1", "--memory", "2GiB", "--workers", "2")
+    for k, v in slurm_env.items():
+        monkeypatch.setenv(k, v)
+    counts = count_host_opens(monkeypatch)
+    assert main(["slurm", "epilog", "--timeout", "10", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "clean" and doc["clear"]["status"] == "clean", doc
+    assert counts == {"backend": 1, "lock": 1, "audit": 1}, counts
+    for pid in (mine["pid"], *mine["workers"]):
+        assert is_gone(pid)
+    entries = AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+    assert entries and all(e["context"]["slurm_job"] == 42 for e in entries)
 
 
 def test_epilog_refuses_a_plan_that_reaches_outside_the_job(sim_host, slurm_env, job_hold, tmp_path):

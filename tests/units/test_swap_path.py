@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpuslate import Host, UpOptions
-from gpuslate.host import audit, lock, session
 from gpuslate.units import UnitSpec
+from helpers import count_host_opens
 from swaptrace import traced
 from unitkit import free_port, serve_cmd
 
@@ -19,18 +19,7 @@ LAYERS = ("units/", "slate/", "host/")  # proc/ and sim/ below are readers: thei
 @pytest.fixture
 def counted(monkeypatch):
     """How often a backend is opened, the host lock acquired and an audit log opened."""
-    counts = {"backend": 0, "lock": 0, "audit": 0}
-
-    def count(key, real):
-        def wrapper(*a, **k):
-            counts[key] += 1
-            return real(*a, **k)
-        return wrapper
-
-    monkeypatch.setattr(session, "open_backend", count("backend", session.open_backend))
-    monkeypatch.setattr(lock.HostLock, "acquire", count("lock", lock.HostLock.acquire))
-    monkeypatch.setattr(audit.AuditLog, "__init__", count("audit", audit.AuditLog.__init__))
-    return counts
+    return count_host_opens(monkeypatch)
 
 
 def specs() -> tuple[UnitSpec, UnitSpec]:
