@@ -265,8 +265,8 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
             rec.exit_code = exit_status(rec.pid)
             tail = logfile.tail(launched.log, LOG_TAIL)
             with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
-                teardown = stop_unit(current, be, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                                     audit=host.audit, action="up-failed", max_used=limit, on_event=note)
+                teardown = stop_unit(host, current, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                                     action="up-failed", max_used=limit)
                 rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         units.save(rec)
         timings["total_s"] = time.monotonic() - t0
@@ -296,8 +296,8 @@ def _stop_interrupted(host: HostContext, units: store.UnitStore, unit: Unit, spe
     note = host.note
     note(f"stopping {spec.name}, please wait")
     with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
-        stop_unit(unit, host.backend, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                  audit=host.audit, action="up-interrupted", max_used=limit, on_event=note)
+        stop_unit(host, unit, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                  action="up-interrupted", max_used=limit)
         rec.phase, rec.stopped_at = Phase.FAILED, time.time()
         rec.failure = f"interrupted while starting ({why})"
         rec.exit_code = exit_status(rec.pid)
@@ -377,9 +377,8 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
             return cleared[-1].ok
 
         stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
-        report = stop_unit(u, be, grace=grace_s, timeout=stop_timeout,
-                           run_id=new_run_id(), audit=host.audit, action="down", max_used=limit, on_event=note,
-                           before_verify=leftovers)
+        report = stop_unit(host, u, grace=grace_s, timeout=stop_timeout, run_id=new_run_id(), action="down",
+                           max_used=limit, before_verify=leftovers)
         aside = None
         rec = u.record
         if rec is None:

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
-from ..host.audit import AuditLog
-from ..host.session import default_max_used
+from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
@@ -107,25 +106,25 @@ def held_gpus(backend: GpuBackend, pids: set[int]) -> tuple[dict[int, list[int]]
     return out, f"could not read what the unit's processes held: {'; '.join(errors)}" if errors else None
 
 
-def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, run_id: str,
-              audit: AuditLog | None = None, action: str = "down", max_used: int | None = None,
-              on_event: Callable[[str], None] | None = None,
-              before_verify: Callable[[float], bool] | None = None) -> StopReport:
-    """Stop all of ``unit``'s processes and wait (up to ``timeout`` in all) for its GPUs to be free.
+def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, run_id: str, action: str = "down",
+              max_used: int | None = None, before_verify: Callable[[float], bool] | None = None) -> StopReport:
+    """Stop all of ``unit``'s processes on ``host`` and wait (up to ``timeout`` in all) for its GPUs
+    to be free; every signal in ``host``'s audit log, progress lines to its event sink.
 
     ``before_verify(deadline)`` runs once the unit's processes are gone, before the GPUs are
     polled (``down --clear`` ends stray holders there); False means they cannot come free, so
     the diagnosis is taken at once instead of polling until the deadline."""
     t0 = time.monotonic()
     deadline = t0 + timeout
-    limit = default_max_used(backend) if max_used is None else max_used
-    log = audit
+    backend = host.backend
+    limit = host.max_used(max_used)
+    log = host.audit  # opened before anything is signaled: an unsafe state folder refuses first
+    on_event = host.note
     done: set[tuple[int, int]] = set()
     held: dict[int, list[int]] = {}
     unread: list[str] = []
 
     def round_(grace_s: float) -> list[VictimResult]:
-        nonlocal log
         procs = [st for st in unit.members(ProcTable()) if (st.pid, st.start_ticks) not in done]
         if not procs:
             return []
@@ -133,7 +132,6 @@ def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, 
         held.update(found)
         if problem:
             unread.append(problem)
-        log = log or AuditLog()
         res = terminate([_victim(st, unit, found.get(st.pid)) for st in procs],
                         grace=min(grace_s, max(0.0, deadline - time.monotonic())),
                         kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
@@ -145,7 +143,6 @@ def stop_unit(unit: Unit, backend: GpuBackend, *, grace: float, timeout: float, 
     killed = False
     if unit.fence.cgroup and unit.members(ProcTable()):
         # whatever forked between our SIGTERM and now: the kernel ends it all at once
-        log = log or AuditLog()
         entry = log.before_signal(run_id=run_id, action=action, signal="SIGKILL",
                                   target={"cgroup": unit.fence.cgroup, "unit": unit.name}, reason="cgroup.kill")
         killed = unit.fence.kill()
