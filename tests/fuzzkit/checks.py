@@ -358,10 +358,17 @@ def _candidates(o: Observed) -> list[dict[str, Any]]:
             continue
         if sel["user"] is not None and f["uid"] != o.user_uids.get(sel["user"]):
             continue
-        if sel["match"] is not None and not re.search(sel["match"], f["title"]):
+        if sel["match"] is not None and not _matched(sel["match"], f):
             continue
         out.append(f)
     return out
+
+
+def _matched(pattern: str, f: dict[str, Any]) -> bool:
+    """--match as gpuslate applies it: the command line (its first 4 KiB) or the kernel's name. A node
+    exec'd under another user's Python without setproctitle keeps ``python3 node.py ...`` as its
+    command line whatever its title: a pattern can select it by that."""
+    return any(re.search(pattern, text) for text in (f["title"], f.get("cmdline", "")[:4096], f["name"]))
 
 
 def check_related(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:

@@ -53,7 +53,7 @@ TIMEOUT = 4.0
 #: how long a death caused by the act (a forwarded SIGTERM, a namespace's end) is looked for after it
 SETTLE_S = 0.1
 #: a forest that takes longer than this is reported as a fuzzer error (it normally takes under 1 s)
-CALLER_TIMEOUT_S = 60
+CALLER_TIMEOUT_S = 90  # more than a forest's start-up deadline: a hung start-up is retried, not lost
 #: the interpreter the second user's exec'd processes run (this one may live in root's home)
 PYTHON_OTHER = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 
@@ -70,10 +70,12 @@ def proc_facts(pid: int) -> dict[str, Any] | None:
         uid = os.stat(f"/proc/{pid}").st_uid
         ns = os.readlink(f"/proc/{pid}/ns/pid")
         nspid = _status_field(pid, "NSpid")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # what --match reads (a title only where setproctitle is)
+            cmdline = " ".join(a.decode(errors="replace") for a in f.read(8192).split(b"\0") if a)
     except OSError:
         return None
     return {"pid": pid, "ticks": st.start_ticks, "ppid": st.ppid, "pgid": st.pgid, "sid": st.sid, "tty": st.tty_nr,
-            "uid": uid,
+            "uid": uid, "cmdline": cmdline,
             "name": st.name, "state": st.state, "ns": ns, "nspid": nspid}
 
 
@@ -160,7 +162,7 @@ class ForestRun:
             spawner.spawn(self.run_doc["forest"]["nodes"][rid])
         self.driver_children = list(spawner.children)
         want = set(self.forest.nodes)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 30  # nodes start in milliseconds; 30 s is a loaded machine
         while want - set(self.pids):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -181,6 +183,10 @@ class ForestRun:
         until(lambda: all((st := read_stat(p)) is None or st.has_exited for p in exiting) or self.reap_mine(), 10,
               "leaders to exit")  # a zombie (its parent stopped) has exited too
         stopping = [self.pids[n] for n, s in self.forest.nodes.items() if s.stopped]
+        for pid in stopping:  # after the exits: a group orphaned with a stopped member gets SIGHUP then
+            st = read_stat(pid)
+            if st is not None and not st.has_exited:
+                send_signal(st.ident, signal.SIGSTOP)
         until(lambda: all((st := read_stat(p)) is None or st.state in "TtZ" for p in stopping), 10, "nodes to stop")
 
     def reap_mine(self) -> bool:
@@ -573,6 +579,7 @@ def main(argv: list[str]) -> int:
                 run = ForestRun(forest, args.out, other, cli=args.cli_every > 0 and seed % args.cli_every == 0)
                 rec = run.run() if args.driver_pid2 else in_caller(run)
                 sweep()
+                shutil.rmtree(run.dir, ignore_errors=True)  # the caller's, if the act or a hang ended it first
                 if not _setup_failed(rec):
                     break
             out.write(json.dumps(rec) + "\n")

@@ -130,8 +130,9 @@ class Node:
         self.report({"event": "ready", "id": node_id, "pid": host_pid()})
         if spec["exits"]:
             os._exit(0)
-        if spec.get("stopped"):
-            os.kill(os.getpid(), signal.SIGSTOP)
+        # a "stopped" node is stopped by the driver once the forest's exiting leaders are gone: one
+        # that stopped itself before its group's leader exited got the kernel's SIGHUP for the
+        # orphaned group -- a forest killing its own nodes during set-up, seen as gpuslate's doing
         del fds  # kept open for the process's life by the frames above
         while True:
             signal.pause()
