@@ -190,6 +190,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
             result = fan(hosts, words, progress)
     finally:
         progress.close()
+    result = read_back(result)
     if args.json:
         print_json(result.to_json(exit_code_of))
     else:
@@ -278,7 +279,7 @@ def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progre
     from ..remote.fleet import FleetResult  # lazy: startup
 
     cut = words.index("--json")
-    plans = fan(hosts, [*words[:cut], "--dry-run", *words[cut:]], progress)
+    plans = read_back(fan(hosts, [*words[:cut], "--dry-run", *words[cut:]], progress))
     progress.close()
     planned = [o.host for o in plans.hosts if o.ok]
     n = print_plans(plans)
@@ -295,6 +296,26 @@ def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progre
     return FleetResult(done.command, [by_host.get(o.host, o) for o in plans.hosts])
 
 
+def read_back(result: FleetResult) -> FleetResult:
+    """Every host's document read back into its result type: one that cannot be (another schema,
+    malformed) makes that host failed (``bad_document``, exit 2), whatever its own exit status was.
+    The document stays in the outcome (``--json`` shows what came), but is not rendered."""
+    from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup
+    from .results import kind_of  # lazy: startup
+
+    hosts = []
+    for o in result.hosts:
+        doc = o.result
+        kind = kind_of(doc.get("schema")) if doc is not None else None
+        if kind is not None and not isinstance(o.error, BadDocument):
+            try:
+                kind.read(doc)
+            except BadDocument as exc:
+                o = HostOutcome(o.host, o.result, BadDocument(f"{o.host.label}: {exc}"), o.elapsed_s)
+        hosts.append(o)
+    return FleetResult(result.command, hosts)
+
+
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
     from ..slate.clear import ClearResult  # lazy: startup
@@ -304,11 +325,7 @@ def print_plans(plans: FleetResult) -> int:
     for o in plans.hosts:
         _heading(o, sys.stderr)
         if o.result is not None and o.ok:
-            try:
-                plan = ClearResult.from_json(o.result).plan
-            except BadDocument as exc:
-                _error_line(str(exc), exc.code, None, sys.stderr)
-                continue
+            plan = ClearResult.from_json(o.result).plan  # read back already (read_back)
             n += len(plan.targets)
             print_plan(plan, file=sys.stderr)
         else:
@@ -381,11 +398,8 @@ def print_fleet(result: FleetResult, command: str) -> None:
     out = sys.stdout
     for o in result.hosts:
         _heading(o, out)
-        if o.result is not None:
-            try:
-                _show(o.result)
-            except BadDocument as exc:
-                _error_line(f"{o.host.label}: {exc}", exc.code, None, out)
+        if o.result is not None and not isinstance(o.error, BadDocument):  # read back: see read_back
+            _show(o.result)
         _error(o, out)
     if len(result.hosts) == 1 and result.hosts[0].ok:
         return
