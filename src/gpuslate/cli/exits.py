@@ -113,6 +113,18 @@ def _hook_codes() -> dict[Any, ExitStatus]:
             HookStatus.DRAIN_FAILED: ExitStatus.NOT_DRAINED}
 
 
+def _sim_codes() -> dict[Any, ExitStatus]:
+    from ..gpu.sim.results import SimStatus  # lazy: startup (see above)
+
+    return {SimStatus.CREATED: _OK, SimStatus.LEAKED: _OK}
+
+
+def _install_codes() -> dict[Any, ExitStatus]:
+    from ..remote.zipapp import InstallStatus  # lazy: startup (see above)
+
+    return {InstallStatus.INSTALLED: _OK, InstallStatus.WRITTEN: _OK}
+
+
 #: the status enum (by where it is defined) -> its table
 _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.slate.clear.ClearStatus": _clear_codes,
@@ -122,6 +134,8 @@ _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.units.swap.SwapStatus": _swap_codes,
     "gpuslate.units.listing.PsStatus": _ps_codes,
     "gpuslate.slurm.hooks.HookStatus": _hook_codes,
+    "gpuslate.gpu.sim.results.SimStatus": _sim_codes,
+    "gpuslate.remote.zipapp.InstallStatus": _install_codes,
 }
 
 

@@ -361,24 +361,9 @@ def _show(doc: dict[str, Any]) -> None:
     sys.stdout.flush()
     if doc.get("schema") is None:  # a command whose output is text (logs): as it printed it
         sys.stdout.write(str(doc.get("text") or ""))
-    elif doc.get("schema") == "gpuslate.install.v1":
-        _install(doc)
     elif not show_document(doc):
         _generic(doc)
     sys.stdout.flush()
-
-
-def _install(doc: dict[str, Any]) -> None:
-    """``install`` (run here, pushed to the host): where it went, which Python runs it, and what to
-    set when the fleet will not find it."""
-    out = sys.stdout
-    out.write(f"  installed gpuslate {safe(doc.get('version'))} at {safe(doc.get('launcher'))} "
-              f"(Python {safe(doc.get('python_version'))}: {safe(doc.get('python'))}; "
-              f"status: {safe(doc.get('status_check'))})\n")
-    for w in doc.get("warnings") or []:
-        out.write(f"  warning: {safe(w)}\n")
-    if doc.get("remote_command"):
-        out.write(f"  not where --host looks: set GPUSLATE_REMOTE_COMMAND={safe(doc['remote_command'])} here\n")
 
 
 def _generic(doc: dict[str, Any]) -> None:

@@ -86,8 +86,30 @@ def _audit() -> Kind[Any]:
     return Kind(AuditListing.from_json, print_log)
 
 
+def _sim_init() -> Kind[Any]:
+    from ..gpu.sim.results import SimInitResult  # lazy: startup
+    from .sim import show_init  # lazy: startup
+
+    return Kind(SimInitResult.from_json, show_init)
+
+
+def _sim_leak() -> Kind[Any]:
+    from ..gpu.sim.results import SimLeakResult  # lazy: startup
+    from .sim import show_leak  # lazy: startup
+
+    return Kind(SimLeakResult.from_json, show_leak)
+
+
+def _install() -> Kind[Any]:
+    from ..remote.zipapp import InstallResult  # lazy: startup
+    from .install import show_install  # lazy: startup
+
+    return Kind(InstallResult.from_json, show_install)
+
+
 _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
+    "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from .._parse import format_gpu_list, format_size, parse_gpu_list
 from ..errors import UsageError
 from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
-from .exits import exit_epilog
+from .exits import exit_epilog, exit_status_for_result
+from .plain import safe
+from .results import as_sent
+
+if TYPE_CHECKING:
+    from ..gpu.sim.results import SimInitResult, SimLeakResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -135,6 +141,7 @@ def _host(args: argparse.Namespace):  # -> SimHost
 
 def run_init(args: argparse.Namespace) -> int:
     from ..gpu.sim.host import SimHost  # lazy: startup
+    from ..gpu.sim.results import SimInitResult  # lazy: startup
 
     # one meaning: the folder is DIR; a --sim naming another one is a mistake, not a second target
     if getattr(args, "sim", None) and os.path.abspath(args.sim) != os.path.abspath(args.dir):
@@ -142,19 +149,20 @@ def run_init(args: argparse.Namespace) -> int:
                          f"({args.sim}): drop --sim or pass the same folder")
     host = SimHost.init(args.dir, gpus=args.count, memory=args.memory, name=args.name,
                         release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api)
-    cfg = host.config
+    result = SimInitResult.of(host)
     if args.json:
-        print_json({"schema": "gpuslate.sim.init.v1", "root": str(host.root), "gpus": cfg["gpus"],
-                    "memory": cfg["memory"], "reserved": cfg["reserved"], "name": cfg["name"],
-                    "release_delay": cfg["release_delay"], "memory_api": cfg["memory_api"]})
+        print_json(result.to_json())
     else:
-        from .render import safe  # lazy: startup
+        show_init(as_sent(result))
+    return exit_status_for_result(result.status)
 
-        print(f"Simulated host at {host.root}: {cfg['gpus']} × {safe(cfg['name'])} "
-              f"({format_size(cfg['memory'])}, NVML memory API {cfg['memory_api']}), "
-              f"release delay {cfg['release_delay']} s")
-        print(f"Use it with:  export GPUSLATE_SIM={host.root}   (or --sim {host.root})")
-    return 0
+
+def show_init(result: SimInitResult) -> None:
+    """``sim init``'s result, here or from another host's document."""
+    print(f"Simulated host at {safe(result.root)}: {result.gpus} × {safe(result.name)} "
+          f"({format_size(result.memory)}, NVML memory API {safe(result.memory_api)}), "
+          f"release delay {result.release_delay} s")
+    print(f"Use it with:  export GPUSLATE_SIM={safe(result.root)}   (or --sim {safe(result.root)})")
 
 
 def run_hold(args: argparse.Namespace) -> int:
@@ -171,15 +179,21 @@ def run_hold(args: argparse.Namespace) -> int:
 
 
 def run_leak(args: argparse.Namespace) -> int:
+    from ..gpu.sim.results import SimLeakResult  # lazy: startup
+
     host = _host(args)
-    path = host.leak(args.gpu, args.memory)
+    result = SimLeakResult(args.gpu, args.memory, str(host.leak(args.gpu, args.memory)))
     if args.json:
-        print_json({"schema": "gpuslate.sim.leak.v1", "gpu": args.gpu, "memory": args.memory,
-                    "record": str(path)})
+        print_json(result.to_json())
     else:
-        print(f"Leaked {args.memory} bytes on simulated GPU {format_gpu_list([args.gpu])} (held by no process until "
-              "the next 'gpuslate sim init')")
-    return 0
+        show_leak(as_sent(result))
+    return exit_status_for_result(result.status)
+
+
+def show_leak(result: SimLeakResult) -> None:
+    """``sim leak``'s result, here or from another host's document."""
+    print(f"Leaked {result.memory} bytes on simulated GPU {format_gpu_list([result.gpu])} (held by no process "
+          "until the next 'gpuslate sim init')")
 
 
 def run_serve(args: argparse.Namespace) -> int:

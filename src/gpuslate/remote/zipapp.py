@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._document import checked, reading
 from .._version import __version__
 from ..errors import GpuslateError, InstallFailed, RemoteCommandFailed, RemotePythonUnsupported, UsageError
 from .hosts import HostSpec
@@ -96,6 +97,26 @@ class InstallResult:
                 "bytes": self.bytes, "pyz": self.pyz, "launcher": self.launcher, "python": self.python,
                 "python_version": self.python_version, "status_check": self.status_check,
                 "remote_command": self.remote_command, "bundled": list(self.bundled), "warnings": self.warnings}
+
+    @classmethod
+    def from_json(cls, doc: object) -> InstallResult:
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            def text(key: str) -> str | None:
+                v = d[key]
+                if v is not None and not isinstance(v, str):
+                    raise TypeError(f"{key}: expected a string, got {v!r}")
+                return v
+
+            size, bundled, warnings = d["bytes"], d["bundled"], d["warnings"]
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise TypeError(f"bytes: expected a whole number, got {size!r}")
+            if not isinstance(bundled, list) or not isinstance(warnings, list) \
+                    or not all(isinstance(x, str) for x in bundled + warnings):
+                raise TypeError("bundled, warnings: expected lists of strings")
+            return cls(InstallStatus(d["status"]), str(text("version")), str(text("sha256")), size,
+                       str(text("pyz")), text("launcher"), text("python"), text("python_version"),
+                       text("status_check"), text("remote_command"), tuple(bundled), list(warnings))
 
 
 # -- building ----------------------------------------------------------------------------------------------------
