@@ -164,10 +164,30 @@ class Summary:
             doc[pct_key(q)] = _r(v)
         return doc
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Summary:
+        """A summary from its document (a ValueError or TypeError on a malformed one: the caller
+        reads it inside :func:`gpuslate._document.reading`)."""
+        pcts = tuple((_pct_of(k), _number(v)) for k, v in d.items() if k not in ("mean", "std", "max"))
+        return cls(_number(d["mean"]), _number(d["std"]), _number(d["max"]), pcts)  # type: ignore[arg-type]
+
 
 def pct_key(q: float) -> str:
     """``50 -> "p50"``, ``99.9 -> "p99.9"``."""
     return f"p{q:g}"
+
+
+def _pct_of(key: str) -> float:
+    """``"p50" -> 50.0``: the inverse of :func:`pct_key`."""
+    if not key.startswith("p"):
+        raise ValueError(f"not a percentile key: {key!r}")
+    return float(key[1:])
+
+
+def _number(v: object) -> float | None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise TypeError(f"expected a number, got {v!r}")
+    return v
 
 
 def _r(v: float | None) -> float | None:
@@ -317,6 +337,34 @@ class LevelResult:
             "warming": self.warming, "stopped_early": self.stopped_early,
             "interrupted": self.interrupted,
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LevelResult:
+        """One element of ``levels[]`` (malformed: ValueError or TypeError, as :meth:`Summary.from_json`)."""
+        def s(x: Any) -> Summary | None:
+            return None if x is None else Summary.from_json(x)
+
+        def summary(x: Any) -> Summary:
+            return Summary.from_json(x)
+
+        errors = d["errors"]
+        if not isinstance(errors, dict) or not all(isinstance(v, int) for v in errors.values()):
+            raise TypeError(f"errors: expected counts by message, got {errors!r}")
+        return cls(
+            concurrency=d["concurrency"], request_rate=d["request_rate"], completed=d["completed"],
+            failed=d["failed"], errors=dict(errors), duration_s=d["duration_s"],
+            request_throughput=d["request_throughput"], output_token_throughput=d["output_token_throughput"],
+            total_token_throughput=d["total_token_throughput"], ttft_ms=summary(d["ttft_ms"]),
+            tpot_ms=summary(d["tpot_ms"]), itl_ms=summary(d["itl_ms"]), e2e_ms=summary(d["e2e_ms"]),
+            achieved_concurrency=d["achieved_concurrency"], accept_length=d["accept_length"],
+            tokens_estimated=bool(d["tokens_estimated"]), input_tokens=d["input_tokens"],
+            output_tokens=d["output_tokens"], max_concurrency=d["max_concurrency"],
+            interrupted=bool(d["interrupted"]), ttft_vllm_ms=s(d["ttft_vllm_ms"]), chunk_gap_ms=s(d["chunk_gap_ms"]),
+            peak_output_token_throughput=d["peak_output_token_throughput"],
+            token_source=TokenSource(d["token_source"]), not_sent=d["not_sent"], in_flight=d["in_flight"],
+            goodput=d["goodput"], slo_attainment=d["slo_attainment"], spec_step_share=d["spec_step_share"],
+            accept_length_spec=d["accept_length_spec"], tokens_per_chunk=d["tokens_per_chunk"],
+            warming=bool(d["warming"]), stopped_early=d["stopped_early"])
 
 
 def level_result(records: Sequence[RequestRecord], *, concurrency: int | None,

@@ -15,7 +15,7 @@ plans and a report reads them without the ``bench`` extra installed.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -33,6 +33,8 @@ MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_RATE = 1_000_000.0
 MAX_BURSTINESS = 1000.0
 MAX_HEADER_CHARS = 8192
+#: a header value or API key read back from a document (which never carries them)
+REDACTED = "(redacted)"
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,26 @@ class LoadPlan:
         if self.request_rate is not None and math.isinf(self.request_rate):
             doc["request_rate"] = "inf"
         return doc
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LoadPlan:
+        """The plan a document describes, as far as it does: header values and the API key are never
+        in it (names only, and whether a key was sent), so they come back as :data:`REDACTED`.
+        Malformed: ValueError or TypeError (read inside :func:`gpuslate._document.reading`)."""
+        if not isinstance(d, dict):
+            raise TypeError(f"plan: expected an object, got {d!r}")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        rate = values.get("request_rate")
+        values.update(
+            concurrency=tuple(d["concurrency"]), percentiles=tuple(d["percentiles"]),
+            goodput=tuple((Slo(k), v) for k, v in d["goodput"].items()),
+            headers=tuple((str(name), REDACTED) for name in d["headers"]),
+            api_key=REDACTED if d["api_key"] else None,
+            request_rate=math.inf if rate == "inf" else rate)
+        if not isinstance(values.get("extra_body", {}), dict):
+            raise TypeError("extra_body: expected an object")
+        return cls(**values)
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:

@@ -4,11 +4,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from .. import __version__
+from .._document import checked, reading
 from .metrics import LevelResult
 from .plan import LoadPlan
+
+SCHEMA = "gpuslate.bench.v1"
+
+
+class BenchStatus(str, Enum):
+    COMPLETE = "complete"  # every level ran to its end and no request failed
+    PARTIAL = "partial"  # some requests failed, or a level stopped early (the server went away)
+    FAILED = "failed"  # no request succeeded
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: the figures are of what finished
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,7 @@ class BenchResult:
     interrupted: bool = False
     in_flight: list[dict[str, Any]] = field(default_factory=list)  # abandoned by an interrupt
     warnings: list[str] = field(default_factory=list)
+    gpuslate_version: str = __version__  # of the gpuslate that ran it (another, read from a host's document)
 
     @property
     def ok(self) -> bool:
@@ -46,9 +58,33 @@ class BenchResult:
         return not self.interrupted and bool(self.levels) and all(
             lv.failed == 0 and lv.completed > 0 for lv in self.levels)
 
+    @property
+    def status(self) -> BenchStatus:
+        if self.interrupted:
+            return BenchStatus.INTERRUPTED
+        if not any(lv.completed for lv in self.levels):
+            return BenchStatus.FAILED
+        if any(lv.stopped_early for lv in self.levels) or not self.ok:
+            return BenchStatus.PARTIAL
+        return BenchStatus.COMPLETE
+
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "gpuslate.bench.v1", "gpuslate_version": __version__, "url": self.url,
+        return {"schema": SCHEMA, "gpuslate_version": self.gpuslate_version, "url": self.url,
                 "model": self.model, "api": self.api, "started_at": self.started_at,
                 "plan": self.plan.to_json(), "server": self.server, "ok": self.ok,
                 "interrupted": self.interrupted, "in_flight": list(self.in_flight),
                 "warnings": list(self.warnings), "levels": [lv.to_json() for lv in self.levels]}
+
+    @classmethod
+    def from_json(cls, doc: object) -> BenchResult:
+        """A ``gpuslate.bench.v1`` document as the BenchResult it was (the plan without header values
+        or API key: see :meth:`LoadPlan.from_json`)."""
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            server, in_flight, warnings = d["server"], d["in_flight"], d["warnings"]
+            if not isinstance(server, dict) or not isinstance(in_flight, list) \
+                    or not all(isinstance(r, dict) for r in in_flight) or not isinstance(warnings, list):
+                raise TypeError("server, in_flight, warnings: expected an object, a list of objects, a list")
+            return cls(str(d["url"]), d["model"], str(d["api"]), str(d["started_at"]), LoadPlan.from_json(d["plan"]),
+                       dict(server), [LevelResult.from_json(lv) for lv in d["levels"]], bool(d["interrupted"]),
+                       list(in_flight), [str(w) for w in warnings], str(d["gpuslate_version"]))

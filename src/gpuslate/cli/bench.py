@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 from ..extras import Extra, require
 from .common import note, print_json
-from .exits import ExitStatus, exit_epilog
+from .exits import ExitStatus, exit_epilog, exit_status_for_result
+from .results import as_sent
 
 if TYPE_CHECKING:
     from ..bench import BenchResult, LoadPlan, Progress
@@ -190,6 +191,7 @@ def plan_from_args(args: argparse.Namespace) -> LoadPlan:
 def run(args: argparse.Namespace) -> int:
     require("bench", Extra.BENCH)  # before the load generator (and aiohttp) is imported
     from ..bench.plan import normalize_url  # lazy: startup
+    from ..bench.result import BenchStatus  # lazy: startup
 
     plan = plan_from_args(args)
     normalize_url(args.url)  # a bad URL is a usage error before anything is sent
@@ -226,19 +228,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         from .render_bench import print_bench  # lazy: startup
 
-        print_bench(result)
-    if result.interrupted:
+        print_bench(as_sent(result))
+    status = result.status
+    if status == BenchStatus.INTERRUPTED:
         what = "terminated" if signals and signals[-1] == signal.SIGTERM else "interrupted"
         note(f"{what}: the figures above are of the requests that finished"
              + (f"; {len(result.in_flight)} request(s) were in flight and abandoned" if result.in_flight else "")
              + (f"; written to {args.out}" if args.out else ""))
-        return ExitStatus.TERMINATED if what == "terminated" else ExitStatus.INTERRUPTED
-    if not any(lv.completed for lv in result.levels):
+        if what == "terminated":  # the result does not know which signal: SIGTERM's own code
+            return ExitStatus.TERMINATED
+    elif status == BenchStatus.FAILED:
         note("error: no request succeeded (the errors are grouped above)")
-        return ExitStatus.SERVER_FAILED
-    if any(lv.stopped_early for lv in result.levels):
-        return ExitStatus.PARTIAL
-    return ExitStatus.OK if result.ok else ExitStatus.PARTIAL
+    return exit_status_for_result(status)
 
 
 def _label(lv: Any) -> str:

@@ -125,6 +125,14 @@ def _install_codes() -> dict[Any, ExitStatus]:
     return {InstallStatus.INSTALLED: _OK, InstallStatus.WRITTEN: _OK}
 
 
+def _bench_codes() -> dict[Any, ExitStatus]:
+    from ..bench.result import BenchStatus  # lazy: startup (see above)
+
+    # interrupted: Ctrl-C's code; the command gives SIGTERM's (143) when that was the signal
+    return {BenchStatus.COMPLETE: _OK, BenchStatus.PARTIAL: ExitStatus.PARTIAL, BenchStatus.FAILED: _FAILED,
+            BenchStatus.INTERRUPTED: ExitStatus.INTERRUPTED}
+
+
 #: the status enum (by where it is defined) -> its table
 _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.slate.clear.ClearStatus": _clear_codes,
@@ -136,6 +144,7 @@ _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.slurm.hooks.HookStatus": _hook_codes,
     "gpuslate.gpu.sim.results.SimStatus": _sim_codes,
     "gpuslate.remote.zipapp.InstallStatus": _install_codes,
+    "gpuslate.bench.result.BenchStatus": _bench_codes,
 }
 
 

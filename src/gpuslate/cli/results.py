@@ -107,9 +107,16 @@ def _install() -> Kind[Any]:
     return Kind(InstallResult.from_json, show_install)
 
 
+def _bench() -> Kind[Any]:
+    from ..bench.result import BenchResult  # lazy: startup
+    from .render_bench import print_bench  # lazy: startup
+
+    return Kind(BenchResult.from_json, print_bench)
+
+
 _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
-    "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install,
+    "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 
