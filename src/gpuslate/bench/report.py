@@ -32,10 +32,12 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from .._document import checked, reading
 from ..errors import UsageError
 from ..extras import Extra, install_hint
 from .experiment import POINT_SCHEMA, write_json_atomic
@@ -51,14 +53,58 @@ CSV_COLUMNS = ("deployment", "role", "concurrency", "repeats", "completed", "fai
                "per_request_tok_s", "accept_length", "accept_length_spec", "spec_step_share", "tokens_estimated")
 
 
+class ExperimentStatus(str, Enum):
+    REPORTED = "reported"  # experiment report: the report is written (whatever the points say)
+    COMPLETE = "complete"  # experiment run: every point ran and no request failed
+    PARTIAL = "partial"  # some requests failed
+    FAILED = "failed"  # no request succeeded
+
+
 @dataclass
 class Report:
-    summary: dict[str, Any]  # the gpuslate.experiment.v1 document
+    """``experiment report`` (and, with ``run``, ``experiment run``): the ``gpuslate.experiment.v1``
+    document. ``recommendation`` is the object where it was computed; read back from a document it
+    is None and its JSON is ``summary["recommendation"]`` (what the renderer shows either way)."""
+
+    summary: dict[str, Any]  # the gpuslate.experiment.v1 document (summary.json)
     recommendation: Recommendation | None
     files: list[str]
+    run: dict[str, Any] | None = None  # experiment run: the points it ran, resumed, its transitions
+
+    @property
+    def status(self) -> ExperimentStatus:
+        if self.run is None:
+            return ExperimentStatus.REPORTED
+        levels = self.summary["levels"]
+        if levels and not any(r["completed"] for r in levels):
+            return ExperimentStatus.FAILED
+        return ExperimentStatus.PARTIAL if self.failed_requests else ExperimentStatus.COMPLETE
+
+    @property
+    def failed_requests(self) -> int:
+        return sum(r["failed"] for r in self.summary["levels"])
 
     def to_json(self) -> dict[str, Any]:
-        return self.summary
+        return self.summary if self.run is None else {**self.summary, "run": self.run}
+
+    @classmethod
+    def from_json(cls, doc: object) -> Report:
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            summary = {k: v for k, v in d.items() if k != "run"}
+            run = d.get("run")
+            files = summary["files"]
+            levels = summary["levels"]
+            if not isinstance(levels, list) or not all(isinstance(r, dict) and isinstance(r["completed"], int)
+                                                       and isinstance(r["failed"], int) for r in levels):
+                raise TypeError("levels: expected rows with completed and failed counts")
+            if run is not None and not isinstance(run, dict):
+                raise TypeError(f"run: expected an object, got {run!r}")
+            if summary.get("recommendation") is not None and not isinstance(summary["recommendation"], dict):
+                raise TypeError("recommendation: expected an object")
+            listed = [files["report"], files["summary_json"], files["summary_csv"], *files["plots"],
+                      *files["engines"]]
+            return cls(summary, None, [str(f) for f in listed], run)
 
 
 def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -217,14 +217,20 @@ class Recommendation:
     def engine_lines(self) -> list[str]:
         """The recommendation in each engine's own form, SGLang's and vLLM's first; short enough not
         to wrap (the JSON itself is in the files :meth:`engine_files` names)."""
-        return [
-            "SGLang: --speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json  "
-            f"(keys: batch-size lower bounds; {json.dumps(self.sglang_adaptive_config(), separators=(',', ':'))})",
-            "vLLM: --speculative-config \"$(cat vllm-config.json)\"  (num_speculative_tokens_per_batch_size "
-            f"{json.dumps(self.vllm_schedule(), separators=(',', ':'))}; merge with your method/model keys)",
-            "simulator: " + ("none (keep speculation on)" if self.threshold is None
-                             else f"gpuslate sim serve --spec-disable-threshold {self.threshold}"),
-        ]
+        return engine_lines(self.threshold, self.sglang_adaptive_config(), self.vllm_schedule())
+
+
+def engine_lines(threshold: int | None, sglang_config: dict[str, Any], vllm_schedule: list[list[int]]) -> list[str]:
+    """:meth:`Recommendation.engine_lines` from the parts its document carries (``threshold``,
+    ``engines.sglang_adaptive_config``, ``engines.vllm_speculative_config``'s schedule)."""
+    return [
+        "SGLang: --speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json  "
+        f"(keys: batch-size lower bounds; {json.dumps(sglang_config, separators=(',', ':'))})",
+        "vLLM: --speculative-config \"$(cat vllm-config.json)\"  (num_speculative_tokens_per_batch_size "
+        f"{json.dumps(vllm_schedule, separators=(',', ':'))}; merge with your method/model keys)",
+        "simulator: " + ("none (keep speculation on)" if threshold is None
+                         else f"gpuslate sim serve --spec-disable-threshold {threshold}"),
+    ]
 
 
 def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int, Sequence[float]], *,

@@ -35,6 +35,8 @@ from ..errors import Interrupted, NotDoneError, UsageError
 from ..extras import Extra, require
 from .common import add_common, note, print_json
 from .exits import ExitStatus, exit_epilog
+from .render_experiment import print_report
+from .results import as_sent
 
 if TYPE_CHECKING:
     from ..api import Host
@@ -99,7 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from .experiment import (  # lazy: startup
         ProgressDisplay,
         interrupted_status,
-        print_report,
         run_json,
         sigterm_as_interrupt,
         write_report_for,
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                     "elapsed_s": round(time.monotonic() - t0, 2), "clean": clean,
                     "run": run_json(result), "experiment": rep.to_json()})
     else:
-        print_report(rep, out)
+        print_report(as_sent(rep))
         print(f"\nVerified clean: {clean['gpus_free']}/{clean['gpus']} GPUs free, "
               f"{clean['units_running']} unit(s) running; {time.monotonic() - t0:.0f} s in all.")
     if sim.startswith(str(work)):

@@ -133,6 +133,13 @@ def _bench_codes() -> dict[Any, ExitStatus]:
             BenchStatus.INTERRUPTED: ExitStatus.INTERRUPTED}
 
 
+def _experiment_codes() -> dict[Any, ExitStatus]:
+    from ..bench.report import ExperimentStatus  # lazy: startup (see above)
+
+    return {ExperimentStatus.REPORTED: _OK, ExperimentStatus.COMPLETE: _OK,
+            ExperimentStatus.PARTIAL: ExitStatus.PARTIAL, ExperimentStatus.FAILED: _FAILED}
+
+
 #: the status enum (by where it is defined) -> its table
 _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.slate.clear.ClearStatus": _clear_codes,
@@ -145,6 +152,7 @@ _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.gpu.sim.results.SimStatus": _sim_codes,
     "gpuslate.remote.zipapp.InstallStatus": _install_codes,
     "gpuslate.bench.result.BenchStatus": _bench_codes,
+    "gpuslate.bench.report.ExperimentStatus": _experiment_codes,
 }
 
 

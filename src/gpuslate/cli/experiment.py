@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..errors import Interrupted
 from ..extras import Extra, install_hint, missing, require
 from .common import add_common, note, print_error, print_json
-from .exits import ExitStatus, exit_epilog
+from .exits import ExitStatus, exit_epilog, exit_status_for_result
+from .render_experiment import print_report
+from .results import as_sent
 
 if TYPE_CHECKING:
     from ..bench.experiment import ExperimentProgress, RunResult
@@ -113,24 +115,25 @@ def run(args: argparse.Namespace) -> int:
     display.note(f"{result.points_run} point(s) run, {result.points_skipped} resumed, "
                  f"in {result.elapsed_s:.1f} s; writing the report")
     rep = write_report_for(out)
+    rep.run = run_json(result)
     if args.json:
-        print_json({**rep.to_json(), "run": run_json(result)})
+        print_json(rep.to_json())
     else:
-        print_report(rep, out)
+        print_report(as_sent(rep))
     return outcome(rep)
 
 
 def outcome(rep: Report) -> int:
-    """0; 7 when some requests failed (grouped in the points); 6 when no request succeeded at all."""
-    levels = rep.summary["levels"]
-    if levels and not any(r["completed"] for r in levels):
+    """By the report's status: 0; 7 when some requests failed (grouped in the points); 6 when no
+    request succeeded at all."""
+    from ..bench.report import ExperimentStatus  # lazy: startup
+
+    status = rep.status
+    if status == ExperimentStatus.FAILED:
         note("error: no request succeeded (see the errors in DIR/points/*.json)")
-        return ExitStatus.SERVER_FAILED
-    failed = sum(r["failed"] for r in levels)
-    if failed:
-        note(f"{failed} request(s) failed (see the errors in DIR/points/*.json)")
-        return ExitStatus.PARTIAL
-    return ExitStatus.OK
+    elif status == ExperimentStatus.PARTIAL:
+        note(f"{rep.failed_requests} request(s) failed (see the errors in DIR/points/*.json)")
+    return exit_status_for_result(status)
 
 
 def report(args: argparse.Namespace) -> int:
@@ -138,8 +141,8 @@ def report(args: argparse.Namespace) -> int:
     if args.json:
         print_json(rep.to_json())
     else:
-        print_report(rep, Path(args.dir))
-    return ExitStatus.OK
+        print_report(as_sent(rep))
+    return exit_status_for_result(rep.status)
 
 
 def write_report_for(out: Path) -> Report:
@@ -154,45 +157,6 @@ def run_json(result: RunResult) -> dict[str, Any]:
             "transitions": [{"deployment": t["deployment"], "action": t["action"], "at": t["at"], "ok": t["ok"],
                              "total_s": t["result"].get("total_s", t["result"].get("timings", {}).get("total_s"))}
                             for t in result.transitions]}
-
-
-def print_report(rep: Report, out: Path) -> None:
-    from ..bench.report import level_tables, order_sentence, time_scale_sentence  # lazy: startup
-
-    s = rep.summary
-    pts = s["points"]
-    print(f"Experiment {s['name']}: {pts['done']}/{pts['total']} points"
-          + ("" if s["complete"] else " (incomplete)") + f", in {out}")
-    print(order_sentence(s))
-    if s["time_scale"] != 1:
-        print(time_scale_sentence(s["time_scale"]))
-    for c, table in level_tables(s["levels"]):
-        print(f"\nconcurrency {c}")
-        # cells are figures and deployment names (checked like unit names): nothing to escape
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-        for row in table:
-            print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                                   for i, (cell, w) in enumerate(zip(row, widths))))
-    for c in s.get("threshold_check") or []:
-        if c == (s.get("threshold_check") or [])[0]:
-            print("\nwith the threshold against the better of the two (ratio, interval):")
-        print(f"  c={c['concurrency']}: {c['ratio']:.3f} in [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}]: "
-              f"{c['verdict']}")
-    rec = rep.recommendation
-    if rec is not None:
-        print(f"\nRecommendation: {rec.summary()}")
-        for line in rec.engine_lines():
-            print(f"  {line}")
-        for w in rec.warnings:
-            print(f"  warning: {w}")
-        if s.get("files", {}).get("engines"):
-            print(f"  files: {', '.join(str(out / f) for f in s['files']['engines'])}")
-    elif s.get("recommendation_note"):
-        print(f"\n{s['recommendation_note']}")
-    files = s.get("files", {})
-    print(f"\nReport: {out / 'report.md'}" + (f" ({len(files.get('plots', []))} plots)" if files.get("plots") else ""))
-    if s.get("plots_note"):
-        print(f"  {s['plots_note']}")
 
 
 class ProgressDisplay:

@@ -23,14 +23,13 @@ from .. import __version__
 from ..errors import GpuslateError, UsageError
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
-from .plain import safe
+from .render_install import show_install
 from .results import as_sent
 
 if TYPE_CHECKING:
     from ..remote.fleet import HostOutcome
     from ..remote.hosts import HostSpec
     from ..remote.ssh import SshOptions
-    from ..remote.zipapp import InstallResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,23 +67,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         show_install(as_sent(result))
     return exit_status_for_result(result.status)
-
-
-def show_install(result: InstallResult) -> None:
-    """``install``'s result: the zipapp written here (--out), or, from a host's document, where it went
-    there, which Python runs it, and what to set when the fleet will not find it."""
-    from ..remote.zipapp import InstallStatus  # lazy: startup
-
-    if result.status == InstallStatus.WRITTEN:
-        print(f"wrote {safe(result.pyz)} (gpuslate {safe(result.version)}, {result.bytes / 1e6:.1f} MB, "
-              f"sha256 {safe(result.sha256[:16])}); run it with: python3 {safe(result.pyz)}")
-        return
-    print(f"  installed gpuslate {safe(result.version)} at {safe(result.launcher)} "
-          f"(Python {safe(result.python_version)}: {safe(result.python)}; status: {safe(result.status_check)})")
-    for w in result.warnings:
-        print(f"  warning: {safe(w)}")
-    if result.remote_command:
-        print(f"  not where --host looks: set GPUSLATE_REMOTE_COMMAND={safe(result.remote_command)} here")
 
 
 def host_runner(args: argparse.Namespace, opts: SshOptions

@@ -88,21 +88,21 @@ def _audit() -> Kind[Any]:
 
 def _sim_init() -> Kind[Any]:
     from ..gpu.sim.results import SimInitResult  # lazy: startup
-    from .sim import show_init  # lazy: startup
+    from .render_sim import show_init  # lazy: startup
 
     return Kind(SimInitResult.from_json, show_init)
 
 
 def _sim_leak() -> Kind[Any]:
     from ..gpu.sim.results import SimLeakResult  # lazy: startup
-    from .sim import show_leak  # lazy: startup
+    from .render_sim import show_leak  # lazy: startup
 
     return Kind(SimLeakResult.from_json, show_leak)
 
 
 def _install() -> Kind[Any]:
     from ..remote.zipapp import InstallResult  # lazy: startup
-    from .install import show_install  # lazy: startup
+    from .render_install import show_install  # lazy: startup
 
     return Kind(InstallResult.from_json, show_install)
 
@@ -114,9 +114,16 @@ def _bench() -> Kind[Any]:
     return Kind(BenchResult.from_json, print_bench)
 
 
+def _experiment() -> Kind[Any]:
+    from ..bench.report import Report  # lazy: startup
+    from .render_experiment import print_report  # lazy: startup
+
+    return Kind(Report.from_json, print_report)
+
+
 _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
-    "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench,
+    "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench, "experiment": _experiment,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
 
-from .._parse import format_gpu_list, format_size, parse_gpu_list
+from .._parse import parse_gpu_list
 from ..errors import UsageError
 from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
 from .exits import exit_epilog, exit_status_for_result
-from .plain import safe
+from .render_sim import show_init, show_leak
 from .results import as_sent
-
-if TYPE_CHECKING:
-    from ..gpu.sim.results import SimInitResult, SimLeakResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -157,14 +153,6 @@ def run_init(args: argparse.Namespace) -> int:
     return exit_status_for_result(result.status)
 
 
-def show_init(result: SimInitResult) -> None:
-    """``sim init``'s result, here or from another host's document."""
-    print(f"Simulated host at {safe(result.root)}: {result.gpus} × {safe(result.name)} "
-          f"({format_size(result.memory)}, NVML memory API {safe(result.memory_api)}), "
-          f"release delay {result.release_delay} s")
-    print(f"Use it with:  export GPUSLATE_SIM={safe(result.root)}   (or --sim {safe(result.root)})")
-
-
 def run_hold(args: argparse.Namespace) -> int:
     from ..gpu.sim.holder import full_titles, hold  # lazy: startup
 
@@ -188,12 +176,6 @@ def run_leak(args: argparse.Namespace) -> int:
     else:
         show_leak(as_sent(result))
     return exit_status_for_result(result.status)
-
-
-def show_leak(result: SimLeakResult) -> None:
-    """``sim leak``'s result, here or from another host's document."""
-    print(f"Leaked {result.memory} bytes on simulated GPU {format_gpu_list([result.gpu])} (held by no process "
-          "until the next 'gpuslate sim init')")
 
 
 def run_serve(args: argparse.Namespace) -> int:
