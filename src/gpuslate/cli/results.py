@@ -121,9 +121,17 @@ def _experiment() -> Kind[Any]:
     return Kind(Report.from_json, print_report)
 
 
+def _slurm() -> Kind[Any]:
+    from ..slurm.hooks import HookResult  # lazy: startup
+    from .render_slurm import show_hook  # lazy: startup
+
+    return Kind(HookResult.from_json, show_hook)
+
+
 _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
     "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench, "experiment": _experiment,
+    "slurm": _slurm,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 

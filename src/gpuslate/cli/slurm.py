@@ -12,15 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
 
-from .._parse import format_gpu_list
 from .common import add_common, nonnegative_float, print_json, size
 from .exits import exit_epilog, exit_status_for_result
 from .plain import clean
-
-if TYPE_CHECKING:
-    from ..slurm.hooks import HookResult
+from .render_slurm import show_hook
+from .results import as_sent
 
 _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a GPU that does not exist): "
           "nothing was signaled", 4: "the GPUs were not free in time: the node was drained with the reason "
@@ -73,32 +70,8 @@ def run_hook(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     else:
-        _print(result)
+        show_hook(as_sent(result))
     if result.status == HookStatus.DRAIN_FAILED and result.drain is not None:
         sys.stderr.write(f"gpuslate: error: node {clean(result.drain.node)} not drained: "
                          f"{clean(result.drain.error)}\n")
     return exit_status_for_result(result.status)
-
-
-def _print(result: HookResult) -> None:
-    from ..slurm.hooks import HookStatus  # lazy: startup
-
-    job = result.job
-    head = f"slurm {result.hook.value}: job {job.job_id} on {clean(job.node)}"
-    gpus = f"GPUs {format_gpu_list(list(job.gpus))}" if job.gpus else "no GPUs allocated here"
-    if result.clear is not None:
-        n = len(result.clear.results)
-        print(f"{head}: ended {n} process{'es' if n != 1 else ''} of the job "
-              f"({result.clear.status.value}, {len(result.found)} found)")
-    if result.refused:
-        print(f"{head}: the job's processes were not ended: {clean(result.refused)}")
-    if result.status == HookStatus.CLEAN:
-        print(f"{head}: {gpus} free after {result.timings.get('total_s', 0.0):.3f} s")
-        return
-    from .render_clear import print_diagnosis  # lazy: startup
-
-    print(f"{head}: {gpus} not free after {result.timings.get('total_s', 0.0):.1f} s:")
-    print_diagnosis(result.diagnosis)
-    if result.drain is not None and result.drain.ok:
-        already = " already" if result.drain.already else ""
-        print(f"node {clean(result.drain.node)}{already} drained: {clean(result.drain.reason)}")

@@ -40,6 +40,12 @@ class DrainOutcome(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DrainOutcome:
+        error = d["error"]
+        return cls(str(d["node"]), str(d["reason"]), bool(d["ok"]), None if error is None else str(error),
+                   bool(d["already"]))
+
 
 def printable(text: str) -> str:
     """One line of printable characters (anything else becomes '?')."""

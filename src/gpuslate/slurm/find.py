@@ -56,6 +56,10 @@ class JobProcess(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "found_by": self.found_by.value}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobProcess:
+        return cls(int(d["pid"]), FoundBy(d["found_by"]))
+
 
 def env_job_id(raw: bytes) -> int | None:
     """``SLURM_JOB_ID`` (or the older ``SLURM_JOBID``) of a NUL-separated environment."""

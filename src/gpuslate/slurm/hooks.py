@@ -28,6 +28,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from .._document import checked, reading
 from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
 from ..host.session import HostContext
@@ -83,6 +84,24 @@ class HookResult(NamedTuple):
             "drain": self.drain.to_json() if self.drain is not None else None,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
         }
+
+    @classmethod
+    def from_json(cls, doc: object) -> HookResult:
+        """A ``gpuslate.slurm.v1`` document as the HookResult it was (its clear as
+        :meth:`ClearResult.from_json` reads one)."""
+        from ..slate.clear import ClearResult  # lazy: startup (the prolog never loads clear)
+
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            timings = d["timings"]
+            if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) for v in timings.values()):
+                raise TypeError(f"timings: expected seconds by name, got {timings!r}")
+            return cls(Hook(d["hook"]), HookStatus(d["status"]), SlurmJob.from_json(d["job"]),
+                       [JobProcess.from_json(p) for p in d["found"]],
+                       None if d["clear"] is None else ClearResult.from_json(d["clear"]),
+                       None if d["refused"] is None else str(d["refused"]),
+                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
+                       None if d["drain"] is None else DrainOutcome.from_json(d["drain"]), dict(timings))
 
 
 class _Gate:

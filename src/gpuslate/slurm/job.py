@@ -34,6 +34,16 @@ class SlurmJob(NamedTuple):
         return {"id": self.job_id, "uid": self.uid, "gpus": list(self.gpus), "gpus_from": self.gpus_from,
                 "node": self.node}
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SlurmJob:
+        """Read inside :func:`gpuslate._document.reading` (malformed: KeyError, TypeError, ValueError)."""
+        gpus = d["gpus"]
+        if not isinstance(gpus, list) or not all(isinstance(g, int) for g in gpus):
+            raise TypeError(f"gpus: expected GPU indexes, got {gpus!r}")
+        gpus_from = d["gpus_from"]
+        return cls(int(d["id"]), int(d["uid"]), tuple(gpus), None if gpus_from is None else str(gpus_from),
+                   str(d["node"]))
+
 
 def _number(env: Mapping[str, str], name: str, high: int) -> int:
     text = env.get(name)
