@@ -1,0 +1,106 @@
+"""The documents of the commands beyond the host verbs read back into their result types too:
+``sim init``, ``sim leak``, ``install`` (--out here, installed on a host), ``experiment report``
+(and ``run``'s, which adds ``run``), ``bench``. ``X.from_json(doc).to_json() == doc`` on documents of
+real runs, and another schema or a malformed document is one BadDocument. (bench's and the Slurm
+hooks' real runs are read back in tests/remote/test_local_equals_remote_more.py and
+tests/slurm/test_hook_documents.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuslate.bench.experiment import POINT_SCHEMA, write_json_atomic
+from gpuslate.bench.report import ExperimentStatus, Report
+from gpuslate.bench.result import BenchResult
+from gpuslate.cli.exits import exit_status_for_result
+from gpuslate.errors import BadDocument
+from gpuslate.gpu.sim.results import SimInitResult, SimLeakResult, SimStatus
+from gpuslate.remote.zipapp import InstallResult, InstallStatus
+from gpuslate.slurm.hooks import HookResult
+from helpers import gpuslate_env
+
+
+def _json(*args: str, cwd: Path | None = None) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run([sys.executable, "-m", "gpuslate", *args, "--json"], capture_output=True, text=True,
+                       env=gpuslate_env(), timeout=60, cwd=cwd)
+    assert r.stdout, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_sim_documents_read_back(tmp_path):
+    rc, doc = _json("sim", "init", str(tmp_path / "s"), "--count", "3", "--memory-api", "v1")
+    assert rc == 0 and doc["gpus"] == 3
+    back = SimInitResult.from_json(doc)
+    assert back.to_json() == doc and back.status is SimStatus.CREATED
+    rc, doc = _json("sim", "leak", "--sim", str(tmp_path / "s"), "--gpu", "2", "--memory", "1GiB")
+    assert rc == 0 and doc["gpu"] == 2
+    back_leak = SimLeakResult.from_json(doc)
+    assert back_leak.to_json() == doc and exit_status_for_result(back_leak.status) == 0
+
+
+def test_install_documents_read_back(tmp_path):
+    rc, doc = _json("install", "--out", str(tmp_path / "g.pyz"))
+    assert rc == 0 and doc["status"] == "written"
+    assert InstallResult.from_json(doc).to_json() == doc
+    on_host = InstallResult(InstallStatus.INSTALLED, "0.1.0", "ab" * 32, 123, "/h/.local/share/gpuslate/gpuslate.pyz",
+                            "/h/.local/bin/gpuslate", "/usr/bin/python3", "3.12.3", "ok", None, ("rich",), ["w"])
+    assert InstallResult.from_json(on_host.to_json()) == on_host
+
+
+def _experiment_dir(tmp_path: Path, failed: int = 0) -> Path:
+    """An experiment folder with finished points (no server): two deployments, two levels, two repeats."""
+    def stat(v: float) -> dict[str, float]:
+        return {"mean": v, "p50": v, "p90": v, "p99": v}
+
+    out = tmp_path / "exp"
+    deps = [{"name": "base", "role": "baseline", "command": ["serve"]},
+            {"name": "spec", "role": "speculative", "command": ["serve", "--spec"]}]
+    write_json_atomic(out / "experiment.json", {"spec": {
+        "name": "x", "path": "x.toml", "deployments": deps, "levels": [1, 2], "repeats": 2, "time_scale": 1.0}})
+    figs = {("base", 1): (100, 104), ("base", 2): (200, 204), ("spec", 1): (130, 128), ("spec", 2): (150, 152)}
+    for (dep, c), values in figs.items():
+        for r, thr in enumerate(values):
+            write_json_atomic(out / "points" / f"{dep}-{c}-{r}.json", {
+                "schema": POINT_SCHEMA, "deployment": dep, "role": "baseline" if dep == "base" else "speculative",
+                "concurrency": c, "repeat": r, "engine": {"engine": "gpuslate-sim", "version": "0"},
+                "level": {"completed": 8, "failed": failed, "output_tokens": 256, "input_tokens": 64,
+                          "output_token_throughput": thr, "request_throughput": thr / 32,
+                          "total_token_throughput": thr * 1.25, "ttft_ms": stat(10.0), "tpot_ms": stat(5.0),
+                          "itl_ms": stat(5.0), "e2e_ms": stat(100.0), "accept_length": None,
+                          "tokens_estimated": False}})
+    return out
+
+
+def test_experiment_documents_read_back(tmp_path):
+    out = _experiment_dir(tmp_path, failed=1)
+    rc, doc = _json("experiment", "report", str(out))
+    assert rc == 0 and doc["recommendation"]["threshold"] == 1
+    back = Report.from_json(doc)
+    assert back.to_json() == doc and back.status is ExperimentStatus.REPORTED
+    assert back.files[:3] == ["report.md", "summary.json", "summary.csv"]
+    ran = {**doc, "run": {"points_run": 8, "points_skipped": 0, "elapsed_s": 1.5, "transitions": []}}
+    back = Report.from_json(ran)
+    assert back.to_json() == ran and back.status is ExperimentStatus.PARTIAL  # a request failed at each point
+    assert exit_status_for_result(back.status) == 7
+
+
+_SCHEMAS = {SimInitResult: "sim.init", SimLeakResult: "sim.leak", InstallResult: "install", BenchResult: "bench",
+            Report: "experiment", HookResult: "slurm"}
+
+
+@pytest.mark.parametrize("cls", list(_SCHEMAS))
+def test_another_schema_or_a_malformed_document_is_one_error(cls):
+    for bad in ([], "x", {"schema": "gpuslate.other.v1"}, {"schema": None}):
+        with pytest.raises(BadDocument, match="not a gpuslate"):
+            cls.from_json(bad)
+    schema = _SCHEMAS[cls]
+    with pytest.raises(BadDocument, match="not a gpuslate"):
+        cls.from_json({"schema": f"gpuslate.{schema}.v2"})  # a newer version: not guessed at
+    with pytest.raises(BadDocument, match=f"malformed gpuslate.{schema}.v1 document"):
+        cls.from_json({"schema": f"gpuslate.{schema}.v1"})
