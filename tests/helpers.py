@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from gpuslate.bench.experiment import POINT_SCHEMA, write_json_atomic
 from gpuslate.proc.procfs import ProcessId, read_stat
 from gpuslate.proc.signals import send_signal
 from gpuslate.proc.tree import ProcTable
@@ -192,3 +193,27 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
 def is_gone(pid: int) -> bool:
     st = read_stat(pid)
     return st is None or st.state in ("Z", "X")
+
+
+def experiment_folder(tmp_path: Path, failed: int = 0) -> Path:
+    """An experiment folder with finished points (no server): two deployments, two levels, two repeats."""
+    def stat(v: float) -> dict[str, float]:
+        return {"mean": v, "p50": v, "p90": v, "p99": v}
+
+    out = tmp_path / "exp"
+    deps = [{"name": "base", "role": "baseline", "command": ["serve"]},
+            {"name": "spec", "role": "speculative", "command": ["serve", "--spec"]}]
+    write_json_atomic(out / "experiment.json", {"spec": {
+        "name": "x", "path": "x.toml", "deployments": deps, "levels": [1, 2], "repeats": 2, "time_scale": 1.0}})
+    figs = {("base", 1): (100, 104), ("base", 2): (200, 204), ("spec", 1): (130, 128), ("spec", 2): (150, 152)}
+    for (dep, c), values in figs.items():
+        for r, thr in enumerate(values):
+            write_json_atomic(out / "points" / f"{dep}-{c}-{r}.json", {
+                "schema": POINT_SCHEMA, "deployment": dep, "role": "baseline" if dep == "base" else "speculative",
+                "concurrency": c, "repeat": r, "engine": {"engine": "gpuslate-sim", "version": "0"},
+                "level": {"completed": 8, "failed": failed, "output_tokens": 256, "input_tokens": 64,
+                          "output_token_throughput": thr, "request_throughput": thr / 32,
+                          "total_token_throughput": thr * 1.25, "ttft_ms": stat(10.0), "tpot_ms": stat(5.0),
+                          "itl_ms": stat(5.0), "e2e_ms": stat(100.0), "accept_length": None,
+                          "tokens_estimated": False}})
+    return out

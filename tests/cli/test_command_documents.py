@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from gpuslate.bench.experiment import POINT_SCHEMA, write_json_atomic
 from gpuslate.bench.report import ExperimentStatus, Report
 from gpuslate.bench.result import BenchResult
 from gpuslate.cli.exits import exit_status_for_result
@@ -23,7 +22,7 @@ from gpuslate.errors import BadDocument
 from gpuslate.gpu.sim.results import SimInitResult, SimLeakResult, SimStatus
 from gpuslate.remote.zipapp import InstallResult, InstallStatus
 from gpuslate.slurm.hooks import HookResult
-from helpers import gpuslate_env
+from helpers import experiment_folder, gpuslate_env
 
 
 def _json(*args: str, cwd: Path | None = None) -> tuple[int, dict[str, Any]]:
@@ -53,32 +52,8 @@ def test_install_documents_read_back(tmp_path):
     assert InstallResult.from_json(on_host.to_json()) == on_host
 
 
-def _experiment_dir(tmp_path: Path, failed: int = 0) -> Path:
-    """An experiment folder with finished points (no server): two deployments, two levels, two repeats."""
-    def stat(v: float) -> dict[str, float]:
-        return {"mean": v, "p50": v, "p90": v, "p99": v}
-
-    out = tmp_path / "exp"
-    deps = [{"name": "base", "role": "baseline", "command": ["serve"]},
-            {"name": "spec", "role": "speculative", "command": ["serve", "--spec"]}]
-    write_json_atomic(out / "experiment.json", {"spec": {
-        "name": "x", "path": "x.toml", "deployments": deps, "levels": [1, 2], "repeats": 2, "time_scale": 1.0}})
-    figs = {("base", 1): (100, 104), ("base", 2): (200, 204), ("spec", 1): (130, 128), ("spec", 2): (150, 152)}
-    for (dep, c), values in figs.items():
-        for r, thr in enumerate(values):
-            write_json_atomic(out / "points" / f"{dep}-{c}-{r}.json", {
-                "schema": POINT_SCHEMA, "deployment": dep, "role": "baseline" if dep == "base" else "speculative",
-                "concurrency": c, "repeat": r, "engine": {"engine": "gpuslate-sim", "version": "0"},
-                "level": {"completed": 8, "failed": failed, "output_tokens": 256, "input_tokens": 64,
-                          "output_token_throughput": thr, "request_throughput": thr / 32,
-                          "total_token_throughput": thr * 1.25, "ttft_ms": stat(10.0), "tpot_ms": stat(5.0),
-                          "itl_ms": stat(5.0), "e2e_ms": stat(100.0), "accept_length": None,
-                          "tokens_estimated": False}})
-    return out
-
-
 def test_experiment_documents_read_back(tmp_path):
-    out = _experiment_dir(tmp_path, failed=1)
+    out = experiment_folder(tmp_path, failed=1)
     rc, doc = _json("experiment", "report", str(out))
     assert rc == 0 and doc["recommendation"]["threshold"] == 1
     back = Report.from_json(doc)
