@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from expkit import kill_leftovers, popen_cli
+from gpuslate.bench.report import DemoResult
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow  # the whole file: the whole demo, end to end
@@ -43,6 +44,7 @@ def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
     doc = json.loads(r.stdout)
     assert doc["schema"] == "gpuslate.demo.v1" and doc["ok"]
     assert doc["clean"] == {"ok": True, "gpus": 8, "gpus_free": 8, "units_running": 0, "interrupted": False}
+    assert DemoResult.from_json(doc).to_json() == doc  # what --host shows, read back
     assert elapsed < 60, elapsed
     exp = doc["experiment"]
     jsonschema.validate(exp, json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuslate.bench.report import ExperimentStatus, Report
+from gpuslate.bench.report import DemoResult, ExperimentStatus, Report
 from gpuslate.bench.result import BenchResult
 from gpuslate.cli.exits import exit_status_for_result
 from gpuslate.errors import BadDocument
@@ -66,7 +66,7 @@ def test_experiment_documents_read_back(tmp_path):
 
 
 _SCHEMAS = {SimInitResult: "sim.init", SimLeakResult: "sim.leak", InstallResult: "install", BenchResult: "bench",
-            Report: "experiment", HookResult: "slurm"}
+            Report: "experiment", HookResult: "slurm", DemoResult: "demo"}
 
 
 @pytest.mark.parametrize("cls", list(_SCHEMAS))

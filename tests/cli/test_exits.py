@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslate.bench.report import ExperimentStatus
+from gpuslate.bench.report import DemoStatus, ExperimentStatus
 from gpuslate.bench.result import BenchStatus
 from gpuslate.cli.exits import ExitStatus, exit_status_for_result, result_status_enums
 from gpuslate.gpu.sim.results import SimStatus
@@ -19,7 +19,7 @@ from gpuslate.units.swap import SwapStatus
 def test_every_status_of_every_result_has_an_exit_code():
     enums = result_status_enums()
     assert {ClearStatus, UpStatus, DownStatus, SwapStatus, HookStatus, BenchStatus, ExperimentStatus, SimStatus,
-            InstallStatus} <= set(enums)
+            InstallStatus, DemoStatus} <= set(enums)
     for enum in enums:
         for member in enum:
             assert isinstance(exit_status_for_result(member), ExitStatus)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import __version__
 from .._document import checked, reading
@@ -105,6 +105,46 @@ class Report:
             listed = [files["report"], files["summary_json"], files["summary_csv"], *files["plots"],
                       *files["engines"]]
             return cls(summary, None, [str(f) for f in listed], run)
+
+
+DEMO_SCHEMA = "gpuslate.demo.v1"
+
+
+class DemoStatus(str, Enum):
+    CLEAN = "clean"  # the demo ran, and every GPU is free with no unit running
+    NOT_CLEAN = "not_clean"  # it ran, but the slate is not clean at the end
+
+
+class DemoResult(NamedTuple):
+    """``gpuslate demo``: its experiment's report and the clean-slate check at the end (``gpuslate.demo.v1``)."""
+
+    sim: str
+    out: str
+    elapsed_s: float
+    clean: dict[str, Any]  # ok, gpus, gpus_free, units_running, interrupted
+    run: dict[str, Any]
+    experiment: Report
+
+    @property
+    def status(self) -> DemoStatus:
+        return DemoStatus.CLEAN if self.clean["ok"] else DemoStatus.NOT_CLEAN
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": DEMO_SCHEMA, "ok": self.clean["ok"], "sim": self.sim, "out": self.out,
+                "elapsed_s": self.elapsed_s, "clean": self.clean, "run": self.run,
+                "experiment": self.experiment.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: object) -> DemoResult:
+        d = checked(doc, DEMO_SCHEMA)
+        with reading(DEMO_SCHEMA):
+            clean, run, elapsed = d["clean"], d["run"], d["elapsed_s"]
+            if not isinstance(clean, dict) or not all(isinstance(clean[k], int) for k in
+                                                      ("ok", "gpus", "gpus_free", "units_running")):
+                raise TypeError(f"clean: expected the clean-slate check, got {clean!r}")
+            if not isinstance(run, dict) or isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
+                raise TypeError("run, elapsed_s: expected an object and seconds")
+            return cls(str(d["sim"]), str(d["out"]), elapsed, dict(clean), dict(run), Report.from_json(d["experiment"]))
 
 
 def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -34,14 +34,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Interrupted, NotDoneError, UsageError
 from ..extras import Extra, require
 from .common import add_common, note, print_json
-from .exits import ExitStatus, exit_epilog
-from .render_experiment import print_report
+from .exits import exit_epilog, exit_status_for_result
+from .render_experiment import show_demo
 from .results import as_sent
 
 if TYPE_CHECKING:
     from ..api import Host
 
-SCHEMA = "gpuslate.demo.v1"
 MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
 
 
@@ -96,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     require("demo", Extra.BENCH, Extra.PLOTS)
     from ..api import Host  # lazy: startup
     from ..bench.experiment import run_experiment  # lazy: startup
+    from ..bench.report import DemoResult  # lazy: startup
     from ..bench.spec import load_spec  # lazy: startup
     from ..gpu.sim.host import SimHost  # lazy: startup
     from .experiment import (  # lazy: startup
@@ -145,18 +145,15 @@ def run(args: argparse.Namespace) -> int:
             clean = _finish(host, hand, interrupted=not ok)
     if stopped is not None:
         return interrupted_status(stopped, args.json, f"interrupted; the partial results are in {out}")
-    rep = write_report_for(out)
+    demo = DemoResult(sim, str(out), round(time.monotonic() - t0, 2), clean, run_json(result),
+                      write_report_for(out))
     if args.json:
-        print_json({"schema": SCHEMA, "ok": clean["ok"], "sim": sim, "out": str(out),
-                    "elapsed_s": round(time.monotonic() - t0, 2), "clean": clean,
-                    "run": run_json(result), "experiment": rep.to_json()})
+        print_json(demo.to_json())
     else:
-        print_report(as_sent(rep))
-        print(f"\nVerified clean: {clean['gpus_free']}/{clean['gpus']} GPUs free, "
-              f"{clean['units_running']} unit(s) running; {time.monotonic() - t0:.0f} s in all.")
+        show_demo(as_sent(demo))
     if sim.startswith(str(work)):
         shutil.rmtree(work, ignore_errors=True)
-    return ExitStatus.OK if clean["ok"] else ExitStatus.TIMEOUT
+    return exit_status_for_result(demo.status)
 
 
 def _check_out(out: Path) -> None:

@@ -140,6 +140,12 @@ def _experiment_codes() -> dict[Any, ExitStatus]:
             ExperimentStatus.PARTIAL: ExitStatus.PARTIAL, ExperimentStatus.FAILED: _FAILED}
 
 
+def _demo_codes() -> dict[Any, ExitStatus]:
+    from ..bench.report import DemoStatus  # lazy: startup (see above)
+
+    return {DemoStatus.CLEAN: _OK, DemoStatus.NOT_CLEAN: _TIMEOUT}
+
+
 #: the status enum (by where it is defined) -> its table
 _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.slate.clear.ClearStatus": _clear_codes,
@@ -153,6 +159,7 @@ _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.remote.zipapp.InstallStatus": _install_codes,
     "gpuslate.bench.result.BenchStatus": _bench_codes,
     "gpuslate.bench.report.ExperimentStatus": _experiment_codes,
+    "gpuslate.bench.report.DemoStatus": _demo_codes,
 }
 
 

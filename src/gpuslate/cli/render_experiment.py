@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..bench.report import Report
+    from ..bench.report import DemoResult, Report
 
 
 def print_report(rep: Report) -> None:
@@ -52,3 +52,11 @@ def print_report(rep: Report) -> None:
     print(f"\nReport: {out / 'report.md'}" + (f" ({len(files.get('plots', []))} plots)" if files.get("plots") else ""))
     if s.get("plots_note"):
         print(f"  {s['plots_note']}")
+
+
+def show_demo(result: DemoResult) -> None:
+    """``demo``: its experiment's report, then the clean-slate check."""
+    clean = result.clean
+    print_report(result.experiment)
+    print(f"\nVerified clean: {clean['gpus_free']}/{clean['gpus']} GPUs free, "
+          f"{clean['units_running']} unit(s) running; {result.elapsed_s:.0f} s in all.")

@@ -128,10 +128,17 @@ def _slurm() -> Kind[Any]:
     return Kind(HookResult.from_json, show_hook)
 
 
+def _demo() -> Kind[Any]:
+    from ..bench.report import DemoResult  # lazy: startup
+    from .render_experiment import show_demo  # lazy: startup
+
+    return Kind(DemoResult.from_json, show_demo)
+
+
 _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
     "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench, "experiment": _experiment,
-    "slurm": _slurm,
+    "slurm": _slurm, "demo": _demo,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 
