@@ -123,7 +123,7 @@ def test_split_fleet_options_before_and_after_the_command():
 def test_remote_words():
     assert remote_words(["clear", "--json", "--gpus", "0"]) == ["clear", "--gpus", "0", "--json"]
     assert remote_words(["up", "u", "--", "srv", "--json"]) == ["up", "u", "--json", "--", "srv", "--json"]
-    assert remote_words(["logs", "u"], json_output=False) == ["logs", "u"]
+    assert remote_words(["logs", "u", "-n", "5"]) == ["logs", "u", "-n", "5", "--json"]
 
 
 def test_status_from_nvidia_smi_csv():

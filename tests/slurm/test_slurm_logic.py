@@ -140,8 +140,10 @@ def test_slurm_option_outside_an_allocation_is_one_line():
     env = {k: "" for k in os.environ if k.startswith("SLURM_")}
     p = run_cli("--slurm", "status", env={**env, "SLURM_JOB_ID": "", "SLURM_JOB_NODELIST": ""})
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "not set" in p.stderr
+    # logs is a document like every command's (gpuslate.logs.v1): it goes through srun too (here to a node
+    # that is not there)
     p = run_cli("--slurm", "logs", "x", env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n1"})
-    assert p.returncode == 2 and "prints text" in p.stderr
+    assert p.returncode != 0 and p.stdout.startswith("── n1 ──\n") and "Traceback" not in p.stderr
 
 
 def test_drained_reason():

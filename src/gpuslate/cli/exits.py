@@ -146,6 +146,12 @@ def _demo_codes() -> dict[Any, ExitStatus]:
     return {DemoStatus.CLEAN: _OK, DemoStatus.NOT_CLEAN: _TIMEOUT}
 
 
+def _logs_codes() -> dict[Any, ExitStatus]:
+    from ..units.logfile import LogsStatus  # lazy: startup (see above)
+
+    return {LogsStatus.SHOWN: _OK}
+
+
 #: the status enum (by where it is defined) -> its table
 _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.slate.clear.ClearStatus": _clear_codes,
@@ -160,6 +166,7 @@ _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.bench.result.BenchStatus": _bench_codes,
     "gpuslate.bench.report.ExperimentStatus": _experiment_codes,
     "gpuslate.bench.report.DemoStatus": _demo_codes,
+    "gpuslate.units.logfile.LogsStatus": _logs_codes,
 }
 
 

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 _VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group": "group",
            "--parallel": "parallel", "--connect-timeout": "connect_timeout"}
 _FLAGS = {"--keep-going": "keep_going", "--slurm": "slurm"}
-#: commands whose output is text, not a JSON document
-TEXT_COMMANDS = frozenset({"logs"})
 
 
 class FleetArgs(NamedTuple):
@@ -123,12 +121,12 @@ def _number(text: str | None, option: str, default: Any, kind: type) -> Any:
     return v
 
 
-def remote_words(argv: Sequence[str], *, json_output: bool = True) -> list[str]:
+def remote_words(argv: Sequence[str]) -> list[str]:
     """The command as the remote gpuslate gets it: the local ``--json`` dropped, one
     added (before a ``--``, after which words belong to the unit's command)."""
     cut = list(argv).index("--") if "--" in argv else len(argv)
     head = [a for a in argv[:cut] if a != "--json"]
-    return head + (["--json"] if json_output else []) + list(argv[cut:])
+    return [*head, "--json", *argv[cut:]]
 
 
 class Progress:
@@ -172,14 +170,13 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
     if command == "exporter":  # Prometheus scrapes each host's own exporter
         raise UsageError("'exporter' runs until killed: start it on each host (see docs/exporter.md)")
-    text = command in TEXT_COMMANDS
-    words = remote_words(argv, json_output=not text)
+    words = remote_words(argv)
     if command == "install":  # runs here: builds the zipapp once and pushes it to each host
         if fleet.slurm:
             raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
         hosts, fan, sequential = _install_over_ssh(fleet, args)
     else:
-        hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, text)
+        hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command)
     progress = Progress(len(hosts))
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
@@ -202,7 +199,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
 Fan = Callable[["list[HostSpec]", "list[str]", Progress], "FleetResult"]
 
 
-def _over_ssh(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:
+def _over_ssh(fleet: FleetArgs, command: str) -> tuple[list[HostSpec], Fan, Fan]:
     """The selected hosts, and how to run a command on them over ssh (in parallel, one by one)."""
     from ..remote.fleet import run_parallel, run_sequential  # lazy: startup
     from ..remote.hosts import select_hosts  # lazy: startup
@@ -214,7 +211,7 @@ def _over_ssh(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec
 
     def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
         return run_parallel(hs, words, opts, parallel=fleet.parallel, on_done=progress.done,
-                            fallback_status=command == "status", text_output=text)
+                            fallback_status=command == "status")
 
     def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
         return run_sequential(hs, words, opts, keep_going=fleet.keep_going, on_done=progress.done)
@@ -240,15 +237,13 @@ def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[
     return hosts, fan, fan
 
 
-def _over_srun(fleet: FleetArgs, command: str, text: bool) -> tuple[list[HostSpec], Fan, Fan]:
+def _over_srun(fleet: FleetArgs, command: str) -> tuple[list[HostSpec], Fan, Fan]:
     """The nodes of the current Slurm allocation, and how to run a command on them through srun."""
     from ..remote.fleet import run_sequential  # lazy: startup
     from ..remote.hosts import HostSpec  # lazy: startup
     from ..remote.srun import allocation_from_env, run_allocation  # lazy: startup
     from ..remote.ssh import SshOptions  # lazy: startup
 
-    if text:
-        raise UsageError(f"{command} prints text, not a document: with --slurm, run it through srun yourself")
     hosts = [HostSpec(n) for n in allocation_from_env(os.environ).nodes]
 
     def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
@@ -359,9 +354,7 @@ def _show(doc: dict[str, Any]) -> None:
     from .results import show_document  # lazy: startup (every command imports this module, few show documents)
 
     sys.stdout.flush()
-    if doc.get("schema") is None:  # a command whose output is text (logs): as it printed it
-        sys.stdout.write(str(doc.get("text") or ""))
-    elif not show_document(doc):
+    if not show_document(doc):
         _generic(doc)
     sys.stdout.flush()
 

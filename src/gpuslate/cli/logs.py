@@ -12,10 +12,10 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .common import add_common, print_json, whole
-from .exits import exit_epilog
+from .exits import exit_epilog, exit_status_for_result
+from .render_logs import show_logs
+from .results import as_sent
 from .up import unit_name
-
-SCHEMA = "gpuslate.logs.v1"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
     from ..units import Unit, UnitStore  # lazy: startup
-    from ..units.logfile import follow, tail_at  # lazy: startup
+    from ..units.logfile import LogsResult, follow, tail_at  # lazy: startup
 
     with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
         units = UnitStore.of(host)
@@ -48,17 +48,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.follow:
         raise UsageError("--json prints a snapshot: use it without --follow")
     path = Path(unit.record.log) if unit.record else units.log_path(args.name)  # corrupt: where logs go
-    out = sys.stdout
     lines, since = tail_at(path, args.tail)
+    result = LogsResult(args.name, str(path), since is not None, unit.running(), args.tail, lines)
     if args.json:
-        print_json({"schema": SCHEMA, "name": args.name, "log": str(path), "exists": since is not None,
-                    "running": unit.running(), "tail": args.tail, "lines": lines})
-        return 0
-    for line in lines:
-        out.write(line + "\n")
-    out.flush()
+        print_json(result.to_json())
+        return exit_status_for_result(result.status)
+    show_logs(as_sent(result))
     if not args.follow:
-        return 0
+        return exit_status_for_result(result.status)
+    out = sys.stdout
 
     def running() -> bool:
         return (Unit.load(units, args.name) or unit).running()  # a restart is a new record: follow it

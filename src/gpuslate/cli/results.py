@@ -135,10 +135,17 @@ def _demo() -> Kind[Any]:
     return Kind(DemoResult.from_json, show_demo)
 
 
+def _logs() -> Kind[Any]:
+    from ..units.logfile import LogsResult  # lazy: startup
+    from .render_logs import show_logs  # lazy: startup
+
+    return Kind(LogsResult.from_json, show_logs)
+
+
 _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
     "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench, "experiment": _experiment,
-    "slurm": _slurm, "demo": _demo,
+    "slurm": _slurm, "demo": _demo, "logs": _logs,
     **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
 }
 

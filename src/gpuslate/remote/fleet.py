@@ -97,17 +97,13 @@ def _detail(stderr: str) -> str:
     return (errors or lines or [""])[-1].removeprefix("gpuslate: error: ")
 
 
-def interpret(host: HostSpec, res: SshResult, opts: SshOptions, *, text_output: bool = False
+def interpret(host: HostSpec, res: SshResult, opts: SshOptions
               ) -> tuple[dict[str, Any] | None, GpuslateError | None]:
     """The document and/or named failure of one ssh run (pure: no I/O)."""
     failed = transport_error(res, host, opts)
     if failed is not None:
         return None, failed
     label, rc, detail = host.label, res.returncode, _detail(res.stderr)
-    if text_output:  # commands without a JSON document (logs)
-        if rc == 0:
-            return {"schema": None, "text": res.stdout}, None
-        return None, RemoteCommandFailed(f"{label}: {detail or f'exit {rc}'}", exit_code=rc)
     doc = _document(res.stdout)
     if doc is None:
         if re.search(r"invalid choice|unrecognized arguments", detail):
@@ -130,7 +126,7 @@ def interpret(host: HostSpec, res: SshResult, opts: SshOptions, *, text_output: 
 
 
 def run_on_host(host: HostSpec, words: Sequence[str], opts: SshOptions, *, fallback_status: bool = False,
-                text_output: bool = False, timeout: float | None = None) -> HostOutcome:
+                timeout: float | None = None) -> HostOutcome:
     """``gpuslate WORDS`` on one host. Without ``GPUSLATE_REMOTE_COMMAND``, a host whose PATH has no
     ``gpuslate`` is tried again with the launcher ``install`` writes (``~/.local/bin/gpuslate``).
     ``fallback_status``: where gpuslate is missing, read the GPUs with nvidia-smi instead
@@ -139,7 +135,7 @@ def run_on_host(host: HostSpec, words: Sequence[str], opts: SshOptions, *, fallb
     res = run_ssh(host, remote_line([*opts.remote_command, *words]), opts, timeout=timeout)
     if opts.remote_command == DEFAULT_REMOTE_COMMAND and res.returncode == 127 and missing(res):
         res = run_ssh(host, f"{INSTALLED_LAUNCHER} {remote_line(words)}", opts, timeout=timeout)
-    doc, err = interpret(host, res, opts, text_output=text_output)
+    doc, err = interpret(host, res, opts)
     if isinstance(err, GpuslateMissing) and fallback_status:
         doc, err = _smi_status(host, opts, err, timeout)
     return HostOutcome(host, doc, err, time.monotonic() - start)
@@ -159,14 +155,14 @@ def _smi_status(host: HostSpec, opts: SshOptions, missing: GpuslateMissing, time
 
 def run_parallel(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptions, *,
                  parallel: int = DEFAULT_PARALLEL, on_done: Callable[[HostOutcome], None] | None = None,
-                 fallback_status: bool = False, text_output: bool = False,
+                 fallback_status: bool = False,
                  run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None) -> FleetResult:
     """Every host at once, at most ``parallel`` at a time; results in host order.
     ``run_one`` runs one host (default: ``gpuslate WORDS`` over ssh; ``install`` passes its own)."""
 
     def one(h: HostSpec) -> HostOutcome:
         out = (run_one(h, words) if run_one is not None else
-               run_on_host(h, words, opts, fallback_status=fallback_status, text_output=text_output))
+               run_on_host(h, words, opts, fallback_status=fallback_status))
         if on_done is not None:
             on_done(out)
         return out

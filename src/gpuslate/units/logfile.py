@@ -15,12 +15,49 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from enum import Enum
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, NamedTuple
 
+from .._document import checked, reading
 from ..host.state import StateDir, open_dir
 
 KEEP = 5
+SCHEMA = "gpuslate.logs.v1"
+
+
+class LogsStatus(str, Enum):
+    SHOWN = "shown"  # the lines (none, for a unit that never wrote or has no log yet)
+
+
+class LogsResult(NamedTuple):
+    """``gpuslate logs NAME`` (a snapshot: ``--follow`` goes on after it): the unit's last lines."""
+
+    name: str
+    log: str  # the log file
+    exists: bool
+    running: bool
+    tail: int | None  # the lines asked for; None: all
+    lines: list[str]
+
+    @property
+    def status(self) -> LogsStatus:
+        return LogsStatus.SHOWN
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "name": self.name, "log": self.log, "exists": self.exists,
+                "running": self.running, "tail": self.tail, "lines": self.lines}
+
+    @classmethod
+    def from_json(cls, doc: object) -> LogsResult:
+        d = checked(doc, SCHEMA)
+        with reading(SCHEMA):
+            lines, tail = d["lines"], d["tail"]
+            if not isinstance(lines, list) or not all(isinstance(ln, str) for ln in lines):
+                raise TypeError("lines: expected a list of strings")
+            if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int)):
+                raise TypeError(f"tail: expected a number of lines, got {tail!r}")
+            return cls(str(d["name"]), str(d["log"]), bool(d["exists"]), bool(d["running"]), tail, list(lines))
 _BLOCK = 64 * 1024
 
 
