@@ -320,7 +320,11 @@ def print_plans(plans: FleetResult) -> int:
     for o in plans.hosts:
         _heading(o, sys.stderr)
         if o.result is not None and o.ok:
-            plan = ClearResult.from_json(o.result).plan  # read back already (read_back)
+            try:  # read back already (read_back), unless the host sent another command's document
+                plan = ClearResult.from_json(o.result).plan
+            except BadDocument as exc:
+                _error_line(str(exc), exc.code, None, sys.stderr)
+                continue
             n += len(plan.targets)
             print_plan(plan, file=sys.stderr)
         else:
