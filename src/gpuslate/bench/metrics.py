@@ -271,6 +271,15 @@ def warming_tail(records: Sequence[RequestRecord], *, factor: float = 2.0) -> bo
     return percentile(head, 50) > factor * percentile(rest, 50)
 
 
+#: the fields of a level's document that must be counts, numbers (or null), counts or null
+_COUNTS = ("completed", "failed", "not_sent", "in_flight", "input_tokens", "output_tokens")
+_FIGURES = ("duration_s", "request_throughput", "output_token_throughput", "total_token_throughput",
+            "peak_output_token_throughput", "achieved_concurrency", "goodput", "slo_attainment", "accept_length",
+            "accept_length_spec", "spec_step_share", "tokens_per_chunk")
+_REQUIRED_FIGURES = _FIGURES[:6]
+_NULLABLE_COUNTS = ("concurrency", "max_concurrency")
+
+
 @dataclass
 class LevelResult:
     """The figures of one load level; ``to_json()`` is one element of ``levels[]``."""
@@ -350,6 +359,19 @@ class LevelResult:
         errors = d["errors"]
         if not isinstance(errors, dict) or not all(isinstance(v, int) for v in errors.values()):
             raise TypeError(f"errors: expected counts by message, got {errors!r}")
+        for key in _COUNTS:
+            if isinstance(d[key], bool) or not isinstance(d[key], int):
+                raise TypeError(f"{key}: expected a count, got {d[key]!r}")
+        for key in _FIGURES:
+            if _number(d[key]) is None and key in _REQUIRED_FIGURES:
+                raise TypeError(f"{key}: expected a number, got null")
+        for key in _NULLABLE_COUNTS:
+            if d[key] is not None and (isinstance(d[key], bool) or not isinstance(d[key], int)):
+                raise TypeError(f"{key}: expected a count or null, got {d[key]!r}")
+        if d["request_rate"] is not None:
+            _number(d["request_rate"])
+        if d["stopped_early"] is not None and not isinstance(d["stopped_early"], str):
+            raise TypeError(f"stopped_early: expected a reason or null, got {d['stopped_early']!r}")
         return cls(
             concurrency=d["concurrency"], request_rate=d["request_rate"], completed=d["completed"],
             failed=d["failed"], errors=dict(errors), duration_s=d["duration_s"],
