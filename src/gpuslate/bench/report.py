@@ -41,7 +41,7 @@ from .._document import checked, reading
 from ..errors import UsageError
 from ..extras import Extra, install_hint
 from .experiment import POINT_SCHEMA, write_json_atomic
-from .threshold import Recommendation, ratio_interval, recommend
+from .threshold import Recommendation, engine_lines, ratio_interval, recommend
 
 SCHEMA = "gpuslate.experiment.v1"
 STATS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
@@ -104,7 +104,31 @@ class Report:
                 raise TypeError("recommendation: expected an object")
             listed = [files["report"], files["summary_json"], files["summary_csv"], *files["plots"],
                       *files["engines"]]
+            _check_shown(summary)
             return cls(summary, None, [str(f) for f in listed], run)
+
+
+def _check_shown(s: dict[str, Any]) -> None:
+    """What the report shows of a summary is there and of its type (a TypeError, KeyError or
+    ValueError otherwise): the pure parts of its rendering are made once, and thrown away."""
+    if not all(isinstance(s[k], str) for k in ("name", "dir")) or not isinstance(s["complete"], bool):
+        raise TypeError("name, dir, complete: expected two strings and a boolean")
+    if not all(isinstance(s["points"][k], int) for k in ("done", "total")):
+        raise TypeError("points: expected done and total counts")
+    level_tables(s["levels"])
+    order_sentence(s)
+    time_scale_sentence(s["time_scale"])
+    for c in s.get("threshold_check") or []:
+        for x in (c["ratio"], c["interval"][0], c["interval"][1]):
+            format(x, ".3f")  # a number (the report shows it so)
+        c["concurrency"], c["verdict"]  # there
+    rec = s.get("recommendation")
+    if rec is not None:
+        engines = rec["engines"]
+        engine_lines(rec["threshold"], engines["sglang_adaptive_config"],
+                     engines["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"])
+        if not isinstance(rec["summary"], str) or not isinstance(rec["warnings"], list):
+            raise TypeError("recommendation: expected a summary and warnings")
 
 
 DEMO_SCHEMA = "gpuslate.demo.v1"
