@@ -85,6 +85,10 @@ class BenchResult:
             if not isinstance(server, dict) or not isinstance(in_flight, list) \
                     or not all(isinstance(r, dict) for r in in_flight) or not isinstance(warnings, list):
                 raise TypeError("server, in_flight, warnings: expected an object, a list of objects, a list")
+            for r in in_flight:  # what the table shows of each
+                format(r["elapsed_s"], ".2f")
+                if isinstance(r["chunks_received"], bool) or not isinstance(r["chunks_received"], int):
+                    raise TypeError(f"in_flight: chunks_received: expected a count, got {r['chunks_received']!r}")
             return cls(str(d["url"]), d["model"], str(d["api"]), str(d["started_at"]), LoadPlan.from_json(d["plan"]),
                        dict(server), [LevelResult.from_json(lv) for lv in d["levels"]], bool(d["interrupted"]),
                        list(in_flight), [str(w) for w in warnings], str(d["gpuslate_version"]))
