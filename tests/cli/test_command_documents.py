@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuslate.bench.metrics import level_result
+from gpuslate.bench.plan import LoadPlan
 from gpuslate.bench.report import DemoResult, ExperimentStatus, Report
 from gpuslate.bench.result import BenchResult
 from gpuslate.cli.exits import exit_status_for_result
@@ -79,3 +82,27 @@ def test_another_schema_or_a_malformed_document_is_one_error(cls):
         cls.from_json({"schema": f"gpuslate.{schema}.v2"})  # a newer version: not guessed at
     with pytest.raises(BadDocument, match=f"malformed gpuslate.{schema}.v1 document"):
         cls.from_json({"schema": f"gpuslate.{schema}.v1"})
+
+
+def test_a_document_without_what_its_renderer_shows_is_one_error(tmp_path):
+    """Read back, a document has every field its renderer shows, of its type: else BadDocument (the
+    host's failure over --host), never a renderer's traceback halfway through a host's output."""
+    bench = BenchResult("http://h:1", "m", "completions", "2026-12-01T00:00:00Z", LoadPlan(),
+                        levels=[level_result([], concurrency=1, request_rate=None)],
+                        in_flight=[{"level": 0, "elapsed_s": 1.5, "chunks_received": 3}]).to_json()
+    assert BenchResult.from_json(bench).to_json() == bench
+    report = Report.from_json(_json("experiment", "report", str(experiment_folder(tmp_path)))[1]).to_json()
+    cases: list[tuple[type, dict[str, Any], Callable[[dict[str, Any]], object]]] = [
+        (BenchResult, bench, lambda d: d["levels"][0].update(request_throughput="fast")),
+        (BenchResult, bench, lambda d: d["levels"][0].update(duration_s=None)),
+        (BenchResult, bench, lambda d: d["in_flight"][0].pop("chunks_received")),
+        (BenchResult, bench, lambda d: d["plan"].update(goodput={"latency": 5})),
+        (Report, report, lambda d: d["levels"][0].pop("ttft_ms")),
+        (Report, report, lambda d: d["points"].update(done="all")),
+        (Report, report, lambda d: d["recommendation"]["engines"].clear()),
+        (Report, report, lambda d: d.update(time_scale="x"))]
+    for cls, doc, spoil in cases:
+        bad = json.loads(json.dumps(doc))
+        spoil(bad)
+        with pytest.raises(BadDocument, match="malformed"):
+            cls.from_json(bad)
