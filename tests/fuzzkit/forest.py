@@ -68,7 +68,7 @@ class NodeSpec:
     exits: bool = False  # exits once its children are up (a leader that exits)
     title: str | None = None
     children: list[str] = field(default_factory=list)
-    stopped: bool = False  # stopped (SIGSTOP, by the driver) once the forest is up: a group a target's exit may orphan gets SIGHUP
+    stopped: bool = False  # SIGSTOPped by the driver once up: a group a target's exit may orphan gets SIGHUP
     tty: bool = False  # leads its session on a terminal of its own (a pty): its exit hangs the terminal up
     other: bool = False  # runs as the second user
     nsdepth: int = 0  # nesting of PID namespaces below the fuzzer's
