@@ -6,11 +6,14 @@ import os
 
 from .types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
 
-__all__ = ["GpuBackend", "GpuProcess", "GpuReading", "MemoryInfo", "open_backend", "sim_root_from_env"]
+__all__ = ["SIM_VAR", "GpuBackend", "GpuProcess", "GpuReading", "MemoryInfo", "open_backend", "sim_root_from_env"]
+
+#: the environment variable that names a simulated host (the CLI's --sim sets it for what it starts)
+SIM_VAR = "GPUSLATE_SIM"
 
 
 def sim_root_from_env() -> str | None:
-    return os.environ.get("GPUSLATE_SIM") or None
+    return os.environ.get(SIM_VAR) or None
 
 
 def open_backend(sim: str | os.PathLike[str] | None = None) -> GpuBackend:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import UsageError
+from ..gpu import SIM_VAR, sim_root_from_env
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
 from .contain import LaunchFence, choose_fence, discard_cgroup
@@ -42,28 +43,36 @@ class Launched(NamedTuple):
     spawned_at: float  # epoch
 
 
-def unit_env(spec: UnitSpec, instance: str, state: str) -> dict[str, str]:
+def unit_env(spec: UnitSpec, instance: str, state: str, sim_root: str | None = None) -> dict[str, str]:
     """What the unit's processes get on top of the caller's environment, the markers first (a
     spec's ``env`` cannot forge them; and first in the environment block, where a bounded read
     finds them): ``GPUSLATE_UNIT`` (the name, for a human with /proc), ``GPUSLATE_UNIT_ID``
     (this instance: how ``down`` finds a process that left the session) and
-    ``GPUSLATE_UNIT_STATE`` (the state folder, ``state``: a torn record's last clue)."""
+    ``GPUSLATE_UNIT_STATE`` (the state folder, ``state``: a torn record's last clue).
+
+    On a simulated host (``sim_root``), ``GPUSLATE_SIM`` names it, where the caller's environment
+    does not already: a library caller's ``Host.open(sim=DIR)`` starts servers that hold their
+    simulated memory on that host, as the CLI's ``--sim DIR`` does."""
     env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state}
+    named = sim_root_from_env()
+    if sim_root is not None and (named is None or os.path.realpath(named) != os.path.realpath(sim_root)):
+        env[SIM_VAR] = sim_root
     if spec.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
     env.update((k, v) for k, v in spec.env.items() if k not in env)
     return env
 
 
-def launch(spec: UnitSpec, units: store.UnitStore) -> Launched:
-    """Start ``spec.command``, its log in ``units``; raise UsageError if it cannot be executed at all."""
+def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) -> Launched:
+    """Start ``spec.command``, its log in ``units``; raise UsageError if it cannot be executed at all.
+    ``sim_root``: the simulated host it starts on (see :func:`unit_env`)."""
     fence, note = choose_fence(spec.name, spec.containment)
     if spec.containment not in ("auto", "session") and fence.kind != spec.containment:
         raise UsageError(f"containment {spec.containment!r} is not possible on this host: {note}")
     log = units.log_path(spec.name)
     fd = logfile.open_for_unit(log)
     instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
-    added = unit_env(spec, instance, units.mark())
+    added = unit_env(spec, instance, units.mark(), sim_root)
     try:
         try:
             proc, t_spawn, at = _spawn(spec, fence, fd, added)

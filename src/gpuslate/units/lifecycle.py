@@ -228,7 +228,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
         # from the fork until the record is on disk, an interrupt would leave a server no record
         # names: it is held back and acted on once the unit can be found (and stopped)
         with deferred_interrupts(lambda _s: note(f"interrupted: stopping {spec.name}, please wait")) as pending:
-            launched = launch(spec, units)
+            launched = launch(spec, units, host.sim_root)
             rec = store.UnitRecord(
                 name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
                 start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
