@@ -13,6 +13,7 @@ import sys
 from typing import IO
 
 from .._parse import format_gpu_list, format_size
+from .._time import format_duration
 from ..units.lifecycle import DownResult, UpResult
 from ..units.listing import PsResult
 from ..units.stop import StopReport
@@ -199,16 +200,6 @@ def _print_downtime(result: SwapResult) -> None:
 
 # -- ps ------------------------------------------------------------------------------------------
 
-def duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-
-
 def show_ps(result: PsResult) -> None:
     out = sys.stdout
     if not result.units:
@@ -220,7 +211,7 @@ def show_ps(result: PsResult) -> None:
             ttr = r.time_to_ready_s if r is not None else None
             port = r.port if r is not None else None
             rows.append([Cell(safe(u.unit.name)), Cell(u.state.value), Cell(str(u.pid or "-")),
-                         Cell(duration(u.uptime_s)), Cell(str(port or "-")), Cell(gpu_text(u.unit.gpus)),
+                         Cell(format_duration(u.uptime_s)), Cell(str(port or "-")), Cell(gpu_text(u.unit.gpus)),
                          Cell(format_size(u.gpu_memory) if u.gpu_memory is not None else "-"),
                          Cell(f"{ttr:.2f}s" if ttr is not None else "-")])
         for line in table(_PS_COLUMNS, rows, color=use_color(out), width=width_of(out), gap=2):
