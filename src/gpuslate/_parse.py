@@ -74,6 +74,19 @@ def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "va
     return v
 
 
+def check_seconds(label: str, value: float | None) -> None:
+    """An option object's duration: None (unset) or at least 0; NaN is refused too.
+    ``label`` names it as the user gave it (``--grace``, ``prefetch timeout``)."""
+    if value is not None and not value >= 0:
+        raise UsageError(f"invalid {label} {value}: must be at least 0")
+
+
+def check_size(label: str, value: int | None) -> None:
+    """An option object's byte count: None (unset) or not negative."""
+    if value is not None and value < 0:
+        raise UsageError(f"invalid {label}: must not be negative")
+
+
 def parse_int(text: str, *, low: int, high: int, what: str = "value") -> int:
     """A whole number written with ASCII digits (an optional sign), ``low`` to ``high``."""
     s = str(text).strip()

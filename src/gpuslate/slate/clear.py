@@ -20,9 +20,9 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import format_gpu_list
+from .._parse import check_seconds, check_size, format_gpu_list
 from .._time import iso_time, parse_iso_time
-from ..errors import Interrupted, NotDoneError, UsageError
+from ..errors import Interrupted, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.audit import new_run_id
 from ..host.session import HostContext
@@ -155,11 +155,9 @@ class ClearOptions(NamedTuple):
 
     def validate(self) -> ClearOptions:
         """:class:`~gpuslate.errors.UsageError` on a value no clear can act on."""
-        for name, v in (("grace", self.grace), ("timeout", self.timeout)):
-            if not v >= 0:
-                raise UsageError(f"invalid --{name} {v}: must be at least 0")
-        if self.max_used is not None and self.max_used < 0:
-            raise UsageError("invalid --max-used: must not be negative")
+        check_seconds("--grace", self.grace)
+        check_seconds("--timeout", self.timeout)
+        check_size("--max-used", self.max_used)
         return self
 
 

@@ -22,8 +22,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import format_size
-from ..errors import UsageError
+from .._parse import check_seconds, check_size, format_size
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
@@ -154,10 +153,8 @@ class WaitOptions(NamedTuple):
     timeout: float = 60.0
 
     def validate(self) -> WaitOptions:
-        if not self.timeout >= 0:
-            raise UsageError(f"invalid --timeout {self.timeout}: must be at least 0")
-        if self.max_used is not None and self.max_used < 0:
-            raise UsageError("invalid --max-used: must not be negative")
+        check_seconds("--timeout", self.timeout)
+        check_size("--max-used", self.max_used)
         return self
 
 

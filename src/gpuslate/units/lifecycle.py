@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
+from .._parse import check_seconds, check_size
 from .._time import iso_time, parse_iso_time
 from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
@@ -68,8 +69,7 @@ class UpOptions(NamedTuple):
     max_used: int | None = None  # most memory a free GPU may show; None: the host's default
 
     def validate(self) -> UpOptions:
-        if self.max_used is not None and self.max_used < 0:
-            raise UsageError("invalid --max-used: must not be negative")
+        check_size("--max-used", self.max_used)
         return self
 
 
@@ -82,11 +82,9 @@ class DownOptions(NamedTuple):
     clear_strays: bool = False  # end what holds the unit's GPUs without being found in it, with clear
 
     def validate(self) -> DownOptions:
-        for label, v in (("grace", self.grace), ("timeout", self.timeout)):
-            if v is not None and not v >= 0:
-                raise UsageError(f"invalid --{label} {v}: must be at least 0")
-        if self.max_used is not None and self.max_used < 0:
-            raise UsageError("invalid --max-used: must not be negative")
+        check_seconds("--grace", self.grace)
+        check_seconds("--timeout", self.timeout)
+        check_size("--max-used", self.max_used)
         return self
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import format_size
+from .._parse import check_seconds, check_size, format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from ..host.session import HostContext
@@ -122,10 +122,8 @@ class SwapOptions(NamedTuple):
     prefetch_timeout: float = 600.0  # most seconds OLD keeps serving while NEW's weights are read
 
     def validate(self) -> SwapOptions:
-        if not self.prefetch_timeout >= 0:
-            raise UsageError(f"invalid prefetch timeout {self.prefetch_timeout}: must be at least 0")
-        if self.prefetch_memory is not None and self.prefetch_memory < 0:
-            raise UsageError("invalid prefetch memory: must not be negative")
+        check_seconds("prefetch timeout", self.prefetch_timeout)
+        check_size("prefetch memory", self.prefetch_memory)
         return self
 
 
