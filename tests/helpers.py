@@ -89,6 +89,14 @@ def kill_leftovers(host: SimHost, units: Sequence[Unit]) -> None:
 USER_MARKER = "gpuslate test user, removed by the tests"
 
 
+def per_worker(name: str) -> str:
+    """``name`` for this test process: under pytest-xdist each worker has its own (``name-gw0``),
+    so that one worker removing its user at the end of a module never pulls it from under another
+    worker's tests."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return f"{name}-{worker}" if worker else name
+
+
 def unavailable(why: str) -> None:
     """Skip a test that needs what this machine lacks; in CI (``CI=true``), which installs what the
     tests need, fail instead, so that a missing tool never hides a test."""

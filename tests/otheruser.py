@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gpuslate.gpu.sim.host import SimHost
-from helpers import SRC, GiB, throwaway_user
+from helpers import SRC, GiB, per_worker, throwaway_user
 
-USER = "gpuslate-tester"
+USER = per_worker("gpuslate-tester")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 

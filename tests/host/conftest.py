@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import throwaway_user
+from helpers import per_worker, throwaway_user
 
-USER = "gpuslate-state-t"
+USER = per_worker("gpuslate-state-t")
 
 
 @pytest.fixture(scope="module")

@@ -32,11 +32,11 @@ from typing import Any
 
 import pytest
 
-from helpers import SRC, throwaway_user
+from helpers import SRC, per_worker, throwaway_user
 
 pytestmark = pytest.mark.slow  # the whole file: 200 random forests of real processes (about 2 minutes)
 
-USER = "gpuslate-fuzz"
+USER = per_worker("gpuslate-fuzz")
 DRIVER = str(Path(__file__).resolve().parents[1] / "fuzzkit" / "driver.py")
 #: where a gpuslate that wrote outside its state folder would have written
 CANARIES = [Path.home() / ".local" / "state" / "gpuslate", Path("/run/lock/gpuslate"),

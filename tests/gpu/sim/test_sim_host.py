@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from gpuslate.gpu.sim.host import SimHost
-from helpers import SRC, GiB, gpuslate_env, is_gone, throwaway_user, wait_for
+from helpers import SRC, GiB, gpuslate_env, is_gone, per_worker, throwaway_user, wait_for
 
-USER = "gpuslate-simhost"
+USER = per_worker("gpuslate-simhost")
 SYSTEM_PYTHON = "/usr/bin/python3"
 CI = os.environ.get("CI") == "true"
 
