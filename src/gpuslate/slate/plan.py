@@ -30,16 +30,12 @@ from typing import Any, NamedTuple
 from .._parse import format_gpu_list, format_size
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
+from ..host.daemons import sharing
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
+from ..proc.daemons import GPU_DAEMONS
 from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
 from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name
 from ..proc.tree import ProcTable
-
-#: GPU daemons spared unless --include-handles, whatever they hold
-GPU_DAEMONS = frozenset({
-    "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server", "nvidia-smi", "nvidia-fabricmanager", "nvidia-dcgm",
-})
 
 
 class Role(str, Enum):
@@ -335,11 +331,14 @@ class Target(NamedTuple):
     waits_for: tuple[int, ...]  # the targets it started: it is SIGKILLed early once they have exited
     container: str | None
     cgroup: str | None
+    kind: str = "process"  # compute | graphics | mps | handle | process (holds no GPU itself)
+    mps_server: int | None = None  # an MPS client's server, where it can be told
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
                 "uid": self.uid, "command": self.command, "name": self.name, "gpus": self.gpus,
-                "used_memory": self.used_memory, "role": self.role.value, "reason": self.reason,
+                "used_memory": self.used_memory, "kind": self.kind, "mps_server": self.mps_server,
+                "role": self.role.value, "reason": self.reason,
                 "job": self.job, "ignores_sigterm": self.ignores_sigterm, "container": self.container,
                 "cgroup": self.cgroup}
 
@@ -348,7 +347,7 @@ class Target(NamedTuple):
         """A target of a clear document (``waits_for`` is not in it: () )."""
         return cls(ProcessId(d["pid"], d["start_ticks"]), d["user"], d["uid"], d["command"], d["name"],
                    list(d["gpus"]), d["used_memory"], Role(d["role"]), d["reason"], d["job"], d["ignores_sigterm"],
-                   (), d["container"], d["cgroup"])
+                   (), d["container"], d["cgroup"], d.get("kind", "process"), d.get("mps_server"))
 
 
 class Spared(NamedTuple):
@@ -359,13 +358,15 @@ class Spared(NamedTuple):
     kind: str  # compute | graphics | mps | handle | process (no GPU hold)
     reason: str
     job: int | None
+    mps_server: int | None = None  # an MPS client's server, where it can be told
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Spared:
-        return cls(d["pid"], d["user"], d["command"], list(d["gpus"]), d["kind"], d["reason"], d["job"])
+        return cls(d["pid"], d["user"], d["command"], list(d["gpus"]), d["kind"], d["reason"], d["job"],
+                   d.get("mps_server"))
 
 
 class Plan(NamedTuple):
@@ -404,6 +405,8 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
     decision = decide(facts, res)
 
     held = holdings(holds)
+    servers = {p.pid: p.mps_server for g in snap.gpus for p in g.processes if p.mps_server is not None}
+    mps = _mps_notes(servers)
 
     targets: list[Target] = []
     target_pids = {d.pid for d in decision.targets}
@@ -425,7 +428,8 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         targets.append(Target(st.ident, user_name(uid) if uid is not None else None, uid,
                               " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus,
                               used if mem_gpus else None, d.role,
-                              d.reason, d.job, deaf, waits, container, cgroup))
+                              d.reason + mps.get(d.pid, ""), d.job, deaf, waits, container, cgroup,
+                              h.kind if h else "process", servers.get(d.pid)))
     spared: list[Spared] = []
     for s in decision.spared:
         st = table.get(s.pid)
@@ -435,9 +439,25 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         kind, all_gpus = (h.kind, h.gpus) if h else ("process", [])
         spared.append(Spared(s.pid, user_name(uid) if uid is not None else None,
                              " ".join(argv) if argv else (f"[{st.name}]" if st else None), all_gpus, kind,
-                             s.reason, s.job))
+                             s.reason + mps.get(s.pid, ""), s.job, servers.get(s.pid)))
     return Plan(list(decision.verify_gpus), targets, spared, snap, sel,
                 frozenset(st.pid for st in table.all()))
+
+
+def _mps_notes(servers: dict[int, int]) -> dict[int, str]:
+    """What the plan says of each MPS client and server (client pid -> server pid given): the
+    clients that share a server are named, so that ending one is seen to leave the others."""
+    def pids(ps: list[int]) -> str:
+        return ("PIDs " if len(ps) > 1 else "PID ") + ", ".join(map(str, ps))
+
+    out: dict[int, str] = {}
+    for server, clients in sharing(servers).items():
+        for c in clients:
+            others = [o for o in clients if o != c]
+            out[c] = f"; shares MPS server PID {server}" + (f" with {pids(others)}" if others else "")
+        out[server] = (f"; the MPS server of {pids(clients)} (ending it ends their GPU work; ending a client "
+                       "leaves the others working)")
+    return out
 
 
 def attribute(holds: Sequence[Hold], is_process: Callable[[int], bool],

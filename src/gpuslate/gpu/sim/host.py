@@ -14,6 +14,8 @@ Layout of ``DIR``::
     alloc/*.json        one record per (process, GPU) holding memory, kept
                         open and flock'ed by its holder; or per leaked context
     alloc/*.dead        when a holder was first seen dead (driver teardown start)
+    bin/NAME            (made by ``sim mps``) a copy of the system's ``sleep`` under a
+                        GPU daemon's name, which the simulated MPS server runs as
 
 Memory is held by real processes (see :mod:`gpuslate.gpu.sim.holder`): a record
 counts while its holder keeps it open, and for ``release_delay`` seconds after
@@ -31,6 +33,7 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import stat
 import time
 import uuid as uuidlib
@@ -223,6 +226,47 @@ class SimHost:
             raise UsageError(
                 f"GPU {bad[0]} does not exist: this simulated host has {self.gpu_count} GPUs (0-{self.gpu_count - 1})"
             )
+
+    # -- GPU daemons ----------------------------------------------------------
+    def daemon_program(self, name: str) -> str:
+        """``DIR/bin/NAME``: a copy of the system's ``sleep``, for a simulated GPU daemon to run as
+        (made once). A GPU daemon is told by its program, a system program of that name: the copy
+        is one when root makes it (root's file), and an ordinary user's own program otherwise.
+
+        Only a folder and a file of this user's (or root's), writable by no one else, is run:
+        never a program another user of a shared host could have put there."""
+        where = self.root / "bin"
+        try:
+            where.mkdir(mode=0o755, exist_ok=True)
+            st = os.lstat(where)
+        except OSError as exc:
+            raise _os_failure(f"cannot make {where}", exc) from None
+        me = os.geteuid()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (me, 0) or st.st_mode & 0o022:
+            raise PermissionDenied(f"{where} is not a folder of this user's that only it may write: "
+                                   "a simulated daemon's program is never run from there")
+        exe = where / name
+        try:
+            fst = os.lstat(exe)
+            if stat.S_ISREG(fst.st_mode) and fst.st_uid in (me, 0) and not fst.st_mode & 0o022 \
+                    and fst.st_mode & 0o111:
+                return str(exe)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _os_failure(f"cannot read {exe}", exc) from None
+        source = shutil.which("sleep", path="/usr/bin:/bin")
+        if source is None:
+            raise ServerFailed("no 'sleep' program in /usr/bin or /bin for a simulated daemon to run as")
+        tmp = where / f".{name}.{os.getpid()}.tmp"
+        try:
+            shutil.copyfile(os.path.realpath(source), tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, exe)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise _os_failure(f"cannot make {exe}", exc) from None
+        return str(exe)
 
     # -- a driver that hangs --------------------------------------------------
     def stall(self) -> None:
