@@ -54,6 +54,10 @@ def test_an_idle_mps_server_is_a_spared_baseline_everywhere(sim_host, hold, cli)
     code, doc = json_of(cli, "status")
     (p,) = doc["gpus"][0]["processes"]
     assert p["daemon"] == SERVER and p["kind"] == "compute" and p["mps_server"] is None
+    valid_status(doc)
+
+
+def valid_status(doc: dict) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads((Path(__file__).parents[2] / "docs" / "schemas" / "status.v1.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(doc)
@@ -67,6 +71,7 @@ def test_clients_are_mps_with_their_server_and_the_plan_names_who_shares_it(sim_
     procs = {p["pid"]: p for p in doc["gpus"][0]["processes"]}
     assert {procs[a.pid]["kind"], procs[b.pid]["kind"]} == {"mps"}
     assert procs[a.pid]["mps_server"] == procs[b.pid]["mps_server"] == server.pid
+    valid_status(doc)
     assert f"mps (server {server.pid})" in cli("status").stdout
     code, doc = json_of(cli, "clear", "--dry-run", "--gpus", "0")
     assert code == 0, doc

@@ -142,6 +142,23 @@ def test_prolog_drains_naming_the_holder_and_signals_nothing(sim_host, slurm_env
     assert p.stderr == ""
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
+def test_an_mps_host_is_clean_after_the_jobs_client_ends_and_free_for_the_next(sim_host, slurm_env, job_hold, hold,
+                                                                           tmp_path):
+    """The job's MPS client is ended; the idle MPS server it leaves (a spared daemon's baseline) is no
+    reason to drain, after the job or before the next."""
+    server = hold("--gpus", "1", verb="mps")
+    client = job_hold("42", "--gpus", "1", "--memory", "2GiB", "--mps")
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "clean" and [t["pid"] for t in doc["clear"]["targets"]] == [client["pid"]]
+    assert is_gone(client["pid"]) and not is_gone(server.pid)
+    p = _hook("prolog", {**slurm_env, "SLURM_JOB_ID": "43"})
+    assert p.returncode == 0 and json.loads(p.stdout)["status"] == "clean", p.stdout
+    assert not (tmp_path / "scontrol.args").exists()
+
+
 def test_a_drained_node_keeps_its_reason(sim_host, slurm_env, tmp_path):
     """An administrator's (or a prolog's) drain reason is not overwritten."""
     sim_host.leak(1, 3 * GiB)
