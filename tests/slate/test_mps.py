@@ -162,3 +162,18 @@ def test_units_preflight_and_the_slurm_prolog_call_an_idle_mps_host_free(sim_hos
         monkeypatch.setenv(k, v)
     assert main(["slurm", "prolog", "--timeout", "2", "--no-drain", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "clean" and alive(server.pid)
+
+
+def test_a_daemon_that_is_the_runs_own_is_no_baseline_when_polling(sim_host, hold):
+    """clear, down and the slurm epilog poll with their targets excluded: a daemon they were ending
+    keeps the GPU busy until it is gone."""
+    import time
+
+    from gpuslate.gpu.sim import SimBackend
+    from gpuslate.proc.daemons import DaemonWatch
+    from gpuslate.slate.wait import poll_until_free
+
+    server = hold("--gpus", "6", verb="mps")
+    be = SimBackend(sim_host.root)
+    assert poll_until_free(be, [6], 64 * MiB, time.monotonic())[0]
+    assert not poll_until_free(be, [6], 64 * MiB, time.monotonic(), daemons=DaemonWatch(exclude={server.pid}))[0]

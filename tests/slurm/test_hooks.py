@@ -45,12 +45,12 @@ def job_hold(sim_host: SimHost) -> Iterator[Callable[..., dict]]:
     """A real holder started with a given environment (its SLURM_JOB_ID, or none); returns its ready line."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(job: str | None, *args: str, shell: str | None = None) -> dict:
+    def start(job: str | None, *args: str, shell: str | None = None, verb: str = "hold") -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
         if job is not None:
             env["SLURM_JOB_ID"] = job
-        hold = [sys.executable, "-m", "gpuslate", "--sim", str(sim_host.root), "sim", "hold", *args]
+        hold = [sys.executable, "-m", "gpuslate", "--sim", str(sim_host.root), "sim", verb, *args]
         argv = ["sh", "-c", shell.format(hold=" ".join(hold))] if shell else hold
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
         started.append(p)
@@ -157,6 +157,19 @@ def test_an_mps_host_is_clean_after_the_jobs_client_ends_and_free_for_the_next(s
     p = _hook("prolog", {**slurm_env, "SLURM_JOB_ID": "43"})
     assert p.returncode == 0 and json.loads(p.stdout)["status"] == "clean", p.stdout
     assert not (tmp_path / "scontrol.args").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
+def test_an_mps_server_the_job_started_is_the_jobs_leftover(sim_host, slurm_env, job_hold, tmp_path):
+    """A per-job MPS daemon (started inside the job, so with its SLURM_JOB_ID) is no host baseline:
+    the epilog ends it with its control daemon, and the GPU is verified free without it."""
+    server = job_hold("42", "--gpus", "1", verb="mps")
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "clean" and server["pid"] in {f["pid"] for f in doc["found"]}
+    assert {t["pid"] for t in doc["clear"]["targets"]} == {server["pid"], server["popen"].pid}
+    assert is_gone(server["pid"]) and doc["clear"]["baseline"] == []
 
 
 def test_a_drained_node_keeps_its_reason(sim_host, slurm_env, tmp_path):
