@@ -29,6 +29,7 @@ its GPU's memory unknown, never free.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -234,39 +235,59 @@ class SimHost:
         is one when root makes it (root's file), and an ordinary user's own program otherwise.
 
         Only a folder and a file of this user's (or root's), writable by no one else, is run:
-        never a program another user of a shared host could have put there."""
+        never a program another user of a shared host could have put there. The folder is opened
+        once and everything is done relative to it; the path returned goes through that open
+        folder (``/proc/self/fd/N/NAME``, the kernel shows the program as ``DIR/bin/NAME``), so a
+        folder swapped meanwhile is never the one run from."""
         where = self.root / "bin"
         try:
             where.mkdir(mode=0o755, exist_ok=True)
-            st = os.lstat(where)
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise _os_failure(f"cannot make {where}", exc) from None
+            raise _os_failure(f"cannot open {where} (a folder, not a link)", exc) from None
         me = os.geteuid()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (me, 0) or st.st_mode & 0o022:
+        st = os.fstat(fd)
+        if st.st_uid not in (me, 0) or st.st_mode & 0o022:
+            os.close(fd)
             raise PermissionDenied(f"{where} is not a folder of this user's that only it may write: "
                                    "a simulated daemon's program is never run from there")
-        exe = where / name
         try:
-            fst = os.lstat(exe)
-            if stat.S_ISREG(fst.st_mode) and fst.st_uid in (me, 0) and not fst.st_mode & 0o022 \
-                    and fst.st_mode & 0o111:
-                return str(exe)
-        except FileNotFoundError:
-            pass
+            try:
+                fst = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                usable = (stat.S_ISREG(fst.st_mode) and fst.st_uid in (me, 0) and not fst.st_mode & 0o022
+                          and bool(fst.st_mode & 0o111))
+            except FileNotFoundError:
+                usable = False
+            if not usable:
+                self._copy_sleep(fd, name)
         except OSError as exc:
-            raise _os_failure(f"cannot read {exe}", exc) from None
+            os.close(fd)
+            raise _os_failure(f"cannot make {where / name}", exc) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._kept.append(fd)
+        return f"/proc/self/fd/{fd}/{name}"
+
+    @staticmethod
+    def _copy_sleep(dir_fd: int, name: str) -> None:
         source = shutil.which("sleep", path="/usr/bin:/bin")
         if source is None:
             raise ServerFailed("no 'sleep' program in /usr/bin or /bin for a simulated daemon to run as")
-        tmp = where / f".{name}.{os.getpid()}.tmp"
+        tmp = f".{name}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o700, dir_fd=dir_fd)
         try:
-            shutil.copyfile(os.path.realpath(source), tmp)
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, exe)
-        except OSError as exc:
-            _unlink_quietly(tmp)
-            raise _os_failure(f"cannot make {exe}", exc) from None
-        return str(exe)
+            with open(os.path.realpath(source), "rb") as src:
+                while chunk := src.read(1 << 20):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+            os.fchmod(out, 0o755)
+        finally:
+            os.close(out)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
     # -- a driver that hangs --------------------------------------------------
     def stall(self) -> None:
