@@ -177,3 +177,21 @@ def test_a_daemon_that_is_the_runs_own_is_no_baseline_when_polling(sim_host, hol
     be = SimBackend(sim_host.root)
     assert poll_until_free(be, [6], 64 * MiB, time.monotonic())[0]
     assert not poll_until_free(be, [6], 64 * MiB, time.monotonic(), daemons=DaemonWatch(exclude={server.pid}))[0]
+
+
+def test_include_handles_never_ends_a_server_under_clients_it_does_not_end(sim_host, hold, cli):
+    """Ending an MPS server ends its clients' GPU work: with --include-handles the server is a target
+    only when every live client of it is one too."""
+    server = hold("--gpus", "0,1", verb="mps")
+    a = hold("--gpus", "0", "--memory", "1GiB", "--mps")
+    b = hold("--gpus", "1", "--memory", "1GiB", "--mps")
+    code, doc = json_of(cli, "clear", "--yes", "--gpus", "0", "--include-handles", "--timeout", "10")
+    assert code == 0 and doc["status"] == "clean" and [t["pid"] for t in doc["targets"]] == [a.pid], doc
+    spared = {s["pid"]: s["reason"] for s in doc["spared"]}
+    assert spared[server.pid] == (f"an MPS server whose other clients are not targets (PID {b.pid}): ending it "
+                                  "would end their GPU work; end them first, or select them too")
+    assert is_gone(a.pid) and alive(b.pid) and alive(server.pid)
+    assert [h["pid"] for h in doc["baseline"]] == [server.pid]  # spared, so its memory is the baseline
+    code, doc = json_of(cli, "clear", "--yes", "--include-handles", "--timeout", "10")  # every client: the server too
+    assert code == 0 and {b.pid, server.pid} <= {t["pid"] for t in doc["targets"]}, doc
+    assert is_gone(b.pid) and is_gone(server.pid)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -121,6 +121,7 @@ class Facts(NamedTuple):
     gpu_count: int
     caller_pid: int | None
     caller_uid: int
+    mps: Mapping[int, int] = {}  # MPS client pid -> its server's pid, where it can be told (never written)
 
 
 class TargetDecision(NamedTuple):
@@ -148,8 +149,34 @@ def _protected_message(pid: int, why: str) -> str:
     return f"{pid} is {why}: it is never a target"
 
 
+#: why an MPS server is spared when a run would end it under clients that are not its targets
+MPS_SHARED = "an MPS server whose other clients are not targets"
+
+
 def decide(facts: Facts, res: Resolved) -> Decision:
-    """The plan, as a pure function of the facts and the selection (see the module doc)."""
+    """The plan, as a pure function of the facts and the selection (see the module doc).
+
+    An MPS server (a target only with ``--include-handles``) is spared while a live client of
+    it is not a target: ending the server ends its clients' GPU work, so the run would reach a
+    job it did not select. Sparing a server can only take targets away, so the plan is made
+    again until no targeted server has such a client (at most once per server)."""
+    held: dict[int, str] = {}
+    while True:
+        d = _decide(facts, res, held)
+        targets = {t.pid for t in d.targets}
+        more: dict[int, list[int]] = {}
+        for client, server in sorted(facts.mps.items()):
+            st = facts.view.get(client)
+            if server in targets and client not in targets and st is not None and not st.has_exited:
+                more.setdefault(server, []).append(client)
+        if not more or len(held) >= len(set(facts.mps.values())):
+            return d
+        for server, clients in more.items():
+            held[server] = (f"{MPS_SHARED} (PID{'s' if len(clients) > 1 else ''} {', '.join(map(str, clients))}): "
+                            "ending it would end their GPU work; end them first, or select them too")
+
+
+def _decide(facts: Facts, res: Resolved, held: Mapping[int, str]) -> Decision:
     sel = res.sel
     view = facts.view
     protect = Protection(view, facts.caller_pid, facts.caller_uid)
@@ -179,6 +206,8 @@ def decide(facts: Facts, res: Resolved) -> Decision:
 
     def intrinsic(pid: int) -> str | None:
         """Why a process is never a target of this run, whatever the selection."""
+        if pid in held:
+            return held[pid]
         why = protect.reason(pid)
         if why and why != UNKNOWN_PROGRAM:
             return why
@@ -401,11 +430,11 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
     table.load_all()
     reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
     holds = attribute(reported, lambda pid: table.get(pid) is not None, _tgid)
-    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid())
+    servers = {p.pid: p.mps_server for g in snap.gpus for p in g.processes if p.mps_server is not None}
+    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid(), servers)
     decision = decide(facts, res)
 
     held = holdings(holds)
-    servers = {p.pid: p.mps_server for g in snap.gpus for p in g.processes if p.mps_server is not None}
     mps = _mps_notes(servers)
 
     targets: list[Target] = []
@@ -439,7 +468,8 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         kind, all_gpus = (h.kind, h.gpus) if h else ("process", [])
         spared.append(Spared(s.pid, user_name(uid) if uid is not None else None,
                              " ".join(argv) if argv else (f"[{st.name}]" if st else None), all_gpus, kind,
-                             s.reason + mps.get(s.pid, ""), s.job, servers.get(s.pid)))
+                             s.reason + ("" if s.reason.startswith(MPS_SHARED) else mps.get(s.pid, "")), s.job,
+                             servers.get(s.pid)))
     return Plan(list(decision.verify_gpus), targets, spared, snap, sel,
                 frozenset(st.pid for st in table.all()))
 
