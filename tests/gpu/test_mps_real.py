@@ -5,7 +5,8 @@ What is checked: the clients are kind ``mps`` with their server's pid; the serve
 whose idle memory is a baseline (``wait --free`` succeeds with only the idle server left, and the
 slurm prolog calls the GPU free); the plan names the client that shares the server; ``clear --pid``
 of one client ends it and leaves the other working (it runs a kernel afterwards) and the server
-alive; the server is never signaled (no audit entry names it, and it is the same process at the end).
+alive; ``--include-handles`` never makes the server a target while a client of it is not (a dry run);
+the server is never signaled (no audit entry names it, and it is the same process at the end).
 
 The daemon has its own pipe and log folders in a temporary folder (``CUDA_MPS_PIPE_DIRECTORY``,
 ``CUDA_MPS_LOG_DIRECTORY``), so it serves only this test's clients; the fixture ends the clients and
@@ -34,6 +35,7 @@ from gpuslate.host.audit import AuditLog
 from gpuslate.host.daemons import BASELINE_MAX
 from gpuslate.proc.daemons import MPS_PIPE_VAR, env_value, read_environ
 from gpuslate.proc.procfs import list_pids, read_exe, read_stat
+from gpuslate.slate.plan import MPS_SHARED
 from helpers import gpuslate_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
@@ -181,6 +183,9 @@ def test_mps_clients_their_server_and_its_baseline_on_a_real_gpu(mps):
     (t,) = plan.targets
     assert t.ident.pid == a.pid and t.kind == "mps" and t.mps_server == server
     assert f"shares MPS server PID {server} with PID {b.pid}" in t.reason, t.reason
+    # even with --include-handles the server is no target while its clients are not (a dry run)
+    plan = gpuslate.clear([0], pids=[server], include_handles=True, dry_run=True).plan
+    assert plan.targets == [] and any(s.pid == server and s.reason.startswith(MPS_SHARED) for s in plan.spared)
 
     # clear --pid of one client: it ends, the other keeps working, the server lives
     assert b.work().startswith("ok"), "the other client could not run a kernel before the clear"
