@@ -88,7 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and clear do not count) when that copy is root's, as when root runs this; for another "
                         "user it is an ordinary process of theirs. 'sim hold --mps' starts its clients. "
                         "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": []} when held.",
-                        epilog=exit_epilog({2: "bad input, or no simulated host",
+                        epilog=exit_epilog({0: "the server ended (SIGTERM or SIGINT to this command ends it)",
+                                            2: "bad input, or no simulated host",
                                             5: "this user may not record memory in the host's folder, or "
                                             "DIR/bin is not this user's own",
                                             6: "out of memory: a GPU lacks the room (nothing is held)"}))
@@ -192,6 +193,7 @@ def run_mps(args: argparse.Namespace) -> int:
 
     host = _host(args)
     mps_server(host, args.gpus if args.gpus is not None else list(range(host.gpu_count)), args.footprint)
+    return 0
 
 
 def run_leak(args: argparse.Namespace) -> int:

@@ -107,14 +107,15 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute"
     return fds + host.allocate(held, kind=kind)
 
 
-def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] = sys.stdout) -> NoReturn:
-    """Run a simulated MPS server holding ``footprint`` bytes on each GPU until killed (module doc).
+def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] = sys.stdout) -> None:
+    """Run a simulated MPS server holding ``footprint`` bytes on each GPU until it ends (module doc).
 
     This process stands for the control daemon: it forks the server, which holds the memory and
     then runs as ``DIR/bin/nvidia-cuda-mps-server`` (:meth:`SimHost.daemon_program`), the same
-    process with the same fds. Once it does, this prints ``{"ready": true, "pid": SERVER,
-    "workers": []}``; it ends the server when it gets SIGTERM or SIGINT (``quit``), and exits
-    when the server does. Raises ServerFailed, holding nothing, when a GPU lacks the room.
+    process with the same fds. Once it does, this writes ``{"ready": true, "pid": SERVER,
+    "workers": []}`` to ``out``; it ends the server when it gets SIGTERM or SIGINT (``quit``),
+    and returns when the server has ended. Raises ServerFailed, holding nothing, when a GPU lacks
+    the room.
     """
     if not gpus:
         raise UsageError("no GPUs to serve: pass --gpus")
@@ -156,15 +157,10 @@ def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] =
     signal.signal(signal.SIGINT, quit_server)
     out.write(json.dumps({"ready": True, "pid": pid, "workers": []}) + "\n")
     out.flush()
-    while True:
-        try:
-            os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-            continue
-    raise SystemExit(0)
+    try:
+        os.waitpid(pid, 0)  # retried across the signals above (PEP 475)
+    except ChildProcessError:
+        pass
 
 
 def check_mps_servers(host: SimHost, gpus: list[int]) -> None:
