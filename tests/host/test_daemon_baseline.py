@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.gpu.types import GpuProcess, GpuReading, MemoryInfo
-from gpuslate.host.daemons import BASELINE_MAX, DaemonHold, MpsEnd, baseline, mps_servers, sharing
+from gpuslate.host.daemons import BASELINE_MAX, DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers, sharing
 from gpuslate.slate.wait import is_free
 
 MiB = 1024**2
@@ -70,19 +70,19 @@ def test_a_client_is_named_with_the_one_server_of_its_user_on_its_gpus():
     servers = {10: MpsEnd(1000, frozenset({0, 1})), 20: MpsEnd(2000, frozenset({0}))}
     clients = {1: MpsEnd(1000, frozenset({0})), 2: MpsEnd(2000, frozenset({0})), 3: MpsEnd(1000, frozenset({2})),
                4: MpsEnd(None, frozenset({0})), 5: MpsEnd(2000, frozenset({0, 1}))}
-    asked: list[int] = []
-    found = mps_servers(clients, servers, lambda pid: asked.append(pid) or None)
-    assert found == {1: 10, 2: 20}  # 3: no server on GPU 2; 4: uid unknown; 5: its server is not on GPU 1
-    assert asked == []  # one candidate each: the environments were never read
-    assert sharing(found) == {10: [1], 20: [2]}
+    candidates = mps_candidates(clients, servers)
+    assert candidates == {1: [10], 2: [20]}  # 3: no server on GPU 2; 4: uid unknown; 5: its server is not on GPU 1
+    found = mps_servers(candidates, {})  # one candidate each: no environment is needed
+    assert found == {1: 10, 2: 20} and sharing(found) == {10: [1], 20: [2]}
 
 
 def test_two_servers_of_one_user_are_told_apart_by_their_pipe_folders_or_not_at_all():
     servers = {10: MpsEnd(0, frozenset({0})), 11: MpsEnd(0, frozenset({0}))}
     pipes = {10: "/tmp/nvidia-mps", 11: "/run/mps-b", 1: "/run/mps-b", 2: None, 3: "/elsewhere"}
     clients = {c: MpsEnd(0, frozenset({0})) for c in (1, 2, 3)}
-    assert mps_servers(clients, servers, pipes.get) == {1: 11}
-    assert mps_servers(clients, {**servers, 12: MpsEnd(0, frozenset({0}))}, {**pipes, 12: "/run/mps-b"}.get) == {}
+    assert mps_servers(mps_candidates(clients, servers), pipes) == {1: 11}
+    three = mps_candidates(clients, {**servers, 12: MpsEnd(0, frozenset({0}))})
+    assert mps_servers(three, {**pipes, 12: "/run/mps-b"}) == {}
 
 
 @settings(max_examples=300, deadline=None)
@@ -92,7 +92,7 @@ def test_two_servers_of_one_user_are_told_apart_by_their_pipe_folders_or_not_at_
                                                       st.frozensets(st.integers(0, 3), max_size=4)), max_size=4),
        st.dictionaries(st.integers(1, 14), st.sampled_from(["/a", "/b"]), max_size=10))
 def test_a_named_server_always_qualifies(clients, servers, pipes):
-    for client, server in mps_servers(clients, servers, pipes.get).items():
+    for client, server in mps_servers(mps_candidates(clients, servers), pipes).items():
         c, s = clients[client], servers[server]
         assert c.uid is not None and s.uid == c.uid and c.gpus and c.gpus <= s.gpus
         rivals = [x for x, e in servers.items() if e.uid == c.uid and c.gpus <= e.gpus]

@@ -28,7 +28,7 @@ which clients share a server), never a reason to signal anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .._parse import format_size
@@ -57,7 +57,7 @@ class DaemonHold(NamedTuple):
         return f"{format_size(self.bytes)} held by {self.program} (PID {self.pid}) on GPU {self.gpu}, spared"
 
 
-def baseline(gpu: int, processes: Iterable[tuple[int, int | None]], daemons: Mapping[int, str]) -> list[DaemonHold]:
+def baseline(gpu: int, processes: Sequence[tuple[int, int | None]], daemons: Mapping[int, str]) -> list[DaemonHold]:
     """The baseline of one GPU: of its listed ``(pid, used memory)``, those of the spared
     daemons ``daemons`` (pid -> program) whose memory is reported and at most
     :data:`BASELINE_MAX` (see the module doc)."""
@@ -72,23 +72,30 @@ class MpsEnd(NamedTuple):
     gpus: frozenset[int]  # a client: where it has an MPS context; a server: where it has any context
 
 
-def mps_servers(clients: Mapping[int, MpsEnd], servers: Mapping[int, MpsEnd],
-                pipe: Callable[[int], str | None]) -> dict[int, int]:
-    """Client pid -> its server's pid, for the clients whose server can be told (module doc).
-
-    ``pipe(pid)`` is the MPS pipe folder of a client or a server (``None``: unknown); it is
-    asked only to choose between several servers, and only a match of two known folders
-    chooses."""
-    out: dict[int, int] = {}
+def mps_candidates(clients: Mapping[int, MpsEnd], servers: Mapping[int, MpsEnd]) -> dict[int, list[int]]:
+    """Client pid -> the servers that may be its own (module doc): of its uid, with a context on
+    each GPU where the client has its context. A client of unknown uid or no GPU has none."""
+    out: dict[int, list[int]] = {}
     for pid, c in clients.items():
         if c.uid is None or not c.gpus:
             continue
         found = [s for s, e in sorted(servers.items()) if s != pid and e.uid == c.uid and c.gpus <= e.gpus]
+        if found:
+            out[pid] = found
+    return out
+
+
+def mps_servers(candidates: Mapping[int, list[int]], pipes: Mapping[int, str | None]) -> dict[int, int]:
+    """Client pid -> its server's pid, for the clients whose server can be told: the one candidate,
+    or of several the one whose MPS pipe folder (``pipes``: absent or ``None``, unknown) is the
+    client's; only a match of two known folders chooses."""
+    out: dict[int, int] = {}
+    for client, found in candidates.items():
         if len(found) > 1:
-            mine = pipe(pid)
-            found = [s for s in found if mine is not None and pipe(s) == mine]
+            mine = pipes.get(client)
+            found = [s for s in found if mine is not None and pipes.get(s) == mine]
         if len(found) == 1:
-            out[pid] = found[0]
+            out[client] = found[0]
     return out
 
 

@@ -24,7 +24,7 @@ from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
-from .daemons import DaemonHold, MpsEnd, baseline, mps_servers
+from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers
 
 SCHEMA = "gpuslate.status.v1"
 
@@ -94,7 +94,7 @@ class GpuState(NamedTuple):
         not spared): the host's baseline, see :mod:`.daemons`."""
         out = set(exclude)
         daemons = {p.pid: p.daemon for p in self.processes if p.daemon and p.kind != "handle" and p.pid not in out}
-        return baseline(self.index, ((p.pid, p.used_memory) for p in self.processes if p.kind != "handle"), daemons)
+        return baseline(self.index, [(p.pid, p.used_memory) for p in self.processes if p.kind != "handle"], daemons)
 
     def to_json(self) -> dict[str, Any]:
         r = self.reading
@@ -323,15 +323,14 @@ def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
                 client_gpus.setdefault(p.pid, set()).add(g.index)
     if not client_gpus or not server_gpus:
         return states
+    candidates = mps_candidates({pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()},
+                                {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()})
     pipes: dict[int, str | None] = {}
-
-    def pipe(pid: int) -> str | None:  # read only when servers must be told apart, once each
-        if pid not in pipes:
-            pipes[pid] = read_server_pipe(pid, seen[pid].ppid) if pid in server_gpus else read_client_pipe(pid)
-        return pipes[pid]
-
-    found = mps_servers({pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()},
-                        {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()}, pipe)
+    for client, options in candidates.items():  # environments are read only where servers must be told apart
+        if len(options) > 1:
+            pipes[client] = read_client_pipe(client)
+            pipes.update({s: read_server_pipe(s, seen[s].ppid) for s in options if s not in pipes})
+    found = mps_servers(candidates, pipes)
     return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != "handle"
                                  else p for p in g.processes]) for g in states]
 

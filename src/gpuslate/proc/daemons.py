@@ -20,7 +20,7 @@ environment a process started with (bounded; unknown when it cannot be read).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from .procfs import PROC, read_exe, read_exe_is_system, read_stat
 
@@ -76,7 +76,7 @@ class DaemonWatch:
     def __init__(self, exclude: Iterable[int] = ()) -> None:
         self._not = set(exclude)
 
-    def __call__(self, pids: Iterable[int]) -> dict[int, str]:
+    def __call__(self, pids: Collection[int]) -> dict[int, str]:
         out: dict[int, str] = {}
         for pid in pids:
             if pid in self._not:

@@ -55,7 +55,7 @@ def reading_baseline(r: GpuReading, daemons: Mapping[int, str] | None) -> list[D
     """What the spared GPU daemons ``daemons`` hold on the GPU of a reading (its baseline)."""
     if not daemons or not r.processes:
         return []
-    return baseline(r.index, ((p.pid, p.used_memory) for p in r.processes), daemons)
+    return baseline(r.index, [(p.pid, p.used_memory) for p in r.processes], daemons)
 
 
 def readings_baseline(readings: Sequence[GpuReading], watch: DaemonWatch) -> list[DaemonHold]:
@@ -175,7 +175,7 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
         if done is not None:
             return done(r)
         if r.processes and r.error is None:  # /proc is read only for a GPU that lists someone
-            return is_free(r, max_used, watch(p.pid for p in r.processes))
+            return is_free(r, max_used, watch([p.pid for p in r.processes]))  # a list: no callback up here
         return is_free(r, max_used)
 
     while True:
