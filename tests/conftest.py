@@ -30,16 +30,18 @@ def sim_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimHost:
 
 @pytest.fixture
 def hold(sim_host: SimHost) -> Iterator[Callable[..., Holder]]:
-    """Start ``gpuslate sim hold ARGS`` as a real process tree; wait for its ready line."""
+    """Start ``gpuslate sim hold ARGS`` (or another ``sim`` verb) as a real process tree; wait for its
+    ready line."""
     started: list[Holder] = []
 
     def start(*args: str, new_session: bool = True, host: SimHost | None = None,
-              program: str | None = None) -> Holder:
-        """``program``: run the holder as that program (its /proc/PID/exe), not only titled so."""
+              program: str | None = None, verb: str = "hold") -> Holder:
+        """``program``: run the holder as that program (its /proc/PID/exe), not only titled so;
+        ``verb="mps"``: ``gpuslate sim mps ARGS``, a simulated MPS server."""
         root = (host or sim_host).root
         exe = program_named(program, sim_host.root.parent / "programs") if program else sys.executable
         proc = subprocess.Popen(
-            [exe, "-m", "gpuslate", "--sim", str(root), "sim", "hold", *args],
+            [exe, "-m", "gpuslate", "--sim", str(root), "sim", verb, *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=gpuslate_env(), start_new_session=new_session,
         )

@@ -14,7 +14,7 @@ from gpuslate.cli.main import build_parser, main
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 COMMANDS = [["status"], ["clear"], ["wait"], ["up"], ["down"], ["ps"], ["logs"], ["swap"], ["audit"], ["log"],
-            ["sim"], ["sim", "init"], ["sim", "hold"], ["sim", "leak"], ["sim", "serve"]]
+            ["sim"], ["sim", "init"], ["sim", "hold"], ["sim", "mps"], ["sim", "leak"], ["sim", "serve"]]
 
 
 def subparser(words: list[str]) -> argparse.ArgumentParser:

@@ -114,11 +114,12 @@ _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 _opt_int = st.none() | st.integers(0, 2**40)
 _holder = st.fixed_dictionaries({
     "pid": st.integers(1, 2**22), "start_ticks": st.none(),  # "started" follows from the ticks
-    "kind": st.sampled_from(["compute", "graphics", "handle"]),
+    "kind": st.sampled_from(["compute", "graphics", "mps", "handle"]),
     "used_memory": _opt_int, "user": st.none() | _text, "uid": _opt_int, "name": st.none() | _text,
     "command": st.none() | _text, "started": st.none(), "ppid": _opt_int, "pgid": _opt_int, "sid": _opt_int,
     "root_pid": st.integers(1, 2**22), "state": st.none() | st.sampled_from(["S", "R", "Z"]),
-    "container": st.none() | _text, "cgroup": st.none() | _text, "visible": st.booleans()})
+    "container": st.none() | _text, "cgroup": st.none() | _text, "visible": st.booleans(),
+    "daemon": st.none() | st.just("nvidia-cuda-mps-server"), "mps_server": st.none() | st.integers(1, 2**22)})
 _gpu = st.fixed_dictionaries({
     "index": st.integers(0, 7), "uuid": st.none() | _text, "name": st.none() | _text,
     "memory": st.none() | st.fixed_dictionaries({"total": st.integers(0, 2**40), "used": st.integers(0, 2**40),

@@ -132,6 +132,20 @@ def test_leaked_context_and_orphaned_workers(sim_host, hold, exporter, cli):
     assert value(samples, "gpuslate_gpu_orphaned_memory_bytes", gpu="2") == 0
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
+def test_an_mps_host_with_no_clients_is_free_and_clients_name_their_server(sim_host, hold, exporter):
+    server = hold("--gpus", "0,1", verb="mps")
+    client = hold("--gpus", "1", "--memory", "2GiB", "--mps")
+    samples = exporter().scrape()
+    assert value(samples, "gpuslate_gpu_free", gpu="0") == 1 and value(samples, "gpuslate_gpu_free", gpu="1") == 0
+    assert value(samples, "gpuslate_gpu_free", gpu="2") == 1
+    assert value(samples, "gpuslate_gpu_daemon_memory_bytes", gpu="0") == 66 * 2**20
+    assert value(samples, "gpuslate_gpu_daemon_memory_bytes", gpu="2") == 0
+    series = process_series(samples)
+    assert series[(1, client.pid)]["kind"] == "mps" and series[(1, client.pid)]["mps_server"] == str(server.pid)
+    assert series[(0, server.pid)]["kind"] == "compute" and series[(0, server.pid)]["mps_server"] == ""
+
+
 HOSTILE = ['q"uote', "back\\slash\\", "new\nline", "esc\x1b[2J\x1b[31mred", "tab\there", "}{=,#",
            "é€\u202eright-to-left", "x" * 5000]
 

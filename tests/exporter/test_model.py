@@ -96,3 +96,20 @@ def test_accounting_invariants(gpus, leaders):
         mine = [r for r in acc.processes if r.gpu == row.gpu]
         assert sum(r.bytes for r in mine) == row.attributed
         assert sum(r.bytes for r in mine if r.orphaned) == row.orphaned
+
+
+def test_an_idle_mps_server_is_free_and_its_memory_a_baseline_apart():
+    """The H200's measurement: an idle server holds 66 MiB, the GPU reads 74 MiB used; with a client
+    the GPU is busy and the client's series names its server."""
+    mib = 1024**2
+    server = proc(40, 66 * mib)._replace(daemon="nvidia-cuda-mps-server")
+    client = proc(41, 2 * GiB, kind="mps")._replace(mps_server=40)
+    s = snap(gpu(0, 74 * mib, [server]), gpu(1, 2 * GiB + 74 * mib, [server, client]),
+             gpu(2, 74 * mib, [proc(42, 66 * mib)]),  # the same memory held by no daemon
+             gpu(3, None, [], error="GPU is lost"))
+    acc = account(Facts(s, {}, {}, {}, max_used=64 * mib))
+    assert [(g.free, g.daemon_memory) for g in acc.gpus] == [(True, 66 * mib), (False, 66 * mib), (False, 0),
+                                                            (False, 0)]
+    assert {(p.gpu, p.pid): (p.kind, p.mps_server) for p in acc.processes} == {
+        (0, 40): ("compute", ""), (1, 40): ("compute", ""), (1, 41): ("mps", "40"), (2, 42): ("compute", "")}
+    assert all(g.free is None for g in account(Facts(s, {}, {}, {})).gpus)  # the default not known: not said

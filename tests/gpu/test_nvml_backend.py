@@ -155,6 +155,40 @@ def test_process_api_fallback_and_invalid_pids(monkeypatch):
     assert "compute v3" not in nv.calls  # remembered as missing
 
 
+class MpsNvml(FakeNvml):
+    """As measured on an H200 (driver 580): an MPS client is in the compute and the MPS lists
+    (nvidia-smi's "M+C"), the server in the compute list only ("C")."""
+
+    def __init__(self, mps_error: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.mps_error = mps_error
+
+    def processes(self, h: int, kind: str, version: int) -> list[tuple[int, int | None]]:
+        if kind == "compute":
+            return [(500, 66 * 1024**2), (501, 2 * GiB), (502, None)]
+        if kind == "mps":
+            if self.mps_error is not None:
+                raise err(self.mps_error, "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+            return [(501, 2 * GiB), (502, GiB)]
+        return []
+
+
+def test_an_mps_client_is_kind_mps_and_its_server_compute():
+    b = NvmlBackend(MpsNvml())  # type: ignore[arg-type]
+    (r,) = b.read([0])
+    kinds = {p.pid: (p.kind, p.used_memory) for p in r.processes}
+    assert kinds == {500: ("compute", 66 * 1024**2), 501: ("mps", 2 * GiB), 502: ("mps", GiB)}
+
+
+def test_a_failed_mps_query_is_an_error_not_clean():
+    """Unsupported: the clients show as compute (nothing is known of MPS); any other failure: an error."""
+    (r,) = NvmlBackend(MpsNvml(mps_error=NOT_SUPPORTED)).read([0])  # type: ignore[arg-type]
+    assert r.error is None and {p.kind for p in r.processes} == {"compute"}
+    for code in (UNKNOWN, NO_PERMISSION):
+        (r,) = NvmlBackend(MpsNvml(mps_error=code)).read([0])  # type: ignore[arg-type]
+        assert r.processes is None and r.error and "MPSCompute" in r.error
+
+
 def test_failed_process_query_is_an_error_not_empty(monkeypatch):
     b, _ = backend(monkeypatch, broken={1})
     r0, r1 = b.read([0, 1])

@@ -45,12 +45,12 @@ def job_hold(sim_host: SimHost) -> Iterator[Callable[..., dict]]:
     """A real holder started with a given environment (its SLURM_JOB_ID, or none); returns its ready line."""
     started: list[subprocess.Popen[str]] = []
 
-    def start(job: str | None, *args: str, shell: str | None = None) -> dict:
+    def start(job: str | None, *args: str, shell: str | None = None, verb: str = "hold") -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
         if job is not None:
             env["SLURM_JOB_ID"] = job
-        hold = [sys.executable, "-m", "gpuslate", "--sim", str(sim_host.root), "sim", "hold", *args]
+        hold = [sys.executable, "-m", "gpuslate", "--sim", str(sim_host.root), "sim", verb, *args]
         argv = ["sh", "-c", shell.format(hold=" ".join(hold))] if shell else hold
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
         started.append(p)
@@ -140,6 +140,36 @@ def test_prolog_drains_naming_the_holder_and_signals_nothing(sim_host, slurm_env
     reason = (tmp_path / "scontrol.args").read_text().splitlines()[3]
     assert reason.startswith("reason=gpuslate: GPU 1 holds 3.0 GiB before job 43 (pid ")
     assert p.stderr == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
+def test_an_mps_host_is_clean_after_the_jobs_client_ends_and_free_for_the_next(sim_host, slurm_env, job_hold, hold,
+                                                                           tmp_path):
+    """The job's MPS client is ended; the idle MPS server it leaves (a spared daemon's baseline) is no
+    reason to drain, after the job or before the next."""
+    server = hold("--gpus", "1", verb="mps")
+    client = job_hold("42", "--gpus", "1", "--memory", "2GiB", "--mps")
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "clean" and [t["pid"] for t in doc["clear"]["targets"]] == [client["pid"]]
+    assert is_gone(client["pid"]) and not is_gone(server.pid)
+    p = _hook("prolog", {**slurm_env, "SLURM_JOB_ID": "43"})
+    assert p.returncode == 0 and json.loads(p.stdout)["status"] == "clean", p.stdout
+    assert not (tmp_path / "scontrol.args").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
+def test_an_mps_server_the_job_started_is_the_jobs_leftover(sim_host, slurm_env, job_hold, tmp_path):
+    """A per-job MPS daemon (started inside the job, so with its SLURM_JOB_ID) is no host baseline:
+    the epilog ends it with its control daemon, and the GPU is verified free without it."""
+    server = job_hold("42", "--gpus", "1", verb="mps")
+    p = _hook("epilog", slurm_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "clean" and server["pid"] in {f["pid"] for f in doc["found"]}
+    assert {t["pid"] for t in doc["clear"]["targets"]} == {server["pid"], server["popen"].pid}
+    assert is_gone(server["pid"]) and doc["clear"]["baseline"] == []
 
 
 def test_a_drained_node_keeps_its_reason(sim_host, slurm_env, tmp_path):

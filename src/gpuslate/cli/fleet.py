@@ -166,7 +166,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     if getattr(args, "watch", None) or getattr(args, "follow", False):
         raise UsageError(f"{command} --{'watch' if command == 'status' else 'follow'} does not work with "
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")
-    if command == "sim" and getattr(args, "sim_command", None) in ("hold", "serve"):
+    if command == "sim" and getattr(args, "sim_command", None) in ("hold", "mps", "serve"):
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
     if command == "exporter":  # Prometheus scrapes each host's own exporter
         raise UsageError("'exporter' runs until killed: start it on each host (see docs/exporter.md)")

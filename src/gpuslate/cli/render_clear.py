@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import IO, Any
 
 from .._parse import format_gpu_list, format_size
+from ..host.daemons import DaemonHold
 from ..proc.terminate import VictimResult
 from ..slate.clear import ClearResult, ClearStatus
 from ..slate.plan import Plan, Role, Target
@@ -93,10 +94,16 @@ def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> No
     emit(*_diagnosis(diag), file=file)
 
 
+def _baseline(holds: tuple[DaemonHold, ...]) -> list[str]:
+    """What spared GPU daemons hold, apart: the host's baseline, not counted as used."""
+    return [f"  [dim]GPU {h.gpu}: {format_size(h.bytes)} held by {cell(h.program)} (PID {h.pid}), spared: "
+            "a GPU daemon's baseline, not counted as used[/]" for h in holds]
+
+
 def print_wait(result: WaitResult) -> None:
     gpus = format_gpu_list(result.gpus)
     if result.ok:
-        emit(f"GPUs {gpus} free after {result.elapsed_s:.3f} s")
+        emit(f"GPUs {gpus} free after {result.elapsed_s:.3f} s", *_baseline(result.baseline))
         return
     emit(f"GPUs {gpus} not free after {result.elapsed_s:.1f} s:", *_diagnosis(result.diagnosis))
 
@@ -106,6 +113,8 @@ def print_clear(result: ClearResult) -> None:
     if result.status == ClearStatus.DRY_RUN:
         emit("[yellow]Dry run: nothing was signaled.[/]")
         print_plan(plan)
+        if result.baseline:
+            emit("[bold]Spared GPU daemons' memory[/] (not counted as used)", *_baseline(result.baseline))
         return
     out: list[Any] = [plan_table(plan, result) if plan.targets else "No targets."]
     out += _spared(plan)
@@ -115,7 +124,10 @@ def print_clear(result: ClearResult) -> None:
         b = before.get(r.index)
         bu = format_size(b.memory.used) if b is not None and b.memory else "?"
         au = format_size(r.memory.used) if r.memory else "?"
-        out.append(f"  GPU {r.index}: {bu} → {au}" + (f" [red]{cell(r.error)}[/]" if r.error else ""))
+        base = [h for h in result.baseline if h.gpu == r.index]
+        note = "; ".join(f"{format_size(h.bytes)} held by {cell(h.program)} (PID {h.pid}), spared" for h in base)
+        out.append(f"  GPU {r.index}: {bu} → {au}" + (f" [dim]({note})[/]" if note else "")
+                   + (f" [red]{cell(r.error)}[/]" if r.error else ""))
     t = result.timings
     parts = [f"{k.removesuffix('_s')} {v:.3f} s" for k, v in t.items()]
     out.append("[bold]Timings[/]: " + ", ".join(parts))

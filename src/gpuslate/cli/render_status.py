@@ -92,8 +92,11 @@ def _process_rows(snap: Snapshot) -> list[list[Cell]]:
             else:
                 text = cut(clean(p.command), COMMAND_LIMIT)
                 cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
+            kind = f"mps (server {p.mps_server})" if m.kind == "mps" and p.mps_server is not None else m.kind
+            if p.daemon is not None and m.kind != "handle":
+                kind += " (daemon)"
             rows.append([Cell(gpu_cell(m.memory_gpus, list(m.handles))), Cell(f"{branch}{p.pid}"),
-                         Cell(m.kind, ("dim",) if m.kind == "handle" else ()),
+                         Cell(kind, ("dim",) if m.kind == "handle" else ()),
                          Cell(format_size(m.used_memory) if m.used_memory is not None else "-"),
                          Cell(clean(p.user or "-")), cmd])
     return rows
@@ -111,6 +114,9 @@ def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]
         lines += table(_PROC_COLUMNS, procs, color=color, width=width, shrink=5)
     else:
         lines.append(paint("No processes hold the selected GPUs.", ("green",), color))
+    for h in (h for g in snap.gpus for h in g.baseline()):
+        lines.append(paint(f"GPU {h.gpu}: {format_size(h.bytes)} held by {clean(h.program)} (PID {h.pid}), spared: "
+                           "a GPU daemon's baseline, not counted as used by wait, clear and up", ("dim",), color))
     if snap.host_processes:
         others = ", ".join(f"{p.pid} ({clean(p.name)})" for p in snap.host_processes)
         lines.append(paint(f"Holding only control devices (nvidiactl/uvm): {others}", ("dim",), color))

@@ -15,7 +15,7 @@ from .results import as_sent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sim", help="simulated GPU hosts: sim init, sim hold, sim leak, sim serve",
+    p = sub.add_parser("sim", help="simulated GPU hosts: sim init, sim hold, sim mps, sim leak, sim serve",
                        description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
                        "Memory is held by real processes and discovered like real devices.",
                        epilog=exit_epilog({2: "bad input, or no SUBCOMMAND"}, backend=False))
@@ -75,7 +75,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="process title, e.g. sglang::scheduler_TP{rank} ({rank}: the worker number)")
     hold.add_argument("--no-reap", action="store_true",
                       help="the launcher never collects dead workers (they stay zombies)")
+    hold.add_argument("--mps", action="store_true",
+                      help="hold the memory as CUDA MPS clients (listed as MPS contexts, kind mps); needs a "
+                      "simulated MPS server of this user on each GPU ('gpuslate sim mps')")
     hold.set_defaults(handler=run_hold)
+
+    mps = ss.add_parser("mps", help="a simulated CUDA MPS server, holding its footprint until killed",
+                        description="Run a simulated CUDA MPS server (nvidia-cuda-mps-server) until killed: it "
+                        "holds FOOTPRINT on each listed GPU as a compute context, as a real idle server does "
+                        "(66 MiB on an H200), and runs as DIR/bin/nvidia-cuda-mps-server, a copy of the "
+                        "system's sleep. It is a GPU daemon (spared by clear, its memory a baseline that wait "
+                        "and clear do not count) when that copy is root's, as when root runs this; for another "
+                        "user it is an ordinary process of theirs. 'sim hold --mps' starts its clients. "
+                        "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": []} when held.",
+                        epilog=exit_epilog({0: "the server ended (SIGTERM or SIGINT to this command ends it)",
+                                            2: "bad input, or no simulated host",
+                                            5: "this user may not record memory in the host's folder, or "
+                                            "DIR/bin is not this user's own",
+                                            6: "out of memory: a GPU lacks the room (nothing is held)"}))
+    add_common(mps)
+    mps.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs the server serves (default: all)")
+    mps.add_argument("--footprint", type=size, default="66MiB", metavar="SIZE",
+                     help="memory the server holds on each GPU (default 66MiB, an idle server on an H200)")
+    mps.set_defaults(handler=run_mps)
 
     serve = ss.add_parser("serve", help="a simulated OpenAI-compatible inference server",
                           description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
@@ -104,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:
-    raise UsageError("gpuslate sim needs a SUBCOMMAND: init, hold, leak or serve (see 'gpuslate sim --help')")
+    raise UsageError("gpuslate sim needs a SUBCOMMAND: init, hold, mps, leak or serve (see 'gpuslate sim --help')")
 
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
@@ -163,7 +185,15 @@ def run_hold(args: argparse.Namespace) -> int:
     gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
-         reap=not args.no_reap)
+         reap=not args.no_reap, mps=args.mps)
+
+
+def run_mps(args: argparse.Namespace) -> int:
+    from ..gpu.sim.holder import mps_server  # lazy: startup
+
+    host = _host(args)
+    mps_server(host, args.gpus if args.gpus is not None else list(range(host.gpu_count)), args.footprint)
+    return 0
 
 
 def run_leak(args: argparse.Namespace) -> int:

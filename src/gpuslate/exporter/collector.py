@@ -63,7 +63,7 @@ class Spec(NamedTuple):
 
 
 _G = ("gpu",)
-_PROCESS = ("gpu", "pid", "kind", "user", "command", "job_pid", "job_command", "unit", "orphaned")
+_PROCESS = ("gpu", "pid", "kind", "user", "command", "job_pid", "job_command", "unit", "orphaned", "mps_server")
 _U = ("unit",)
 
 #: every metric the exporter serves (counters without their ``_total`` suffix)
@@ -86,6 +86,10 @@ METRICS: dict[str, Spec] = {
     "gpuslate_gpu_orphaned_memory_bytes": Spec(GAUGE, "Memory held by processes whose launcher (process group "
                                                       "leader) has exited.", _G),
     "gpuslate_gpu_orphaned_processes": Spec(GAUGE, "Processes holding memory whose launcher has exited.", _G),
+    "gpuslate_gpu_daemon_memory_bytes": Spec(GAUGE, "Memory spared GPU daemons hold (an idle MPS server): the "
+                                                    "host's baseline, not counted as used by wait and clear.", _G),
+    "gpuslate_gpu_free": Spec(GAUGE, "1 when the GPU is free as 'gpuslate wait --free' sees it with the default "
+                                     "--max-used, else 0.", _G),
     "gpuslate_process_memory_bytes": Spec(GAUGE, "GPU memory one process holds, with its job (the root by "
                                                  "gpuslate's job rule), user and unit.", _PROCESS),
     "gpuslate_unit_state": Spec(GAUGE, "1 for the managed unit's current state (as gpuslate ps shows it), "
@@ -150,7 +154,7 @@ def gather_facts(host: HostContext, *, with_units: bool = True) -> tuple[Facts, 
                 unit_of.update(dict.fromkeys(u.processes, u.unit.name))
         except Exception:  # noqa: BLE001 - a broken state folder is counted (stage units), never a failed scrape
             units_ok = False
-    return Facts(snap, leaders, commands, unit_of, units), units_ok
+    return Facts(snap, leaders, commands, unit_of, units, host.max_used(None)), units_ok
 
 
 class _Slot:
@@ -310,9 +314,11 @@ def _host_families(facts: Facts, acc: Account) -> Iterator[Metric]:
     yield per_gpu("gpuslate_gpu_leaked_memory_bytes", ((g.gpu, g.leaked) for g in acc.gpus))
     yield per_gpu("gpuslate_gpu_orphaned_memory_bytes", ((g.gpu, g.orphaned) for g in acc.gpus))
     yield per_gpu("gpuslate_gpu_orphaned_processes", ((g.gpu, g.orphaned_processes) for g in acc.gpus))
+    yield per_gpu("gpuslate_gpu_daemon_memory_bytes", ((g.gpu, g.daemon_memory) for g in acc.gpus))
+    yield per_gpu("gpuslate_gpu_free", ((g.gpu, None if g.free is None else int(g.free)) for g in acc.gpus))
     yield _family("gpuslate_process_memory_bytes", [
-        ((p.gpu, p.pid, p.kind, p.user, p.command, p.job_pid, p.job_command, p.unit, str(p.orphaned).lower()),
-         p.bytes) for p in acc.processes])
+        ((p.gpu, p.pid, p.kind, p.user, p.command, p.job_pid, p.job_command, p.unit, str(p.orphaned).lower(),
+          p.mps_server), p.bytes) for p in acc.processes])
     units = facts.units
     yield _family("gpuslate_unit_state", [((label(u.name), s.value), 1 if u.state == s else 0)
                                           for u in units for s in UnitState])

@@ -15,6 +15,12 @@ list, or a teardown in progress). On drivers before R510 (NVML's v1 memory API)
 'used' includes the driver's reserved memory (645 MiB on an idle H200), so an
 alert's threshold must be above it.
 
+*Free* is what ``wait --free`` calls free with the host's default
+``--max-used`` (:func:`~gpuslate.slate.wait.state_is_free`): no process but a
+spared GPU daemon has a context on the GPU, and the memory used less the
+daemons' baseline (an idle MPS server's 66 MiB) is at most the default. That
+baseline is reported apart, per GPU; an MPS client's series names its server.
+
 *Orphaned* memory is held by processes whose launcher has exited: a visible
 holder with a context on the GPU, in a process group whose leader is no longer
 alive (it exited, or is a zombie), the holder not being that leader itself.
@@ -30,6 +36,7 @@ from typing import NamedTuple
 
 from .._text import clean, cut
 from ..host.snapshot import HolderProcess, Snapshot
+from ..slate.wait import state_is_free
 from ..units.state import UnitState
 
 #: the longest command (or job command, user, unit name) put in a label, in characters
@@ -56,6 +63,7 @@ class Facts(NamedTuple):
     job_commands: Mapping[int, str]  # job root pid -> its command line (absent: unknown)
     unit_of: Mapping[int, str]  # pid -> the managed unit it belongs to
     units: Sequence[UnitRow] = ()
+    max_used: int | None = None  # the host's default --max-used; None: free is not reported
 
 
 class ProcessRow(NamedTuple):
@@ -71,6 +79,7 @@ class ProcessRow(NamedTuple):
     unit: str
     orphaned: bool
     bytes: int
+    mps_server: str = ""  # an MPS client's server pid, else empty
 
 
 class GpuRow(NamedTuple):
@@ -81,6 +90,8 @@ class GpuRow(NamedTuple):
     leaked: int | None  # bytes used that no listed process holds; None: memory unknown
     orphaned: int  # bytes held by processes whose launcher exited
     orphaned_processes: int
+    daemon_memory: int = 0  # bytes spared GPU daemons hold: the host's baseline
+    free: bool | None = None  # as wait --free sees it with the default --max-used; None: not known
 
 
 class Account(NamedTuple):
@@ -114,6 +125,8 @@ def account(f: Facts) -> Account:
             gpu=g.index, memory_holders=len(holders), handle_holders=len(g.processes) - len(holders),
             attributed=attributed, leaked=max(0, used - attributed) if used is not None else None,
             orphaned=sum(p.used_memory or 0 for p in orphans), orphaned_processes=len(orphans),
+            daemon_memory=sum(h.bytes for h in g.baseline()),
+            free=state_is_free(g, f.max_used) if f.max_used is not None else None,
         ))
         orphan_pids = {p.pid for p in orphans}
         for p in holders:
@@ -123,5 +136,6 @@ def account(f: Facts) -> Account:
                 gpu=g.index, pid=p.pid, kind=p.kind, user=label(p.user), command=label(p.command),
                 job_pid=p.root_pid, job_command=label(f.job_commands.get(p.root_pid)),
                 unit=label(f.unit_of.get(p.pid)), orphaned=p.pid in orphan_pids, bytes=p.used_memory,
+                mps_server=str(p.mps_server) if p.mps_server is not None else "",
             ))
     return Account(gpus, rows)

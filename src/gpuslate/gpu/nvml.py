@@ -336,9 +336,14 @@ class NvmlBackend:
                 if pid in _INVALID_PIDS:
                     continue
                 prev = found.get(pid)
-                # a process can appear as compute and as MPS; keep the larger figure
-                if prev is None or (used or 0) > (prev.used_memory or 0):
+                if prev is None:
                     found[pid] = GpuProcess(pid, kind, used)
+                    continue
+                # an MPS client is listed as compute and as MPS (nvidia-smi's "M+C"; the
+                # server is compute only): it is an MPS client, with the larger figure
+                figures = [u for u in (prev.used_memory, used) if u is not None]
+                found[pid] = GpuProcess(pid, "mps" if "mps" in (kind, prev.kind) else prev.kind,
+                                        max(figures) if figures else None)
         return sorted(found.values())
 
     def _newest(self, method: str, kind: str, h: Handle) -> Any:

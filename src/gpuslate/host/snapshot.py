@@ -3,6 +3,9 @@
 A snapshot merges two sources: the driver's own process list (processes with
 GPU contexts and memory) and a scan of ``/proc/*/fd`` (processes that merely
 hold a device file open: monitors, the persistence daemon, MPS control).
+Each holder is marked with the GPU daemon it runs (a system program named as
+one), and each MPS client with its server, where they can be told
+(:mod:`.daemons`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from .._document import checked, reading
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
+from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
+from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers
 
 SCHEMA = "gpuslate.status.v1"
 
@@ -43,6 +48,8 @@ class HolderProcess(NamedTuple):
     container: str | None
     visible: bool  # False: the driver names a pid this host's /proc does not show
     cgroup: str | None = None
+    daemon: str | None = None  # the GPU daemon it runs (a system program named as one), e.g. nvidia-cuda-mps-server
+    mps_server: int | None = None  # an MPS client's server, where it can be told (see .daemons)
 
     @property
     def started(self) -> float | None:
@@ -56,13 +63,14 @@ class HolderProcess(NamedTuple):
             "started": iso_time(self.started) if self.started is not None else None,
             "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
+            "daemon": self.daemon, "mps_server": self.mps_server,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HolderProcess:
         return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
                    d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
-                   bool(d["visible"]), d.get("cgroup"))
+                   bool(d["visible"]), d.get("cgroup"), d.get("daemon"), d.get("mps_server"))
 
 
 class GpuState(NamedTuple):
@@ -80,6 +88,13 @@ class GpuState(NamedTuple):
     @property
     def error(self) -> str | None:
         return self.reading.error
+
+    def baseline(self, exclude: Iterable[int] = ()) -> list[DaemonHold]:
+        """What spared GPU daemons hold here (the daemons in ``exclude``, a clear's targets, are
+        not spared): the host's baseline, see :mod:`.daemons`."""
+        out = set(exclude)
+        daemons = {p.pid: p.daemon for p in self.processes if p.daemon and p.kind != "handle" and p.pid not in out}
+        return baseline(self.index, [(p.pid, p.used_memory) for p in self.processes if p.kind != "handle"], daemons)
 
     def to_json(self) -> dict[str, Any]:
         r = self.reading
@@ -242,19 +257,21 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         scans.append(scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()})))
     scan = scans[0]
     table = ProcTable()
-    infos: dict[int, ProcessInfo | None] = {}
+    infos: dict[int, tuple[ProcessInfo, str | None] | None] = {}
 
     def holder(pid: int, kind: str, used: int | None) -> HolderProcess:
         if pid not in infos:
-            infos[pid] = read_info(pid)
-        info = infos[pid]
-        if info is None:
+            info = read_info(pid)
+            infos[pid] = (info, exe_daemon(pid)) if info else None
+        known = infos[pid]
+        if known is None:
             return HolderProcess(pid, kind, used, None, None, None, None, None, None, None, None,
                                  pid, None, None, False)
+        info, daemon = known
         return HolderProcess(
             pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
             info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
-            info.cgroup,
+            info.cgroup, daemon,
         )
 
     # which GPUs each fd holder holds; holders of control devices only are host-level
@@ -274,6 +291,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         procs += [holder(pid, "handle", None) for pid, g in sorted(handle_gpus.items())
                   if r.index in g and pid not in listed]
         states.append(GpuState(r, procs))
+    states = _with_mps_servers(states)
 
     warnings: list[str] = []
     if scan.unreadable:
@@ -287,6 +305,34 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         host_processes=[holder(pid, "handle", None) for pid in sorted(control_only)],
         warnings=warnings, launchers=_launchers(states),
     )
+
+
+def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
+    """The states with each MPS client's server named, where it can be told (see :mod:`.daemons`)."""
+    client_gpus: dict[int, set[int]] = {}
+    server_gpus: dict[int, set[int]] = {}
+    seen: dict[int, HolderProcess] = {}
+    for g in states:
+        for p in g.processes:
+            if not p.visible or p.kind == "handle":
+                continue
+            seen.setdefault(p.pid, p)
+            if p.daemon == MPS_SERVER:
+                server_gpus.setdefault(p.pid, set()).add(g.index)
+            elif p.kind == "mps":
+                client_gpus.setdefault(p.pid, set()).add(g.index)
+    if not client_gpus or not server_gpus:
+        return states
+    candidates = mps_candidates({pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()},
+                                {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()})
+    pipes: dict[int, str | None] = {}
+    for client, options in candidates.items():  # environments are read only where servers must be told apart
+        if len(options) > 1:
+            pipes[client] = read_client_pipe(client)
+            pipes.update({s: read_server_pipe(s, seen[s].ppid) for s in options if s not in pipes})
+    found = mps_servers(candidates, pipes)
+    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != "handle"
+                                 else p for p in g.processes]) for g in states]
 
 
 def _launchers(states: list[GpuState]) -> tuple[Launcher, ...]:

@@ -5,9 +5,10 @@
 2. Act: SIGTERM to every target at once, grace, SIGKILL to survivors; each
    signal audited before it is sent and sent only to the exact process, after
    the act-time gate (:mod:`.gate`) has checked it again against fresh facts.
-3. Verify: poll until every target is gone and every selected GPU is free;
-   on timeout, a diagnosis per GPU. A restarted target is named with its
-   supervisor, not fought in a loop.
+3. Verify: poll until every target is gone and every selected GPU is free
+   (what spared GPU daemons hold, an idle MPS server's memory, is the host's
+   baseline: shown apart, not counted); on timeout, a diagnosis per GPU. A
+   restarted target is named with its supervisor, not fought in a loop.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ from .._time import iso_time, parse_iso_time
 from ..errors import Interrupted, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.audit import new_run_id
+from ..host.daemons import DaemonHold
 from ..host.session import HostContext
 from ..host.snapshot import Snapshot, take_snapshot
+from ..proc.daemons import DaemonWatch
 from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from .gate import ActGate
 from .plan import Plan, Role, Selection, Spared, Target, VerifyMode, make_plan, resolve
-from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free
+from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free, reading_baseline, readings_baseline
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -82,6 +85,7 @@ class ClearResult(NamedTuple):
     timings: dict[str, float]
     max_used: int
     started_at: float
+    baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held after, not counted as used
 
     @property
     def ok(self) -> bool:
@@ -103,6 +107,7 @@ class ClearResult(NamedTuple):
             "started_at": iso_time(self.started_at), "gpus": self.plan.gpus,
             "verify": self.plan.verify_mode.value, "max_used": self.max_used,
             "before": [memory_json(r) for r in self.before], "after": [memory_json(r) for r in self.after],
+            "baseline": [h.to_json() for h in self.baseline],
             "targets": targets, "spared": [s.to_json() for s in self.plan.spared],
             "respawned": [r.to_json() for r in self.respawned],
             "diagnosis": [d.to_json() for d in self.diagnosis],
@@ -134,7 +139,8 @@ class ClearResult(NamedTuple):
                         VerifyMode(d["verify"]))
             return cls(status, host, backend, plan, results, [memory_from_json(m) for m in d["before"]],
                        [memory_from_json(m) for m in d["after"]], [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       [Respawn.from_json(r) for r in d["respawned"]], dict(d["timings"]), d["max_used"], started)
+                       [Respawn.from_json(r) for r in d["respawned"]], dict(d["timings"]), d["max_used"], started,
+                       tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
 
 
 class ClearOptions(NamedTuple):
@@ -185,10 +191,11 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
         t_plan = time.monotonic()
         before = plan.before_verified
         timings = {"plan_s": t_plan - t_start}
+        spared_now = _spared_baseline(plan)
         if opts.dry_run:
             timings["total_s"] = time.monotonic() - t_start
             return ClearResult(ClearStatus.DRY_RUN, plan.before.host, be.name, plan, [], before, before, [], [],
-                               timings, limit, started_at)
+                               timings, limit, started_at, spared_now)
         if t_plan - t_start > timeout:
             raise NotDoneError(f"planning took {t_plan - t_start:.1f} s, more than --timeout {timeout:g} s: "
                                "nothing was signaled")
@@ -196,7 +203,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
             # verifying an empty set of GPUs proves nothing: say that nothing was chosen
             timings["total_s"] = time.monotonic() - t_start
             return ClearResult(ClearStatus.NOTHING_SELECTED, plan.before.host, be.name, plan, [], before,
-                               before, [], [], timings, limit, started_at)
+                               before, [], [], timings, limit, started_at, spared_now)
         if opts.confirm is not None and plan.targets:
             t_ask = time.monotonic()
             if not opts.confirm(plan):
@@ -212,7 +219,8 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
                             gate=ActGate())
         t_exit = time.monotonic()
         timings["exit_s"] = t_exit - t_start
-        ok, after, respawned, held = _verify(be, plan, results, limit, deadline)
+        watch = DaemonWatch(exclude={r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets})
+        ok, after, respawned, held = _verify(be, plan, results, limit, deadline, watch)
         t_free = time.monotonic()
         if ok:
             timings["free_s"] = t_free - t_start
@@ -239,7 +247,13 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
         else:
             status = ClearStatus.TIMEOUT
         return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
-                           respawned, timings, limit, started_at)
+                           respawned, timings, limit, started_at, tuple(readings_baseline(after, watch)))
+
+
+def _spared_baseline(plan: Plan) -> tuple[DaemonHold, ...]:
+    """What the spared GPU daemons held on the verified GPUs when the plan was made."""
+    targets = {t.ident.pid for t in plan.targets}
+    return tuple(h for g in plan.before.gpus if g.index in plan.gpus for h in g.baseline(exclude=targets))
 
 
 def _purpose(sel: Selection) -> str:
@@ -316,12 +330,13 @@ def _is(table: ProcTable, ident: Any) -> bool:
 
 
 def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
-            ) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
+            daemons: DaemonWatch) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
     """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
     Stop early, without waiting out the timeout, when waiting cannot help: a target
     was restarted by a supervisor, or what holds a GPU that must be free is a live
     process that is not a target (another user's job without --all-users, a spared
-    process). Returns (done, readings, respawned, held by others)."""
+    process) and not a spared daemon within its baseline (``daemons``: the host's,
+    never what keeps a GPU busy). Returns (done, readings, respawned, held by others)."""
     planned = _planned(plan)
     refused = {r.victim.ident.pid for r in results if r.refused is not None}
     targets = ({r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}) - refused
@@ -347,7 +362,9 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
             return True
         if released:
             return False  # other jobs may hold these GPUs: that is theirs, not a failure
-        for pid in listed - targets:
+        found = daemons(listed - targets)
+        base = {h.pid for r in readings for h in reading_baseline(r, found)}
+        for pid in listed - targets - base:
             st = read_stat(pid)
             if (st is not None and not st.has_exited) or pid in invisible_before:
                 held = True
@@ -356,7 +373,7 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
 
     # a refused target still counts as the selected job's: its memory is not released
     done = (lambda r: is_released(r, limit, targets | refused)) if released else None
-    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done)
+    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done, daemons=daemons)
     return ok, readings, respawned, held
 
 

@@ -23,23 +23,19 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
 from .._parse import format_gpu_list, format_size
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
+from ..host.daemons import sharing
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
+from ..proc.daemons import GPU_DAEMONS
 from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
 from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name
 from ..proc.tree import ProcTable
-
-#: GPU daemons spared unless --include-handles, whatever they hold
-GPU_DAEMONS = frozenset({
-    "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server", "nvidia-smi", "nvidia-fabricmanager", "nvidia-dcgm",
-})
 
 
 class Role(str, Enum):
@@ -125,6 +121,7 @@ class Facts(NamedTuple):
     gpu_count: int
     caller_pid: int | None
     caller_uid: int
+    mps: Mapping[int, int] = {}  # MPS client pid -> its server's pid, where it can be told (never written)
 
 
 class TargetDecision(NamedTuple):
@@ -152,8 +149,34 @@ def _protected_message(pid: int, why: str) -> str:
     return f"{pid} is {why}: it is never a target"
 
 
+#: why an MPS server is spared when a run would end it under clients that are not its targets
+MPS_SHARED = "an MPS server whose other clients are not targets"
+
+
 def decide(facts: Facts, res: Resolved) -> Decision:
-    """The plan, as a pure function of the facts and the selection (see the module doc)."""
+    """The plan, as a pure function of the facts and the selection (see the module doc).
+
+    An MPS server (a target only with ``--include-handles``) is spared while a live client of
+    it is not a target: ending the server ends its clients' GPU work, so the run would reach a
+    job it did not select. Sparing a server can only take targets away, so the plan is made
+    again until no targeted server has such a client (at most once per server)."""
+    held: dict[int, str] = {}
+    while True:
+        d = _decide(facts, res, held)
+        targets = {t.pid for t in d.targets}
+        more: dict[int, list[int]] = {}
+        for client, server in sorted(facts.mps.items()):
+            st = facts.view.get(client)
+            if server in targets and client not in targets and st is not None and not st.has_exited:
+                more.setdefault(server, []).append(client)
+        if not more or len(held) >= len(set(facts.mps.values())):
+            return d
+        for server, clients in more.items():
+            held[server] = (f"{MPS_SHARED} (PID{'s' if len(clients) > 1 else ''} {', '.join(map(str, clients))}): "
+                            "ending it would end their GPU work; end them first, or select them too")
+
+
+def _decide(facts: Facts, res: Resolved, held: Mapping[int, str]) -> Decision:
     sel = res.sel
     view = facts.view
     protect = Protection(view, facts.caller_pid, facts.caller_uid)
@@ -183,6 +206,8 @@ def decide(facts: Facts, res: Resolved) -> Decision:
 
     def intrinsic(pid: int) -> str | None:
         """Why a process is never a target of this run, whatever the selection."""
+        if pid in held:
+            return held[pid]
         why = protect.reason(pid)
         if why and why != UNKNOWN_PROGRAM:
             return why
@@ -335,11 +360,14 @@ class Target(NamedTuple):
     waits_for: tuple[int, ...]  # the targets it started: it is SIGKILLed early once they have exited
     container: str | None
     cgroup: str | None
+    kind: str = "process"  # compute | graphics | mps | handle | process (holds no GPU itself)
+    mps_server: int | None = None  # an MPS client's server, where it can be told
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
                 "uid": self.uid, "command": self.command, "name": self.name, "gpus": self.gpus,
-                "used_memory": self.used_memory, "role": self.role.value, "reason": self.reason,
+                "used_memory": self.used_memory, "kind": self.kind, "mps_server": self.mps_server,
+                "role": self.role.value, "reason": self.reason,
                 "job": self.job, "ignores_sigterm": self.ignores_sigterm, "container": self.container,
                 "cgroup": self.cgroup}
 
@@ -348,7 +376,7 @@ class Target(NamedTuple):
         """A target of a clear document (``waits_for`` is not in it: () )."""
         return cls(ProcessId(d["pid"], d["start_ticks"]), d["user"], d["uid"], d["command"], d["name"],
                    list(d["gpus"]), d["used_memory"], Role(d["role"]), d["reason"], d["job"], d["ignores_sigterm"],
-                   (), d["container"], d["cgroup"])
+                   (), d["container"], d["cgroup"], d.get("kind", "process"), d.get("mps_server"))
 
 
 class Spared(NamedTuple):
@@ -359,13 +387,15 @@ class Spared(NamedTuple):
     kind: str  # compute | graphics | mps | handle | process (no GPU hold)
     reason: str
     job: int | None
+    mps_server: int | None = None  # an MPS client's server, where it can be told
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Spared:
-        return cls(d["pid"], d["user"], d["command"], list(d["gpus"]), d["kind"], d["reason"], d["job"])
+        return cls(d["pid"], d["user"], d["command"], list(d["gpus"]), d["kind"], d["reason"], d["job"],
+                   d.get("mps_server"))
 
 
 class Plan(NamedTuple):
@@ -400,10 +430,12 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
     table.load_all()
     reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
     holds = attribute(reported, lambda pid: table.get(pid) is not None, _tgid)
-    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid())
+    servers = {p.pid: p.mps_server for g in snap.gpus for p in g.processes if p.mps_server is not None}
+    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid(), servers)
     decision = decide(facts, res)
 
     held = holdings(holds)
+    mps = _mps_notes(servers)
 
     targets: list[Target] = []
     target_pids = {d.pid for d in decision.targets}
@@ -425,7 +457,8 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         targets.append(Target(st.ident, user_name(uid) if uid is not None else None, uid,
                               " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus,
                               used if mem_gpus else None, d.role,
-                              d.reason, d.job, deaf, waits, container, cgroup))
+                              d.reason + mps.get(d.pid, ""), d.job, deaf, waits, container, cgroup,
+                              h.kind if h else "process", servers.get(d.pid)))
     spared: list[Spared] = []
     for s in decision.spared:
         st = table.get(s.pid)
@@ -435,9 +468,26 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         kind, all_gpus = (h.kind, h.gpus) if h else ("process", [])
         spared.append(Spared(s.pid, user_name(uid) if uid is not None else None,
                              " ".join(argv) if argv else (f"[{st.name}]" if st else None), all_gpus, kind,
-                             s.reason, s.job))
+                             s.reason + ("" if s.reason.startswith(MPS_SHARED) else mps.get(s.pid, "")), s.job,
+                             servers.get(s.pid)))
     return Plan(list(decision.verify_gpus), targets, spared, snap, sel,
                 frozenset(st.pid for st in table.all()))
+
+
+def _mps_notes(servers: dict[int, int]) -> dict[int, str]:
+    """What the plan says of each MPS client and server (client pid -> server pid given): the
+    clients that share a server are named, so that ending one is seen to leave the others."""
+    def pids(ps: list[int]) -> str:
+        return ("PIDs " if len(ps) > 1 else "PID ") + ", ".join(map(str, ps))
+
+    out: dict[int, str] = {}
+    for server, clients in sharing(servers).items():
+        for c in clients:
+            others = [o for o in clients if o != c]
+            out[c] = f"; shares MPS server PID {server}" + (f" with {pids(others)}" if others else "")
+        out[server] = (f"; the MPS server of {pids(clients)} (ending it ends their GPU work; ending a client "
+                       "leaves the others working)")
+    return out
 
 
 def attribute(holds: Sequence[Hold], is_process: Callable[[int], bool],

@@ -1,9 +1,11 @@
 """Verification: are the GPUs free? Wait until they are, or say exactly why not.
 
 A GPU is free when its query succeeded, the driver lists no process with a
-context on it (compute, graphics or MPS), and its used memory is at most
-``max_used``. The default ``max_used`` counts an idle GPU as free on drivers
-with and without the v2 memory API:
+context on it (compute, graphics or MPS) but spared GPU daemons, and its used
+memory less what those daemons hold (their baseline: an idle MPS server's
+66 MiB, see :mod:`gpuslate.host.daemons`) is at most ``max_used``. The default
+``max_used`` counts an idle GPU as free on drivers with and without the v2
+memory API:
 
 * v2 drivers (R510+) report driver-reserved memory apart from 'used', so an
   idle GPU reads 0 used: the default is 64 MiB.
@@ -11,29 +13,55 @@ with and without the v2 memory API:
   as used: the default is 1 GiB.
 
 A failed query is never free. Diagnosis names, per GPU, what still holds it
-and why, with the remedy; gpuslate never resets a GPU itself.
+and why, with a remedy that does what it says (a GPU daemon is spared by
+``clear``: its remedy is never "run clear"); gpuslate never resets a GPU itself.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_size
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
+from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
 from ..host.session import HostContext
-from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..host.snapshot import GpuState, HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..proc.daemons import MPS_CONTROL, MPS_SERVER, DaemonWatch
 from ..proc.terminate import Poller, VictimResult
 
 WAIT_SCHEMA = "gpuslate.wait.v1"
 
 
-def is_free(r: GpuReading, max_used: int) -> bool:
-    return (r.error is None and r.memory is not None and r.processes is not None
-            and not r.processes and r.memory.used <= max_used)
+def is_free(r: GpuReading, max_used: int, daemons: Mapping[int, str] | None = None) -> bool:
+    """Free (see the module doc); ``daemons`` (pid -> program) are the spared GPU daemons,
+    whose memory within their baseline is neither a holder nor counted as used."""
+    if r.error is not None or r.memory is None or r.processes is None:
+        return False
+    spared = reading_baseline(r, daemons)
+    pids = {h.pid for h in spared}
+    return all(p.pid in pids for p in r.processes) and r.memory.used - sum(h.bytes for h in spared) <= max_used
+
+
+def state_is_free(g: GpuState, max_used: int) -> bool:
+    """:func:`is_free` for a GPU of a snapshot, whose holders say which are GPU daemons."""
+    return is_free(g.reading, max_used, {h.pid: h.program for h in g.baseline()})
+
+
+def reading_baseline(r: GpuReading, daemons: Mapping[int, str] | None) -> list[DaemonHold]:
+    """What the spared GPU daemons ``daemons`` hold on the GPU of a reading (its baseline)."""
+    if not daemons or not r.processes:
+        return []
+    return baseline(r.index, [(p.pid, p.used_memory) for p in r.processes], daemons)
+
+
+def readings_baseline(readings: Sequence[GpuReading], watch: DaemonWatch) -> list[DaemonHold]:
+    """The baseline of every GPU of ``readings``, the daemons found by ``watch``."""
+    daemons = watch({p.pid for r in readings for p in r.processes or []})
+    return [h for r in readings for h in reading_baseline(r, daemons)]
 
 
 def is_released(r: GpuReading, max_used: int, ended: frozenset[int] | set[int]) -> bool:
@@ -106,12 +134,14 @@ class WaitResult(NamedTuple):
     elapsed_s: float
     readings: list[GpuReading]
     diagnosis: list[GpuDiagnosis]
+    baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held at the end, not counted as used
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": WAIT_SCHEMA, "ok": self.ok, "gpus": self.gpus, "max_used": self.max_used,
             "elapsed_s": round(self.elapsed_s, 4),
             "memory": [memory_json(r) for r in self.readings],
+            "baseline": [h.to_json() for h in self.baseline],
             "diagnosis": [d.to_json() for d in self.diagnosis],
         }
 
@@ -125,21 +155,32 @@ class WaitResult(NamedTuple):
         with reading(WAIT_SCHEMA):
             return cls(bool(d["ok"]), list(d["gpus"]), d["max_used"], float(d["elapsed_s"]),
                        [memory_from_json(m) for m in d["memory"]],
-                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]])
+                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
+                       tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
 
 
 def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float, *,
                     give_up: Callable[[list[GpuReading]], bool] | None = None,
                     done: Callable[[GpuReading], bool] | None = None,
+                    daemons: DaemonWatch | None = None,
                     ) -> tuple[bool, list[GpuReading]]:
     """Poll memory and processes (the cheap query) until all GPUs are free (or
     ``done``, when given), the deadline passes, or ``give_up(readings)`` says
-    waiting longer is pointless."""
+    waiting longer is pointless. The GPU daemons found by ``daemons`` (default: every
+    one) are spared: their baseline is no holder (see :func:`is_free`)."""
     poll = Poller()
-    ok = done if done is not None else (lambda r: is_free(r, max_used))
+    watch = daemons if daemons is not None else DaemonWatch()
+
+    def free(r: GpuReading) -> bool:
+        if done is not None:
+            return done(r)
+        if r.processes and r.error is None:  # /proc is read only for a GPU that lists someone
+            return is_free(r, max_used, watch([p.pid for p in r.processes]))  # a list: no callback up here
+        return is_free(r, max_used)
+
     while True:
         readings = backend.read(gpus, full=False)
-        if all(ok(r) for r in readings):
+        if all(free(r) for r in readings):
             return True, readings
         if time.monotonic() >= deadline or (give_up is not None and give_up(readings)):
             return False, readings
@@ -166,10 +207,11 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
     sel = resolve_gpus(be, list(gpus) if gpus is not None else None)
     limit = host.max_used(opts.max_used)
     t0 = time.monotonic()
-    ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout)
+    watch = DaemonWatch()
+    ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, daemons=watch)
     elapsed = time.monotonic() - t0
     diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
-    return WaitResult(ok, sel, limit, elapsed, readings, diag)
+    return WaitResult(ok, sel, limit, elapsed, readings, diag, tuple(readings_baseline(readings, watch)))
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
@@ -180,14 +222,17 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
     ``victims``/``spared``/``planned`` come from ``clear``: what it tried to end,
     what it left alone and why, and every pid its plan knew about. With ``only``
     (a clear of selected jobs), a GPU is explained when those processes still hold
-    it, and other processes on it are not problems: their memory is theirs.
+    it, and other processes on it are not problems: their memory is theirs. The
+    baseline of spared GPU daemons (not ``victims``) is no problem either.
     """
     victims = victims or {}
     spared = spared or {}
     out: list[GpuDiagnosis] = []
     for g in snap.gpus:
         r = g.reading
-        if is_free(r, max_used) if only is None else is_released(r, max_used, only):
+        base = g.baseline(exclude=victims)
+        daemons = {h.pid: h.program for h in base}
+        if is_free(r, max_used, daemons) if only is None else is_released(r, max_used, only):
             continue
         problems: list[Problem] = []
         if r.error:
@@ -199,10 +244,12 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
             if p.kind == "handle":
                 continue  # holds no memory and no context: never what keeps a GPU busy
             accounted += p.used_memory or 0
+            if p.pid in daemons:
+                continue  # a spared daemon's baseline: the host's, not what keeps the GPU busy
             if only is None or p.pid in only:
                 problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
         used = r.memory.used if r.memory else None
-        if used is not None and used > max_used and used - accounted > max_used:
+        if used is not None and used - sum(h.bytes for h in base) > max_used and used - accounted > max_used:
             orphan = used - accounted
             problems.append(Problem(
                 None, None, None, orphan,
@@ -251,4 +298,12 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
     if planned is not None and p.pid not in planned:
         return problem("started after the plan was made (a new job, or a restarted one)",
                        "see 'respawned' in the report; stop its supervisor first")
+    if p.daemon is not None:  # clear spares it: "run clear" would be no remedy
+        held = format_size(p.used_memory) if p.used_memory is not None else "memory the driver does not report"
+        why = (f"more than a daemon's baseline ({format_size(BASELINE_MAX)})" if p.used_memory is not None
+               else "so its baseline is unknown")
+        stop = f"stop MPS at its source ('echo quit | {MPS_CONTROL}' as its user)" if p.daemon == MPS_SERVER \
+            else "stop it at its source (its service)"
+        return problem(f"a GPU daemon ({p.daemon}) holding {held}, {why}: 'gpuslate clear' spares it",
+                       f"{stop}, or end it with 'gpuslate clear --include-handles'")
     return problem(f"holds {format_size(p.used_memory)} ({p.kind})", "end it, or run 'gpuslate clear'")

@@ -33,6 +33,7 @@ from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus, take_snapshot
+from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
@@ -206,9 +207,12 @@ def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: i
     ok = True
     diagnosis: list[GpuDiagnosis] = []
     if gpus:
-        ok, _ = poll_until_free(be, gpus, limit, deadline)
+        # a GPU daemon of the job's own (an MPS server it started) is no spared baseline: it must be gone
+        victims = {r.victim.ident.pid: r for r in cleared.results} if cleared is not None else {}
+        mine = DaemonWatch(exclude={p.pid for p in found} | set(victims))
+        ok, _ = poll_until_free(be, gpus, limit, deadline, daemons=mine)
         if not ok:
-            diagnosis = diagnose(take_snapshot(be, gpus), limit)
+            diagnosis = diagnose(take_snapshot(be, gpus), limit, victims=victims)
             ok = not diagnosis  # freed between the last poll and the snapshot
     timings["verify_s"] = time.monotonic() - t0
     outcome: DrainOutcome | None = None

@@ -13,7 +13,7 @@ from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.procfs import read_info
-from ..slate.wait import is_free
+from ..slate.wait import state_is_free
 
 
 def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit: str,
@@ -21,7 +21,7 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
     """Raise NotDoneError naming every holder (and its unit: ``owners()`` maps pid -> unit,
     asked only when a GPU is busy) unless all ``gpus`` are free."""
     snap = take_snapshot(backend, gpus)
-    busy = [g for g in snap.gpus if not is_free(g.reading, max_used)]
+    busy = [g for g in snap.gpus if not state_is_free(g, max_used)]
     if not busy:
         return snap
     owner_of = owners()
@@ -32,8 +32,9 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
             parts.append(f"GPU {g.index}: query failed ({g.reading.error})")
             continue
         holders = []
+        spared = {h.pid for h in g.baseline()}
         for p in g.processes:
-            if p.kind == "handle":
+            if p.kind == "handle" or p.pid in spared:  # a GPU daemon's baseline is the host's
                 continue
             unit = owner_of.get(p.pid)
             if unit:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
+from ..proc.daemons import DaemonWatch
 from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
@@ -161,8 +162,9 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     unverified = "; ".join(unread) or None
     if gpus:
         can_free = before_verify(deadline) if before_verify is not None else True
-        if can_free:
-            released, readings = poll_until_free(backend, gpus, limit, deadline)
+        if can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
+            mine = DaemonWatch(exclude={r.victim.ident.pid for r in results + swept})
+            released, readings = poll_until_free(backend, gpus, limit, deadline, daemons=mine)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:

@@ -5,6 +5,17 @@ tensor-parallel worker processes (``workers``), workers that double-forked
 away from their launcher (``orphan_workers``, like SGLang schedulers that end
 up under PID 1), processes that ignore SIGTERM, renamed processes, and
 monitors that only hold the device open (``memory=0``).
+
+And CUDA MPS (``gpuslate sim mps``, ``sim hold --mps``): a real MPS server is
+``nvidia-cuda-mps-server``, a root-owned program holding a context (66 MiB on
+an H200) on every GPU its clients use, listed by the driver as a compute
+process; its clients' contexts are listed as MPS contexts. The simulated server
+holds its footprint and then becomes, by ``exec`` with its fds (and so its
+records and their locks) kept, a copy of the system's ``sleep`` named
+``nvidia-cuda-mps-server``: the program ``/proc/PID/exe`` shows, which is what
+tells a GPU daemon (a system program of that name: the copy is root's when root
+makes it). A client (``--mps``) records MPS contexts and needs a live simulated
+server of its own user on each of its GPUs, as MPS serves one user at a time.
 """
 
 from __future__ import annotations
@@ -16,8 +27,15 @@ import signal
 import sys
 from typing import IO, NamedTuple, NoReturn
 
-from ...errors import ServerFailed, UsageError
+from ..._parse import format_gpu_list
+from ...errors import PermissionDenied, ServerFailed, UsageError
+from ...proc.daemons import MPS_SERVER
+from ...proc.jobs import program
+from ...proc.procfs import PROC, read_exe
 from .host import SimHost
+
+#: the simulated MPS server's program runs this long (it is ended by a signal)
+_FOREVER_S = "2147483647"
 
 
 def full_titles() -> bool:
@@ -77,7 +95,7 @@ def shown_pid() -> int:
         return os.getpid()
 
 
-def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
+def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute") -> list[int]:
     """Open the device files like a CUDA context does, then allocate the memory.
 
     Returns the open fds, which the caller keeps for its whole life: closing
@@ -86,7 +104,84 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
     """
     fds = [os.open(host.dev / "nvidiactl", os.O_RDONLY), os.open(host.dev / "nvidia-uvm", os.O_RDONLY)]
     fds += [os.open(host.device_path(gpu), os.O_RDONLY) for gpu, _ in held]
-    return fds + host.allocate(held)
+    return fds + host.allocate(held, kind=kind)
+
+
+def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] = sys.stdout) -> None:
+    """Run a simulated MPS server holding ``footprint`` bytes on each GPU until it ends (module doc).
+
+    This process stands for the control daemon: it forks the server, which holds the memory and
+    then runs as ``DIR/bin/nvidia-cuda-mps-server`` (:meth:`SimHost.daemon_program`), the same
+    process with the same fds. Once it does, this writes ``{"ready": true, "pid": SERVER,
+    "workers": []}`` to ``out``; it ends the server when it gets SIGTERM or SIGINT (``quit``),
+    and returns when the server has ended. Raises ServerFailed, holding nothing, when a GPU lacks
+    the room.
+    """
+    if not gpus:
+        raise UsageError("no GPUs to serve: pass --gpus")
+    if footprint <= 0:
+        raise UsageError("invalid --footprint: an MPS server holds more than 0 bytes on each GPU")
+    host.check_gpus(gpus)
+    exe = host.daemon_program(MPS_SERVER)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # a forked child must not flush the parent's buffers again
+    r, w = os.pipe()  # the write end closes on the server's exec: end of file says it runs
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            fds = _hold_here(host, [(g, footprint) for g in gpus])
+            for fd in fds:  # the records, their locks and the device files stay the server's
+                os.set_inheritable(fd, True)
+            os.execv(exe, [MPS_SERVER, _FOREVER_S])
+        except BaseException as exc:  # noqa: BLE001 - report, never fall back into the caller's stack
+            word = "permission" if isinstance(exc, (PermissionError, PermissionDenied)) else "failed"
+            os.write(w, f"{word} {' '.join(str(exc).split())}".encode()[:4000])
+        finally:
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        failure = f.read().decode("utf-8", "replace")
+    if failure:
+        os.waitpid(pid, 0)
+        word, _, message = failure.partition(" ")
+        raise (PermissionDenied if word == "permission" else ServerFailed)(message)
+
+    def quit_server(signum: int, frame: object) -> None:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, quit_server)
+    signal.signal(signal.SIGINT, quit_server)
+    out.write(json.dumps({"ready": True, "pid": pid, "workers": []}) + "\n")
+    out.flush()
+    try:
+        os.waitpid(pid, 0)  # retried across the signals above (PEP 475)
+    except ChildProcessError:
+        pass
+
+
+def check_mps_servers(host: SimHost, gpus: list[int]) -> None:
+    """Raise ServerFailed unless a live simulated MPS server of this user holds each of ``gpus``:
+    an MPS client's work runs in its user's server (MPS serves one user at a time)."""
+    uid = os.getuid()
+    served: set[int] = set()
+    for h in host.survey().held:
+        rec = h.record
+        if not h.alive or rec.pid is None or rec.kind != "compute" or rec.gpu in served:
+            continue
+        try:
+            owner = os.stat(f"{PROC}/{rec.pid}").st_uid
+        except OSError:
+            continue
+        if owner == uid and program(read_exe(rec.pid)) == MPS_SERVER:
+            served.add(rec.gpu)
+    missing = sorted(set(gpus) - served)
+    if missing:
+        raise ServerFailed(f"no simulated MPS server of this user on GPU {format_gpu_list(missing)}: start one "
+                           f"with 'gpuslate sim mps --gpus {format_gpu_list(missing)}'")
 
 
 def _sleep_forever() -> NoReturn:
@@ -118,9 +213,11 @@ def hold(
     handles: list[int] | None = None,
     title: str | None = None,
     reap: bool = True,
+    mps: bool = False,
     out: IO[str] = sys.stdout,
 ) -> NoReturn:
-    """Hold ``memory`` bytes on each GPU in ``gpus`` until killed.
+    """Hold ``memory`` bytes on each GPU in ``gpus`` until killed; with ``mps``, as MPS clients
+    (each GPU needs a simulated MPS server of this user: :func:`check_mps_servers`).
 
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
     all memory is held: the pids as this process's /proc shows them (see
@@ -148,23 +245,26 @@ def hold(
 
     if handles:
         host.check_gpus(handles)
+    kind = "mps" if mps else "compute"
+    if mps:
+        check_mps_servers(host, gpus)
     if not workers:
         # like CUDA, which opens every device node: handles on the other GPUs, memory where it computes
         extra = [(g, 0) for g in handles or [] if g not in gpus]
-        _hold_here(host, assign(gpus, memory, 1)[0] + extra)  # the fds stay open for the process's life
+        _hold_here(host, assign(gpus, memory, 1)[0] + extra, kind)  # the fds stay open for the process's life
         _announce(out, [])
         _sleep_forever()
 
     if reap:
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
-    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title)
+    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title, kind=kind)
     _announce(out, [w.shown for w in pids])
     _sleep_forever()
 
 
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
-                  orphan: bool = False, title: str | None = None) -> list[WorkerPid]:
+                  orphan: bool = False, title: str | None = None, kind: str = "compute") -> list[WorkerPid]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
     their pids once every one of them holds its memory (like TP ranks loading).
 
@@ -183,7 +283,7 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
             pid = os.fork()
             if pid == 0:
                 os.close(go_w)
-                _worker(host, held, rank, (r, w), go_r, orphan, title)
+                _worker(host, held, rank, (r, w), go_r, orphan, title, kind)
             if orphan:
                 intermediates.append(pid)
         os.close(w)
@@ -220,7 +320,7 @@ def _reports(r: int, workers: int) -> tuple[list[WorkerPid], list[str]]:
 
 
 def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple[int, int], go: int,
-            orphan: bool, title: str | None) -> NoReturn:
+            orphan: bool, title: str | None, kind: str) -> NoReturn:
     """Runs in the forked child; never returns into the launcher's code."""
     r, w = report
     try:
@@ -230,7 +330,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
             os._exit(0)  # the grandchild lives on under PID 1 (or a subreaper)
         if title:
             set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
-        fds = _hold_here(host, held)
+        fds = _hold_here(host, held, kind)
         os.write(w, f"{os.getpid()} {shown_pid()}\n".encode())
         os.close(w)
         started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file

@@ -14,6 +14,8 @@ Layout of ``DIR``::
     alloc/*.json        one record per (process, GPU) holding memory, kept
                         open and flock'ed by its holder; or per leaked context
     alloc/*.dead        when a holder was first seen dead (driver teardown start)
+    bin/NAME            (made by ``sim mps``) a copy of the system's ``sleep`` under a
+                        GPU daemon's name, which the simulated MPS server runs as
 
 Memory is held by real processes (see :mod:`gpuslate.gpu.sim.holder`): a record
 counts while its holder keeps it open, and for ``release_delay`` seconds after
@@ -27,10 +29,12 @@ its GPU's memory unknown, never free.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
 import os
+import shutil
 import stat
 import time
 import uuid as uuidlib
@@ -223,6 +227,67 @@ class SimHost:
             raise UsageError(
                 f"GPU {bad[0]} does not exist: this simulated host has {self.gpu_count} GPUs (0-{self.gpu_count - 1})"
             )
+
+    # -- GPU daemons ----------------------------------------------------------
+    def daemon_program(self, name: str) -> str:
+        """``DIR/bin/NAME``: a copy of the system's ``sleep``, for a simulated GPU daemon to run as
+        (made once). A GPU daemon is told by its program, a system program of that name: the copy
+        is one when root makes it (root's file), and an ordinary user's own program otherwise.
+
+        Only a folder and a file of this user's (or root's), writable by no one else, is run:
+        never a program another user of a shared host could have put there. The folder is opened
+        once and everything is done relative to it; the path returned goes through that open
+        folder (``/proc/self/fd/N/NAME``, the kernel shows the program as ``DIR/bin/NAME``), so a
+        folder swapped meanwhile is never the one run from."""
+        where = self.root / "bin"
+        try:
+            where.mkdir(mode=0o755, exist_ok=True)
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _os_failure(f"cannot open {where} (a folder, not a link)", exc) from None
+        me = os.geteuid()
+        st = os.fstat(fd)
+        if st.st_uid not in (me, 0) or st.st_mode & 0o022:
+            os.close(fd)
+            raise PermissionDenied(f"{where} is not a folder of this user's that only it may write: "
+                                   "a simulated daemon's program is never run from there")
+        try:
+            try:
+                fst = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                usable = (stat.S_ISREG(fst.st_mode) and fst.st_uid in (me, 0) and not fst.st_mode & 0o022
+                          and bool(fst.st_mode & 0o111))
+            except FileNotFoundError:
+                usable = False
+            if not usable:
+                self._copy_sleep(fd, name)
+        except OSError as exc:
+            os.close(fd)
+            raise _os_failure(f"cannot make {where / name}", exc) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._kept.append(fd)
+        return f"/proc/self/fd/{fd}/{name}"
+
+    @staticmethod
+    def _copy_sleep(dir_fd: int, name: str) -> None:
+        source = shutil.which("sleep", path="/usr/bin:/bin")
+        if source is None:
+            raise ServerFailed("no 'sleep' program in /usr/bin or /bin for a simulated daemon to run as")
+        tmp = f".{name}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o700, dir_fd=dir_fd)
+        try:
+            with open(os.path.realpath(source), "rb") as src:
+                while chunk := src.read(1 << 20):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+            os.fchmod(out, 0o755)
+        finally:
+            os.close(out)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
     # -- a driver that hangs --------------------------------------------------
     def stall(self) -> None:
