@@ -10,8 +10,10 @@ owner) **and** either
   cgroup v1, ``.../slurmstepd.scope/job_J/...`` on v2) where Slurm uses cgroups.
 
 Only those: another job of the same user carries another id; another user's
-process never qualifies. Unknown never widens: an environment that cannot be
-read, or is larger than :data:`MAX_ENVIRON` bytes, says nothing; gpuslate
+process never qualifies. A GPU holder whose environment says nothing (written
+over by a title, reset) is left to the second rule, :mod:`.leftover`.
+Unknown never widens: an environment that cannot be read, or is larger
+than :data:`MAX_ENVIRON` bytes, says nothing; gpuslate
 itself and its ancestors are never members. The decision
 (:func:`job_processes`) is a pure function of gathered :class:`ProcessFacts`.
 
@@ -40,6 +42,7 @@ _CGROUP_JOB = re.compile(r"/job_(\d{1,10})(?=/|$)")
 class FoundBy(str, Enum):
     ENVIRONMENT = "environment"  # SLURM_JOB_ID in /proc/PID/environ
     CGROUP = "cgroup"  # a job_N component of /proc/PID/cgroup
+    GPU = "gpu"  # the second rule (leftover.py): the job's GPUs, user and time, exclusively
 
 
 class ProcessFacts(NamedTuple):

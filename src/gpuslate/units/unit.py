@@ -8,7 +8,6 @@ reading the record again and re-deriving its processes in each step.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..gpu.types import GpuReading
-from ..proc.procfs import CLK_TCK, ProcessId, ProcStat
+from ..proc.procfs import ProcessId, ProcStat, epoch_to_ticks
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
@@ -139,12 +138,6 @@ class Unit:
     def describe_problem(self) -> str:
         assert self.problem is not None
         return f"unit {self.name} has a corrupt record {self.problem.path}: {self.problem.reason}"
-
-
-def epoch_to_ticks(epoch: float) -> float:
-    """An epoch time in the clock of process start times (ticks since boot). /proc/stat's btime
-    is whole seconds, too coarse to tell a job started just after a stop: use the boot clock."""
-    return (epoch - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK
 
 
 def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str) -> MarkerFence:
