@@ -212,7 +212,7 @@ def test_epilog_ends_a_renamed_leftover_by_its_gpu_and_spares_a_renamed_job_of_t
     leftover, renamed as well, on another GPU, runs on untouched. TaskProlog gave every task
     SPT_NOENV=1."""
     c = node_clean
-    go, env_file, left_ready = c.root / "j.go", c.root / "j.env", c.root / "escaped.ready"
+    go, env_file, left_ready = c.root / "renamed.go", c.root / "renamed.env", c.root / "renamed-left.ready"
     job = c.sbatch("-w", "n1", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
                    f"echo \"$SPT_NOENV $CUDA_VISIBLE_DEVICES $SLURM_JOB_GPUS\" > {env_file}; "
                    + _renamed_holder(c, "n1", "$CUDA_VISIBLE_DEVICES", "7GiB", left_ready, "escaped", detach=True)
@@ -221,9 +221,10 @@ def test_epilog_ends_a_renamed_leftover_by_its_gpu_and_spares_a_renamed_job_of_t
     noenv, visible, gpus = env_file.read_text().split()
     assert noenv == "1" and visible == gpus  # TaskProlog's export reached the job; GRES index = CUDA index
     assert b"SLURM_JOB_ID" not in _environ(left) and open(f"/proc/{left}/comm").read().strip() == "escaped"
-    # the other job starts after the leftover did, to the second Slurm counts in: it cannot have started it
-    wait_for(lambda: time.time() >= _started(left) + 1.05, timeout=3, interval=0.02)
-    other_ready = c.root / "other.ready"
+    # the other job starts after the leftover did, by more than the second Slurm counts in and the clock
+    # margin (leftover.CLOCK_MARGIN_S): it cannot have started it
+    wait_for(lambda: time.time() >= int(_started(left)) + 2.05, timeout=4, interval=0.02)
+    other_ready = c.root / "renamed-other.ready"
     other = c.sbatch("-w", "n1", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
                      _renamed_holder(c, "n1", "$CUDA_VISIBLE_DEVICES", "1GiB", other_ready, "renamed-other",
                                      detach=False))
@@ -254,7 +255,7 @@ def test_epilog_drains_naming_a_renamed_holder_of_a_gpu_another_job_holds(node_c
                      f"> {other_ready} 2>&1 < /dev/null")
     other_pid = _ready_pid(other_ready)
     other_gpu = next(h.record.gpu for h in c.sim("n2").held() if h.record.pid == other_pid)
-    left_ready = c.root / "shared.ready"
+    left_ready = c.root / "sharing-left.ready"
     job = c.sbatch("-w", "n2", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
                    _renamed_holder(c, "n2", f"$SLURM_JOB_GPUS,{other_gpu}", "2GiB", left_ready, "escaped",
                                    detach=True))

@@ -29,7 +29,8 @@ def _mostly(usual, *rare):
 
 holders = st.builds(Holder, st.integers(1, 30), _mostly(U, 0, 2000, None), st.integers(0, 300),
                     _mostly(None, J, 43), _mostly(frozenset(), frozenset({43}), frozenset({J})),
-                    st.frozensets(st.integers(0, 3), min_size=1, max_size=2))
+                    st.frozensets(st.integers(0, 3), min_size=1, max_size=2), _mostly(None, 99),
+                    st.sampled_from([None, J, 43]))
 jobs = st.builds(JobOnNode, st.sampled_from([43, 44, 45]), _mostly(2000, U, None),
                  st.sampled_from(["RUNNING", "COMPLETING", "COMPLETED", "CANCELLED+COMPLETING", "PENDING"]),
                  st.just(None), st.just(None),
@@ -67,6 +68,7 @@ def test_what_it_finds_is_shown_to_be_the_jobs(hs, slurm, lineage):
     for h in (h for h in hs if h.pid in found):
         assert h.uid == U and h.memory & GPUS and h.pid not in lineage
         assert h.env_job is None and not h.cgroup_jobs
+        assert h.leader is None or h.leader_job == J  # a live, intact session leader is in the job
         assert nodes.error is None and slurm.window is not None and not nodes.shared_gres
         assert not nodes.oversubscribe
         assert slurm.window.start <= h.start_ticks < slurm.window.end
@@ -123,7 +125,8 @@ def test_where_everything_is_shown_the_jobs_holders_are_found(hs, slurm):
     started in the window, on GPUs no other job holds, is found."""
     found = _found(hs, slurm)
     for h in candidates(hs, J, U, GPUS, frozenset()):
-        mine = h.env_job is None and not h.cgroup_jobs and slurm.window.start <= h.start_ticks < slurm.window.end
+        mine = h.env_job is None and not h.cgroup_jobs and slurm.window.start <= h.start_ticks < slurm.window.end \
+            and (h.leader is None or h.leader_job == J)
         clash = any(j.gpus & h.memory for j in slurm.nodes.jobs if j.job_id != J)
         assert (h.pid in found) == (mine and not clash)
 
@@ -147,5 +150,8 @@ def test_the_issue_case_is_found_and_each_fact_matters():
         "it carries SLURM_JOB_ID=43"
     assert decide([h._replace(memory=frozenset({0, 2}))], J, U, GPUS, base, frozenset())[1][0].reason == \
         "GPU 2 is job 43's"
+    assert decide([h._replace(leader=9)], J, U, GPUS, base, frozenset())[1][0].reason == \
+        "its session leader, pid 9, is in no job"  # a shell of an ssh into the node
+    assert decide([h._replace(leader=9, leader_job=J)], J, U, GPUS, base, frozenset()) == ([7], [])
     assert decide([h], J, U, GPUS, base, frozenset({7})) == ([], [])  # gpuslate's own lineage: never
     assert decide([h._replace(uid=2000)], J, U, GPUS, base, frozenset()) == ([], [])  # another user's

@@ -26,7 +26,8 @@ rules = st.builds(Rule, st.sampled_from([ME, 0]), st.integers(0, 100),
                   st.frozensets(st.integers(0, 3), max_size=3), st.one_of(st.none(), st.integers(1, 65535)))
 candidates = st.builds(Candidate, st.integers(1, 40), st.integers(0, 200), st.just("w"), st.booleans(),
                        st.sampled_from([ME, 0, 2000, None]), st.booleans(), st.sampled_from(list(Marker)),
-                       st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=3), st.booleans())
+                       st.dictionaries(st.integers(0, 5), st.integers(0, 3), max_size=3), st.booleans(),
+                       st.sampled_from(list(Marker)))
 
 
 @given(rules, st.lists(candidates, max_size=12))
@@ -46,8 +47,9 @@ def test_a_stray_is_only_what_cannot_be_ruled_out(rule, cands):
             assert held & rule.gpus
         elif s.reason == StrayReason.UNIT_PORT:
             assert c.listens and rule.port is not None and s.port == rule.port and not held & rule.gpus
-        else:
+        else:  # and a session whose leader is not shown (intact, unmarked or another unit's) to be another's
             assert held and not held & rule.gpus and c.marker == Marker.NOT_INTACT
+            assert c.leader not in (Marker.NONE, Marker.FOREIGN)
     # each candidate's verdict is its own: the others change nothing
     for pid, c in first.items():
         alone = decide(rule, [c])
@@ -72,6 +74,10 @@ def test_the_three_reasons():
     assert reason(rule, base._replace(listens=True)) == StrayReason.UNIT_PORT
     assert reason(rule, base._replace(memory={1: 1})) is None  # intact, no marker: a program of the caller's
     assert reason(rule, base._replace(memory={1: 1}, marker=Marker.NOT_INTACT)) == StrayReason.OTHER_GPU
+    # ... unless its session's leader, intact and unmarked, shows whose it is (a shell of the caller's)
+    assert reason(rule, base._replace(memory={1: 1}, marker=Marker.NOT_INTACT, leader=Marker.NONE)) is None
+    assert reason(rule, base._replace(memory={1: 1}, marker=Marker.NOT_INTACT, leader=Marker.OURS)) == \
+        StrayReason.OTHER_GPU
     assert reason(rule, base._replace(memory={0: 1}, start_ticks=100)) is None  # in the tick of the stop
     assert reason(rule, base._replace(memory={0: 1}, start_ticks=9)) is None  # before the launch
     assert reason(rule, base._replace(memory={0: 1}, uid=2000)) is None  # another user's

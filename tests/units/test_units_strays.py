@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -134,3 +135,25 @@ def test_a_program_started_after_the_unit_stopped_is_nobodys_stray(units_host, u
     later = hold("--gpus", "2", "--memory", "1GiB")  # started after the stop, on the unit's GPU
     unit = ps(units)["web"]
     assert unit["state"] == "stopped" and unit["strays"] == [] and later.pid not in unit["processes"], unit
+
+
+def test_a_renamed_program_started_by_hand_in_a_shell_is_not_a_stray(units_host, units, out):
+    """A server the caller started by hand while the unit ran (a vLLM in a shell: its engine core
+    renamed itself without SPT_NOENV, on another GPU) has an environment that is written over, but
+    its session's leader, the shell, is the caller's with an intact environment and no marker of
+    the unit: it is ruled out, and down says released."""
+    _up(units, units_host, out, free_port())
+    hold = (f"{sys.executable} -m gpuslate --sim {units_host.root} sim hold --gpus 5 --memory 1GiB "
+            "--title VLLM::EngineCore")
+    env = {k: v for k, v in os.environ.items() if k not in ("SPT_NOENV", "GPUSLATE_SIM")}
+    shell = subprocess.Popen(["sh", "-c", f"{hold} & wait"], stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    try:
+        pid = json.loads(shell.stdout.readline())["pid"]
+        assert read_stat(pid).sid == shell.pid and b"GPUSLATE_UNIT" not in _environ(pid)
+        r = units("down", "web", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout)["strays"] == [] and not is_gone(pid)
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any, NamedTuple
 
+from ..proc.environ import intact
 from ..proc.procfs import PROC, list_pids, read_stat
 
 #: the most of one process's environment that is read (it is rarely above a few KiB)
@@ -50,6 +51,7 @@ class ProcessFacts(NamedTuple):
     uid: int | None  # None: unknown (the process vanished)
     env_job: int | None  # the SLURM_JOB_ID of its environment; None: none, unreadable or too large
     cgroup_jobs: frozenset[int]  # the job ids its cgroup paths name
+    env_intact: bool = False  # its environment read, as execve left it (gpuslate.proc.environ.intact)
 
 
 class JobProcess(NamedTuple):
@@ -114,7 +116,8 @@ def facts_of(pid: int, uid: int) -> ProcessFacts | None:
     raw = _read_bounded(f"{PROC}/{pid}/environ", MAX_ENVIRON)
     cg = _read_bounded(f"{PROC}/{pid}/cgroup", 64 * 1024)
     return ProcessFacts(pid, owner, env_job_id(raw) if raw is not None else None,
-                        cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset())
+                        cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset(),
+                        raw is not None and intact(raw))
 
 
 def gather(uid: int, pids: Iterable[int] | None = None) -> list[ProcessFacts]:

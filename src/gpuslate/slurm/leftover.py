@@ -8,6 +8,10 @@ these facts is shown:
 
 * it runs as J's user, and holds memory on one of J's GPUs (``SLURM_JOB_GPUS``);
 * it carries no other job's id (``SLURM_JOB_ID``) and no other job's cgroup;
+* its session does not show it is someone else's: the session's leader, if
+  it lives as J's user with an intact environment, carries J's id (a shell
+  of an ``ssh`` into the node, or another job's step, does not: its
+  processes are its own, however they renamed themselves);
 * it started while J ran: at or after J's ``StartTime`` and before its
   ``EndTime`` (Slurm's, to the second; the process's start from
   ``/proc/PID/stat``, in the same clock);
@@ -17,7 +21,10 @@ these facts is shown:
 * no other job present on the node holds any GPU it holds memory on;
 * no other job of J's user present on the node was running when it started:
   such a job could have started it, and devices are not always fenced (a job
-  can use a GPU it was not given). A job that started after it cannot have.
+  can use a GPU it was not given). A job that started after it cannot have:
+  more than :data:`CLOCK_MARGIN_S` after it, to Slurm's second (Slurm's times
+  are the controller's clock, the start time the node's: a second apart they
+  cannot move another job's process into this one).
 
 Anything unknown (Slurm unreadable, a job's GPUs not read, J's start not
 shown) proves nothing: the holder is then named in ``unproven`` with the
@@ -38,6 +45,9 @@ from ..proc.procfs import epoch_to_ticks, read_stat
 from .find import facts_of
 from .scontrol import JobOnNode, NodeJobs, node_jobs
 
+#: how far apart the controller's clock (Slurm's times) and the node's (process start times) may be
+CLOCK_MARGIN_S = 1.0
+
 
 class Holder(NamedTuple):
     """What is known of one process that holds GPU memory on this node."""
@@ -48,6 +58,8 @@ class Holder(NamedTuple):
     env_job: int | None  # the SLURM_JOB_ID of its environment (None: none, unreadable)
     cgroup_jobs: frozenset[int]
     memory: frozenset[int]  # the GPUs it holds memory on
+    leader: int | None = None  # its session leader, when another live process of the user's, intact
+    leader_job: int | None = None  # that leader's SLURM_JOB_ID (None: none)
 
 
 class Window(NamedTuple):
@@ -76,7 +88,7 @@ class Slurm(NamedTuple):
 
     nodes: NodeJobs
     window: Window | None  # None: the job's start or end is not shown
-    starts: dict[int, float]  # job id -> its StartTime in ticks (the jobs whose start reads)
+    starts: dict[int, float]  # job id -> its StartTime in ticks, less CLOCK_MARGIN_S (the jobs whose start reads)
 
 
 def candidates(holders: Iterable[Holder], job_id: int, uid: int, gpus: frozenset[int],
@@ -94,6 +106,9 @@ def why_not(h: Holder, job_id: int, uid: int, slurm: Slurm) -> str | None:
         return f"it carries SLURM_JOB_ID={h.env_job}"
     if h.cgroup_jobs:
         return f"it is in the cgroup of job {min(h.cgroup_jobs)}"
+    if h.leader is not None and h.leader_job != job_id:
+        whose = f"job {h.leader_job}" if h.leader_job is not None else "no job"
+        return f"its session leader, pid {h.leader}, is in {whose}"
     nodes = slurm.nodes
     if nodes.error is not None:
         return f"Slurm's view of the node is unknown ({nodes.error})"
@@ -145,7 +160,7 @@ def gather_slurm(job_id: int, node: str, *, timeout: float) -> Slurm:
     me = nodes.job(job_id)
     window = (Window(epoch_to_ticks(me.start), epoch_to_ticks(me.end + 1))
               if me is not None and me.start is not None and me.end is not None else None)
-    starts = {j.job_id: epoch_to_ticks(j.start) for j in nodes.jobs if j.start is not None}
+    starts = {j.job_id: epoch_to_ticks(j.start - CLOCK_MARGIN_S) for j in nodes.jobs if j.start is not None}
     return Slurm(nodes, window, starts)
 
 
@@ -158,5 +173,10 @@ def gather_holders(memory: dict[int, frozenset[int]], uid: int) -> list[Holder]:
         st = read_stat(pid)
         if f is None or st is None or st.has_exited:
             continue
-        out.append(Holder(pid, f.uid, st.start_ticks, f.env_job, f.cgroup_jobs, gpus))
+        leader, leader_job = None, None
+        if st.sid > 0 and st.sid != pid and f.uid == uid:
+            lead, lf = read_stat(st.sid), facts_of(st.sid, uid)
+            if lead is not None and not lead.has_exited and lf is not None and lf.uid == uid and lf.env_intact:
+                leader, leader_job = st.sid, lf.env_job
+        out.append(Holder(pid, f.uid, st.start_ticks, f.env_job, f.cgroup_jobs, gpus, leader, leader_job))
     return out

@@ -18,9 +18,14 @@ that
 * listens on the unit's port (:attr:`StrayReason.UNIT_PORT`: the next ``up``
   could not bind it), or
 * holds memory on another GPU with an environment that is not intact
-  (:attr:`StrayReason.OTHER_GPU`, :func:`gpuslate.proc.environ.intact`): an
-  intact environment without the unit's marker rules a process out (a
-  program the caller started meanwhile), one written over or empty cannot.
+  (:attr:`StrayReason.OTHER_GPU`, :func:`gpuslate.proc.environ.intact`), in
+  a session whose leader does not show it is someone else's: an intact
+  environment without the unit's marker rules a process out (a program the
+  caller started meanwhile), one written over or empty cannot; nor can it
+  rule out its session, unless the session's leader lives and its intact
+  environment has no marker of this unit (a vLLM started by hand in a shell:
+  its engine core renamed itself, its shell did not). A unit's escapee that
+  called ``setsid`` leads its own session, or its session's leader is gone.
 
 :func:`decide` is a pure function of gathered :class:`Candidate` facts, with
 the invariants above tested as a model (tests/units/test_unit_strays_model.py).
@@ -102,6 +107,7 @@ class Candidate(NamedTuple):
     marker: Marker  # what its environment says about the unit (UNREAD: not read)
     memory: dict[int, int]  # GPU -> bytes it holds there (more than 0)
     listens: bool = False  # on the unit's port
+    leader: Marker = Marker.UNREAD  # what its session leader's environment says (UNREAD: gone, another user's)
 
 
 def reason(rule: Rule, c: Candidate) -> StrayReason | None:
@@ -118,7 +124,7 @@ def reason(rule: Rule, c: Candidate) -> StrayReason | None:
         return StrayReason.UNIT_GPU
     if c.listens and rule.port is not None:
         return StrayReason.UNIT_PORT
-    if held and c.marker == Marker.NOT_INTACT:
+    if held and c.marker == Marker.NOT_INTACT and c.leader not in (Marker.NONE, Marker.FOREIGN):
         return StrayReason.OTHER_GPU
     return None
 

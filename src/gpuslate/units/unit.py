@@ -111,9 +111,13 @@ class Unit:
                 continue
             c = Candidate(pid, st.start_ticks, st.name, st.has_exited, table.uid(pid), pid in skip, Marker.UNREAD,
                           memory.get(pid, {}), pid == listener)
-            # the environment is read only where it can still decide (one not intact is the widest)
+            # the environments are read only where they can still decide (one not intact is the widest)
             if self.mark is not None and reason(rule, c._replace(marker=Marker.NOT_INTACT)) is not None:
                 c = c._replace(marker=classify(read_environ(pid), self.mark))
+                lead = table.get(st.sid) if st.sid > 0 else None
+                if c.marker == Marker.NOT_INTACT and lead is not None and not lead.has_exited \
+                        and table.uid(lead.pid) == os.getuid():
+                    c = c._replace(leader=classify(read_environ(lead.pid), self.mark))
             out.append(c)
         return decide(rule, out)
 
