@@ -10,7 +10,8 @@ folder of device nodes made with ``mknod`` (``c 1 3``, ``c 1 5``, ... :
 /dev/null, /dev/zero...; never opened), one per GPU, in ``gres.conf`` order.
 GRES index *i* of node N is GPU *i* of N's simulated host ``ROOT/sim-N``: the
 Prolog/Epilog wrappers and the ``--slurm`` remote command pick
-``GPUSLATE_SIM=ROOT/sim-$SLURMD_NODENAME``.
+``GPUSLATE_SIM=ROOT/sim-$SLURMD_NODENAME``. ``TaskProlog`` is ``gpuslate slurm
+task-prolog``: every task gets ``SPT_NOENV=1``.
 
 ``stop()`` cancels every job, then ends exactly the daemons it started (by the
 pids they wrote) and any ``slurmstepd`` left of its jobs.
@@ -129,6 +130,7 @@ class SlurmCluster:
             # job ids far from any job this test may itself run inside
             f"FirstJobId={700000 + os.getpid() % 100000}",
             f"Prolog={self.hooks}/prolog.sh", f"Epilog={self.hooks}/epilog.sh",
+            f"TaskProlog={self.hooks}/task-prolog.sh",
         ]
         for n in self.nodes:
             lines.append(f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=2 "
@@ -148,6 +150,9 @@ class SlurmCluster:
                 f">{self.hooks}/{hook}-$SLURM_JOB_ID-$SLURMD_NODENAME.json "
                 f"2>{self.hooks}/{hook}-$SLURM_JOB_ID-$SLURMD_NODENAME.err\n")
             path.chmod(0o755)
+        task = self.hooks / "task-prolog.sh"  # as docs/slurm.md shows: every task gets SPT_NOENV=1
+        task.write_text(f"#!/bin/sh\nexport PYTHONPATH={SRC}\nexec {sys.executable} -m gpuslate slurm task-prolog\n")
+        task.chmod(0o755)
         node_cmd = self.hooks / "gpuslate-on-node"
         node_cmd.write_text("#!/bin/sh\n"
                             f"export GPUSLATE_SIM={self.root}/sim-$SLURMD_NODENAME PYTHONPATH={SRC}\n"

@@ -11,6 +11,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,8 +23,14 @@ from gpuslate.host.audit import AuditLog
 from helpers import GiB, count_host_opens, is_gone, run_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
-# stands in for Slurm's scontrol: shows the node as $FAKE_STATE; records an update's arguments, one a line
-if [ "$1" = "-o" ]; then echo "NodeName=$3 Arch=x86_64 State=${{FAKE_STATE:-IDLE}} Reason=$FAKE_REASON"; exit 0; fi
+# stands in for Slurm's scontrol: shows the jobs of $FAKE_JOBS (a file), the node as $FAKE_STATE with
+# $FAKE_GRES; records an update's arguments, one a line
+if [ "$1 $2 $3" = "-o -d show" ]; then if [ -n "$FAKE_JOBS" ]; then cat "$FAKE_JOBS"; fi; exit 0; fi
+if [ "$1 $2 $3" = "-o show partition" ]; then echo "PartitionName=test OverSubscribe=NO"; exit 0; fi
+if [ "$1" = "-o" ]; then
+  echo "NodeName=$4 Gres=${{FAKE_GRES:-gpu:4}} Partitions=test State=${{FAKE_STATE:-IDLE}} Reason=$FAKE_REASON"
+  exit 0
+fi
 printf '%s\\n' "$@" > "{out}"
 """
 
@@ -298,3 +305,57 @@ def test_epilog_finds_the_job_by_its_cgroup(job_cgroups, sim_host, slurm_env, jo
     doc = json.loads(p.stdout)
     assert doc["found"] == [{"pid": cleared_env["pid"], "found_by": "cgroup"}]
     assert is_gone(cleared_env["pid"]) and not is_gone(other["pid"])
+
+
+def _jobs_file(tmp_path: Path, *jobs: tuple[int, float, float | None]) -> str:
+    """``scontrol -o -d show job`` lines for jobs (id, start, end) of this user on node07, each
+    on GPU 0 of it but job 42 (the ended one, whose detail Slurm has cleared)."""
+    lines = []
+    for job_id, start, end in jobs:
+        gres = "" if job_id == 42 else "gpu:1(IDX:0)"
+        lines.append(f"JobId={job_id} UserId=me({os.getuid()}) JobState={'COMPLETING' if job_id == 42 else 'RUNNING'} "
+                     f"StartTime={int(start)} EndTime={'Unknown' if end is None else int(end)} NodeList=node07 "
+                     f"Nodes=node07 CPU_IDs=0 Mem=0 GRES={gres}")
+    path = tmp_path / "jobs.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _renamed(job_hold) -> dict:
+    """A holder of job 42 on GPU 1 titled with setproctitle, no SPT_NOENV: the title is written over
+    its whole environment (GPUSLATE_SIM left out: the holder would set it again, and a variable set
+    again ends the run setproctitle writes over, leaving the later ones readable)."""
+    return job_hold("42", shell="env -u GPUSLATE_SIM {hold} --gpus 1 --memory 2GiB --title escaped")
+
+
+def test_epilog_ends_a_renamed_holder_found_by_its_gpu(sim_host, slurm_env, job_hold, tmp_path):
+    """A holder of the job whose title wrote over its environment (no SLURM_JOB_ID to read) on the
+    job's GPU, started while the job ran, no other job of the user on the node: found by its GPU
+    and ended. Slurm is asked only then."""
+    now = time.time()
+    left = _renamed(job_hold)
+    assert b"SLURM_JOB_ID" not in open(f"/proc/{left['pid']}/environ", "rb").read()
+    p = _hook("epilog", {**slurm_env, "FAKE_JOBS": _jobs_file(tmp_path, (42, now - 60, now + 60))})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["found"] == [{"pid": left["pid"], "found_by": "gpu"}] and doc["unproven"] == []
+    assert is_gone(left["pid"])
+
+
+@pytest.mark.parametrize("why", ["same user", "shared", "window", "slurm"])
+def test_epilog_leaves_a_renamed_holder_it_cannot_prove_and_names_it(sim_host, slurm_env, job_hold, tmp_path, why):
+    now = time.time()
+    left = _renamed(job_hold)
+    jobs = {"same user": [(42, now - 60, now + 60), (43, now - 30, None)], "shared": [(42, now - 60, now + 60)],
+            "window": [(42, now + 30, now + 60)], "slurm": []}[why]
+    env = {**slurm_env, "FAKE_JOBS": _jobs_file(tmp_path, *jobs), **({"FAKE_GRES": "gpu:4,shard:16"}
+                                                                      if why == "shared" else {})}
+    p = run_cli("slurm", "epilog", "--timeout", "0.5", "--json", env=env)
+    assert p.returncode == 4, p.stderr
+    doc = json.loads(p.stdout)
+    reason = {"same user": "job 43 of the same user was running when it started", "shared": "mps or shard",
+              "window": "it started before job 42", "slurm": "job 42's start and end times are not shown"}[why]
+    assert doc["status"] == "drained" and doc["found"] == [] and len(doc["unproven"]) == 1, doc
+    assert doc["unproven"][0]["pid"] == left["pid"] and reason in doc["unproven"][0]["reason"]
+    assert f"(pid {left['pid']} escaped of " in (tmp_path / "scontrol.args").read_text()
+    assert not is_gone(left["pid"]) and not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,94 @@ def test_a_command_across_a_two_node_allocation_gives_one_fleet_document(node_cl
     by = {h["host"]: h for h in doc["hosts"]}
     assert by["n1"]["ok"] and by["n1"]["exit_code"] == 0
     assert not by["n2"]["ok"] and by["n2"]["exit_code"] == 2 and "GPU 3" in by["n2"]["error"]["message"]
+
+
+# -- renamed leftovers (issue 24): found by their GPUs where the environment says nothing ------
+
+def _environ(pid: int) -> bytes:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return f.read()
+
+
+def _renamed_holder(c: SlurmCluster, node: str, gpus: str, memory: str, ready: Path, title: str,
+                    detach: bool) -> str:
+    """A holder renamed with setproctitle where TaskProlog's SPT_NOENV does not reach (``env -u``:
+    a site without it, a library that writes over the environment anyway): its environment then
+    reads as the title's padding, no SLURM_JOB_ID."""
+    hold = (f"env -u SPT_NOENV {PY} -m gpuslate --sim {c.sim(node).root} sim hold --gpus {gpus} --memory {memory} "
+            f"--title {title} > {ready} 2>&1 < /dev/null")
+    if not detach:
+        return hold
+    return f"setsid nohup {hold} & until grep -q ready {ready} 2>/dev/null; do sleep 0.02; done"
+
+
+def _started(pid: int) -> float:
+    from gpuslate.proc.procfs import read_stat, ticks_to_epoch
+
+    st = read_stat(pid)
+    assert st is not None
+    return ticks_to_epoch(st.start_ticks)
+
+
+def test_epilog_ends_a_renamed_leftover_by_its_gpu_and_spares_a_renamed_job_of_the_same_user(node_clean):
+    """The issue's reproduction: a job leaves `setsid nohup gpuslate sim hold ... --title escaped`
+    whose environment no longer shows SLURM_JOB_ID, and ends: the epilog ends it, found by its GPU,
+    at once (not after the timeout, not a drain). A second job of the same user, started after the
+    leftover, renamed as well, on another GPU, runs on untouched. TaskProlog gave every task
+    SPT_NOENV=1."""
+    c = node_clean
+    go, env_file, left_ready = c.root / "renamed.go", c.root / "renamed.env", c.root / "renamed-left.ready"
+    job = c.sbatch("-w", "n1", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
+                   f"echo \"$SPT_NOENV $CUDA_VISIBLE_DEVICES $SLURM_JOB_GPUS\" > {env_file}; "
+                   + _renamed_holder(c, "n1", "$CUDA_VISIBLE_DEVICES", "7GiB", left_ready, "escaped", detach=True)
+                   + f"; until [ -e {go} ]; do sleep 0.02; done")
+    left = _ready_pid(left_ready)
+    noenv, visible, gpus = env_file.read_text().split()
+    assert noenv == "1" and visible == gpus  # TaskProlog's export reached the job; GRES index = CUDA index
+    assert b"SLURM_JOB_ID" not in _environ(left) and open(f"/proc/{left}/comm").read().strip() == "escaped"
+    # the other job starts after the leftover did, by more than the second Slurm counts in and the clock
+    # margin (leftover.CLOCK_MARGIN_S): it cannot have started it
+    wait_for(lambda: time.time() >= int(_started(left)) + 2.05, timeout=4, interval=0.02)
+    other_ready = c.root / "renamed-other.ready"
+    other = c.sbatch("-w", "n1", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
+                     _renamed_holder(c, "n1", "$CUDA_VISIBLE_DEVICES", "1GiB", other_ready, "renamed-other",
+                                     detach=False))
+    other_pid = _ready_pid(other_ready)
+    assert b"SLURM_JOB_ID" not in _environ(other_pid)
+    go.touch()
+    wait_for(lambda: _job_done(c, job), timeout=20, interval=0.05)
+    doc = _epilog_doc(c, job, "n1")
+    assert doc["status"] == "clean" and doc["unproven"] == [], doc
+    assert {"pid": left, "found_by": "gpu"} in doc["found"] and other_pid not in [f["pid"] for f in doc["found"]]
+    assert doc["timings"]["total_s"] < 2.0, doc["timings"]  # ended and verified, not the 3 s timeout
+    wait_for(lambda: is_gone(left), timeout=10)
+    assert "DRAIN" not in c.node("n1")["State"]
+    log = AuditLog(c.sim("n1").root / "state" / "audit.jsonl", backend="sim").read()
+    assert [e["target"]["pid"] for e in log if e["context"]["slurm_job"] == job] == [left]
+    assert not is_gone(other_pid) and c.job(other)["JobState"] == "RUNNING"
+    assert not any(e["target"]["pid"] == other_pid for e in log)
+
+
+def test_epilog_drains_naming_a_renamed_holder_of_a_gpu_another_job_holds(node_clean):
+    """The shared-GPU case: the ended job's renamed leftover holds its GPU and the GPU of another
+    running job of the same user. Exclusivity cannot be shown: nothing is signaled, the node drains
+    naming the holder, the document says why it was not taken for the job's."""
+    c = node_clean
+    other_ready = c.root / "sharing-other.ready"
+    other = c.sbatch("-w", "n2", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
+                     f"{PY} -m gpuslate --sim {c.sim('n2').root} sim hold --gpus $SLURM_JOB_GPUS --memory 1GiB "
+                     f"> {other_ready} 2>&1 < /dev/null")
+    other_pid = _ready_pid(other_ready)
+    other_gpu = next(h.record.gpu for h in c.sim("n2").held() if h.record.pid == other_pid)
+    left_ready = c.root / "sharing-left.ready"
+    job = c.sbatch("-w", "n2", "--gres=gpu:1", "-o", "/dev/null", "--wrap",
+                   _renamed_holder(c, "n2", f"$SLURM_JOB_GPUS,{other_gpu}", "2GiB", left_ready, "escaped",
+                                   detach=True))
+    left = _ready_pid(left_ready)
+    doc = _epilog_doc(c, job, "n2")
+    assert doc["status"] == "drained" and doc["found"] == [] and doc["clear"] is None, doc
+    assert doc["unproven"] == [{"pid": left, "reason": f"GPU {other_gpu} is job {other}'s"}]
+    assert f"pid {left} escaped" in doc["drain"]["reason"] and f"after job {job}" in doc["drain"]["reason"]
+    assert not is_gone(left) and not is_gone(other_pid) and c.job(other)["JobState"] == "RUNNING"
+    assert not any(e["target"]["pid"] in (left, other_pid)
+                   for e in AuditLog(c.sim("n2").root / "state" / "audit.jsonl", backend="sim").read())

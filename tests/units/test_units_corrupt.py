@@ -89,7 +89,9 @@ def test_corrupt_record_is_reported_contained_and_still_stopped(units_host, unit
     assert units("down", "a").returncode == 0 and units("down", "b").returncode == 0
 
 
-RENAMED = ("import runpy, sys, setproctitle\n"
+RENAMED = ("import os, runpy, sys\n"
+           "os.environ.pop('SPT_NOENV')\n"  # a server whose title writes over its environment anyway
+           "import setproctitle\n"
            "setproctitle.setproctitle('renamed-server')\n"  # overwrites the GPUSLATE_UNIT marker
            "sys.argv = ['gpuslate', *sys.argv[1:]]\n"
            "runpy.run_module('gpuslate', run_name='__main__')\n")

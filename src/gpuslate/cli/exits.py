@@ -89,7 +89,8 @@ def _up_codes() -> dict[Any, ExitStatus]:
 def _down_codes() -> dict[Any, ExitStatus]:
     from ..units.lifecycle import DownStatus  # lazy: startup (see above)
 
-    return {DownStatus.STOPPED: _OK, DownStatus.TIMEOUT: _TIMEOUT, DownStatus.PERMISSION_DENIED: _DENIED}
+    return {DownStatus.STOPPED: _OK, DownStatus.TIMEOUT: _TIMEOUT, DownStatus.PERMISSION_DENIED: _DENIED,
+            DownStatus.NOT_RULED_OUT: _TIMEOUT}
 
 
 def _swap_codes() -> dict[Any, ExitStatus]:

@@ -24,6 +24,9 @@ def show_hook(result: HookResult) -> None:
               f"({result.clear.status.value}, {len(result.found)} found)")
     if result.refused:
         print(f"{head}: the job's processes were not ended: {clean(result.refused)}")
+    for u in result.unproven:
+        print(f"{head}: pid {u.pid} holds the job's GPUs but is not shown to be the job's: {clean(u.reason)}; "
+              "left alone")
     if result.status == HookStatus.CLEAN:
         print(f"{head}: {gpus} free after {result.timings.get('total_s', 0.0):.3f} s")
         return

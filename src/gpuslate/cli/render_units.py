@@ -16,7 +16,7 @@ from .._parse import format_gpu_list, format_size
 from .._time import format_duration
 from ..units.lifecycle import DownResult, UpResult
 from ..units.listing import PsResult
-from ..units.stop import StopReport
+from ..units.stop import StopReport, Verification
 from ..units.swap import SwapResult, SwapStatus
 from .plain import Cell, Column, safe, table, use_color, width_of
 
@@ -66,7 +66,7 @@ def report_up_failure(result: UpResult) -> None:
     err.write(f"gpuslate: error: unit {safe(r.name)} failed: {safe(r.failure)}\n")
     t = result.teardown
     if t is not None:
-        left = (f"GPU memory not verified: {safe(t.unverified)}" if t.released is None else
+        left = (memory_text(t) if t.released is None or t.verification == Verification.NOT_RULED_OUT else
                 "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis)))
         err.write(f"gpuslate: stopped what it left running; {left}\n")
 
@@ -82,7 +82,10 @@ def show_up(result: UpResult) -> None:
 
 def memory_text(rep: StopReport) -> str:
     """What the stop proved about GPU memory: released or not, on which GPUs; or why nothing was
-    verified (never "released" for an empty set)."""
+    verified (never "released" for an empty set, nor while a process not ruled out holds GPU
+    memory or the unit's port)."""
+    if rep.verification == Verification.NOT_RULED_OUT:
+        return f"NOT verified: {safe(rep.unverified)}"
     if rep.released is None:
         return f"GPU memory not verified: {safe(rep.unverified)}"
     gpus = ",".join(map(str, rep.verified_gpus))
@@ -100,12 +103,15 @@ def print_down(result: DownResult) -> None:
         _out(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
     if not procs:
         _out(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
-             + (f" ({t['verify_s']:.2f} s)" if rep.released is not None else ""))
+             + (f" ({t['verify_s']:.2f} s)" if rep.verification in (Verification.RELEASED,
+                                                                    Verification.NOT_RELEASED) else ""))
         return
-    _out(f"Unit {name} stopped ({before} before): {len(procs)} processes "
+    verdict = "stopped" if rep.verification != Verification.NOT_RULED_OUT else "NOT verified stopped"
+    _out(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
-         + (f" after {t['verify_s']:.2f} s more" if rep.released is not None else ""))
-    if rep.released is not None and rep.unverified:
+         + (f" after {t['verify_s']:.2f} s more" if rep.verification in (Verification.RELEASED,
+                                                                        Verification.NOT_RELEASED) else ""))
+    if rep.verification in (Verification.RELEASED, Verification.NOT_RELEASED) and rep.unverified:
         _out(f"  not verified: {safe(rep.unverified)}")
 
 
@@ -117,7 +123,8 @@ def report_down_failure(result: DownResult) -> None:
     alive = [r.victim.ident.pid for r in rep.results + rep.swept if r.alive]
     strays = [s.pid for s in result.strays]
     why = (f"processes still running: {alive}" if alive else
-           f"its GPUs are held by processes not found in it: {strays} (add --clear to end them)"
+           f"processes not found in it, which cannot be ruled out, hold its GPU memory or port: {strays} "
+           "(add --clear to end them)"
            if strays and result.cleared is None else
            f"its GPU memory could not be verified: {rep.unverified}" if rep.released is None
            else "its GPU memory was not released in time")

@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "Slurm requeues the job", epilog=exit_epilog(_EXITS))
     pr.add_argument("--timeout", type=nonnegative_float, default=10.0, metavar="SECONDS",
                     help="wait at most this long for the GPUs to be free, else drain (default 10)")
+    tp = hooks.add_parser("task-prolog", help="as Slurm's TaskProlog: print 'export SPT_NOENV=1', so that a task's "
+                          "workers renamed with setproctitle keep SLURM_JOB_ID in /proc/PID/environ",
+                          description="Run as Slurm's TaskProlog (see docs/slurm.md): prints the environment every "
+                          "task gets, in Slurm's protocol ('export NAME=value' lines). Reads nothing, signals "
+                          "nothing.", epilog=exit_epilog({0: "printed"}))
+    tp.set_defaults(handler=run_task_prolog)
     for h in (ep, pr):
         add_common(h)
         h.add_argument("--max-used", type=size, metavar="SIZE",
@@ -52,6 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="report and exit 4, but do not drain (Slurm then drains with its own reason)")
         h.set_defaults(handler=run_hook)
     add_common(p)
+
+
+def run_task_prolog(args: argparse.Namespace) -> int:
+    from ..slurm.task import task_prolog_lines  # lazy: startup
+
+    sys.stdout.write("".join(line + "\n" for line in task_prolog_lines()))
+    return 0
 
 
 def run_hook(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import fcntl
 import os
 import pwd
 import re
+import time
 from typing import NamedTuple
 
 PROC = "/proc"
@@ -111,6 +112,12 @@ def boot_time() -> float:
 
 def ticks_to_epoch(ticks: int) -> float:
     return boot_time() + ticks / CLK_TCK
+
+
+def epoch_to_ticks(epoch: float) -> float:
+    """An epoch time in the clock of process start times (ticks since boot). /proc/stat's btime
+    is whole seconds, too coarse to tell a process started just after a time: use the boot clock."""
+    return (epoch - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK
 
 
 def read_stat(pid: int) -> ProcStat | None:

@@ -7,8 +7,7 @@ most :data:`MAX_REASON` characters: text from processes (names, users) has its
 control characters replaced, and it reaches ``scontrol`` as one argv word,
 never through a shell.
 
-``scontrol`` is looked up on ``PATH``, or on :data:`DEFAULT_PATH` when ``PATH``
-is unset (Slurm runs Prolog/Epilog without one). A missing or failing
+``scontrol`` is run through :mod:`.scontrol`. A missing or failing
 ``scontrol`` is a :class:`DrainOutcome` with the error, not an exception: the
 hook then exits with its own code and Slurm drains the node itself
 ("Prolog error"/"Epilog error").
@@ -16,18 +15,15 @@ hook then exits with its own code and Slurm drains the node itself
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._parse import format_size
 from ..slate.wait import GpuDiagnosis
+from . import scontrol
+from .scontrol import printable
 
 MAX_REASON = 250
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SCONTROL_TIMEOUT_S = 20.0
 
 
 class DrainOutcome(NamedTuple):
@@ -45,11 +41,6 @@ class DrainOutcome(NamedTuple):
         error = d["error"]
         return cls(str(d["node"]), str(d["reason"]), bool(d["ok"]), None if error is None else str(error),
                    bool(d["already"]))
-
-
-def printable(text: str) -> str:
-    """One line of printable characters (anything else becomes '?')."""
-    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _who(d: GpuDiagnosis) -> str:
@@ -75,10 +66,6 @@ def drain_reason(when: str, job_id: int, diagnosis: Sequence[GpuDiagnosis]) -> s
     return text if len(text) <= MAX_REASON else text[:MAX_REASON - 3] + "..."
 
 
-def find_scontrol() -> str | None:
-    return shutil.which("scontrol", path=os.environ.get("PATH") or DEFAULT_PATH)
-
-
 def drained_reason(show_node: str) -> str | None:
     """The reason of a node ``scontrol -o show node`` shows drained (or draining), else None (pure)."""
     state = next((w[len("State="):] for w in show_node.split() if w.startswith("State=")), "")
@@ -88,32 +75,15 @@ def drained_reason(show_node: str) -> str | None:
     return printable(reason.strip()) or "(no reason)"
 
 
-def drain_node(node: str, reason: str, *, timeout: float = SCONTROL_TIMEOUT_S) -> DrainOutcome:
+def drain_node(node: str, reason: str, *, timeout: float = scontrol.TIMEOUT_S) -> DrainOutcome:
     """``scontrol update nodename=NODE state=drain reason=REASON``, unless the node is drained
     already: then its reason stays (an administrator's, or the prolog's before Slurm runs the
     epilog of the job it refused)."""
-    exe = find_scontrol()
-    if exe is None:
-        return DrainOutcome(node, reason, False, "scontrol not found on PATH "
-                            f"({os.environ.get('PATH') or DEFAULT_PATH}): install slurm-client or set PATH")
-    shown, error = _scontrol([exe, "-o", "show", "node", node], timeout)
+    if scontrol.find() is None:
+        return DrainOutcome(node, reason, False, scontrol.not_found())
+    shown, error = scontrol.run(["-o", "show", "node", node], timeout=timeout)
     before = drained_reason(shown) if error is None else None
     if before is not None:
         return DrainOutcome(node, before, True, None, already=True)
-    _, error = _scontrol([exe, "update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout)
+    _, error = scontrol.run(["update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout=timeout)
     return DrainOutcome(node, reason, error is None, error)
-
-
-def _scontrol(argv: list[str], timeout: float) -> tuple[str, str | None]:
-    """(stdout, None) or ("", what went wrong)."""
-    try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "", f"scontrol did not answer within {timeout:g} s"
-    except OSError as exc:
-        return "", f"cannot run {argv[0]}: {exc.strerror or exc}"
-    if p.returncode != 0:
-        detail = printable((p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1])[:200]
-        return "", f"scontrol failed: {detail}"
-    return p.stdout, None

@@ -10,8 +10,10 @@ owner) **and** either
   cgroup v1, ``.../slurmstepd.scope/job_J/...`` on v2) where Slurm uses cgroups.
 
 Only those: another job of the same user carries another id; another user's
-process never qualifies. Unknown never widens: an environment that cannot be
-read, or is larger than :data:`MAX_ENVIRON` bytes, says nothing; gpuslate
+process never qualifies. A GPU holder whose environment says nothing (written
+over by a title, reset) is left to the second rule, :mod:`.leftover`.
+Unknown never widens: an environment that cannot be read, or is larger
+than :data:`MAX_ENVIRON` bytes, says nothing; gpuslate
 itself and its ancestors are never members. The decision
 (:func:`job_processes`) is a pure function of gathered :class:`ProcessFacts`.
 
@@ -29,6 +31,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any, NamedTuple
 
+from ..proc.environ import intact
 from ..proc.procfs import PROC, list_pids, read_stat
 
 #: the most of one process's environment that is read (it is rarely above a few KiB)
@@ -40,6 +43,7 @@ _CGROUP_JOB = re.compile(r"/job_(\d{1,10})(?=/|$)")
 class FoundBy(str, Enum):
     ENVIRONMENT = "environment"  # SLURM_JOB_ID in /proc/PID/environ
     CGROUP = "cgroup"  # a job_N component of /proc/PID/cgroup
+    GPU = "gpu"  # the second rule (leftover.py): the job's GPUs, user and time, exclusively
 
 
 class ProcessFacts(NamedTuple):
@@ -47,6 +51,7 @@ class ProcessFacts(NamedTuple):
     uid: int | None  # None: unknown (the process vanished)
     env_job: int | None  # the SLURM_JOB_ID of its environment; None: none, unreadable or too large
     cgroup_jobs: frozenset[int]  # the job ids its cgroup paths name
+    env_intact: bool = False  # its environment read, as execve left it (gpuslate.proc.environ.intact)
 
 
 class JobProcess(NamedTuple):
@@ -111,7 +116,8 @@ def facts_of(pid: int, uid: int) -> ProcessFacts | None:
     raw = _read_bounded(f"{PROC}/{pid}/environ", MAX_ENVIRON)
     cg = _read_bounded(f"{PROC}/{pid}/cgroup", 64 * 1024)
     return ProcessFacts(pid, owner, env_job_id(raw) if raw is not None else None,
-                        cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset())
+                        cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset(),
+                        raw is not None and intact(raw))
 
 
 def gather(uid: int, pids: Iterable[int] | None = None) -> list[ProcessFacts]:

@@ -6,13 +6,18 @@ Epilog, in order:
 
 1. Find the job's processes among those holding a GPU (memory, a context or a
    handle, on any GPU): :mod:`.find`'s rule, its uid and its ``SLURM_JOB_ID``,
-   or its cgroup.
+   or its cgroup; then, for the job's user's holders of memory on the job's
+   GPUs that rule does not find (a title written over the environment), the
+   second rule, :mod:`.leftover` (its GPUs, its user and its time, shown
+   exclusive by Slurm: ``scontrol`` is asked only then). A holder neither
+   finds is named in ``unproven``, with the fact that was not shown.
 2. End them with ``clear``'s plan/act/verify, selected by pid (``--pid`` with
    ``--all-users --include-handles``: the epilog runs as root for any user),
    audited with the job id in every entry. The plan is gated before any
-   signal: if it would signal any process the job-finding rule does not find
-   (a job member that cleared its environment, another job's process in the
-   same process group), nothing is signaled and the node is drained instead.
+   signal: if it would signal any process the job-finding rules do not find,
+   read again (a job member that cleared its environment, another job's
+   process in the same process group), nothing is signaled and the node is
+   drained instead.
    Unknown never widens what is signaled.
 3. Verify the job's GPUs (``SLURM_JOB_GPUS``) free, whole-GPU, within the
    remaining time; else drain with a reason naming what holds them.
@@ -37,8 +42,9 @@ from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
-from .find import JobProcess, find_job_processes
+from .find import FoundBy, JobProcess, find_job_processes, own_lineage
 from .job import SlurmJob
+from .leftover import Slurm, Unproven, candidates, decide, gather_holders, gather_slurm
 
 if TYPE_CHECKING:
     from ..slate.clear import ClearResult
@@ -71,6 +77,7 @@ class HookResult(NamedTuple):
     diagnosis: list[GpuDiagnosis]
     drain: DrainOutcome | None
     timings: dict[str, float]
+    unproven: list[Unproven] = []  # the user's holders of the job's GPUs not shown to be the job's (epilog)
 
     @property
     def ok(self) -> bool:
@@ -80,6 +87,7 @@ class HookResult(NamedTuple):
         return {
             "schema": SCHEMA, "hook": self.hook.value, "status": self.status.value, "ok": self.ok,
             "job": self.job.to_json(), "found": [p.to_json() for p in self.found],
+            "unproven": [u.to_json() for u in self.unproven],
             "clear": self.clear.to_json() if self.clear is not None else None, "refused": self.refused,
             "diagnosis": [d.to_json() for d in self.diagnosis],
             "drain": self.drain.to_json() if self.drain is not None else None,
@@ -102,26 +110,57 @@ class HookResult(NamedTuple):
                        None if d["clear"] is None else ClearResult.from_json(d["clear"]),
                        None if d["refused"] is None else str(d["refused"]),
                        [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       None if d["drain"] is None else DrainOutcome.from_json(d["drain"]), dict(timings))
+                       None if d["drain"] is None else DrainOutcome.from_json(d["drain"]), dict(timings),
+                       [Unproven.from_json(u) for u in d["unproven"]])
+
+
+class _Finder:
+    """The job's processes among the GPU holders, by both rules; Slurm is asked (once, at most)
+    only when a holder of the job's GPUs is left that the first rule does not find."""
+
+    def __init__(self, job: SlurmJob, be: GpuBackend, gpus: list[int], deadline: float) -> None:
+        self.job, self.be, self.gpus, self.deadline = job, be, frozenset(gpus), deadline
+        self.slurm: Slurm | None = None
+        self.unproven: list[Unproven] = []
+
+    def find(self, among: list[int] | None = None) -> list[JobProcess]:
+        """The job's processes among the holders the GPUs list now (``among``: those pids only,
+        listed or not: a plan's launcher holds nothing)."""
+        listed, memory = _gpu_processes(self.be)
+        found = find_job_processes(self.job.job_id, self.job.uid, among=listed if among is None else among)
+        self.unproven = []
+        if not self.gpus:
+            return found
+        holders = gather_holders({p: g for p, g in memory.items() if among is None or p in among}, self.job.uid)
+        lineage = own_lineage()
+        if not candidates(holders, self.job.job_id, self.job.uid, self.gpus, lineage):
+            return found
+        if self.slurm is None:
+            self.slurm = gather_slurm(self.job.job_id, self.job.node,
+                                      timeout=max(0.5, min(10.0, self.deadline - time.monotonic())))
+        by_gpu, self.unproven = decide(holders, self.job.job_id, self.job.uid, self.gpus, self.slurm, lineage)
+        known = {p.pid for p in found}
+        return sorted(found + [JobProcess(p, FoundBy.GPU) for p in by_gpu if p not in known])
 
 
 class _Gate:
     """``clear``'s confirmation, used as a gate: the plan may signal only processes the
-    job-finding rule finds in the job (each target is checked against it, afresh)."""
+    job-finding rules find in the job (each target is checked against them, afresh)."""
 
-    def __init__(self, job: SlurmJob) -> None:
-        self.job = job
+    def __init__(self, finder: _Finder) -> None:
+        self.finder = finder
         self.refused: str | None = None
 
     def __call__(self, plan: Plan) -> bool:
         pids = [t.ident.pid for t in plan.targets]
-        inside = {p.pid for p in find_job_processes(self.job.job_id, self.job.uid, among=pids)}
+        inside = {p.pid for p in self.finder.find(among=pids)}
         outside = [t for t in plan.targets if t.ident.pid not in inside]
         if outside:
             shown = ", ".join(f"{t.ident.pid} ({t.name})" for t in outside[:5])
             self.refused = (f"the plan reached beyond the job: {shown} "
                             f"{'is' if len(outside) == 1 else 'are'} in a job with its processes but not "
-                            "found in it (no SLURM_JOB_ID, another uid); nothing was signaled")
+                            "found in it (no SLURM_JOB_ID, another uid, not shown to be the job's by its GPUs); "
+                            "nothing was signaled")
             return False
         return True
 
@@ -144,8 +183,11 @@ def epilog(host: HostContext, job: SlurmJob, *, grace: float = 5.0, timeout: flo
     found: list[JobProcess] = []
     cleared: ClearResult | None = None
     refused: str | None = None
+    finder = _Finder(job, be, gpus, deadline)
+    unproven: list[Unproven] = []
     for _attempt in range(_ATTEMPTS):
-        found = find_job_processes(job.job_id, job.uid, among=_gpu_processes(be))
+        found = finder.find()
+        unproven = finder.unproven
         timings["find_s"] = time.monotonic() - t0
         refused = None
         if not found:
@@ -155,7 +197,7 @@ def epilog(host: HostContext, job: SlurmJob, *, grace: float = 5.0, timeout: flo
         from ..slate.clear import ClearOptions, clear  # lazy: startup
         from ..slate.plan import Selection  # lazy: startup
 
-        gate = _Gate(job)
+        gate = _Gate(finder)
         try:
             sel = Selection(None, tuple(p.pid for p in found), all_users=True, include_handles=True)
             cleared = clear(host, sel, ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
@@ -170,7 +212,8 @@ def epilog(host: HostContext, job: SlurmJob, *, grace: float = 5.0, timeout: flo
             refused = f"the job's processes were not ended: {exc}" + (f" ({exc.hint})" if exc.hint else "")
             break
     timings["clear_s"] = time.monotonic() - t0
-    return _verify(Hook.EPILOG, job, be, gpus, limit, deadline, drain, found, cleared, refused, timings, t0)
+    result = _verify(Hook.EPILOG, job, be, gpus, limit, deadline, drain, found, cleared, refused, timings, t0)
+    return result._replace(unproven=unproven)
 
 
 def prolog(host: HostContext, job: SlurmJob, *, timeout: float = 10.0, max_used: int | None = None,
@@ -189,16 +232,23 @@ def _check_times(grace: float, timeout: float) -> None:
             raise UsageError(f"invalid --{name} {v}: must be at least 0")
 
 
-def _gpu_processes(be: GpuBackend) -> list[int]:
-    """Every process the GPUs list (memory, a context or a device handle), on any GPU; a
-    thread id a driver reports stands for its process, as in clear's plan."""
+def _gpu_processes(be: GpuBackend) -> tuple[list[int], dict[int, frozenset[int]]]:
+    """Every process the GPUs list (memory, a context or a device handle), on any GPU, and the
+    GPUs each holds memory on; a thread id a driver reports stands for its process, as in
+    clear's plan."""
     snap = take_snapshot(be, None, full=False)
-    listed = {p.pid for g in snap.gpus for p in g.processes if p.visible}
-    out: set[int] = set()
-    for pid in listed:
-        facts = read_signal_facts(pid)
-        out.add(facts.tgid if facts is not None and facts.tgid else pid)
-    return sorted(out)
+    tgid: dict[int, int] = {}
+    memory: dict[int, set[int]] = {}
+    for g in snap.gpus:
+        for p in g.processes:
+            if not p.visible:
+                continue
+            if p.pid not in tgid:
+                facts = read_signal_facts(p.pid)
+                tgid[p.pid] = facts.tgid if facts is not None and facts.tgid else p.pid
+            if p.used_memory:
+                memory.setdefault(tgid[p.pid], set()).add(g.index)
+    return sorted(set(tgid.values())), {pid: frozenset(gs) for pid, gs in memory.items()}
 
 
 def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: int, deadline: float, drain: bool,

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, NamedTuple, Protocol
 
+from ..proc.environ import intact
 from ..proc.procfs import ProcessId, ProcStat, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
@@ -72,6 +73,7 @@ class Marker(str, Enum):
     NAMED = "named"  # no instance id, but this unit's name and this state folder
     FOREIGN = "foreign"  # another instance's id, or this name from another state folder
     NONE = "none"  # read, and no unit marker (or one that cannot be placed: an old unit's bare name)
+    NOT_INTACT = "not_intact"  # read, and written over (a title over it, in whole or part) or empty (env -i)
     UNREAD = "unread"  # not read (not needed, another user's, gone)
 
     def __str__(self) -> str:
@@ -98,7 +100,7 @@ def classify(env: bytes | None, mark: UnitMark) -> Marker:
     if ID_VAR in found and mark.instance is not None:
         return Marker.OURS if found[ID_VAR] == mark.instance else Marker.FOREIGN
     if NAME_VAR not in found or STATE_VAR not in found:
-        return Marker.NONE
+        return Marker.NONE if intact(env) else Marker.NOT_INTACT
     if found[NAME_VAR] == mark.name and found[STATE_VAR] == mark.state:
         return Marker.NAMED
     return Marker.FOREIGN
@@ -106,7 +108,8 @@ def classify(env: bytes | None, mark: UnitMark) -> Marker:
 
 def read_environ(pid: int) -> bytes | None:
     """``pid``'s environment block as the kernel shows it (None: gone, or another user's). A
-    process that rewrote it (setproctitle) shows its title instead: its marker is gone."""
+    process that wrote over it (setproctitle without ``SPT_NOENV``, Perl's ``$0``) shows its
+    title and padding instead: its marker is gone (:class:`Marker` ``NOT_INTACT``)."""
     try:
         fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from ..errors import UsageError
 from ..gpu import SIM_VAR, sim_root_from_env
+from ..proc.environ import KEEP_ENVIRONMENT
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
 from .contain import LaunchFence, choose_fence, discard_cgroup
@@ -48,12 +49,15 @@ def unit_env(spec: UnitSpec, instance: str, state: str, sim_root: str | None = N
     spec's ``env`` cannot forge them; and first in the environment block, where a bounded read
     finds them): ``GPUSLATE_UNIT`` (the name, for a human with /proc), ``GPUSLATE_UNIT_ID``
     (this instance: how ``down`` finds a process that left the session) and
-    ``GPUSLATE_UNIT_STATE`` (the state folder, ``state``: a torn record's last clue).
+    ``GPUSLATE_UNIT_STATE`` (the state folder, ``state``: a torn record's last clue). Then
+    ``SPT_NOENV=1``, which a spec cannot override either: py-setproctitle then renames a worker
+    without writing over its environment, so the markers survive ``sglang::scheduler_TP0``
+    (:mod:`gpuslate.proc.environ`).
 
     On a simulated host (``sim_root``), ``GPUSLATE_SIM`` names it, where the caller's environment
     does not already: a library caller's ``Host.open(sim=DIR)`` starts servers that hold their
     simulated memory on that host, as the CLI's ``--sim DIR`` does."""
-    env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state}
+    env = {NAME_VAR: spec.name, ID_VAR: instance, STATE_VAR: state, **KEEP_ENVIRONMENT}
     named = sim_root_from_env()
     if sim_root is not None and (named is None or os.path.realpath(named) != os.path.realpath(sim_root)):
         env[SIM_VAR] = sim_root

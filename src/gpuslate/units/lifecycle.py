@@ -36,8 +36,9 @@ from .preflight import check_gpus, check_port
 from .readiness import Probe, smoke
 from .spec import UnitSpec
 from .state import Phase, UnitState, unit_state
-from .stop import StopReport, stop_unit
-from .unit import Stray, Unit, load_units, unit_of_pids
+from .stop import Leftovers, StopReport, Verification, end_strays, stop_unit
+from .strays import Stray
+from .unit import Unit, load_units, unit_of_pids
 
 UP_SCHEMA = "gpuslate.up.v1"
 DOWN_SCHEMA = "gpuslate.down.v1"
@@ -60,6 +61,7 @@ class DownStatus(str, Enum):
     STOPPED = "stopped"  # every process ended and the GPU memory released (or nothing to verify)
     TIMEOUT = "timeout"  # not stopped, or its memory not released, in time
     PERMISSION_DENIED = "permission_denied"  # some process could not be signaled
+    NOT_RULED_OUT = "not_ruled_out"  # stopped, but processes not found in it hold GPU memory or its port
 
 
 class UpOptions(NamedTuple):
@@ -163,7 +165,12 @@ class DownResult(NamedTuple):
     def status(self) -> DownStatus:
         if self.ok:
             return DownStatus.STOPPED
-        return DownStatus.PERMISSION_DENIED if self.report.permission_denied else DownStatus.TIMEOUT
+        if self.report.permission_denied:
+            return DownStatus.PERMISSION_DENIED
+        alive = any(r.alive for r in self.report.results + self.report.swept)
+        if self.report.verification == Verification.NOT_RULED_OUT and not alive and self.cleared is None:
+            return DownStatus.NOT_RULED_OUT
+        return DownStatus.TIMEOUT
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": DOWN_SCHEMA, "ok": self.ok, "name": self.name, "previous_state": self.previous_state.value,
@@ -178,9 +185,7 @@ class DownResult(NamedTuple):
         d = checked(doc, DOWN_SCHEMA)
         with reading(DOWN_SCHEMA):
             cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
-            # what the processes held could not be read: told only by ok, where nothing was verified
-            unknown = d["memory_released"] is None and not d["ok"] and (cleared is None or cleared.ok)
-            return cls(d["name"], UnitState(d["previous_state"]), StopReport.from_json(d, held_unknown=unknown),
+            return cls(d["name"], UnitState(d["previous_state"]), StopReport.from_json(d),
                        dict(d["timings"]), [Stray.from_json(x) for x in d["strays"]], cleared, d["corrupt"],
                        d["record_set_aside"])
 
@@ -210,7 +215,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
         gpus = resolve_gpus(be, spec.gpus)
         limit = host.max_used(opts.max_used)
         if spec.port is not None:
-            check_port(spec.ready_host, spec.port, for_unit=spec.name)
+            check_port(spec.ready_host, spec.port, for_unit=spec.name, left_by=lambda pid: _left_by(units, pid))
         cleared = None
         if opts.clear_first:
             cleared = clear(host, Selection(tuple(gpus)),
@@ -270,6 +275,18 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
                         timings, tail, teardown, cleared, launched.fence_note)
+
+
+def _left_by(units: store.UnitStore, pid: int) -> str | None:
+    """The unit whose last run left ``pid`` behind, holding its port or GPUs (a stray of it)."""
+    every = load_units(units)
+    table = ProcTable()
+    members = {u.name: [st.pid for st in u.members(table)] for u in every}
+    for u in every:
+        claimed = [p for n, pids in members.items() if n != u.name for p in pids]
+        if any(s.pid == pid for s in u.strays([], table, members[u.name], claimed)):
+            return u.name
+    return None
 
 
 def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
@@ -348,31 +365,25 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
         strays: list[Stray] = []
         cleared: list[ClearResult] = []
 
-        def leftovers(deadline: float) -> bool:
+        def leftovers(deadline: float) -> Leftovers:
             table = ProcTable()
-            readings = be.read(u.gpus, full=False)
+            readings = be.read(None, full=False)  # every GPU: a stray may hold one the unit was not given
             mine = [st.pid for st in u.members(table)]
             if not u.strays(readings, table, mine):
-                return True
+                return Leftovers(True)
             claimed = unit_of_pids([o for o in load_units(units) if o.name != name], table)
             strays[:] = u.strays(readings, table, mine, claimed)
             if not strays:
-                return True
-            who = ", ".join(f"pid {s.pid} ({s.name}, GPU {','.join(map(str, s.gpus))})" for s in strays)
+                return Leftovers(True)
+            gpus = tuple(sorted({g for s in strays for g in s.gpus}))
+            who = "; ".join(s.describe() for s in strays)
             if not opts.clear_strays:
-                note(f"GPU memory of unit {name} is held by processes started while it ran but not found "
-                     f"in it: {who}; 'gpuslate down {name} --clear' ends them")
-                return False
-            # clear takes pids: each is checked to still name the stray seen (its start time) right
-            # before, and clear then plans (and signals) by identity
-            live = [s.pid for s in strays if is_alive(ProcessId(s.pid, s.start_ticks))]
-            if not live:
-                return True
-            note(f"clearing what unit {name} left on its GPUs: {who}")
-            cleared.append(clear(host, Selection(tuple(u.gpus), tuple(live)),
-                                 ClearOptions(grace=grace_s, timeout=max(0.0, deadline - time.monotonic()),
-                                              max_used=limit)))
-            return cleared[-1].ok
+                note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran "
+                     f"and cannot be ruled out; 'gpuslate down {name} --clear' ends them")
+                return Leftovers(False, gpus, f"not ruled out, started while the unit ran: {who}")
+            note(f"clearing what unit {name} left: {who}")
+            ok = _clear_strays(host, u, strays, grace_s, deadline, limit, cleared)
+            return Leftovers(ok, gpus, None if ok else f"could not end what the unit left: {who}")
 
         stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
         report = stop_unit(host, u, grace=grace_s, timeout=stop_timeout, run_id=new_run_id(), action="down",
@@ -394,3 +405,26 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
                                                    "total_s": time.monotonic() - t0},
                           strays, cleared[-1] if cleared else None,
                           u.problem.reason if u.problem else None, aside)
+
+
+def _clear_strays(host: HostContext, u: Unit, strays: list[Stray], grace: float, deadline: float, limit: int,
+                  cleared: list[ClearResult]) -> bool:
+    """``down --clear``: end the strays, each checked to still be the process seen (its start time)
+    right before. Those holding GPU memory with ``clear`` (whole jobs, the caller's only, audited;
+    clear plans and signals by identity); one that only listens on the unit's port holds no GPU
+    clear could select, so it is ended by identity as the unit's own processes are (audited,
+    pidfd). True when every one of them is gone."""
+    live = [s for s in strays if is_alive(ProcessId(s.pid, s.start_ticks))]
+    holders = [s for s in live if s.gpus]
+    ok = True
+    if holders:
+        gpus = tuple(sorted(set(u.gpus) | {g for s in holders for g in s.gpus}))
+        cleared.append(clear(host, Selection(gpus, tuple(s.pid for s in holders)),
+                             ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
+                                          max_used=limit)))
+        ok = cleared[-1].ok
+    listeners = [s for s in live if not s.gpus]
+    if listeners:
+        res = end_strays(host, u, listeners, grace=grace, deadline=deadline, run_id=new_run_id())
+        ok = ok and not any(r.alive or r.permission_denied for r in res)
+    return ok

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
@@ -24,7 +23,8 @@ from ..proc.tree import ProcTable
 from .fence import FenceKind
 from .state import Phase, UnitState, unit_state
 from .store import UnitRecord, UnitStore, Unreadable
-from .unit import Stray, Unit, load_units
+from .strays import Stray
+from .unit import Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
 STATES = tuple(s.value for s in UnitState)
@@ -158,11 +158,10 @@ def list_units(host: HostContext) -> PsResult:
     warnings: list[str] = []
     members = {u.name: u.members(table) for u in units}
     readings: list[GpuReading] = []
-    wanted = sorted({g for u in units for g in u.gpus})
     known = False
-    if wanted:
+    if units:  # every GPU: a unit's stray may hold one the unit was not given (see .strays)
         try:
-            readings = host.backend.read(wanted, full=False)
+            readings = host.backend.read(None, full=False)
             known = True
         except Exception as exc:  # noqa: BLE001 - ps still lists the units when the GPUs cannot be read
             warnings.append(f"GPU memory unknown: {exc}")
@@ -173,9 +172,8 @@ def list_units(host: HostContext) -> PsResult:
         pids = {st.pid for st in procs}
         strays = u.strays(readings, table, pids, (p for p, n in owner.items() if n != u.name))
         state = unit_state(u.facts(table, procs, strays))
-        held = pids | {s.pid for s in strays}
         mem = sum(p.used_memory or 0 for r in readings if r.index in u.gpus for p in r.processes or []
-                  if p.pid in held) if known else None
+                  if p.pid in pids) + sum(s.used_memory for s in strays) if known else None
         rec = u.record
         main = next((st for st in procs if rec and st.pid == rec.pid and st.start_ticks == rec.start_ticks), None)
         uptime = time.time() - ticks_to_epoch(main.start_ticks) if main else None
@@ -183,8 +181,7 @@ def list_units(host: HostContext) -> PsResult:
             warnings.append(f"{u.describe_problem()}; 'gpuslate down {u.name}' stops what is found of it "
                             f"({len(procs)} process{'es' if len(procs) != 1 else ''}) and sets the record aside")
         for s in strays:
-            warnings.append(f"unit {u.name}: pid {s.pid} ({s.name}) holds {format_size(s.used_memory)} on GPU "
-                            f"{','.join(map(str, s.gpus))}; it started while the unit ran but is not found in it: "
-                            f"'gpuslate down {u.name} --clear' ends it")
+            warnings.append(f"unit {u.name}: {s.describe()}; it started while the unit ran and is not found in "
+                            f"it: 'gpuslate down {u.name} --clear' ends it")
         out.append(UnitStatus(u, state, sorted(pids), mem, uptime, strays))
     return PsResult(out, warnings)

@@ -104,9 +104,16 @@ def port_listener(port: int) -> int | None:
     return None
 
 
-def check_port(host: str, port: int, *, for_unit: str) -> None:
+def check_port(host: str, port: int, *, for_unit: str, left_by: Callable[[int], str | None] | None = None) -> None:
+    """Raise NotDoneError naming the listener unless ``port`` is free. ``left_by(pid)`` says which
+    unit's last run left that listener behind (a stray of it, see :mod:`.strays`), if one did:
+    then the hint is the command that ends it."""
     if port_in_use(host, port):
-        owner = port_owner(port)
-        raise NotDoneError(f"port {port} is already in use" + (f" by {owner}" if owner else "")
+        pid = port_listener(port)
+        owner = port_owner(port) if pid is not None else None
+        unit = left_by(pid) if pid is not None and left_by is not None else None
+        left = (f", left by unit {unit} (started while it ran, not found in it, not ruled out)" if unit else "")
+        raise NotDoneError(f"port {port} is already in use" + (f" by {owner}" if owner else "") + left
                            + f": unit {for_unit} cannot listen on it",
-                           hint="stop what listens there, or choose another --port")
+                           hint=f"'gpuslate down {unit} --clear' ends it" if unit else
+                           "stop what listens there, or choose another --port")

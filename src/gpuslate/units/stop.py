@@ -11,27 +11,53 @@ The GPUs verified are the unit's (as recorded) *and* those its processes held
 when they were found, read before they are signaled: a unit whose record lost
 its GPU list (a torn record) is verified on what its processes really held.
 Verifying no GPU at all is never reported as memory released: the report
-says what could not be verified, and why.
+says what could not be verified, and why. Neither is a stop after which a
+process the unit's fence does not find, but that cannot be ruled out (a
+stray, :mod:`.strays`), holds GPU memory or the unit's port: its GPUs are
+verified too, and the report's :class:`Verification` names it.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, NamedTuple
 
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.daemons import DaemonWatch
-from ..proc.procfs import ProcStat, read_info
+from ..proc.procfs import ProcStat, read_info, read_stat
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
+from .strays import Stray
 from .unit import Unit
 
 _SWEEPS = 3
+
+
+class Verification(str, Enum):
+    """What the stop proved about what the unit held (``verification`` in the JSON)."""
+
+    RELEASED = "released"  # every GPU verified free, and nothing found holding the unit's port
+    NOT_RELEASED = "not_released"  # a verified GPU still held memory at the deadline
+    NO_GPU = "no_gpu"  # nothing to verify: the record names no GPU and the processes found held none
+    UNREAD = "unread"  # what the processes held could not be read (and the record names no GPU)
+    NOT_RULED_OUT = "not_ruled_out"  # a process not found in the unit, not ruled out, holds GPU memory or its port
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Leftovers(NamedTuple):
+    """What ``before_verify`` found once the unit's processes were gone."""
+
+    can_free: bool  # False: what holds the GPUs will not let go (poll no longer, diagnose now)
+    gpus: tuple[int, ...] = ()  # more GPUs to verify: those the processes not ruled out hold
+    not_ruled_out: str | None = None  # who they are, when they are still there (for ``unverified``)
 
 
 class StopReport(NamedTuple):
@@ -44,16 +70,26 @@ class StopReport(NamedTuple):
     timings: dict[str, float]  # stop_s (signals -> all gone), verify_s (-> memory released), total_s
     verified_gpus: list[int] = []  # the unit's GPUs and those its processes held before the signals
     held: dict[int, list[int]] = {}  # pid -> GPUs it held when it was found (read before its signal)
-    unverified: str | None = None  # why nothing was verified, or what could not be read
+    unverified: str | None = None  # why nothing was verified, what could not be read, who was not ruled out
     held_unknown: bool = False  # what the processes held before the signals could not be read
+    not_ruled_out: bool = False  # a process not found in the unit, not ruled out, holds GPU memory or its port
+
+    @property
+    def verification(self) -> Verification:
+        if self.not_ruled_out:
+            return Verification.NOT_RULED_OUT
+        if self.released is not None:
+            return Verification.RELEASED if self.released else Verification.NOT_RELEASED
+        return Verification.UNREAD if self.held_unknown else Verification.NO_GPU
 
     @property
     def ok(self) -> bool:
         """Everything stopped and the memory verified released; or, with no GPU to verify,
-        every process found read as holding none (an unread holding is never taken for none)."""
+        every process found read as holding none (an unread holding is never taken for none);
+        never while a process that cannot be ruled out holds GPU memory or the unit's port."""
         if any(r.alive or r.permission_denied for r in self.results + self.swept):
             return False
-        return self.released is True or (self.released is None and not self.held_unknown)
+        return self.verification in (Verification.RELEASED, Verification.NO_GPU)
 
     @property
     def permission_denied(self) -> bool:
@@ -63,6 +99,7 @@ class StopReport(NamedTuple):
         return {
             "processes": [r.to_json() for r in self.results], "swept": [r.to_json() for r in self.swept],
             "cgroup_killed": self.cgroup_killed, "memory_released": self.released,
+            "verification": self.verification.value,
             "verified_gpus": self.verified_gpus, "held_before": {str(p): g for p, g in sorted(self.held.items())},
             "unverified": self.unverified,
             "memory": [memory_json(r) for r in self.readings],
@@ -71,15 +108,15 @@ class StopReport(NamedTuple):
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], *, held_unknown: bool = False) -> StopReport:
-        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document. ``held_unknown``
-        is not in it: it only matters when nothing was verified, where the caller's ``ok`` tells it."""
+    def from_json(cls, d: dict[str, Any]) -> StopReport:
+        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document."""
+        verification = Verification(d["verification"])
         return cls([VictimResult.from_json(p) for p in d["processes"]],
                    [VictimResult.from_json(p) for p in d["swept"]], bool(d["cgroup_killed"]),
                    d["memory_released"], [memory_from_json(m) for m in d["memory"]],
                    [GpuDiagnosis.from_json(g) for g in d["diagnosis"]], dict(d["timings"]),
                    list(d["verified_gpus"]), {int(p): g for p, g in d["held_before"].items()}, d["unverified"],
-                   held_unknown)
+                   verification == Verification.UNREAD, verification == Verification.NOT_RULED_OUT)
 
 
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:
@@ -108,13 +145,15 @@ def held_gpus(backend: GpuBackend, pids: set[int]) -> tuple[dict[int, list[int]]
 
 
 def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, run_id: str, action: str = "down",
-              max_used: int | None = None, before_verify: Callable[[float], bool] | None = None) -> StopReport:
+              max_used: int | None = None, before_verify: Callable[[float], Leftovers] | None = None,
+              ) -> StopReport:
     """Stop all of ``unit``'s processes on ``host`` and wait (up to ``timeout`` in all) for its GPUs
     to be free; every signal in ``host``'s audit log, progress lines to its event sink.
 
     ``before_verify(deadline)`` runs once the unit's processes are gone, before the GPUs are
-    polled (``down --clear`` ends stray holders there); False means they cannot come free, so
-    the diagnosis is taken at once instead of polling until the deadline."""
+    polled (``down`` looks for strays there, and ``down --clear`` ends them): the GPUs its
+    :class:`Leftovers` names are verified too; ``can_free`` False means they cannot come free,
+    so the diagnosis is taken at once instead of polling until the deadline."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     backend = host.backend
@@ -155,14 +194,14 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
             break
         swept += more
     t_exit = time.monotonic()
-    gpus = sorted(set(unit.gpus).union(*held.values()))
+    left = before_verify(deadline) if before_verify is not None else Leftovers(True)
+    gpus = sorted(set(unit.gpus).union(*held.values(), left.gpus))
     released: bool | None = None
     readings: list[GpuReading] = []
     diagnosis: list[GpuDiagnosis] = []
-    unverified = "; ".join(unread) or None
+    unverified = "; ".join([*unread, *([left.not_ruled_out] if left.not_ruled_out else [])]) or None
     if gpus:
-        can_free = before_verify(deadline) if before_verify is not None else True
-        if can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
+        if left.can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
             mine = DaemonWatch(exclude={r.victim.ident.pid for r in results + swept})
             released, readings = poll_until_free(backend, gpus, limit, deadline, daemons=mine)
         else:
@@ -179,4 +218,17 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     unit.fence.release()
     timings = {"stop_s": t_exit - t0, "verify_s": t_free - t_exit, "total_s": time.monotonic() - t0}
     return StopReport(results, swept, killed, released, readings, diagnosis, timings, gpus, held, unverified,
-                      held_unknown=bool(unread))
+                      held_unknown=bool(unread), not_ruled_out=left.not_ruled_out is not None)
+
+
+def end_strays(host: HostContext, unit: Unit, strays: list[Stray], *, grace: float, deadline: float,
+               run_id: str, action: str = "down-clear") -> list[VictimResult]:
+    """End ``strays`` (``down --clear`` of those that hold no GPU ``clear`` could select: a port)
+    as the unit's own processes are ended: by identity (pid and start time, checked again at each
+    signal), every signal audited first. A stray that is gone, or whose pid now names another
+    process, is left alone."""
+    victims = [_victim(st, unit, s.gpus) for s in strays
+               if (st := read_stat(s.pid)) is not None and st.start_ticks == s.start_ticks and not st.has_exited]
+    return terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
+                     kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
+                     audit=host.audit, on_event=host.note)

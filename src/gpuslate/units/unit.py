@@ -8,40 +8,24 @@ reading the record again and re-deriving its processes in each step.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import UsageError
 from ..gpu.types import GpuReading
-from ..proc.procfs import CLK_TCK, ProcessId, ProcStat
+from ..proc.procfs import ProcessId, ProcStat, epoch_to_ticks
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
-from .fence import Fence, MarkerFence, UnitMark, fence_of
+from .fence import Fence, Marker, MarkerFence, UnitMark, classify, fence_of, read_environ
+from .preflight import port_listener
 from .readiness import Probe
 from .spec import UnitSpec
 from .state import Phase, UnitFacts, UnitState, needs_readiness_answer, unit_state
-
-
-class Stray(NamedTuple):
-    """A process holding memory on a unit's GPUs, started while the unit lived, that its fence does
-    not find (it left the session and rewrote its environment): most likely the unit's own."""
-
-    pid: int
-    start_ticks: int
-    name: str
-    gpus: list[int]
-    used_memory: int
-
-    def to_json(self) -> dict[str, Any]:
-        return self._asdict()
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Stray:
-        return cls(d["pid"], d["start_ticks"], d["name"], list(d["gpus"]), d["used_memory"])
+from .strays import Candidate, Stray, decide, reason
+from .strays import Rule as StrayRule
 
 
 @dataclass(frozen=True)
@@ -52,6 +36,7 @@ class Unit:
     problem: store.Unreadable | None
     spec: UnitSpec | None  # the spec it last ran with
     fence: Fence
+    mark: UnitMark | None = None  # how its processes are marked (None: read back from a document)
 
     @classmethod
     def load(cls, units: store.UnitStore, name: str) -> Unit | None:
@@ -70,7 +55,8 @@ class Unit:
                                         "cgroup": rec.cgroup, "launched_at": rec.launched_at, "gpus": rec.gpus,
                                         "instance": rec.instance})
             else:
-                return cls(name, units.record_path(name), rec, None, spec, fence_of(rec, mark))
+                return cls(name, units.record_path(name), rec, None, spec, fence_of(rec, mark),
+                           UnitMark(name, rec.instance or None, mark))
         return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.path, rec.salvage, mark))
 
     @property
@@ -101,35 +87,39 @@ class Unit:
 
     def strays(self, readings: Sequence[GpuReading], table: ProcTable, members: Iterable[int],
                claimed: Iterable[int] = ()) -> list[Stray]:
-        """Holders of memory on the unit's GPUs started between its launch and its stop that are
-        neither found in it nor in another unit (``claimed``), and are the caller's own: another
-        user's process is never taken for a unit's stray (a crashed unit's GPUs and even its pid
-        may be anyone's now)."""
+        """The processes :mod:`.strays` cannot rule out, among those ``readings`` show holding GPU
+        memory (on any GPU) and the one listening on the unit's port; ``members``: the unit's live
+        processes, ``claimed``: other units'. The port is looked at only while the main process is
+        gone (a live one holds it), environments only of processes the other facts leave in."""
         rec = self.record
         if rec is None:
             return []
-        skip = {*members, *claimed, os.getpid(), *table.ancestors(os.getpid())}
+        mine = set(members)
+        skip = {*mine, *claimed, os.getpid(), *table.ancestors(os.getpid())}
         stopped = None if rec.stopped_at is None else epoch_to_ticks(rec.stopped_at)
-        found: dict[int, Stray] = {}
+        rule = StrayRule(os.getuid(), rec.start_ticks, stopped, frozenset(rec.gpus), rec.port)
+        memory: dict[int, dict[int, int]] = {}
         for r in readings:
-            if r.index not in rec.gpus:
-                continue
             for p in r.processes or []:
-                st = table.get(p.pid)
-                if p.pid in skip or not p.used_memory or st is None or st.has_exited:
-                    continue
-                if table.uid(p.pid) != os.getuid():
-                    continue
-                if st.start_ticks < rec.start_ticks:
-                    continue
-                if stopped is not None and st.start_ticks >= int(stopped):
-                    # started after the unit was gone: someone else's. Start times are whole clock
-                    # ticks, rounded down: one in the tick of the stop is taken to come after it
-                    continue
-                prev = found.get(p.pid)
-                found[p.pid] = Stray(p.pid, st.start_ticks, st.name, [*(prev.gpus if prev else []), r.index],
-                                     (prev.used_memory if prev else 0) + p.used_memory)
-        return sorted(found.values())
+                if p.used_memory:
+                    memory.setdefault(p.pid, {})[r.index] = memory.get(p.pid, {}).get(r.index, 0) + p.used_memory
+        listener = port_listener(rec.port) if rec.port is not None and rec.pid not in mine else None
+        out: list[Candidate] = []
+        for pid in sorted({*memory, *([listener] if listener else [])}):
+            st = table.get(pid)
+            if st is None:
+                continue
+            c = Candidate(pid, st.start_ticks, st.name, st.has_exited, table.uid(pid), pid in skip, Marker.UNREAD,
+                          memory.get(pid, {}), pid == listener)
+            # the environments are read only where they can still decide (one not intact is the widest)
+            if self.mark is not None and reason(rule, c._replace(marker=Marker.NOT_INTACT)) is not None:
+                c = c._replace(marker=classify(read_environ(pid), self.mark))
+                lead = table.get(st.sid) if st.sid > 0 else None
+                if c.marker == Marker.NOT_INTACT and lead is not None and not lead.has_exited \
+                        and table.uid(lead.pid) == os.getuid():
+                    c = c._replace(leader=classify(read_environ(lead.pid), self.mark))
+            out.append(c)
+        return decide(rule, out)
 
     def facts(self, table: ProcTable, members: Sequence[ProcStat], strays: Sequence[Stray] = (),
               ask: bool = True) -> UnitFacts:
@@ -152,12 +142,6 @@ class Unit:
     def describe_problem(self) -> str:
         assert self.problem is not None
         return f"unit {self.name} has a corrupt record {self.problem.path}: {self.problem.reason}"
-
-
-def epoch_to_ticks(epoch: float) -> float:
-    """An epoch time in the clock of process start times (ticks since boot). /proc/stat's btime
-    is whole seconds, too coarse to tell a job started just after a stop: use the boot clock."""
-    return (epoch - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK
 
 
 def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str) -> MarkerFence:

@@ -1,0 +1,142 @@
+"""Strays: processes a unit's fence does not find that ``down`` and ``ps`` cannot rule out.
+
+Without a cgroup a unit is its session, its process group, its main process's
+descendants and the processes carrying its instance marker (:mod:`.fence`).
+A worker that double-forked, called ``setsid`` and lost its environment (a
+title written over it where ``SPT_NOENV`` did not reach, Perl's ``$0``,
+``env -i``) is none of these, yet it may be what the unit left. So neither
+command says "released" or "stopped" while such a process holds what the unit
+held; they name it instead.
+
+A stray is a live process of the caller's own (never another user's: a
+crashed unit's GPUs, even its pid, may be anyone's now), started between the
+unit's launch and its stop, found in no unit (this one's members are not
+strays, another's belong to it), carrying no other unit instance's marker,
+that
+
+* holds memory on one of the unit's GPUs (:attr:`StrayReason.UNIT_GPU`), or
+* listens on the unit's port (:attr:`StrayReason.UNIT_PORT`: the next ``up``
+  could not bind it), or
+* holds memory on another GPU with an environment that is not intact
+  (:attr:`StrayReason.OTHER_GPU`, :func:`gpuslate.proc.environ.intact`), in
+  a session whose leader does not show it is someone else's: an intact
+  environment without the unit's marker rules a process out (a program the
+  caller started meanwhile), one written over or empty cannot; nor can it
+  rule out its session, unless the session's leader lives and its intact
+  environment has no marker of this unit (a vLLM started by hand in a shell:
+  its engine core renamed itself, its shell did not). A unit's escapee that
+  called ``setsid`` leads its own session, or its session's leader is gone.
+
+:func:`decide` is a pure function of gathered :class:`Candidate` facts, with
+the invariants above tested as a model (tests/units/test_unit_strays_model.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+from typing import Any, NamedTuple
+
+from .._parse import format_size
+from .fence import Marker
+
+
+class StrayReason(str, Enum):
+    """Why a process not found in the unit cannot be ruled out."""
+
+    UNIT_GPU = "unit_gpu"  # it holds memory on one of the unit's GPUs
+    UNIT_PORT = "unit_port"  # it listens on the unit's port
+    OTHER_GPU = "other_gpu"  # it holds memory on another GPU, and its environment is not intact
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Stray(NamedTuple):
+    """A process holding what a unit held, started while the unit lived, that its fence does
+    not find: most likely the unit's own (see the module doc)."""
+
+    pid: int
+    start_ticks: int
+    name: str
+    gpus: list[int]  # every GPU it holds memory on
+    used_memory: int  # on all of them
+    reason: StrayReason
+    port: int | None = None  # the unit's port, when it listens there
+
+    def describe(self) -> str:
+        """``pid 123 (escaped) holds 1.0 GiB on GPU 1 ...``: what it holds and why it counts."""
+        held = []
+        if self.used_memory:
+            held.append(f"holds {format_size(self.used_memory)} on GPU {','.join(map(str, self.gpus))}")
+        if self.port is not None:
+            held.append(f"listens on the unit's port {self.port}")
+        why = {StrayReason.UNIT_GPU: "", StrayReason.UNIT_PORT: "",
+               StrayReason.OTHER_GPU: ", its environment written over or empty"}[self.reason]
+        return f"pid {self.pid} ({self.name}) {' and '.join(held)}{why}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self._asdict(), "reason": self.reason.value}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Stray:
+        port = d["port"]
+        return cls(int(d["pid"]), int(d["start_ticks"]), str(d["name"]), [int(g) for g in d["gpus"]],
+                   int(d["used_memory"]), StrayReason(d["reason"]), None if port is None else int(port))
+
+
+class Rule(NamedTuple):
+    """What the unit's record says, and who asks."""
+
+    caller_uid: int
+    since: int  # the unit's launch: its main process's start (clock ticks since boot)
+    until: float | None  # its stop, in the same clock (None: not stopped)
+    gpus: frozenset[int]  # the unit's GPUs
+    port: int | None
+
+
+class Candidate(NamedTuple):
+    """What is known of one process that holds GPU memory or listens on the unit's port."""
+
+    pid: int
+    start_ticks: int
+    name: str
+    exited: bool  # a zombie: it holds nothing any more
+    uid: int | None  # None: unknown (gone while read)
+    claimed: bool  # found in this unit or another (or it is the caller or one of its ancestors)
+    marker: Marker  # what its environment says about the unit (UNREAD: not read)
+    memory: dict[int, int]  # GPU -> bytes it holds there (more than 0)
+    listens: bool = False  # on the unit's port
+    leader: Marker = Marker.UNREAD  # what its session leader's environment says (UNREAD: gone, another user's)
+
+
+def reason(rule: Rule, c: Candidate) -> StrayReason | None:
+    """Why ``c`` is a stray of the unit, or None when it is ruled out (see the module doc)."""
+    if c.exited or c.claimed or c.uid is None or c.uid != rule.caller_uid or c.marker == Marker.FOREIGN:
+        return None
+    if c.start_ticks < rule.since:
+        return None
+    # start times are whole clock ticks, rounded down: one in the tick of the stop comes after it
+    if rule.until is not None and c.start_ticks >= int(rule.until):
+        return None
+    held = {g for g, b in c.memory.items() if b > 0}
+    if held & rule.gpus:
+        return StrayReason.UNIT_GPU
+    if c.listens and rule.port is not None:
+        return StrayReason.UNIT_PORT
+    if held and c.marker == Marker.NOT_INTACT and c.leader not in (Marker.NONE, Marker.FOREIGN):
+        return StrayReason.OTHER_GPU
+    return None
+
+
+def decide(rule: Rule, candidates: Iterable[Candidate]) -> list[Stray]:
+    """The strays among ``candidates``, by pid. Pure, total."""
+    out: dict[int, Stray] = {}
+    for c in candidates:
+        why = reason(rule, c)
+        if why is None or c.pid in out:
+            continue
+        held = {g: b for g, b in c.memory.items() if b > 0}
+        out[c.pid] = Stray(c.pid, c.start_ticks, c.name, sorted(held), sum(held.values()), why,
+                           rule.port if c.listens and rule.port is not None else None)
+    return [out[p] for p in sorted(out)]
