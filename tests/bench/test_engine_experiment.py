@@ -77,7 +77,7 @@ def test_vllm_command(exp_host, cli, tmp_path):
     assert ver["engine"]["spec_disable_threshold"] == 1  # what the running server made of the schedule
     md = (out / "report.md").read_text()
     assert "### Applying it (vLLM)" in md and "Measured: vLLM with a fixed K = 3" in md and "Unproven:" in md
-    assert "## The recommendation's own run" in md and "matches the better of baseline and speculative" in md
+    assert "## The recommendation's own run" in md and "better of baseline and speculative within drift + noise" in md
 
 
 def test_sglang_command(exp_host, cli, tmp_path):

@@ -728,8 +728,13 @@ def verification_sentence(ver: dict[str, Any]) -> str:
             "plus the drift (the run's, or the compared deployment's move since its sweep if larger).")
     if not levels:
         return what + " No level has been measured yet."
-    if ver["matches"]:
+    faster = [v["concurrency"] for v in levels if v["verdict"] == "faster than the better"]
+    if ver["matches"] and not faster:
         return what + " **It matches the better of baseline and speculative within drift + noise at every level.**"
+    if ver["matches"]:
+        return what + (" **It matches or beats the better of baseline and speculative within drift + noise at "
+                       "every level** (faster at concurrency " + ", ".join(map(str, faster)) + ": in a closed loop "
+                       "its batch drops below the threshold now and then, where it speculates).")
     if ver["slower_at"]:
         return what + (" **It is slower than the better of the two at concurrency "
                        + ", ".join(map(str, ver["slower_at"])) + ".**")
