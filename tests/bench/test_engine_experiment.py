@@ -2,7 +2,9 @@
 (``vllm serve MODEL --speculative-config '{...}'``) or an SGLang command (``python -m
 sglang.launch_server ... --speculative-algorithm EAGLE3 --speculative-num-steps 3``) writes complete,
 conforming files and the whole command lines, runs that command line as its own deployment
-(``verify``) and reports per level whether it matches the better of baseline and speculative.
+(``verify``) and reports per level whether it matches the better of baseline and speculative; one
+repeat first (too little evidence: nothing written, the report says what to run), then the
+``--resume`` with more repeats it says.
 
 The engines are stand-ins named like them (engine_shims.py: a ``vllm`` on PATH, an ``sglang``
 package) that run ``gpuslate sim serve --emulate``, which reads the engine's arguments by the
@@ -35,10 +37,10 @@ def exp_host(sim_host, tmp_path, monkeypatch):
     kill_leftovers(sim_host, [tmp_path / "state"])
 
 
-def run(cli, tmp_path: Path, engine: str, **kw) -> tuple[dict, Path]:
-    env = install(tmp_path / "shims", **kw.pop("versions", {}))
+def run(cli, tmp_path: Path, engine: str) -> tuple[dict, Path]:
+    env = install(tmp_path / "shims")
     spec = engine_spec(tmp_path / f"{engine}.toml", free_port(), engine, shim_py=env["GPUSLATE_TEST_SHIM_PY"],
-                       src=SRC, **kw)
+                       src=SRC)
     out = tmp_path / "out"
     r = cli("experiment", "run", str(spec), "--out", str(out), "--json", env={"PATH": env["PATH"]}, timeout=150)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -48,7 +50,27 @@ def run(cli, tmp_path: Path, engine: str, **kw) -> tuple[dict, Path]:
 
 
 def test_vllm_command(exp_host, cli, tmp_path):
-    doc, out = run(cli, tmp_path, "vllm")
+    """First with one repeat (as after a Ctrl-C early on): nothing recommended, nothing written, and
+    the report says what to run; then that (--resume with [load] repeats = 2), and the rest."""
+    env = install(tmp_path / "shims")
+    port = free_port()
+    spec = engine_spec(tmp_path / "v.toml", port, "vllm", repeats=1)
+    out = tmp_path / "out"
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", env={"PATH": env["PATH"]}, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads(r.stdout)
+    rec = first["recommendation"]
+    assert not rec["recommended"] and rec["apply"]["status"] == "not_recommended" and first["files"]["engines"] == []
+    assert rec["next"] == f"to decide: set [load] repeats = 2 in {spec}, then run gpuslate experiment run {spec} " \
+                          f"--out {out} --resume"
+    assert "verification skipped: no threshold recommended" in first["verification_note"]
+    engine_spec(spec, port, "vllm", repeats=2)  # what the report said to do
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", "--resume", env={"PATH": env["PATH"]},
+            timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["run"]["points_skipped"] == 4 and doc["complete"]
     rec = doc["recommendation"]
     assert rec["recommended"] and rec["decision"] == "disable_above" and rec["threshold"] == 1, rec["summary"]
     apply = rec["apply"]
@@ -101,14 +123,3 @@ def test_sglang_command(exp_host, cli, tmp_path):
     assert ver["engine"]["speculative_adaptive"] is True and ver["engine"]["spec_disable_threshold"] == 1
     md = (out / "report.md").read_text()
     assert "### Applying it (SGLang)" in md and "draft model's extend" in md and "#24055" in md
-
-
-def test_below_the_first_version_with_the_knob_nothing_is_written(exp_host, cli, tmp_path):
-    doc, out = run(cli, tmp_path, "vllm", versions={"vllm_version": "0.24.1"}, requests=8)
-    apply = doc["recommendation"]["apply"]
-    assert apply["status"] == "blocked" and apply["version"] == "0.24.1" and apply["version_status"] == "no_knob"
-    assert doc["files"]["engines"] == []
-    assert not (out / "vllm-speculative-config.json").exists() and not (out / "recommended-command.txt").exists()
-    md = (out / "report.md").read_text()
-    assert "has no upstream switch" in md and "--speculative-disable-batch-threshold" in md and "routing" in md
-    assert doc["verification"] is None and "cannot be applied" in doc["verification_note"]

@@ -272,3 +272,65 @@ def test_drift_measured_by_the_interleaved_order():
     d = measure_drift(pts, "interleaved")
     assert d["drift"] == pytest.approx(0.1053, abs=1e-3) and d["per_level"] == {"2": pytest.approx(0.1053, abs=1e-3)}
     assert measure_drift(pts[::2], "interleaved")["drift"] is None  # one repeat: not measured
+
+
+def verified_dir(tmp_path, rec_figs, *, verify_threshold=1):
+    """FIGS swept, then the recommendation's own run (a verification.json and __verify points):
+    baseline at level 2, speculative at level 1, the recommendation at both."""
+    from gpuslate.bench.report import build_summary, plan_verification
+    from gpuslate.bench.rundir import VERIFY_FILE
+
+    out = make_dir(tmp_path, all_points({"engine": "vllm", "version": "0.25.0"}), spec_command=VLLM)
+    manifest = json.loads((out / "experiment.json").read_text())
+    for d in manifest["spec"]["deployments"]:
+        d["unit"] = {"name": d["name"], "command": d["command"], "port": 8000}
+    manifest["spec"]["verify"] = 1
+    write_json_atomic(out / "experiment.json", manifest)
+    plan, why = plan_verification(build_summary(out)[0], manifest["spec"])
+    assert plan is not None and not why
+    assert plan["name"] == "spec-recommended" and plan["levels"] == {"base": [2], "spec": [1],
+                                                                    "spec-recommended": [1, 2]}
+    plan["threshold"] = verify_threshold
+    write_json_atomic(out / VERIFY_FILE, plan)
+    figs = {("base", 2): 202, ("spec", 1): 129, **{("spec-recommended", c): v for c, v in rec_figs.items()}}
+    for (dep, c), v in figs.items():
+        p = point(dep, "recommended" if dep == "spec-recommended" else None, c, 0, v)
+        p["verify"] = True
+        write_json_atomic(out / "points" / f"{dep}-{c}-0-verify.json", p)
+    return out
+
+
+def test_the_recommendations_own_run_against_the_better_of_the_two(tmp_path):
+    out = verified_dir(tmp_path, {1: 128.0, 2: 150.0})  # speculating at 2 too: the threshold did nothing there
+    rep = write_report(out)
+    ver = rep.summary["verification"]
+    assert [(v["concurrency"], v["compared_with"], v["verdict"]) for v in ver["levels"]] == [
+        (1, ["spec"], "matches the better"), (2, ["base"], "slower than the better")]
+    assert not ver["matches"] and ver["slower_at"] == [2] and not ver["notes"]
+    assert all(r["repeats"] == 2 for r in rep.summary["levels"])  # the run's points are not repeats of the sweep
+    md = (out / "report.md").read_text()
+    assert "slower than the better of the two at concurrency 2" in md and "Unproven: its own run" not in md
+
+
+def test_a_verification_of_another_threshold_or_not_ours_is_said(tmp_path):
+    out = verified_dir(tmp_path, {1: 129.0, 2: 203.0}, verify_threshold=4)
+    ver = write_report(out).summary["verification"]
+    assert ver["matches"] and "verified threshold 4; the recommendation now is 1" in ver["notes"][0]
+    (out / "verification.json").write_text(json.dumps({"schema": "gpuslate.experiment.verification.v1",
+                                                       "name": "x", "levels": 3}))
+    s = write_report(out).summary
+    assert s["verification"] is None and "is not one gpuslate wrote" in s["verification_note"]
+
+
+def test_the_run_refuses_a_verification_file_that_writes_outside_its_folder(tmp_path):
+    from gpuslate.bench.experiment import _checked_plan
+    from gpuslate.errors import UsageError
+
+    plan = {"name": "s-recommended", "files": {"../../evil": "x"}, "levels": {"s-recommended": [1]},
+            "order": ["s-recommended"], "unit": {"command": ["serve"], "port": 1}}
+    with pytest.raises(UsageError, match="is not one gpuslate wrote"):
+        _checked_plan(plan, tmp_path, {"b", "s"})
+    plan["files"] = {"recommended-command.txt": "serve\n"}
+    assert _checked_plan(plan, tmp_path, {"b", "s"}).command == ["serve"]
+    with pytest.raises(UsageError):
+        _checked_plan({**plan, "name": "b"}, tmp_path, {"b", "s"})  # another deployment's name

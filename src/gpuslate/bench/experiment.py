@@ -57,7 +57,7 @@ from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import UnitSpec, UpOptions
 from .plan import LoadPlan
-from .report import build_summary, plan_verification
+from .report import ENGINE_FILES, build_summary, plan_verification
 from .result import Progress
 from .rundir import POINT_SCHEMA, RUN_SCHEMA, VERIFY_FILE, load_verification, write_json_atomic
 from .spec import RECOMMENDED, Deployment, ExperimentSpec, Order, same_experiment
@@ -266,11 +266,11 @@ class _Runner:
                 return
             write_json_atomic(self.out / VERIFY_FILE, plan)
             self.note(f"verifying the recommendation: {plan['name']} ({plan['command_line']})")
+        unit = _checked_plan(plan, self.out, {d.name for d in self.spec.deployments})
         for name, text in plan["files"].items():  # the written configuration the deployment runs with
             (self.out / name).write_text(text)
         deployments = {d.name: d for d in self.spec.deployments}
-        deployments[plan["name"]] = Deployment(plan["name"], RECOMMENDED, UnitSpec.from_json(plan["unit"]).validate(),
-                                               str(self.out / VERIFY_FILE))
+        deployments[plan["name"]] = Deployment(plan["name"], RECOMMENDED, unit, str(self.out / VERIFY_FILE))
         blocks = verification_blocks(plan, deployments, self.spec.verify)
         keys = [k for b in blocks for k in b.keys]
         self.seq.update({k: len(self.seq) + i for i, k in enumerate(keys)})
@@ -399,6 +399,26 @@ class _Runner:
                                             repeat, done, total, self.done, self.total, now - self.t0, remaining,
                                             None if remaining is None else now + remaining, control,
                                             output_tok_s))
+
+
+def _checked_plan(plan: dict[str, Any], out: Path, names: set[str]) -> UnitSpec:
+    """``DIR/verification.json`` as this module wrote it, or a UsageError: its files only the engine
+    files a report writes (names, never paths: they are written into DIR), its levels lists of
+    integers for the spec's deployments and its own, its unit a valid one."""
+    bad = UsageError(f"{out / VERIFY_FILE} is not one gpuslate wrote", hint="remove it, then --resume")
+    try:
+        files, levels, order = plan["files"], plan["levels"], plan["order"]
+        ok = (isinstance(files, dict) and set(files) <= set(ENGINE_FILES)
+              and all(isinstance(t, str) for t in files.values())
+              and isinstance(order, list) and set(order) <= names | {plan["name"]} and plan["name"] in order
+              and isinstance(levels, dict) and set(levels) <= set(order)
+              and all(isinstance(v, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in v)
+                      for v in levels.values()))
+        if not ok or plan["name"] in names:
+            raise bad
+        return UnitSpec.from_json({**plan["unit"], "name": plan["name"]}).validate()
+    except (KeyError, TypeError, AttributeError):
+        raise bad from None
 
 
 @contextmanager

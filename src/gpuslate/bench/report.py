@@ -491,6 +491,14 @@ def _verification(summary: dict[str, Any], spec: dict[str, Any], points: list[di
         _, why = plan_verification(summary, spec)
         return None, (f"the recommendation's own run has not run yet: gpuslate experiment run "
                       f"{spec.get('path')} --out {out} --resume" if not why else f"verification skipped: {why}")
+    try:
+        return _verification_check(summary, spec, points, out, plan), None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None, f"{out / 'verification.json'} is not one gpuslate wrote: remove it, then --resume"
+
+
+def _verification_check(summary: dict[str, Any], spec: dict[str, Any], points: list[dict[str, Any]], out: Path,
+                        plan: dict[str, Any]) -> dict[str, Any]:
     scale = float(spec.get("time_scale", 1.0))
     by: dict[tuple[str, int], dict[int, float]] = {}
     facts: dict[str, Any] = {}
@@ -542,7 +550,7 @@ def _verification(summary: dict[str, Any], spec: dict[str, Any], points: list[di
     return {"deployment": plan["name"], "threshold": plan["threshold"], "command": plan["command"],
             "engine": facts or None, "drift": _round(drift, 4), "levels": levels,
             "matches": bool(levels) and not slower and len(levels) == len(plan["levels"][plan["name"]]),
-            "slower_at": slower, "notes": notes}, None
+            "slower_at": slower, "notes": notes}
 
 
 def _threshold_check(rows: list[dict[str, Any]], drift: float) -> list[dict[str, Any]] | None:
