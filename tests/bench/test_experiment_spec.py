@@ -153,3 +153,32 @@ def test_blocked_order_ends_with_a_control_of_the_first_deployment(tmp_path):
 def test_bad_order_or_control(tmp_path, extra, message):
     with pytest.raises(UsageError, match=message):
         load_spec(write(tmp_path, THREE.replace('name = "t"', f'name = "t"\n{extra}')))
+
+
+def test_verify_needs_a_pair_and_a_bound(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD.replace('name = "t"\n', 'name = "t"\nverify = 2\n')))
+    assert spec.verify == 2 and spec.to_json()["verify"] == 2
+    with pytest.raises(UsageError, match=r"exp.toml:\d+: verify must be 0..10"):
+        load_spec(write(tmp_path, GOOD.replace('name = "t"\n', 'name = "t"\nverify = 11\n')))
+    lonely = GOOD.replace('deployments = ["baseline", "speculative"]', 'deployments = ["baseline"]')
+    with pytest.raises(UsageError, match="verify needs a baseline and a speculative deployment"):
+        load_spec(write(tmp_path, lonely.replace('name = "t"\n', 'name = "t"\nverify = 1\n')))
+    # the verification's role is the run's, never one a spec gives
+    with pytest.raises(UsageError, match="unknown role 'recommended'"):
+        load_spec(write(tmp_path, GOOD + '\n[roles]\nrecommended = "speculative"\n'))
+
+
+def test_resume_may_only_add_repeats_and_verify(tmp_path):
+    from gpuslate.bench.spec import same_experiment
+
+    before = load_spec(write(tmp_path, GOOD))
+    ident, prev = before.identity(), before.to_json()
+    more = load_spec(write(tmp_path, GOOD.replace("repeats = 2", "repeats = 3").replace(
+        'name = "t"\n', 'name = "t"\nverify = 1\n'), "more.toml"))
+    assert same_experiment(more, ident, prev) is None
+    fewer = load_spec(write(tmp_path, GOOD.replace("repeats = 2", "repeats = 1"), "fewer.toml"))
+    assert "fewer repeats (1) than the run had (2)" in (same_experiment(fewer, ident, prev) or "")
+    other = load_spec(write(tmp_path, GOOD.replace("requests = 8", "requests = 9"), "other.toml"))
+    assert same_experiment(other, ident, prev) == "other deployments or another load plan"
+    # a folder made before repeats left the identity still resumes
+    assert same_experiment(more, {**ident, "repeats": 2}, prev) is None

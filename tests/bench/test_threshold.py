@@ -32,8 +32,12 @@ def test_simulated_pair_crossover_is_the_models():
     assert not rec.crossover_in_noise
     assert rec.levels[0].winner == "speculative" and rec.levels[0].margin == pytest.approx(0.152, abs=0.01)
     assert all(v.winner == "baseline" for v in rec.levels[1:])
-    assert rec.sglang_adaptive_config() == {"1": {"candidate_steps": [1, 3, 5, 7]}, "2": {"candidate_steps": [0]}}
+    # the step count measured, fixed ("on"), and 0 above: never the steps SGLang picks by itself
+    sglang = rec.sglang_adaptive_config()
+    assert {k: v for k, v in sglang.items() if k.isdigit()} == {"1": {"candidate_steps": [3]},
+                                                                "2": {"candidate_steps": [0]}}
     assert rec.vllm_schedule() == [[1, 1, 3], [2, 64, 0]]
+    assert rec.recommended and rec.deciding_levels == (1, 2) and not rec.missing_evidence
     doc = rec.to_json()
     json.dumps(doc)
     assert doc["engines"]["disable_batch_threshold"] == 1
@@ -89,6 +93,27 @@ def test_single_repeat_warns_no_spread():
     assert rec.threshold == 1 and any("no run-to-run spread" in w for w in rec.warnings)
 
 
+def test_no_recommendation_without_its_evidence():
+    """Issue 26: Ctrl-C at 13 of 72 points (one repeat, drift not measured) gave recommended: true with
+    zero-width intervals. Two repeats at every deciding level and the drift measured, or nothing."""
+    one = recommend({1: [100.0], 2: [200.0], 4: [300.0]}, {1: [114.0], 2: [150.0], 4: [100.0]},
+                    drift_measured=False)
+    assert one.threshold == 1 and one.levels[0].interval[0] == one.levels[0].interval[1]  # zero width
+    assert not one.recommended and one.to_json()["recommended"] is False
+    assert one.missing_evidence == ("fewer than 2 repeats of both deployments at concurrency 1, 2",
+                                    "the drift was not measured")
+    assert "too little evidence" in one.summary() and "concurrency 1, 2" in one.summary()
+    # two repeats where it is decided (1 and 2) suffice; level 4 decides nothing
+    enough = recommend({1: [100.0, 101.0], 2: [200.0, 202.0], 4: [300.0]},
+                       {1: [114.0, 115.0], 2: [150.0, 151.0], 4: [100.0]})
+    assert enough.recommended and enough.deciding_levels == (1, 2)
+    assert not recommend({1: [100.0, 101.0], 2: [200.0, 202.0]}, {1: [114.0, 115.0], 2: [150.0, 151.0]},
+                         drift_measured=False).recommended
+    # never disable rests on every level, always off on the first
+    assert recommend({1: [1.0, 1.0], 2: [1.0]}, {1: [9.0, 9.0], 2: [9.0]}).missing_evidence
+    assert recommend({1: [9.0, 9.0], 2: [1.0]}, {1: [1.0, 1.0], 2: [9.0]}).recommended
+
+
 def test_bad_input():
     with pytest.raises(ValueError):
         recommend({1: [1.0]}, {2: [1.0]})
@@ -113,6 +138,19 @@ def experiments(draw):
 
 
 @settings(max_examples=300, deadline=None)
+@given(experiments(), st.booleans())
+def test_recommended_only_with_two_repeats_at_every_deciding_level_and_the_drift(exp, drift_measured):
+    base, spec = exp
+    rec = recommend(base, spec, drift_measured=drift_measured)
+    deciding = set(rec.deciding_levels)
+    assert deciding and deciding <= set(base)
+    if rec.recommended:
+        assert drift_measured and all(len(base[c]) >= 2 and len(spec[c]) >= 2 for c in deciding)
+    elif drift_measured and all(len(base[c]) >= 2 and len(spec[c]) >= 2 for c in deciding):
+        assert rec.decision == "disable_above" and rec.crossover_in_noise  # the only other reason
+
+
+@settings(max_examples=300, deadline=None)
 @given(experiments())
 def test_never_recommends_beyond_largest_level(exp):
     base, spec = exp
@@ -122,7 +160,7 @@ def test_never_recommends_beyond_largest_level(exp):
         assert rec.threshold == 0 or rec.threshold in base  # always a measured level
         sched = rec.vllm_schedule()
         assert sched[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in pairwise(sched))
-        keys = sorted(int(k) for k in rec.sglang_adaptive_config())
+        keys = sorted(int(k) for k in rec.sglang_adaptive_config() if k.isdigit())
         assert keys[0] == 1 and (rec.threshold == 0 or keys[-1] == rec.threshold + 1)
 
 

@@ -23,6 +23,15 @@ backend, one state folder and one audit log for every ``up``, ``swap``,
 ``down`` and GPU reading of the experiment, its progress lines to the host's
 event sink.
 
+With ``[experiment] verify = N``, once every point has run the report's
+summary is made (no plots), and if it recommends a threshold that its
+engine can apply (:mod:`.engines`), the run goes on with that
+recommendation's own deployment: the speculative deployment with the
+written configuration (its files written to DIR first), fixed in
+``DIR/verification.json`` so that ``--resume`` runs the same one. N more
+repeats, interleaved, of it and of the deployment that won at each level
+(both where they tied); their points are marked ``verify``.
+
 The last deployment is stopped at the end (and its GPUs verified free). An
 interrupt (Ctrl-C, or SIGTERM turned into one by the CLI) stops every unit
 this run started, verifies the GPUs, and raises :class:`Interrupted`; the
@@ -46,13 +55,14 @@ from .. import __version__
 from .._time import iso_time
 from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
-from ..units import UpOptions
+from ..units import UnitSpec, UpOptions
 from .plan import LoadPlan
+from .report import ENGINE_FILES, build_summary, plan_verification
 from .result import Progress
-from .spec import Deployment, ExperimentSpec, Order
+from .rundir import POINT_SCHEMA, RUN_SCHEMA, VERIFY_FILE, load_verification, write_json_atomic
+from .spec import RECOMMENDED, Deployment, ExperimentSpec, Order, same_experiment
 
-RUN_SCHEMA = "gpuslate.experiment.run.v1"
-POINT_SCHEMA = "gpuslate.experiment.point.v1"
+__all__ = ["POINT_SCHEMA", "RUN_SCHEMA", "PointKey", "RunResult", "run_experiment", "schedule", "write_json_atomic"]
 Phase = Literal["starting", "warmup", "running", "finished"]
 Note = Callable[[str], None]
 
@@ -63,11 +73,12 @@ class PointKey:
     concurrency: int
     repeat: int
     control: bool = False  # the blocked order's drift control, measured after every block
+    verify: bool = False  # the recommendation's own run (repeat: of the verification)
 
     @property
     def filename(self) -> str:
-        control = "__control" if self.control else ""
-        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{control}.json"
+        tail = ("__control" if self.control else "") + ("__verify" if self.verify else "")
+        return f"{self.deployment}__c{self.concurrency:05d}__r{self.repeat:02d}{tail}.json"
 
 
 @dataclass(frozen=True)
@@ -145,16 +156,18 @@ def plan_for(spec: ExperimentSpec, key: PointKey, *, warmup: int = 0) -> LoadPla
                     **{k: v for k, v in kw.items() if k != "seed"})
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    """Whole or not at all: a temp file in the same folder, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def verification_blocks(plan: dict[str, Any], deployments: dict[str, Deployment], repeats: int) -> list[Block]:
+    """The verification's blocks: ``repeats`` repeats of the recommendation and of the deployments
+    it is compared with, each at its levels; the order rotated each repeat (baseline, speculative,
+    recommended first: the phase before it ends on one of the first two)."""
+    order = [n for n in plan["order"] if plan["levels"].get(n)]
+    blocks = []
+    for r in range(repeats):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            blocks.append(Block(deployments[name], tuple(PointKey(name, c, r, verify=True)
+                                                         for c in plan["levels"][name])))
+    return blocks
 
 
 def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
@@ -168,9 +181,11 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
             prev = json.loads(manifest.read_text())
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read {manifest}: {exc}") from None
-        if prev.get("identity") != json.loads(json.dumps(spec.identity())):
-            raise UsageError(f"{out} holds an experiment with other deployments or another load plan; "
-                             "--resume needs the same spec", hint="give another --out DIR")
+        why = same_experiment(spec, prev.get("identity"), prev.get("spec") or {})
+        if why is not None:
+            raise UsageError(f"{out} holds an experiment with {why}; --resume needs the same spec "
+                             "(it may raise [load] repeats and [experiment] verify)", hint="give another --out DIR")
+        write_json_atomic(manifest, {**prev, "spec": spec.to_json(), "identity": spec.identity()})
         return
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not an experiment folder", hint="give another --out DIR")
@@ -211,18 +226,9 @@ class _Runner:
 
     def run(self) -> RunResult:
         try:
-            names = [d.name for d in self.spec.deployments]
-            for block in self.blocks:
-                dep = block.deployment
-                index = names.index(dep.name)
-                pending = [k for k in block.keys if not (self.points / k.filename).is_file()]
-                if not pending:
-                    continue
-                if self.running != dep.name:
-                    self._progress(dep, index, "starting", None, None, 0, None)
-                    self._bring_up(dep)
-                for key in pending:
-                    self._point(dep, index, key, warmup=self.spec.load.get("warmup", 0))
+            self._sweep(self.blocks)
+            if self.spec.verify:
+                self._verify()
             if self.running is not None:
                 self._stop(self.running, "end of the experiment")
         except BaseException as exc:
@@ -234,6 +240,46 @@ class _Runner:
             raise
         self.result.elapsed_s = time.monotonic() - self.t0
         return self.result
+
+    def _sweep(self, blocks: list[Block]) -> None:
+        names = [d.name for d in self.spec.deployments]
+        for block in blocks:
+            dep = block.deployment
+            index = names.index(dep.name) if dep.name in names else len(names)
+            pending = [k for k in block.keys if not (self.points / k.filename).is_file()]
+            if not pending:
+                continue
+            if self.running != dep.name:
+                self._progress(dep, index, "starting", None, None, 0, None)
+                self._bring_up(dep)
+            for key in pending:
+                self._point(dep, index, key, warmup=self.spec.load.get("warmup", 0))
+
+    def _verify(self) -> None:
+        """The recommendation's own run (see the module docstring): planned once, then resumed."""
+        plan = load_verification(self.out)
+        if plan is None:
+            summary, _, _ = build_summary(self.out)
+            plan, why = plan_verification(summary, self.spec.to_json())
+            if plan is None:
+                self.note(f"verification skipped: {why}")
+                return
+            write_json_atomic(self.out / VERIFY_FILE, plan)
+            self.note(f"verifying the recommendation: {plan['name']} ({plan['command_line']})")
+        unit = _checked_plan(plan, self.out, {d.name for d in self.spec.deployments})
+        for name, text in plan["files"].items():  # the written configuration the deployment runs with
+            (self.out / name).write_text(text)
+        deployments = {d.name: d for d in self.spec.deployments}
+        deployments[plan["name"]] = Deployment(plan["name"], RECOMMENDED, unit, str(self.out / VERIFY_FILE))
+        blocks = verification_blocks(plan, deployments, self.spec.verify)
+        keys = [k for b in blocks for k in b.keys]
+        self.seq.update({k: len(self.seq) + i for i, k in enumerate(keys)})
+        self.total += len(keys)
+        done = sum(1 for k in keys if (self.points / k.filename).is_file())
+        self.done += done
+        self.skipped += done
+        self.result.points_skipped = self.skipped
+        self._sweep(blocks)
 
     # -- deployments ---------------------------------------------------------------
 
@@ -322,7 +368,7 @@ class _Runner:
             raise ServerFailed(f"{dep.name} at concurrency {key.concurrency}: no result")
         point = {
             "schema": POINT_SCHEMA, "experiment": self.spec.name, "deployment": dep.name, "role": dep.role,
-            "concurrency": key.concurrency, "repeat": key.repeat, "control": key.control,
+            "concurrency": key.concurrency, "repeat": key.repeat, "control": key.control, "verify": key.verify,
             "seq": self.seq[key], "order": self.spec.order.value, "seed": plan.seed,
             "command": dep.unit.command, "unit": dep.unit.to_json(), "gpuslate_version": __version__,
             "engine": doc.get("server", {}), "started_at": started_at, "finished_at": iso_time(time.time()),
@@ -348,10 +394,31 @@ class _Runner:
             mean = sum(self.point_seconds) / len(self.point_seconds)
             into = min(now - self.point_started, mean) if self.point_started is not None else 0.0
             remaining = max(0.0, mean * left - into)
-        self.on_progress(ExperimentProgress(dep.name, index, len(self.spec.deployments), phase, concurrency,
+        self.on_progress(ExperimentProgress(dep.name, index, len(self.spec.deployments) + (index >= len(
+            self.spec.deployments)), phase, concurrency,
                                             repeat, done, total, self.done, self.total, now - self.t0, remaining,
                                             None if remaining is None else now + remaining, control,
                                             output_tok_s))
+
+
+def _checked_plan(plan: dict[str, Any], out: Path, names: set[str]) -> UnitSpec:
+    """``DIR/verification.json`` as this module wrote it, or a UsageError: its files only the engine
+    files a report writes (names, never paths: they are written into DIR), its levels lists of
+    integers for the spec's deployments and its own, its unit a valid one."""
+    bad = UsageError(f"{out / VERIFY_FILE} is not one gpuslate wrote", hint="remove it, then --resume")
+    try:
+        files, levels, order = plan["files"], plan["levels"], plan["order"]
+        ok = (isinstance(files, dict) and set(files) <= set(ENGINE_FILES)
+              and all(isinstance(t, str) for t in files.values())
+              and isinstance(order, list) and set(order) <= names | {plan["name"]} and plan["name"] in order
+              and isinstance(levels, dict) and set(levels) <= set(order)
+              and all(isinstance(v, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in v)
+                      for v in levels.values()))
+        if not ok or plan["name"] in names:
+            raise bad
+        return UnitSpec.from_json({**plan["unit"], "name": plan["name"]}).validate()
+    except (KeyError, TypeError, AttributeError):
+        raise bad from None
 
 
 @contextmanager

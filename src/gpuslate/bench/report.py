@@ -22,13 +22,18 @@ point's change from the first measurement of the same level, added to the
 intervals. Every comparison is a ratio with an interval (the repeats' spread,
 plus a blocked run's drift); a difference inside it is printed as "no
 detectable difference".
+
+The recommendation in the speculative deployment's own terms (files and
+command line, blockers, versions: :mod:`.engines`) is ``recommendation.apply``;
+the engine files are written only when it can be applied. The recommendation's
+own run (``[experiment] verify``, points marked ``verify``) is compared level
+by level with the better of baseline and speculative (``verification``).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,12 +43,27 @@ from typing import Any, NamedTuple
 
 from .. import __version__
 from .._document import checked, reading
-from ..errors import UsageError
 from ..extras import Extra, install_hint
-from .experiment import POINT_SCHEMA, write_json_atomic
-from .threshold import Recommendation, engine_lines, ratio_interval, recommend
+from .engines import (
+    COMMAND_FILE,
+    SGLANG_ARGS_FILE,
+    SGLANG_CONFIG_FILE,
+    VLLM_CONFIG_FILE,
+    ApplyPlan,
+    ApplyStatus,
+    SpecCommand,
+    plan_apply,
+    plan_as_measured,
+    read_command,
+)
+from .rundir import VERIFY_SCHEMA, load_run, load_verification, write_json_atomic
+from .threshold import MIN_REPEATS, Recommendation, ratio_interval, recommend
 
 SCHEMA = "gpuslate.experiment.v1"
+#: every engine file a report may write; those it does not write this time are removed (with the
+#: names earlier versions wrote), so that a folder never holds a configuration the report disowns
+ENGINE_FILES = (VLLM_CONFIG_FILE, SGLANG_CONFIG_FILE, SGLANG_ARGS_FILE, COMMAND_FILE)
+_FORMER_ENGINE_FILES = ("vllm-config.json", "sim-args.txt")
 STATS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
 QUANTILES = ("mean", "p50", "p90", "p99")
 CSV_COLUMNS = ("deployment", "role", "concurrency", "repeats", "completed", "failed", "output_tokens",
@@ -124,11 +144,12 @@ def _check_shown(s: dict[str, Any]) -> None:
         c["concurrency"], c["verdict"]  # there
     rec = s.get("recommendation")
     if rec is not None:
-        engines = rec["engines"]
-        engine_lines(rec["threshold"], engines["sglang_adaptive_config"],
-                     engines["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"])
         if not isinstance(rec["summary"], str) or not isinstance(rec["warnings"], list):
             raise TypeError("recommendation: expected a summary and warnings")
+        if rec.get("apply") is not None:
+            apply_lines(rec["apply"])
+    if s.get("verification") is not None:
+        verification_lines(s["verification"])
 
 
 DEMO_SCHEMA = "gpuslate.demo.v1"
@@ -171,32 +192,12 @@ class DemoResult(NamedTuple):
             return cls(str(d["sim"]), str(d["out"]), elapsed, dict(clean), dict(run), Report.from_json(d["experiment"]))
 
 
-def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The run manifest and every finished point (unreadable or foreign files are skipped)."""
-    manifest = out / "experiment.json"
-    try:
-        run = json.loads(manifest.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{out} is not an experiment folder (no experiment.json)") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read {manifest}: {exc}") from None
-    points = []
-    for p in sorted((out / "points").glob("*.json")):
-        try:
-            doc = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue  # only atomic renames land here; anything else is not ours
-        if isinstance(doc, dict) and doc.get("schema") == POINT_SCHEMA:
-            points.append(doc)
-    return run, points
-
-
 def aggregate(points: list[dict[str, Any]], time_scale: float = 1.0) -> list[dict[str, Any]]:
     """One row per (deployment, level), in the order points were listed."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for p in sorted(points, key=lambda p: (p["concurrency"], p["repeat"])):
-        if p.get("control"):
-            continue  # the drift control is not a repeat of its deployment
+        if p.get("control") or p.get("verify"):
+            continue  # the drift control is not a repeat of its deployment, nor is the verification
         groups.setdefault((p["deployment"], p["concurrency"]), []).append(p)
     rows = []
     for (dep, c), ps in groups.items():
@@ -235,12 +236,12 @@ def measure_drift(points: list[dict[str, Any]], order: str) -> dict[str, Any]:
     deployments per repeat; the drift is the largest range of those per-repeat means over the
     levels. Blocked: the control point against the same deployment and level in repeat 0.
     """
-    measured = [p for p in points if not p.get("control")]
+    measured = [p for p in points if not p.get("control") and not p.get("verify")]
     if order == "blocked":
         controls = [p for p in points if p.get("control")]
         if not controls:
             return {"drift": None, "how": "blocked order: the control point has not run yet"}
-        ctl = controls[0]
+        ctl = max(controls, key=lambda p: p["repeat"])  # the latest (a resume with more repeats adds one)
         ref = next((p for p in measured if p["deployment"] == ctl["deployment"]
                     and p["concurrency"] == ctl["concurrency"] and p["repeat"] == 0), None)
         if ref is None or not ref["level"]["output_token_throughput"]:
@@ -287,34 +288,52 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
                                  r["concurrency"]))
     drift = measure_drift(points, spec.get("order", "interleaved"))
     widen = level_drifts(drift, spec.get("order", "interleaved"))
-    rec, rec_note = _recommendation(spec, rows, widen)
+    command = _speculative_command(spec, points)
+    rec, rec_note = _recommendation(spec, rows, widen, drift.get("drift") is not None, command)
     total = len(order) * len(spec.get("levels", [])) * int(spec.get("repeats", 1)) \
         + (1 if spec.get("order") == "blocked" else 0)
-    engines = {p["deployment"]: p.get("engine", {}) for p in points}
+    engines = {p["deployment"]: p.get("engine", {}) for p in points if not p.get("verify")}
     counts: dict[str, int] = {}
-    for p in points:
+    measured = [p for p in points if not p.get("verify")]
+    for p in measured:
         counts[p["deployment"]] = counts.get(p["deployment"], 0) + 1
+    rec_doc = None
+    if rec is not None:
+        rec_doc = rec.to_json()
+        assert command is not None  # a recommendation has a speculative deployment
+        rec_doc["apply"] = _apply(spec, rec, out, command, _engine_version(command, spec, points)).to_json()
+        rec_doc["next"] = _next_step(spec, rec, out, len(measured) >= total > 0)
     summary = {
         "schema": SCHEMA, "name": spec.get("name"), "dir": str(out), "spec": spec.get("path"),
         "gpuslate_version": __version__, "created_at": run.get("created_at"),
-        "complete": len(points) >= total > 0, "points": {"done": len(points), "total": total},
+        "complete": len(measured) >= total > 0, "points": {"done": len(measured), "total": total},
         "time_scale": scale, "order": spec.get("order", "interleaved"), "drift": drift,
         "deployments": [{"name": d["name"], "role": d.get("role"), "command": d.get("command"),
                          "engine": engines.get(d["name"]), "points": counts.get(d["name"], 0)}
                         for d in spec.get("deployments", [])],
         "levels": rows,
-        "recommendation": rec.to_json() if rec else None, "recommendation_note": rec_note,
+        "recommendation": rec_doc, "recommendation_note": rec_note,
         "threshold_check": _threshold_check(rows, widen),
     }
+    summary["verification"], summary["verification_note"] = _verification(summary, spec, points, out)
+    apply = (rec_doc or {}).get("apply")
+    if apply and apply["status"] == ApplyStatus.READY.value and summary["verification"] is None:
+        apply["unproven"].insert(0, "its own run: set [experiment] verify = 1 in the spec and --resume, which "
+                                 "runs it against the better of baseline and speculative")
     return summary, rec, rows
 
 
 def write_report(out: str | Path) -> Report:
-    """Write summary.json, summary.csv, the plots and report.md into ``out``."""
+    """Write summary.json, summary.csv, the plots, report.md and (when it can be applied) the
+    recommendation's engine files into ``out``; engine files it does not write are removed."""
     out = Path(out)
     summary, rec, rows = build_summary(out)
     plots, note = _plots(rows, out, summary, rec)
-    engine_files = rec.engine_files() if rec is not None and rec.recommended else {}
+    apply = (summary.get("recommendation") or {}).get("apply") or {}
+    engine_files: dict[str, str] = apply.get("files") or {}
+    for name in (*ENGINE_FILES, *_FORMER_ENGINE_FILES):
+        if name not in engine_files:
+            (out / name).unlink(missing_ok=True)
     for name, text in engine_files.items():
         (out / name).write_text(text)
     summary["files"] = {"report": "report.md", "summary_json": "summary.json", "summary_csv": "summary.csv",
@@ -351,8 +370,31 @@ def level_drifts(drift: dict[str, Any], order: str) -> float:
     return float(drift.get("drift") or 0.0)
 
 
-def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
-                    drift: float) -> tuple[Recommendation | None, str | None]:
+def _by_role(spec: dict[str, Any], role: str) -> dict[str, Any] | None:
+    return next((d for d in spec.get("deployments", []) if d.get("role") == role), None)
+
+
+def _speculative_command(spec: dict[str, Any], points: list[dict[str, Any]]) -> SpecCommand | None:
+    """The speculative deployment's command as read, with what its running server reported
+    (the facts of its last point: SGLang's server args, the engine and version)."""
+    dep = _by_role(spec, "speculative")
+    if dep is None:
+        return None
+    facts = next((p.get("engine") or {} for p in reversed(points)
+                  if p["deployment"] == dep["name"] and not p.get("verify")), {})
+    return read_command(dep.get("command") or [], facts)
+
+
+def _engine_version(cmd: SpecCommand, spec: dict[str, Any], points: list[dict[str, Any]]) -> str | None:
+    dep = _by_role(spec, "speculative") or {}
+    facts = next((p.get("engine") or {} for p in reversed(points)
+                  if p["deployment"] == dep.get("name") and not p.get("verify")), {})
+    version = facts.get("version")
+    return version if facts.get("engine") == cmd.engine and isinstance(version, str) else None
+
+
+def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]], drift: float, drift_measured: bool,
+                    command: SpecCommand | None) -> tuple[Recommendation | None, str | None]:
     roles = {d.get("role"): d["name"] for d in spec.get("deployments", [])}
     if "baseline" not in roles or "speculative" not in roles:
         return None, None
@@ -364,12 +406,151 @@ def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]],
     def figures(name: str) -> dict[int, list[float]]:
         return {r["concurrency"]: r["output_token_throughput"]["values"] for r in rows if r["deployment"] == name}
 
+    k = command.k if command is not None and command.k else int(spec.get("num_speculative_tokens", 3))
     try:
         return recommend(figures(roles["baseline"]), figures(roles["speculative"]),
-                         min_margin=float(spec.get("min_margin", 0.0)),
-                         num_speculative_tokens=int(spec.get("num_speculative_tokens", 3)), drift=drift), None
+                         min_margin=float(spec.get("min_margin", 0.0)), num_speculative_tokens=k,
+                         drift=drift, drift_measured=drift_measured), None
     except ValueError:  # no level measured for both yet
         return None, None
+
+
+def _apply(spec: dict[str, Any], rec: Recommendation, out: Path, command: SpecCommand,
+           version: str | None) -> ApplyPlan:
+    """``recommendation.apply``: the recommendation in the speculative deployment's own terms."""
+    if not rec.recommended:
+        why = rec.missing_evidence or ("the crossover is within drift + noise",)
+        return ApplyPlan(ApplyStatus.NOT_RECOMMENDED, command.engine, blockers=command.blockers,
+                         missing=command.missing, notes=(*command.notes, "nothing is written: " + "; ".join(why)),
+                         version=version)
+    if rec.decision == "disable_above":
+        assert rec.threshold is not None
+        return plan_apply(command, rec.threshold, top=rec.largest_level, out_dir=out, version=version)
+    dep = _by_role(spec, "baseline" if rec.decision == "always_off" else "speculative") or {}
+    return plan_as_measured(rec.decision, dep.get("command") or [], command.engine, version)
+
+
+def _next_step(spec: dict[str, Any], rec: Recommendation, out: Path, complete: bool) -> str | None:
+    """What to run when the recommendation lacks its evidence."""
+    if not rec.missing_evidence:
+        return None
+    path = spec.get("path") or "SPEC.toml"
+    repeats = int(spec.get("repeats", 1))
+    more = f"set [load] repeats = {MIN_REPEATS} in {path}, then run " if repeats < MIN_REPEATS else (
+        "run " if not complete else f"set [load] repeats = {repeats + 1} in {path}, then run ")
+    return f"to decide: {more}gpuslate experiment run {path} --out {out} --resume"
+
+
+def plan_verification(summary: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The recommendation's own run, from a summary and the run's spec (``experiment.json``'s):
+    its deployment (the speculative unit with the recommended command line), the files it needs,
+    and the levels each deployment runs (the recommendation at every level; baseline and
+    speculative where they won, both where they tied). (None, why) when there is nothing to run."""
+    rec = summary.get("recommendation")
+    if rec is None:
+        return None, summary.get("recommendation_note") or "no recommendation (no level measured for both)"
+    apply = rec.get("apply") or {}
+    if not summary.get("complete"):
+        return None, "the sweep is incomplete"
+    if not rec["recommended"]:
+        return None, "no threshold recommended: " + rec["summary"]
+    if apply.get("status") == ApplyStatus.AS_MEASURED.value:
+        return None, f"nothing to verify: the recommendation is {apply.get('measured')}"
+    if apply.get("status") != ApplyStatus.READY.value:
+        what = [b["setting"] for b in apply.get("blockers", [])] + list(apply.get("missing", []))
+        return None, f"the recommendation cannot be applied ({apply.get('status')}: {'; '.join(what)})"
+    base, specd = _by_role(spec, "baseline"), _by_role(spec, "speculative")
+    assert base is not None and specd is not None
+    names = {d["name"] for d in spec.get("deployments", [])}
+    name = (specd["name"][:52] + "-recommended")
+    while name in names:
+        name = name[:-1] + "x" if name[-1] != "x" else name + "x"
+    levels: dict[str, list[int]] = {base["name"]: [], specd["name"]: [], name: []}
+    for v in rec["levels"]:
+        levels[name].append(v["concurrency"])
+        if v["winner"] in ("baseline", "tie"):
+            levels[base["name"]].append(v["concurrency"])
+        if v["winner"] in ("speculative", "tie"):
+            levels[specd["name"]].append(v["concurrency"])
+    unit = {**specd["unit"], "name": name, "command": apply["command"]}
+    return {"schema": VERIFY_SCHEMA, "name": name, "threshold": rec["threshold"], "engine": apply.get("engine"),
+            "command": apply["command"], "command_line": apply.get("command_line"), "unit": unit,
+            "files": apply.get("files") or {}, "levels": levels, "order": [base["name"], specd["name"], name],
+            "recommendation": rec["summary"], "gpuslate_version": __version__}, ""
+
+
+def _verification(summary: dict[str, Any], spec: dict[str, Any], points: list[dict[str, Any]],
+                  out: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The recommendation's own run against the better of baseline and speculative, per level:
+    the ratio with its interval (the spread of the three, the phase before's included, plus the
+    drift measured over the run), and whether it matches within drift + noise."""
+    plan = load_verification(out)
+    if plan is None:
+        if not spec.get("verify"):
+            return None, None
+        _, why = plan_verification(summary, spec)
+        return None, (f"the recommendation's own run has not run yet: gpuslate experiment run "
+                      f"{spec.get('path')} --out {out} --resume" if not why else f"verification skipped: {why}")
+    try:
+        return _verification_check(summary, spec, points, out, plan), None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return None, f"{out / 'verification.json'} is not one gpuslate wrote: remove it, then --resume"
+
+
+def _verification_check(summary: dict[str, Any], spec: dict[str, Any], points: list[dict[str, Any]], out: Path,
+                        plan: dict[str, Any]) -> dict[str, Any]:
+    scale = float(spec.get("time_scale", 1.0))
+    by: dict[tuple[str, int], dict[int, float]] = {}
+    facts: dict[str, Any] = {}
+    for p in points:
+        if p.get("verify"):
+            by.setdefault((p["deployment"], p["concurrency"]), {})[p["repeat"]] = \
+                p["level"]["output_token_throughput"] / scale
+            if p["deployment"] == plan["name"]:
+                facts = p.get("engine") or facts
+    sweep = {(r["deployment"], r["concurrency"]): r["output_token_throughput"]["values"]
+             for r in summary["levels"] if r["output_token_throughput"]["values"]}
+    spread = {k: _spread(v) for k, v in sweep.items()}
+    drift = float((summary.get("drift") or {}).get("drift") or 0.0)
+    base, specd = plan["order"][0], plan["order"][1]
+    levels = []
+    for c in plan["levels"][plan["name"]]:
+        mine = by.get((plan["name"], c), {})
+        others = [n for n in (base, specd) if c in plan["levels"].get(n, [])]
+        repeats = sorted(set(mine).intersection(*(by.get((n, c), {}) for n in others)))
+        if not repeats:
+            continue
+        best = [max(by[(n, c)][r] for n in others) for r in repeats]
+        if min(best) <= 0:
+            continue
+        mv = [mine[r] for r in repeats]
+        noise = max([spread.get((n, c), 0.0) for n in (base, specd)]
+                    + [_spread(list(by[(n, c)].values())) for n in (*others, plan["name"])])
+        # the machine may have changed since the sweep: a compared deployment's move between its
+        # sweep and this run is measured drift too (the verification's own repeats may be one)
+        moved = max((abs(_mean(list(by[(n, c)].values())) / _mean(sweep[(n, c)]) - 1)
+                     for n in others if _mean(sweep.get((n, c)) or [0.0]) > 0), default=0.0)
+        d = max(drift, moved)
+        ratio, lo, hi = ratio_interval(mv, best, d, noise)
+        verdict = "faster than the better" if lo > 1 else "slower than the better" if hi < 1 else "matches the better"
+        levels.append({"concurrency": c, "throughput": _round(sum(mv) / len(mv)),
+                       "best_of_both": _round(sum(best) / len(best)), "compared_with": others, "repeats": len(repeats),
+                       "ratio": _round(ratio, 4), "interval": [_round(lo, 4), _round(hi, 4)], "drift": _round(d, 4),
+                       "verdict": verdict})
+    rec = summary.get("recommendation") or {}
+    notes = []
+    if rec.get("threshold") != plan["threshold"] or not rec.get("recommended"):
+        notes.append(f"the run verified threshold {plan['threshold']}; the recommendation now is "
+                     f"{rec.get('threshold') if rec.get('recommended') else 'none'}: to verify it, remove "
+                     f"{out / 'verification.json'} and {out}/points/*__verify.json, then --resume")
+    if facts.get("speculative_adaptive") is False:
+        notes.append("the running SGLang reported speculative_adaptive false: it fell back to static settings "
+                     "(see its log), so this run is not of the recommendation")
+    slower = [v["concurrency"] for v in levels if v["verdict"] == "slower than the better"]
+    return {"deployment": plan["name"], "threshold": plan["threshold"], "command": plan["command"],
+            "engine": facts or None, "drift": _round(drift, 4), "levels": levels,
+            "matches": bool(levels) and not slower and len(levels) == len(plan["levels"][plan["name"]]),
+            "slower_at": slower, "notes": notes}
 
 
 def _threshold_check(rows: list[dict[str, Any]], drift: float) -> list[dict[str, Any]] | None:
@@ -462,13 +643,17 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
         engine = " ".join(str(x) for x in (eng.get("engine"), eng.get("version")) if x) or "-"
         cmd = " ".join(_shown_command(d.get("command") or [])).replace("|", "\\|")
         lines.append(f"| {d['name']} | {d.get('role') or '-'} | {engine} | `{cmd}` |")
-    if rec is not None:
-        lines += ["", "## Recommendation", "", f"**{rec.summary()}**", ""]
-        files = summary.get("files", {}).get("engines") or []
-        if files:
-            lines += ["Ready to use, written next to this report: " + ", ".join(f"`{f}`" for f in files) + ".", ""]
-        lines += [f"- {ln}" for ln in rec.engine_lines()]
-        lines += [f"- warning: {w}" for w in rec.warnings]
+    doc = summary.get("recommendation")
+    if rec is not None and doc is not None:
+        lines += ["", "## Recommendation", "", f"**{doc['summary']}**", ""]
+        if doc.get("next"):
+            lines += [f"_{doc['next']}_", ""]
+        if doc.get("apply"):
+            engine = doc["apply"].get("engine") or "the speculative deployment's engine"
+            lines += [f"### Applying it ({_engine_name(engine)})", ""]
+            lines += [f"- {ln}" for ln in apply_lines(doc["apply"], summary.get("files", {}).get("engines"))]
+            lines += [""]
+        lines += [f"- warning: {w}" for w in doc["warnings"]]
         lines += ["", "Speculative / baseline output throughput per level: the ratio, and the interval it lies in "
                   "(the spread of the repeats, which in an interleaved run were measured at different times and so "
                   "carry the drift; a blocked run adds the control's drift).", "",
@@ -485,6 +670,16 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
         lines += [f"| {c['concurrency']} | {c['throughput']} | {c['best_of_both']} | {c['ratio']:.3f} | "
                   f"[{c['interval'][0]:.3f}, {c['interval'][1]:.3f}] | {c['verdict']} |"
                   for c in summary["threshold_check"]]
+    ver = summary.get("verification")
+    if ver is not None:
+        lines += ["", "## The recommendation's own run", "", verification_sentence(ver), "",
+                  "| concurrency | recommended tok/s | better of the two | compared with | ratio | interval "
+                  "| verdict |",
+                  "| ---: | ---: | ---: | --- | ---: | --- | --- |"]
+        lines += ["| " + " | ".join(row) + " |" for row in verification_lines(ver)]
+        lines += [f"- note: {n}" for n in ver.get("notes", [])]
+    elif summary.get("verification_note"):
+        lines += ["", "## The recommendation's own run", "", f"_{summary['verification_note']}_"]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots]
     elif note:
@@ -500,6 +695,66 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
                   "|" + "|".join(" --- " if i == 0 else " ---: " for i in range(len(table[0]))) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in table[1:]]
     return "\n".join(lines) + "\n"
+
+
+def _engine_name(engine: str) -> str:
+    return {"vllm": "vLLM", "sglang": "SGLang", "sim": "gpuslate's simulator"}.get(engine, engine)
+
+
+def apply_lines(apply: dict[str, Any], written: list[str] | None = None) -> list[str]:
+    """What ``recommendation.apply`` says, one sentence a line (report.md and the CLI say the same):
+    what was measured, what the files do, the command line, on which versions, what blocks it,
+    what is missing, what remains unproven."""
+    status = apply["status"]
+    lines = []
+    if apply.get("measured"):
+        lines.append(f"Measured: {apply['measured']}.")
+    if status in (ApplyStatus.READY.value, ApplyStatus.AS_MEASURED.value):
+        lines.append(f"What it does: {apply['does']}.")
+        names = written if written is not None else sorted(apply.get("files") or {})
+        if names:
+            lines.append("Written next to this report: " + ", ".join(f"`{n}`" for n in names) + ".")
+        lines.append(f"Command line: `{apply['command_line']}`")
+    else:
+        lines.append({"blocked": "Nothing is written: the engine would not apply it (below).",
+                      "unreadable": "Nothing is written: the command cannot be read (below).",
+                      }.get(status, "Nothing is written."))
+    if apply.get("versions"):
+        lines.append(f"Versions: {apply['versions']}.")
+    lines += [f"Blocked by {b['setting']}: {b['why']} ({b['source']})." for b in apply.get("blockers", [])]
+    lines += [f"Missing: {m}." for m in apply.get("missing", [])]
+    lines += [f"Note: {n}." for n in apply.get("notes", [])]
+    lines += [f"Unproven: {u}." for u in apply.get("unproven", [])]
+    return lines
+
+
+def verification_sentence(ver: dict[str, Any]) -> str:
+    levels = ver["levels"]
+    what = (f"`{ver['deployment']}`: the speculative deployment with the written configuration (threshold "
+            f"{ver['threshold']}), measured again with the deployment that won each level (both where they tied); "
+            "recommended / the better of the two, repeat by repeat, with the interval of the three's spread "
+            "plus the drift (the run's, or the compared deployment's move since its sweep if larger).")
+    if not levels:
+        return what + " No level has been measured yet."
+    faster = [v["concurrency"] for v in levels if v["verdict"] == "faster than the better"]
+    if ver["matches"] and not faster:
+        return what + " **It matches the better of baseline and speculative within drift + noise at every level.**"
+    if ver["matches"]:
+        return what + (" **It matches or beats the better of baseline and speculative within drift + noise at "
+                       "every level** (faster at concurrency " + ", ".join(map(str, faster)) + ": in a closed loop "
+                       "its batch drops below the threshold now and then, where it speculates).")
+    if ver["slower_at"]:
+        return what + (" **It is slower than the better of the two at concurrency "
+                       + ", ".join(map(str, ver["slower_at"])) + ".**")
+    return what + " Not every level has been measured yet."
+
+
+def verification_lines(ver: dict[str, Any]) -> list[list[str]]:
+    """The verification's table rows (concurrency, tok/s, better of both, compared with, ratio,
+    interval, verdict)."""
+    return [[str(v["concurrency"]), f"{v['throughput']}", f"{v['best_of_both']}", ", ".join(v["compared_with"]),
+             f"{v['ratio']:.3f}", f"[{v['interval'][0]:.3f}, {v['interval'][1]:.3f}]", v["verdict"]]
+            for v in ver["levels"]]
 
 
 def _shown_command(argv: list[str]) -> list[str]:

@@ -60,27 +60,49 @@ async def resolve_model(session: aiohttp.ClientSession, base: str, model: str | 
     return data[0]["id"]
 
 
+#: SGLang's server args that decide whether its adaptive speculative mode applies (recorded per point)
+SGLANG_FACTS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+                "speculative_num_draft_tokens", "speculative_adaptive", "speculative_adaptive_config",
+                "enable_dp_attention", "dp_size", "enable_multi_layer_eagle", "enable_two_batch_overlap",
+                "enable_pdmux", "pp_size")
+_SIM_FACTS = ("mode", "spec_disable_threshold", "time_scale")
+
+
+def _fact(v: object) -> bool:
+    """A fact worth keeping from a server's document: a scalar, a short string (bounded bytes)."""
+    return v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 256)
+
+
 async def server_facts(session: aiohttp.ClientSession, base: str,
                        headers: Mapping[str, str]) -> dict[str, Any]:
-    """Engine and version where the server reports them (SGLang, vLLM, the simulator)."""
+    """Engine and version where the server reports them: SGLang's ``/get_server_info`` (or
+    ``/server_info``, its newer name) with the server args that decide its adaptive mode, vLLM's
+    ``/version``, the simulator's own info (and the engine it emulates, flagged ``simulated``)."""
     for path in ("/get_server_info", "/server_info"):
         try:
             status, doc = await get_json(session, base + path, headers)
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return {}
         if status == 200 and isinstance(doc, dict):
-            engine = "gpuslate-sim" if doc.get("simulated") else "sglang"
-            facts = {"engine": engine, "version": doc.get("version") if engine == "sglang" else __version__,
-                     "info_path": path}
-            for key in ("speculative_algorithm", "mode", "spec_disable_threshold", "time_scale"):
-                if key in doc:
+            emulated = doc.get("emulates") if doc.get("simulated") else None
+            if doc.get("simulated") and emulated not in ("vllm", "sglang"):
+                facts: dict[str, Any] = {"engine": "gpuslate-sim", "version": __version__, "info_path": path}
+            else:
+                facts = {"engine": emulated or "sglang",
+                         "version": doc.get("engine_version" if emulated else "version"), "info_path": path}
+                if emulated:
+                    facts["simulated"] = True
+            for key in (*_SIM_FACTS, *SGLANG_FACTS):
+                if key in doc and _fact(doc[key]):
                     facts[key] = doc[key]
+            if not _fact(facts["version"]):
+                facts["version"] = None
             return facts
     try:
         status, doc = await get_json(session, base + "/version", headers)
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return {}
-    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
+    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str) and _fact(doc["version"]):
         return {"engine": "vllm", "version": doc["version"]}
     return {}
 
@@ -108,7 +130,7 @@ async def spec_counters(session: aiohttp.ClientSession, base: str, server: dict[
                         headers: Mapping[str, str]) -> SpecCounters | None:
     """The server's speculative-decoding counters, read between levels."""
     try:
-        if server.get("engine") in ("sglang", "gpuslate-sim"):
+        if server.get("engine") in ("sglang", "gpuslate-sim") or server.get("simulated"):
             status, doc = await get_json(session, base + server.get("info_path", "/get_server_info"), headers)
             if status != 200 or not isinstance(doc, dict):
                 return None

@@ -12,7 +12,8 @@
     order = "interleaved"                          # or "blocked": see below
     control_level = 8                              # blocked: the level measured again at the end (default: the first)
     allow_estimated = false                        # recommend from estimated token counts (no usage, no tokenizer)
-    num_speculative_tokens = 3                     # for the vLLM/SGLang forms of the recommendation
+    num_speculative_tokens = 3                     # K of the reference forms, where the command names none
+    verify = 1                                     # then run the recommendation: this many repeats (0: not)
 
     [roles]                                        # default: deployments named after a role take it
     baseline = "baseline"
@@ -43,12 +44,20 @@ deployment's repeats back to back (one swap each, for costly real swaps) and
 then measures the first deployment's ``control_level`` again at the end: the
 change of that control is the drift. The report prints both.
 
+``verify = N``: once every point has run and a threshold is recommended, the
+run goes on with the recommendation itself (the speculative deployment with
+the written configuration, role ``recommended``) in N more interleaved
+repeats, alongside the deployment that won at each level (both where they
+tied), and the report says per level whether it matches the better of the two.
+``--resume`` may raise ``[load] repeats`` and ``verify``; nothing else may change.
+
 Every error is a UsageError naming ``FILE:LINE``. Nothing here starts anything.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -60,7 +69,9 @@ from ..errors import UsageError
 from ..units.spec import UnitSpec, load_config, resolve
 from .plan import LoadPlan
 
-Role = Literal["baseline", "speculative", "speculative+threshold"]
+Role = Literal["baseline", "speculative", "speculative+threshold", "recommended"]
+#: the role of the recommendation's own run (experiment run's verification), never declared in [roles]
+RECOMMENDED: Role = "recommended"
 
 
 class Order(str, enum.Enum):
@@ -70,7 +81,8 @@ class Order(str, enum.Enum):
     BLOCKED = "blocked"
 
 
-ROLES: tuple[str, ...] = get_args(Role)
+ROLES: tuple[str, ...] = tuple(r for r in get_args(Role) if r != RECOMMENDED)  # what [roles] may give
+MAX_VERIFY = 10
 Api = Literal["completions", "chat"]
 
 # [load] key -> accepted types (bool is never accepted as an int)
@@ -84,7 +96,7 @@ _LOAD_TYPES: dict[str, tuple[type, ...]] = {
 _EXPERIMENT_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "deployments": (list,), "config": (str,), "clear": (bool,), "time_scale": (int, float),
     "min_margin": (int, float), "num_speculative_tokens": (int,), "order": (str,), "control_level": (int,),
-    "allow_estimated": (bool,),
+    "allow_estimated": (bool,), "verify": (int,),
 }
 _TOP = ("experiment", "roles", "load", "units")
 MAX_LEVEL = 100_000
@@ -117,15 +129,17 @@ class ExperimentSpec:
     order: Order = Order.INTERLEAVED
     control_level: int | None = None  # blocked order: the level the control re-measures
     allow_estimated: bool = False
+    verify: int = 0  # repeats of the recommendation's own run after the sweep (0: none)
     text: str = field(default="", repr=False, compare=False)
 
     def by_role(self, role: Role) -> Deployment | None:
         return next((d for d in self.deployments if d.role == role), None)
 
     def identity(self) -> dict[str, Any]:
-        """What must not change between a run and its --resume."""
+        """What must not change between a run and its --resume (repeats and verify may grow: see
+        :func:`same_experiment`)."""
         return {"deployments": [[d.name, d.role, d.unit.command] for d in self.deployments],
-                "levels": list(self.levels), "repeats": self.repeats, "load": self.load,
+                "levels": list(self.levels), "load": self.load,
                 "order": self.order.value, "control_level": self.control_level}
 
     def to_json(self) -> dict[str, Any]:
@@ -133,7 +147,22 @@ class ExperimentSpec:
                 "levels": list(self.levels), "repeats": self.repeats, "load": self.load,
                 "clear_first": self.clear_first, "time_scale": self.time_scale, "min_margin": self.min_margin,
                 "num_speculative_tokens": self.num_speculative_tokens, "order": self.order.value,
-                "control_level": self.control_level, "allow_estimated": self.allow_estimated}
+                "control_level": self.control_level, "allow_estimated": self.allow_estimated,
+                "verify": self.verify}
+
+
+def same_experiment(spec: ExperimentSpec, identity: object, previous: dict[str, Any]) -> str | None:
+    """Why ``spec`` cannot resume the run whose manifest holds ``identity`` and spec ``previous``
+    (None: it can). Only ``[load] repeats`` and ``[experiment] verify`` may change, and only up."""
+    mine = json.loads(json.dumps(spec.identity()))
+    theirs = {k: v for k, v in identity.items() if k != "repeats"} if isinstance(identity, dict) else None
+    if theirs != mine:
+        return "other deployments or another load plan"
+    for key, now in (("repeats", spec.repeats), ("verify", spec.verify)):
+        before = previous.get(key, 0)
+        if isinstance(before, int) and now < before:
+            return f"fewer {key} ({now}) than the run had ({before}); --resume may only add"
+    return None
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
@@ -220,12 +249,18 @@ def load_spec(path: str | Path) -> ExperimentSpec:
         raise fail("experiment", "control_level", f"control_level {control} is not one of the levels {list(levels)}")
     if order is Order.BLOCKED and control is None:
         control = levels[0]
+    verify = exp.get("verify", 0)
+    if not 0 <= verify <= MAX_VERIFY:
+        raise fail("experiment", "verify", f"verify must be 0..{MAX_VERIFY} (repeats of the recommendation's run), "
+                   f"got {verify}")
+    if verify and not {"baseline", "speculative"} <= {d.role for d in deployments}:
+        raise fail("experiment", "verify", "verify needs a baseline and a speculative deployment (see [roles])")
     name = exp.get("name", p.stem)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}", name):
         raise fail("experiment", "name", f"invalid experiment name {name!r}: letters, digits, '.', '_', '+', '-'")
     return ExperimentSpec(str(p), name, tuple(deployments), levels, repeats, plan, exp.get("clear", False),
                           time_scale, min_margin, nst, order, control if order is Order.BLOCKED else None,
-                          exp.get("allow_estimated", False), text)
+                          exp.get("allow_estimated", False), verify, text)
 
 
 def _table(doc: dict[str, Any], name: str, fail: Any) -> dict[str, Any]:

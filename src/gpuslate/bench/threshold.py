@@ -3,20 +3,11 @@
 Input: for a baseline and a speculative deployment, the output throughput
 (tokens/s) of every repeat at every concurrency level. Output: per level the
 winner and the margin with the run-to-run spread, the crossover, and the
-batch-size threshold above which speculation should be switched off, in the
-forms the engines take (see docs/experiment.md for the sources):
-
-* a flag value ``T`` meaning "speculate while the running batch is at most T"
-  (``gpuslate sim serve --spec-disable-threshold T``; the
-  ``--speculative-disable-batch-threshold``-style flags of patched engines);
-* an SGLang adaptive speculative configuration (``--speculative-adaptive
-  --speculative-adaptive-config FILE``): integer-string batch-size keys, each
-  a lower bound, mapping to ``{"candidate_steps": [...]}``; ``[0]`` disables
-  drafting for that slot;
-* a vLLM ``num_speculative_tokens_per_batch_size`` schedule inside
-  ``--speculative-config``: ``[[bs_lo, bs_hi, K], ...]``, inclusive ranges
-  starting at 1, ``K = 0`` switching speculation off, the last entry's K used
-  for every larger batch.
+batch-size threshold ``T`` ("speculate while the running batch is at most T")
+above which speculation should be switched off. The threshold in an engine's
+own terms, with the speculative deployment's settings kept, is
+:mod:`gpuslate.bench.engines`'s (``engines`` in the document below is the
+same threshold in each engine's form with the K given, for reference).
 
 The decision is deliberately conservative:
 
@@ -37,23 +28,28 @@ The decision is deliberately conservative:
   that this holds only up to the largest level measured;
 * a threshold is *recommended* only where the crossover is outside drift +
   noise: when the level after the last win shows no detectable difference,
-  the threshold is reported but marked not recommended.
+  the threshold is reported but marked not recommended;
+* and only with its evidence: at least two repeats of both deployments at
+  every level that decides it (the wins up to the threshold and the level
+  after it; the first level for "always off"; every level for "never
+  disable") and the drift measured. Without them there is no interval worth
+  the name (one repeat has no spread: ``[1.1397, 1.1397]``), so nothing is
+  recommended and the missing evidence is named.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .engines import sglang_adaptive_config, vllm_schedule
+
 Winner = Literal["speculative", "baseline", "tie"]
 Decision = Literal["disable_above", "always_off", "never_disable"]
 
-#: steps the SGLang adaptive config keeps available while speculation is on
-#: (the first slot of SGLang's own DEFAULT_ADAPTIVE_CONFIG)
-SGLANG_DEFAULT_STEPS: tuple[int, ...] = (1, 3, 5, 7)
+MIN_REPEATS = 2  # at each deciding level, for a recommendation
 
 
 def ratio_interval(num: Sequence[float], den: Sequence[float], drift: float = 0.0,
@@ -133,11 +129,18 @@ class Recommendation:
     warnings: tuple[str, ...]
     num_speculative_tokens: int
     drift: float = 0.0
+    missing_evidence: tuple[str, ...] = ()  # why it is not recommended yet (repeats, drift)
 
     @property
     def recommended(self) -> bool:
-        """A threshold is recommended only where the crossover is outside drift + noise."""
-        return self.decision != "disable_above" or not self.crossover_in_noise
+        """Recommended only with its evidence, and where the crossover is outside drift + noise."""
+        return not self.missing_evidence and (self.decision != "disable_above" or not self.crossover_in_noise)
+
+    @property
+    def deciding_levels(self) -> tuple[int, ...]:
+        """The levels the decision rests on: the wins up to the threshold and the level after it
+        (disable above), the first level (always off), every level (never disable)."""
+        return deciding_levels([v.concurrency for v in self.levels], self.decision, self.threshold)
 
     @property
     def largest_level(self) -> int:
@@ -147,16 +150,15 @@ class Recommendation:
         """``--speculative-disable-batch-threshold``-style value; None means leave speculation on."""
         return self.threshold
 
-    def sglang_adaptive_config(self) -> dict[str, dict[str, list[int]]]:
-        """JSON for ``--speculative-adaptive-config``: keys are batch-size lower bounds."""
-        on = {"candidate_steps": sorted(set(SGLANG_DEFAULT_STEPS) | {self.num_speculative_tokens})}
-        off = {"candidate_steps": [0]}
+    def sglang_adaptive_config(self) -> dict[str, Any]:
+        """JSON for ``--speculative-adaptive-config`` with ``num_speculative_tokens`` steps: keys are
+        batch-size lower bounds, one candidate each (the step count measured, or 0)."""
         if self.decision == "always_off":
-            return {"1": off}
+            return {"1": {"candidate_steps": [0]}}
         if self.decision == "never_disable":
-            return {"1": on}
+            return {"1": {"candidate_steps": [self.num_speculative_tokens]}}
         assert self.threshold is not None
-        return {"1": on, str(self.threshold + 1): off}
+        return sglang_adaptive_config(self.num_speculative_tokens, self.threshold)
 
     def vllm_schedule(self) -> list[list[int]]:
         """``num_speculative_tokens_per_batch_size`` for vLLM's ``--speculative-config``."""
@@ -166,7 +168,7 @@ class Recommendation:
         if self.decision == "never_disable":
             return [[1, max(1, top), k]]
         assert self.threshold is not None
-        return [[1, self.threshold, k], [self.threshold + 1, max(self.threshold + 1, top), 0]]
+        return vllm_schedule(k, self.threshold, top)
 
     def vllm_speculative_config(self) -> dict[str, Any]:
         return {"num_speculative_tokens": self.num_speculative_tokens,
@@ -174,6 +176,9 @@ class Recommendation:
 
     def summary(self) -> str:
         """One sentence for people."""
+        if self.missing_evidence and self.decision != "disable_above":
+            what = "leave it off" if self.decision == "always_off" else "never disable it"
+            return f"no recommendation yet ({what}, on too little evidence): " + "; ".join(self.missing_evidence)
         if self.decision == "always_off":
             return ("speculation never won beyond the run-to-run spread: leave it off "
                     f"(measured {self.levels[0].concurrency}..{self.largest_level})")
@@ -181,6 +186,10 @@ class Recommendation:
             return (f"speculation won at every level measured (up to {self.largest_level}): never disable it "
                     "within that range")
         assert self.crossover is not None
+        if self.missing_evidence:
+            return (f"no threshold recommended yet: speculation wins up to concurrency {self.threshold} "
+                    f"(crossover between {self.crossover[0]} and {self.crossover[1]}) on too little evidence: "
+                    + "; ".join(self.missing_evidence))
         if not self.recommended:
             return (f"no threshold recommended: speculation wins up to concurrency {self.threshold}, but at "
                     f"{self.crossover[1]} the difference is within drift + noise, so the crossover is not located "
@@ -191,7 +200,8 @@ class Recommendation:
     def to_json(self) -> dict[str, Any]:
         return {
             "decision": self.decision, "threshold": self.threshold, "recommended": self.recommended,
-            "drift": _r(self.drift, 4),
+            "drift": _r(self.drift, 4), "missing_evidence": list(self.missing_evidence),
+            "deciding_levels": list(self.deciding_levels),
             "crossover": list(self.crossover) if self.crossover else None,
             "crossover_in_noise": self.crossover_in_noise, "summary": self.summary(),
             "warnings": list(self.warnings), "levels": [v.to_json() for v in self.levels],
@@ -202,46 +212,28 @@ class Recommendation:
             },
         }
 
-    def engine_files(self) -> dict[str, str]:
-        """The recommendation as files, one per engine form (``experiment report`` writes them
-        next to report.md): SGLang's arguments and adaptive config, vLLM's speculative config,
-        and the simulator's flag."""
-        flag = "" if self.threshold is None else f"--spec-disable-threshold {self.threshold}\n"
-        return {
-            "sglang-args.txt": "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json\n",
-            "sglang-adaptive-config.json": json.dumps(self.sglang_adaptive_config(), indent=2) + "\n",
-            "vllm-config.json": json.dumps(self.vllm_speculative_config(), indent=2) + "\n",
-            "sim-args.txt": flag or "# none: keep speculation on\n",
-        }
-
-    def engine_lines(self) -> list[str]:
-        """The recommendation in each engine's own form, SGLang's and vLLM's first; short enough not
-        to wrap (the JSON itself is in the files :meth:`engine_files` names)."""
-        return engine_lines(self.threshold, self.sglang_adaptive_config(), self.vllm_schedule())
 
 
-def engine_lines(threshold: int | None, sglang_config: dict[str, Any], vllm_schedule: list[list[int]]) -> list[str]:
-    """:meth:`Recommendation.engine_lines` from the parts its document carries (``threshold``,
-    ``engines.sglang_adaptive_config``, ``engines.vllm_speculative_config``'s schedule)."""
-    return [
-        "SGLang: --speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json  "
-        f"(keys: batch-size lower bounds; {json.dumps(sglang_config, separators=(',', ':'))})",
-        "vLLM: --speculative-config \"$(cat vllm-config.json)\"  (num_speculative_tokens_per_batch_size "
-        f"{json.dumps(vllm_schedule, separators=(',', ':'))}; merge with your method/model keys)",
-        "simulator: " + ("none (keep speculation on)" if threshold is None
-                         else f"gpuslate sim serve --spec-disable-threshold {threshold}"),
-    ]
+def deciding_levels(levels: list[int], decision: str, threshold: int | None) -> tuple[int, ...]:
+    """See :attr:`Recommendation.deciding_levels`."""
+    if decision == "never_disable":
+        return tuple(levels)
+    if decision == "always_off" or threshold is None:
+        return tuple(levels[:1])
+    after = [c for c in levels if c > threshold][:1]
+    return tuple([c for c in levels if c <= threshold] + after)
 
 
 def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int, Sequence[float]], *,
               min_margin: float = 0.0, num_speculative_tokens: int = 3,
-              drift: float | Mapping[int, float] = 0.0) -> Recommendation:
+              drift: float | Mapping[int, float] = 0.0, drift_measured: bool = True) -> Recommendation:
     """Compare per-level, per-repeat output throughputs and recommend a disable threshold.
 
     Only levels measured for both deployments (with at least one repeat each) are used;
     repeats are paired by position (repeat r of one with repeat r of the other). ``drift``
     (relative, >= 0; one figure, or one per level with the largest for levels it lacks)
-    widens the intervals.
+    widens the intervals; ``drift_measured`` False (the run could not measure it) leaves the
+    decision without its evidence: not recommended.
     Raises ValueError when there is no such level or a figure is not a finite number >= 0.
     """
     if not (math.isfinite(min_margin) and min_margin >= 0):
@@ -298,8 +290,17 @@ def recommend(baseline: Mapping[int, Sequence[float]], speculative: Mapping[int,
                             f"difference; the last clear win is {threshold}, but no threshold is recommended")
     if overall > 0:
         warnings.append(f"drift measured over the run: {overall:.1%} (added to every interval)")
+    missing: list[str] = []
+    deciding = set(deciding_levels([v.concurrency for v in verdicts], decision, threshold))
+    thin = [v.concurrency for v in verdicts if v.concurrency in deciding
+            and min(len(v.baseline), len(v.speculative)) < MIN_REPEATS]
+    if thin:
+        missing.append(f"fewer than {MIN_REPEATS} repeats of both deployments at concurrency "
+                       + ", ".join(map(str, thin)))
+    if not drift_measured:
+        missing.append("the drift was not measured")
     return Recommendation(tuple(verdicts), decision, threshold, crossover, in_noise, tuple(warnings),
-                          num_speculative_tokens, overall)
+                          num_speculative_tokens, overall, tuple(missing))
 
 
 def _winner(b: tuple[float, ...], s: tuple[float, ...], min_margin: float, drift: float = 0.0) -> Winner:

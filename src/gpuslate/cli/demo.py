@@ -3,11 +3,13 @@
 On a simulated 8-GPU host (made in a temporary folder, or ``--sim DIR``):
 
 1. a baseline server someone started by hand holds most of each GPU's memory;
-2. an experiment clears it (verified), then sweeps three deployments of the
+2. an experiment clears it (verified), then sweeps two deployments of the
    simulated server on the same GPUs and port, each swapped in on a verified
-   clean slate: baseline, speculative (EAGLE-3-like), and speculative with a
-   disable threshold;
-3. the report: tables, plots, and where speculation should be switched off;
+   clean slate: baseline and speculative (EAGLE-3-like); then runs the
+   recommendation itself (speculative with the disable threshold it found)
+   interleaved with the deployment that won each level (``verify = 1``);
+3. the report: tables, plots, where speculation should be switched off, and
+   whether the recommendation's own run matches the better of the two;
 4. everything stopped and verified clean (also after Ctrl-C or SIGTERM).
 
 ``--quick`` keeps it within a minute on a 2-core machine: short outputs, few
@@ -47,9 +49,10 @@ MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the whole loop on a simulated 8-GPU host: clear, swap, sweep, recommend",
                        description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
-                       "folder, or --sim DIR): a baseline server holding the GPUs is cleared, then baseline, "
-                       "speculative and speculative-with-threshold servers are swapped in and swept; the report "
-                       "shows where speculation stops paying off. Everything is stopped and verified at the end.",
+                       "folder, or --sim DIR): a baseline server holding the GPUs is cleared, then baseline and "
+                       "speculative servers are swapped in and swept, and the recommendation (where speculation "
+                       "stops paying off) is run and compared with the better of the two. Everything is stopped "
+                       "and verified at the end.",
                        epilog=exit_epilog({0: "done, everything stopped and verified clean",
                                            2: "bad --out, or the bench or plots extra not installed "
                                               "(nothing was started)",
@@ -79,14 +82,13 @@ def scenario(quick: bool, port: int) -> str:
     return (f"# gpuslate demo{' --quick' if quick else ''}: baseline vs speculative decoding on a simulated "
             "8-GPU host\n\n"
             f"[experiment]\nname = \"demo{'-quick' if quick else ''}\"\n"
-            "deployments = [\"baseline\", \"speculative\", \"speculative-t1\"]\n"
+            "deployments = [\"baseline\", \"speculative\"]\n"
             "clear = true            # the GPUs are held by a server started by hand: clear them first\n"
-            f"time_scale = {scale}          # the simulated servers run {scale}x faster: reports unscale\n\n"
-            "[roles]\nbaseline = \"baseline\"\nspeculative = \"speculative\"\n"
-            "\"speculative+threshold\" = \"speculative-t1\"\n\n"
+            f"time_scale = {scale}          # the simulated servers run {scale}x faster: reports unscale\n"
+            "verify = 1              # then run the recommendation itself against the better of the two\n\n"
+            "[roles]\nbaseline = \"baseline\"\nspeculative = \"speculative\"\n\n"
             f"[load]\n{load}\n"
-            + unit("baseline") + "\n" + unit("speculative", "--mode", "speculative") + "\n"
-            + unit("speculative-t1", "--mode", "speculative", "--spec-disable-threshold", "1"))
+            + unit("baseline") + "\n" + unit("speculative", "--mode", "speculative"))
 
 
 def run(args: argparse.Namespace) -> int:

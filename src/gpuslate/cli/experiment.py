@@ -51,8 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(handler=run)
     rep = verbs.add_parser("report", help="(re)write the report of an experiment folder",
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
-                           "report.md, summary.json and summary.csv, the speculation recommendation and its "
-                           "engine files (sglang-args.txt, sglang-adaptive-config.json, vllm-config.json).",
+                           "report.md, summary.json and summary.csv, the speculation recommendation and, when "
+                           "its engine can apply it, the files and command line that do (read from the "
+                           "speculative deployment's own command: vllm-speculative-config.json or "
+                           "sglang-adaptive-config.json, recommended-command.txt).",
                            epilog=exit_epilog({0: "report written",
                                                2: "DIR is not an experiment folder, or the bench extra not installed"},
                                               backend=False))

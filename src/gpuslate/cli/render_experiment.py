@@ -6,14 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .plain import safe as escape
+
 if TYPE_CHECKING:
     from ..bench.report import DemoResult, Report
 
 
 def print_report(rep: Report) -> None:
     """The report, here or from another host's document: all of it from the document (``summary``)."""
-    from ..bench.report import level_tables, order_sentence, time_scale_sentence  # lazy: startup
-    from ..bench.threshold import engine_lines  # lazy: startup
+    from ..bench.report import (  # lazy: startup
+        apply_lines,
+        level_tables,
+        order_sentence,
+        time_scale_sentence,
+        verification_lines,
+        verification_sentence,
+    )
 
     s = rep.summary
     out = Path(s["dir"])
@@ -37,17 +45,26 @@ def print_report(rep: Report) -> None:
               f"{c['verdict']}")
     rec = s.get("recommendation")
     if rec is not None:
-        engines = rec["engines"]
         print(f"\nRecommendation: {rec['summary']}")
-        for line in engine_lines(rec["threshold"], engines["sglang_adaptive_config"],
-                                 engines["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"]):
-            print(f"  {line}")
+        if rec.get("next"):
+            print(f"  {rec['next']}")
+        if rec.get("apply"):
+            # engine-facing text from the server and the spec: escaped (a command may carry anything)
+            for line in apply_lines(rec["apply"], [str(out / f) for f in s.get("files", {}).get("engines", [])]):
+                print(f"  {escape(line)}")
         for w in rec["warnings"]:
             print(f"  warning: {w}")
-        if s.get("files", {}).get("engines"):
-            print(f"  files: {', '.join(str(out / f) for f in s['files']['engines'])}")
     elif s.get("recommendation_note"):
         print(f"\n{s['recommendation_note']}")
+    ver = s.get("verification")
+    if ver is not None:
+        print("\nThe recommendation's own run: " + escape(verification_sentence(ver)).replace("**", ""))
+        for row in verification_lines(ver):
+            print(f"  c={row[0]}: {row[1]} tok/s vs {row[2]} ({row[3]}): {row[4]} in {row[5]}: {row[6]}")
+        for n in ver.get("notes", []):
+            print(f"  note: {escape(n)}")
+    elif s.get("verification_note"):
+        print(f"\n{escape(s['verification_note'])}")
     files = s.get("files", {})
     print(f"\nReport: {out / 'report.md'}" + (f" ({len(files.get('plots', []))} plots)" if files.get("plots") else ""))
     if s.get("plots_note"):

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import __version__
 from .openai_api import (
     BadRequest,
     GenerationSpec,
@@ -175,12 +176,21 @@ class SimServer:
             return web.json_response(model_not_found_body(model), status=404)
         return web.json_response(self._model_card())
 
+    async def version(self, request: web.Request) -> web.Response:
+        """``GET /version`` (vLLM's, with --emulate vllm): ``{"version": ...}``."""
+        return web.json_response({"version": self.config.engine_version or __version__})
+
     async def server_info(self, request: web.Request) -> web.Response:
         c = self.config
         counters = self.scheduler.snapshot()
         # internal_states mirrors SGLang, whose clients read the accept length there.
         internal = {"avg_spec_accept_length": counters["avg_spec_accept_length"],
                     "last_gen_throughput": None}
+        if c.emulate == "sglang":
+            internal["speculative_num_steps"] = c.engine_info.get("speculative_num_steps")
+        emulated = {} if c.emulate is None else {
+            **c.engine_info, "emulates": c.emulate, "engine_version": c.engine_version,
+            **({"version": c.engine_version} if c.emulate == "sglang" else {})}
         return web.json_response({
             "simulated": True, "status": self.status, "model": c.model, "served_model_name": c.model,
             "mode": c.mode, "spec_disable_threshold": c.spec_disable_threshold,
@@ -192,6 +202,7 @@ class SimServer:
             "counters": counters, "internal_states": [internal],
             "model_path": c.model,
             "speculative_algorithm": "EAGLE3" if c.mode == "speculative" else None,
+            **emulated,  # the emulated engine's own facts (SGLang's server args) win
         })
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -347,6 +358,8 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     app.router.add_get("/v1/models/{model}", sim.model)
     app.router.add_get("/get_server_info", sim.server_info)
     app.router.add_get("/server_info", sim.server_info)  # SGLang's newer name
+    if config.emulate == "vllm":
+        app.router.add_get("/version", sim.version)
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/chat/completions", sim.chat_completions)
     app.router.add_post("/generate", sim.native_generate)
@@ -395,7 +408,10 @@ async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
             loop.add_signal_handler(sig, stop.set)
     log(f"{LOG_PREFIX} starting simulated server: model={config.model} mode={config.mode} "
         f"spec_disable_threshold={config.spec_disable_threshold} "
-        f"time_scale={config.time_scale} worker_pids={worker_pids}")
+        f"time_scale={config.time_scale} worker_pids={worker_pids}"
+        + (f" emulating {config.emulate} {config.engine_version or ''}".rstrip() if config.emulate else ""))
+    for warning in config.engine_warnings:  # what the emulated engine logs about its arguments
+        log(f"{LOG_PREFIX} WARNING {warning}")
     async with serving(config, worker_pids=worker_pids, log=log, sock=sock) as sim:
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(sim.startup_done.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

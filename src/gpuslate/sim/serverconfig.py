@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
+from .engineargs import EMULATED, settings
 from .perfmodel import MODES, PerfParams
 
 
@@ -33,6 +36,12 @@ class ServerConfig:
     # Long-context prompts exceed aiohttp's 1 MiB default body limit.
     max_body_bytes: int = 64 * 1024 * 1024
     perf: PerfParams = field(default_factory=PerfParams)
+    # --emulate ENGINE -- ARGS: the engine whose arguments set the above (engineargs.py), its version
+    # as the server reports it, the engine's own facts and the warnings it logged about its arguments
+    emulate: str | None = None
+    engine_version: str | None = None
+    engine_info: dict[str, Any] = field(default_factory=dict)
+    engine_warnings: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise ValueError with a one-line message on the first bad value."""
@@ -44,6 +53,11 @@ class ServerConfig:
             raise ValueError("model name must not be empty")
         if self.api_key is not None and (not self.api_key or any(c in self.api_key for c in "\r\n\0")):
             raise ValueError("API key must be one non-empty line")
+        if self.emulate is not None and self.emulate not in EMULATED:
+            raise ValueError(f"--emulate must be one of {', '.join(EMULATED)}, got {self.emulate!r}")
+        if self.engine_version is not None and (not self.engine_version or len(self.engine_version) > 64
+                                                or any(not c.isprintable() for c in self.engine_version)):
+            raise ValueError("engine version must be 1 to 64 printable characters")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.spec_disable_threshold is not None:
@@ -107,14 +121,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, attr, text in _PERF_FLAGS:
         parser.add_argument(flag, type=float, metavar="TOKENS" if attr == "accept_length" else "MS",
                             help=f"{text} (default: {getattr(d.perf, attr)})")
+    parser.add_argument("--emulate", choices=EMULATED,
+                        help="take an engine's own arguments, after '--', read by that engine's rules (its "
+                        "--port, model, speculative settings); see docs/sim-server.md")
+    parser.add_argument("--engine-version", metavar="VERSION",
+                        help="with --emulate: the engine version the server reports (vLLM's /version, SGLang's "
+                        "/get_server_info)")
+    parser.add_argument("engine_args", nargs=argparse.REMAINDER, metavar="-- ENGINE-ARGS",
+                        help="with --emulate: the engine's arguments, as after 'vllm' or 'python -m "
+                        "sglang.launch_server'")
+
+
+#: what an emulated engine's arguments set, which the simulator's own flags must then leave alone
+_ENGINE_SET = ("host", "port", "model", "mode", "spec_disable_threshold", "api_key", "max_running_requests")
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build and validate a :class:`ServerConfig`; ValueError on a bad value."""
     given = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
-             if f.name != "perf" and getattr(args, f.name, None) is not None}
+             if f.name not in ("perf", "engine_info", "engine_warnings") and getattr(args, f.name, None) is not None}
     perf = {attr: getattr(args, attr) for _, attr, _ in _PERF_FLAGS
             if getattr(args, attr, None) is not None}
+    engine_args = list(getattr(args, "engine_args", None) or [])
+    if engine_args[:1] == ["--"]:
+        engine_args = engine_args[1:]
+    emulate = given.get("emulate")
+    if emulate is None and (engine_args or given.get("engine_version") is not None):
+        raise ValueError("arguments after the simulator's flags (and --engine-version) need --emulate vllm|sglang")
+    if emulate is not None:
+        both = sorted(k for k in _ENGINE_SET if k in given)
+        if both:
+            raise ValueError(f"with --emulate, the engine's arguments set {', '.join(both)}: leave out the "
+                             "simulator's flags for them")
+        engine = settings(emulate, engine_args, version=given.get("engine_version"),
+                          max_batch=ServerConfig.max_running_requests, read_file=_read_text)
+        given.update(engine.values, engine_info=engine.info, engine_warnings=engine.warnings)
     config = ServerConfig(**given, perf=PerfParams(**perf))
     config.validate()
     return config
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(Path(path), "rb") as f:
+            data = f.read(1024 * 1024 + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return data.decode(errors="replace")

@@ -1,0 +1,125 @@
+"""Issue 26's done-when: an experiment whose speculative deployment is declared as a vLLM command
+(``vllm serve MODEL --speculative-config '{...}'``) or an SGLang command (``python -m
+sglang.launch_server ... --speculative-algorithm EAGLE3 --speculative-num-steps 3``) writes complete,
+conforming files and the whole command lines, runs that command line as its own deployment
+(``verify``) and reports per level whether it matches the better of baseline and speculative; one
+repeat first (too little evidence: nothing written, the report says what to run), then the
+``--resume`` with more repeats it says.
+
+The engines are stand-ins named like them (engine_shims.py: a ``vllm`` on PATH, an ``sglang``
+package) that run ``gpuslate sim serve --emulate``, which reads the engine's arguments by the
+engine's rules and reports the engine's version where the engine does (vLLM ``/version``, SGLang
+``/get_server_info``): the version recorded in the points is what the running server said."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from engine_facts import sglang_flat_loader, sglang_keyed_slots, sglang_route, vllm_check_config, vllm_lookup
+from engine_shims import engine_spec, install
+from expkit import free_port, kill_leftovers
+
+pytestmark = pytest.mark.slow  # whole experiments (two deployments and the recommendation's run)
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json").read_text())
+
+
+@pytest.fixture
+def exp_host(sim_host, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    yield sim_host
+    kill_leftovers(sim_host, [tmp_path / "state"])
+
+
+def run(cli, tmp_path: Path, engine: str) -> tuple[dict, Path]:
+    env = install(tmp_path / "shims")
+    spec = engine_spec(tmp_path / f"{engine}.toml", free_port(), engine, shim_py=env["GPUSLATE_TEST_SHIM_PY"],
+                       src=SRC)
+    out = tmp_path / "out"
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", env={"PATH": env["PATH"]}, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    return doc, out
+
+
+def test_vllm_command(exp_host, cli, tmp_path):
+    """First with one repeat (as after a Ctrl-C early on): nothing recommended, nothing written, and
+    the report says what to run; then that (--resume with [load] repeats = 2), and the rest."""
+    env = install(tmp_path / "shims")
+    port = free_port()
+    spec = engine_spec(tmp_path / "v.toml", port, "vllm", repeats=1)
+    out = tmp_path / "out"
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", env={"PATH": env["PATH"]}, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads(r.stdout)
+    rec = first["recommendation"]
+    assert not rec["recommended"] and rec["apply"]["status"] == "not_recommended" and first["files"]["engines"] == []
+    assert rec["next"] == f"to decide: set [load] repeats = 2 in {spec}, then run gpuslate experiment run {spec} " \
+                          f"--out {out} --resume"
+    assert "verification skipped: no threshold recommended" in first["verification_note"]
+    engine_spec(spec, port, "vllm", repeats=2)  # what the report said to do
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", "--resume", env={"PATH": env["PATH"]},
+            timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["run"]["points_skipped"] == 4 and doc["complete"]
+    rec = doc["recommendation"]
+    assert rec["recommended"] and rec["decision"] == "disable_above" and rec["threshold"] == 1, rec["summary"]
+    apply = rec["apply"]
+    assert apply["status"] == "ready" and apply["engine"] == "vllm"
+    # the engine's version, asked of the running server during the experiment and recorded
+    assert apply["version"] == "0.25.0" and apply["version_status"] == "has_knob"
+    point = json.loads((out / "points" / "speculative__c00001__r00.json").read_text())
+    assert point["engine"]["engine"] == "vllm" and point["engine"]["version"] == "0.25.0"
+    # complete: method, model and K kept, the schedule added; vLLM's rules hold
+    cfg = json.loads((out / "vllm-speculative-config.json").read_text())
+    assert cfg == {"method": "eagle3", "model": "org/eagle3-draft", "num_speculative_tokens": 3,
+                   "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4, 0]]}
+    vllm_check_config(cfg)
+    assert vllm_lookup(cfg["num_speculative_tokens_per_batch_size"], 64, 3)[1:5] == [3, 0, 0, 0]
+    # the whole command line: the deployment's own, with the config replaced
+    measured = next(d["command"] for d in doc["deployments"] if d["role"] == "speculative")
+    line = shlex.split((out / "recommended-command.txt").read_text())
+    i = measured.index("--speculative-config")
+    assert line[:i] == measured[:i] and json.loads(line[i + 1]) == cfg and line[i + 2:] == measured[i + 2:]
+    assert not (out / "vllm-config.json").exists() and not (out / "sim-args.txt").exists()
+    # ... and that command line ran as its own deployment, level by level against the better of the two
+    ver = doc["verification"]
+    assert ver["command"] == line and ver["threshold"] == 1 and [v["concurrency"] for v in ver["levels"]] == [1, 4]
+    assert [v["compared_with"] for v in ver["levels"]] == [["speculative"], ["baseline"]]
+    assert ver["matches"], ver["levels"]
+    assert ver["engine"]["spec_disable_threshold"] == 1  # what the running server made of the schedule
+    md = (out / "report.md").read_text()
+    assert "### Applying it (vLLM)" in md and "Measured: vLLM with a fixed K = 3" in md and "Unproven:" in md
+    assert "## The recommendation's own run" in md and "better of baseline and speculative within drift + noise" in md
+
+
+def test_sglang_command(exp_host, cli, tmp_path):
+    doc, out = run(cli, tmp_path, "sglang")
+    rec = doc["recommendation"]
+    assert rec["recommended"] and rec["threshold"] == 1, rec["summary"]
+    apply = rec["apply"]
+    assert apply["status"] == "ready" and apply["engine"] == "sglang" and apply["version"] == "0.5.11"
+    cfg = json.loads((out / "sglang-adaptive-config.json").read_text())
+    slots = sglang_keyed_slots(cfg)
+    assert [slots[sglang_route(slots, b)] for b in (1, 2, 4, 64)] == [[3], [0], [0], [0]]  # the measured 3 steps
+    with pytest.raises(AssertionError):
+        sglang_flat_loader(cfg, 3, add_initial=True)
+    args = shlex.split((out / "sglang-args.txt").read_text())
+    assert args == ["--speculative-adaptive", "--speculative-adaptive-config", str(out / "sglang-adaptive-config.json")]
+    measured = next(d["command"] for d in doc["deployments"] if d["role"] == "speculative")
+    assert shlex.split((out / "recommended-command.txt").read_text()) == measured + args
+    ver = doc["verification"]
+    assert ver["matches"], ver["levels"]
+    # the running SGLang (stand-in) took the adaptive mode, and routed as the keys say
+    assert ver["engine"]["speculative_adaptive"] is True and ver["engine"]["spec_disable_threshold"] == 1
+    md = (out / "report.md").read_text()
+    assert "### Applying it (SGLang)" in md and "draft model's extend" in md and "#24055" in md
