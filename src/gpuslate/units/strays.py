@@ -132,9 +132,13 @@ def reason(rule: Rule, c: Candidate) -> StrayReason | None:
 def decide(rule: Rule, candidates: Iterable[Candidate]) -> list[Stray]:
     """The strays among ``candidates``, by pid. Pure, total."""
     out: dict[int, Stray] = {}
-    for c in candidates:
+    seen: set[int] = set()
+    for c in candidates:  # a pid's first reading decides it (a later one of the same pid changes nothing)
+        if c.pid in seen:
+            continue
+        seen.add(c.pid)
         why = reason(rule, c)
-        if why is None or c.pid in out:
+        if why is None:
             continue
         held = {g: b for g, b in c.memory.items() if b > 0}
         out[c.pid] = Stray(c.pid, c.start_ticks, c.name, sorted(held), sum(held.values()), why,
