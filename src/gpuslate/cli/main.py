@@ -39,6 +39,8 @@ class _LazySubParsers(argparse._SubParsersAction):
 
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
+        # only whole option names: a prefix (`--all` for --all-users) is an error, in every sub-parser too
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _LazySubParsers)
 
