@@ -35,6 +35,7 @@ from ..errors import Interrupted, NotDoneError, UsageError
 from ..extras import Extra, require
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
+from .output import Mode, set_mode
 from .render_experiment import show_demo
 from .results import as_sent
 
@@ -56,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            4: "not verified clean at the end",
                                            6: "a simulated server failed",
                                            130: "interrupted by Ctrl-C (everything stopped and verified)",
+                                           141: "stdout or stderr went away (a closed pipe): likewise",
                                            143: "terminated by SIGTERM (likewise)"}))
     add_common(p)
     p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
@@ -138,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = run_experiment(host, spec, out, on_progress=display.update)
                 ok = True
+                set_mode(Mode.ACT)  # the sweep ran: the check and the report finish whatever the output does
             except Interrupted as exc:  # the experiment stopped its units; the hint to --resume does not apply
                 stopped = exc
         finally:
