@@ -184,8 +184,9 @@ class StateDir:
         except OSError:
             return os.path.realpath(self.path)
 
-    def write_atomic(self, name: str, data: bytes, mode: int = 0o600) -> None:
-        """Replace file ``name``: readers see the old content or the new, never half.
+    def write_atomic(self, name: str, data: bytes, mode: int = 0o600, *, sync: bool = False) -> None:
+        """Replace file ``name``: readers see the old content or the new, never half (``sync``: on
+        disk before the rename, for a file that must survive a crash whole, as an installed program).
 
         The temporary file is created exclusively (a planted file or link there is
         never written through); ``renameat`` replaces whatever is at ``name``
@@ -201,6 +202,9 @@ class StateDir:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
             try:
@@ -232,14 +236,25 @@ class StateDir:
 
 def open_dir(path: str | os.PathLike[str], *, trust: Trust = Trust.PRIVATE, create: bool = False,
              mode: int = 0o700, parents_mode: int = 0o700, uid: int | None = None,
-             what: str = "state directory", hint: str | None = None) -> StateDir:
+             what: str = "state directory", hint: str | None = None,
+             below: str | os.PathLike[str] | None = None) -> StateDir:
     """Walk ``path`` from ``/`` (a relative one from the working directory) under ``trust``'s rules
     and return the folder held open. With ``create``, missing folders are made: the last with
     ``mode``, those above with ``parents_mode`` (each exactly, whatever the umask).
     Raises :class:`PermissionDenied`, one line naming the component at fault (``what`` names the
-    folder, ``hint`` says what to do; default: the state or lock folder's)."""
+    folder, ``hint`` says what to do; default: the state or lock folder's).
+
+    ``below``: ``path`` is relative to this folder, which is reached under ``Trust.SHARED``
+    rules (what is above it is not checked: the user's home on an automounted ``/home``) and is
+    then itself the first folder ``trust`` checks."""
     uid = os.geteuid() if uid is None else uid
     path = Path(path)
+    if below is not None:
+        with open_dir(below, trust=Trust.SHARED, uid=uid, what=what, hint=hint) as base:
+            start = (os.dup(base.fd), base.path, os.fstat(base.fd))
+        parts = [p for p in path.parts if p not in ("", ".", "/")]
+        return _walk(start[1].joinpath(*parts), parts, [start], trust=trust, uid=uid, what=what, create=create,
+                     mode=mode, parents_mode=parents_mode, hint=hint)
     if not path.is_absolute():
         path = Path(os.getcwd(), path)  # '..' is left for the walk: it is not what the text says
     parts = [p for p in path.parts[1:] if p not in ("", ".")]
