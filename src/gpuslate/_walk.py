@@ -51,7 +51,7 @@ import weakref
 from enum import Enum
 from pathlib import Path
 
-from .errors import PermissionDenied
+from .errors import FileTooLarge, PermissionDenied
 
 #: flags for every state file: never through a symlink, never blocking (a FIFO), never inherited by a child
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -150,7 +150,8 @@ class StateDir:
 
     def read(self, name: str, limit: int = 1 << 20) -> bytes | None:
         """The bytes of file ``name``, ``None`` when it does not exist; one larger than ``limit``
-        is refused (:class:`PermissionDenied`) after reading ``limit + 1`` bytes, never more."""
+        is refused (:class:`FileTooLarge`, a :class:`PermissionDenied`) after reading ``limit + 1``
+        bytes, never more."""
         try:
             fd = self.open(name, os.O_RDONLY)
         except FileNotFoundError:
@@ -158,7 +159,7 @@ class StateDir:
         with os.fdopen(fd, "rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
-            raise PermissionDenied(f"refusing {self.file_what} {self.path / name}: larger than {limit} bytes")
+            raise FileTooLarge(f"refusing {self.file_what} {self.path / name}: larger than {limit} bytes")
         return data
 
     def create(self, name: str, flags: int = os.O_WRONLY, mode: int = 0o600) -> int | None:
@@ -310,6 +311,17 @@ def read_file(path: str | os.PathLike[str], *, limit: int, trust: Trust = Trust.
     if data is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
     return data
+
+
+def write_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, sync: bool = False,
+               what: str = "output directory") -> None:
+    """Write a file gpuslate was told to write (``--out``, an experiment's folder): its folder walked
+    under ``Trust.SHARED`` rules and created 0755 where missing (never through another user's link),
+    the file replaced atomically (:meth:`StateDir.write_atomic`: a link at its name is replaced,
+    never followed)."""
+    path = Path(path).absolute()
+    with open_dir(path.parent, trust=Trust.SHARED, create=True, mode=0o755, parents_mode=0o755, what=what) as d:
+        d.write_atomic(path.name, data, mode, sync=sync)
 
 
 def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_result]], *, trust: Trust, uid: int,

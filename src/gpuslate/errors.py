@@ -73,6 +73,12 @@ class PermissionDenied(GpuslateError, PermissionError):
     code = "permission"
 
 
+class FileTooLarge(PermissionDenied):
+    """A file gpuslate was given is larger than what it reads of one (refused, never read whole)."""
+
+    code = "too_large"
+
+
 class ServerFailed(GpuslateError):
     """A managed server exited before it was ready, or failed its readiness check."""
 

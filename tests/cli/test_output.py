@@ -45,7 +45,8 @@ def run_broken(args: list[str], shape: str, *, stderr: str = "pipe", timeout: fl
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["audit"], ["ps"], ["clear", "--dry-run"],
-                                  ["wait", "--free", "--json"], ["sim", "hold", "--help"], ["--help"], ["--version"]],
+                                  ["wait", "--free", "--json"], ["sim", "hold", "--help"], ["--help"], ["--version"],
+                                  ["status", "--watch", "0.1"], ["status", "--json", "--watch", "0.1"]],
                          ids=" ".join)
 def test_commands_that_only_print_exit_141_quietly(sim_host, args, shape):
     code, err = run_broken(args, shape)
@@ -94,6 +95,16 @@ def test_a_lost_stderr_changes_nothing_for_a_command_that_prints(sim_host):
     finally:
         os.close(w)
     assert p.returncode == 0 and json.loads(p.stdout)["schema"] == "gpuslate.status.v1"
+
+
+def test_a_closed_stdin_is_no_terminal(sim_host, hold):
+    """``clear <&-`` is a clear without a terminal (it runs at once, as documented), never an
+    AttributeError on Python's ``sys.stdin = None``."""
+    victim = hold("--gpus", "1", "--memory", "1GiB")
+    p = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "gpuslate", "clear", "--gpus", "1",
+                        "--grace", "2"], capture_output=True, text=True, env=gpuslate_env(), timeout=60)
+    assert "Traceback" not in p.stderr and p.returncode == 0, p.stderr
+    assert is_gone(victim.pid)
 
 
 def test_closed_standard_descriptors_are_opened_on_dev_null():

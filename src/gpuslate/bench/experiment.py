@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .. import __version__
+from .._document import parse_json
 from .._time import iso_time
+from .._walk import read_file, write_file
 from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import UpOptions
@@ -145,16 +147,21 @@ def plan_for(spec: ExperimentSpec, key: PointKey, *, warmup: int = 0) -> LoadPla
                     **{k: v for k, v in kw.items() if k != "seed"})
 
 
+#: the largest file of an experiment folder that is read back (a point with every request's figures)
+MAX_RESULT_BYTES = 256 << 20
+
+
 def write_json_atomic(path: Path, doc: Any) -> None:
-    """Whole or not at all: a temp file in the same folder, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Whole or not at all: a temp file in the same folder, fsync, rename; the folder reached by
+    the trusted-root walk (:func:`gpuslate._walk.write_file`: never through another user's link)."""
+    write_file(path, (json.dumps(doc, indent=1) + "\n").encode(), sync=True, what="experiment directory")
+
+
+def read_json(path: Path) -> Any:
+    """A file of an experiment folder, read back by the walk (a regular file, never another user's
+    link, at most :data:`MAX_RESULT_BYTES`) and parsed within :func:`gpuslate._document.parse_json`'s
+    bounds. Raises OSError or ValueError (a BadDocument)."""
+    return parse_json(read_file(path, limit=MAX_RESULT_BYTES, what="experiment file"), max_bytes=MAX_RESULT_BYTES)
 
 
 def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
@@ -165,7 +172,9 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
             raise UsageError(f"{out} already holds an experiment",
                              hint="add --resume to continue it, or give another --out DIR")
         try:
-            prev = json.loads(manifest.read_text())
+            prev = read_json(manifest)
+            if not isinstance(prev, dict):
+                raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read {manifest}: {exc}") from None
         if prev.get("identity") != json.loads(json.dumps(spec.identity())):
@@ -174,8 +183,7 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
         return
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not an experiment folder", hint="give another --out DIR")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.toml").write_text(spec.text)
+    write_file(out / "spec.toml", spec.text.encode(), what="experiment directory")
     write_json_atomic(manifest, {"schema": RUN_SCHEMA, "gpuslate_version": __version__,
                                  "created_at": iso_time(time.time()), "spec": spec.to_json(),
                                  "identity": spec.identity()})

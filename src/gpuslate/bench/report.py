@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,9 +37,10 @@ from typing import Any, NamedTuple
 
 from .. import __version__
 from .._document import checked, reading
+from .._walk import write_file
 from ..errors import UsageError
 from ..extras import Extra, install_hint
-from .experiment import POINT_SCHEMA, write_json_atomic
+from .experiment import POINT_SCHEMA, read_json, write_json_atomic
 from .threshold import Recommendation, engine_lines, ratio_interval, recommend
 
 SCHEMA = "gpuslate.experiment.v1"
@@ -175,15 +175,17 @@ def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run manifest and every finished point (unreadable or foreign files are skipped)."""
     manifest = out / "experiment.json"
     try:
-        run = json.loads(manifest.read_text())
+        run = read_json(manifest)
     except FileNotFoundError:
         raise UsageError(f"{out} is not an experiment folder (no experiment.json)") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read {manifest}: {exc}") from None
+    if not isinstance(run, dict):
+        raise UsageError(f"cannot read {manifest}: not a JSON object")
     points = []
     for p in sorted((out / "points").glob("*.json")):
         try:
-            doc = json.loads(p.read_text())
+            doc = read_json(p)
         except (OSError, ValueError):
             continue  # only atomic renames land here; anything else is not ours
         if isinstance(doc, dict) and doc.get("schema") == POINT_SCHEMA:
@@ -316,12 +318,12 @@ def write_report(out: str | Path) -> Report:
     plots, note = _plots(rows, out, summary, rec)
     engine_files = rec.engine_files() if rec is not None and rec.recommended else {}
     for name, text in engine_files.items():
-        (out / name).write_text(text)
+        write_file(out / name, text.encode(), what="experiment directory")
     summary["files"] = {"report": "report.md", "summary_json": "summary.json", "summary_csv": "summary.csv",
                         "plots": plots, "engines": sorted(engine_files)}
     summary["plots_note"] = note
-    (out / "summary.csv").write_text(to_csv(rows))
-    (out / "report.md").write_text(to_markdown(summary, rec, plots, note))
+    write_file(out / "summary.csv", to_csv(rows).encode(), what="experiment directory")
+    write_file(out / "report.md", to_markdown(summary, rec, plots, note).encode(), what="experiment directory")
     write_json_atomic(out / "summary.json", summary)
     return Report(summary, rec, ["report.md", "summary.json", "summary.csv", *plots, *sorted(engine_files)])
 

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["GPUSLATE_STATE_DIR"] = str(work / "state")
     sigterm_as_interrupt()
     if out.exists():
-        shutil.rmtree(out)  # a previous demo's results (checked above)
+        _remove_previous(out)  # a previous demo's results (checked above)
     out.mkdir(parents=True)
     port, hand_port = _free_port(), _free_port()
     spec_path = work / "demo.toml"  # the results folder keeps a copy (spec.toml)
@@ -169,12 +169,26 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out {out}: exists and is not a folder")
     if not any(out.iterdir()):
         return
+    from ..bench.experiment import read_json  # lazy: startup
+
     try:
-        name = json.loads((out / "experiment.json").read_text())["spec"]["name"]
+        name = read_json(out / "experiment.json")["spec"]["name"]
     except (OSError, ValueError, KeyError, TypeError):
         name = None
     if name not in ("demo", "demo-quick"):
         raise UsageError(f"--out {out}: exists and does not hold a previous demo", hint="give another --out DIR")
+
+
+def _remove_previous(out: Path) -> None:
+    """Remove the folder ``out`` from inside its parent as the walk reached it (never through another
+    user's link on the way; ``out`` itself a link is refused by rmtree), every step by descriptor."""
+    from .._walk import Trust, open_dir  # lazy: startup
+
+    with open_dir(out.parent, trust=Trust.SHARED, what="--out directory") as parent:
+        if sys.version_info >= (3, 11):
+            shutil.rmtree(out.name, dir_fd=parent.fd)
+        else:  # the folder held open, by its descriptor's name
+            shutil.rmtree(f"/proc/self/fd/{parent.fd}/{out.name}")
 
 
 def _free_port() -> int:

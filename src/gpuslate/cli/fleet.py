@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import BadDocument, Interrupted, UsageError
+from ..errors import BadDocument, Interrupted, PermissionDenied, UsageError
 from .common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .plain import Cell, Column, cut, paint, safe, table, use_color, width_of
@@ -280,12 +280,19 @@ def _over_srun(fleet: FleetArgs, command: str, limit: float | None) -> tuple[lis
     return hosts, fan, sequential
 
 
+#: an inventory of 10,000 hosts (the most one may hold) is about 0.5 MB
+MAX_INVENTORY_BYTES = 8 << 20
+
+
 def _read_inventory(path: str) -> str:
+    """The walk's read (gpuslate/_walk.py): a regular file, never another user's link, bounded."""
+    from .._walk import read_file  # lazy: startup
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        return read_file(path, limit=MAX_INVENTORY_BYTES, what="inventory").decode("utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot read the inventory {path}: {exc.strerror or exc}") from None
+        why = exc.strerror if exc.strerror and not isinstance(exc, PermissionDenied) else str(exc)
+        raise UsageError(f"cannot read the inventory {path}: {why}") from None
     except UnicodeDecodeError:
         raise UsageError(f"cannot read the inventory {path}: not UTF-8 text") from None
 

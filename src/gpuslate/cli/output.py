@@ -184,7 +184,7 @@ def _to_devnull(stream: IO[str] | None) -> None:
 def open_standard_fds() -> None:
     """Descriptors 0, 1 and 2 that were closed before gpuslate started are opened on /dev/null:
     otherwise the next file gpuslate opens would become 'stdout', and a server it starts would
-    write its output into it."""
+    write its output into it. A closed stdin reads as an empty one (a question is answered no)."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -196,6 +196,8 @@ def open_standard_fds() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+    if sys.stdin is None:  # Python saw fd 0 closed at its start: reading it now gives an end of file
+        sys.stdin = os.fdopen(0, "r", closefd=False)
 
 
 def guard_streams() -> None:
