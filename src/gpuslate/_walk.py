@@ -47,7 +47,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import weakref
 from enum import Enum
 from pathlib import Path
 
@@ -83,10 +82,19 @@ class StateDir:
         self.what = what
         self.hint = hint
         self.file_what = what.replace(" directory", "") + " file"  # "state file", "lock file"
-        self._close = weakref.finalize(self, os.close, fd)
+        self._held = True
 
     def close(self) -> None:
-        self._close()
+        """Close the folder's descriptor (once; also when the object is collected)."""
+        if self._held:
+            self._held = False
+            os.close(self.fd)
+
+    def __del__(self) -> None:  # not weakref.finalize: its import is a cost of every simulated status
+        try:
+            self.close()
+        except (AttributeError, OSError):  # half-built, or at interpreter exit
+            pass
 
     def __enter__(self) -> StateDir:
         return self
@@ -137,6 +145,8 @@ class StateDir:
         raise PermissionDenied(f"refusing {self.file_what} {self.path / name}: it keeps changing while opened")
 
     def _check_file(self, name: str, st: os.stat_result, writing: bool) -> None:
+        if stat.S_ISREG(st.st_mode) and self.trust is Trust.SHARED and not writing:
+            return  # the common case (a simulated host's records, read on every status): nothing to say
         where = f"{self.file_what} {self.path / name}"
         if not stat.S_ISREG(st.st_mode):
             raise PermissionDenied(f"refusing {where}: it is {_kind(st.st_mode)}, not a regular file")
@@ -230,7 +240,7 @@ class StateDir:
     def subdir(self, name: str, *, create: bool = False, mode: int = 0o700) -> StateDir:
         """Folder ``name`` in this one, under the same rules (this folder's own checks done)."""
         _check_name(name)
-        return _walk(self.path / name, [name], [(os.dup(self.fd), self.path, os.fstat(self.fd))],
+        return _walk(self.path / name, [name], [(os.dup(self.fd), str(self.path), os.fstat(self.fd))],
                      trust=self.trust, uid=self.uid, what=self.what, create=create, mode=mode, parents_mode=mode,
                      hint=self.hint)
 
@@ -252,15 +262,15 @@ def open_dir(path: str | os.PathLike[str], *, trust: Trust = Trust.PRIVATE, crea
     path = Path(path)
     if below is not None:
         with open_dir(below, trust=Trust.SHARED, uid=uid, what=what, hint=hint) as base:
-            start = (os.dup(base.fd), base.path, os.fstat(base.fd))
+            start = (os.dup(base.fd), str(base.path), os.fstat(base.fd))
         parts = [p for p in path.parts if p not in ("", ".", "/")]
-        return _walk(start[1].joinpath(*parts), parts, [start], trust=trust, uid=uid, what=what, create=create,
+        return _walk(base.path.joinpath(*parts), parts, [start], trust=trust, uid=uid, what=what, create=create,
                      mode=mode, parents_mode=parents_mode, hint=hint)
     if not path.is_absolute():
         path = Path(os.getcwd(), path)  # '..' is left for the walk: it is not what the text says
     parts = [p for p in path.parts[1:] if p not in ("", ".")]
     root = os.open("/", _DIR_FLAGS)
-    return _walk(path, parts, [(root, Path("/"), os.fstat(root))], trust=trust, uid=uid, what=what,
+    return _walk(path, parts, [(root, "/", os.fstat(root))], trust=trust, uid=uid, what=what,
                  create=create, mode=mode, parents_mode=parents_mode, hint=hint)
 
 
@@ -324,23 +334,24 @@ def write_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644, *, 
         d.write_atomic(path.name, data, mode, sync=sync)
 
 
-def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_result]], *, trust: Trust, uid: int,
+def _walk(path: Path, parts: list[str], stack: list[tuple[int, str, os.stat_result]], *, trust: Trust, uid: int,
           what: str, create: bool, mode: int, parents_mode: int, hint: str | None = None) -> StateDir:
-    """Follow ``parts`` from the folder on top of ``stack`` (descriptor, path, stat), checking each step;
-    ``..`` goes back up the folders actually walked, a trusted link's target is walked in its place."""
+    """Follow ``parts`` from the folder on top of ``stack`` (descriptor, path as text, stat), checking each
+    step; ``..`` goes back up the folders actually walked, a trusted link's target is walked in its place.
+    (Paths on the stack are plain strings: a status walks a few folders on every call.)"""
     links = retries = 0
     todo = list(reversed(parts))
     hint = hint if hint is not None else _hint(trust)
 
-    def restart(at: Path) -> None:
+    def restart(at: str) -> None:
         """Walk on from ``/`` through ``at`` (an absolute link's target, or the folder a subdir() walk
         started in, to go above it): the stack then holds every folder from the root."""
         for fd, _, _ in stack:
             os.close(fd)
         stack.clear()
         root = os.open("/", _DIR_FLAGS)
-        stack.append((root, Path("/"), os.fstat(root)))
-        todo.extend(reversed([p for p in at.parts[1:] if p not in ("", ".")]))
+        stack.append((root, "/", os.fstat(root)))
+        todo.extend(reversed([p for p in at.split("/") if p not in ("", ".")]))
 
     def again(name: str) -> None:
         """Look at ``name`` once more (it changed under us), a bounded number of times."""
@@ -357,7 +368,7 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
             if name == "..":
                 if len(stack) > 1:
                     os.close(stack.pop()[0])
-                elif stack[0][1] != Path("/"):  # above the folder a subdir() walk started in
+                elif stack[0][1] != "/":  # above the folder a subdir() walk started in
                     todo.append("..")
                     restart(stack[0][1])
                     continue
@@ -365,7 +376,7 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
                     _check_dir(path, stack[-1][1], stack[-1][2], trust, uid, what, hint, final=True)
                 continue
             parent_fd, parent_path, _ = stack[-1]
-            here = parent_path / name
+            here = parent_path + name if parent_path == "/" else f"{parent_path}/{name}"
             try:
                 st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -401,7 +412,7 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
                 target = os.readlink(name, dir_fd=parent_fd)
                 todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
                 if target.startswith("/"):
-                    restart(Path("/"))
+                    restart("/")
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 verb = "create" if create and not final else "use"
@@ -423,7 +434,7 @@ def _walk(path: Path, parts: list[str], stack: list[tuple[int, Path, os.stat_res
             os.close(fd)
 
 
-def _open_dir_at(path: Path, parent_fd: int, name: str, here: Path, what: str) -> int:
+def _open_dir_at(path: Path, parent_fd: int, name: str, here: str, what: str) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
@@ -433,7 +444,7 @@ def _open_dir_at(path: Path, parent_fd: int, name: str, here: Path, what: str) -
         raise PermissionDenied(f"cannot use {what} {path}: {here}: {exc.strerror or exc}") from None
 
 
-def _check_dir(path: Path, here: Path, st: os.stat_result, trust: Trust, uid: int, what: str, hint: str, *,
+def _check_dir(path: Path, here: str, st: os.stat_result, trust: Trust, uid: int, what: str, hint: str, *,
                final: bool) -> None:
     """A folder on the way (or the folder itself, ``final``) under ``trust``'s rules."""
     if trust is Trust.SHARED:

@@ -61,8 +61,15 @@ class SimBackend:
         reserved = int(cfg["reserved"])
         used = dict.fromkeys(indices, 0)
         procs: dict[int, dict[int, GpuProcess]] = {i: {} for i in indices}
-        self.host.stall()  # DIR/stuck: a driver call that hangs, on purpose
-        survey = self.host.survey()
+        try:
+            root = self.host.root_dir()  # one walk for both
+        except OSError:  # the host's folder went away or was swapped: survey says what it finds
+            self.host.stall()
+            survey = self.host.survey()
+        else:
+            with root:
+                self.host.stall(root)  # DIR/stuck: a driver call that hangs, on purpose
+                survey = self.host.survey(root=root)
         for held in survey.held:
             rec = held.record
             if rec.gpu not in used:

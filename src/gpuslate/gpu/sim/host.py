@@ -206,19 +206,22 @@ class SimHost:
         if self._config is None:
             hint = f"create one with 'gpuslate sim init {self.root}'"
             try:
-                is_dir = self.root.is_dir()
-            except OSError as exc:  # a name too long, a path through a file: not a host either
-                raise BackendUnavailable(f"no simulated host at {self.root}: {exc.strerror}", hint=hint) from None
-            if not is_dir:
-                what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
-                raise BackendUnavailable(f"no simulated host at {self.root}: it {what}", hint=hint)
-            try:
-                with self._open(self.root) as root:
+                root = self._open(self.root)
+            except OSError as exc:
+                raise self._no_host(exc, hint) from None
+            with root:
+                try:
                     data = root.read("host.json", MAX_CONFIG_BYTES)
-            except FileNotFoundError:
-                data = None
-            except OSError as exc:  # a FIFO, a link to /dev/zero, a file of 1 GB: refused, never read
-                raise BackendUnavailable(f"cannot read {self.root}/host.json: {exc}") from None
+                except FileNotFoundError:
+                    data = None
+                except OSError as exc:  # a FIFO, a link to /dev/zero, a file of 1 GB: refused, never read
+                    raise BackendUnavailable(f"cannot read {self.root}/host.json: {exc}") from None
+                if self._real_dev is None:  # the same walk finds the device folder (real_dev says why not)
+                    try:
+                        with root.subdir("dev") as dev:
+                            self._real_dev = dev.real_path()
+                    except OSError:
+                        pass
             if data is None:
                 raise BackendUnavailable(f"no simulated host at {self.root}", hint=hint)
             try:
@@ -232,6 +235,18 @@ class SimHost:
             cfg.setdefault("memory_api", "v2")  # hosts made before the option existed
             self._config = cfg
         return self._config
+
+    def _no_host(self, exc: OSError, hint: str) -> BackendUnavailable:
+        """Why the folder is no simulated host, in the words people expect (missing, not a folder),
+        else what the walk refused (another user's link on the way)."""
+        try:
+            is_dir = self.root.is_dir()
+        except OSError as err:  # a name too long, a path through a file: not a host either
+            return BackendUnavailable(f"no simulated host at {self.root}: {err.strerror}", hint=hint)
+        if not is_dir:
+            what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
+            return BackendUnavailable(f"no simulated host at {self.root}: it {what}", hint=hint)
+        return BackendUnavailable(f"cannot use {self.root}: {exc}")
 
     @property
     def memory_api(self) -> str:
@@ -255,6 +270,10 @@ class SimHost:
     def alloc_dir(self) -> StateDir:
         """The records' folder, walked like :meth:`dev_dir`."""
         return self._open(self.alloc)
+
+    def root_dir(self) -> StateDir:
+        """The host's folder, walked like :meth:`dev_dir` (one walk for :meth:`stall` and :meth:`survey`)."""
+        return self._open(self.root)
 
     @property
     def real_dev(self) -> str:
@@ -280,29 +299,31 @@ class SimHost:
             )
 
     # -- a driver that hangs --------------------------------------------------
-    def stall(self) -> None:
+    def stall(self, root: StateDir | None = None) -> None:
         """Block while ``DIR/stuck`` is a FIFO of the host's owner, until a writer opens
         it and closes it: a simulated driver call that hangs, for tests of timeouts.
 
         Deliberate and visible, unlike a record that is a FIFO (never waited on: see
         :func:`~gpuslate.gpu.sim.records.read_record`); another user's FIFO is ignored.
         """
+        if root is None:
+            try:
+                with self.root_dir() as walked:
+                    self.stall(walked)
+            except OSError:
+                pass
+            return
         try:
-            root = self._open(self.root)
+            st = root.lstat(STUCK_NAME)
+            owner = root.lstat("host.json").st_uid
         except OSError:
             return
-        with root:
-            try:
-                st = root.lstat(STUCK_NAME)
-                owner = root.lstat("host.json").st_uid
-            except OSError:
-                return
-            if not stat.S_ISFIFO(st.st_mode) or st.st_uid != owner:
-                return
-            try:  # blocks until a writer opens it: the one open that may, on purpose
-                fd = os.open(STUCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root.fd)
-            except OSError:
-                return
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != owner:
+            return
+        try:  # blocks until a writer opens it: the one open that may, on purpose
+            fd = os.open(STUCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root.fd)
+        except OSError:
+            return
         try:
             while os.read(fd, 4096):
                 pass
@@ -428,7 +449,7 @@ class SimHost:
         """Records that still hold memory now, after applying the release delay."""
         return self.survey(now).held
 
-    def survey(self, now: float | None = None, *, owners: bool = True) -> Survey:
+    def survey(self, now: float | None = None, *, owners: bool = True, root: StateDir | None = None) -> Survey:
         """What the simulated driver holds now (see :mod:`gpuslate.gpu.sim.records`).
 
         Never raises for a record: one that cannot be read is a problem of its GPU
@@ -438,7 +459,7 @@ class SimHost:
         now = time.time() if now is None else now
         problems: dict[int | None, list[str]] = {}
         try:
-            alloc = self.alloc_dir()
+            alloc = root.subdir("alloc") if root is not None else self.alloc_dir()
         except FileNotFoundError:
             return Survey([], problems)
         except OSError as exc:  # another user's link, not a folder: every GPU's memory is unknown
