@@ -139,10 +139,8 @@ class GuardedStream:
         except (OSError, ValueError):
             return False
 
-    def __getattr__(self, name: str) -> Any:  # encoding, errors, fileno, buffer...
-        if self._stream is None:
-            raise AttributeError(f"{self.name} is not available: {self.lost}")
-        return getattr(self._stream, name)
+    def __getattr__(self, name: str) -> Any:  # encoding, errors, fileno, buffer...: a lost stream's are /dev/null's
+        return getattr(self._stream if self._stream is not None else _null(), name)
 
     def _lose(self, exc: BaseException | None) -> None:
         if self.lost is None:
@@ -154,6 +152,16 @@ class GuardedStream:
         if _State.mode is Mode.RUN or (_State.mode is Mode.PRINT and self.name == "stdout"):
             self._raised = True
             raise OutputLost(self.name, self.lost)
+
+
+_NULL: list[IO[str]] = []
+
+
+def _null() -> IO[str]:
+    """/dev/null as a text stream (opened once): what a lost stream's attributes come from."""
+    if not _NULL:
+        _NULL.append(open(os.devnull, "w", encoding="utf-8"))  # kept for the process's life
+    return _NULL[0]
 
 
 def _to_devnull(stream: IO[str] | None) -> None:
