@@ -17,7 +17,8 @@ import re
 import sys
 from typing import Any
 
-from .errors import UsageError
+from ._walk import read_file
+from .errors import FileTooLarge, PermissionDenied, UsageError
 
 #: no configuration or experiment spec comes near these; anything beyond is refused before parsing
 MAX_BYTES = 1 << 20
@@ -33,15 +34,20 @@ def read_toml(path: str | os.PathLike[str], what: str) -> tuple[str, dict[str, A
         import tomllib  # lazy: startup
     else:
         import tomli as tomllib  # lazy: optional
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_BYTES + 1)
+    try:  # the walk: a regular file only (a FIFO never hangs the read), never another user's link, bounded
+        data = read_file(path, limit=MAX_BYTES, what=what)
     except FileNotFoundError:
         raise UsageError(f"{what} {path} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except FileTooLarge:
+        raise UsageError(f"{path}: too large for a {what} (more than {MAX_BYTES >> 20} MiB)") from None
+    except PermissionDenied as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
-    if len(text) > MAX_BYTES:
-        raise UsageError(f"{path}: too large for a {what} (more than {MAX_BYTES >> 20} MiB)")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from None
     problem = check_bounds(text)
     if problem is not None:
         line, why = problem

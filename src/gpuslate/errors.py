@@ -15,10 +15,12 @@ The CLI maps each class to an exit code in exactly one place
     └── Interrupted                the user interrupted (Ctrl-C)
 
 Remote hosts (``--host``) fail in named ways, each under the class whose exit
-code fits: unreachable and gpuslate-missing hosts are an unavailable backend
-(3), a refused key or a changed host key a permission problem (5), a host
-that does not answer in time a timeout (4), an incompatible remote gpuslate a
-usage problem (2); a remote command that ran and failed keeps its own code.
+code fits: unreachable, stalled (an answer that does not end in time) and
+gpuslate-missing hosts are an unavailable backend (3), a refused key or a
+changed host key a permission problem (5), a host that does not connect in
+time a timeout (4), an incompatible remote gpuslate or a document that cannot
+be read (too large, nested too deep, not UTF-8, not an object) a usage
+problem (2); a remote command that ran and failed keeps its own code.
 ``install`` adds two: a host without Python >= 3.10 cannot run gpuslate (3),
 and files it may not write there are a permission problem (5).
 """
@@ -71,6 +73,12 @@ class PermissionDenied(GpuslateError, PermissionError):
     code = "permission"
 
 
+class FileTooLarge(PermissionDenied):
+    """A file gpuslate was given is larger than what it reads of one (refused, never read whole)."""
+
+    code = "too_large"
+
+
 class ServerFailed(GpuslateError):
     """A managed server exited before it was ready, or failed its readiness check."""
 
@@ -114,6 +122,12 @@ class HostKeyChanged(PermissionDenied):
     """The host's key differs from the one in known_hosts (or is not known, in batch mode)."""
 
     code = "host_key_changed"
+
+
+class HostStalled(BackendUnavailable):
+    """The host answered but did not finish within the time limit (a peer that stalls mid-answer)."""
+
+    code = "stalled"
 
 
 class HostTimedOut(NotDoneError):

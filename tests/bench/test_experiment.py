@@ -119,6 +119,29 @@ def test_resume_refuses_another_spec_and_existing_dir(exp_host, cli, tmp_path):
     assert r.returncode == 2 and "not an experiment folder" in r.stderr
 
 
+@pytest.mark.parametrize("lines", [3, 6])
+def test_a_reader_gone_stops_the_run_and_says_so(exp_host, cli, tmp_path, lines):
+    """``experiment run SPEC 2>&1 | head -N`` (issue 25): it used to stop everything, write no report and
+    exit 0. Cut short, it stops its servers, verifies the GPUs, keeps its points, and exits 141 (the
+    --resume line could not be written: stderr is the broken pipe); --resume then finishes it."""
+    spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    out = tmp_path / "cut"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "experiment", "run", str(spec), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=gpuslate_env(),
+                            start_new_session=True)
+    shown = [proc.stdout.readline() for _ in range(lines)]
+    proc.stdout.close()  # head -N exits
+    assert proc.wait(90) == 141, shown
+    assert all(b"Traceback" not in line for line in shown)
+    assert not exp_host.held()  # the deployment it was running was stopped and verified
+    assert not (out / "report.md").exists()
+    kept = len(list((out / "points").glob("*.json"))) if (out / "points").is_dir() else 0
+    assert kept < 2 * len(LEVELS)
+    again = cli("experiment", "run", str(spec), "--out", str(out), "--resume", "--json", timeout=110)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["run"]["points_skipped"] == kept
+
+
 def test_deployment_that_fails_to_start_is_cleaned_up(exp_host, cli, tmp_path):
     spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
     spec.write_text(spec.read_text().replace('"--mode", "speculative"]', '"--fail-startup"]'))

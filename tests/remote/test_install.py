@@ -191,6 +191,48 @@ def test_unwritable_prefix_is_named(install_lab, gs):
     _no_traceback(r)
 
 
+@pytest.mark.parametrize("shape", ["root-link-to-theirs", "their-link", "their-folder", "group-writable",
+                                   "home-then-their-link"])
+def test_a_prefix_through_another_users_folder_is_refused(install_lab, gs, other_user, shape):
+    """install --prefix P where a folder below P leads into another user's folder (issue 25): root's
+    launcher would run whatever that user puts there. Every component is walked from / (or from the
+    home, for ~/...) under the state folder's rules; nothing is written there."""
+    base = Path(tempfile.mkdtemp(prefix="gsp-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        theirs = base / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+        prefix = str(base / "p" / "opt")
+        (base / "p").mkdir(mode=0o755)
+        if shape == "root-link-to-theirs":  # root's own link, to a folder the user owns
+            (base / "p" / "opt").symlink_to(theirs)
+        elif shape == "their-link":  # the user's link, to a folder of root's
+            (base / "mine").mkdir()
+            (base / "p" / "opt").symlink_to(base / "mine")
+            os.chown(base / "p" / "opt", other_user.pw_uid, other_user.pw_gid, follow_symlinks=False)
+        elif shape == "their-folder":
+            os.chown(base / "p", other_user.pw_uid, other_user.pw_gid)
+        elif shape == "group-writable":
+            (base / "p").chmod(0o775)
+        else:  # ~/link where the link is the user's
+            home = _home(install_lab, "clean")
+            link = home / f"gsp-{base.name}"
+            link.symlink_to(theirs)
+            os.chown(link, other_user.pw_uid, other_user.pw_gid, follow_symlinks=False)
+            prefix = f"~/{link.name}"
+        r = gs("--host", "clean", "install", "--prefix", prefix, "--json")
+        assert r.returncode == 5, (r.stdout[-800:], r.stderr[-800:])
+        err = _host_doc(r)["error"]
+        assert err["type"] == "install_failed" and "refusing install prefix" in err["message"], err
+        assert not list(theirs.iterdir()) and not list((base / "p").rglob("gpuslate*"))
+        _no_traceback(r)
+    finally:
+        for link in _home(install_lab, "clean").glob("gsp-*"):
+            link.unlink()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_unreachable_host_is_named_and_the_others_installed(install_lab, gs):
     install_lab.add_alias("nobody", free_port())  # nothing listens there
     r = gs("-H", "nobody", "-H", "clean", "install", "--json")

@@ -3,6 +3,8 @@ the drain reason, srun's labeled output, and the --slurm option."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -162,6 +164,33 @@ def test_slurm_option_without_srun(tmp_path):
     p = run_cli("--slurm", "status", env={"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "n[1-2]",
                                           "PATH": str(tmp_path)})
     assert p.returncode == 3 and "no srun" in p.stderr.splitlines()[0] and "Traceback" not in p.stderr
+
+
+FAKE_SRUN = """#!/bin/sh
+# a stand-in for srun whose node {shape}
+printf '0: @@gpuslate-node n1\\n'
+case {shape} in
+  endless) while :; do printf '0: {{"schema": "gpuslate.status.v1", "pad": "xxxxxxxxxxxxxxxxxxxxxxxx"}}\\n'; done ;;
+  stalls) printf '0: {{"schema": "gpuslate.status.v1", '; exec sleep 60 ;;
+  deep) python3 -c 'print("0: " + "[" * 100000 + "]" * 100000)'; printf '0: @@gpuslate-exit 0\\n' ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("shape,code", [("endless", "bad_document"), ("stalls", "stalled"), ("deep", "bad_document")])
+def test_an_srun_past_a_bound_is_each_nodes_failure(tmp_path, monkeypatch, shape, code):
+    """srun's output is bounded like ssh's (issue 25): bytes (1 MiB a node beyond one document), time,
+    and each node's document by its parser; srun itself, the one process started, is ended."""
+    from gpuslate.remote.srun import run_allocation
+
+    (tmp_path / "srun").write_text(FAKE_SRUN.format(shape=shape))
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    t0 = time.monotonic()
+    (out,) = run_allocation([HostSpec("n1")], ["status", "--json"], env={}, timeout=2).hosts
+    assert time.monotonic() - t0 < 20
+    assert not out.ok and out.error.code == code, out.error
+    assert len(out.error.message) < 300
 
 
 line_text = st.text(st.characters(blacklist_categories=("Cc", "Cs"),

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from .._document import MAX_DOCUMENT_BYTES, parse_json
 from .metrics import RequestRecord, TokenSource, split_tokens
 from .prompts import Prompt
 from .tokens import TokenCounter
@@ -28,6 +29,20 @@ from .tokens import TokenCounter
 _ERROR_CHARS = 200  # an error message is cut to this before it is grouped
 _decode = json.JSONDecoder().decode  # str in: json.loads would sniff each bytes chunk's encoding
 CHARS_PER_TOKEN = 4  # the estimate without usage or tokenizer (the simulator's and OpenAI's rule of thumb)
+#: a whole (not streamed) response, or one event of a stream, is at most this: a server that sends more
+#: (or a line without end) fails that request, never the memory of the load generator
+MAX_BODY_BYTES = MAX_DOCUMENT_BYTES
+MAX_EVENT_BYTES = 4 << 20
+
+
+async def read_body(resp: aiohttp.ClientResponse, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body of ``resp``, refused (``ValueError``) past ``limit`` bytes, never read further."""
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise ValueError(f"a response of more than {limit} bytes")
+    return bytes(body)
 
 
 def short(message: str) -> str:
@@ -39,7 +54,7 @@ def error_message(body: bytes) -> str:
     """The ``error.message`` of an OpenAI-shaped error body, else the body's text."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # 64 KiB of '[' nests deeper than the parser recurses
         return body.decode("utf-8", "replace")
     if isinstance(doc, dict):
         err = doc.get("error", doc)
@@ -104,6 +119,9 @@ class StreamParser:
         (``[DONE]`` or an error event)."""
         lines = (self.pending + data).split(b"\n")
         self.pending = lines.pop()  # an incomplete last line waits for the next buffer
+        if len(self.pending) > MAX_EVENT_BYTES or any(len(line) > MAX_EVENT_BYTES for line in lines):
+            self.error = f"malformed response: an event line of more than {MAX_EVENT_BYTES} bytes"
+            return True
         for line in lines:
             if not line.startswith(b"data:"):
                 continue  # blank separators, comments, event: lines
@@ -111,7 +129,10 @@ class StreamParser:
             if payload == b"[DONE]":
                 self.finished = self.done = True
                 return True
-            obj = _decode(payload.decode())
+            try:
+                obj = _decode(payload.decode())
+            except RecursionError:  # nested deeper than the parser recurses: checked while parsing
+                raise ValueError("an event nested too deep") from None
             if not isinstance(obj, dict):
                 continue
             if "error" in obj and "choices" not in obj:
@@ -260,7 +281,7 @@ class Client:
 
     async def _read_whole(self, resp: aiohttp.ClientResponse, rec: RequestRecord,
                           prompt: Prompt, st: float) -> None:
-        obj = json.loads(await resp.read())
+        obj = parse_json(await read_body(resp))
         rec.ttft = rec.ttft_vllm = time.perf_counter() - st  # no stream: the first token arrives with the last
         text = chunk_text(obj) if isinstance(obj, dict) else ""
         usage = obj.get("usage") if isinstance(obj, dict) else None

@@ -40,7 +40,6 @@ points already written stay, and ``resume=True`` skips them.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -53,13 +52,14 @@ from typing import Any, Literal
 
 from .. import __version__
 from .._time import iso_time
+from .._walk import write_file
 from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import UnitSpec, UpOptions
 from .plan import LoadPlan
 from .report import ENGINE_FILES, build_summary, plan_verification
 from .result import Progress
-from .rundir import POINT_SCHEMA, RUN_SCHEMA, VERIFY_FILE, load_verification, write_json_atomic
+from .rundir import POINT_SCHEMA, RUN_SCHEMA, VERIFY_FILE, load_verification, read_json, write_json_atomic
 from .spec import RECOMMENDED, Deployment, ExperimentSpec, Order, same_experiment
 
 __all__ = ["POINT_SCHEMA", "RUN_SCHEMA", "PointKey", "RunResult", "run_experiment", "schedule", "write_json_atomic"]
@@ -178,7 +178,9 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
             raise UsageError(f"{out} already holds an experiment",
                              hint="add --resume to continue it, or give another --out DIR")
         try:
-            prev = json.loads(manifest.read_text())
+            prev = read_json(manifest)
+            if not isinstance(prev, dict):
+                raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read {manifest}: {exc}") from None
         why = same_experiment(spec, prev.get("identity"), prev.get("spec") or {})
@@ -189,8 +191,7 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
         return
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not an experiment folder", hint="give another --out DIR")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.toml").write_text(spec.text)
+    write_file(out / "spec.toml", spec.text.encode(), what="experiment directory")
     write_json_atomic(manifest, {"schema": RUN_SCHEMA, "gpuslate_version": __version__,
                                  "created_at": iso_time(time.time()), "spec": spec.to_json(),
                                  "identity": spec.identity()})

@@ -10,6 +10,7 @@ crossover interval. Figures are in modelled time (see report.py).
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from .._walk import write_file
 
 PLOTS = ("throughput_vs_concurrency.png", "ttft_vs_concurrency.png", "itl_vs_concurrency.png",
          "throughput_vs_speed.png")
@@ -132,6 +135,8 @@ def _axes(ax: Any, levels: list[int], xlabel: str, ylabel: str, title: str) -> N
 
 def _save(fig: Any, out: Path, name: str) -> str:
     fig.tight_layout()
-    fig.savefig(out / name, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_file(out / name, png.getvalue(), what="experiment directory")  # the walk: never another user's link
     return name

@@ -14,10 +14,10 @@ import json
 import math
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from .._walk import read_file
+from ..errors import FileTooLarge, PermissionDenied, UsageError
 
 _WORDS = (
     " the and for not you all can had her was one our out day get has him his how man new now old"
@@ -84,13 +84,14 @@ def load_dataset(path: str, output_len: int) -> list[Prompt]:
     Every ShareGPT prompt gets ``output_len`` tokens (with ``ignore_eos``), so that runs are
     comparable across servers. Errors name ``FILE:LINE``.
     """
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_DATASET_BYTES:
-            raise UsageError(f"{path}: dataset larger than 1 GiB")
-        text = p.read_text(encoding="utf-8")
+    try:  # the walk: a regular file only (a FIFO never hangs), never another user's link, bounded
+        text = read_file(path, limit=MAX_DATASET_BYTES, what="dataset").decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such dataset file") from None
+    except FileTooLarge:
+        raise UsageError(f"{path}: dataset larger than 1 GiB") from None
+    except PermissionDenied as exc:
+        raise UsageError(f"{path}: cannot read dataset: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read dataset: {exc}") from None
     prompts: list[Prompt] = []
@@ -99,6 +100,8 @@ def load_dataset(path: str, output_len: int) -> list[Prompt]:
             records = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UsageError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+        except RecursionError:  # checked while parsing: a dataset nests a few levels
+            raise UsageError(f"{path}: invalid JSON: nested too deeply") from None
         for i, record in enumerate(records):
             prompt = _record_prompt(record, f"{path}: record {i}", output_len)
             if prompt is not None:
@@ -111,6 +114,8 @@ def load_dataset(path: str, output_len: int) -> list[Prompt]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise UsageError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from None
+            except RecursionError:
+                raise UsageError(f"{path}:{lineno}: invalid JSON: nested too deeply") from None
             prompt = _record_prompt(record, f"{path}:{lineno}", output_len)
             if prompt is not None:
                 prompts.append(prompt)

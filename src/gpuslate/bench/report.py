@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 from .. import __version__
 from .._document import checked, reading
+from .._walk import write_file
 from ..extras import Extra, install_hint
 from .engines import (
     COMMAND_FILE,
@@ -335,12 +336,12 @@ def write_report(out: str | Path) -> Report:
         if name not in engine_files:
             (out / name).unlink(missing_ok=True)
     for name, text in engine_files.items():
-        (out / name).write_text(text)
+        write_file(out / name, text.encode(), what="experiment directory")
     summary["files"] = {"report": "report.md", "summary_json": "summary.json", "summary_csv": "summary.csv",
                         "plots": plots, "engines": sorted(engine_files)}
     summary["plots_note"] = note
-    (out / "summary.csv").write_text(to_csv(rows))
-    (out / "report.md").write_text(to_markdown(summary, rec, plots, note))
+    write_file(out / "summary.csv", to_csv(rows).encode(), what="experiment directory")
+    write_file(out / "report.md", to_markdown(summary, rec, plots, note).encode(), what="experiment directory")
     write_json_atomic(out / "summary.json", summary)
     return Report(summary, rec, ["report.md", "summary.json", "summary.csv", *plots, *sorted(engine_files)])
 

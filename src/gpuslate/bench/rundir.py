@@ -11,10 +11,11 @@ verification) without the two modules importing each other.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from .._document import parse_json
+from .._walk import read_file, write_file
 from ..errors import UsageError
 
 RUN_SCHEMA = "gpuslate.experiment.run.v1"
@@ -23,23 +24,28 @@ VERIFY_SCHEMA = "gpuslate.experiment.verification.v1"
 VERIFY_FILE = "verification.json"
 
 
+#: the largest file of an experiment folder that is read back (a point with every request's figures)
+MAX_RESULT_BYTES = 256 << 20
+
+
 def write_json_atomic(path: Path, doc: Any) -> None:
-    """Whole or not at all: a temp file in the same folder, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Whole or not at all: a temp file in the same folder, fsync, rename; the folder reached by
+    the trusted-root walk (:func:`gpuslate._walk.write_file`: never through another user's link)."""
+    write_file(path, (json.dumps(doc, indent=1) + "\n").encode(), sync=True, what="experiment directory")
+
+
+def read_json(path: Path) -> Any:
+    """A file of an experiment folder, read back by the walk (a regular file, never another user's
+    link, at most :data:`MAX_RESULT_BYTES`) and parsed within :func:`gpuslate._document.parse_json`'s
+    bounds. Raises OSError or ValueError (a BadDocument)."""
+    return parse_json(read_file(path, limit=MAX_RESULT_BYTES, what="experiment file"), max_bytes=MAX_RESULT_BYTES)
 
 
 def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run manifest and every finished point (unreadable or foreign files are skipped)."""
     manifest = out / "experiment.json"
     try:
-        run = json.loads(manifest.read_text())
+        run = read_json(manifest)
     except FileNotFoundError:
         raise UsageError(f"{out} is not an experiment folder (no experiment.json)") from None
     except (OSError, ValueError) as exc:
@@ -49,7 +55,7 @@ def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     points = []
     for p in sorted((out / "points").glob("*.json")):
         try:
-            doc = json.loads(p.read_text())
+            doc = read_json(p)
         except (OSError, ValueError):
             continue  # only atomic renames land here; anything else is not ours
         if isinstance(doc, dict) and doc.get("schema") == POINT_SCHEMA:
@@ -60,7 +66,7 @@ def load_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def load_verification(out: Path) -> dict[str, Any] | None:
     """``DIR/verification.json`` if there is one of ours (None otherwise)."""
     try:
-        doc = json.loads((out / VERIFY_FILE).read_text())
+        doc = read_json(out / VERIFY_FILE)
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("schema") == VERIFY_SCHEMA else None

@@ -4,7 +4,6 @@ engine and version, and the speculative-decoding counters read between levels.""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +11,9 @@ from typing import Any
 import aiohttp
 
 from .. import __version__
+from .._document import parse_json
 from ..errors import ServerFailed
-from .client import connect_failure
+from .client import connect_failure, read_body
 
 PROBE_TIMEOUT_S = 10.0  # model list and server-info look-ups
 # Engines that take vLLM's stream_options.continuous_usage_stats (usage on every chunk).
@@ -24,9 +24,9 @@ async def get_json(session: aiohttp.ClientSession, url: str,
                    headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
                            headers=dict(headers or {})) as resp:
-        body = await resp.read()
-        try:
-            return resp.status, json.loads(body) if body else None
+        try:  # bounded: size, depth and numbers (a BadDocument is a ValueError)
+            body = await read_body(resp)
+            return resp.status, parse_json(body) if body else None
         except ValueError:
             return resp.status, None
 

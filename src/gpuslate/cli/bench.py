@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from .._document import parse_json
+from ..errors import BadDocument, UsageError
 from ..extras import Extra, require
 from .common import note, print_json
 from .exits import ExitStatus, exit_epilog, exit_status_for_result
@@ -156,10 +157,10 @@ def _headers(items: list[str]) -> tuple[tuple[str, str], ...]:
 def _extra_body(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"invalid --extra-body: not JSON ({exc})") from None
+    try:  # bounded like every document gpuslate parses: no RecursionError for '[[[[...'
+        doc = parse_json(text)
+    except BadDocument as exc:
+        raise UsageError(f"invalid --extra-body: {exc}") from None
     if not isinstance(doc, dict):
         raise UsageError("invalid --extra-body: expected a JSON object, e.g. '{\"top_p\": 0.9}'")
     return doc
@@ -281,9 +282,10 @@ def _check_out(path: str) -> None:
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    """--out FILE: atomically, its folder walked (never another user's link: gpuslate/_walk.py)."""
+    from .._walk import write_file  # lazy: startup
+
+    write_file(path, (json.dumps(doc, indent=2) + "\n").encode(), what="--out directory")
 
 
 class _ProgressBar:

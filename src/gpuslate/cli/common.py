@@ -10,6 +10,7 @@ from typing import Any
 from .._parse import parse_gpu_list, parse_int, parse_seconds, parse_size
 from ..errors import GpuslateError, UsageError
 from .exits import error_type_for
+from .output import quietly
 
 
 def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -92,10 +93,12 @@ def print_error(exc: BaseException, status: int, as_json: bool) -> None:
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None
-    # one line each, escaped: messages can quote process titles and file contents
-    sys.stderr.write(f"gpuslate: error: {safe(' '.join(msg.splitlines()))}\n")
-    if hint:
-        sys.stderr.write(f"gpuslate: hint: {safe(' '.join(hint.splitlines()))}\n")
-    if as_json:
-        print_json({"schema": "gpuslate.error.v1",
-                    "error": {"type": error_type_for(exc), "message": msg, "hint": hint, "exit_code": int(status)}})
+    with quietly():  # an error that cannot be shown (stderr gone) still leaves with its own code
+        # one line each, escaped: messages can quote process titles and file contents
+        sys.stderr.write(f"gpuslate: error: {safe(' '.join(msg.splitlines()))}\n")
+        if hint:
+            sys.stderr.write(f"gpuslate: hint: {safe(' '.join(hint.splitlines()))}\n")
+        sys.stderr.flush()
+        if as_json:
+            print_json({"schema": "gpuslate.error.v1", "error": {"type": error_type_for(exc), "message": msg,
+                                                                  "hint": hint, "exit_code": int(status)}})

@@ -37,6 +37,7 @@ from ..errors import Interrupted, NotDoneError, UsageError
 from ..extras import Extra, require
 from .common import add_common, note, print_json
 from .exits import exit_epilog, exit_status_for_result
+from .output import Mode, set_mode
 from .render_experiment import show_demo
 from .results import as_sent
 
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            4: "not verified clean at the end",
                                            6: "a simulated server failed",
                                            130: "interrupted by Ctrl-C (everything stopped and verified)",
+                                           141: "stdout or stderr went away (a closed pipe): likewise",
                                            143: "terminated by SIGTERM (likewise)"}))
     add_common(p)
     p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["GPUSLATE_STATE_DIR"] = str(work / "state")
     sigterm_as_interrupt()
     if out.exists():
-        shutil.rmtree(out)  # a previous demo's results (checked above)
+        _remove_previous(out)  # a previous demo's results (checked above)
     out.mkdir(parents=True)
     port, hand_port = _free_port(), _free_port()
     spec_path = work / "demo.toml"  # the results folder keeps a copy (spec.toml)
@@ -140,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = run_experiment(host, spec, out, on_progress=display.update)
                 ok = True
+                set_mode(Mode.ACT)  # the sweep ran: the check and the report finish whatever the output does
             except Interrupted as exc:  # the experiment stopped its units; the hint to --resume does not apply
                 stopped = exc
         finally:
@@ -168,12 +171,26 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out {out}: exists and is not a folder")
     if not any(out.iterdir()):
         return
+    from ..bench.rundir import read_json  # lazy: startup
+
     try:
-        name = json.loads((out / "experiment.json").read_text())["spec"]["name"]
+        name = read_json(out / "experiment.json")["spec"]["name"]
     except (OSError, ValueError, KeyError, TypeError):
         name = None
     if name not in ("demo", "demo-quick"):
         raise UsageError(f"--out {out}: exists and does not hold a previous demo", hint="give another --out DIR")
+
+
+def _remove_previous(out: Path) -> None:
+    """Remove the folder ``out`` from inside its parent as the walk reached it (never through another
+    user's link on the way; ``out`` itself a link is refused by rmtree), every step by descriptor."""
+    from .._walk import Trust, open_dir  # lazy: startup
+
+    with open_dir(out.parent, trust=Trust.SHARED, what="--out directory") as parent:
+        if sys.version_info >= (3, 11):
+            shutil.rmtree(out.name, dir_fd=parent.fd)
+        else:  # the folder held open, by its descriptor's name
+            shutil.rmtree(f"/proc/self/fd/{parent.fd}/{out.name}")
 
 
 def _free_port() -> int:

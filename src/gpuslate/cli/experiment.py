@@ -13,6 +13,7 @@ from ..errors import Interrupted
 from ..extras import Extra, install_hint, missing, require
 from .common import add_common, note, print_error, print_json
 from .exits import ExitStatus, exit_epilog, exit_status_for_result
+from .output import Mode, OutputLost, set_mode
 from .render_experiment import print_report
 from .results import as_sent
 
@@ -28,6 +29,7 @@ RUN_EPILOG = exit_epilog({
     6: "a deployment did not come up, or no request succeeded",
     7: "some requests failed (grouped in DIR/points)",
     130: "interrupted by Ctrl-C: units stopped and verified, points kept (--resume continues)",
+    141: "stdout or stderr went away (a closed pipe, e.g. '2>&1 | head'): likewise",
     143: "terminated by SIGTERM: likewise"})
 
 
@@ -76,12 +78,18 @@ class Terminated(KeyboardInterrupt):
 
 
 def interrupted_status(exc: Interrupted, json_out: bool, message: str | None = None) -> int:
-    """Report an interrupted run; 143 when SIGTERM caused it, else 130."""
-    terminated = isinstance(exc.__context__, Terminated)
-    status = ExitStatus.TERMINATED if terminated else ExitStatus.INTERRUPTED
+    """Report an interrupted run; 143 when SIGTERM caused it, 141 when its output went away
+    (cli/output.py: said on stderr if stderr still works), else 130."""
+    cause = exc.__context__
     shown = exc if message is None else Interrupted(message)
-    if terminated:
+    if isinstance(cause, Terminated):
+        status = ExitStatus.TERMINATED
         shown = Interrupted(str(shown).replace("interrupted", "terminated", 1), hint=shown.hint)
+    elif isinstance(cause, OutputLost):
+        status = ExitStatus.OUTPUT_LOST
+        shown = Interrupted(str(shown).replace("interrupted", f"stopped: {cause}", 1), hint=shown.hint)
+    else:
+        status = ExitStatus.INTERRUPTED
     print_error(shown, status, json_out)
     return status
 
@@ -114,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         return interrupted_status(exc, args.json)
     finally:
         display.close()
+    set_mode(Mode.ACT)  # every point ran: the report is written whatever happens to the output now
     display.note(f"{result.points_run} point(s) run, {result.points_skipped} resumed, "
                  f"in {result.elapsed_s:.1f} s; writing the report")
     rep = write_report_for(out)

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import BadDocument, Interrupted, UsageError
+from ..errors import BadDocument, Interrupted, PermissionDenied, UsageError
 from .common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .plain import Cell, Column, cut, paint, safe, table, use_color, width_of
@@ -176,7 +176,8 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
             raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
         hosts, fan, sequential = _install_over_ssh(fleet, args)
     else:
-        hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command)
+        limit = answer_limit(command, args, fleet.connect_timeout)
+        hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, limit)
     progress = Progress(len(hosts))
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
@@ -195,11 +196,31 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 
 
+#: commands whose length the host decides (its unit files' timeouts, a spec's load): their answer has no
+#: time limit here, only ssh's keep-alive and the byte and depth limits (docs/remote.md, Failures)
+_LENGTH_ON_THE_HOST = frozenset({"up", "down", "swap", "bench", "experiment", "demo"})
+def answer_limit(command: str, args: argparse.Namespace, connect_timeout: float) -> float | None:
+    """The seconds one host's answer may take, its connection included: ``--connect-timeout``, plus the
+    command's own ``--timeout`` and ``--grace`` (given or default), plus ``$GPUSLATE_ANSWER_MARGIN``
+    (default 60); ``None`` for the
+    commands whose length the host decides (``experiment report`` excepted: it only reads)."""
+    if command in _LENGTH_ON_THE_HOST and not (command == "experiment" and getattr(args, "verb", None) == "report"):
+        return None
+    own = 0.0
+    for name in ("timeout", "grace"):
+        value = getattr(args, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            own += float(value)
+    from ..remote.ssh import answer_margin  # lazy: startup
+
+    return connect_timeout + own + answer_margin()
+
+
 #: run WORDS on HOSTS, reporting each host to the progress line
 Fan = Callable[["list[HostSpec]", "list[str]", Progress], "FleetResult"]
 
 
-def _over_ssh(fleet: FleetArgs, command: str) -> tuple[list[HostSpec], Fan, Fan]:
+def _over_ssh(fleet: FleetArgs, command: str, limit: float | None) -> tuple[list[HostSpec], Fan, Fan]:
     """The selected hosts, and how to run a command on them over ssh (in parallel, one by one)."""
     from ..remote.fleet import run_parallel, run_sequential  # lazy: startup
     from ..remote.hosts import select_hosts  # lazy: startup
@@ -211,10 +232,10 @@ def _over_ssh(fleet: FleetArgs, command: str) -> tuple[list[HostSpec], Fan, Fan]
 
     def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
         return run_parallel(hs, words, opts, parallel=fleet.parallel, on_done=progress.done,
-                            fallback_status=command == "status")
+                            fallback_status=command == "status", timeout=limit)
 
     def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        return run_sequential(hs, words, opts, keep_going=fleet.keep_going, on_done=progress.done)
+        return run_sequential(hs, words, opts, keep_going=fleet.keep_going, on_done=progress.done, timeout=limit)
 
     return hosts, fan, sequential
 
@@ -237,7 +258,7 @@ def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[
     return hosts, fan, fan
 
 
-def _over_srun(fleet: FleetArgs, command: str) -> tuple[list[HostSpec], Fan, Fan]:
+def _over_srun(fleet: FleetArgs, command: str, limit: float | None) -> tuple[list[HostSpec], Fan, Fan]:
     """The nodes of the current Slurm allocation, and how to run a command on them through srun."""
     from ..remote.fleet import run_sequential  # lazy: startup
     from ..remote.hosts import HostSpec  # lazy: startup
@@ -247,24 +268,31 @@ def _over_srun(fleet: FleetArgs, command: str) -> tuple[list[HostSpec], Fan, Fan
     hosts = [HostSpec(n) for n in allocation_from_env(os.environ).nodes]
 
     def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        result = run_allocation(hs, words)
+        result = run_allocation(hs, words, timeout=limit)
         for outcome in result.hosts:
             progress.done(outcome)
         return result
 
     def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
         return run_sequential(hs, words, SshOptions(), keep_going=fleet.keep_going, on_done=progress.done,
-                              run_one=lambda h, w: run_allocation([h], w).hosts[0])
+                              run_one=lambda h, w: run_allocation([h], w, timeout=limit).hosts[0])
 
     return hosts, fan, sequential
 
 
+#: an inventory of 10,000 hosts (the most one may hold) is about 0.5 MB
+MAX_INVENTORY_BYTES = 8 << 20
+
+
 def _read_inventory(path: str) -> str:
+    """The walk's read (gpuslate/_walk.py): a regular file, never another user's link, bounded."""
+    from .._walk import read_file  # lazy: startup
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        return read_file(path, limit=MAX_INVENTORY_BYTES, what="inventory").decode("utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot read the inventory {path}: {exc.strerror or exc}") from None
+        why = exc.strerror if exc.strerror and not isinstance(exc, PermissionDenied) else str(exc)
+        raise UsageError(f"cannot read the inventory {path}: {why}") from None
     except UnicodeDecodeError:
         raise UsageError(f"cannot read the inventory {path}: not UTF-8 text") from None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .common import add_common, print_json, whole
 from .exits import exit_epilog, exit_status_for_result
+from .output import OutputLost
 from .render_logs import show_logs
 from .results import as_sent
 from .up import unit_name
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         for line in follow(path, since=since, keep_going=running):
             out.write(line)
             out.flush()
+    except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/output.py)
+        raise
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a follow ends
     return 0

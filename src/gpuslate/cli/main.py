@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from .. import __version__
 from ..errors import GpuslateError, UsageError
 from . import fleet as fleet_cli
+from . import output
 from .common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
 
@@ -39,6 +40,8 @@ class _LazySubParsers(argparse._SubParsersAction):
 
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
+        # only whole option names: a prefix (`--all` for --all-users) is an error, in every sub-parser too
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _LazySubParsers)
 
@@ -91,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitStatus.USAGE
     parser = build_parser(argv)
     args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
+    output.set_mode(output.mode_of(_chosen_command(argv), args))
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE
@@ -99,14 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
         _use_sim(args)
         return int(args.handler(args))
+    except output.OutputLost:  # `gpuslate status | head -1`, `>&-`: see cli/output.py
+        return ExitStatus.OUTPUT_LOST
     except KeyboardInterrupt as exc:
         try:
             print_error(exc if str(exc) else KeyboardInterrupt("interrupted"), ExitStatus.INTERRUPTED, args.json)
         except (OSError, ValueError):  # hung up (SIGHUP): the terminal is gone, the status still tells
             pass
         return ExitStatus.INTERRUPTED
-    except BrokenPipeError:  # `gpuslate status | head`: not an error worth a traceback
-        return ExitStatus.OK
     except Exception as exc:  # noqa: BLE001 - the last resort: an exit status and one line, never a traceback
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
@@ -143,10 +147,17 @@ def run() -> None:
     registers exit handlers or leaves non-daemon threads at this point, and the
     kernel and the driver release the process's files and NVML state either way.
     """
-    code = main()
-    for stream in (sys.stdout, sys.stderr):
+    output.open_standard_fds()
+    output.guard_streams()  # a closed stdout or a reader gone: cli/output.py decides, for every command
+    try:
         try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`gpuslate status | head`) or a closed stream
-            pass
+            code = main()
+        except SystemExit:  # argparse's --help, --version and usage errors, after their output
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+    except output.OutputLost:
+        code = ExitStatus.OUTPUT_LOST
+    with output.quietly():
+        sys.stderr.flush()
     os._exit(code)

@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "its holders' records and leaks are forgotten). Point gpuslate at it with --sim DIR "
                          "or GPUSLATE_SIM=DIR. The folder is DIR: a --sim naming another folder is refused.",
                          epilog=exit_epilog({2: "bad input, DIR is neither empty nor a simulated host, or --sim "
-                                             "names another folder", 5: "DIR holds another user's files"},
+                                             "names another folder",
+                                             5: "DIR, its alloc/ or dev/ is another user's, or reached through "
+                                             "another user's link (nothing is reset)"},
                                             backend=False))
     add_common(init)
     init.add_argument("dir", metavar="DIR", help="the folder of the simulated host (created if missing)")

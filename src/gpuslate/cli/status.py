@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .common import add_common, gpu_list, positive_float, print_json
 from .exits import exit_epilog
+from .output import OutputLost
 
 if TYPE_CHECKING:
     from ..api import Host
@@ -58,5 +59,7 @@ def _watch(args: argparse.Namespace, host: Host) -> int:
         while True:
             print_status(host.status(args.gpus), redraw=True)
             time.sleep(args.watch)
+    except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/output.py)
+        raise
     except KeyboardInterrupt:
         return 0  # Ctrl-C is how a watch ends: not a failure

@@ -10,14 +10,14 @@ the others: each runs in its own thread and ssh's connect timeout bounds it.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from ..errors import GpuslateError, GpuslateMissing, NotRun, RemoteCommandFailed, RemoteIncompatible
+from .._document import parse_json
+from ..errors import BadDocument, GpuslateError, GpuslateMissing, NotRun, RemoteCommandFailed, RemoteIncompatible
 from .hosts import HostSpec
 from .smi import SEPARATOR, smi_apps_words, smi_words, status_from_smi
 from .ssh import (
@@ -83,12 +83,21 @@ def schema_problem(schema: object) -> str | None:
     return None
 
 
-def _document(stdout: str) -> dict[str, Any] | None:
+_JSON_TYPES = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string", list: "array"}
+
+
+def _document(stdout: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the document, why there is none): parsed within the bounds of :func:`parse_json` (size,
+    depth, numbers, UTF-8); a value that is not an object (``null``, a list) is no document."""
+    if not stdout.strip():
+        return None, None
     try:
-        doc = json.loads(stdout)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+        doc = parse_json(stdout)
+    except BadDocument as exc:
+        return None, str(exc)
+    if not isinstance(doc, dict):
+        return None, f"not a gpuslate document: a JSON {_JSON_TYPES.get(type(doc), 'value')}, not an object"
+    return doc, None
 
 
 def _detail(stderr: str) -> str:
@@ -104,12 +113,14 @@ def interpret(host: HostSpec, res: SshResult, opts: SshOptions
     if failed is not None:
         return None, failed
     label, rc, detail = host.label, res.returncode, _detail(res.stderr)
-    doc = _document(res.stdout)
+    doc, why = _document(res.stdout)
     if doc is None:
         if re.search(r"invalid choice|unrecognized arguments", detail):
             return None, RemoteIncompatible(f"{label}: the remote gpuslate does not understand this command "
                                             f"(older than this one?): {detail}",
                                             hint="upgrade gpuslate on that host")
+        if why is not None and (rc == 0 or not detail):  # it answered, with something that is no document
+            return None, BadDocument(f"{label}: {why}")
         return None, RemoteCommandFailed(f"{label}: {detail or f'exit {rc} without a JSON document'}",
                                          exit_code=rc if rc else 1)
     problem = schema_problem(doc.get("schema"))
@@ -130,7 +141,9 @@ def run_on_host(host: HostSpec, words: Sequence[str], opts: SshOptions, *, fallb
     """``gpuslate WORDS`` on one host. Without ``GPUSLATE_REMOTE_COMMAND``, a host whose PATH has no
     ``gpuslate`` is tried again with the launcher ``install`` writes (``~/.local/bin/gpuslate``).
     ``fallback_status``: where gpuslate is missing, read the GPUs with nvidia-smi instead
-    (read-only ``status`` only)."""
+    (read-only ``status`` only). What the host sends is bounded (size, depth: :func:`interpret`)
+    and so is its time, ``timeout`` seconds for each ssh run (None: the command's own limits and
+    ssh's keep-alive only); a host past a bound fails with the reason."""
     start = time.monotonic()
     res = run_ssh(host, remote_line([*opts.remote_command, *words]), opts, timeout=timeout)
     if opts.remote_command == DEFAULT_REMOTE_COMMAND and res.returncode == 127 and missing(res):
@@ -147,22 +160,28 @@ def _smi_status(host: HostSpec, opts: SshOptions, missing: GpuslateMissing, time
     line = f"{remote_line(smi_words())} && {remote_line(['echo', SEPARATOR])} && {remote_line(smi_apps_words())}"
     taken_at = time.time()
     res = run_ssh(host, line, opts, timeout=timeout)
+    failed = transport_error(res, host, opts) if res.too_large or res.stalled is not None else None
+    if failed is not None:
+        return None, failed
     if res.returncode != 0:
         return None, missing  # no nvidia-smi either: the missing-gpuslate message stands
     warning = f"gpuslate is not installed on {host.label}: a read-only view from nvidia-smi; {INSTALL_HINT}"
-    return status_from_smi(host.label, res.stdout, taken_at, warning), None
+    text = res.stdout.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # CSV: shown, not parsed
+    return status_from_smi(host.label, text, taken_at, warning), None
 
 
 def run_parallel(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptions, *,
                  parallel: int = DEFAULT_PARALLEL, on_done: Callable[[HostOutcome], None] | None = None,
                  fallback_status: bool = False,
-                 run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None) -> FleetResult:
+                 run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None,
+                 timeout: float | None = None) -> FleetResult:
     """Every host at once, at most ``parallel`` at a time; results in host order.
-    ``run_one`` runs one host (default: ``gpuslate WORDS`` over ssh; ``install`` passes its own)."""
+    ``run_one`` runs one host (default: ``gpuslate WORDS`` over ssh; ``install`` passes its own);
+    ``timeout``: the seconds each host's answer may take (see :func:`run_on_host`)."""
 
     def one(h: HostSpec) -> HostOutcome:
         out = (run_one(h, words) if run_one is not None else
-               run_on_host(h, words, opts, fallback_status=fallback_status))
+               run_on_host(h, words, opts, fallback_status=fallback_status, timeout=timeout))
         if on_done is not None:
             on_done(out)
         return out
@@ -174,7 +193,8 @@ def run_parallel(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptio
 
 def run_sequential(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOptions, *,
                    keep_going: bool = False, on_done: Callable[[HostOutcome], None] | None = None,
-                   run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None) -> FleetResult:
+                   run_one: Callable[[HostSpec, Sequence[str]], HostOutcome] | None = None,
+                   timeout: float | None = None) -> FleetResult:
     """Host by host; after the first failure the rest are not run unless ``keep_going``.
     ``run_one`` runs one host (default: over ssh; :mod:`.srun` passes its own)."""
     outcomes: list[HostOutcome] = []
@@ -184,7 +204,7 @@ def run_sequential(hosts: Sequence[HostSpec], words: Sequence[str], opts: SshOpt
             out = HostOutcome(h, None, NotRun(f"{h.label}: not run: {failed.host.label} failed first",
                                               hint="--keep-going runs every host"), 0.0)
         else:
-            out = run_one(h, words) if run_one is not None else run_on_host(h, words, opts)
+            out = run_one(h, words) if run_one is not None else run_on_host(h, words, opts, timeout=timeout)
             if not out.ok and failed is None:
                 failed = out
         if on_done is not None:

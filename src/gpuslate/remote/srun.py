@@ -19,16 +19,17 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from .._document import MAX_DOCUMENT_BYTES
 from ..errors import GpuslateError, HostUnreachable, UsageError
 from .fleet import FleetResult, HostOutcome, interpret
 from .hosts import HostSpec, expand_hostlist
-from .ssh import SshOptions, SshResult
+from .ssh import SshOptions, SshResult, run_bounded, transport_error
 
+#: what the whole srun may send, per node, beyond one document (a node's status is some 20 KB)
+SRUN_BYTES_PER_NODE = 1 << 20
 NODE_MARK = "@@gpuslate-node "
 EXIT_MARK = "@@gpuslate-exit "
 # "$@": the command's words as srun passed them, one argv word each
@@ -96,14 +97,19 @@ def split_output(stdout: str, stderr: str) -> dict[int, _Task]:
 
 
 def outcomes(hosts: Sequence[HostSpec], tasks: dict[int, _Task], srun_rc: int, srun_stderr: str,
-             elapsed: float) -> list[HostOutcome]:
-    """One outcome per host, in host order, from the split output (pure)."""
+             elapsed: float, *, too_large: bool = False, stalled: float | None = None) -> list[HostOutcome]:
+    """One outcome per host, in host order, from the split output (pure). ``too_large``/``stalled``:
+    srun was ended for its output or its time; a node that had not finished then failed so."""
     by_node = {t.node: t for t in tasks.values() if t.node is not None}
     unlabeled = [ln.strip() for ln in srun_stderr.splitlines() if ln.strip() and not _LABELED.fullmatch(ln)]
     out: list[HostOutcome] = []
     for h in hosts:
         t = by_node.get(h.address)
         err: GpuslateError | None
+        if (t is None or t.exit is None) and (too_large or stalled is not None):
+            err = transport_error(SshResult(-9, "", "", elapsed, too_large, stalled), h, SshOptions())
+            out.append(HostOutcome(h, None, err, elapsed))
+            continue
         if t is None or t.exit is None:
             last = (t.stderr.strip().splitlines()[-1:] if t is not None and t.stderr.strip() else []) or \
                 unlabeled[-1:] or [f"srun exited {srun_rc}"]
@@ -119,22 +125,17 @@ def outcomes(hosts: Sequence[HostSpec], tasks: dict[int, _Task], srun_rc: int, s
 
 def run_allocation(hosts: Sequence[HostSpec], words: Sequence[str], *, env: Mapping[str, str] | None = None,
                    timeout: float | None = None) -> FleetResult:
-    """``gpuslate WORDS`` on each of ``hosts`` (nodes of the current allocation) through one srun."""
+    """``gpuslate WORDS`` on each of ``hosts`` (nodes of the current allocation) through one srun,
+    bounded like an ssh run (:func:`~gpuslate.remote.ssh.run_bounded`): ``timeout`` seconds, and
+    :data:`SRUN_BYTES_PER_NODE` per node plus one document's bytes in all (each node's document is
+    then held to the document limit by its parser)."""
     env = os.environ if env is None else env
     argv = srun_argv([h.address for h in hosts], words, remote_command(env))
-    start = time.monotonic()
     try:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                           timeout=timeout)
-        rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+        run = run_bounded(argv, timeout=timeout, max_stdout=MAX_DOCUMENT_BYTES + len(hosts) * SRUN_BYTES_PER_NODE)
     except FileNotFoundError:
         raise HostUnreachable("no srun: 'srun' is not on PATH",
                               hint="install Slurm's client (apt-get install slurm-client)") from None
-    except subprocess.TimeoutExpired as exc:
-        rc, stdout, stderr = 124, _text(exc.stdout), _text(exc.stderr) + f"\nsrun timed out after {timeout:g} s"
-    elapsed = time.monotonic() - start
-    return FleetResult(list(words), outcomes(hosts, split_output(stdout, stderr), rc, stderr, elapsed))
-
-
-def _text(data: bytes | str | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+    res = run.text()
+    return FleetResult(list(words), outcomes(hosts, split_output(res.stdout, res.stderr), res.returncode, res.stderr,
+                                             res.elapsed_s, too_large=res.too_large, stalled=res.stalled))

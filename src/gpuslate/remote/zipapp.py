@@ -10,11 +10,17 @@ interpreter itself: no ``scp``, no heredoc, no shell beyond the one line).
 
 On the host, in order: the interpreter is checked first (Python >= 3.10,
 else :class:`~gpuslate.errors.RemotePythonUnsupported`); the archive and a
-launcher are written atomically (a temporary file, fsync, rename; never
-through a link) to ``PREFIX/share/gpuslate/gpuslate.pyz`` and
-``PREFIX/bin/gpuslate`` (0755; ``PREFIX`` defaults to ``~/.local``); then the
-launcher is run (``--version`` and ``status --json``) to prove it works.
-The launcher runs the interpreter that was checked, by its absolute path.
+launcher are written atomically (a temporary file, fsync, rename) to
+``PREFIX/share/gpuslate/gpuslate.pyz`` and ``PREFIX/bin/gpuslate`` (0755;
+``PREFIX`` defaults to ``~/.local``) by :func:`write_installed`, the code of the
+archive being installed (staged in a private temporary file and imported from
+it): its folders are reached by the trusted-root walk of :mod:`gpuslate._walk`
+under ``Trust.PRIVATE`` rules, every component from ``/`` (or, for ``~/...``,
+from the user's home) the user's or root's and closed to others, so that a
+folder on the way that is a link into another user's folder, or another
+user's folder, is refused: root's launcher never runs what that user puts
+there. Then the launcher is run (``--version`` and ``status --json``) to prove
+it works. The launcher runs the interpreter that was checked, by its absolute path.
 
 setproctitle, a C extension, is left out: only ``sim hold --title`` uses it,
 and without it the title is the kernel's 15-character process name.
@@ -30,8 +36,9 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
-import subprocess
+import sys
 import tempfile
 import time
 import zipapp
@@ -39,11 +46,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._document import checked, reading
+from .._document import checked, parse_json, reading
 from .._version import __version__
-from ..errors import GpuslateError, InstallFailed, RemoteCommandFailed, RemotePythonUnsupported, UsageError
+from .._walk import Trust, open_dir
+from ..errors import (
+    BadDocument,
+    GpuslateError,
+    InstallFailed,
+    PermissionDenied,
+    RemoteCommandFailed,
+    RemotePythonUnsupported,
+    UsageError,
+)
 from .hosts import HostSpec
-from .ssh import SshOptions, SshResult, remote_line, ssh_argv, transport_error
+from .ssh import SshOptions, SshResult, remote_line, run_ssh, transport_error
 
 SCHEMA = "gpuslate.install.v1"
 DEFAULT_PREFIX = "~/.local"
@@ -57,6 +73,8 @@ _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
 _EXTENSION = re.compile(r"\.(so|pyd|dylib)$")
 _VERSION_LINE = re.compile(r"Python (\d+)\.(\d+)(?:\.(\d+))?")
 _EX_CANTCREAT = 73  # the remote writer's exit status for files it could not write
+#: seconds each step of an install may take on a host (the archive's copy is the longest)
+INSTALL_STEP_S = 300.0
 
 
 class InstallStatus(str, enum.Enum):
@@ -170,21 +188,15 @@ def build() -> Archive:
 
 
 def write_local(archive: Archive, out: str) -> InstallResult:
-    """``install --out FILE``: the zipapp written here (0755, atomically; a link at FILE is replaced, not followed)."""
-    target = Path(out)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    """``install --out FILE``: the zipapp written here (0755, atomically; a link at FILE is replaced, not
+    followed; its folder reached by the walk under ``Trust.SHARED`` rules: never another user's link)."""
+    target = Path(out).absolute()
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(archive.data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with open_dir(target.parent, trust=Trust.SHARED, what="--out directory") as folder:
+            folder.write_atomic(target.name, archive.data, 0o755, sync=True)
     except OSError as exc:
-        raise InstallFailed(f"cannot write {out}: {exc.strerror or exc}") from None
+        why = exc.strerror if exc.strerror and not isinstance(exc, PermissionDenied) else str(exc)
+        raise InstallFailed(f"cannot write {out}: {why}") from None
     return InstallResult(InstallStatus.WRITTEN, __version__, archive.sha256, len(archive.data), str(target.resolve()),
                          bundled=archive.included)
 
@@ -194,42 +206,54 @@ def write_local(archive: Archive, out: str) -> InstallResult:
 #: run by the remote interpreter (any Python: the version is checked from its output)
 _PROBE = 'import sys; print("Python %d.%d.%d" % tuple(sys.version_info[:3])); print(sys.executable)'
 
-#: argv: PREFIX SIZE SHA256 VERSION; the archive on stdin. Written next to its place, then renamed: never half a
-#: file, never through a link. Prints the two paths, and whether the launcher is where --host looks for it.
+#: argv: PREFIX SIZE SHA256 VERSION; the archive on stdin, checked, staged in a private temporary file and imported
+#: from: its own write_installed writes it (any Python >= 3.10 runs this; the version was checked first).
 _WRITER = r"""
-import hashlib, json, os, shlex, sys
-prefix, size, digest = os.path.expanduser(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-data = sys.stdin.buffer.read()
+import hashlib, os, sys, tempfile
+size, digest = int(sys.argv[2]), sys.argv[3]
+data = sys.stdin.buffer.read(size + 1)
 if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
     sys.stderr.write("gpuslate install: received %d of %d bytes, or other bytes\n" % (len(data), size))
     sys.exit(74)
-pyz = os.path.join(prefix, "share", "gpuslate", "gpuslate.pyz")
-launcher = os.path.join(prefix, "bin", "gpuslate")
-def put(path, content, mode):
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+fd, staged = tempfile.mkstemp(prefix="gpuslate-install-", suffix=".pyz")
 try:
-    for d in (os.path.dirname(pyz), os.path.dirname(launcher)):
-        os.makedirs(d, exist_ok=True)
-    put(pyz, data, 0o644)
-    text = "#!/bin/sh\n# gpuslate %s, written by 'gpuslate --host HOST install' (docs/remote.md)\nexec %s %s \"$@\"\n"
-    put(launcher, (text % (sys.argv[4], shlex.quote(sys.executable), shlex.quote(pyz))).encode(), 0o755)
-except OSError as e:
-    sys.stderr.write("gpuslate install: cannot write %s: %s\n" % (e.filename or prefix, e.strerror or e))
-    sys.exit(73)
-found = os.path.realpath(launcher) == os.path.realpath(os.path.expanduser("~/.local/bin/gpuslate"))
-print(json.dumps({"pyz": pyz, "launcher": launcher, "found": found}))
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    sys.path.insert(0, staged)
+    from gpuslate.remote.zipapp import write_installed
+    sys.exit(write_installed(sys.argv[1], data, sys.argv[4]))
+finally:
+    os.unlink(staged)
 """
+_PREFIX_HINT = ("choose a prefix whose every folder is yours or root's and writable by nobody else: "
+                "install --prefix DIR")
+
+
+def write_installed(prefix: str, data: bytes, version: str) -> int:
+    """The host's side of ``install`` (run by :data:`_WRITER` from the archive itself): the archive and
+    its launcher written atomically into folders the trusted-root walk reached under ``Trust.PRIVATE``
+    (module docstring), created 0755 where missing. Prints the two paths, and whether the launcher is
+    where ``--host`` looks for it; returns the exit status (73: refused or not written)."""
+    home = os.path.expanduser("~")
+    below = home if prefix == "~" or prefix.startswith("~/") else None
+    root = Path(prefix[1:].lstrip("/")) if below is not None else Path(prefix)
+    pyz = os.path.join(os.path.expanduser(prefix), "share", "gpuslate", "gpuslate.pyz")
+    launcher = os.path.join(os.path.expanduser(prefix), "bin", "gpuslate")
+    text = (f"#!/bin/sh\n# gpuslate {version}, written by 'gpuslate --host HOST install' (docs/remote.md)\n"
+            f"exec {shlex.quote(sys.executable)} {shlex.quote(pyz)} \"$@\"\n")
+    try:
+        for sub, name, content, mode in ((("share", "gpuslate"), "gpuslate.pyz", data, 0o644),
+                                         (("bin",), "gpuslate", text.encode(), 0o755)):
+            with open_dir(root.joinpath(*sub), trust=Trust.PRIVATE, create=True, mode=0o755, parents_mode=0o755,
+                          what="install prefix", hint=_PREFIX_HINT, below=below) as folder:
+                folder.write_atomic(name, content, mode, sync=True)
+    except OSError as exc:  # the walk's refusal (PermissionDenied), or the kernel's
+        why = exc.strerror if exc.strerror and not isinstance(exc, PermissionDenied) else str(exc)
+        sys.stderr.write(f"gpuslate install: cannot write {exc.filename or prefix}: {why}\n")
+        return _EX_CANTCREAT
+    found = os.path.realpath(launcher) == os.path.realpath(os.path.join(home, ".local", "bin", "gpuslate"))
+    print(json.dumps({"pyz": pyz, "launcher": launcher, "found": found}))
+    return 0
 
 
 def parse_python_version(text: str) -> tuple[int, int, int] | None:
@@ -245,19 +269,10 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def _ssh(host: HostSpec, line: str, opts: SshOptions, data: bytes | None = None, timeout: float = 300
+def _ssh(host: HostSpec, line: str, opts: SshOptions, data: bytes | None = None, timeout: float = INSTALL_STEP_S
          ) -> SshResult:
-    """``line`` on ``host`` with ``data`` on its stdin (run_ssh's, with bytes in)."""
-    start = time.monotonic()
-    try:
-        p = subprocess.run(ssh_argv(host, line, opts), input=data if data is not None else b"", check=False,
-                           capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return SshResult(255, "", f"gpuslate: ssh timed out after {timeout:g} s", time.monotonic() - start)
-    except FileNotFoundError:
-        return SshResult(255, "", "no ssh client: 'ssh' is not on PATH", time.monotonic() - start)
-    return SshResult(p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"),
-                     time.monotonic() - start)
+    """``line`` on ``host`` with ``data`` on its stdin, bounded like every ssh run (:func:`run_ssh`)."""
+    return run_ssh(host, line, opts, timeout=timeout, data=data if data is not None else b"")
 
 
 def _last(text: str) -> str:
@@ -266,8 +281,10 @@ def _last(text: str) -> str:
 
 
 def _transport(res: SshResult, host: HostSpec, opts: SshOptions) -> GpuslateError | None:
-    """ssh's own failures (unreachable, key, timeout); a missing command is the caller's to name."""
-    return transport_error(res, host, opts) if res.returncode == 255 else None
+    """ssh's own failures (unreachable, key, timeout) and a bound broken (too much output, too long);
+    a missing command is the caller's to name."""
+    broken = res.returncode == 255 or res.too_large or res.stalled is not None
+    return transport_error(res, host, opts) if broken else None
 
 
 def install_on_host(host: HostSpec, archive: Archive, opts: SshOptions, *, prefix: str = DEFAULT_PREFIX,
@@ -298,14 +315,17 @@ def install_on_host(host: HostSpec, archive: Archive, opts: SshOptions, *, prefi
         raise InstallFailed(f"{label}: {_last(put.stderr).removeprefix('gpuslate install: ')}",
                             hint="choose a folder you may write there: install --prefix DIR")
     try:
-        paths = json.loads(put.stdout)
+        paths = parse_json(put.stdout)
         pyz, launcher, found = str(paths["pyz"]), str(paths["launcher"]), paths["found"] is True
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # BadDocument is a ValueError
         why = _last(put.stderr) or f"exit {put.returncode}"
         raise RemoteCommandFailed(f"{label}: writing the files failed ({why})",
                                   exit_code=put.returncode or 1) from None
 
     ran = _ssh(host, remote_line([launcher, "--version"]), opts)
+    failed = _transport(ran, host, opts)
+    if failed is not None:
+        raise failed
     if ran.returncode != 0 or ran.stdout.strip() != f"gpuslate {__version__}":
         raise RemoteCommandFailed(f"{label}: installed, but {launcher} --version does not run "
                                   f"({_last(ran.stderr) or _last(ran.stdout) or f'exit {ran.returncode}'})",
@@ -324,9 +344,12 @@ def _status_check(host: HostSpec, launcher: str, opts: SshOptions) -> str:
     """``status --json`` through the launcher: "ok" for a status document; a host without a GPU backend
     (no driver: a login node) still proves that gpuslate runs, and says so by its error type."""
     res = _ssh(host, remote_line([launcher, "status", "--json"]), opts)
+    failed = _transport(res, host, opts)
+    if failed is not None:
+        raise failed
     try:
-        doc = json.loads(res.stdout)
-    except ValueError:
+        doc = parse_json(res.stdout)
+    except BadDocument:
         doc = None
     schema = doc.get("schema") if isinstance(doc, dict) else None
     if schema == "gpuslate.status.v1" and res.returncode == 0:

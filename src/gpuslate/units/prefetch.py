@@ -17,7 +17,9 @@ skipped, with a warning, rather than done in part.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -217,14 +219,14 @@ class Prefetch:
         path = ""
         try:
             for path, _size in self.plan.files:  # let the kernel start reading every file at once
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = _open_regular(path)
                 try:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
                 finally:
                     os.close(fd)
             for path, _size in self.plan.files:  # then read every byte, so that all of it is cached
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = _open_regular(path)
                 try:
                     while not self._stop.is_set():
                         n = os.readv(fd, [view])
@@ -263,3 +265,13 @@ class Prefetch:
         return PrefetchReport(status, p, self._read, self._started,
                               None if self._thread is not None and self._thread.is_alive() else self._finished,
                               self._error)
+
+
+def _open_regular(path: str) -> int:
+    """A model file, opened to be read: never blocking (a FIFO swapped in after the plan was made),
+    and only a regular file (a device would never end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd

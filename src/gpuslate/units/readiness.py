@@ -22,13 +22,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .._document import parse_json
 from .spec import UnitSpec
+
+#: an answer to a readiness probe or the smoke completion is small; one larger is cut off, never read whole
+MAX_ANSWER_BYTES = 1 << 20
 
 
 def http(method: str, url: str, *, body: dict[str, Any] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
-    """One HTTP request; raises OSError when nothing answers."""
+    """One HTTP request, bounded: ``timeout`` seconds in all (a server that trickles its answer
+    byte by byte is not waited for longer), at most :data:`MAX_ANSWER_BYTES` of body read (more is
+    cut off: a probe only needs the status, the smoke test a small document). Raises OSError when
+    nothing answers, or not in time."""
     import http.client  # lazy: startup
 
+    deadline = time.monotonic() + max(0.05, timeout)
     u = urlsplit(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = cls(u.hostname or "127.0.0.1", u.port, timeout=max(0.05, timeout))
@@ -37,7 +45,18 @@ def http(method: str, url: str, *, body: dict[str, Any] | None = None, timeout: 
         headers = {"Content-Type": "application/json"} if data is not None else {}
         conn.request(method, (u.path or "/") + (f"?{u.query}" if u.query else ""), body=data, headers=headers)
         resp = conn.getresponse()
-        return resp.status, resp.read()
+        got = bytearray()
+        while len(got) <= MAX_ANSWER_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no whole answer within {timeout:g} s")
+            if conn.sock is not None:
+                conn.sock.settimeout(left)
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                break
+            got += chunk
+        return resp.status, bytes(got[:MAX_ANSWER_BYTES + 1])
     except http.client.HTTPException as exc:
         raise OSError(str(exc)) from None
     finally:
@@ -85,12 +104,12 @@ class Probe:
 
     def _log(self, timeout: float) -> bool:
         assert self._pattern is not None
-        with open(self._log_path, "rb") as f:
+        with open(self._log_path, "rb") as f:  # the unit's own log, made by this run (units/logfile.py)
             f.seek(self._pos)
-            chunk = f.read()
+            chunk = f.read(MAX_ANSWER_BYTES * 4)  # what a probe reads at once: the rest at the next one
         self._pos += len(chunk)
         lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
+        self._partial = lines.pop()[-(1 << 16):]  # a line without end is matched by its last 64 KiB
         for line in lines:
             if self._pattern.search(line.decode("utf-8", "replace")):
                 self.detail = f"log line matched: {line.decode('utf-8', 'replace').strip()[:200]}"
@@ -107,7 +126,7 @@ def smoke(spec: UnitSpec, timeout: float = 60.0) -> dict[str, Any]:
         model = spec.model
         if model is None:
             status, body = http("GET", spec.url("/v1/models"), timeout=timeout)
-            models = json.loads(body).get("data") or [] if status == 200 else []
+            models = parse_json(body).get("data") or [] if status == 200 else []
             if not models:
                 out["error"] = f"/v1/models answered HTTP {status} with no model"
                 return out
@@ -118,7 +137,7 @@ def smoke(spec: UnitSpec, timeout: float = 60.0) -> dict[str, Any]:
         if status != 200:
             out["error"] = f"/v1/completions answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
             return out
-        doc = json.loads(body)
+        doc = parse_json(body)
         if not doc.get("choices"):
             out["error"] = "/v1/completions returned no choices"
             return out

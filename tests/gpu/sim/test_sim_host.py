@@ -140,7 +140,7 @@ LIAR = textwrap.dedent("""
     claim = Claim(0, 1, 0, 3 << 30, "compute")  # says: PID 1 holds 3 GiB
     if sys.argv[2] == "device":
         dev = os.open(host.device_path(0), os.O_RDONLY)
-    fd = create_record(str(host.alloc), "g0.liar.json", claim)
+    fd = create_record(host.alloc_dir(), "g0.liar.json", claim)
     print("ready", flush=True)
     time.sleep(600)
 """)

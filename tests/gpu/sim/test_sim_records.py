@@ -21,6 +21,7 @@ from gpuslate.gpu.sim.records import (
     parse_claim,
     read_record,
 )
+from gpuslate.host.state import Trust, open_dir
 from gpuslate.proc.fdscan import FdScan
 
 REC = "/sim/alloc/g0.x.json"
@@ -77,24 +78,22 @@ def test_parse_claim_never_raises_and_accepts_only_valid_records(data):
 def test_a_record_is_live_exactly_while_its_holder_keeps_it(tmp_path):
     """The flock of create_record is what read_record sees, from another process; /proc/locks names it."""
     code = ("import sys; from gpuslate.gpu.sim.records import Claim, create_record;"
-            "fd = create_record(sys.argv[1], 'g0.t.json', Claim(0, 99, 0, 5, 'compute'));"
+            "from gpuslate.host.state import Trust, open_dir;"
+            "fd = create_record(open_dir(sys.argv[1], trust=Trust.SHARED), 'g0.t.json', Claim(0, 99, 0, 5, 'compute'));"
             "print('ready', flush=True); sys.stdin.read()")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True, env=env)
     try:
         assert p.stdout.readline() == "ready\n"
-        dirfd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            rec = read_record(dirfd, "g0.t.json", str(tmp_path), 1)
+        with open_dir(tmp_path, trust=Trust.SHARED) as alloc:
+            rec = read_record(alloc, "g0.t.json", str(tmp_path), 1)
             assert rec.locked and rec.claim.claimed_pid == 99
             assert lock_owners([rec.inode]) == {rec.inode: p.pid}  # the kernel's pid, not the claim
             p.stdin.close()
             assert p.wait(10) == 0
-            rec = read_record(dirfd, "g0.t.json", str(tmp_path), 1)
+            rec = read_record(alloc, "g0.t.json", str(tmp_path), 1)
             assert not rec.locked and lock_owners([rec.inode]) == {}
-        finally:
-            os.close(dirfd)
     finally:
         p.kill()
         p.wait()

@@ -34,7 +34,8 @@ class SimBackend:
         # fails now, clearly, if the folder is no simulated host; like NVML, the
         # memory API is known from the moment the backend is open
         self.memory_api: MemoryApi = "v1" if self.host.memory_api == "v1" else "v2"
-        self._dev_re = re.compile(re.escape(str(self.host.dev)) + r"/nvidia(\d+)")
+        # the device files as an fd table shows them: the walked folder's real path (see SimHost.real_dev)
+        self._dev_re = re.compile(re.escape(self.host.real_dev) + r"/nvidia(\d+)")
 
     def driver_version(self) -> str | None:
         return str(self.host.config["driver_version"])
@@ -43,7 +44,7 @@ class SimBackend:
         return self.host.gpu_count
 
     def device_prefixes(self) -> tuple[str, ...]:
-        return (f"{self.host.dev}/nvidia",)
+        return (f"{self.host.real_dev}/nvidia",)
 
     def gpu_for_path(self, path: str) -> int | None:
         m = self._dev_re.fullmatch(path.removesuffix(" (deleted)"))
@@ -60,8 +61,15 @@ class SimBackend:
         reserved = int(cfg["reserved"])
         used = dict.fromkeys(indices, 0)
         procs: dict[int, dict[int, GpuProcess]] = {i: {} for i in indices}
-        self.host.stall()  # DIR/stuck: a driver call that hangs, on purpose
-        survey = self.host.survey()
+        try:
+            root = self.host.root_dir()  # one walk for both
+        except OSError:  # the host's folder went away or was swapped: survey says what it finds
+            self.host.stall()
+            survey = self.host.survey()
+        else:
+            with root:
+                self.host.stall(root)  # DIR/stuck: a driver call that hangs, on purpose
+                survey = self.host.survey(root=root)
         for held in survey.held:
             rec = held.record
             if rec.gpu not in used:

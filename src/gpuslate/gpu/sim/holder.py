@@ -102,8 +102,9 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute"
     them (exiting) releases the memory. Raises ServerFailed when a GPU has no
     room, like CUDA's out-of-memory error.
     """
-    fds = [os.open(host.dev / "nvidiactl", os.O_RDONLY), os.open(host.dev / "nvidia-uvm", os.O_RDONLY)]
-    fds += [os.open(host.device_path(gpu), os.O_RDONLY) for gpu, _ in held]
+    with host.dev_dir() as dev:  # walked: never another user's link, never a FIFO that would hang
+        fds = [dev.open(name, os.O_RDONLY) for name in ("nvidiactl", "nvidia-uvm")]
+        fds += [dev.open(host.device_path(gpu).name, os.O_RDONLY) for gpu, _ in held]
     return fds + host.allocate(held, kind=kind)
 
 

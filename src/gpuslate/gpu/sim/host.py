@@ -17,6 +17,14 @@ Layout of ``DIR``::
     bin/NAME            (made by ``sim mps``) a copy of the system's ``sleep`` under a
                         GPU daemon's name, which the simulated MPS server runs as
 
+Every file of the folder is reached through the trusted-root walk of
+:mod:`gpuslate.host.state` under its ``Trust.SHARED`` rules (a simulated host
+may be every user's, like /tmp): one component at a time, never through
+another user's symbolic link, regular files only (a FIFO never hangs a
+reader, ``/dev/zero`` is never read), every read bounded. ``sim init`` resets
+only a folder of the caller's own (root included): it never removes or
+creates anything in another user's folder, nor through a link.
+
 Memory is held by real processes (see :mod:`gpuslate.gpu.sim.holder`): a record
 counts while its holder keeps it open, and for ``release_delay`` seconds after
 it was first seen dead, like a driver tearing down a context; never instantly.
@@ -43,8 +51,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..._document import parse_json
 from ..._parse import format_size
-from ...errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
+from ..._walk import StateDir, Trust, open_dir
+from ...errors import BackendUnavailable, BadDocument, PermissionDenied, ServerFailed, UsageError
 from ...proc.fdscan import FdScan, scan_device_holders
 from ...proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
 from .records import (
@@ -74,6 +84,9 @@ STUCK_NAME = "stuck"
 DEAD_SUFFIX = ".dead"
 #: 64 GPUs x 256 workers; more records than that is no host's bookkeeping
 MAX_RECORDS = 64 * 256
+#: host.json is a few kilobytes (64 GPUs: 5 KB); it is never read further than this
+MAX_CONFIG_BYTES = 1 << 20
+_WHAT = "simulated host directory"
 
 
 class AllocRecord(NamedTuple):
@@ -109,6 +122,7 @@ class SimHost:
         self.dev = self.root / "dev"
         self.alloc = self.root / "alloc"
         self._config: dict[str, Any] | None = None
+        self._real_dev: str | None = None
         self._resolved: dict[str, Owner] = {}  # record path -> its owner, as last seen alive
         self._dead_seen: dict[str, float] = {}  # record name -> when this reader first saw it dead
         self._kept: list[int] = []  # fds of records held by add_record for this process
@@ -141,14 +155,6 @@ class SimHost:
         if release_delay < 0:
             raise UsageError(f"invalid --release-delay {release_delay}: must not be negative")
         host = cls(root)
-        if host.root.exists() and any(host.root.iterdir()) and not (host.root / "host.json").exists():
-            raise UsageError(f"refusing to initialise {host.root}: it is not empty and not a simulated host")
-        try:
-            host._make_files(gpus)
-        except OSError as exc:  # another user's host, a read-only folder: one line, never a traceback
-            where = f" ({exc.filename})" if exc.filename else ""
-            error = PermissionDenied if isinstance(exc, PermissionError) else UsageError
-            raise error(f"cannot initialise {host.root}: {exc.strerror}{where}") from None
         seed = uuidlib.uuid4().hex[:8]
         config = {
             "schema": SCHEMA, "name": name, "gpus": gpus, "memory": memory, "reserved": reserved,
@@ -156,25 +162,47 @@ class SimHost:
             "uuids": [f"GPU-{seed}-5141-4d00-8000-{i:012x}" for i in range(gpus)],
             "created_at": time.time(),
         }
-        _atomic_write(host.root / "host.json", json.dumps(config, indent=2))
+        try:
+            host._make_files(gpus, json.dumps(config, indent=2).encode())
+        except PermissionDenied as exc:  # a link on the way, another user's folder: refused, one line
+            raise PermissionDenied(f"cannot initialise {host.root}: {exc}", hint=exc.hint) from None
+        except OSError as exc:  # a read-only folder, a full disk: one line, never a traceback
+            where = f" ({exc.filename})" if exc.filename else ""
+            error = PermissionDenied if isinstance(exc, PermissionError) else UsageError
+            raise error(f"cannot initialise {host.root}: {exc.strerror or exc}{where}") from None
         return host
 
-    def _make_files(self, gpus: int) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.dev.mkdir(exist_ok=True)
-        self.alloc.mkdir(exist_ok=True)
-        for entry in self.alloc.iterdir():  # a new host forgets leaks and records
-            entry.unlink()
-        # existing device files are kept: a process holding one keeps holding it
-        wanted = {f"nvidia{i}" for i in range(gpus)} | {"nvidiactl", "nvidia-uvm"}
-        for entry in self.dev.iterdir():
-            if entry.name not in wanted:
-                entry.unlink()
-        for path in [self.dev / n for n in sorted(wanted)] + [self.root / LOCK_NAME]:  # made if missing, never touched
-            try:
-                os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
-            except FileExistsError:
-                pass
+    def _make_files(self, gpus: int, config: bytes) -> None:
+        """Create or reset the folder, every step relative to folders walked and checked (see the
+        module docstring): a folder of another user's, or a link where a folder should be, is refused
+        before anything in it is removed or created."""
+        with self._open(self.root, create=True) as root:
+            names = root.names()
+            if names and "host.json" not in names:
+                raise UsageError(f"refusing to initialise {self.root}: it is not empty and not a simulated host")
+            _own(root)
+            with root.subdir("dev", create=True, mode=0o755) as dev, \
+                    root.subdir("alloc", create=True, mode=0o755) as alloc:
+                _own(dev)
+                _own(alloc)
+                for name in alloc.names():  # a new host forgets leaks and records
+                    alloc.unlink(name)
+                # existing device files are kept: a process holding one keeps holding it
+                wanted = {f"nvidia{i}" for i in range(gpus)} | {"nvidiactl", "nvidia-uvm"}
+                for name in dev.names():
+                    if name not in wanted:
+                        dev.unlink(name)
+                for folder, name in [(dev, n) for n in sorted(wanted)] + [(root, LOCK_NAME)]:
+                    fd = folder.create(name, os.O_RDONLY, 0o644)  # made if missing, never touched
+                    if fd is not None:
+                        os.close(fd)
+            root.write_atomic("host.json", config, mode=0o644)
+
+    def _open(self, path: Path, *, create: bool = False) -> StateDir:
+        """A folder of this host, walked under the ``Trust.SHARED`` rules (see the module docstring)."""
+        return open_dir(path, trust=Trust.SHARED, create=create, mode=0o755, parents_mode=0o755, what=_WHAT,
+                        hint=f"a simulated host is never reached through another user's link: recreate it "
+                        f"with 'gpuslate sim init {self.root}'")
 
     # -- configuration ------------------------------------------------------
     @property
@@ -182,21 +210,27 @@ class SimHost:
         if self._config is None:
             hint = f"create one with 'gpuslate sim init {self.root}'"
             try:
-                is_dir = self.root.is_dir()
-            except OSError as exc:  # a name too long, a path through a file: not a host either
-                raise BackendUnavailable(f"no simulated host at {self.root}: {exc.strerror}", hint=hint) from None
-            if not is_dir:
-                what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
-                raise BackendUnavailable(f"no simulated host at {self.root}: it {what}", hint=hint)
+                root = self._open(self.root)
+            except OSError as exc:
+                raise self._no_host(exc, hint) from None
+            with root:
+                try:
+                    data = root.read("host.json", MAX_CONFIG_BYTES)
+                except FileNotFoundError:
+                    data = None
+                except OSError as exc:  # a FIFO, a link to /dev/zero, a file of 1 GB: refused, never read
+                    raise BackendUnavailable(f"cannot read {self.root}/host.json: {exc}") from None
+                if self._real_dev is None:  # the same walk finds the device folder (real_dev says why not)
+                    try:
+                        with root.subdir("dev") as dev:
+                            self._real_dev = dev.real_path()
+                    except OSError:
+                        pass
+            if data is None:
+                raise BackendUnavailable(f"no simulated host at {self.root}", hint=hint)
             try:
-                text = (self.root / "host.json").read_bytes().decode("utf-8")
-            except FileNotFoundError:
-                raise BackendUnavailable(f"no simulated host at {self.root}", hint=hint) from None
-            except (OSError, UnicodeDecodeError) as exc:
-                raise BackendUnavailable(f"cannot read {self.root}/host.json: {exc}") from None
-            try:
-                cfg = json.loads(text)
-            except ValueError:
+                cfg = parse_json(data, max_bytes=MAX_CONFIG_BYTES)
+            except BadDocument:
                 raise BackendUnavailable(f"{self.root}/host.json is not a gpuslate simulated host") from None
             problem = _config_problem(cfg)
             if problem:
@@ -205,6 +239,18 @@ class SimHost:
             cfg.setdefault("memory_api", "v2")  # hosts made before the option existed
             self._config = cfg
         return self._config
+
+    def _no_host(self, exc: OSError, hint: str) -> BackendUnavailable:
+        """Why the folder is no simulated host, in the words people expect (missing, not a folder),
+        else what the walk refused (another user's link on the way)."""
+        try:
+            is_dir = self.root.is_dir()
+        except OSError as err:  # a name too long, a path through a file: not a host either
+            return BackendUnavailable(f"no simulated host at {self.root}: {err.strerror}", hint=hint)
+        if not is_dir:
+            what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
+            return BackendUnavailable(f"no simulated host at {self.root}: it {what}", hint=hint)
+        return BackendUnavailable(f"cannot use {self.root}: {exc}")
 
     @property
     def memory_api(self) -> str:
@@ -220,6 +266,34 @@ class SimHost:
 
     def device_path(self, gpu: int) -> Path:
         return self.dev / f"nvidia{gpu}"
+
+    def dev_dir(self) -> StateDir:
+        """The device files' folder, walked (never through another user's link) and held open."""
+        return self._open(self.dev)
+
+    def alloc_dir(self) -> StateDir:
+        """The records' folder, walked like :meth:`dev_dir`."""
+        return self._open(self.alloc)
+
+    def root_dir(self) -> StateDir:
+        """The host's folder, walked like :meth:`dev_dir` (one walk for :meth:`stall` and :meth:`survey`)."""
+        return self._open(self.root)
+
+    @property
+    def real_dev(self) -> str:
+        """The device folder as /proc shows the files opened in it (every trusted link resolved):
+        what an fd table is matched against. Found by the walk, so that a ``dev`` that another user
+        made a link (to ``/dev``, whose real GPUs' holders would then pass for simulated ones) is
+        refused, not followed (:class:`BackendUnavailable`)."""
+        if self._real_dev is None:
+            try:
+                with self.dev_dir() as dev:
+                    self._real_dev = dev.real_path()
+            except FileNotFoundError:
+                self._real_dev = os.path.realpath(self.dev)  # no device folder: nothing can hold it
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot use {self.dev}: {exc}") from None
+        return self._real_dev
 
     def check_gpus(self, gpus: list[int]) -> None:
         bad = [g for g in gpus if g < 0 or g >= self.gpu_count]
@@ -290,23 +364,29 @@ class SimHost:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
     # -- a driver that hangs --------------------------------------------------
-    def stall(self) -> None:
+    def stall(self, root: StateDir | None = None) -> None:
         """Block while ``DIR/stuck`` is a FIFO of the host's owner, until a writer opens
         it and closes it: a simulated driver call that hangs, for tests of timeouts.
 
         Deliberate and visible, unlike a record that is a FIFO (never waited on: see
         :func:`~gpuslate.gpu.sim.records.read_record`); another user's FIFO is ignored.
         """
-        path = self.root / STUCK_NAME
+        if root is None:
+            try:
+                with self.root_dir() as walked:
+                    self.stall(walked)
+            except OSError:
+                pass
+            return
         try:
-            st = os.lstat(path)
-            owner = os.stat(self.root / "host.json").st_uid
+            st = root.lstat(STUCK_NAME)
+            owner = root.lstat("host.json").st_uid
         except OSError:
             return
         if not stat.S_ISFIFO(st.st_mode) or st.st_uid != owner:
             return
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # blocks until a writer opens it
+        try:  # blocks until a writer opens it: the one open that may, on purpose
+            fd = os.open(STUCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root.fd)
         except OSError:
             return
         try:
@@ -344,9 +424,10 @@ class SimHost:
                     name = f"g{gpu}.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
                     made.append((name, self._create(name, claim)))
             except BaseException:
-                for name, fd in made:  # all or nothing: what was recorded never held memory
-                    _unlink_quietly(self.alloc / name)
-                    os.close(fd)
+                with self.alloc_dir() as alloc:
+                    for name, fd in made:  # all or nothing: what was recorded never held memory
+                        _unlink_quietly(alloc, name)
+                        os.close(fd)
                 raise
         return made
 
@@ -361,7 +442,8 @@ class SimHost:
 
     def _create(self, name: str, claim: Claim) -> int:
         try:
-            return create_record(str(self.alloc), name, claim)
+            with self.alloc_dir() as alloc:
+                return create_record(alloc, name, claim)
         except OSError as exc:  # a folder this user may not write, a full disk: one line
             raise _os_failure(f"cannot record memory in {self.alloc}", exc) from None
 
@@ -391,17 +473,12 @@ class SimHost:
         """The host's allocation lock (``memory.lock``, a ``flock``: read access is enough)."""
         path = self.root / LOCK_NAME
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:  # a host made before the lock existed
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise _os_failure(f"cannot create {path}", exc) from None
-        except OSError as exc:
+            with self._open(self.root) as root:
+                # read access is enough for a flock; a host made before the lock existed gets it now
+                fd = root.open(LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError as exc:  # not a regular file, not ours to create: one line
             raise _os_failure(f"cannot open {path}", exc) from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ServerFailed(f"{path} is not a regular file")
             deadline = time.monotonic() + timeout
             while True:
                 try:
@@ -437,7 +514,7 @@ class SimHost:
         """Records that still hold memory now, after applying the release delay."""
         return self.survey(now).held
 
-    def survey(self, now: float | None = None, *, owners: bool = True) -> Survey:
+    def survey(self, now: float | None = None, *, owners: bool = True, root: StateDir | None = None) -> Survey:
         """What the simulated driver holds now (see :mod:`gpuslate.gpu.sim.records`).
 
         Never raises for a record: one that cannot be read is a problem of its GPU
@@ -446,7 +523,18 @@ class SimHost:
         """
         now = time.time() if now is None else now
         problems: dict[int | None, list[str]] = {}
-        files = self._read_records(problems)
+        try:
+            alloc = root.subdir("alloc") if root is not None else self.alloc_dir()
+        except FileNotFoundError:
+            return Survey([], problems)
+        except OSError as exc:  # another user's link, not a folder: every GPU's memory is unknown
+            problems[None] = [f"{self.alloc} cannot be read: {exc}"]
+            return Survey([], problems)
+        with alloc:
+            return self._survey(alloc, now, owners, problems)
+
+    def _survey(self, alloc: StateDir, now: float, owners: bool, problems: dict[int | None, list[str]]) -> Survey:
+        files = self._read_records(alloc, problems)
         live = [f for f in files if f.locked]
         resolved: dict[str, Owner] = {}
         if owners and live:
@@ -462,29 +550,22 @@ class SimHost:
                 out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
                                                   owner.start_ticks if owner else None, c.bytes, c.kind, path), True))
                 continue
-            if now < self._dead_since(f.name, now) + self.release_delay:
+            if now < self._dead_since(alloc, f.name, now) + self.release_delay:
                 owner = self._dead_owner(f)
                 out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
                                                   owner.start_ticks if owner else None, c.bytes, c.kind, path), False))
-            elif _unlink_quietly(path):  # released: collected, with its marker, when we may
-                _unlink_quietly(self.alloc / (f.name[: -len(SUFFIX)] + DEAD_SUFFIX))
+            elif _unlink_quietly(alloc, f.name):  # released: collected, with its marker, when we may
+                _unlink_quietly(alloc, f.name[: -len(SUFFIX)] + DEAD_SUFFIX)
                 self._dead_seen.pop(f.name, None)
                 self._resolved.pop(f.path, None)
             # else another user's record in a shared folder: its marker stays, so every
             # reader agrees it is released, until its owner's next read collects it
         return Survey(out, problems)
 
-    def _read_records(self, problems: dict[int | None, list[str]]) -> list[RecordFile]:
+    def _read_records(self, alloc: StateDir, problems: dict[int | None, list[str]]) -> list[RecordFile]:
         try:
-            alloc_fd = os.open(self.alloc, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            problems.setdefault(None, []).append(f"{self.alloc} cannot be read: {exc.strerror}")
-            return []
-        try:
-            real = os.path.realpath(self.alloc)
-            names = [n for n in sorted(os.listdir(alloc_fd))  # not: being written, or a dead marker
+            real = alloc.real_path()
+            names = [n for n in sorted(alloc.names())  # not: being written, or a dead marker
                      if not n.startswith(".") and n.endswith(SUFFIX)]
             if len(names) > MAX_RECORDS:
                 problems.setdefault(None, []).append(f"{self.alloc} has {len(names)} records, more than a "
@@ -492,7 +573,7 @@ class SimHost:
                 return []
             files: list[RecordFile] = []
             for name in names:
-                got = read_record(alloc_fd, name, real, self.gpu_count)
+                got = read_record(alloc, name, real, self.gpu_count)
                 if isinstance(got, str):
                     problems.setdefault(gpu_of_name(name), []).append(got)
                 elif got is not None:
@@ -501,13 +582,11 @@ class SimHost:
         except OSError as exc:
             problems.setdefault(None, []).append(f"{self.alloc} cannot be read: {exc.strerror}")
             return []
-        finally:
-            os.close(alloc_fd)
 
     def _owners(self, live: list[RecordFile]) -> dict[str, Owner]:
         """The owner of each live record, from the host's /proc (see :func:`owner_of`):
         the lock owners first; the whole fd scan only for records they do not explain."""
-        real_dev = os.path.realpath(self.dev)
+        real_dev = self.real_dev
         locks = lock_owners(f.inode for f in live)
         facts: dict[int, LockFact] = {}
         for pid in set(locks.values()):
@@ -523,7 +602,8 @@ class SimHost:
             owner = owner_of(f, device, lock, None, starts)
             if owner is None:
                 if scan is None:  # once, and only when needed
-                    scan = scan_device_holders((os.path.realpath(self.alloc) + "/", real_dev + "/nvidia"))
+                    real_alloc = os.path.dirname(live[0].path)  # the walked folder's real path (read_record)
+                    scan = scan_device_holders((real_alloc + "/", real_dev + "/nvidia"))
                     for pid in scan.holders:
                         st = read_stat(pid)
                         starts[pid] = st.start_ticks if st is not None else None
@@ -544,18 +624,17 @@ class SimHost:
                 return Owner(pid, start)
         return None
 
-    def _dead_since(self, name: str, now: float) -> float:
+    def _dead_since(self, alloc: StateDir, name: str, now: float) -> float:
         """When the driver started releasing a dead holder's record: fixed by its first
         observer in a marker file; a reader that may not write one remembers it itself."""
         marker = name[: -len(SUFFIX)] + DEAD_SUFFIX
         seen = self._dead_seen.setdefault(name, now)
         try:
-            fd = os.open(self.alloc / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o644)
-        except FileExistsError:
-            return min(_read_time(self.alloc / marker, seen), now)  # a time to come is no teardown start
+            fd = alloc.create(marker, os.O_WRONLY, 0o644)
         except OSError:  # another user's shared host: not ours to write
             return seen
+        if fd is None:
+            return min(_read_time(alloc, marker, seen), now)  # a time to come is no teardown start
         try:
             os.write(fd, repr(seen).encode())
         except OSError:  # a full disk: readers that find it empty use their own first sighting
@@ -595,12 +674,6 @@ def _config_problem(cfg: object) -> str | None:
     return None
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _once_per_inode(files: list[RecordFile], resolved: dict[str, Owner]) -> list[RecordFile]:
     """A hard link to a record is the same memory: kept once, under the name its holder opened."""
     out: list[RecordFile] = []
@@ -614,15 +687,26 @@ def _once_per_inode(files: list[RecordFile], resolved: dict[str, Owner]) -> list
 
 def _os_failure(what: str, exc: OSError) -> ServerFailed | PermissionDenied:
     """An OS refusal while holding memory, as one line: permission (5), else a failed start (6)."""
+    why = exc.strerror or str(exc)  # a refusal of the walk (PermissionDenied) has its own message
     if isinstance(exc, PermissionError):
-        return PermissionDenied(f"{what}: {exc.strerror}")
-    return ServerFailed(f"{what}: {exc.strerror}")
+        return PermissionDenied(f"{what}: {why}")
+    return ServerFailed(f"{what}: {why}")
 
 
-def _unlink_quietly(path: Path) -> bool:
-    """Remove a file; ``False`` when it is not ours to remove (a sticky shared folder)."""
+def _own(folder: StateDir) -> None:
+    """``sim init`` resets only the caller's own folder: root too is refused another user's, whose
+    contents (or links) that user chose."""
+    uid = os.fstat(folder.fd).st_uid
+    if uid != os.geteuid():
+        raise PermissionDenied(f"{folder.path} is owned by uid {uid}, not by you (uid {os.geteuid()}): a simulated "
+                               "host is reset only by the user who owns its folders",
+                               hint="run 'gpuslate sim init' as that user, or use a folder of your own")
+
+
+def _unlink_quietly(alloc: StateDir, name: str) -> bool:
+    """Remove a file of the folder; ``False`` when it is not ours to remove (a sticky shared folder)."""
     try:
-        path.unlink()
+        alloc.unlink(name)
     except FileNotFoundError:
         return True
     except OSError:
@@ -630,17 +714,9 @@ def _unlink_quietly(path: Path) -> bool:
     return True
 
 
-def _read_time(path: Path, default: float) -> float:
+def _read_time(alloc: StateDir, name: str, default: float) -> float:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        value = float(alloc.read(name, 64) or default)
+    except (OSError, ValueError):  # not a regular file, more than a time, not a number
         return default
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return default
-        value = float(os.read(fd, 64) or default)
-    except (OSError, ValueError):
-        return default
-    finally:
-        os.close(fd)
     return value if math.isfinite(value) else default

@@ -46,10 +46,11 @@ import errno
 import fcntl
 import json
 import os
-import stat
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from ..._walk import StateDir
+from ...errors import PermissionDenied
 from ...proc.fdscan import FdScan
 from ...proc.procfs import PROC
 from ..types import PROCESS_KINDS
@@ -114,8 +115,8 @@ def gpu_of_name(name: str) -> int | None:
 
 def parse_claim(data: bytes, gpus: int) -> Claim | str:
     """A record's content, or what is wrong with it (a string)."""
-    try:
-        rec: Any = json.loads(data)
+    try:  # bounded by MAX_RECORD_BYTES: the parser's own depth check (RecursionError) is enough, and cheaper
+        rec: Any = json.loads(data)  # than parse_json's passes on every record of every status
     except (ValueError, UnicodeDecodeError, RecursionError):  # 4 KiB can still nest 2,000 deep
         return "not JSON"
     if not isinstance(rec, dict):
@@ -138,22 +139,22 @@ def parse_claim(data: bytes, gpus: int) -> Claim | str:
     return Claim(rec["gpu"], rec.get("pid"), rec.get("start_ticks"), rec["bytes"], rec["kind"])
 
 
-def read_record(alloc_fd: int, name: str, real_dir: str, gpus: int) -> RecordFile | str | None:
-    """Read one record relative to the open ``alloc`` folder: never through a symlink,
-    never blocking on a FIFO, never more than :data:`MAX_RECORD_BYTES`.
+def read_record(alloc: StateDir, name: str, real_dir: str, gpus: int) -> RecordFile | str | None:
+    """Read one record of the ``alloc`` folder (walked and held open): a regular file only, never
+    through a symlink, never blocking on a FIFO, never more than :data:`MAX_RECORD_BYTES`.
 
     Returns the record, a one-line problem, or ``None`` when it vanished (collected).
     """
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=alloc_fd)
+        fd = alloc.open(name, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except PermissionDenied:  # a FIFO, a link, a device: never opened
+        return f"record {name!r} is not a regular file"
     except OSError as exc:
         return f"record {name!r} cannot be read: {os.strerror(exc.errno or 0) or exc}"
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return f"record {name!r} is not a regular file"
         data = os.read(fd, MAX_RECORD_BYTES + 1)
         if len(data) > MAX_RECORD_BYTES:
             return f"record {name!r} is too large"
@@ -254,27 +255,29 @@ def lock_owners(inodes: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]
     return out
 
 
-def create_record(alloc_dir: str, name: str, claim: Claim) -> int:
-    """Write a record and hold it (see the module docstring); returns the fd that keeps it.
+def create_record(alloc: StateDir, name: str, claim: Claim) -> int:
+    """Write a record into the ``alloc`` folder (walked and held open) and hold it (see the module
+    docstring); returns the fd that keeps it (not inherited by a program the holder runs).
 
     The record appears under its final name only once it is locked, so no reader
     ever sees a record of a living holder unlocked.
     """
-    tmp = os.path.join(alloc_dir, f".{name}.{os.getpid()}.tmp")
+    tmp = f".{name}.{os.getpid()}.tmp"
     body = json.dumps({"gpu": claim.gpu, "pid": claim.claimed_pid, "start_ticks": claim.claimed_start,
                        "bytes": claim.bytes, "kind": claim.kind}).encode()
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = alloc.create(tmp, os.O_RDWR, 0o644)  # whatever the umask: every user's status reads it
+    if fd is None:
+        raise FileExistsError(errno.EEXIST, f"a file {tmp} is in the way", str(alloc.path / tmp))
     try:
-        os.fchmod(fd, 0o644)  # whatever the umask: every user's status reads it
         if os.write(fd, body) != len(body):
             raise OSError(errno.ENOSPC, "short write")
         if not claim.is_leak:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        os.replace(tmp, os.path.join(alloc_dir, name))
+        alloc.rename(tmp, name)
     except BaseException:
         os.close(fd)
         try:
-            os.unlink(tmp)
+            alloc.unlink(tmp)
         except OSError:
             pass
         raise
