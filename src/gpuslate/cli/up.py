@@ -68,7 +68,8 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
+    p.add_argument("--config", metavar="PATH",
+                   help="unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)")
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
     p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
     p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")

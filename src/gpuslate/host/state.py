@@ -42,7 +42,7 @@ import weakref
 from enum import Enum
 from pathlib import Path
 
-from ..errors import BackendUnavailable, PermissionDenied
+from ..errors import BackendUnavailable, PermissionDenied, UsageError
 
 #: flags for every state file: never through a symlink, never blocking (a FIFO), never inherited by a child
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -384,12 +384,26 @@ def write_state_file(path: Path, data: bytes) -> None:
         d.write_atomic(path.name, data)
 
 
+def absolute_setting(var: str, value: str) -> Path:
+    """The folder an environment variable names, which must be absolute (``~`` expanded).
+
+    A relative one is refused rather than made absolute: every gpuslate process would take it
+    from its own current folder, so units recorded after one ``cd`` would "vanish" after the
+    next, and two commands would not share a lock. (The XDG spec ignores a relative
+    ``XDG_STATE_HOME``; ignoring this one would silently use another folder.)"""
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise UsageError(f"{var} must be an absolute path, not {value!r}: a relative one would name another "
+                         "folder from every folder gpuslate runs in", hint=f'export {var}="$PWD/{value}"')
+    return path
+
+
 def configured_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
     """Where the state folder is, not yet opened or checked: ``$GPUSLATE_STATE_DIR``, else the
     simulated host's ``state/`` (``sim_root`` or ``$GPUSLATE_SIM``), else the XDG state folder."""
     env = os.environ.get("GPUSLATE_STATE_DIR")
     if env:
-        return Path(env).expanduser()
+        return absolute_setting("GPUSLATE_STATE_DIR", env)
     sim = sim_root if sim_root is not None else os.environ.get("GPUSLATE_SIM")
     if sim:
         # a simulated run never writes to the user's real audit log
