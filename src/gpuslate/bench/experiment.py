@@ -197,7 +197,7 @@ class _Runner:
         self.note: Note = host.note
         self.points = out / "points"
         self.t0 = time.monotonic()
-        self.running: str | None = None  # the unit this run started and that serves now
+        self.running: str | None = None  # the unit (NAMESPACE.DEPLOYMENT) this run started and that serves now
         self.touched: list[str] = []  # units this run started: the ones an interrupt may stop
         self.blocks = schedule(spec)
         all_keys = [k for b in self.blocks for k in b.keys]
@@ -218,7 +218,7 @@ class _Runner:
                 pending = [k for k in block.keys if not (self.points / k.filename).is_file()]
                 if not pending:
                     continue
-                if self.running != dep.name:
+                if self.running != dep.unit.name:
                     self._progress(dep, index, "starting", None, None, 0, None)
                     self._bring_up(dep)
                 for key in pending:
@@ -240,20 +240,20 @@ class _Runner:
     def _bring_up(self, dep: Deployment) -> None:
         t = time.time()
         if self.running is not None:
-            self.note(f"swap {self.running} -> {dep.name}")
+            self.note(f"swap {self.running} -> {dep.unit.name}")
             r = self.host.swap(self.running, dep.unit)
             doc = r.to_json()
             if r.status != "down_failed":
-                self.running = dep.name if r.ok else None  # a failed NEW was stopped by up itself
+                self.running = dep.unit.name if r.ok else None  # a failed NEW was stopped by up itself
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
-            self.note(f"up {dep.name}" + (" (clearing its GPUs first)" if first_clear else ""))
+            self.note(f"up {dep.unit.name}" + (" (clearing its GPUs first)" if first_clear else ""))
             u = self.host.up(dep.unit, UpOptions(clear_first=first_clear))
             doc = u.to_json()
             if u.ok:
-                self.running = dep.name
+                self.running = dep.unit.name
         # up/swap clean up a NEW they were interrupted starting; from here on it is ours to stop
-        self.touched.append(dep.name)
+        self.touched.append(dep.unit.name)
         self._record({"deployment": dep.name, "action": doc["schema"].split(".")[1], "at": iso_time(t),
                       "ok": doc["ok"], "result": doc})
         if not doc["ok"]:
@@ -262,14 +262,15 @@ class _Runner:
                 raise NotDoneError(f"could not stop {self.running} cleanly; {dep.name} was not started",
                                    hint=f"see {self.out}/transitions/ and 'gpuslate status'")
             raise ServerFailed(f"deployment {dep.name} did not come up ({what})",
-                               hint=f"see {self.out}/transitions/ and 'gpuslate logs {dep.name}'")
+                               hint=f"see {self.out}/transitions/ and 'gpuslate logs {dep.unit.name}'")
 
     def _stop(self, name: str, why: str) -> dict[str, Any]:
         self.note(f"down {name} ({why})")
         t = time.time()
         d = self.host.down(name)
         doc = d.to_json()
-        self._record({"deployment": name, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
+        deployment = next((d.name for d in self.spec.deployments if d.unit.name == name), name)
+        self._record({"deployment": deployment, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
         if d.ok:
             self.running = None
             return doc
