@@ -155,7 +155,7 @@ def test_an_experiment_runs_on_one_host(exp_host, tmp_path, monkeypatch, capsys)
     assert counts == {"backend": 1, "lock": 3, "audit": 1}, counts
     assert not exp_host.held()
     assert (users.units_dir() / "baseline.json").read_bytes() == mine  # untouched
-    assert {n for n in users.names()} == {"baseline", "t.baseline", "t.speculative"}
+    assert set(users.names()) == {"baseline", "t.baseline", "t.speculative"}
     assert users.load("t.speculative").phase == "stopped"
 
 

@@ -181,7 +181,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
             result = _clear_asking_once(hosts, words, fan, progress)
-        elif command == "swap":
+        elif command in ("swap", "restart"):  # one host at a time: a rolling swap or restart
             result = sequential(hosts, words, progress)
         else:
             result = fan(hosts, words, progress)

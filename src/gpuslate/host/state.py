@@ -177,6 +177,12 @@ class StateDir:
         _check_name(new)
         os.replace(old, new, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
+    def remove(self, name: str) -> None:
+        """Unlink ``name`` in this folder (a symbolic link itself, never what it points to);
+        ``FileNotFoundError`` when it is not there."""
+        _check_name(name)
+        os.unlink(name, dir_fd=self.fd)
+
     def names(self) -> list[str]:
         """Every name in the folder (unsorted, without ``.`` and ``..``)."""
         return os.listdir(self.fd)
