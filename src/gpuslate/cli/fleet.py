@@ -51,7 +51,7 @@ def add_fleet_help(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--group", metavar="NAME", help="only this group of the --hosts inventory")
     g.add_argument("--parallel", metavar="N", help="hosts at a time (default 32)")
     g.add_argument("--connect-timeout", metavar="SECONDS", help="ssh connect timeout per host (default 10)")
-    g.add_argument("--keep-going", action="store_true", help="swap: go on to the next host after a failure")
+    g.add_argument("--keep-going", action="store_true", help="swap, restart: go on to the next host after a failure")
     g.add_argument("--slurm", action="store_true",
                    help="inside a Slurm allocation: run the command on every node of it through srun "
                    "(see docs/slurm.md)")
