@@ -113,13 +113,17 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def file_units(config: str | None, verb: str) -> list[str]:
     """Every unit of the unit file, in its order: what ``up``/``down``/``restart`` without a name act on."""
+    from ..units.names import UnitName  # lazy: startup
     from ..units.spec import CONFIG_NAME, CONFIG_VAR, find_config, load_config  # lazy: startup
 
     path = find_config(config)
     if path is None:
         raise UsageError(f"{verb} without a NAME acts on every unit of the unit file, and there is none "
                          f"({CONFIG_NAME} here or above, {CONFIG_VAR}, --config)", hint=f"gpuslate {verb} NAME")
-    names = [unit_name(n) for n in load_config(path)]
+    try:
+        names = [UnitName(n) for n in load_config(path)]
+    except UsageError as exc:  # a table whose name no unit can have: the file is at fault
+        raise UsageError(f"{path}: {exc}") from None
     if not names:
         raise UsageError(f"{path} defines no [units.NAME] table")
     return names
