@@ -19,8 +19,8 @@ from gpuslate.errors import BadDocument
 from gpuslate.host.snapshot import Snapshot
 from gpuslate.slate.clear import ClearResult
 from gpuslate.slate.wait import WaitResult
-from gpuslate.units.lifecycle import DownResult, UpResult
 from gpuslate.units.batch import BatchResult
+from gpuslate.units.lifecycle import DownResult, UpResult
 from gpuslate.units.listing import PsResult
 from gpuslate.units.logfile import LogsResult
 from gpuslate.units.remove import RmResult
@@ -125,7 +125,7 @@ def test_a_batch_holding_another_document_or_a_bad_time_is_one_error():
             "lines": ["x"]}
     assert LogsResult.from_json(logs).since is None  # a document from before --since reads as it was
     for bad in ({"times": ["yesterday"]}, {"times": [None, None]}, {"since": "soon"}):
-        with pytest.raises(BadDocument, match="malformed gpuslate.logs.v1"):
+        with pytest.raises(BadDocument, match=r"malformed gpuslate\.logs\.v1"):
             LogsResult.from_json({**logs, **bad})
 
 
