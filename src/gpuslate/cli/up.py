@@ -121,7 +121,7 @@ def file_units(config: str | None, verb: str) -> list[str]:
         raise UsageError(f"{verb} without a NAME acts on every unit of the unit file, and there is none "
                          f"({CONFIG_NAME} here or above, {CONFIG_VAR}, --config)", hint=f"gpuslate {verb} NAME")
     try:
-        names = [UnitName(n) for n in load_config(path)]
+        names: list[str] = [UnitName(n) for n in load_config(path)]
     except UsageError as exc:  # a table whose name no unit can have: the file is at fault
         raise UsageError(f"{path}: {exc}") from None
     if not names:
