@@ -37,6 +37,7 @@ _EXPORTS = {
     "wait_free": "gpuslate.api", "WaitResult": "gpuslate.slate.wait", "WaitOptions": "gpuslate.slate.wait",
     "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.units.lifecycle",
     "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
+    "PsOptions": "gpuslate.units.listing", "RestartOptions": "gpuslate.units.restart",
     "RemoteHost": "gpuslate.remote.host",
 }
 
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
     from .slate.plan import Selection
     from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, UpOptions
+    from .units.listing import PsOptions
+    from .units.restart import RestartOptions
     from .units.spec import UnitSpec
     from .units.swap import SwapOptions
 
@@ -82,7 +85,9 @@ __all__ = [  # written out (not built from _EXPORTS) so that linters and type ch
     "PartialFailure",
     "PermissionDenied",
     "ProcessId",
+    "PsOptions",
     "RemoteHost",
+    "RestartOptions",
     "Selection",
     "ServerFailed",
     "Snapshot",

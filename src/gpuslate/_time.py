@@ -36,3 +36,54 @@ def parse_iso_time(text: object) -> float:
         return 0.0
     frac = text[19:].rstrip("Z")
     return whole + (float(frac) if frac.startswith(".") and frac[1:].isdigit() else 0.0)
+
+
+def iso_time_us(epoch: float) -> str:
+    """UTC RFC 3339 with microseconds (a log line's time, as ``logs --timestamps`` prints it)."""
+    whole = int(epoch // 1)
+    us = round((epoch - whole) * 1_000_000)
+    if us == 1_000_000:
+        whole, us = whole + 1, 0
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{us:06d}Z"
+
+
+#: Go's time.ParseDuration units, as docker's --since takes them ("10m", "1h30m", "1.5h", "300ms")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_MAX_SINCE = 64  # characters: a time or a duration is never longer
+
+
+def parse_since(text: str, now: float) -> float:
+    """The epoch time ``--since TEXT`` means, as ``docker logs --since`` reads it: a duration back
+    from ``now`` (Go's syntax: ``42m``, ``1h30m``, ``1.5h``, ``300ms``), an RFC 3339 time
+    (``2013-01-02T13:23:37Z``, ``...37.5+02:00``; without a zone, local time, as docker), a date
+    (``2013-01-02``, local midnight) or Unix seconds (``1700000000.5``).
+    Raises ValueError with what was expected."""
+    import re  # lazy: startup
+
+    s = text.strip()
+    if not s or len(s) > _MAX_SINCE:
+        raise ValueError(f"{text[:_MAX_SINCE]!r}: expected a duration (10m, 1h30m) or a time (2013-01-02T13:23:37Z)")
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", s)
+    if parts and "".join(n + u for n, u in parts) == s:
+        return now - sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        return float(s)
+    m = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(\.\d+)?)?)?"
+                     r"(Z|z|[+-]\d\d:?\d\d)?", s)
+    if not m:
+        raise ValueError(f"{text!r}: expected a duration (10m, 1h30m) or a time (2013-01-02T13:23:37Z)")
+    import calendar  # lazy: startup
+
+    year, month, day, hour, minute, sec, frac, zone = m.groups()
+    fields = (int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(sec or 0))
+    if not (1 <= fields[1] <= 12 and 1 <= fields[2] <= 31 and fields[3] < 24 and fields[4] < 60 and fields[5] < 61):
+        raise ValueError(f"{text!r}: not a time")
+    extra = float(frac) if frac else 0.0
+    if zone is None:  # local time, as docker reads a time without a zone
+        return time.mktime((*fields, 0, 0, -1)) + extra
+    offset = 0
+    if zone not in ("Z", "z"):
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        offset = sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return calendar.timegm((*fields, 0, 0, 0)) - offset + extra

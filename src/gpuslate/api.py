@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from .slate.plan import Plan, Selection
     from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
-    from .units.listing import PsResult
+    from .units.listing import PsOptions, PsResult
+    from .units.remove import RmResult
+    from .units.restart import RestartOptions, RestartResult
     from .units.spec import UnitSpec
     from .units.swap import SwapOptions, SwapResult
 
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 _VERBS = {
     "clear": "gpuslate.slate.clear", "wait": "gpuslate.slate.wait", "selection": "gpuslate.slate.plan",
     "up": "gpuslate.units.lifecycle", "down": "gpuslate.units.lifecycle", "swap": "gpuslate.units.swap",
-    "ps": "gpuslate.units.listing",
+    "ps": "gpuslate.units.listing", "restart": "gpuslate.units.restart", "rm": "gpuslate.units.remove",
 }
 
 
@@ -109,9 +111,22 @@ class Host(HostContext):
         result: SwapResult = mod.swap(self, old, new, options if options is not None else mod.SwapOptions())
         return result
 
-    def ps(self) -> PsResult:
-        """Every unit with its live state: see :func:`gpuslate.units.listing.list_units`."""
-        result: PsResult = _verb("ps").list_units(self)
+    def restart(self, name: str, options: RestartOptions | None = None) -> RestartResult:
+        """Stop a unit and start it with the spec it last ran with: see :func:`gpuslate.units.restart.restart`."""
+        mod = _verb("restart")
+        result: RestartResult = mod.restart(self, name, options if options is not None else mod.RestartOptions())
+        return result
+
+    def rm(self, names: Sequence[str]) -> RmResult:
+        """Remove the records and logs of units nothing of which runs: see :func:`gpuslate.units.remove.rm`."""
+        result: RmResult = _verb("rm").rm(self, [names] if isinstance(names, str) else names)
+        return result
+
+    def ps(self, options: PsOptions | None = None) -> PsResult:
+        """Every unit with its live state (``PsOptions(all=False)``: as ``ps`` without ``-a``):
+        see :func:`gpuslate.units.listing.list_units`."""
+        mod = _verb("ps")
+        result: PsResult = mod.list_units(self, options if options is not None else mod.PsOptions())
         return result
 
 

@@ -19,7 +19,7 @@ import pytest
 from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
 from gpuslate.cli.main import main
 from gpuslate.sim.perfmodel import throughput
-from helpers import count_host_opens, gpuslate_env, wait_for
+from helpers import count_host_opens, gpuslate_env, unit_records, wait_for
 
 pytestmark = pytest.mark.slow  # the whole file: whole experiment runs against simulated servers
 
@@ -156,6 +156,15 @@ def test_an_experiment_runs_on_one_host(exp_host, tmp_path, monkeypatch, capsys)
     """In process, counted: the run's up, swap and down and the GPU reading before every point
     go through the one Host the command opened (one backend, one audit log; the lock once a verb)."""
     spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
+    # a unit of the user's named like a deployment: the experiment's units are t.baseline, t.speculative
+    users = unit_records()
+    r = subprocess.run([sys.executable, "-m", "gpuslate", "up", "baseline", "--gpus", "7", "--ready-log", "ready",
+                        "--", sys.executable, "-m", "gpuslate", "sim", "hold", "--gpus", "7", "--memory", "1GiB"],
+                       capture_output=True, text=True, env=gpuslate_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert subprocess.run([sys.executable, "-m", "gpuslate", "down", "baseline"], env=gpuslate_env(),
+                          capture_output=True, timeout=60).returncode == 0
+    mine = (users.units_dir() / "baseline.json").read_bytes()
     counts = count_host_opens(monkeypatch)
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
@@ -168,6 +177,9 @@ def test_an_experiment_runs_on_one_host(exp_host, tmp_path, monkeypatch, capsys)
     assert actions == ["up", "swap", "down"], actions
     assert counts == {"backend": 1, "lock": 3, "audit": 1}, counts
     assert not exp_host.held()
+    assert (users.units_dir() / "baseline.json").read_bytes() == mine  # untouched
+    assert set(users.names()) == {"baseline", "t.baseline", "t.speculative"}
+    assert users.load("t.speculative").phase == "stopped"
 
 
 def test_progress_on_a_terminal(exp_host, tmp_path):
@@ -201,6 +213,6 @@ def test_progress_on_a_terminal(exp_host, tmp_path):
     text = seen.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "speculative (2/2) c=4 repeat 1" in text and "points 5/6" in text and "elapsed" in text
-    assert "gpuslate: swap baseline -> speculative" in text and "Traceback" not in text
+    assert "gpuslate: swap t.baseline -> t.speculative" in text and "Traceback" not in text
     assert "Recommendation:" in out and "concurrency 4" in out
     assert not exp_host.held()

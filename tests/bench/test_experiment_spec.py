@@ -47,6 +47,20 @@ def test_good_spec(tmp_path):
     assert spec.deployments[1].unit.engine == "sglang"
 
 
+def test_deployments_run_as_units_of_the_experiments_own_namespace(tmp_path):
+    """As compose names a project's containers after the project: the experiment's baseline is the
+    unit t.baseline, never the user's baseline (also when the unit comes from their gpuslate.toml)."""
+    spec = load_spec(write(tmp_path, GOOD))
+    assert [d.unit.name for d in spec.deployments] == ["t.baseline", "t.speculative"]
+    assert [d.name for d in spec.deployments] == ["baseline", "speculative"]  # the report's names stay
+    plus = load_spec(write(tmp_path, GOOD.replace('name = "t"', 'name = "a+b"')))
+    assert plus.deployments[0].unit.name == "a-b.baseline"  # '+' is no unit-name character
+    long = GOOD.replace('name = "t"', f'name = "{"x" * 60}"')
+    with pytest.raises(UsageError, match=r"exp\.toml:2: deployment 'baseline' runs as unit 'x{60}\.baseline', "
+                       r"longer than a unit name may be \(64 characters\)"):
+        load_spec(write(tmp_path, long))
+
+
 def test_reference_to_project_gpuslate_toml(tmp_path):
     (tmp_path / "gpuslate.toml").write_text(
         '[units.eagle]\ncommand = "serve --port 1"\nport = 1\n\n[units.plain]\ncommand = "serve"\nport = 1\n')
@@ -56,6 +70,7 @@ def test_reference_to_project_gpuslate_toml(tmp_path):
                                 '[roles]\nbaseline = "plain"\nspeculative = "eagle"\n'))
     assert [(d.name, d.role) for d in spec.deployments] == [("plain", "baseline"), ("eagle", "speculative")]
     assert spec.deployments[0].source.endswith("gpuslate.toml")
+    assert [d.unit.name for d in spec.deployments] == ["exp.plain", "exp.eagle"]  # the file's stem
 
 
 @pytest.mark.parametrize("edit, line, words", [

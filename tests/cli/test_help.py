@@ -13,7 +13,8 @@ from gpuslate.cli import common
 from gpuslate.cli.main import build_parser, main
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-COMMANDS = [["status"], ["clear"], ["wait"], ["up"], ["down"], ["ps"], ["logs"], ["swap"], ["audit"], ["log"],
+COMMANDS = [["status"], ["clear"], ["wait"], ["up"], ["down"], ["restart"], ["rm"], ["ps"], ["logs"], ["swap"],
+            ["audit"], ["log"],
             ["sim"], ["sim", "init"], ["sim", "hold"], ["sim", "mps"], ["sim", "leak"], ["sim", "serve"]]
 
 

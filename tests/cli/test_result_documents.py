@@ -19,8 +19,12 @@ from gpuslate.errors import BadDocument
 from gpuslate.host.snapshot import Snapshot
 from gpuslate.slate.clear import ClearResult
 from gpuslate.slate.wait import WaitResult
+from gpuslate.units.batch import BatchResult
 from gpuslate.units.lifecycle import DownResult, UpResult
 from gpuslate.units.listing import PsResult
+from gpuslate.units.logfile import LogsResult
+from gpuslate.units.remove import RmResult
+from gpuslate.units.restart import RestartResult
 from gpuslate.units.swap import SwapResult
 from helpers import gpuslate_env
 
@@ -97,17 +101,32 @@ def test_unit_documents_read_back(run):
     assert PsResult.from_json(doc).to_json() == doc
 
 
-@pytest.mark.parametrize("cls", [Snapshot, ClearResult, WaitResult, UpResult, DownResult, SwapResult, PsResult])
+@pytest.mark.parametrize("cls", [Snapshot, ClearResult, WaitResult, UpResult, DownResult, SwapResult, PsResult,
+                                 RestartResult, RmResult, BatchResult, LogsResult])
 def test_another_schema_or_a_malformed_document_is_one_error(cls):
     for bad in ([], "x", {"schema": "gpuslate.other.v1"}, {"schema": None}):
         with pytest.raises(BadDocument, match="not a gpuslate"):
             cls.from_json(bad)
     schema = {Snapshot: "status", ClearResult: "clear", WaitResult: "wait", UpResult: "up", DownResult: "down",
-              SwapResult: "swap", PsResult: "ps"}[cls]
+              SwapResult: "swap", PsResult: "ps", RestartResult: "restart", RmResult: "rm", BatchResult: "batch",
+              LogsResult: "logs"}[cls]
     with pytest.raises(BadDocument, match="not a gpuslate"):
         cls.from_json({"schema": f"gpuslate.{schema}.v2"})  # a newer version: not guessed at
     with pytest.raises(BadDocument, match=f"malformed gpuslate.{schema}.v1 document"):
         cls.from_json({"schema": f"gpuslate.{schema}.v1"})
+
+
+def test_a_batch_holding_another_document_or_a_bad_time_is_one_error():
+    with pytest.raises(BadDocument, match="not an up, down or restart document"):
+        BatchResult.from_json({"schema": "gpuslate.batch.v1", "ok": True, "status": "done", "verb": "up",
+                               "results": [{"schema": "gpuslate.status.v1"}], "skipped": [], "not_run": [],
+                               "total_s": 1})
+    logs = {"schema": "gpuslate.logs.v1", "name": "a", "log": "/l", "exists": True, "running": False, "tail": None,
+            "lines": ["x"]}
+    assert LogsResult.from_json(logs).since is None  # a document from before --since reads as it was
+    for bad in ({"times": ["yesterday"]}, {"times": [None, None]}, {"since": "soon"}):
+        with pytest.raises(BadDocument, match=r"malformed gpuslate\.logs\.v1"):
+            LogsResult.from_json({**logs, **bad})
 
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)

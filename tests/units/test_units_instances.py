@@ -25,7 +25,7 @@ import pytest
 
 from gpuslate.gpu.sim.host import SimHost
 from gpuslate.proc.procfs import read_stat
-from helpers import SRC, GiB, is_gone, unit_records, wait_for
+from helpers import SRC, GiB, is_gone, kill_leftovers, unit_records, wait_for
 from test_units_lifecycle import gpus_clean
 from unitkit import run_units
 
@@ -104,28 +104,39 @@ def test_two_state_folders_of_one_user_each_with_web(units_host, tmp_path, conta
 
 
 @pytest.fixture
-def shared(units_host: SimHost, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SimHost, dict[str, str]]]:
-    """A simulated host root and `nobody` both use, and nobody's environment for gpuslate."""
+def shared(units_host: SimHost) -> Iterator[tuple[SimHost, dict[str, str]]]:
+    """A simulated host root and `nobody` both use, and nobody's environment for gpuslate.
+
+    The folder (outside tmp_path: `nobody` must reach it) is removed at the end, after what the test
+    left in it was killed and with the environment naming it undone first: units_host's teardown
+    runs after this one and must look at its own state folder, not make this one again."""
     if os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK):
         if os.environ.get("CI") == "true":
             pytest.fail("needs root and /usr/bin/python3 to run a unit as another user")
         pytest.skip("needs root and /usr/bin/python3 to run a unit as another user")
     base = Path(tempfile.mkdtemp(prefix="gpuslate-units-"))
     try:
-        base.chmod(0o755)
-        host = SimHost.init(base / "host", gpus=4, memory=96 * GiB, release_delay=0.1)
-        for d in (host.root, host.alloc):
-            d.mkdir(exist_ok=True)
-            d.chmod(0o1777)
-        for name, uid in (("state-root", 0), ("locks-root", 0), ("state-nobody", NOBODY), ("locks-nobody", NOBODY)):
-            (base / name).mkdir(mode=0o700)
-            os.chown(base / name, uid, -1)
-        monkeypatch.setenv("GPUSLATE_SIM", str(host.root))
-        monkeypatch.setenv("GPUSLATE_STATE_DIR", str(base / "state-root"))
-        monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(base / "locks-root"))
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": SRC, "GPUSLATE_SIM": str(host.root),
-               "GPUSLATE_STATE_DIR": str(base / "state-nobody"), "GPUSLATE_LOCK_DIR": str(base / "locks-nobody")}
-        yield host, env
+        with pytest.MonkeyPatch.context() as mp:  # undone before units_host's teardown
+            base.chmod(0o755)
+            host = SimHost.init(base / "host", gpus=4, memory=96 * GiB, release_delay=0.1)
+            for d in (host.root, host.alloc):
+                d.mkdir(exist_ok=True)
+                d.chmod(0o1777)
+            for name, uid in (("state-root", 0), ("locks-root", 0), ("state-nobody", NOBODY),
+                              ("locks-nobody", NOBODY)):
+                (base / name).mkdir(mode=0o700)
+                os.chown(base / name, uid, -1)
+            mp.setenv("GPUSLATE_SIM", str(host.root))
+            mp.setenv("GPUSLATE_STATE_DIR", str(base / "state-root"))
+            mp.setenv("GPUSLATE_LOCK_DIR", str(base / "locks-root"))
+            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": SRC, "GPUSLATE_SIM": str(host.root),
+                   "GPUSLATE_STATE_DIR": str(base / "state-nobody"), "GPUSLATE_LOCK_DIR": str(base / "locks-nobody")}
+            try:
+                yield host, env
+            finally:
+                from gpuslate.units.unit import load_units
+
+                kill_leftovers(host, load_units(unit_records()))  # root's units here, and every holder
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

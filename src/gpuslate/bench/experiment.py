@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,11 +56,12 @@ from .._walk import write_file
 from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import UnitSpec, UpOptions
+from ..units.names import is_unit_name
 from .plan import LoadPlan
 from .report import ENGINE_FILES, build_summary, plan_verification
 from .result import Progress
 from .rundir import POINT_SCHEMA, RUN_SCHEMA, VERIFY_FILE, load_verification, read_json, write_json_atomic
-from .spec import RECOMMENDED, Deployment, ExperimentSpec, Order, same_experiment
+from .spec import RECOMMENDED, Deployment, ExperimentSpec, Order, same_experiment, unit_namespace
 
 __all__ = ["POINT_SCHEMA", "RUN_SCHEMA", "PointKey", "RunResult", "run_experiment", "schedule", "write_json_atomic"]
 Phase = Literal["starting", "warmup", "running", "finished"]
@@ -213,7 +214,7 @@ class _Runner:
         self.note: Note = host.note
         self.points = out / "points"
         self.t0 = time.monotonic()
-        self.running: str | None = None  # the unit this run started and that serves now
+        self.running: str | None = None  # the unit (NAMESPACE.DEPLOYMENT) this run started and that serves now
         self.touched: list[str] = []  # units this run started: the ones an interrupt may stop
         self.blocks = schedule(spec)
         all_keys = [k for b in self.blocks for k in b.keys]
@@ -250,7 +251,7 @@ class _Runner:
             pending = [k for k in block.keys if not (self.points / k.filename).is_file()]
             if not pending:
                 continue
-            if self.running != dep.name:
+            if self.running != dep.unit.name:
                 self._progress(dep, index, "starting", None, None, 0, None)
                 self._bring_up(dep)
             for key in pending:
@@ -268,8 +269,13 @@ class _Runner:
             write_json_atomic(self.out / VERIFY_FILE, plan)
             self.note(f"verifying the recommendation: {plan['name']} ({plan['command_line']})")
         unit = _checked_plan(plan, self.out, {d.name for d in self.spec.deployments})
+        unit_name = f"{unit_namespace(self.spec.name)}.{plan['name']}"  # the experiment's namespace, as its others
+        if not is_unit_name(unit_name):
+            raise UsageError(f"the recommendation would run as unit {unit_name!r}, longer than a unit name may be",
+                             hint="shorten [experiment] name or the speculative deployment's name")
+        unit = replace(unit, name=unit_name)
         for name, text in plan["files"].items():  # the written configuration the deployment runs with
-            (self.out / name).write_text(text)
+            write_file(self.out / name, text.encode(), what="experiment directory")
         deployments = {d.name: d for d in self.spec.deployments}
         deployments[plan["name"]] = Deployment(plan["name"], RECOMMENDED, unit, str(self.out / VERIFY_FILE))
         blocks = verification_blocks(plan, deployments, self.spec.verify)
@@ -287,20 +293,20 @@ class _Runner:
     def _bring_up(self, dep: Deployment) -> None:
         t = time.time()
         if self.running is not None:
-            self.note(f"swap {self.running} -> {dep.name}")
+            self.note(f"swap {self.running} -> {dep.unit.name}")
             r = self.host.swap(self.running, dep.unit)
             doc = r.to_json()
             if r.status != "down_failed":
-                self.running = dep.name if r.ok else None  # a failed NEW was stopped by up itself
+                self.running = dep.unit.name if r.ok else None  # a failed NEW was stopped by up itself
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
-            self.note(f"up {dep.name}" + (" (clearing its GPUs first)" if first_clear else ""))
+            self.note(f"up {dep.unit.name}" + (" (clearing its GPUs first)" if first_clear else ""))
             u = self.host.up(dep.unit, UpOptions(clear_first=first_clear))
             doc = u.to_json()
             if u.ok:
-                self.running = dep.name
+                self.running = dep.unit.name
         # up/swap clean up a NEW they were interrupted starting; from here on it is ours to stop
-        self.touched.append(dep.name)
+        self.touched.append(dep.unit.name)
         self._record({"deployment": dep.name, "action": doc["schema"].split(".")[1], "at": iso_time(t),
                       "ok": doc["ok"], "result": doc})
         if not doc["ok"]:
@@ -309,14 +315,15 @@ class _Runner:
                 raise NotDoneError(f"could not stop {self.running} cleanly; {dep.name} was not started",
                                    hint=f"see {self.out}/transitions/ and 'gpuslate status'")
             raise ServerFailed(f"deployment {dep.name} did not come up ({what})",
-                               hint=f"see {self.out}/transitions/ and 'gpuslate logs {dep.name}'")
+                               hint=f"see {self.out}/transitions/ and 'gpuslate logs {dep.unit.name}'")
 
     def _stop(self, name: str, why: str) -> dict[str, Any]:
         self.note(f"down {name} ({why})")
         t = time.time()
         d = self.host.down(name)
         doc = d.to_json()
-        self._record({"deployment": name, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
+        deployment = next((d.name for d in self.spec.deployments if d.unit.name == name), name)
+        self._record({"deployment": deployment, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
         if d.ok:
             self.running = None
             return doc

@@ -60,12 +60,13 @@ import enum
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from .._toml import line_of, read_toml
 from ..errors import UsageError
+from ..units.names import MAX_LENGTH, is_unit_name
 from ..units.spec import UnitSpec, load_config, resolve
 from .plan import LoadPlan
 
@@ -104,9 +105,9 @@ MAX_LEVEL = 100_000
 
 @dataclass(frozen=True)
 class Deployment:
-    name: str
+    name: str  # as the spec names it (the report's, the points')
     role: Role | None
-    unit: UnitSpec
+    unit: UnitSpec  # its unit, named NAMESPACE.NAME (see unit_namespace)
     source: str  # the file that defines the unit
 
     def to_json(self) -> dict[str, Any]:
@@ -258,9 +259,31 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     name = exp.get("name", p.stem)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}", name):
         raise fail("experiment", "name", f"invalid experiment name {name!r}: letters, digits, '.', '_', '+', '-'")
+    deployments = _in_namespace(deployments, unit_namespace(name), fail)
     return ExperimentSpec(str(p), name, tuple(deployments), levels, repeats, plan, exp.get("clear", False),
                           time_scale, min_margin, nst, order, control if order is Order.BLOCKED else None,
                           exp.get("allow_estimated", False), verify, text)
+
+
+def unit_namespace(experiment: str) -> str:
+    """The prefix of an experiment's unit names: its name, '+' written '-' (no unit name has one).
+
+    An experiment's deployments are units of their own, ``NAMESPACE.DEPLOYMENT`` (as docker
+    compose names a project's containers after the project): the experiment's ``baseline`` is
+    ``eagle3-threshold.baseline``, and never replaces the record (or stops the server) of a
+    ``baseline`` unit of yours."""
+    return experiment.replace("+", "-")
+
+
+def _in_namespace(deployments: list[Deployment], namespace: str, fail: Any) -> list[Deployment]:
+    out = []
+    for d in deployments:
+        unit_name = f"{namespace}.{d.name}"
+        if not is_unit_name(unit_name):
+            raise fail("experiment", "name", f"deployment {d.name!r} runs as unit {unit_name!r}, longer than a "
+                       f"unit name may be ({MAX_LENGTH} characters): shorten [experiment] name or the deployment's")
+        out.append(replace(d, unit=replace(d.unit, name=unit_name)))
+    return out
 
 
 def _table(doc: dict[str, Any], name: str, fail: Any) -> dict[str, Any]:

@@ -22,11 +22,15 @@ if TYPE_CHECKING:
     from ..slate.clear import ClearResult
     from ..slate.wait import WaitResult
     from ..slurm.hooks import HookResult
+    from ..units.batch import BatchResult
     from ..units.lifecycle import DownResult, UpResult
     from ..units.listing import PsResult
+    from ..units.remove import RmResult
+    from ..units.restart import RestartResult
     from ..units.swap import SwapResult as _Swap
 
-    CommandResult = ClearResult | WaitResult | UpResult | DownResult | _Swap | PsResult | HookResult
+    CommandResult = (ClearResult | WaitResult | UpResult | DownResult | _Swap | PsResult | HookResult | RestartResult
+                     | RmResult | BatchResult)
 
 
 class ExitStatus(IntEnum):
@@ -150,6 +154,27 @@ def _demo_codes() -> dict[Any, ExitStatus]:
     return {DemoStatus.CLEAN: _OK, DemoStatus.NOT_CLEAN: _TIMEOUT}
 
 
+def _restart_codes() -> dict[Any, ExitStatus]:
+    from ..units.restart import RestartStatus  # lazy: startup (see above)
+
+    # a failed part's own code wins (exit_status_of): these are what the status alone says
+    return {RestartStatus.RESTARTED: _OK, RestartStatus.DOWN_FAILED: _TIMEOUT, RestartStatus.UP_FAILED: _FAILED}
+
+
+def _rm_codes() -> dict[Any, ExitStatus]:
+    from ..units.remove import RmStatus  # lazy: startup (see above)
+
+    return {RmStatus.REMOVED: _OK}
+
+
+def _batch_codes() -> dict[Any, ExitStatus]:
+    from ..units.batch import BatchStatus  # lazy: startup (see above)
+
+    # several units, one failed: 7 when others did not (exit_status_of: the failed one's code when it
+    # was the only one run, as fleet_exit_code reads hosts)
+    return {BatchStatus.DONE: _OK, BatchStatus.FAILED: ExitStatus.PARTIAL}
+
+
 def _logs_codes() -> dict[Any, ExitStatus]:
     from ..units.logfile import LogsStatus  # lazy: startup (see above)
 
@@ -171,6 +196,9 @@ _TABLES: dict[str, Callable[[], dict[Any, ExitStatus]]] = {
     "gpuslate.bench.report.ExperimentStatus": _experiment_codes,
     "gpuslate.bench.report.DemoStatus": _demo_codes,
     "gpuslate.units.logfile.LogsStatus": _logs_codes,
+    "gpuslate.units.restart.RestartStatus": _restart_codes,
+    "gpuslate.units.remove.RmStatus": _rm_codes,
+    "gpuslate.units.batch.BatchStatus": _batch_codes,
 }
 
 
@@ -222,14 +250,20 @@ def exit_status_for_result(status: Enum) -> ExitStatus:
 
 
 def exit_status_of(result: CommandResult) -> ExitStatus:
-    """A command result's exit code: by its status; a failed swap by the part that failed (stopping
-    OLD, starting NEW), with that part's own status."""
+    """A command result's exit code: by its status; a failed swap or restart by the part that failed
+    (stopping OLD, starting NEW), with that part's own status; a batch of units as a fleet of hosts
+    (:func:`fleet_exit_code` over the units that ran)."""
     swap = sys.modules.get("gpuslate.units.swap")  # a SwapResult exists only where its module is loaded
-    if swap is not None and isinstance(result, swap.SwapResult):
-        if result.status == swap.SwapStatus.DOWN_FAILED:
+    restart = sys.modules.get("gpuslate.units.restart")
+    batch = sys.modules.get("gpuslate.units.batch")
+    if (swap is not None and isinstance(result, swap.SwapResult)) or (
+            restart is not None and isinstance(result, restart.RestartResult)):
+        if result.down is not None and not result.down.ok:
             return exit_status_for_result(result.down.status)
         if result.up is not None and not result.up.ok:
             return exit_status_for_result(result.up.status)
+    if batch is not None and isinstance(result, batch.BatchResult) and not result.ok:
+        return ExitStatus(fleet_exit_code([exit_status_of(r) for r in result.results]))
     return exit_status_for_result(result.status)
 
 

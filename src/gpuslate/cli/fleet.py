@@ -51,7 +51,7 @@ def add_fleet_help(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--group", metavar="NAME", help="only this group of the --hosts inventory")
     g.add_argument("--parallel", metavar="N", help="hosts at a time (default 32)")
     g.add_argument("--connect-timeout", metavar="SECONDS", help="ssh connect timeout per host (default 10)")
-    g.add_argument("--keep-going", action="store_true", help="swap: go on to the next host after a failure")
+    g.add_argument("--keep-going", action="store_true", help="swap, restart: go on to the next host after a failure")
     g.add_argument("--slurm", action="store_true",
                    help="inside a Slurm allocation: run the command on every node of it through srun "
                    "(see docs/slurm.md)")
@@ -182,7 +182,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
             result = _clear_asking_once(hosts, words, fan, progress)
-        elif command == "swap":
+        elif command in ("swap", "restart"):  # one host at a time: a rolling swap or restart
             result = sequential(hosts, words, progress)
         else:
             result = fan(hosts, words, progress)

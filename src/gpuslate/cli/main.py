@@ -17,7 +17,8 @@ from .exits import ExitStatus, exit_epilog, exit_status_for
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
-    "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
+    "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "restart": "restart",
+    "rm": "rm", "ps": "ps",
     "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
     "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm", "exporter": "exporter",
     "install": "install",

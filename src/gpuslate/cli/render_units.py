@@ -1,4 +1,5 @@
-"""What ``up``, ``down``, ``swap`` and ``ps`` print: one renderer per result type, for a local run
+"""What ``up``, ``down``, ``swap``, ``restart``, ``rm`` and ``ps`` print (and ``up``/``down``/``restart`` of
+several units): one renderer per result type, for a local run
 and for another host's document read back (``--host``) alike.
 
 Each ``show_*`` takes the result as its document gives it back (see :func:`.results.show`): what is
@@ -14,8 +15,11 @@ from typing import IO
 
 from .._parse import format_gpu_list, format_size
 from .._time import format_duration
+from ..units.batch import BatchResult
 from ..units.lifecycle import DownResult, UpResult
 from ..units.listing import PsResult
+from ..units.remove import RmResult
+from ..units.restart import RestartResult
 from ..units.stop import StopReport, Verification
 from ..units.swap import SwapResult, SwapStatus
 from .plain import Cell, Column, safe, table, use_color, width_of
@@ -209,8 +213,10 @@ def _print_downtime(result: SwapResult) -> None:
 
 def show_ps(result: PsResult) -> None:
     out = sys.stdout
-    if not result.units:
+    if not result.units and not result.hidden:
         _out("No units. Start one with: gpuslate up NAME --gpus LIST --port PORT -- COMMAND ...")
+    elif not result.units:
+        _out("No units running or stopped within the last hour.")
     else:
         rows = []
         for u in result.units:
@@ -223,5 +229,61 @@ def show_ps(result: PsResult) -> None:
                          Cell(f"{ttr:.2f}s" if ttr is not None else "-")])
         for line in table(_PS_COLUMNS, rows, color=use_color(out), width=width_of(out), gap=2):
             _out(line)
+    if result.hidden:
+        n = result.hidden
+        _out(f"({n} unit{'s' if n != 1 else ''} stopped more than an hour ago not shown: gpuslate ps -a)")
     for w in result.warnings:
         _out(f"warning: {safe(w)}")
+
+
+# -- restart, rm, several units ------------------------------------------------------------------
+
+def show_restart(result: RestartResult) -> None:
+    """What was stopped, what is serving again and the downtime; a failure's story on stderr."""
+    if result.down is not None:
+        print_down(result.down)
+    if result.up is not None and result.up.ok:
+        print_up(result.up)
+    if result.ok:
+        _out(f"Unit {safe(result.name)} restarted ({result.previous_state.value} before) in {result.total_s:.2f} s"
+             + (f"; downtime {result.downtime_s:.3f} s" if result.downtime_s is not None else ""))
+    report_restart_failure(result)
+
+
+def report_restart_failure(result: RestartResult) -> None:
+    name = safe(result.name)
+    if result.down is not None and not result.down.ok:
+        report_down_failure(result.down)
+        sys.stderr.write(f"gpuslate: error: could not stop {name} cleanly; it was not started again\n")
+    elif result.up is not None and not result.up.ok:
+        report_up_failure(result.up)
+
+
+def show_rm(result: RmResult) -> None:
+    for u in result.units:
+        n = len(u.files)
+        _out(f"Removed unit {safe(u.name)} ({u.state.value}): {n} file{'s' if n != 1 else ''} (its record and logs)")
+
+
+def show_batch(result: BatchResult) -> None:
+    """Each unit as its own command shows it, in the order they ran, then what was left as it was
+    and what was not reached."""
+    show = {"up": show_up, "down": show_down, "restart": show_restart}[result.verb.value]
+    for r in result.results:
+        show(r)  # type: ignore[operator]
+    report_batch(result, sys.stdout)
+
+
+def report_batch(result: BatchResult, file: IO[str]) -> None:
+    """The batch's own lines (skipped, not reached, the count), after the units' (``--json``: on stderr)."""
+    for s in result.skipped:
+        _out(f"Unit {safe(s.name)}: {safe(s.reason)}, left as it is", file)
+    if result.not_run:
+        names = ", ".join(safe(n) for n in result.not_run)
+        _out(f"Not {'started' if result.verb.value == 'up' else 'restarted'} (unit "
+             f"{safe(result.failed_name or '?')} failed first): {names}", file)
+    done = sum(1 for r in result.results if r.ok)
+    _out(f"{result.verb.value}: {done} of {len(result.results) + len(result.not_run)} unit"
+         f"{'s' if len(result.results) + len(result.not_run) != 1 else ''} done"
+         + (f", {len(result.skipped)} left as they were" if result.skipped else "")
+         + f" in {result.total_s:.2f} s", file)

@@ -69,14 +69,19 @@ def _wait() -> Kind[Any]:
 
 
 def _units(name: str) -> Kind[Any]:
+    from ..units.batch import BatchResult  # lazy: startup
     from ..units.lifecycle import DownResult, UpResult  # lazy: startup
     from ..units.listing import PsResult  # lazy: startup
+    from ..units.remove import RmResult  # lazy: startup
+    from ..units.restart import RestartResult  # lazy: startup
     from ..units.swap import SwapResult  # lazy: startup
     from . import render_units as r  # lazy: startup
 
     kinds: dict[str, Kind[Any]] = {
         "up": Kind(UpResult.from_json, r.show_up), "down": Kind(DownResult.from_json, r.show_down),
-        "swap": Kind(SwapResult.from_json, r.show_swap), "ps": Kind(PsResult.from_json, r.show_ps)}
+        "swap": Kind(SwapResult.from_json, r.show_swap), "ps": Kind(PsResult.from_json, r.show_ps),
+        "restart": Kind(RestartResult.from_json, r.show_restart), "rm": Kind(RmResult.from_json, r.show_rm),
+        "batch": Kind(BatchResult.from_json, r.show_batch)}
     return kinds[name]
 
 
@@ -146,7 +151,8 @@ _KINDS: dict[str, Callable[[], Kind[Any]]] = {
     "status": _status, "clear": _clear, "wait": _wait, "audit": _audit, "log": _audit,
     "sim.init": _sim_init, "sim.leak": _sim_leak, "install": _install, "bench": _bench, "experiment": _experiment,
     "slurm": _slurm, "demo": _demo, "logs": _logs,
-    **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps")},  # type: ignore[misc]
+    **{name: (lambda n=name: _units(n)) for name in ("up", "down", "swap", "ps", "restart", "rm",  # type: ignore[misc]
+                                                    "batch")},
 }
 
 

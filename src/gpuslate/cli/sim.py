@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from .._parse import parse_gpu_list
+from .._parse import format_gpu_list, format_size, parse_gpu_list
 from ..errors import UsageError
 from ..extras import Extra, require
 from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
@@ -214,7 +215,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import signal  # lazy: startup
 
     require("sim serve", Extra.BENCH)  # the HTTP server is aiohttp's
-    from ..sim.server import config_from_args, run_server  # lazy: startup
+    from ..sim.server import LOG_PREFIX, config_from_args, run_server  # lazy: startup
 
     try:
         config = config_from_args(args)
@@ -239,6 +240,13 @@ def run_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"invalid --workers {n}: 0 to 256")
         started = start_workers(host, gpus, args.memory, n, title=args.title) if n else []
         workers.extend(w.own for w in started)
+        # said once, on stderr like every log line: a bare `sim serve` takes every GPU of the host
+        where = ("--gpus" if args.gpus is not None else "CUDA_VISIBLE_DEVICES" if visible
+                 else "no --gpus and no CUDA_VISIBLE_DEVICES: every GPU of the host")
+        sys.stderr.write(f"{LOG_PREFIX} {n} worker{'s' if n != 1 else ''} hold {format_size(args.memory)} on "
+                         f"each of GPUs {format_gpu_list(gpus)} ({where})\n" if n else
+                         f"{LOG_PREFIX} no workers: no simulated GPU memory held (--workers 0)\n")
+        sys.stderr.flush()
         return [w.shown for w in started]
 
     try:

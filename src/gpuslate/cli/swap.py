@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("old", metavar="OLD", type=unit_name)
     p.add_argument("new", metavar="NEW", type=unit_name)
     p.add_argument("--rollback", action="store_true", help="if NEW fails, start OLD again")
-    p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
+    p.add_argument("--config", metavar="PATH",
+                   help="unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)")
     p.add_argument("--no-prefetch", action="store_true",
                    help="do not read NEW's weight files into the page cache before stopping OLD")
     p.set_defaults(handler=run)

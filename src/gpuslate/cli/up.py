@@ -1,9 +1,11 @@
-"""``gpuslate up NAME [options] -- COMMAND ARGS...``: start a managed server, return once it serves."""
+"""``gpuslate up NAME [options] -- COMMAND ARGS...``: start a managed server, return once it serves;
+``gpuslate up [NAME...]``: several units of the unit file, or all of them (as ``docker compose up``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
@@ -19,10 +21,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start a server as a managed unit and wait until it is ready",
                        description="Start COMMAND as the managed unit NAME (its own session, process group and, "
                        "where the host allows, cgroup), with its GPUs verified free and its port unused first, "
-                       "and return once it is ready. Units can be declared in gpuslate.toml. See docs/units.md.",
-                       epilog=exit_epilog(UP_EXITS))
+                       "and return once it is ready. Units can be declared in gpuslate.toml: 'up A B' starts "
+                       "those, one after another, and 'up' alone every unit of the file, in its order, leaving "
+                       "those already running as they are and stopping at the first that fails (as "
+                       "'docker compose up'). See docs/units.md.",
+                       epilog=exit_epilog({**UP_EXITS, 7: "several units: one failed after others were started"}))
     add_common(p)
-    p.add_argument("name", metavar="NAME", type=unit_name)
+    p.add_argument("names", metavar="NAME", type=unit_name, nargs="*",
+                   help="the unit (several: from the unit file; none: every unit of the file)")
     add_spec_options(p)
     command_after_dashes(p)
     p.add_argument("--clear", action="store_true", help="clear the GPUs first (with 'gpuslate clear' rules)")
@@ -51,7 +57,7 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
     (a ``nargs='*'`` positional is then already consumed, empty), so the
     words after ``--`` are taken off before this subcommand's parser runs.
     """
-    p.usage = f"{p.prog} NAME [options] -- COMMAND [ARGS...]"
+    p.usage = f"{p.prog} NAME [options] -- COMMAND [ARGS...]\n       {p.prog} [NAME...] [options]"
     parse = p.parse_known_args
 
     def parse_known_args(args=None, namespace=None):
@@ -68,7 +74,8 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
+    p.add_argument("--config", metavar="PATH",
+                   help="unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)")
     p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
     p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
     p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
@@ -104,6 +111,24 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             "env": env, "cwd": args.cwd, "containment": args.containment}
 
 
+def file_units(config: str | None, verb: str) -> list[str]:
+    """Every unit of the unit file, in its order: what ``up``/``down``/``restart`` without a name act on."""
+    from ..units.names import UnitName  # lazy: startup
+    from ..units.spec import CONFIG_NAME, CONFIG_VAR, find_config, load_config  # lazy: startup
+
+    path = find_config(config)
+    if path is None:
+        raise UsageError(f"{verb} without a NAME acts on every unit of the unit file, and there is none "
+                         f"({CONFIG_NAME} here or above, {CONFIG_VAR}, --config)", hint=f"gpuslate {verb} NAME")
+    try:
+        names: list[str] = [UnitName(n) for n in load_config(path)]
+    except UsageError as exc:  # a table whose name no unit can have: the file is at fault
+        raise UsageError(f"{path}: {exc}") from None
+    if not names:
+        raise UsageError(f"{path} defines no [units.NAME] table")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
     from ..units import Unit, UnitStore, UpOptions, resolve  # lazy: startup
@@ -111,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
     from .render_units import report_up_failure, show_up  # lazy: startup
 
     command = list(args.command)
+    if len(args.names) != 1:
+        return run_many(args, command)
+    name = args.names[0]
     with Host.open(getattr(args, "sim", None), on_event=note) as host:
-        prev = Unit.load(UnitStore.of(host), args.name)
-        spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
+        prev = Unit.load(UnitStore.of(host), name)
+        spec = resolve(name, overrides=overrides(args), command=command or None, config=args.config,
                        previous=prev.spec.to_json() if prev and prev.spec else None)
         with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
             result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
@@ -123,4 +151,48 @@ def run(args: argparse.Namespace) -> int:
             report_up_failure(as_sent(result))
     else:
         show_up(as_sent(result))
+    return exit_status_of(result)
+
+
+def run_many(args: argparse.Namespace, command: list[str]) -> int:
+    """``up A B ...`` or ``up``: the units of the unit file (or their last runs), one after another."""
+    from ..api import Host  # lazy: startup
+    from ..units import Unit, UnitStore, UpOptions, resolve, up_many  # lazy: startup
+    from ..units.interrupts import stop_signals_interrupt  # lazy: startup
+
+    if command:
+        raise UsageError("a command after '--' is one unit's: give it one NAME")
+    given = sorted("--" + ("ready" if k == "ready_url" else k.replace("_", "-"))
+                   for k, v in overrides(args).items() if v is not None)
+    if given:
+        raise UsageError(f"{', '.join(given)} define{'s' if len(given) == 1 else ''} one unit: with several "
+                         "units (or none named), each takes its own from the unit file")
+    names = list(dict.fromkeys(args.names)) or file_units(args.config, "up")
+    with Host.open(getattr(args, "sim", None), on_event=note) as host:
+        units = UnitStore.of(host)
+        specs = []
+        for name in names:  # every spec resolved before anything starts
+            prev = Unit.load(units, name)
+            last = prev.spec.to_json() if prev and prev.spec else None
+            specs.append(resolve(name, config=args.config, previous=last))
+        with stop_signals_interrupt():
+            result = up_many(host, specs, UpOptions(clear_first=args.clear, max_used=args.max_used))
+    return show_batch_result(args, result)
+
+
+def show_batch_result(args: argparse.Namespace, result: Any) -> int:
+    """A batch's document (``--json``; the units' failures and the batch's lines on stderr), or its text."""
+    from . import render_units as r  # lazy: startup
+
+    shown = as_sent(result)
+    if args.json:  # stdout stays the document; the failures' stories and the batch's lines on stderr
+        print_json(result.to_json())
+        story: dict[str, Callable[[Any], None]] = {"up": r.report_up_failure, "down": r.report_down_failure,
+                                                   "restart": r.report_restart_failure}
+        for one in shown.results:
+            if not one.ok:
+                story[shown.verb.value](one)
+        r.report_batch(shown, sys.stderr)
+    else:
+        r.show_batch(shown)
     return exit_status_of(result)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpuslateError, NotDoneError, PermissionDenied
-from .state import StateDir, Trust, open_dir
+from .state import StateDir, Trust, absolute_setting, open_dir
 
 SYSTEM_LOCK_DIR = Path("/run/lock/gpuslate")
 TEMP_LOCK_DIR_NAME = "gpuslate-locks"
@@ -48,7 +48,7 @@ def default_lock_dir(sim_root: str | None) -> Path:
     """
     env = os.environ.get("GPUSLATE_LOCK_DIR")
     if env:
-        path = Path(env).expanduser()
+        path = absolute_setting("GPUSLATE_LOCK_DIR", env)
         _make_dir(path, shared=not _is_under(path, sim_root))
         return path
     if sim_root:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from .._walk import FILE_FLAGS, StateDir, Trust, open_dir, open_file_dir, read_file
-from ..errors import BackendUnavailable, PermissionDenied
+from ..errors import BackendUnavailable, PermissionDenied, UsageError
 
 __all__ = ["FILE_FLAGS", "StateDir", "Trust", "check_private", "configured_dir", "open_dir", "open_file_dir",
            "open_state_dir", "read_file", "read_state_file", "state_dir", "write_state_file"]
@@ -68,12 +68,26 @@ def write_state_file(path: Path, data: bytes) -> None:
         d.write_atomic(path.name, data)
 
 
+def absolute_setting(var: str, value: str) -> Path:
+    """The folder an environment variable names, which must be absolute (``~`` expanded).
+
+    A relative one is refused rather than made absolute: every gpuslate process would take it
+    from its own current folder, so units recorded after one ``cd`` would "vanish" after the
+    next, and two commands would not share a lock. (The XDG spec ignores a relative
+    ``XDG_STATE_HOME``; ignoring this one would silently use another folder.)"""
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise UsageError(f"{var} must be an absolute path, not {value!r}: a relative one would name another "
+                         "folder from every folder gpuslate runs in", hint=f'export {var}="$PWD/{value}"')
+    return path
+
+
 def configured_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
     """Where the state folder is, not yet opened or checked: ``$GPUSLATE_STATE_DIR``, else the
     simulated host's ``state/`` (``sim_root`` or ``$GPUSLATE_SIM``), else the XDG state folder."""
     env = os.environ.get("GPUSLATE_STATE_DIR")
     if env:
-        return Path(env).expanduser()
+        return absolute_setting("GPUSLATE_STATE_DIR", env)
     sim = sim_root if sim_root is not None else os.environ.get("GPUSLATE_SIM")
     if sim:
         # a simulated run never writes to the user's real audit log

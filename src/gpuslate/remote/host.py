@@ -2,7 +2,7 @@
 
 A :class:`RemoteHost` is to a host reached by ssh what :class:`gpuslate.Host` is
 to this one: ``status()``, ``clear(selection, options)``, ``wait(...)``,
-``up(spec)``, ``down(name)``, ``swap(old, new)``, ``ps()``, each returning the
+``up(spec)``, ``down(name)``, ``swap(old, new)``, ``restart(name)``, ``rm(names)``, ``ps()``, each returning the
 *same result type* a local call returns. The wire is the command's versioned
 ``--json`` document: a verb becomes the ``gpuslate`` command line that asks for
 exactly its input and options (built here from the same ``Selection`` and
@@ -33,7 +33,10 @@ from ..slate.clear import ClearOptions, ClearResult
 from ..slate.plan import Selection
 from ..slate.wait import WaitOptions, WaitResult
 from ..units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
-from ..units.listing import PsResult
+from ..units.listing import PsOptions, PsResult
+from ..units.names import UnitName
+from ..units.remove import RmResult
+from ..units.restart import RestartOptions, RestartResult
 from ..units.spec import UnitSpec
 from ..units.swap import SwapOptions, SwapResult
 from .fleet import run_on_host
@@ -182,8 +185,25 @@ class RemoteHost:
         """``new``: the name of a unit the remote host knows (its unit file or a previous ``up``)."""
         return SwapResult.from_json(self._document(swap_words(old, new, options or SwapOptions())))
 
-    def ps(self) -> PsResult:
-        return PsResult.from_json(self._document(["ps", "--json"]))
+    def restart(self, name: str, options: RestartOptions | None = None) -> RestartResult:
+        """Restart unit ``name`` there, as it last ran there."""
+        opts = options if options is not None else RestartOptions()
+        return RestartResult.from_json(self._document(["restart", UnitName(name), "--json",
+                                                       *(["--prefetch"] if opts.prefetch else [])]))
+
+    def rm(self, names: Sequence[str]) -> RmResult:
+        """Remove units nothing of which runs there (their records and logs)."""
+        wanted = [UnitName(n) for n in ([names] if isinstance(names, str) else names)]
+        if not wanted:
+            raise UsageError("rm needs the names of the units to remove")
+        return RmResult.from_json(self._document(["rm", *wanted, "--json"]))
+
+    def ps(self, options: PsOptions | None = None) -> PsResult:
+        opts = options if options is not None else PsOptions()
+        if opts.recent_s != PsOptions().recent_s:
+            raise UsageError("a remote ps lists by the command's rule (stopped more than an hour ago: "
+                             "hidden without all): leave recent_s unset")
+        return PsResult.from_json(self._document(["ps", "--json", *(["-a"] if opts.all else [])]))
 
     def __enter__(self) -> RemoteHost:
         return self

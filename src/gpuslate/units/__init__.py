@@ -3,7 +3,10 @@
     up(host, spec)      start, return once ready (or failed and cleaned up)
     down(host, name)    stop every process of the unit, verify its GPUs released
     swap(host, old, new)  down + verify + up, phases timed; optional rollback
-    list_units(host)    every unit with its live state (ps)
+    list_units(host)    every unit with its live state (ps; PsOptions(all=False): as ps without -a)
+    restart(host, name)   down + up with the spec it last ran with
+    rm(host, names)     remove the records and logs of units nothing of which runs
+    up_many / down_many / restart_many   several units (or all of the file) at once (batch.py)
     resolve(name, ...)  a unit's spec from gpuslate.toml / the command line / its last run
     UnitStore.of(host)  the unit records of the host's state folder
     Unit.load(units, name)  one unit, loaded once: record (or why it is corrupt), spec, fence
@@ -18,8 +21,11 @@ prints or exits. See docs/units.md.
 
 from __future__ import annotations
 
+from .batch import BatchResult, down_many, restart_many, up_many
 from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, down, up
-from .listing import PsResult, UnitStatus, list_units
+from .listing import PsOptions, PsResult, UnitStatus, list_units
+from .remove import RmResult, rm
+from .restart import RestartOptions, RestartResult, restart
 from .spec import UnitSpec, resolve
 from .state import UnitFacts, UnitState, unit_state
 from .store import UnitStore
@@ -27,9 +33,14 @@ from .swap import SwapOptions, SwapResult, swap
 from .unit import Unit
 
 __all__ = [
+           "BatchResult",
            "DownOptions",
            "DownResult",
+           "PsOptions",
            "PsResult",
+           "RestartOptions",
+           "RestartResult",
+           "RmResult",
            "SwapOptions",
            "SwapResult",
            "Unit",
@@ -41,9 +52,14 @@ __all__ = [
            "UpOptions",
            "UpResult",
            "down",
+           "down_many",
            "list_units",
            "resolve",
+           "restart",
+           "restart_many",
+           "rm",
            "swap",
            "unit_state",
            "up",
+           "up_many",
 ]

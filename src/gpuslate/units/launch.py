@@ -1,5 +1,6 @@
 """Start a unit's command detached from gpuslate: own session and process group, own
-cgroup where possible, stdio to its log file, nothing inherited from the caller's terminal.
+cgroup where possible, stdout and stderr to its log (through the log relay, which records each
+line's time: see :mod:`.logfile`), nothing inherited from the caller's terminal.
 
 The command is a child of the ``up`` process only until that exits; being a
 session leader with its own stdio, it then lives on under init (or the
@@ -42,6 +43,7 @@ class Launched(NamedTuple):
     instance: str  # the unit instance's id (GPUSLATE_UNIT_ID)
     spawned: float  # time.monotonic() right before the fork
     spawned_at: float  # epoch
+    relay: subprocess.Popen[bytes] | None = None  # the log relay (None: the unit writes its log itself)
 
 
 def unit_env(spec: UnitSpec, instance: str, state: str, sim_root: str | None = None) -> dict[str, str]:
@@ -74,10 +76,13 @@ def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) 
     if spec.containment not in ("auto", "session") and fence.kind != spec.containment:
         raise UsageError(f"containment {spec.containment!r} is not possible on this host: {note}")
     log = units.log_path(spec.name)
-    fd = logfile.open_for_unit(log)
+    log_fd, times_fd = logfile.open_for_unit(log)
     instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
     added = unit_env(spec, instance, units.mark(), sim_root)
+    relayed = None
     try:
+        relayed = logfile.start_relay(log_fd, times_fd)
+        fd = relayed[1] if relayed is not None else log_fd
         try:
             proc, t_spawn, at = _spawn(spec, fence, fd, added)
         except subprocess.SubprocessError as exc:  # joining the cgroup failed in the child
@@ -91,12 +96,15 @@ def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) 
             discard_cgroup(fence.cgroup)
             raise
     finally:
-        os.close(fd)
+        # the unit's copies are the only writers left: the relay ends when the unit's last one closes
+        for own in {log_fd, times_fd, *([relayed[1]] if relayed is not None else [])}:
+            os.close(own)
     _children[proc.pid] = proc
     st = read_stat(proc.pid)  # a zombie of ours until reaped, so this always succeeds
     assert st is not None
     cgroup = fence.cgroup if fence.kind == "cgroup" else _scope_cgroup(proc) if fence.kind == "scope" else None
-    return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, instance, t_spawn, at)
+    return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, instance, t_spawn, at,
+                    relayed[0] if relayed is not None else None)
 
 
 def _spawn(spec: UnitSpec, fence: LaunchFence, fd: int, added: dict[str, str],

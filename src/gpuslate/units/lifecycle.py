@@ -266,11 +266,12 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
         else:
             rec.failure = _failure(status, spec, probe, sm, rec)
             rec.exit_code = exit_status(rec.pid)
-            tail = logfile.tail(launched.log, LOG_TAIL)
             with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
                 teardown = stop_unit(host, current, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
                                      action="up-failed", max_used=limit)
                 rec.phase, rec.stopped_at = Phase.FAILED, time.time()
+            logfile.relay_done(launched.relay)  # its last words are in the log once the relay has written them
+            tail = logfile.tail(launched.log, LOG_TAIL)
         units.save(rec)
         timings["total_s"] = time.monotonic() - t0
         return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,

@@ -28,6 +28,27 @@ from .unit import Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
 STATES = tuple(s.value for s in UnitState)
+#: without ``all``, ``ps`` leaves out units stopped (or failed) longer ago than this
+RECENT_S = 3600.0
+#: the states a unit has when nothing of it runs; one stopped long ago is hidden (see PsOptions)
+_DONE = (UnitState.STOPPED, UnitState.FAILED)
+
+
+class PsOptions(NamedTuple):
+    """Which units ``ps`` lists. ``all`` (the library's default; the command's ``-a``): every unit
+    recorded. Else, as ``docker ps`` leaves out stopped containers, the units stopped by ``down`` or
+    failed in ``up`` more than ``recent_s`` ago are left out and counted (a unit stopped just now is
+    still listed, so that a ``down`` shows as ``stopped``). A unit that exited by itself is listed
+    until ``down`` or ``rm``: when it exited is not known, and a crash is news."""
+
+    all: bool = True
+    recent_s: float = RECENT_S
+
+
+def hidden_by(options: PsOptions, state: UnitState, stopped_at: float | None, now: float) -> bool:
+    """Whether ``ps`` without ``-a`` leaves this unit out (pure; see :class:`PsOptions`)."""
+    return (not options.all and state in _DONE and stopped_at is not None
+            and now - stopped_at > options.recent_s)
 
 
 @dataclass
@@ -131,12 +152,14 @@ class PsStatus(str, Enum):
 class PsResult(NamedTuple):
     units: list[UnitStatus]
     warnings: list[str]
+    hidden: int = 0  # units left out: stopped longer ago than PsOptions.recent_s (ps -a lists them)
 
     def get(self, name: str) -> UnitStatus | None:
         return next((u for u in self.units if u.unit.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": PS_SCHEMA, "units": [u.to_json() for u in self.units], "warnings": self.warnings}
+        return {"schema": PS_SCHEMA, "units": [u.to_json() for u in self.units], "warnings": self.warnings,
+                "hidden": self.hidden}
 
     @property
     def status(self) -> PsStatus:
@@ -146,11 +169,15 @@ class PsResult(NamedTuple):
     def from_json(cls, doc: object) -> PsResult:
         d = checked(doc, PS_SCHEMA)
         with reading(PS_SCHEMA):
-            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]])
+            hidden = d.get("hidden", 0)  # absent in documents from before ps -a
+            if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
+                raise TypeError(f"hidden: expected a count, got {hidden!r}")
+            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]], hidden)
 
 
-def list_units(host: HostContext) -> PsResult:
-    """Every recorded unit (corrupt records included), classified against the live host.
+def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
+    """Every recorded unit (corrupt records included), classified against the live host; without
+    ``options.all``, those stopped long ago left out (counted in ``hidden``).
 
     Takes no lock: what it reports is a look, as ``status`` is."""
     units = load_units(UnitStore.of(host))
@@ -167,6 +194,8 @@ def list_units(host: HostContext) -> PsResult:
             warnings.append(f"GPU memory unknown: {exc}")
     owner = {st.pid: name for name, procs in members.items() for st in procs}
     out: list[UnitStatus] = []
+    hidden = 0
+    now = time.time()
     for u in units:
         procs = members[u.name]
         pids = {st.pid for st in procs}
@@ -183,5 +212,8 @@ def list_units(host: HostContext) -> PsResult:
         for s in strays:
             warnings.append(f"unit {u.name}: {s.describe()}; it started while the unit ran and is not found in "
                             f"it: 'gpuslate down {u.name} --clear' ends it")
+        if hidden_by(options, state, rec.stopped_at if rec else None, now):
+            hidden += 1
+            continue
         out.append(UnitStatus(u, state, sorted(pids), mem, uptime, strays))
-    return PsResult(out, warnings)
+    return PsResult(out, warnings, hidden)

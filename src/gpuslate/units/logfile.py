@@ -1,9 +1,17 @@
-"""Per-unit log files: rotated at every start, read from the end, followed across rotations.
+"""Per-unit log files: rotated at every start, read from the end, followed across rotations,
+and the time each line was written.
 
-The unit writes straight into its file (stdout and stderr, ``O_APPEND``):
-no gpuslate process has to stay alive to carry its output. The price is that
-a running unit's file is not cut while it runs; it is rotated when the unit
-is started again (``NAME.log`` -> ``NAME.log.1`` ... ``NAME.log.KEEP``).
+A unit's stdout and stderr go into a pipe read by a *log relay*: a small process (``python -I -S``,
+the standard library only, titled ``gpuslate-logs``) that appends what it reads to ``NAME.log`` at
+once, as the server wrote it, and the time each line began to ``NAME.log.times`` (a 16-byte
+record per line: its offset in the log and the epoch time, never going backwards), which is what
+``logs --timestamps`` and ``logs --since`` read. Like docker's containerd-shim, the relay is not
+part of the unit: it is started before the server, in a session of its own, ignores the signals a
+terminal or ``down`` sends, holds no GPU, and leaves when the last process holding the pipe has
+(end of file); no gpuslate process has to stay alive for logging. A running unit's file is not cut
+while it runs; it is rotated when the unit is started again (``NAME.log`` -> ``NAME.log.1`` ...
+``NAME.log.KEEP``, each with its ``.times``). Where the relay cannot be started, the server writes
+into the log itself, as it did before there was a relay, and its lines have no times.
 
 Log files are state files: every one is opened through the checked state folder
 (:func:`gpuslate.host.state.open_dir`), never through a symbolic link, and a FIFO
@@ -12,7 +20,11 @@ or anything else that is not a regular file is refused, not waited on.
 
 from __future__ import annotations
 
+import bisect
 import os
+import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -20,10 +32,60 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from .._document import checked, reading
+from .._time import iso_time_us, parse_iso_time
 from ..host.state import StateDir, open_dir
 
 KEEP = 5
 SCHEMA = "gpuslate.logs.v1"
+TIMES = ".times"  # NAME.log -> NAME.log.times, NAME.log.1 -> NAME.log.1.times
+_RECORD = struct.Struct("<Qd")  # (offset of a line's first byte, epoch time it was read)
+_TIMES_LIMIT = 64 << 20  # bytes of an index read at once (4 million lines)
+
+#: the relay (see the module docstring), run as ``python -I -S -c _RELAY_BOOT TIMES_FD`` with the
+#: program in its environment: stdin the unit's pipe, stdout the log (O_APPEND), TIMES_FD the index
+_RELAY_VAR = "GPUSLATE_LOG_RELAY"
+_RELAY_BOOT = f"import os; exec(os.environ.pop({_RELAY_VAR!r}))"
+RELAY = r"""
+import os, signal, struct, sys, time
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
+    signal.signal(s, signal.SIG_IGN)
+try:
+    with open("/proc/self/comm", "w") as f:
+        f.write("gpuslate-logs")
+except OSError:
+    pass
+times, rec, start, last = int(sys.argv[1]), struct.Struct("<Qd").pack, True, 0.0
+def put(fd, data):
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+while True:
+    try:
+        chunk = os.read(0, 1 << 16)
+    except InterruptedError:
+        continue
+    except OSError:
+        break
+    if not chunk:
+        break
+    last = now = max(time.time(), last)
+    try:
+        pos = os.fstat(1).st_size
+    except OSError:
+        pos = 0
+    marks = [rec(pos, now)] if start else []
+    i = chunk.find(b"\n")
+    while 0 <= i < len(chunk) - 1:
+        marks.append(rec(pos + i + 1, now))
+        i = chunk.find(b"\n", i + 1)
+    start = chunk.endswith(b"\n")
+    put(times, b"".join(marks))
+    put(1, chunk)
+"""
 
 
 class LogsStatus(str, Enum):
@@ -39,6 +101,8 @@ class LogsResult(NamedTuple):
     running: bool
     tail: int | None  # the lines asked for; None: all
     lines: list[str]
+    since: float | None = None  # --since: only lines written at or after this epoch time
+    times: list[float | None] | None = None  # --timestamps: when each line was written (None: not recorded)
 
     @property
     def status(self) -> LogsStatus:
@@ -46,7 +110,10 @@ class LogsResult(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "name": self.name, "log": self.log, "exists": self.exists,
-                "running": self.running, "tail": self.tail, "lines": self.lines}
+                "running": self.running, "tail": self.tail,
+                "since": iso_time_us(self.since) if self.since is not None else None, "lines": self.lines,
+                "times": None if self.times is None else
+                [iso_time_us(x) if x is not None else None for x in self.times]}
 
     @classmethod
     def from_json(cls, doc: object) -> LogsResult:
@@ -57,8 +124,26 @@ class LogsResult(NamedTuple):
                 raise TypeError("lines: expected a list of strings")
             if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int)):
                 raise TypeError(f"tail: expected a number of lines, got {tail!r}")
-            return cls(str(d["name"]), str(d["log"]), bool(d["exists"]), bool(d["running"]), tail, list(lines))
+            since, times = d.get("since"), d.get("times")  # absent in documents from before them
+            if times is not None and (not isinstance(times, list) or len(times) != len(lines)
+                                      or not all(x is None or isinstance(x, str) for x in times)):
+                raise TypeError("times: expected one time (or null) per line")
+            return cls(str(d["name"]), str(d["log"]), bool(d["exists"]), bool(d["running"]), tail, list(lines),
+                       _time_of(since) if since is not None else None,
+                       None if times is None else [_time_of(x) if x is not None else None for x in times])
+
+
+def _time_of(text: object) -> float:
+    if not isinstance(text, str) or not parse_iso_time(text):
+        raise ValueError(f"expected a UTC time, got {text!r}")
+    return parse_iso_time(text)
+
+
 _BLOCK = 64 * 1024
+
+
+def times_path(log: Path) -> Path:
+    return log.with_name(log.name + TIMES)
 
 
 def rotate(path: Path, keep: int = KEEP) -> None:
@@ -71,16 +156,49 @@ def _rotate(folder: StateDir, name: str, keep: int) -> None:
     if name not in names:
         return
     for i in range(keep - 1, 0, -1):
-        if f"{name}.{i}" in names:
-            folder.rename(f"{name}.{i}", f"{name}.{i + 1}")
+        for old, new in ((f"{name}.{i}", f"{name}.{i + 1}"), (f"{name}.{i}{TIMES}", f"{name}.{i + 1}{TIMES}")):
+            if old in names:
+                folder.rename(old, new)
     folder.rename(name, f"{name}.1")
+    if f"{name}{TIMES}" in names:
+        folder.rename(f"{name}{TIMES}", f"{name}.1{TIMES}")
 
 
-def open_for_unit(path: Path) -> int:
-    """A fresh log file for a new run of the unit; the descriptor the unit writes to."""
+def open_for_unit(path: Path) -> tuple[int, int]:
+    """A fresh log file for a new run of the unit, and its line-time index: two descriptors
+    (``O_APPEND``), the older files rotated away."""
     with open_dir(path.parent, create=True) as folder:
         _rotate(folder, path.name, KEEP)
-        return folder.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = folder.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            times = folder.open(path.name + TIMES, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+        except BaseException:
+            os.close(log)
+            raise
+        return log, times
+
+
+#: relays this process started, reaped as they end (a long-lived library caller leaves no zombies)
+_relays: list[subprocess.Popen[bytes]] = []
+
+
+def start_relay(log: int, times: int) -> tuple[subprocess.Popen[bytes], int] | None:
+    """Start the log relay writing ``log`` and ``times``; (it, the pipe's write end for the unit's
+    stdout and stderr), or None when it cannot be started (the unit then writes ``log`` itself)."""
+    _relays[:] = [r for r in _relays if r.poll() is None]
+    read, write = os.pipe()
+    try:
+        # the program in the environment, not the command line: `ps` shows one short line
+        relay = subprocess.Popen([sys.executable, "-I", "-S", "-c", _RELAY_BOOT, str(times)], stdin=read,
+                                 stdout=log, stderr=subprocess.DEVNULL, pass_fds=(times,), close_fds=True, cwd="/",
+                                 env={"LC_ALL": "C", _RELAY_VAR: RELAY}, start_new_session=True)
+    except OSError:
+        os.close(write)
+        return None
+    finally:
+        os.close(read)
+    _relays.append(relay)
+    return relay, write
 
 
 def _open_log(path: Path) -> IO[bytes]:
@@ -99,50 +217,136 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def tail(path: Path, n: int | None) -> list[str]:
-    """The last ``n`` lines (all when None), read backwards only as far as needed."""
-    return tail_at(path, n)[0]
+class LineTimes:
+    """A log's line-time index (``NAME.log.times``), read as far as it is written: the time of the
+    line that starts at an offset, and the first line written at or after a time."""
+
+    def __init__(self, log: Path) -> None:
+        self.path = times_path(log)
+        self.offsets: list[int] = []
+        self.times: list[float] = []
+        self.recorded = False  # whether the log has an index at all (one from before relays has none)
+        self._read = 0
+
+    def refresh(self) -> LineTimes:
+        """Read what was appended since the last look (bounded: :data:`_TIMES_LIMIT` at a time)."""
+        try:
+            with open_dir(self.path.parent) as folder:
+                fd = folder.open(self.path.name, os.O_RDONLY)
+        except FileNotFoundError:
+            return self
+        self.recorded = True
+        with os.fdopen(fd, "rb") as f:
+            f.seek(self._read)
+            data = f.read(_TIMES_LIMIT)
+        whole = len(data) - len(data) % _RECORD.size
+        for off, at in _RECORD.iter_unpack(data[:whole]):
+            self.offsets.append(off)
+            self.times.append(at)
+        self._read += whole
+        return self
+
+    def at(self, offset: int) -> float | None:
+        i = bisect.bisect_left(self.offsets, offset)
+        return self.times[i] if i < len(self.offsets) and self.offsets[i] == offset else None
+
+    def offset_since(self, since: float) -> int | None:
+        """The offset of the first line written at or after ``since``; None: none was (yet)."""
+        i = bisect.bisect_left(self.times, since)
+        return self.offsets[i] if i < len(self.offsets) else None
 
 
-def tail_at(path: Path, n: int | None) -> tuple[list[str], tuple[int, int] | None]:
-    """:func:`tail`, and where it stopped reading ((inode, offset); None without a file),
-    for :func:`follow` to go on from exactly there."""
+class Lines(NamedTuple):
+    """Lines read from a log: each with the offset of its first byte, and where reading stopped."""
+
+    lines: list[tuple[int, str]]
+    position: tuple[int, int] | None  # (inode, offset) for follow(); None without a file
+
+
+def _split(data: bytes, base: int, whole_first: bool) -> list[tuple[int, str]]:
+    """``data`` (read from offset ``base``) as lines with their offsets; a first piece that is not a
+    whole line (``whole_first`` False) is dropped; a last piece without a newline is kept."""
+    out: list[tuple[int, str]] = []
+    if not data:
+        return out
+    pos = base
+    pieces = data.split(b"\n")
+    if data.endswith(b"\n"):
+        pieces.pop()
+    for k, piece in enumerate(pieces):
+        if k or whole_first:
+            out.append((pos, piece.removesuffix(b"\r").decode("utf-8", "replace")))
+        pos += len(piece) + 1
+    return out
+
+
+def read_lines(path: Path, n: int | None = None, *, start: int = 0) -> Lines:
+    """The lines from offset ``start`` (a line's first byte) to the end, only the last ``n`` of
+    them when given (read backwards only as far as needed)."""
     try:
         f = _open_log(path)
     except FileNotFoundError:
-        return [], None
+        return Lines([], None)
     with f:
         ino = os.fstat(f.fileno()).st_ino
-        if n is None:
-            data = f.read()
-            return data.decode("utf-8", "replace").splitlines(), (ino, len(data))
         end = f.seek(0, os.SEEK_END)
-        if n <= 0:
-            return [], (ino, end)
+        if n is not None and n <= 0:
+            return Lines([], (ino, end))
+        if n is None:
+            f.seek(start)
+            data = f.read()
+            return Lines(_split(data, start, True), (ino, start + len(data)))
         pos, data = end, b""
-        while pos > 0 and data.count(b"\n") <= n:
-            step = min(_BLOCK, pos)
+        while pos > start and data.count(b"\n") <= n:
+            step = min(_BLOCK, pos - start)
             pos -= step
             f.seek(pos)
             data = f.read(step) + data
-        return data.decode("utf-8", "replace").splitlines()[-n:], (ino, end)
+        return Lines(_split(data, pos, pos == start)[-n:], (ino, end))
+
+
+def tail(path: Path, n: int | None) -> list[str]:
+    """The last ``n`` lines (all when None), read backwards only as far as needed."""
+    return [line for _, line in read_lines(path, n).lines]
+
+
+def snapshot(path: Path, n: int | None = None, since: float | None = None,
+             timestamps: bool = False) -> tuple[list[str], list[float | None] | None, tuple[int, int] | None, bool]:
+    """What ``logs`` shows: the last ``n`` lines written at or after ``since`` (all: None), their times
+    when ``timestamps``, where :func:`follow` goes on from, and whether the log has line times."""
+    index = LineTimes(path).refresh() if since is not None or timestamps else None
+    start = 0
+    if index is not None and since is not None:
+        found = index.offset_since(since)
+        if found is None:  # nothing written since then: from the end on
+            try:
+                with _open_log(path) as f:
+                    found = f.seek(0, os.SEEK_END)
+            except FileNotFoundError:
+                found = 0
+        start = found
+    got = read_lines(path, n, start=start)
+    times = [index.at(off) for off, _ in got.lines] if index is not None and timestamps else None
+    return [line for _, line in got.lines], times, got.position, bool(index and index.recorded)
 
 
 def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[], bool],
-           interval: float = 0.1) -> Iterator[str]:
-    """Lines appended to ``path`` after ``since`` (from :func:`tail_at`) as they come (raw,
-    with their newline), until ``keep_going()`` says stop and everything written so far was
-    read. A new file at ``path`` (the unit was started again) is followed from its start."""
+           interval: float = 0.1) -> Iterator[tuple[int, str]]:
+    """Lines appended to ``path`` after ``since`` (from :func:`read_lines`) as they come (raw, with
+    their newline), each with its offset, until ``keep_going()`` says stop and everything written
+    so far was read. A new file at ``path`` (the unit was started again) is followed from its start."""
     f = None
     ino = None
     partial = b""
+    pos = 0
     while True:
         if f is None:
             try:
                 f = _open_log(path)
                 ino = os.fstat(f.fileno()).st_ino
+                pos = 0
                 if since is not None and since[0] == ino:
-                    f.seek(since[1])
+                    pos = f.seek(since[1])
                 since = None
             except FileNotFoundError:
                 f = None
@@ -151,7 +355,8 @@ def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[]
             lines = (partial + chunk).split(b"\n")
             partial = lines.pop()
             for line in lines:
-                yield line.decode("utf-8", "replace") + "\n"
+                yield pos, line.decode("utf-8", "replace") + "\n"
+                pos += len(line) + 1
             continue
         now = _inode(path) if f is not None else None
         rotated = f is not None and now is not None and now != ino
@@ -162,8 +367,19 @@ def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[]
             continue
         if not keep_going():
             if partial:
-                yield partial.decode("utf-8", "replace")
+                yield pos, partial.decode("utf-8", "replace")
             if f is not None:
                 f.close()
             return
         time.sleep(interval)
+
+
+def relay_done(relay: subprocess.Popen[bytes] | None, timeout: float = 2.0) -> None:
+    """Wait (at most ``timeout``) until the relay has written what the unit wrote: it ends once every
+    process of the unit is gone. A relay still held by a stray's copy of the pipe is left running."""
+    if relay is None:
+        return
+    try:
+        relay.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass

@@ -90,7 +90,9 @@ class Probe:
 
     def _tcp(self, timeout: float) -> bool:
         with socket.create_connection((self.spec.ready_host, int(self.spec.port or 0)), timeout=min(timeout, 1.0)):
-            self.detail = f"{self.target}: accepting connections"
+            # the weakest check (most servers bind before they load): say so where it is shown
+            self.detail = (f"{self.target}: accepting connections (the port only, not that it serves: "
+                           "--engine, --ready or --ready-log check that)")
             return True
 
     def _http(self, timeout: float) -> bool:

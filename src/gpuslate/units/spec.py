@@ -20,16 +20,19 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import stat
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .._parse import parse_gpu_list, parse_host, parse_http_url, parse_int, parse_seconds
 from .._toml import line_of, read_toml
-from ..errors import UsageError
+from ..errors import PermissionDenied, UsageError
 from .names import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
+#: names the unit file, as COMPOSE_FILE names docker compose's (one file here)
+CONFIG_VAR = "GPUSLATE_CONFIG"
 ENGINES = ("sglang", "vllm")
 CONTAINMENTS = ("auto", "cgroup", "scope", "session")
 
@@ -137,15 +140,62 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def find_config(path: str | os.PathLike[str] | None) -> Path | None:
-    """``path`` (which must exist), else ``./gpuslate.toml`` if there is one."""
+def find_config(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The unit file, as docker compose finds its compose file: ``path`` (``--config``), else
+    ``$GPUSLATE_CONFIG`` (as ``COMPOSE_FILE``; one file), each of which must exist; else the
+    first ``gpuslate.toml`` in the current folder or a folder above it; None when there is none.
+
+    A file found by that walk (not named by the user) decides which commands ``up`` runs, so it
+    is used only when it is the user's or root's and nobody else may change it; otherwise it is
+    refused (:class:`PermissionDenied`), never skipped: a file planted in ``/tmp`` does not
+    quietly stand in for yours, nor hide it.
+    """
     if path is not None:
-        p = Path(path)
+        p = Path(path).expanduser()
         if not p.is_file():
             raise UsageError(f"config file {p} not found")
         return p
-    p = Path.cwd() / CONFIG_NAME
-    return p if p.is_file() else None
+    named = os.environ.get(CONFIG_VAR)
+    if named:
+        p = Path(named).expanduser()
+        if not p.is_file():
+            more = (" (one file: a list such as COMPOSE_FILE's is not read)" if os.pathsep in named else "")
+            raise UsageError(f"{CONFIG_VAR} names {p}, which is not a file{more}",
+                             hint=f"unset {CONFIG_VAR}, or point it at your {CONFIG_NAME}")
+        return p
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        p = folder / CONFIG_NAME
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        _check_found(p, st)
+        return p
+    return None
+
+
+def _check_found(p: Path, st: os.stat_result) -> None:
+    """A unit file found by walking up: the user's or root's, changeable by nobody else."""
+    me = os.geteuid()
+    why = None
+    if st.st_uid not in (me, 0):
+        why = f"it is owned by uid {st.st_uid}, not by you (uid {me}) or root"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"others may write it (mode {stat.S_IMODE(st.st_mode):o})"
+    else:
+        try:
+            folder = p.parent.stat()
+        except OSError as exc:
+            why = f"its folder cannot be read: {exc.strerror}"
+        else:
+            if folder.st_uid not in (me, 0) or (folder.st_mode & stat.S_IWOTH and not folder.st_mode & stat.S_ISVTX):
+                why = "its folder is another user's or writable by others"
+    if why is not None:
+        raise PermissionDenied(f"refusing the unit file {p} found above this folder: {why}",
+                               hint=f"name the file you mean with --config PATH or {CONFIG_VAR}")
 
 
 def load_config(path: Path) -> dict[str, dict[str, Any]]:
@@ -256,7 +306,7 @@ def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list
     if base is None and previous is not None and not command:
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:
-        where = f"in {path}" if path else f"no {CONFIG_NAME} here"
+        where = f"in {path}" if path else f"no {CONFIG_NAME} here or above, and no {CONFIG_VAR}"
         raise UsageError(f"unknown unit {name!r} ({where}): give its command after '--', "
                          f"e.g. gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
     doc = dict(base or {})

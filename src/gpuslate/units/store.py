@@ -301,6 +301,34 @@ class UnitStore:
         with self._units() as units:
             return sorted(n[:-5] for n in units.names() if n.endswith(".json") and is_unit_name(n[:-5]))
 
+    def remove(self, name: str) -> list[Path]:
+        """Remove unit ``name``'s record and its logs (``NAME.log``, the rotated ``NAME.log.N``, their
+        line times): what ``rm`` does to a unit nothing of which runs. The files removed."""
+        file = _file(name)
+        logs = re.compile(re.escape(f"{UnitName(name)}.log") + r"(\.[1-9][0-9]*)?(\.times)?")
+        removed: list[Path] = []
+
+        def unlink(folder: StateDir, n: str) -> None:
+            try:
+                folder.unlink(n)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                raise PermissionDenied(f"cannot remove {folder.path / n}: {exc.strerror or exc}") from None
+            removed.append(folder.path / n)
+
+        with self._units() as units:
+            unlink(units, file)
+            try:
+                folder = units.subdir("logs")
+            except FileNotFoundError:
+                return removed
+            with folder:
+                for n in sorted(folder.names()):
+                    if logs.fullmatch(n):
+                        unlink(folder, n)
+        return removed
+
     def set_aside(self, path: Path) -> Path:
         """Move a corrupt record out of the way (kept beside, for a human to look at)."""
         file = _file(path.name[:-5]) if path.name.endswith(".json") else _file(path.name)

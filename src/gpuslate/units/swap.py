@@ -116,7 +116,7 @@ class SwapOptions(NamedTuple):
     """How ``swap`` replaces a unit; plain data."""
 
     rollback: bool = False  # NEW failed: start OLD again with the spec it last ran with
-    config: str | None = None  # the unit file NEW is resolved from (default ./gpuslate.toml)
+    config: str | None = None  # the unit file NEW is resolved from (default: found as up finds it)
     prefetch: bool = True  # read NEW's weight files into the page cache before OLD is stopped
     prefetch_memory: int | None = None  # bound for the prefetch instead of the host's MemAvailable
     prefetch_timeout: float = 600.0  # most seconds OLD keeps serving while NEW's weights are read

@@ -1,0 +1,94 @@
+"""``restart NAME``: stop a unit and start it again with the spec it last ran with.
+
+As ``docker compose restart``: what restarts is the unit as it was started (its recorded spec),
+not what the unit file says now (``down`` then ``up`` takes the file's). A running unit is
+restarted by :func:`~.swap.swap` to itself, under one hold of the host lock: ``down`` (its GPUs
+verified free), then ``up``, with the downtime measured as ``swap`` measures it; a unit nothing
+of which runs (stopped, failed, exited) is started with ``up``. The weights are not prefetched
+by default: the server that just ran them has them in the page cache.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from typing import Any, NamedTuple
+
+from .._document import checked, reading
+from ..errors import UsageError
+from ..host.session import HostContext
+from .lifecycle import DownResult, UpResult, up
+from .names import UnitName
+from .state import UnitState
+from .store import UnitStore
+from .swap import SwapOptions, SwapStatus, swap
+from .unit import Unit
+
+RESTART_SCHEMA = "gpuslate.restart.v1"
+
+
+class RestartStatus(str, Enum):
+    """How a ``restart`` ended (the JSON ``status``)."""
+
+    RESTARTED = "restarted"  # ready again
+    DOWN_FAILED = "down_failed"  # not stopped cleanly: not started again
+    UP_FAILED = "up_failed"  # stopped, then did not come up (cleaned up by up)
+
+
+class RestartOptions(NamedTuple):
+    """How ``restart`` goes; plain data."""
+
+    prefetch: bool = False  # read its weight files into the page cache first, as swap does
+
+
+class RestartResult(NamedTuple):
+    name: str
+    status: RestartStatus
+    previous_state: UnitState
+    down: DownResult | None  # None: nothing of it ran
+    up: UpResult | None  # None: not started again (the down failed)
+    total_s: float
+    downtime_s: float | None = None  # told to stop -> ready again (as swap's); None unless it ran
+
+    @property
+    def ok(self) -> bool:
+        return self.status == RestartStatus.RESTARTED
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": RESTART_SCHEMA, "ok": self.ok, "status": self.status.value, "name": self.name,
+                "previous_state": self.previous_state.value, "total_s": round(self.total_s, 4),
+                "downtime_s": round(self.downtime_s, 4) if self.downtime_s is not None else None,
+                "down": self.down.to_json() if self.down is not None else None,
+                "up": self.up.to_json() if self.up is not None else None}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RestartResult:
+        d = checked(doc, RESTART_SCHEMA)
+        with reading(RESTART_SCHEMA):
+            downtime = d["downtime_s"]
+            return cls(str(d["name"]), RestartStatus(d["status"]), UnitState(d["previous_state"]),
+                       DownResult.from_json(d["down"]) if d["down"] is not None else None,
+                       UpResult.from_json(d["up"]) if d["up"] is not None else None, float(d["total_s"]),
+                       float(downtime) if downtime is not None else None)
+
+
+def restart(host: HostContext, name: str, options: RestartOptions = RestartOptions()) -> RestartResult:
+    """Stop unit ``name`` (when anything of it runs) and start it again with its recorded spec."""
+    name = UnitName(name)
+    units = UnitStore.of(host)
+    t0 = time.monotonic()
+    with host.locked(f"restart {name}"):
+        u = Unit.load(units, name)
+        if u is None:
+            raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps -a'")
+        if u.spec is None:
+            raise UsageError(u.describe_problem(), hint=f"'gpuslate down {name}' stops what is left of it")
+        state = u.state()
+        if not u.running():
+            started = up(host, u.spec)
+            return RestartResult(name, RestartStatus.RESTARTED if started.ok else RestartStatus.UP_FAILED, state,
+                                 None, started, time.monotonic() - t0)
+        s = swap(host, name, u.spec, SwapOptions(prefetch=options.prefetch))
+        status = (RestartStatus.RESTARTED if s.status is SwapStatus.SWAPPED else
+                  RestartStatus.DOWN_FAILED if s.status is SwapStatus.DOWN_FAILED else RestartStatus.UP_FAILED)
+        return RestartResult(name, status, state, s.down, s.up, time.monotonic() - t0, s.downtime_s)
