@@ -82,3 +82,45 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
         return sep.join(parts).rstrip()
 
     return [line([Cell(c.header, ("bold",)) for c in columns])] + [line(r) for r in cells]
+
+
+def tables(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: bool, width: int | None,
+           keys: int = 1, gap: int = 2) -> list[str]:
+    """Lines of a table that is never cut: on a terminal too narrow for it, several tables one
+    under the other (a blank line between), each with the first ``keys`` columns (what names a
+    row: the level, the deployment) and as many of the other columns, in order, as fit ``width``.
+    Piped (``width`` None), or when it fits, one table."""
+    def w(i: int) -> int:
+        return max([len(columns[i].header)] + [len(r[i].text) for r in rows])
+
+    widths = [w(i) for i in range(len(columns))]
+    if width is None or sum(widths) + gap * (len(widths) - 1) <= width:
+        return table(columns, rows, color=color, width=None, gap=gap)
+    head = list(range(keys))
+    groups: list[list[int]] = [[]]
+    used = sum(widths[:keys]) + gap * (keys - 1)
+    for i in range(keys, len(columns)):
+        if groups[-1] and used + gap + widths[i] > width:
+            groups.append([])
+            used = sum(widths[:keys]) + gap * (keys - 1)
+        groups[-1].append(i)
+        used += gap + widths[i]
+    out: list[str] = []
+    for group in groups:
+        pick = head + group
+        if out:
+            out.append("")
+        out += table([columns[i] for i in pick], [[r[i] for i in pick] for r in rows], color=color, width=None,
+                     gap=gap)
+    return out
+
+
+def wrapped(parts: Sequence[str], width: int | None, sep: str = "; ") -> list[str]:
+    """``parts`` joined by ``sep`` into lines of at most ``width`` characters, broken at spaces;
+    one line when ``width`` is None (piped)."""
+    text = sep.join(parts)
+    if width is None or not text:
+        return [text] if text else []
+    import textwrap  # lazy: startup
+
+    return textwrap.wrap(text, width, break_on_hyphens=False)
