@@ -82,8 +82,8 @@ def _diagnosis(diag: list[GpuDiagnosis]) -> list[str]:
         used = format_size(d.used) if d.used is not None else "unknown"
         out.append(f"[red]GPU {d.gpu} not free[/]: {used} used (free means at most {format_size(d.max_used)})")
         for p in d.problems:
-            who = f"PID {p.pid} ({cell(p.user)}, {one_line(p.command, 50)})" if p.pid is not None else "no process"
-            out.append(f"  - {who}: {cell(p.reason)}")
+            who = f"PID {p.pid} ({cell(p.user)}, {one_line(p.command, 50)}): " if p.pid is not None else ""
+            out.append(f"  - {who}{cell(p.reason)}")
             if p.remedy:
                 out.append(f"    [dim]remedy: {cell(p.remedy)}[/]")
     return out
@@ -98,7 +98,8 @@ def print_wait(result: WaitResult) -> None:
     if result.ok:
         emit(f"GPUs {gpus} free after {result.elapsed_s:.3f} s")
         return
-    emit(f"GPUs {gpus} not free after {result.elapsed_s:.1f} s:", *_diagnosis(result.diagnosis))
+    why = " (memory held by no process, which waiting does not free)" if result.leaked else ""
+    emit(f"GPUs {gpus} not free after {result.elapsed_s:.1f} s{why}:", *_diagnosis(result.diagnosis))
 
 
 def print_clear(result: ClearResult) -> None:
@@ -141,6 +142,9 @@ def print_clear(result: ClearResult) -> None:
     elif result.status == ClearStatus.HELD_BY_OTHERS:
         out.append("[red]Not free: every target is gone, and what still holds the GPUs is not a target "
                    "(see above; --all-users, --include-handles or other --gpus may be what you meant).[/]")
+    elif result.status == ClearStatus.LEAKED:
+        out.append("[red]Not free: every target is gone, and memory held by no process stays (a leaked or "
+                   "driver-held context, see above): nothing gpuslate may signal holds it.[/]")
     else:
         out.append("[red]Not free within the timeout.[/]")
     emit(*out)

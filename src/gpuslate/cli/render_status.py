@@ -110,7 +110,8 @@ def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]
     if procs:
         lines += table(_PROC_COLUMNS, procs, color=color, width=width, shrink=5)
     else:
-        lines.append(paint("No processes hold the selected GPUs.", ("green",), color))
+        # not green when a warning follows (memory held by no process, processes not inspected)
+        lines.append(paint("No processes hold the selected GPUs.", () if snap.warnings else ("green",), color))
     if snap.host_processes:
         others = ", ".join(f"{p.pid} ({clean(p.name)})" for p in snap.host_processes)
         lines.append(paint(f"Holding only control devices (nvidiactl/uvm): {others}", ("dim",), color))

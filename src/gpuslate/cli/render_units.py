@@ -112,14 +112,18 @@ def print_down(result: DownResult) -> None:
 def report_down_failure(result: DownResult) -> None:
     """Why the unit is not fully stopped, on stderr."""
     rep, err = result.report, sys.stderr
+    leaks = [p for d in rep.diagnosis for p in d.problems if p.pid is None and p.used_memory]
     for d in rep.diagnosis:
         err.write(f"gpuslate: {safe(d.summary())}\n")
+    for p in leaks:
+        err.write(f"gpuslate: remedy: {safe(p.remedy)}\n")
     alive = [r.victim.ident.pid for r in rep.results + rep.swept if r.alive]
     strays = [s.pid for s in result.strays]
     why = (f"processes still running: {alive}" if alive else
            f"its GPUs are held by processes not found in it: {strays} (add --clear to end them)"
            if strays and result.cleared is None else
            f"its GPU memory could not be verified: {rep.unverified}" if rep.released is None
+           else "memory on its GPUs is held by no process (a leak; see above)" if leaks
            else "its GPU memory was not released in time")
     err.write(f"gpuslate: error: unit {safe(result.name)} not fully stopped: {safe(why)}\n")
 

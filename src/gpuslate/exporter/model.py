@@ -11,7 +11,8 @@ The two signals an alert fires on:
 *Leaked* memory of a GPU is what its driver counts as used that no listed
 process holds: ``used - sum(process memory)``, never below 0 (an orphaned
 context, an MPS server, a process in another PID namespace the driver does not
-list, or a teardown in progress). On drivers before R510 (NVML's v1 memory API)
+list, or a teardown in progress): :func:`~gpuslate.gpu.types.held_by_no_process`,
+the one computation of it, whose fact ``status``, ``clear`` and ``wait`` report too. On drivers before R510 (NVML's v1 memory API)
 'used' includes the driver's reserved memory (645 MiB on an idle H200), so an
 alert's threshold must be above it.
 
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .._text import clean, cut
+from ..gpu.types import held_by_no_process
 from ..host.snapshot import HolderProcess, Snapshot
 from ..units.state import UnitState
 
@@ -109,10 +111,9 @@ def account(f: Facts) -> Account:
         holders = [p for p in g.processes if p.kind != "handle"]
         attributed = sum(p.used_memory or 0 for p in holders)
         orphans = [p for p in holders if is_orphaned(p, f.leaders_alive)]
-        used = g.memory.used if g.memory is not None else None
         gpus.append(GpuRow(
             gpu=g.index, memory_holders=len(holders), handle_holders=len(g.processes) - len(holders),
-            attributed=attributed, leaked=max(0, used - attributed) if used is not None else None,
+            attributed=attributed, leaked=held_by_no_process(g.reading),
             orphaned=sum(p.used_memory or 0 for p in orphans), orphaned_processes=len(orphans),
         ))
         orphan_pids = {p.pid for p in orphans}

@@ -33,7 +33,7 @@ from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from .gate import ActGate
 from .plan import Plan, Role, Selection, Spared, Target, VerifyMode, make_plan, resolve
-from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free
+from .wait import GpuDiagnosis, LeakWatch, diagnose, is_free, is_released, poll_until_free
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -63,6 +63,7 @@ class ClearStatus(str, Enum):
     CLEAN = "clean"  # every verified GPU is free
     TIMEOUT = "timeout"  # not free within the timeout
     HELD_BY_OTHERS = "held_by_others"  # every target is gone; what still holds the GPUs is not a target
+    LEAKED = "leaked"  # every target is gone; memory held by no process keeps the GPUs busy (said at once)
     PERMISSION_DENIED = "permission_denied"  # some target could not be signaled
     NOTHING_SELECTED = "nothing_selected"  # a selector chose no process this caller may signal
     REFUSED = "refused"  # a target the act-time gate refused still holds GPU memory
@@ -212,7 +213,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
                             gate=ActGate())
         t_exit = time.monotonic()
         timings["exit_s"] = t_exit - t_start
-        ok, after, respawned, held = _verify(be, plan, results, limit, deadline)
+        ok, after, respawned, held, leaked = _verify(be, plan, results, limit, deadline)
         t_free = time.monotonic()
         if ok:
             timings["free_s"] = t_free - t_start
@@ -236,6 +237,8 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
             status = ClearStatus.REFUSED
         elif held and not respawned:
             status = ClearStatus.HELD_BY_OTHERS
+        elif leaked and not respawned:
+            status = ClearStatus.LEAKED
         else:
             status = ClearStatus.TIMEOUT
         return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
@@ -316,12 +319,13 @@ def _is(table: ProcTable, ident: Any) -> bool:
 
 
 def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
-            ) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
+            ) -> tuple[bool, list[GpuReading], list[Respawn], bool, bool]:
     """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
     Stop early, without waiting out the timeout, when waiting cannot help: a target
-    was restarted by a supervisor, or what holds a GPU that must be free is a live
+    was restarted by a supervisor, what holds a GPU that must be free is a live
     process that is not a target (another user's job without --all-users, a spared
-    process). Returns (done, readings, respawned, held by others)."""
+    process), or, every target gone, memory held by no process stays (a leak: see
+    :class:`~.wait.LeakWatch`). Returns (done, readings, respawned, held by others, leaked)."""
     planned = _planned(plan)
     refused = {r.victim.ident.pid for r in results if r.refused is not None}
     targets = ({r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}) - refused
@@ -329,7 +333,16 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
     invisible_before = {p.pid for g in plan.before.gpus for p in g.processes if not p.visible}
     checked: set[int] = set()
     respawned: list[Respawn] = []
-    held = False
+    held = leaked = False
+    leak = LeakWatch(limit)
+
+    def settled(readings: list[GpuReading]) -> bool:
+        """Only memory held by no process keeps the GPUs busy, and it stays (nothing listed that
+        clear waits for: a target; verifying free GPUs, any process)."""
+        nonlocal leaked
+        pending = [r for r in readings if not (done(r) if done is not None else is_free(r, limit))]
+        leaked = leak(pending, lambda r: any(released is False or p.pid in targets for p in r.processes or []))
+        return leaked
 
     def hopeless(readings: list[GpuReading]) -> bool:
         nonlocal held
@@ -346,18 +359,18 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
         if respawned:
             return True
         if released:
-            return False  # other jobs may hold these GPUs: that is theirs, not a failure
+            return settled(readings)  # other jobs may hold these GPUs: that is theirs, not a failure
         for pid in listed - targets:
             st = read_stat(pid)
             if (st is not None and not st.has_exited) or pid in invisible_before:
                 held = True
                 return True
-        return False
+        return settled(readings)
 
     # a refused target still counts as the selected job's: its memory is not released
     done = (lambda r: is_released(r, limit, targets | refused)) if released else None
     ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done)
-    return ok, readings, respawned, held
+    return ok, readings, respawned, held, leaked and not ok
 
 
 def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:

@@ -34,7 +34,7 @@ from ..gpu.types import GpuBackend
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus, take_snapshot
 from ..proc.procfs import read_signal_facts
-from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
+from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
 from .find import JobProcess, find_job_processes
 from .job import SlurmJob
@@ -206,7 +206,7 @@ def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: i
     ok = True
     diagnosis: list[GpuDiagnosis] = []
     if gpus:
-        ok, _ = poll_until_free(be, gpus, limit, deadline)
+        ok, _ = poll_until_free(be, gpus, limit, deadline, give_up=LeakStop(limit))  # a leak: drain at once
         if not ok:
             diagnosis = diagnose(take_snapshot(be, gpus), limit)
             ok = not diagnosis  # freed between the last poll and the snapshot

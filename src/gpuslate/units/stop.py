@@ -27,7 +27,7 @@ from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
+from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from .unit import Unit
 
 _SWEEPS = 3
@@ -162,7 +162,7 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     if gpus:
         can_free = before_verify(deadline) if before_verify is not None else True
         if can_free:
-            released, readings = poll_until_free(backend, gpus, limit, deadline)
+            released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit))
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:
