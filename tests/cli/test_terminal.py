@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import socket
 import struct
 import subprocess
 import sys
@@ -192,3 +193,41 @@ def test_gpu_column_shows_memory_gpus_and_marks_handles_apart(sim_host, cli):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_wait_is_shown_in_place_on_a_terminal_and_nothing_extra_piped(sim_host, hold, cli):
+    hold("--gpus", "0", "--memory", "2GiB")
+    code, shown, _ = on_pty(["wait", "--free", "--gpus", "0", "--timeout", "1.5"], 120)
+    assert code == 4
+    assert "waiting for GPU 0 to be free" in shown and "GPU 0 (1 process) 2.0 GiB still used" in shown
+    assert "\r\x1b[K" in shown  # redrawn in place, and erased before the result
+    code, shown, _ = on_pty(["wait", "--free", "--gpus", "0", "--timeout", "0.6"], 60)
+    assert code == 4 and "\r\x1b[K\x1b[2m⠋ waiting for GPU 0 to be free 0.0s of 0.6s  GPU 0 (1 proc…" in shown  # 59 columns
+    code, shown, out = on_pty(["wait", "--free", "--gpus", "0", "--timeout", "1", "--json"], 80, stdout_pipe=True)
+    assert code == 4 and "waiting for" not in shown and json.loads(out)["status"] == "not_free"
+    r = cli("wait", "--free", "--gpus", "0", "--timeout", "1")  # piped: the result only
+    assert r.returncode == 4 and "waiting for" not in r.stderr + r.stdout and "\x1b" not in r.stderr
+
+
+def test_up_shows_the_servers_last_log_line_while_it_loads(sim_host, tmp_path, monkeypatch, cli):
+    from gpuslate.units.store import UnitStore
+    from gpuslate.units.unit import load_units
+    from helpers import kill_leftovers
+
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        code, shown, _ = on_pty(["up", "slow", "--gpus", "0", "--port", str(port), "--engine", "sglang", "--",
+                                 sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port),
+                                 "--memory", "1GiB", "--startup-seconds", "2"], 160)
+        assert code == 0, shown
+        assert "slow: waiting until ready (sglang)" in shown and "of 15m00s" in shown
+        assert "[sim-serve] loading weights of sim-model" in shown  # the server's own last line, as it goes
+        assert "Unit slow ready in" in shown
+        r = cli("down", "slow")
+        assert r.returncode == 0, r.stderr
+        assert "waiting" not in r.stderr  # piped
+    finally:
+        kill_leftovers(sim_host, load_units(UnitStore(tmp_path / "state")))

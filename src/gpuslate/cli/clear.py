@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, gpu_list, nonnegative_float, note, pid_type, print_json, size
+from .common import add_common, gpu_list, nonnegative_float, pid_type, print_json, size
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 
 
@@ -70,7 +71,8 @@ def run_clear(args: argparse.Namespace) -> int:
                         confirm=_confirm if ask else None)
     # The CLI opens the host and never closes it: the process exits right after,
     # and nvmlShutdown would only add milliseconds to every clear (as for status).
-    result = Host.open(args.sim, on_event=note).clear(sel, opts)
+    with LiveLine.of(args) as live:
+        result = Host.open(args.sim, on_event=live.note, on_progress=live.sink).clear(sel, opts)
     if args.json:
         print_json(result.to_json())
     else:
@@ -95,7 +97,9 @@ def run_wait(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
     from ..slate.wait import WaitOptions  # lazy: startup
 
-    result = Host.open(args.sim).wait(args.gpus, WaitOptions(max_used=args.max_used, timeout=args.timeout))
+    with LiveLine.of(args) as live:
+        result = Host.open(args.sim, on_progress=live.sink).wait(
+            args.gpus, WaitOptions(max_used=args.max_used, timeout=args.timeout))
     if args.json:
         print_json(result.to_json())
     else:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import signal
 
-from .common import add_common, nonnegative_float, note, print_json, size
+from .common import add_common, nonnegative_float, print_json, size
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 from .up import unit_name
 
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = DownOptions(grace=args.grace, timeout=args.timeout, max_used=args.max_used, clear_strays=args.clear)
     # a dropped ssh session must not leave it half-stopped
-    with deferred_interrupts(signals=(signal.SIGHUP,)), Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with deferred_interrupts(signals=(signal.SIGHUP,)), LiveLine.of(args) as live, \
+            Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = host.down(args.name, opts)
     if args.json:
         print_json(result.to_json())

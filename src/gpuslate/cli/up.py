@@ -7,8 +7,9 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .common import add_common, gpu_list, nonnegative_float, note, port_type, positive_float, print_json, size
+from .common import add_common, gpu_list, nonnegative_float, port_type, positive_float, print_json, size
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 
 UP_EXITS = {0: "ready", 4: "not ready within --start-timeout, or its GPUs or port busy at pre-flight",
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from .render_units import report_up_failure, show_up  # lazy: startup
 
     command = list(args.command)
-    with Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with LiveLine.of(args) as live, Host.open(getattr(args, "sim", None), on_event=live.note,
+                                              on_progress=live.sink) as host:
         prev = Unit.load(UnitStore.of(host), args.name)
         spec = resolve(args.name, overrides=overrides(args), command=command or None, config=args.config,
                        previous=prev.spec.to_json() if prev and prev.spec else None)

@@ -12,9 +12,9 @@ The two signals an alert fires on:
 process holds: ``used - sum(process memory)``, never below 0 (an orphaned
 context, an MPS server, a process in another PID namespace the driver does not
 list, or a teardown in progress): :func:`~gpuslate.gpu.types.held_by_no_process`,
-the one computation of it, whose fact ``status``, ``clear`` and ``wait`` report too. On drivers before R510 (NVML's v1 memory API)
-'used' includes the driver's reserved memory (645 MiB on an idle H200), so an
-alert's threshold must be above it.
+the one computation of it, whose fact ``status``, ``clear`` and ``wait`` report
+too. On drivers before R510 (NVML's v1 memory API) 'used' includes the driver's
+reserved memory (645 MiB on an idle H200), so an alert's threshold must be above it.
 
 *Orphaned* memory is held by processes whose launcher has exited: a visible
 holder with a context on the GPU, in a process group whose leader is no longer

@@ -25,7 +25,7 @@ from .._time import iso_time, parse_iso_time
 from ..errors import Interrupted, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.audit import new_run_id
-from ..host.session import HostContext
+from ..host.session import HostContext, Ticker
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
@@ -213,7 +213,9 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
                             gate=ActGate())
         t_exit = time.monotonic()
         timings["exit_s"] = t_exit - t_start
-        ok, after, respawned, held, leaked = _verify(be, plan, results, limit, deadline)
+        with host.ticker("waiting for the GPU memory to be released", max(0.0, deadline - t_exit),
+                         started=t_exit) as tick:
+            ok, after, respawned, held, leaked = _verify(be, plan, results, limit, deadline, tick)
         t_free = time.monotonic()
         if ok:
             timings["free_s"] = t_free - t_start
@@ -319,7 +321,7 @@ def _is(table: ProcTable, ident: Any) -> bool:
 
 
 def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
-            ) -> tuple[bool, list[GpuReading], list[Respawn], bool, bool]:
+            tick: Ticker | None = None) -> tuple[bool, list[GpuReading], list[Respawn], bool, bool]:
     """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
     Stop early, without waiting out the timeout, when waiting cannot help: a target
     was restarted by a supervisor, what holds a GPU that must be free is a live
@@ -369,7 +371,7 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
 
     # a refused target still counts as the selected job's: its memory is not released
     done = (lambda r: is_released(r, limit, targets | refused)) if released else None
-    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done)
+    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done, tick=tick)
     return ok, readings, respawned, held, leaked and not ok
 
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum
+from functools import partial
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, format_size
+from .._parse import check_seconds, check_size, format_gpu_list, format_size
 from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
-from ..host.session import HostContext
+from ..host.session import HostContext, Ticker
 from ..host.snapshot import HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
 from ..proc.terminate import Poller, VictimResult
 
@@ -191,10 +192,10 @@ class LeakStop:
 def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float, *,
                     give_up: Callable[[list[GpuReading]], bool] | None = None,
                     done: Callable[[GpuReading], bool] | None = None,
-                    ) -> tuple[bool, list[GpuReading]]:
+                    tick: Ticker | None = None) -> tuple[bool, list[GpuReading]]:
     """Poll memory and processes (the cheap query) until all GPUs are free (or
     ``done``, when given), the deadline passes, or ``give_up(readings)`` says
-    waiting longer is pointless."""
+    waiting longer is pointless; ``tick`` is told the memory still held."""
     poll = Poller()
     ok = done if done is not None else (lambda r: is_free(r, max_used))
     while True:
@@ -203,7 +204,22 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
             return True, readings
         if time.monotonic() >= deadline or (give_up is not None and give_up(readings)):
             return False, readings
+        if tick is not None:
+            tick(partial(still_held, readings, ok))
         poll.sleep(deadline)
+
+
+def still_held(readings: Sequence[GpuReading], done: Callable[[GpuReading], bool]) -> str:
+    """The GPUs not yet done and what they hold, for a progress line: ``GPU 2 5.0 GiB, GPU 3 (2
+    processes) 1.0 GiB still used``."""
+    parts = []
+    for r in readings:
+        if done(r):
+            continue
+        n = len(r.processes or [])
+        procs = f" ({n} process{'es' if n != 1 else ''})" if n else ""
+        parts.append(f"GPU {r.index}{procs} " + (format_size(r.memory.used) if r.memory else "unknown"))
+    return ", ".join(parts) + " still used" if parts else ""
 
 
 class WaitOptions(NamedTuple):
@@ -227,7 +243,9 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
     limit = host.max_used(opts.max_used)
     t0 = time.monotonic()
     leaked = LeakStop(limit)
-    ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked)
+    with host.ticker(f"waiting for GPU{'s' if len(sel) != 1 else ''} {format_gpu_list(sel)} to be free",
+                     opts.timeout) as tick:
+        ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked, tick=tick)
     elapsed = time.monotonic() - t0
     diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
     return WaitResult(ok, sel, limit, elapsed, readings, diag, leaked.verdict and not ok)

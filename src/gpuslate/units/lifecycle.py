@@ -240,7 +240,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
         try:
             if pending:
                 raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
-            status, probe = _await_ready(spec, launched)
+            status, probe = _await_ready(spec, launched, host)
             sm = None
             if status == UpStatus.READY:
                 t_ready = time.monotonic()
@@ -272,18 +272,28 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                         timings, tail, teardown, cleared, launched.fence_note)
 
 
-def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
+def _await_ready(spec: UnitSpec, launched: Launched, host: HostContext) -> tuple[UpStatus, Probe]:
+    """Until the probe says ready, the process exits or the start timeout passes; the progress
+    sink is told the server's last log line (else the probe's latest answer) meanwhile."""
     probe = Probe(spec, launched.log)
     deadline = launched.spawned + spec.start_timeout
+
+    def news() -> str:
+        last = logfile.tail(launched.log, 1)
+        return last[0].strip() if last and last[0].strip() else probe.detail
+
     poll = Poller(first=0.002, cap=0.02)
-    while True:
-        if launched.proc.poll() is not None:
-            return UpStatus.EXITED, probe
-        if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
-            return UpStatus.READY, probe
-        if time.monotonic() >= deadline:
-            return UpStatus.TIMEOUT, probe
-        poll.sleep(deadline)
+    with host.ticker(f"{spec.name}: waiting until ready ({probe.kind})", spec.start_timeout,
+                     started=launched.spawned) as tick:
+        while True:
+            if launched.proc.poll() is not None:
+                return UpStatus.EXITED, probe
+            if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
+                return UpStatus.READY, probe
+            if time.monotonic() >= deadline:
+                return UpStatus.TIMEOUT, probe
+            tick(news)
+            poll.sleep(deadline)
 
 
 def _stop_interrupted(host: HostContext, units: store.UnitStore, unit: Unit, spec: UnitSpec, limit: int,

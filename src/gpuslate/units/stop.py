@@ -162,7 +162,10 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     if gpus:
         can_free = before_verify(deadline) if before_verify is not None else True
         if can_free:
-            released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit))
+            with host.ticker(f"stopping {unit.name}: waiting for its GPU memory to be released",
+                             max(0.0, deadline - time.monotonic())) as tick:
+                released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit),
+                                                     tick=tick)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:
