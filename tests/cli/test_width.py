@@ -8,6 +8,7 @@ that gives no size). bench's and an experiment's tables are rendered from their 
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from gpuslate.bench.result import BenchResult
 from gpuslate.cli.main import main
 from gpuslate.cli.render_bench import print_bench
 from gpuslate.gpu.sim.host import SimHost
-from helpers import SRC, experiment_folder, kill_leftovers
+from helpers import SRC, experiment_folder, kill_leftovers, run_cli
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 LONG = " --model-path /models/meta-llama/Meta-Llama-3.1-405B-Instruct-FP8 --tensor-parallel-size 8 --port 30000"
@@ -91,7 +92,8 @@ def test_clear_plan_result_and_audit(term, hold) -> None:
     h = hold("--gpus", "0-3", "--memory", "2GiB", "--workers", "4", "--title", "python3 -m sglang.launch_server" + LONG)
     code, lines = term("clear", "--dry-run")
     assert code == 0
-    fits(lines, *(str(p) for p in h.pids), "launcher", "holder", "2.0 GiB", "0-7")
+    text = fits(lines, *(str(p) for p in h.pids), "launcher", "holder", "2.0 GiB", "0-7")
+    assert "python3 -m sglang.launch_server …" in text  # the program named, the command cut in the middle
     code, lines = term("clear", "--yes", "--grace", "5")
     assert code == 0
     fits(lines, *(str(p) for p in h.workers), "SIGTERM", "Clean")
@@ -105,7 +107,9 @@ def test_wait_diagnosis(term, hold) -> None:
              "--title", "/tmp/x/.venv/bin/python3 /tmp/x/.venv/bin/vllm serve" + LONG)
     code, lines = term("wait", "--free", "--gpus", "1", "--timeout", "0.1")
     assert code == 4
-    fits(lines, f"PID {h.pid}", "5.0 GiB")
+    fits(lines, f"PID {h.pid} ({getpass.getuser()}, …/python3 /tmp/x/.venv/bin/vllm serve …)", "5.0 GiB")
+    r = run_cli("wait", "--free", "--gpus", "1", "--timeout", "0.1")  # piped: never cut
+    assert f"PID {h.pid} ({getpass.getuser()}, /tmp/x/.venv/bin/python3 /tmp/x/.venv/bin/vllm serve{LONG})" in r.stdout
 
 
 def test_units_up_ps_logs_swap_down(term, tmp_path, monkeypatch) -> None:

@@ -6,6 +6,7 @@ started while the context holds the lock (at any depth) must find it held.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -128,7 +129,7 @@ def test_waits_are_told_to_the_progress_sink_and_nothing_is_made_without_one(sim
     assert 3 <= len(seen) <= 1.2 / session.PROGRESS_INTERVAL_S + 2
     assert {p.task for p in seen} == {"waiting for GPU 1 to be free"} and {p.limit_s for p in seen} == {1.2}
     assert [p.done for p in seen] == [False] * (len(seen) - 1) + [True]
-    assert all(a.elapsed_s < b.elapsed_s for a, b in zip(seen, seen[1:]))
+    assert all(a.elapsed_s < b.elapsed_s for a, b in itertools.pairwise(seen))
     assert seen[0].detail == "GPU 1 (1 process) 2.0 GiB still used"
     seen.clear()
     with Host.open(on_progress=seen.append) as host:

@@ -101,7 +101,7 @@ _OUTCOME_STYLE = {
 def print_log(listing: AuditListing) -> None:
     from rich.table import Table  # lazy: startup
 
-    from .render import cell, emit, fitted_cell, one_line  # lazy: startup
+    from .render import CommandCell, cell, emit  # lazy: startup
 
     entries, path = listing.entries, listing.path
     if not entries:
@@ -127,7 +127,7 @@ def print_log(listing: AuditListing) -> None:
         table.add_row(
             cell(_local_time(e.get("time"))), cell(_by(actor)), cell(e.get("action") or "-"),
             cell(e.get("signal") or "-"), cell(target.get("pid", "-")),
-            cell(target.get("user") or "-"), fitted_cell(one_line(str(target.get("command") or "-"), 200)),
+            cell(target.get("user") or "-"), CommandCell(str(target.get("command") or "-")),
             cell(gpu_text), _outcome_cell(e),
         )
     emit(table, f"[dim]{len(entries)} entries from {cell(path)}[/]")

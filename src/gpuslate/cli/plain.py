@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import IO, Literal, NamedTuple
 
-from .._text import clean, cut, safe  # noqa: F401 - re-exported: the CLI's renderers import them from here
+from .._text import clean, cut, safe, short_command  # noqa: F401 - re-exported: the CLI's renderers import them
 
 Style = Literal["bold", "dim", "red", "green", "yellow", "cyan", "magenta"]
 Justify = Literal["left", "right"]
@@ -31,6 +31,7 @@ class Column(NamedTuple):
     header: str
     justify: Justify = "left"
     max_width: int | None = None  # cut longer cells with an ellipsis
+    command: bool = False  # command lines: cut from the middle, keeping what names the program (short_command)
 
 
 def use_color(out: IO[str]) -> bool:
@@ -61,6 +62,7 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
     With ``width``, column ``shrink`` (the only one allowed to lose text) is cut
     so that the line fits; the others are shown whole.
     """
+    cutters = [short_command if c.command else cut for c in columns]
     limits = [c.max_width for c in columns]
     cells = [[Cell(cut(cell.text, lim) if (lim := limits[i]) else cell.text, cell.styles)
               for i, cell in enumerate(row)] for row in rows]
@@ -69,8 +71,8 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
         over = sum(widths) + gap * (len(widths) - 1) - width
         if over > 0:
             widths[shrink] = max(len(columns[shrink].header), widths[shrink] - over)
-            cells = [[Cell(cut(c.text, widths[shrink]), c.styles) if i == shrink else c for i, c in enumerate(r)]
-                     for r in cells]
+            cells = [[Cell(cutters[shrink](c.text, widths[shrink]), c.styles) if i == shrink else c
+                      for i, c in enumerate(r)] for r in cells]
     sep = " " * gap
 
     def line(row: Sequence[Cell]) -> str:

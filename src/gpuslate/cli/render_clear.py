@@ -10,7 +10,7 @@ from ..proc.terminate import VictimResult
 from ..slate.clear import ClearResult, ClearStatus
 from ..slate.plan import Plan, Role, Target
 from ..slate.wait import GpuDiagnosis, WaitResult
-from .render import cell, emit, fitted_cell, one_line, process_table
+from .render import CommandCell, cell, command_limit, emit, one_line, process_table
 
 
 def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
@@ -38,7 +38,7 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
                 ended = "[yellow]refused at act time[/]"
             row += [sigs or "-", ended]
         container = f"[magenta]container {cell(tg.container)}[/] " if tg.container else ""
-        row.append(fitted_cell(container + one_line(tg.command)))
+        row.append(CommandCell(tg.command, container))
         t.add_row(*row)
     return t
 
@@ -72,21 +72,30 @@ def _reasons(plan: Plan) -> list[str]:
 def _spared(plan: Plan) -> list[str]:
     if not plan.spared:
         return []
+    limit = command_limit()
     return ["[bold]Spared[/] (never signaled)"] + [
-        f"  {s.pid} {cell(s.user or '-')} [dim]{one_line(s.command, 60)}[/]: {cell(s.reason)}" for s in plan.spared]
+        f"  {s.pid} {cell(s.user or '-')} [dim]{one_line(s.command, limit)}[/]: {cell(s.reason)}" for s in plan.spared]
 
 
 def _diagnosis(diag: list[GpuDiagnosis]) -> list[str]:
     out: list[str] = []
+    limit = command_limit()
     for d in diag:
         used = format_size(d.used) if d.used is not None else "unknown"
         out.append(f"[red]GPU {d.gpu} not free[/]: {used} used (free means at most {format_size(d.max_used)})")
         for p in d.problems:
-            who = f"PID {p.pid} ({cell(p.user)}, {one_line(p.command, 50)}): " if p.pid is not None else ""
+            who = "" if p.pid is None else f"PID {p.pid}: " if p.user is None and p.command is None else \
+                f"PID {p.pid} ({holder_text(p.user, p.command, limit)}): "  # else the reason says it exited
             out.append(f"  - {who}{cell(p.reason)}")
             if p.remedy:
                 out.append(f"    [dim]remedy: {cell(p.remedy)}[/]")
     return out
+
+
+def holder_text(user: str | None, command: str | None, limit: int | None) -> str:
+    """Who a holder is, as markup: ``user, command`` (the command cut to ``limit``, from the middle);
+    what is not known is said, never a bare ``?``."""
+    return f"{cell(user or 'user unknown')}, {one_line(command, limit) if command else 'command unknown'}"
 
 
 def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> None:
@@ -121,7 +130,7 @@ def print_clear(result: ClearResult) -> None:
     parts = [f"{k.removesuffix('_s')} {v:.3f} s" for k, v in t.items()]
     out.append("[bold]Timings[/]: " + ", ".join(parts))
     for rs in result.respawned:
-        out.append(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, 60)}) replaced {rs.replaces}; "
+        out.append(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, command_limit())}) replaced {rs.replaces}; "
                    f"supervisor {cell(rs.supervisor or 'unknown')}. {cell(rs.remedy)}")
     refused = [r for r in result.results if r.refused is not None]
     if refused:

@@ -9,14 +9,13 @@ from typing import IO
 
 from .._parse import format_gpu_list, format_size
 from ..host.snapshot import GpuState, HolderProcess, Holding, Snapshot
-from .plain import Cell, Column, Style, clean, cut, paint, table, use_color, width_of
+from .plain import Cell, Column, Style, clean, paint, table, use_color, width_of
 
-COMMAND_LIMIT = 100
 _GPU_COLUMNS = (Column("GPU", "right"), Column("Name", max_width=22), Column("Memory used/total", "right"),
                 Column("Reserved", "right"), Column("Util", "right"), Column("Temp", "right"),
                 Column("Power", "right"), Column("Perf"), Column(""))
 _PROC_COLUMNS = (Column("GPU", "right"), Column("PID", "right"), Column("Kind"), Column("GPU memory", "right"),
-                 Column("User"), Column("Command"))
+                 Column("User"), Column("Command", command=True))
 
 
 def _na(v: object, fmt: str = "{}") -> str:
@@ -42,7 +41,7 @@ def _launcher(root_pid: int, members: list[HolderProcess], snap: Snapshot) -> tu
         return ("-", "(holds no GPU itself)")
     if found is None or found.command is None:
         return ("-", "(exited)")
-    return (clean(found.user or "-"), cut(clean(found.command), COMMAND_LIMIT))
+    return (clean(found.user or "-"), clean(found.command))
 
 
 def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
@@ -90,7 +89,7 @@ def _process_rows(snap: Snapshot) -> list[list[Cell]]:
             if not p.visible:
                 cmd = Cell("(exited, or not visible from this host's /proc)", ("dim",))
             else:
-                text = cut(clean(p.command), COMMAND_LIMIT)
+                text = clean(p.command)
                 cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
             rows.append([Cell(gpu_cell(m.memory_gpus, list(m.handles))), Cell(f"{branch}{p.pid}"),
                          Cell(m.kind, ("dim",) if m.kind == "handle" else ()),

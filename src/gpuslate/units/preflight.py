@@ -38,8 +38,10 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
             unit = owner_of.get(p.pid)
             if unit:
                 units.add(unit)
-            holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "")
-                           + f" ({p.user or '?'}: {(p.command or p.name or '?')[:60]}, {format_size(p.used_memory)})")
+            who = f"{p.user or 'user unknown'}: {p.command or p.name or 'command unknown'}" if p.visible else \
+                "exited, or not visible from this host's /proc"
+            held = format_size(p.used_memory) if p.used_memory is not None else "memory not reported"
+            holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "") + f" ({who}, {held})")
         used = g.reading.memory.used if g.reading.memory else None
         shown = ", ".join(holders) or "held by no visible process"
         parts.append(f"GPU {g.index} ({format_size(used)} used): {shown}")
@@ -72,7 +74,7 @@ def port_owner(port: int) -> str | None:
     if pid is None:
         return None
     info = read_info(pid)
-    return f"pid {pid}" + (f" ({info.user}: {info.command[:60]})" if info else "")
+    return f"pid {pid} " + (f"({info.user}: {info.command})" if info else "(exited, or not visible from here)")
 
 
 def port_listener(port: int) -> int | None:
