@@ -19,7 +19,7 @@ COMMANDS = {
     "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "ps": "ps",
     "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
     "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm", "exporter": "exporter",
-    "install": "install",
+    "install": "install", "completion": "completion",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 
