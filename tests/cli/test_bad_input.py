@@ -126,3 +126,17 @@ def test_interrupt_is_reported_as_interrupted(sim_host, monkeypatch, capsys):
     doc = json.loads(out)
     assert doc["error"]["type"] == "interrupted" and doc["error"]["exit_code"] == 130
     assert err == "gpuslate: error: interrupted\n"
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["stauts"], "did you mean 'status'? "), (["clear", "--dryrun"], "did you mean --dry-run? "),
+    (["sim", "iniit", "x"], "did you mean 'init'? "), (["status", "--jsno"], "did you mean --json? "),
+    (["experiment", "rnu", "x"], "did you mean 'run'? "), (["clear", "--bogus"], None), (["zzz"], None),
+])
+def test_did_you_mean(sim_host, cli, args, hint):
+    r = cli(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.splitlines()  # still one line
+    assert line.startswith("gpuslate: error: ") and ("did you mean" in line) == (hint is not None), line
+    if hint:
+        assert hint in line
