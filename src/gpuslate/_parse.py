@@ -14,6 +14,8 @@ from .errors import UsageError
 
 #: the highest GPU index accepted: far above any host, low enough that a range is cheap
 MAX_GPU_INDEX = 1023
+#: ``--gpus all``, docker's spelling: every GPU of the host
+ALL_GPUS = "all"
 #: the largest size accepted (1 EiB): above any GPU, far below float and int overflow
 MAX_SIZE = 1024**6
 #: the longest duration accepted (about 115 days): longer ones overflow sleep() and friends
@@ -118,6 +120,17 @@ def parse_gpu_list(text: str) -> list[int]:
             raise UsageError(f"invalid GPU list {shown}: GPU indexes are 0 to {MAX_GPU_INDEX}")
         out.update(range(lo, hi + 1))
     return sorted(out)
+
+
+def parse_gpu_selection(text: str) -> list[int] | str:
+    """A ``--gpus`` value: a GPU list (:func:`parse_gpu_list`), or :data:`ALL_GPUS` for ``all``."""
+    return ALL_GPUS if str(text).strip() == ALL_GPUS else parse_gpu_list(text)
+
+
+def selected_gpus(value: list[int] | str | None) -> list[int] | None:
+    """The GPUs a ``--gpus`` value (of :func:`parse_gpu_selection`) selects; None: every GPU
+    (``all``, or the option not given, where that means all)."""
+    return None if value is None or isinstance(value, str) else list(value)  # the one string is ALL_GPUS
 
 
 def parse_host(text: str) -> str:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .._parse import parse_gpu_list, parse_int, parse_seconds, parse_size
+from .._parse import parse_gpu_list, parse_gpu_selection, parse_int, parse_seconds, parse_size
 from ..errors import GpuslateError, UsageError
 from .exits import error_type_for
 
@@ -27,6 +27,15 @@ def gpu_list(text: str) -> list[int]:
         return parse_gpu_list(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def gpus_arg(text: str) -> list[int] | str:
+    """A ``--gpus`` value: a GPU list, or ``all`` (docker's spelling): every GPU
+    (:func:`~gpuslate._parse.selected_gpus` turns it into the GPUs chosen)."""
+    try:
+        return parse_gpu_selection(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc) + ", or all") from None
 
 
 def size(text: str) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._parse import parse_gpu_list
+from .._parse import parse_gpu_list, selected_gpus
 from ..errors import UsageError
 from ..extras import Extra, require
-from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
+from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, print_json, size, whole
 from .exits import exit_epilog, exit_status_for_result
 from .render_sim import show_init, show_leak
 from .results import as_sent
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                              5: "this user may not record memory in the host's folder",
                                              6: "out of memory: a GPU lacks the room (nothing is held)"}))
     add_common(hold)
-    hold.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to hold (default: all)")
+    hold.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs to hold, e.g. 0,2-3 or all (default: all)")
     hold.add_argument("--memory", type=size, required=True, metavar="SIZE",
                       help="memory held on each listed GPU, e.g. 40GiB; 0 holds the device open only")
     hold.add_argument("--workers", type=whole(0, 256), default=0, metavar="N",
@@ -112,8 +112,9 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
     from ..sim.serverconfig import add_arguments  # lazy: startup
 
     add_arguments(serve)
-    serve.add_argument("--gpus", type=gpu_list, metavar="LIST",
-                       help="simulated GPUs the workers hold (default: $CUDA_VISIBLE_DEVICES, else all)")
+    serve.add_argument("--gpus", type=gpus_arg, metavar="LIST",
+                       help="simulated GPUs the workers hold, e.g. 0-1 or all (default: $CUDA_VISIBLE_DEVICES, "
+                       "else all)")
     serve.add_argument("--workers", type=whole(0, 256), default=None, metavar="N",
                        help="worker processes, one per GPU like tensor-parallel ranks (default: one per GPU; "
                        "0 without a simulated host)")
@@ -160,7 +161,8 @@ def run_hold(args: argparse.Namespace) -> int:
     if args.title and not full_titles():
         note("setproctitle is not installed: --title sets only the kernel's process name (15 characters), "
              "not the command line (pip install setproctitle)")
-    gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
+    gpus = selected_gpus(args.gpus)
+    gpus = gpus if gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
          reap=not args.no_reap)
@@ -200,8 +202,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
         host = _host(args)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = args.gpus if args.gpus is not None else (
-            parse_gpu_list(visible) if visible else list(range(host.gpu_count)))
+        gpus = args.gpus if isinstance(args.gpus, list) else (  # all, or else $CUDA_VISIBLE_DEVICES
+            parse_gpu_list(visible) if visible and args.gpus is None else list(range(host.gpu_count)))
         n = len(gpus) if args.workers is None else args.workers
         if n < 0 or n > 256:
             raise UsageError(f"invalid --workers {n}: 0 to 256")

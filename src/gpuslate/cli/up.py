@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .common import add_common, gpu_list, nonnegative_float, port_type, positive_float, print_json, size
+from .common import add_common, gpus_arg, nonnegative_float, port_type, positive_float, print_json, size
 from .exits import exit_epilog, exit_status_of
 from .live import LiveLine
 from .results import as_sent
@@ -70,7 +70,9 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH", help="unit file (default: ./gpuslate.toml if present)")
-    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
+    p.add_argument("--gpus", type=gpus_arg, metavar="LIST",
+                   help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES, e.g. 0-7; all: every GPU (its "
+                   "environment's CUDA_VISIBLE_DEVICES left as it is)")
     p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
     p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
     p.add_argument("--engine", choices=("sglang", "vllm"),
