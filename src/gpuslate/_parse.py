@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 from .errors import UsageError
 
@@ -202,3 +203,10 @@ def format_gpu_list(gpus: list[int]) -> str:
         else:
             parts.append(str(g))
     return ",".join(parts)
+
+
+def gpus_phrase(gpus: Sequence[int]) -> str:
+    """GPUs in a sentence, the one way every command says them: ``GPU 3``, ``GPUs 0-2,5``
+    (:func:`format_gpu_list`), ``no GPU``. Tables print the bare list under their GPUs column."""
+    n = len(set(gpus))
+    return "no GPU" if n == 0 else f"GPU{'s' if n > 1 else ''} {format_gpu_list(list(gpus))}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import IO, Any
 
-from .._parse import format_gpu_list, format_size
+from .._parse import format_gpu_list, format_size, gpus_phrase
 from ..proc.terminate import VictimResult
 from ..slate.clear import ClearResult, ClearStatus
 from ..slate.plan import Plan, Role, Target
@@ -50,9 +50,8 @@ def _forked_target(r: VictimResult) -> Target:
 
 
 def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
-    verified = format_gpu_list(plan.gpus) if plan.gpus else "none"
     n = len(plan.targets)
-    out: list[Any] = [f"[bold]Plan[/]: {n} target{'s' if n != 1 else ''}; verifies GPUs {verified}"]
+    out: list[Any] = [f"[bold]Plan[/]: {n} target{'s' if n != 1 else ''}; verifies {gpus_phrase(plan.gpus)}"]
     if plan.targets:
         out.append(plan_table(plan))
     emit(*out, *_reasons(plan), *_spared(plan), file=file)
@@ -103,12 +102,12 @@ def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> No
 
 
 def print_wait(result: WaitResult) -> None:
-    gpus = format_gpu_list(result.gpus)
+    gpus = gpus_phrase(result.gpus)
     if result.ok:
-        emit(f"GPUs {gpus} free after {result.elapsed_s:.3f} s")
+        emit(f"{gpus} free after {result.elapsed_s:.3f} s")
         return
     why = " (memory held by no process, which waiting does not free)" if result.leaked else ""
-    emit(f"GPUs {gpus} not free after {result.elapsed_s:.1f} s{why}:", *_diagnosis(result.diagnosis))
+    emit(f"{gpus} not free after {result.elapsed_s:.1f} s{why}:", *_diagnosis(result.diagnosis))
 
 
 def print_clear(result: ClearResult) -> None:
@@ -144,7 +143,7 @@ def print_clear(result: ClearResult) -> None:
         out.append("[red]Not free: a target refused at act time still holds GPU memory (see above); "
                    "signalling it would have ended processes that are not targets.[/]")
     elif result.status == ClearStatus.CLEAN:
-        out.append(f"[green]Clean[/]: GPUs {format_gpu_list(plan.gpus)} free (at most "
+        out.append(f"[green]Clean[/]: {gpus_phrase(plan.gpus)} free (at most "
                    f"{format_size(result.max_used)} used each), verified.")
     elif result.status == ClearStatus.PERMISSION_DENIED:
         out.append("[red]Some targets could not be signaled (permission denied).[/]")

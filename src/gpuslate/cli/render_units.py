@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import IO
 
-from .._parse import format_gpu_list, format_size
+from .._parse import format_gpu_list, format_size, gpus_phrase
 from .._time import format_duration
 from ..units.lifecycle import DownResult, UpResult
 from ..units.listing import PsResult
@@ -47,7 +47,7 @@ def _out(line: str = "", file: IO[str] | None = None) -> None:
 def print_up(result: UpResult) -> None:
     """A ready unit: one line, its readiness and its log."""
     r = result.record
-    line = (f"Unit {safe(r.name)} ready in {r.time_to_ready_s or 0:.2f} s: pid {r.pid}, GPUs {gpu_text(r.gpus)}, "
+    line = (f"Unit {safe(r.name)} ready in {r.time_to_ready_s or 0:.2f} s: pid {r.pid}, {gpus_phrase(r.gpus)}, "
             f"port {r.port if r.port is not None else '-'}, {safe(r.containment)}")
     if result.smoke:
         line += f", smoke completion {result.smoke['latency_s']:.3f} s"
@@ -85,8 +85,7 @@ def memory_text(rep: StopReport) -> str:
     verified (never "released" for an empty set)."""
     if rep.released is None:
         return f"GPU memory not verified: {safe(rep.unverified)}"
-    gpus = ",".join(map(str, rep.verified_gpus))
-    return f"GPU memory on GPU {gpus} {'released' if rep.released else 'NOT released'}"
+    return f"GPU memory on {gpus_phrase(rep.verified_gpus)} {'released' if rep.released else 'NOT released'}"
 
 
 def print_down(result: DownResult) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
-from .._parse import format_gpu_list, format_size
+from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
@@ -255,7 +255,7 @@ def decide(facts: Facts, res: Resolved) -> Decision:
             left.setdefault(p, jobs[pid][0])
         mine = {g: b for g, b in memory.get(pid, {}).items() if g in chosen}
         reason = f"holds {_where(mine)}" if mine else \
-            f"holds a device handle on GPU {format_gpu_list(sorted(handles.get(pid, set()) & chosen))}"
+            f"holds a device handle on {gpus_phrase(sorted(handles.get(pid, set()) & chosen))}"
         targets[pid] = TargetDecision(pid, Role.HOLDER, reason, jobs[pid][0])
     for pid in selected:
         root, members = jobs[pid]

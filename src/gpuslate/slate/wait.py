@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, format_gpu_list, format_size
+from .._parse import check_seconds, check_size, format_size, gpus_phrase
 from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
@@ -243,7 +243,7 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
     limit = host.max_used(opts.max_used)
     t0 = time.monotonic()
     leaked = LeakStop(limit)
-    with host.ticker(f"waiting for GPU{'s' if len(sel) != 1 else ''} {format_gpu_list(sel)} to be free",
+    with host.ticker(f"waiting for {gpus_phrase(sel)} to be free",
                      opts.timeout) as tick:
         ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked, tick=tick)
     elapsed = time.monotonic() - t0

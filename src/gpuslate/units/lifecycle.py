@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size
+from .._parse import check_seconds, check_size, gpus_phrase
 from .._time import iso_time, parse_iso_time
 from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
@@ -216,7 +216,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
             cleared = clear(host, Selection(tuple(gpus)),
                             ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
             if not cleared.ok:
-                raise NotDoneError(f"--clear could not free GPUs {','.join(map(str, gpus))} for unit {spec.name}: "
+                raise NotDoneError(f"--clear could not free {gpus_phrase(gpus)} for unit {spec.name}: "
                                    + "; ".join(d.summary() for d in cleared.diagnosis),
                                    hint="see 'gpuslate clear --gpus ... --json' for the whole story")
         collect_stale_cgroups()  # under the host lock
@@ -368,7 +368,7 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
             strays[:] = u.strays(readings, table, mine, claimed)
             if not strays:
                 return True
-            who = ", ".join(f"pid {s.pid} ({s.name}, GPU {','.join(map(str, s.gpus))})" for s in strays)
+            who = ", ".join(f"pid {s.pid} ({s.name}, {gpus_phrase(s.gpus)})" for s in strays)
             if not opts.clear_strays:
                 note(f"GPU memory of unit {name} is held by processes started while it ran but not found "
                      f"in it: {who}; 'gpuslate down {name} --clear' ends them")

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from .._parse import format_size
+from .._parse import format_size, gpus_phrase
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, take_snapshot
@@ -45,10 +45,10 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
         used = g.reading.memory.used if g.reading.memory else None
         shown = ", ".join(holders) or "held by no visible process"
         parts.append(f"GPU {g.index} ({format_size(used)} used): {shown}")
-    which = ",".join(str(g.index) for g in busy)
+
     hint = (f"stop it first: gpuslate down {sorted(units)[0]}" if len(units) == 1 else
             "stop them first ('gpuslate down NAME', 'gpuslate clear'), or pass --clear to clear them")
-    raise NotDoneError(f"GPU{'s' if len(busy) > 1 else ''} {which} not free for unit {for_unit}: " + "; ".join(parts),
+    raise NotDoneError(f"{gpus_phrase([g.index for g in busy])} not free for unit {for_unit}: " + "; ".join(parts),
                        hint=hint)
 
 
