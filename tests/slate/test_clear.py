@@ -158,6 +158,17 @@ def test_leak_without_process_is_exit_4_with_orphan_diagnosis(sim_host, cli):
     assert r.returncode == 4 and "leaked or driver-held context" in r.stdout
 
 
+def test_a_selector_matching_nothing_says_so(sim_host, hold, cli):
+    r = cli("clear", "--match", "nothing-matches-this")  # no process at all
+    assert r.returncode == 4 and "Nothing was selected" in r.stdout and "above" not in r.stdout, r.stdout
+    hold("--gpus", "0", "--memory", "1GiB")
+    r = cli("clear", "--match", "nothing-matches-this")
+    assert r.returncode == 4
+    assert "Nothing was selected: no process holding a GPU matches the selection" in r.stdout
+    assert "see above" not in r.stdout and "before → after" not in r.stdout  # nothing chosen above to see
+    assert "(those above are not selected)" in r.stdout  # the holder, listed as spared: does not match
+
+
 @pytest.mark.parametrize("select", [(), ("--pid",)])
 def test_a_leak_is_said_within_2_s_of_the_last_targets_exit(sim_host, hold, cli, select):
     """Every target gone and memory held by no process stays: the verdict (exit 4, status leaked,

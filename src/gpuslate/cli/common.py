@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from .._parse import parse_gpu_list, parse_gpu_selection, parse_int, parse_seconds, parse_size
-from ..errors import GpuslateError, UsageError
+from ..errors import GpuslateError, NotConfirmed, UsageError
 from .exits import error_type_for
 
 
@@ -101,8 +101,10 @@ def print_error(exc: BaseException, status: int, as_json: bool) -> None:
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None
-    # one line each, escaped: messages can quote process titles and file contents
-    sys.stderr.write(f"gpuslate: error: {safe(' '.join(msg.splitlines()))}\n")
+    # one line each, escaped: messages can quote process titles and file contents; a "no" to a
+    # question is the person's answer, not an error
+    label = "" if isinstance(exc, NotConfirmed) else "error: "
+    sys.stderr.write(f"gpuslate: {label}{safe(' '.join(msg.splitlines()))}\n")
     if hint:
         sys.stderr.write(f"gpuslate: hint: {safe(' '.join(hint.splitlines()))}\n")
     if as_json:

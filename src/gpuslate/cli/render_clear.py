@@ -8,7 +8,7 @@ from typing import IO, Any
 from .._parse import format_gpu_list, format_size, gpus_phrase
 from ..proc.terminate import VictimResult
 from ..slate.clear import ClearResult, ClearStatus
-from ..slate.plan import Plan, Role, Target
+from ..slate.plan import Plan, Role, Target, not_chosen
 from ..slate.wait import GpuDiagnosis, WaitResult
 from .render import CommandCell, cell, command_limit, emit, one_line, process_table
 
@@ -119,7 +119,8 @@ def print_clear(result: ClearResult) -> None:
     out: list[Any] = [plan_table(plan, result) if plan.targets else "No targets."]
     out += _spared(plan)
     before = {r.index: r for r in result.before}
-    out.append("[bold]GPU memory[/] before → after")
+    if result.after:
+        out.append("[bold]GPU memory[/] before → after")
     for r in result.after:
         b = before.get(r.index)
         bu = format_size(b.memory.used) if b is not None and b.memory else "?"
@@ -136,9 +137,13 @@ def print_clear(result: ClearResult) -> None:
         out.append("[bold]Refused at act time[/] (not signaled; what they started was):")
         out += [f"  {r.victim.ident.pid}: {cell(r.refused or '')}" for r in refused]
     out += _diagnosis(result.diagnosis)
-    if result.status == ClearStatus.NOTHING_SELECTED:
+    if result.status == ClearStatus.NOTHING_SELECTED and not all(not_chosen(s.reason) for s in plan.spared):
         out.append("[red]Nothing you may signal was selected[/]: every process the selector chose is spared "
                    "(see above); nothing was signaled and nothing was verified.")
+    elif result.status == ClearStatus.NOTHING_SELECTED:
+        others = " (those above are not selected)" if plan.spared else ""
+        out.append("[red]Nothing was selected[/]: no process holding a GPU matches the selection (--pid, --user, "
+                   f"--match){others}; nothing was signaled and nothing was verified.")
     elif result.status == ClearStatus.REFUSED:
         out.append("[red]Not free: a target refused at act time still holds GPU memory (see above); "
                    "signalling it would have ended processes that are not targets.[/]")

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_gpu_list
 from .._time import iso_time, parse_iso_time
-from ..errors import Interrupted, NotDoneError
+from ..errors import NotConfirmed, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.audit import new_run_id
 from ..host.session import HostContext, Ticker
@@ -166,7 +166,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     """Terminate the jobs holding the selected GPUs and verify the GPUs are free.
 
     Raises :class:`~gpuslate.errors.UsageError` on bad input before anything is
-    signaled, and :class:`~gpuslate.errors.Interrupted` when ``options.confirm``
+    signaled, and :class:`~gpuslate.errors.NotConfirmed` (an ``Interrupted``) when ``options.confirm``
     says no. The time ``confirm`` takes (a person reading the plan) counts in no
     timing and not against ``timeout``. The host lock is taken through ``host``
     (re-entrant: a verb that holds it, such as ``up --clear``, does not wait for it).
@@ -201,7 +201,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
         if opts.confirm is not None and plan.targets:
             t_ask = time.monotonic()
             if not opts.confirm(plan):
-                raise Interrupted("not confirmed: nothing was signaled")
+                raise NotConfirmed("not confirmed: nothing was signaled")
             t_start += time.monotonic() - t_ask  # a person reading the plan is not clear's time
         deadline = t_start + timeout
         run_id = new_run_id()

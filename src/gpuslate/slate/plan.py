@@ -351,6 +351,17 @@ class Target(NamedTuple):
                    (), d["container"], d["cgroup"])
 
 
+#: how the reason of a process the selection did not choose begins (and only such a reason)
+UNSELECTED = ("not selected", "does not match --match")
+
+
+def not_chosen(reason: str) -> bool:
+    """Whether a spared process's ``reason`` says the selection did not choose it (``--pid``,
+    ``--user``, ``--match``, other GPUs), as opposed to chosen and then spared (another user's,
+    a monitor, protected)."""
+    return reason.startswith(UNSELECTED) or reason.endswith("(not selected)")
+
+
 class Spared(NamedTuple):
     pid: int
     user: str | None
