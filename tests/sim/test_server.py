@@ -31,6 +31,7 @@ from gpuslate.sim.server import (
     run_server,
     serving,
 )
+from helpers import gpuslate_env, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -419,6 +420,27 @@ def test_sigterm_while_serving_exits_zero_and_closes_the_port() -> None:
             proc.wait()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((host, int(port)), timeout=2).close()
+
+
+def test_ctrl_c_of_sim_serve_with_workers_says_it_once_and_exits_130(sim_host) -> None:
+    """As a terminal sends it: SIGINT to the whole foreground group, the server and its workers."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "sim", "serve", "--port", "0", "--gpus", "0-3",
+                             "--memory", "1GiB", "--startup-seconds", "0"], stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, env=gpuslate_env(), start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if READY_LINE in line:
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=15) == 130, rest
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert rest.count("received SIGINT, stopping") == 1 and "error" not in rest and "Traceback" not in rest, rest
+    wait_for(lambda: not sim_host.held(), timeout=10)  # the workers went with it
 
 
 def test_port_in_use_returns_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held "
                          "(pids as the holder's /proc shows them; status shows host pids). Like a driver, a GPU never "
                          "holds more than its memory: asking for more fails (simulated CUDA out of memory).",
-                         epilog=exit_epilog({0: "ended by SIGTERM or SIGINT (after it was ready)",
+                         epilog=exit_epilog({0: "ended by SIGTERM (after it was ready)",
+                                             130: "ended by SIGINT (Ctrl-C)",
                                              2: "bad input, or no simulated host",
                                              5: "this user may not record memory in the host's folder",
                                              6: "out of memory: a GPU lacks the room (nothing is held)"}))
@@ -81,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
-                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT",
+                          epilog=exit_epilog({0: "ended by SIGTERM", 130: "ended by SIGINT (Ctrl-C)",
                                               2: "bad input, or the bench extra (aiohttp) not installed",
                                               1: "failed to start (e.g. its "
                                               "port is in use, or --fail-startup)",
