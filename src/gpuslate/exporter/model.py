@@ -61,9 +61,16 @@ class Facts(NamedTuple):
 
 
 class ProcessRow(NamedTuple):
-    """One process's memory on one GPU, with its labels already made safe."""
+    """One process's memory on one GPU, with its labels already made safe.
+
+    Its series is keyed by what stays when the server restarts, ``(gpu, unit, user, slot)``:
+    ``slot`` numbers the memory holders of one unit (or, outside units, of one user) on one GPU,
+    in the order of their job and pid, so the restarted server's worker on GPU 3 takes the slot
+    its predecessor had. pid, command and job go to the info series of that key (Prometheus's
+    ``*_info`` pattern): a restart changes one info series, not the memory series."""
 
     gpu: int
+    slot: int
     pid: int
     kind: str  # compute | graphics | mps
     user: str
@@ -117,11 +124,14 @@ def account(f: Facts) -> Account:
             orphaned=sum(p.used_memory or 0 for p in orphans), orphaned_processes=len(orphans),
         ))
         orphan_pids = {p.pid for p in orphans}
-        for p in holders:
+        slots: dict[tuple[str, str], int] = {}
+        for p in sorted(holders, key=lambda h: (h.root_pid, h.pid)):
             if p.used_memory is None:
                 continue  # the driver did not say: counted in memory_holders, no series of bytes
+            owner = (label(f.unit_of.get(p.pid)), label(p.user))
+            slots[owner] = slot = slots.get(owner, -1) + 1
             rows.append(ProcessRow(
-                gpu=g.index, pid=p.pid, kind=p.kind, user=label(p.user), command=label(p.command),
+                gpu=g.index, slot=slot, pid=p.pid, kind=p.kind, user=label(p.user), command=label(p.command),
                 job_pid=p.root_pid, job_command=label(f.job_commands.get(p.root_pid)),
                 unit=label(f.unit_of.get(p.pid)), orphaned=p.pid in orphan_pids, bytes=p.used_memory,
             ))
