@@ -65,7 +65,7 @@ def test_up_ps_logs_down_eight_workers(units_host, units):
     assert all(is_gone(p) for p in (pid, *info["worker_pids"])) and gpus_clean(units_host)
     assert ps(units)["srv"]["state"] == "stopped"
     out, _ = follower.communicate(timeout=10)  # --follow ends once the unit is gone
-    assert follower.returncode == 0 and "ready to roll" in out and "received shutdown signal" in out
+    assert follower.returncode == 0 and "ready to roll" in out and "received SIGTERM, stopping" in out
 
 
 def test_crash_during_startup(units_host, units):
