@@ -43,8 +43,10 @@ from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 _SERIES = re.compile(r'^gpuslate_process_memory_bytes\{(.*)\} (\S+)$', re.M)
+_INFO = re.compile(r'^gpuslate_process_info\{(.*)\} \S+$', re.M)
 _DURATION = re.compile(r"^gpuslate_exporter_scrape_duration_seconds (\S+)$", re.M)
 _PID = re.compile(r'(?:^|,)pid="(\d+)"')
+_KEY = re.compile(r'(?:^|,)(gpu|unit|user|slot)="((?:[^"\\]|\\.)*)"')
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -92,10 +94,13 @@ class Exporter:
 
 
 def series_of(body: str) -> dict[int, float]:
-    """pid -> bytes summed over GPUs, from gpuslate_process_memory_bytes."""
+    """pid -> bytes summed over GPUs, from gpuslate_process_memory_bytes joined with
+    gpuslate_process_info (the pid is in the info series of each memory series' key)."""
+    pids = {tuple(_KEY.findall(labels)): int(_PID.search(labels).group(1))  # type: ignore[union-attr]
+            for labels in _INFO.findall(body)}
     out: dict[int, float] = {}
     for labels, value in _SERIES.findall(body):
-        pid = int(_PID.search(labels).group(1))  # type: ignore[union-attr]
+        pid = pids[tuple(_KEY.findall(labels))]
         out[pid] = out.get(pid, 0.0) + float(value)
     return out
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from gpuslate.cli.demo import scenario
 from gpuslate.errors import UsageError
 from gpuslate.extras import MODULES, Extra, install_hint, installed, missing, require
 from helpers import gpuslate_env
+
+ROOT = Path(__file__).resolve().parents[1]  # the clone these tests run from
 
 WRAPPER = """\
 import json, sys
@@ -63,7 +66,7 @@ def assert_names_extra(proc: subprocess.CompletedProcess[str], command: str, ext
         f"gpuslate: error: gpuslate {command} needs {modules}, which "
         f"{'is' if ' and ' not in modules else 'are'} not installed",
         f"gpuslate: hint: install the {extras.replace(',', ' and ')} extra{'s' if ',' in extras else ''}: "
-        f"pip install 'gpuslate[{extras}]' (in a clone: pip install '.[{extras}]')"], proc.stderr
+        f"{sys.executable} -m pip install '{ROOT}[{extras}]' (this clone)"], proc.stderr
     assert proc.stdout == ""
 
 
@@ -197,3 +200,23 @@ def test_extras_match_pyproject() -> None:
     core = " ".join(project["dependencies"])
     assert "aiohttp" not in core and "matplotlib" not in core
     assert all(m in " ".join(groups[e.value]).replace("-", "_") for e in Extra for m in MODULES[e])
+
+
+def test_the_hint_never_names_a_package_gpuslate_has_not_published(tmp_path: Path) -> None:
+    """From a clone: this clone, with this interpreter's pip; from the zipapp (core and rich only):
+    the clone way, said as such; installed: the clone it came from. Never 'pip install gpuslate[...]'."""
+    assert install_hint(Extra.BENCH) == f"install the bench extra: {sys.executable} -m pip install '{ROOT}[bench]' " \
+        "(this clone)"
+    pyz = tmp_path / "gpuslate.pyz"
+    r = subprocess.run([sys.executable, "-m", "gpuslate", "install", "--out", str(pyz)], capture_output=True,
+                       text=True, env=gpuslate_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    code = ("import runpy, sys; sys.modules['aiohttp'] = None; sys.argv = ['gpuslate', 'bench', 'http://x']; "
+            f"runpy.run_path({str(pyz)!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 2, r.stderr
+    hint = r.stderr.splitlines()[-1]
+    assert hint.startswith("gpuslate: hint: install the bench extra: this is the zipapp of gpuslate") and \
+        "install gpuslate from a clone" in hint and "not on PyPI" in hint, hint
+    assert "'gpuslate[" not in r.stderr

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 from .errors import UsageError
 
 #: the highest GPU index accepted: far above any host, low enough that a range is cheap
 MAX_GPU_INDEX = 1023
+#: ``--gpus all``, docker's spelling: every GPU of the host
+ALL_GPUS = "all"
 #: the largest size accepted (1 EiB): above any GPU, far below float and int overflow
 MAX_SIZE = 1024**6
 #: the longest duration accepted (about 115 days): longer ones overflow sleep() and friends
@@ -120,6 +123,17 @@ def parse_gpu_list(text: str) -> list[int]:
     return sorted(out)
 
 
+def parse_gpu_selection(text: str) -> list[int] | str:
+    """A ``--gpus`` value: a GPU list (:func:`parse_gpu_list`), or :data:`ALL_GPUS` for ``all``."""
+    return ALL_GPUS if str(text).strip() == ALL_GPUS else parse_gpu_list(text)
+
+
+def selected_gpus(value: list[int] | str | None) -> list[int] | None:
+    """The GPUs a ``--gpus`` value (of :func:`parse_gpu_selection`) selects; None: every GPU
+    (``all``, or the option not given, where that means all)."""
+    return None if value is None or isinstance(value, str) else list(value)  # the one string is ALL_GPUS
+
+
 def parse_host(text: str) -> str:
     """An address to connect to: an IPv4 or IPv6 literal, or a host name (RFC 1123).
 
@@ -189,3 +203,10 @@ def format_gpu_list(gpus: list[int]) -> str:
         else:
             parts.append(str(g))
     return ",".join(parts)
+
+
+def gpus_phrase(gpus: Sequence[int]) -> str:
+    """GPUs in a sentence, the one way every command says them: ``GPU 3``, ``GPUs 0-2,5``
+    (:func:`format_gpu_list`), ``no GPU``. Tables print the bare list under their GPUs column."""
+    n = len(set(gpus))
+    return "no GPU" if n == 0 else f"GPU{'s' if n > 1 else ''} {format_gpu_list(list(gpus))}"

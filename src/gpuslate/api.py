@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .gpu import GpuBackend
-from .host.session import HostContext, Note
+from .host.session import HostContext, Note, ProgressSink
 from .host.snapshot import Snapshot, take_snapshot
 
 if TYPE_CHECKING:
@@ -71,10 +71,12 @@ class Host(HostContext):
 
     @classmethod
     def open(cls, sim: str | None = None, *, backend: GpuBackend | None = None, on_event: Note | None = None,
-             audit_context: dict[str, Any] | None = None) -> Host:
+             audit_context: dict[str, Any] | None = None, on_progress: ProgressSink | None = None) -> Host:
         """The simulated host ``sim`` (or ``$GPUSLATE_SIM``), else the NVIDIA driver; or ``backend``,
-        which the caller keeps and closes. ``on_event`` receives progress lines."""
-        return cls(sim, backend=backend, on_event=on_event, audit_context=audit_context)
+        which the caller keeps and closes. ``on_event`` receives progress lines, ``on_progress``
+        the waits under way (:class:`~gpuslate.host.session.Progress`: a server loading, GPU
+        memory still held), about four times a second while one lasts."""
+        return cls(sim, backend=backend, on_event=on_event, audit_context=audit_context, on_progress=on_progress)
 
     def status(self, gpus: Sequence[int] | None = None, *, full: bool = True) -> Snapshot:
         """Snapshot of the selected GPUs (all by default) and every process that holds them."""

@@ -97,6 +97,11 @@ class Interrupted(GpuslateError):
     code = "interrupted"
 
 
+class NotConfirmed(Interrupted):
+    """The person asked answered no (``clear``'s question): nothing was done. Exit 130, as an
+    interrupt, and its JSON error type is ``interrupted``; said plainly, not as an error."""
+
+
 # -- remote hosts (see gpuslate.remote) ------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """The optional parts of gpuslate, and the one check every command that needs one makes.
 
-The core install (``pip install gpuslate``) is what ``status``, ``clear``,
+The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is what ``status``, ``clear``,
 ``wait``, ``up/down/ps/logs/swap``, ``audit``, ``sim init/hold/leak``,
 ``slurm`` and ``experiment report`` need. Heavier third-party packages are extras (pyproject.toml):
 
@@ -20,7 +20,10 @@ nothing on the commands' startup paths.
 from __future__ import annotations
 
 import importlib.util
+import sys
+import zipimport
 from enum import Enum
+from pathlib import Path
 
 from .errors import UsageError
 
@@ -58,10 +61,30 @@ def missing(*extras: Extra) -> list[Extra]:
 
 
 def install_hint(*extras: Extra) -> str:
-    """The line that installs ``extras``: ``install the bench extra: pip install 'gpuslate[bench]' (...)``."""
+    """The line that installs ``extras`` for the gpuslate running here. gpuslate is not on PyPI (yet),
+    so the line never names a package there: from a clone, ``pip install 'CLONE[bench]'`` with
+    this interpreter's pip; from the zipapp (the core and rich only), install from a clone; from an
+    install, from the clone it was installed from."""
     names = ",".join(e.value for e in extras)
     what = " and ".join(e.value for e in extras) + (" extra" if len(extras) == 1 else " extras")
-    return f"install the {what}: pip install 'gpuslate[{names}]' (in a clone: pip install '.[{names}]')"
+    where = installed_from()
+    if where == "zipapp":
+        return (f"install the {what}: this is the zipapp of gpuslate, which carries the core only; install "
+                f"gpuslate from a clone of its repository with them: pip install './gpuslate[{names}]' "
+                "(the clone's folder; gpuslate is not on PyPI yet)")
+    if where is not None:
+        return f"install the {what}: {sys.executable} -m pip install '{where}[{names}]' (this clone)"
+    return (f"install the {what}: pip install '.[{names}]' in the clone gpuslate was installed from "
+            "(it is not on PyPI yet)")
+
+
+def installed_from() -> str | None:
+    """Where this gpuslate runs from: ``"zipapp"``, the clone's folder (a source tree with its
+    ``pyproject.toml``: ``src/gpuslate`` run in place or installed editable), or None (installed)."""
+    if isinstance(getattr(__spec__, "loader", None), zipimport.zipimporter):
+        return "zipapp"
+    root = Path(__file__).resolve().parents[2]
+    return str(root) if (root / "pyproject.toml").is_file() and (root / "src" / "gpuslate").is_dir() else None
 
 
 def require(command: str, *extras: Extra) -> None:

@@ -5,6 +5,7 @@ running; also after a real SIGINT or SIGTERM midway."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -28,10 +29,6 @@ def demo_env(sim_host, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
     yield sim_host
     kill_leftovers(sim_host, list(tmp.glob("gpuslate-demo-*/state")))
-
-
-def unit_states(tmp_path: Path) -> list[str]:
-    return [json.loads(p.read_text())["phase"] for p in tmp_path.glob("tmp/gpuslate-demo-*/state/units/*.json")]
 
 
 def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
@@ -66,7 +63,13 @@ def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
     first = json.loads(sorted((out / "transitions").glob("000-*.json"))[0].read_text())
     assert first["action"] == "up" and first["result"]["cleared"]["ok"]
     assert not demo_env.held()
-    assert unit_states(tmp_path) and set(unit_states(tmp_path)) == {"stopped"}
+    # everything verified stopped: its temporary folder (the units' state) is gone
+    assert not list((tmp_path / "tmp").glob("gpuslate-demo-*"))
+    # one throughput figure, said once what it is: the progress lines show the report's (modelled)
+    assert r.stderr.count("throughputs are in modelled time") == 1
+    point = json.loads((out / "points" / "baseline__c00001__r00.json").read_text())
+    shown = re.search(r"baseline c=1 repeat 1: ([0-9.]+) tok/s", r.stderr)
+    assert shown and float(shown.group(1)) == pytest.approx(point["level"]["output_token_throughput"] / 5, abs=0.1)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -82,7 +85,7 @@ def test_demo_interrupted_leaves_nothing_running(demo_env, tmp_path, sig):
     assert "Traceback" not in err
     assert "8/8 GPUs verified free" in err and "partial results" in err
     assert not demo_env.held()
-    assert "ready" not in unit_states(tmp_path) and "starting" not in unit_states(tmp_path)
+    assert not list((tmp_path / "tmp").glob("gpuslate-demo-*"))  # removed, once verified stopped
 
 
 def test_demo_refuses_a_foreign_out_dir(demo_env, cli, tmp_path):

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuslate.bench.client import StreamParser
 from gpuslate.bench.metrics import RequestRecord, TokenSource, level_result
@@ -85,7 +87,8 @@ def test_multi_token_chunks_with_continuous_usage() -> None:
     assert lv.chunk_gap_ms.mean == pytest.approx(80.0)
     assert lv.tpot_ms.mean == pytest.approx(1000 * (0.27 - 0.10) / 5)
     assert lv.tokens_per_chunk == pytest.approx(2.0)
-    assert lv.peak_output_token_throughput == 6.0  # all six in the first second
+    # a level shorter than a second is one window: its peak is its mean, never below it
+    assert lv.peak_output_token_throughput == pytest.approx(6 / 0.27) == pytest.approx(lv.output_token_throughput)
 
 
 def test_multi_token_chunks_with_final_usage_only_split_by_text_length() -> None:
@@ -140,12 +143,28 @@ def test_stream_cut_before_done_and_buffers_split_mid_line() -> None:
     assert rec.error == "stream ended before [DONE]"
 
 
-def test_peak_output_throughput_buckets_by_second() -> None:
+def test_peak_output_throughput_over_windows_that_tile_the_level() -> None:
     a = replay([(0.5, sse(cmpl(" a b", usage={"completion_tokens": 2}))),
                 (1.5, sse(cmpl(" c d e", "length", usage={"completion_tokens": 5}))),
                 (1.6, sse(b"[DONE]"))], 1.6)
-    b = RequestRecord(ok=True, start=1.0, ttft=0.2, latency=0.6, chunk_times=[0.2, 0.6], chunk_tokens=[4, 4],
+    b = RequestRecord(ok=True, start=1.0, ttft=0.1, latency=1.4, chunk_times=[0.1, 1.3], chunk_tokens=[4, 4],
                       output_tokens=8)
     lv = level_result([a, b], concurrency=2, request_rate=None)
-    # second 0: a's 2 tokens; second 1: a's 3 + b's 4 + 4 = 11
-    assert lv.peak_output_token_throughput == 11.0
+    # 2.4 s: two windows of 1.2 s; the first holds a's 2 and b's first 4, the second a's 3 and b's last 4
+    assert lv.duration_s == pytest.approx(2.4)
+    assert lv.peak_output_token_throughput == pytest.approx(7 / 1.2)
+    assert lv.peak_output_token_throughput >= lv.output_token_throughput
+    # vLLM's whole-second buckets would end in a partial one (2.0-2.4 s, b's last 4 alone): never used
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 30), st.lists(st.tuples(st.floats(0.001, 5), st.integers(1, 8)),
+                                                        min_size=1, max_size=6)), min_size=1, max_size=8))
+def test_peak_is_never_below_the_mean(requests: list[tuple[float, list[tuple[float, int]]]]) -> None:
+    recs = []
+    for start, chunks in requests:
+        times = sorted(t for t, _ in chunks)
+        recs.append(RequestRecord(ok=True, start=start, ttft=times[0], latency=times[-1], chunk_times=times,
+                                  chunk_tokens=[n for _, n in chunks], output_tokens=sum(n for _, n in chunks)))
+    lv = level_result(recs, concurrency=len(recs), request_rate=None)
+    assert lv.peak_output_token_throughput >= lv.output_token_throughput * (1 - 1e-9)

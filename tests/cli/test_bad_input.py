@@ -126,3 +126,35 @@ def test_interrupt_is_reported_as_interrupted(sim_host, monkeypatch, capsys):
     doc = json.loads(out)
     assert doc["error"]["type"] == "interrupted" and doc["error"]["exit_code"] == 130
     assert err == "gpuslate: error: interrupted\n"
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["stauts"], "did you mean 'status'? "), (["clear", "--dryrun"], "did you mean --dry-run? "),
+    (["sim", "iniit", "x"], "did you mean 'init'? "), (["status", "--jsno"], "did you mean --json? "),
+    (["experiment", "rnu", "x"], "did you mean 'run'? "), (["clear", "--bogus"], None), (["zzz"], None),
+])
+def test_did_you_mean(sim_host, cli, args, hint):
+    r = cli(*args)
+    assert r.returncode == 2 and r.stdout == ""
+    (line,) = r.stderr.splitlines()  # still one line
+    assert line.startswith("gpuslate: error: ") and ("did you mean" in line) == (hint is not None), line
+    if hint:
+        assert hint in line
+
+
+def test_gpus_all_is_every_gpu_wherever_gpus_is(sim_host, cli, tmp_path):
+    """docker's spelling: --gpus all, for every option that selects GPUs (and gpus = "all" in a unit file)."""
+    from gpuslate.units.spec import resolve
+
+    assert [g["index"] for g in json.loads(cli("status", "--gpus", "all", "--json").stdout)["gpus"]] == list(range(8))
+    assert json.loads(cli("clear", "--gpus", "all", "--dry-run", "--json").stdout)["gpus"] == list(range(8))
+    assert json.loads(cli("wait", "--free", "--gpus", "all", "--timeout", "0", "--json").stdout)["gpus"] == \
+        list(range(8))
+    r = cli("sim", "hold", "--gpus", "al", "--memory", "0")
+    assert r.returncode == 2 and "expected indexes and ranges like 0,2-3, or all" in r.stderr
+    toml = tmp_path / "gpuslate.toml"
+    toml.write_text('[units.a]\ncommand = "sleep 1"\ngpus = "0-1"\nport = 1\n'
+                    '[units.b]\ncommand = "sleep 1"\ngpus = "all"\nport = 1\n')
+    assert resolve("a", config=toml).gpus == [0, 1]
+    assert resolve("a", config=toml, overrides={"gpus": "all"}).gpus is None  # the file's GPUs overridden
+    assert resolve("b", config=toml).gpus is None

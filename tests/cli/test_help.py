@@ -102,3 +102,8 @@ def test_gpu_lists_print_one_way():
 
     assert gpu_text([0, 1, 2, 5, 7, 8]) == format_gpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert gpu_text([]) == "-"
+    # in a sentence: GPU 3, GPUs 0-1 (never "GPU 0,1", "GPUs 3")
+    from gpuslate._parse import gpus_phrase
+
+    assert (gpus_phrase([3]), gpus_phrase([1, 0]), gpus_phrase([0, 1, 2, 5]), gpus_phrase([])) == (
+        "GPU 3", "GPUs 0-1", "GPUs 0-2,5", "no GPU")

@@ -120,3 +120,23 @@ def test_interrupted_run_shows_as_unknown(audit: AuditLog, capsys: pytest.Captur
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "777" in line)
     assert "swap" in row and "carol" in row and "unknown (run interrupted)" in row
+
+
+def test_without_sim_a_file_of_simulated_hosts_says_whose_it_is(tmp_path, monkeypatch, capsys):
+    """A state folder a simulated host shares: `audit` (the driver's entries) shows none, and says
+    which simulated hosts' entries the file holds and how to see them."""
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("GPUSLATE_SIM", raising=False)
+    sim = AuditLog(backend="sim", sim_root="/tmp/some-sim")
+    e = sim.before_signal(run_id="r1", action="clear", signal="SIGTERM", reason="test",
+                          target={"pid": 4242, "user": "alice", "command": "python serve.py", "gpus": [0]})
+    sim.outcome(e, "delivered")
+    args = _parse("audit")
+    assert log_cmd.run(args) == 0
+    out = capsys.readouterr().out
+    assert "no signals recorded" in out and "for this host (the NVIDIA driver)" in out
+    assert "it holds entries of the simulated host /tmp/some-sim: gpuslate audit --sim /tmp/some-sim" in out
+    assert log_cmd.run(_parse("audit", "--json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["entries"] == [] and doc["other_sims"] == ["/tmp/some-sim"]
+    assert log_cmd.AuditListing.from_json(doc).other_sims == ("/tmp/some-sim",)

@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import socket
 import struct
 import subprocess
 import sys
@@ -88,9 +89,10 @@ def test_status_table_fits_and_keeps_numbers_readable(evil_job, cols):
     assert header.split() == ["GPU", "PID", "Kind", "GPU", "memory", "User", "Command"]
     for w in evil_job.workers:
         row = next(line for line in lines if f"└ {w} " in line)
-        # the PID, the memory and the user whole; the command cut, with an ellipsis
+        # the PID, the memory and the user whole; the command cut from the middle: its program
+        # and the end of its arguments stay
         assert re.search(rf"^ +[01] └ {w} compute +3\.0 GiB root ", row), row
-        assert row.endswith("…")
+        assert "worker …" in row and (cols < 120 or row.endswith("--port 30000")), row
     assert_no_raw_escapes(shown)
 
 
@@ -164,7 +166,7 @@ def test_prompt_escapes_and_its_wait_is_not_counted(evil_job):
 def test_prompt_answered_no_signals_nothing(evil_job):
     code, shown, _ = on_pty(["clear", "--gpus", "0-1"], 80, answer="n")
     assert code == 130
-    assert "not confirmed: nothing was signaled" in shown
+    assert "gpuslate: not confirmed: nothing was signaled" in shown and "error" not in visible(shown)
     assert not any(is_gone(p) for p in evil_job.pids)
 
 
@@ -192,3 +194,42 @@ def test_gpu_column_shows_memory_gpus_and_marks_handles_apart(sim_host, cli):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_wait_is_shown_in_place_on_a_terminal_and_nothing_extra_piped(sim_host, hold, cli):
+    hold("--gpus", "0", "--memory", "2GiB")
+    code, shown, _ = on_pty(["wait", "--free", "--gpus", "0", "--timeout", "1.5"], 120)
+    assert code == 4
+    assert "waiting for GPU 0 to be free" in shown and "GPU 0 (1 process) 2.0 GiB still used" in shown
+    assert "\r\x1b[K" in shown  # redrawn in place, and erased before the result
+    code, shown, _ = on_pty(["wait", "--free", "--gpus", "0", "--timeout", "0.6"], 60)
+    # cut to 59 columns (the last one would wrap on some terminals)
+    assert code == 4 and "\r\x1b[K\x1b[2m⠋ waiting for GPU 0 to be free 0.0s of 0.6s  GPU 0 (1 proc…" in shown
+    code, shown, out = on_pty(["wait", "--free", "--gpus", "0", "--timeout", "1", "--json"], 80, stdout_pipe=True)
+    assert code == 4 and "waiting for" not in shown and json.loads(out)["status"] == "not_free"
+    r = cli("wait", "--free", "--gpus", "0", "--timeout", "1")  # piped: the result only
+    assert r.returncode == 4 and "waiting for" not in r.stderr + r.stdout and "\x1b" not in r.stderr
+
+
+def test_up_shows_the_servers_last_log_line_while_it_loads(sim_host, tmp_path, monkeypatch, cli):
+    from gpuslate.units.store import UnitStore
+    from gpuslate.units.unit import load_units
+    from helpers import kill_leftovers
+
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        code, shown, _ = on_pty(["up", "slow", "--gpus", "0", "--port", str(port), "--engine", "sglang", "--",
+                                 sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port),
+                                 "--memory", "1GiB", "--startup-seconds", "2"], 160)
+        assert code == 0, shown
+        assert "slow: waiting until ready (sglang)" in shown and "of 15m00s" in shown
+        assert "[sim-serve] loading weights of sim-model" in shown  # the server's own last line, as it goes
+        assert "Unit slow ready in" in shown
+        r = cli("down", "slow")
+        assert r.returncode == 0, r.stderr
+        assert "waiting" not in r.stderr  # piped
+    finally:
+        kill_leftovers(sim_host, load_units(UnitStore(tmp_path / "state")))

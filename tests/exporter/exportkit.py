@@ -72,10 +72,22 @@ def value(samples: dict[str, list[Sample]], name: str, **labels: str) -> float |
     return found[0] if found else None
 
 
+KEY = ("gpu", "unit", "user", "slot")  # what joins gpuslate_process_memory_bytes and gpuslate_process_info
+
+
 def process_series(samples: dict[str, list[Sample]]) -> dict[tuple[int, int], dict[str, str]]:
-    """gpuslate_process_memory_bytes by (gpu, pid): the labels plus 'bytes'."""
-    return {(int(s.labels["gpu"]), int(s.labels["pid"])): {**s.labels, "bytes": str(int(s.value))}
-            for s in samples.get("gpuslate_process_memory_bytes", [])}
+    """gpuslate_process_memory_bytes joined with gpuslate_process_info on their key, by (gpu, pid):
+    the labels plus 'bytes'. Each memory series has exactly one info series and the other way round."""
+    info = {tuple(s.labels[k] for k in KEY): s for s in samples.get("gpuslate_process_info", [])}
+    memory = samples.get("gpuslate_process_memory_bytes", [])
+    assert len(info) == len(samples.get("gpuslate_process_info", [])) == len(memory)
+    assert all(s.value == 1 for s in info.values())
+    out = {}
+    for s in memory:
+        assert set(s.labels) == set(KEY), s.labels  # nothing that changes at a restart
+        i = info[tuple(s.labels[k] for k in KEY)]
+        out[(int(s.labels["gpu"]), int(i.labels["pid"]))] = {**i.labels, "bytes": str(int(s.value))}
+    return out
 
 
 def need_tools(*names: str) -> None:

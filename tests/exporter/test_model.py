@@ -55,8 +55,9 @@ def test_process_rows_carry_job_unit_and_safe_labels():
     worker = proc(31, 5 * GiB, pgid=30, root=30, command="sglang::scheduler\x1b[2J\nTP0", user="bob\x07")
     s = snap(gpu(3, 5 * GiB, [worker]))
     (row,) = account(Facts(s, {30: True}, {30: 'bash -c "run.sh"'}, {31: "web"})).processes
-    assert row == row._replace(gpu=3, pid=31, kind="compute", user="bob\\x07", command="sglang::scheduler\\x1b[2J TP0",
-                               job_pid=30, job_command='bash -c "run.sh"', unit="web", orphaned=False, bytes=5 * GiB)
+    assert row == row._replace(gpu=3, slot=0, pid=31, kind="compute", user="bob\\x07",
+                               command="sglang::scheduler\\x1b[2J TP0", job_pid=30, job_command='bash -c "run.sh"',
+                               unit="web", orphaned=False, bytes=5 * GiB)
     (unknown,) = account(Facts(s, {}, {}, {})).processes
     assert unknown.job_command == "" and unknown.unit == ""
 
@@ -113,3 +114,21 @@ def test_an_idle_mps_server_is_free_and_its_memory_a_baseline_apart():
     assert {(p.gpu, p.pid): (p.kind, p.mps_server) for p in acc.processes} == {
         (0, 40): ("compute", ""), (1, 40): ("compute", ""), (1, 41): ("mps", "40"), (2, 42): ("compute", "")}
     assert all(g.free is None for g in account(Facts(s, {}, {}, {})).gpus)  # the default not known: not said
+
+
+def test_a_restarted_worker_keeps_its_series_key_and_only_its_info_changes():
+    """The memory series is keyed by (gpu, unit, user, slot): what a restart keeps. The new pid and
+    command are in the info series of that key."""
+    def rows(pids):
+        procs = [proc(p, GiB, pgid=pids[0], root=pids[0], command=f"worker {p}") for p in pids[1:]]
+        s = snap(gpu(0, 2 * GiB, procs))
+        return account(Facts(s, {}, {}, dict.fromkeys(pids, "web"))).processes
+
+    before, after = rows([10, 11, 12]), rows([20, 21, 22])
+    key = lambda r: (r.gpu, r.unit, r.user, r.slot)  # noqa: E731
+    assert [key(r) for r in before] == [key(r) for r in after] == [(0, "web", "alice", 0), (0, "web", "alice", 1)]
+    assert [r.pid for r in after] == [21, 22] and [r.command for r in after] == ["worker 21", "worker 22"]
+    # two users' processes outside units number their slots apart
+    s = snap(gpu(1, 3 * GiB, [proc(31, GiB, user="bob"), proc(32, GiB, user="alice"), proc(33, GiB, user="bob")]))
+    assert [(r.user, r.slot, r.pid) for r in account(Facts(s, {}, {}, {})).processes] == [
+        ("bob", 0, 31), ("alice", 0, 32), ("bob", 1, 33)]

@@ -78,8 +78,11 @@ def test_prometheus_scrapes_the_per_process_series(sim_host, hold, exporter, tmp
     try:
         wait_for(prom.up, timeout=60, interval=0.2)
 
+        joined = ("gpuslate_process_memory_bytes * on (instance, gpu, unit, user, slot) "
+                  "group_left (pid, command, job_pid) gpuslate_process_info")  # the info pattern, as documented
+
         def series() -> list[dict] | None:
-            result = prom.api("query", query="gpuslate_process_memory_bytes")["data"]["result"]
+            result = prom.api("query", query=joined)["data"]["result"]
             return result if len(result) == 3 else None
 
         result = wait_for(series, timeout=30, interval=0.2)
@@ -87,7 +90,7 @@ def test_prometheus_scrapes_the_per_process_series(sim_host, hold, exporter, tmp
         assert by_pid.keys() == {*job.workers, lone.pid}
         for w in job.workers:
             m = by_pid[w]["metric"]
-            assert m["job"] == "gpuslate" and m["instance"] == f"127.0.0.1:{e.port}"
+            assert m["job"] == "gpuslate" and m["instance"] == f"127.0.0.1:{e.port}" and m["slot"] in ("0", "1")
             assert int(m["job_pid"]) == job.pid and m["user"] and m["command"].startswith('vllm "worker"\\')
             assert float(by_pid[w]["value"][1]) == 8 * 1024**3
         assert by_pid[lone.pid]["metric"]["job_pid"] == str(lone.pid)

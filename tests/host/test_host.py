@@ -6,6 +6,7 @@ started while the context holds the lock (at any depth) must find it held.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -113,3 +114,30 @@ def test_status_through_the_host_loads_no_verb_module(sim_host):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["schema"] == "gpuslate.status.v1"
     assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+
+
+def test_waits_are_told_to_the_progress_sink_and_nothing_is_made_without_one(sim_host, hold, tmp_path, monkeypatch):
+    """A wait under way goes to on_progress (what, how long, the news), a few times a second, ending
+    with done; the library prints nothing. Without a sink, no news is made."""
+    from gpuslate.host import session
+
+    monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
+    h = hold("--gpus", "1", "--memory", "2GiB")
+    seen: list[session.Progress] = []
+    with Host.open(on_progress=seen.append) as host:
+        assert not host.wait([1], WaitOptions(timeout=1.2)).ok
+    assert 3 <= len(seen) <= 1.2 / session.PROGRESS_INTERVAL_S + 2
+    assert {p.task for p in seen} == {"waiting for GPU 1 to be free"} and {p.limit_s for p in seen} == {1.2}
+    assert [p.done for p in seen] == [False] * (len(seen) - 1) + [True]
+    assert all(a.elapsed_s < b.elapsed_s for a, b in itertools.pairwise(seen))
+    assert seen[0].detail == "GPU 1 (1 process) 2.0 GiB still used"
+    seen.clear()
+    with Host.open(on_progress=seen.append) as host:
+        assert host.clear(Selection(gpus=(1,)), ClearOptions(grace=5)).ok
+    assert all(p.task == "waiting for the GPU memory to be released" for p in seen)  # a short wait: maybe none
+    made: list[str] = []
+    monkeypatch.setattr("gpuslate.slate.wait.still_held", lambda *a: made.append("news") or "")
+    h = hold("--gpus", "1", "--memory", "2GiB")
+    with Host.open() as host:
+        assert not host.wait([1], WaitOptions(timeout=0.5)).ok
+    assert made == [] and h.pid

@@ -150,6 +150,14 @@ def test_leak_without_process(sim_host, cli):
     assert r.returncode == 0, r.stderr
     snap = gpuslate.status([3])
     assert snap.gpus[0].memory.used == 2 * GiB and snap.gpus[0].processes == []
+    # said, with the remedy, in the table and the document: the fact the exporter reports as leaked
+    (w,) = snap.warnings
+    assert w.startswith("GPU 3: 2.0 GiB held by no process: a leaked or driver-held context") and \
+        "remedy: on a simulated host it stays until the next 'gpuslate sim init'" in w
+    r = cli("status")
+    assert "No processes hold the selected GPUs." in r.stdout and f"warning: {w}" in r.stdout
+    assert json.loads(cli("status", "--json").stdout)["warnings"] == [w]
+    assert gpuslate.status([2]).warnings == []  # the other GPUs hold nothing
     # the leak stays until the host is initialised again
     assert gpuslate.status([3]).gpus[0].memory.used == 2 * GiB
     r = cli("sim", "init", str(sim_host.root), "--gpus", "8", "--memory", "96GiB")

@@ -153,9 +153,54 @@ def test_leak_without_process_is_exit_4_with_orphan_diagnosis(sim_host, cli):
     (d,) = doc["diagnosis"]
     assert d["gpu"] == 3 and d["used"] == 2 * GiB
     (p,) = d["problems"]
-    assert p["pid"] is None and "orphaned context" in p["reason"] and "never resets" in p["remedy"]
+    assert p["pid"] is None and "held by no process" in p["reason"] and "sim init" in p["remedy"]
     r = cli("clear", "--gpus", "3", "--timeout", "0.2")
-    assert r.returncode == 4 and "orphaned context" in r.stdout
+    assert r.returncode == 4 and "leaked or driver-held context" in r.stdout
+
+
+def test_a_selector_matching_nothing_says_so(sim_host, hold, cli):
+    r = cli("clear", "--match", "nothing-matches-this")  # no process at all
+    assert r.returncode == 4 and "Nothing was selected" in r.stdout and "above" not in r.stdout, r.stdout
+    hold("--gpus", "0", "--memory", "1GiB")
+    r = cli("clear", "--match", "nothing-matches-this")
+    assert r.returncode == 4
+    assert "Nothing was selected: no process holding a GPU matches the selection" in r.stdout
+    assert "see above" not in r.stdout and "before → after" not in r.stdout  # nothing chosen above to see
+    assert "(those above are not selected)" in r.stdout  # the holder, listed as spared: does not match
+
+
+@pytest.mark.parametrize("select", [(), ("--pid",)])
+def test_a_leak_is_said_within_2_s_of_the_last_targets_exit(sim_host, hold, cli, select):
+    """Every target gone and memory held by no process stays: the verdict (exit 4, status leaked,
+    the remedy) within 2 s of the exit, not after --timeout; verifying the GPUs free or the job's
+    memory released (a selected job) alike."""
+    sim_host.leak(3, 2 * GiB)
+    h = hold("--gpus", "3-4", "--memory", "4GiB", "--workers", "2")
+    args = ("--pid", str(h.pid)) if select else ("--gpus", "3-4")
+    code, doc = clear_json(cli, *args, "--grace", "5", "--timeout", "60")
+    assert code == 4 and doc["status"] == "leaked", doc
+    assert doc["timings"]["total_s"] - doc["timings"]["exit_s"] < 2.0, doc["timings"]
+    assert all(is_gone(p) for p in h.pids)
+    (d,) = doc["diagnosis"]
+    assert d["gpu"] == 3 and [p["pid"] for p in d["problems"]] == [None]
+    assert "2.0 GiB held by no process" in d["problems"][0]["reason"]
+    r = cli("clear", *(["--gpus", "3"] if select else []), "--timeout", "60")
+    assert r.returncode == 4 and "memory held by no process stays" in r.stdout
+    assert "remedy: on a simulated host it stays until the next 'gpuslate sim init'" in r.stdout
+
+
+def test_wait_says_a_leak_at_once_and_waits_for_a_process(sim_host, hold, cli):
+    sim_host.leak(2, GiB)
+    r = cli("wait", "--free", "--gpus", "2", "--timeout", "60", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 4 and doc["status"] == "leaked" and not doc["ok"] and doc["elapsed_s"] < 2.0
+    assert [p["pid"] for p in doc["diagnosis"][0]["problems"]] == [None]
+    h = hold("--gpus", "5", "--memory", "1GiB")
+    sim_host.leak(5, GiB)  # a process is listed too: it may exit, so wait waits for it
+    r = cli("wait", "--free", "--gpus", "5", "--timeout", "2.5", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 4 and doc["status"] == "not_free" and doc["elapsed_s"] >= 2.5
+    assert {p["pid"] for p in doc["diagnosis"][0]["problems"]} == {h.pid, None}
 
 
 def test_dry_run_signals_nothing(sim_host, hold, cli, tmp_path):

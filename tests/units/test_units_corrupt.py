@@ -216,7 +216,7 @@ def test_down_of_a_torn_record_verifies_what_its_processes_held(units_host, unit
     no_traceback(r)
     assert r.returncode == 0, r.stderr
     assert gpus_clean(units_host, [2, 3])  # at once: down returned only once it was so
-    assert "GPU memory on GPU 2,3 released" in r.stdout, r.stdout
+    assert "GPU memory on GPUs 2-3 released" in r.stdout, r.stdout
 
 
 def test_down_never_calls_an_unverified_nothing_released(units_host, units):

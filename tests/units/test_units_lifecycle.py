@@ -65,7 +65,7 @@ def test_up_ps_logs_down_eight_workers(units_host, units):
     assert all(is_gone(p) for p in (pid, *info["worker_pids"])) and gpus_clean(units_host)
     assert ps(units)["srv"]["state"] == "stopped"
     out, _ = follower.communicate(timeout=10)  # --follow ends once the unit is gone
-    assert follower.returncode == 0 and "ready to roll" in out and "received shutdown signal" in out
+    assert follower.returncode == 0 and "ready to roll" in out and "received SIGTERM, stopping" in out
 
 
 def test_crash_during_startup(units_host, units):
@@ -112,3 +112,17 @@ def test_launcher_killed_orphans_then_down_cleans(units_host, units):
     assert down["previous_state"] == "orphaned" and down["memory_released"]
     assert all(is_gone(w) for w in workers) and gpus_clean(units_host)
     assert ps(units)["orph"]["state"] == "stopped"
+
+
+def test_down_says_a_leak_on_its_gpus_at_once(units_host, units):
+    """Memory held by no process on the unit's GPU after it stopped: `down` says so within 2 s of
+    the stop (exit 4, the remedy), not after its stop timeout."""
+    hold = ["python3", "-m", "gpuslate", "sim", "hold", "--gpus", "0", "--memory", "1GiB"]
+    r = units("up", "holder", "--gpus", "2", "--ready-log", '"ready": true', "--json", "--", *hold)
+    assert r.returncode == 0, r.stderr
+    units_host.leak(2, GiB)
+    r = units("down", "holder", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 4 and not doc["memory_released"], doc
+    assert doc["timings"]["verify_s"] < 2.0
+    assert "held by no process (a leak" in r.stderr and "remedy: on a simulated host" in r.stderr

@@ -3,6 +3,7 @@ two concurrent `up` on the same GPUs, and a unit that is already running."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import socket
@@ -21,6 +22,26 @@ def test_port_already_in_use(units_host, units):
     assert r.returncode == 4
     assert f"port {port} is already in use by pid {os.getpid()}" in r.stderr
     assert unit_records().load("p") is None and not units_host.held()  # nothing was started
+
+
+def test_a_holder_that_just_exited_is_said_so(tmp_path, units_host, units, hold, monkeypatch):
+    """Its memory still being released (here for 30 s): named as exited, with its memory, never
+    as '(?: ?, 5.0 GiB)'; a command is whole, never cut at 60 characters."""
+    from gpuslate.gpu.sim.host import SimHost
+
+    slow = SimHost.init(tmp_path / "slow", gpus=2, memory=16 * 1024**3, release_delay=30)
+    monkeypatch.setenv("GPUSLATE_SIM", str(slow.root))
+    title = "python3 -m sglang.launch_server --model-path /models/meta-llama/Llama-3.1-8B --port 30000"
+    gone = hold("--gpus", "0", "--memory", "5GiB", host=slow)
+    stays = hold("--gpus", "1", "--memory", "1GiB", "--title", title, host=slow)
+    gone.kill()
+    gone.proc.wait(10)
+    r = units("up", "u", "--gpus", "0-1", "--ready-log", "never", "--", "sleep", "60")
+    assert r.returncode == 4
+    line = r.stderr.splitlines()[0]
+    assert f"pid {gone.pid} (exited, or not visible from this host's /proc, 5.0 GiB)" in line, line
+    assert f"pid {stays.pid} ({getpass.getuser()}: {title}, 1.0 GiB)" in line, line
+    assert "?" not in line
 
 
 def test_gpus_held_by_someone_else(units_host, units, hold):

@@ -19,8 +19,10 @@ line by line (``docs/bench.md`` cites the file and line of each):
 * ``e2e_ms``: request sent -> last byte of the response.
 * Throughputs divide by the level's duration (first request sent -> last
   request finished); ``peak_output_token_throughput`` is vLLM's "peak output
-  tokens per second": the most tokens that arrived within one 1-second bucket
-  counted from the level's first request.
+  tokens per second": the most tokens that arrived within one second, over
+  equal windows of at least a second that tile the level from its first request
+  (vLLM's whole-second buckets end in a partial one, which undercounts: see
+  :func:`peak_output_throughput`).
 * ``goodput``: requests per second that met every ``--goodput`` objective
   (vLLM's definition), and the share of completed requests that did.
 * ``achieved_concurrency``: sum of the successful requests' latencies /
@@ -249,13 +251,24 @@ def meets_slo(r: RequestRecord, slo: Mapping[Slo, float]) -> bool:
     return True
 
 
-def peak_output_throughput(records: Sequence[RequestRecord], t0: float) -> float:
-    """The most output tokens that arrived within one 1-second bucket counted from ``t0``."""
+def peak_output_throughput(records: Sequence[RequestRecord], t0: float, duration_s: float) -> float:
+    """The most output tokens per second within one of the equal windows, each at least
+    :data:`PEAK_BUCKET_S` long (the whole level when it is shorter), that tile the level from
+    ``t0`` for ``duration_s``.
+
+    vLLM counts whole-second buckets from the first request, so its last bucket is partial and
+    a level shorter than a second is one partial bucket: its "peak" then falls below the mean.
+    Windows that tile the level never do (the most of several rates is at least their mean), and
+    for a long level they are one second within a few percent, as vLLM's."""
+    if duration_s <= 0:
+        return 0.0
+    n = max(1, int(duration_s // PEAK_BUCKET_S))
+    width = duration_s / n
     buckets: Counter[int] = Counter()
     for r in records:
-        for t, n in zip(r.chunk_times, r.chunk_tokens):
-            buckets[int((r.start + t - t0) // PEAK_BUCKET_S)] += n
-    return max(buckets.values(), default=0) / PEAK_BUCKET_S
+        for t, k in zip(r.chunk_times, r.chunk_tokens):
+            buckets[min(n - 1, max(0, int((r.start + t - t0) // width)))] += k
+    return max(buckets.values(), default=0) / width
 
 
 def warming_tail(records: Sequence[RequestRecord], *, factor: float = 2.0) -> bool:
@@ -427,7 +440,8 @@ def level_result(records: Sequence[RequestRecord], *, concurrency: int | None,
         duration_s=duration_s,
         request_throughput=per_s(len(done)), output_token_throughput=per_s(out),
         total_token_throughput=per_s(inp + out),
-        peak_output_token_throughput=peak_output_throughput(done, min((r.start for r in sent), default=0.0)),
+        peak_output_token_throughput=peak_output_throughput(done, min((r.start for r in sent), default=0.0),
+                                                            duration_s),
         ttft_ms=summ([r.ttft for r in done if r.ttft is not None]),
         ttft_vllm_ms=summ([r.ttft_vllm for r in done if r.ttft_vllm is not None]),
         tpot_ms=summ(tpots),

@@ -2,15 +2,18 @@
 (with the Agg backend: files only, no display needed).
 
 Every plot shows the statistic the tables show (throughput: the mean over
-repeats with the min-max range; TTFT and ITL: the median, p99 dashed), on
-linear axes that start at 0 with the measured concurrency levels as tick
-labels; the throughput plot marks the recommended threshold and the
-crossover interval. Figures are in modelled time (see report.py).
+repeats with the min-max range; TTFT and ITL: the median, p99 dashed), against
+concurrency on a log2 axis (levels 1, 2, 4 ... 128 evenly apart, each a tick
+label; a linear axis crowded 1, 2 and 4 into its left edge), the y axis from 0;
+the throughput plot marks the recommended threshold and the crossover
+interval. The throughput-vs-speed plot labels each point with its ``c=N``,
+placed where no other label is. Figures are in modelled time (see report.py).
 """
 
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.transforms import Bbox
 
 from .._walk import write_file
 
@@ -82,7 +86,7 @@ def make_plots(rows: list[dict[str, Any]], out: Path, *, title: str, time_scale:
 
     # 4. throughput vs per-request speed: the trade-off curve, concurrency annotated (labels kept apart)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    placed: list[tuple[float, float]] = []
+    points: list[tuple[float, float, str, str]] = []
     for i, (name, rs) in enumerate(series.items()):
         pts = [(r["per_request_tok_s"], r["output_token_throughput"]["mean"], r["concurrency"])
                for r in rs if r["per_request_tok_s"]]
@@ -90,23 +94,54 @@ def make_plots(rows: list[dict[str, Any]], out: Path, *, title: str, time_scale:
             continue
         st = style(rs, i)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label(name, rs), **st)
-        for x, y, c in pts:
-            dy = 6 + 10 * sum(1 for px, py in placed if abs(px - x) < 0.04 * (abs(x) + 1) and
-                              abs(py - y) < 0.05 * (abs(y) + 1))
-            placed.append((x, y))
-            ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(5, dy), fontsize=7,
-                        color=st["color"])
+        points += [(x, y, f"c={c}", st["color"]) for x, y, c in pts]
     ax.set_xlabel("per-request speed (tok/s per request, 1000 / TPOT)")
     ax.set_ylabel("output throughput (tok/s)")
-    if placed:  # room above and right of the last points for their labels
-        ax.set_xlim(0, max(x for x, _ in placed) * 1.12)
-        ax.set_ylim(0, max(y for _, y in placed) * 1.15)
+    if points:  # room above and right of the last points for their labels
+        ax.set_xlim(0, max(x for x, *_ in points) * 1.15)
+        ax.set_ylim(0, max(y for _, y, *_ in points) * 1.18)
     ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     ax.set_title(f"{title}: throughput vs per-request speed{note}", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
+    annotate_apart(fig, ax, points)
     written.append(_save(fig, out, PLOTS[3]))
     return written
+
+
+#: where a point's label may go, in points from the point, nearest first
+_OFFSETS = [(dx, dy) for r in range(1, 9) for dx, dy in
+            ((5, 4 * r), (5, -6 - 8 * r), (-24 - 6 * r, 4 * r), (-24 - 6 * r, -6 - 8 * r), (5 + 12 * r, -2),
+             (-10, 6 + 9 * r), (-10, -12 - 9 * r))]
+
+
+def annotate_apart(fig: Any, ax: Any, points: list[tuple[float, float, str, str]]) -> list[Any]:
+    """Label each point (x, y, text, colour) at the first of :data:`_OFFSETS` where its text, as
+    drawn, stays inside the axes and covers no label placed before it and no point; the nearest
+    when none is free."""
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    # the points' markers are in the way too: a label never covers one
+    taken: list[Any] = [Bbox.from_bounds(px - 4, py - 4, 8, 8)
+                        for px, py in ax.transData.transform([(x, y) for x, y, *_ in points])] if points else []
+    out = []
+    for x, y, text, color in points:
+        chosen: tuple[Any, Any] | None = None
+        for dx, dy in _OFFSETS:
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7, color=color)
+            box = ann.get_window_extent(renderer).expanded(1.05, 1.1)
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(t) for t in taken):
+                chosen = (ann, box)
+                break
+            ann.remove()
+        if chosen is None:  # no free place: the nearest
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=_OFFSETS[0], fontsize=7,
+                              color=color)
+            chosen = (ann, ann.get_window_extent(renderer))
+        taken.append(chosen[1])
+        out.append(chosen[0])
+    return out
 
 
 def _plain(v: float, _pos: Any) -> str:
@@ -114,14 +149,17 @@ def _plain(v: float, _pos: Any) -> str:
 
 
 def _axes(ax: Any, levels: list[int], xlabel: str, ylabel: str, title: str) -> None:
-    """Linear axes from 0; the measured levels as x ticks (thinned when they would overlap)."""
-    ax.set_xlim(0, max(levels) * 1.05 if levels else 1)
+    """Concurrency on a log2 axis, the measured levels as its ticks (thinned where two would
+    touch: less than a third of a doubling apart); y from 0."""
+    ax.set_xscale("log", base=2)
+    lo, hi = (min(levels), max(levels)) if levels else (1, 2)
+    ax.set_xlim(lo / 1.3, hi * 1.3)
     ax.set_ylim(bottom=0)
-    top = max(levels) if levels else 1
     ticks: list[int] = []
-    for c in levels:  # a label only where it has room: 3% of the axis from the one before
-        if not ticks or c - ticks[-1] >= 0.03 * top:
+    for c in levels:
+        if not ticks or math.log2(c) - math.log2(ticks[-1]) >= 1 / 3:
             ticks.append(c)
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticks(ticks)
     ax.set_xticklabels([str(c) for c in ticks])
     ax.yaxis.set_major_locator(MaxNLocator(nbins=7))

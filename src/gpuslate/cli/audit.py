@@ -31,13 +31,19 @@ class AuditListing(NamedTuple):
     path: str
     entries: list[dict[str, Any]]
     old_name: bool = False  # asked for as 'gpuslate log': the document keeps its old schema
+    #: when none is shown: the simulated hosts (their folders) whose entries this file holds
+    other_sims: tuple[str, ...] = ()
 
     @property
     def status(self) -> AuditStatus:
         return AuditStatus.LISTED
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": OLD_SCHEMA if self.old_name else SCHEMA, "path": self.path, "entries": self.entries}
+        doc: dict[str, Any] = {"schema": OLD_SCHEMA if self.old_name else SCHEMA, "path": self.path,
+                               "entries": self.entries}
+        if self.other_sims:
+            doc["other_sims"] = list(self.other_sims)
+        return doc
 
     @classmethod
     def from_json(cls, doc: object) -> AuditListing:
@@ -47,7 +53,10 @@ class AuditListing(NamedTuple):
             entries = d["entries"]
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
                 raise TypeError("entries: not a list of objects")
-            return cls(str(d["path"]), entries, old)
+            others = d.get("other_sims", [])
+            if not isinstance(others, list) or not all(isinstance(x, str) for x in others):
+                raise TypeError("other_sims: not a list of folders")
+            return cls(str(d["path"]), entries, old, tuple(others))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,7 +93,11 @@ def run(args: argparse.Namespace) -> int:
     sim = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM") or None
     log = AuditLog(sim_root=sim)
     limit = getattr(args, "limit", 50)
-    listing = AuditListing(str(log.path), log.read(limit=limit or None, where=of_host(log.sim_root)), alias)
+    entries = log.read(limit=limit or None, where=of_host(log.sim_root))
+    # none of this host's: say whose the file holds (a state folder shared by a simulated host)
+    others = () if entries or log.sim_root else tuple(dict.fromkeys(
+        str(e["sim"]) for e in log.read(where=lambda e: e.get("backend") == "sim" and isinstance(e.get("sim"), str))))
+    listing = AuditListing(str(log.path), entries, alias, others)
     if getattr(args, "json", False):
         print_json(listing.to_json())
     else:
@@ -101,11 +114,14 @@ _OUTCOME_STYLE = {
 def print_log(listing: AuditListing) -> None:
     from rich.table import Table  # lazy: startup
 
-    from .render import cell, emit, fitted_cell, one_line  # lazy: startup
+    from .render import CommandCell, cell, emit  # lazy: startup
 
     entries, path = listing.entries, listing.path
     if not entries:
-        emit(f"no signals recorded in {cell(path)}")
+        emit(f"no signals recorded in {cell(path)}" + (" for this host (the NVIDIA driver)" if listing.other_sims
+                                                       else ""))
+        for sim in listing.other_sims:
+            emit(f"  it holds entries of the simulated host {cell(sim)}: gpuslate audit --sim {cell(sim)}")
         return
     table = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for col, just in (("Time", "left"), ("By", "left"), ("Action", "left"), ("Signal", "left"),
@@ -127,7 +143,7 @@ def print_log(listing: AuditListing) -> None:
         table.add_row(
             cell(_local_time(e.get("time"))), cell(_by(actor)), cell(e.get("action") or "-"),
             cell(e.get("signal") or "-"), cell(target.get("pid", "-")),
-            cell(target.get("user") or "-"), fitted_cell(one_line(str(target.get("command") or "-"), 200)),
+            cell(target.get("user") or "-"), CommandCell(str(target.get("command") or "-")),
             cell(gpu_text), _outcome_cell(e),
         )
     emit(table, f"[dim]{len(entries)} entries from {cell(path)}[/]")

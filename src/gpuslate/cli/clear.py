@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_common, gpu_list, nonnegative_float, note, pid_type, print_json, size
+from .._parse import selected_gpus
+from .common import add_common, gpus_arg, nonnegative_float, pid_type, print_json, size
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 
 
@@ -22,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             5: "permission denied on some target (the others were signaled), or an unsafe "
                             "state folder", 130: "interrupted, or the confirmation answered no"}))
     add_common(p)
-    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to clear, e.g. 0,2-3 (default: all)")
+    p.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs to clear, e.g. 0,2-3 or all (default: all)")
     p.add_argument("--pid", type=pid_type, action="append", default=[], metavar="PID",
                    help="only the jobs of the GPU holders that are PID or its descendants (repeatable)")
     p.add_argument("--user", metavar="NAME", help="only this user's processes")
@@ -50,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog=exit_epilog({0: "free", 4: "not free within --timeout (with a diagnosis)"}))
     add_common(w)
     w.add_argument("--free", action="store_true", required=True, help="wait for the GPUs to be free")
-    w.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to wait for (default: all)")
+    w.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs to wait for, e.g. 0,2-3 or all (default: all)")
     w.add_argument("--max-used", type=size, metavar="SIZE",
                    help="most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)")
     w.add_argument("--timeout", type=nonnegative_float, default=60.0, metavar="SECONDS",
@@ -64,13 +66,15 @@ def run_clear(args: argparse.Namespace) -> int:
     from ..slate.plan import Selection  # lazy: startup
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
-    sel = Selection(tuple(args.gpus) if args.gpus is not None else None, tuple(args.pid), args.user, args.match,
+    gpus = selected_gpus(args.gpus)
+    sel = Selection(tuple(gpus) if gpus is not None else None, tuple(args.pid), args.user, args.match,
                     args.all_users, args.include_handles, args.holders_only)
     opts = ClearOptions(grace=args.grace, timeout=args.timeout, max_used=args.max_used, dry_run=args.dry_run,
                         confirm=_confirm if ask else None)
     # The CLI opens the host and never closes it: the process exits right after,
     # and nvmlShutdown would only add milliseconds to every clear (as for status).
-    result = Host.open(args.sim, on_event=note).clear(sel, opts)
+    with LiveLine.of(args) as live:
+        result = Host.open(args.sim, on_event=live.note, on_progress=live.sink).clear(sel, opts)
     if args.json:
         print_json(result.to_json())
     else:
@@ -95,7 +99,9 @@ def run_wait(args: argparse.Namespace) -> int:
     from ..api import Host  # lazy: startup
     from ..slate.wait import WaitOptions  # lazy: startup
 
-    result = Host.open(args.sim).wait(args.gpus, WaitOptions(max_used=args.max_used, timeout=args.timeout))
+    with LiveLine.of(args) as live:
+        result = Host.open(args.sim, on_progress=live.sink).wait(
+            selected_gpus(args.gpus), WaitOptions(max_used=args.max_used, timeout=args.timeout))
     if args.json:
         print_json(result.to_json())
     else:

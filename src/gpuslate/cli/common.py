@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from .._parse import parse_gpu_list, parse_int, parse_seconds, parse_size
-from ..errors import GpuslateError, UsageError
+from .._parse import parse_gpu_list, parse_gpu_selection, parse_int, parse_seconds, parse_size
+from ..errors import GpuslateError, NotConfirmed, UsageError
 from .exits import error_type_for
 from .output import quietly
 
@@ -28,6 +28,15 @@ def gpu_list(text: str) -> list[int]:
         return parse_gpu_list(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def gpus_arg(text: str) -> list[int] | str:
+    """A ``--gpus`` value: a GPU list, or ``all`` (docker's spelling): every GPU
+    (:func:`~gpuslate._parse.selected_gpus` turns it into the GPUs chosen)."""
+    try:
+        return parse_gpu_selection(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc) + ", or all") from None
 
 
 def size(text: str) -> int:
@@ -93,9 +102,11 @@ def print_error(exc: BaseException, status: int, as_json: bool) -> None:
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None
+    # one line each, escaped: messages can quote process titles and file contents; a "no" to a
+    # question is the person's answer, not an error
+    label = "" if isinstance(exc, NotConfirmed) else "error: "
     with quietly():  # an error that cannot be shown (stderr gone) still leaves with its own code
-        # one line each, escaped: messages can quote process titles and file contents
-        sys.stderr.write(f"gpuslate: error: {safe(' '.join(msg.splitlines()))}\n")
+        sys.stderr.write(f"gpuslate: {label}{safe(' '.join(msg.splitlines()))}\n")
         if hint:
             sys.stderr.write(f"gpuslate: hint: {safe(' '.join(hint.splitlines()))}\n")
         sys.stderr.flush()

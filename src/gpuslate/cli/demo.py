@@ -12,10 +12,17 @@ On a simulated 8-GPU host (made in a temporary folder, or ``--sim DIR``):
    whether the recommendation's own run matches the better of the two;
 4. everything stopped and verified clean (also after Ctrl-C or SIGTERM).
 
-``--quick`` keeps it within a minute on a 2-core machine: short outputs, few
-levels and the simulated servers at ``--time-scale 10``. The recommendation
-uses only output throughput, which a scaled run preserves (docs/bench.md);
-the report unscales the figures to the modelled system.
+``--quick`` keeps it within a minute on a 2-core machine (36 s measured): short
+outputs and few levels; the whole demo sweeps 8 levels up to concurrency 128 in
+about 3 minutes there (see :func:`scenario`). The simulated servers run at
+``--time-scale 5``: the recommendation uses only output throughput, which a scaled
+run preserves (docs/bench.md); the report and the progress lines show the figures
+of the modelled system.
+
+Its temporary folder (``gpuslate-demo-*``: the simulated host, unless ``--sim``, and
+the units' state) is removed at the end, after an interrupt too, once everything
+was verified stopped; otherwise it is kept, and named, so that what is left can be
+found (``GPUSLATE_STATE_DIR=... gpuslate ps``).
 """
 
 from __future__ import annotations
@@ -69,8 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def scenario(quick: bool, port: int) -> str:
-    """The demo's experiment spec (TOML), written next to its results."""
-    scale = 5 if quick else 2
+    """The demo's experiment spec (TOML), written next to its results.
+
+    The whole demo's length is set here: 8 levels x 3 deployments x 2 repeats of 128 requests of
+    64 tokens, at 5x, take about 3 minutes on a 2-core machine (was 72 points of 128 tokens at 2x,
+    about 25 minutes); --quick 36 points of 32 requests of 32 tokens, about 40 s."""
+    scale = 5
     serve = [sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port), "--memory", MEMORY,
              "--startup-seconds", "3", "--time-scale", str(scale)]
 
@@ -79,8 +90,8 @@ def scenario(quick: bool, port: int) -> str:
                 f"port = {port}\nengine = \"sglang\"\nstart_timeout = 60\ngrace = 5\nstop_timeout = 30\n")
 
     levels = [1, 2, 4, 8, 16, 32] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
-    load = (f"concurrency = {levels}\nrequests = {32 if quick else 128}\nrepeats = {2 if quick else 3}\n"
-            f"warmup = 4\ninput_len = 64\noutput_len = {32 if quick else 128}\napi = \"completions\"\nseed = 0\n")
+    load = (f"concurrency = {levels}\nrequests = {32 if quick else 128}\nrepeats = 2\n"
+            f"warmup = 4\ninput_len = 64\noutput_len = {32 if quick else 64}\napi = \"completions\"\nseed = 0\n")
     return (f"# gpuslate demo{' --quick' if quick else ''}: baseline vs speculative decoding on a simulated "
             "8-GPU host\n\n"
             f"[experiment]\nname = \"demo{'-quick' if quick else ''}\"\n"
@@ -97,6 +108,30 @@ def run(args: argparse.Namespace) -> int:
     # the simulated servers (sim serve), the load and the report's plots: checked before the
     # simulated host or anything else is started
     require("demo", Extra.BENCH, Extra.PLOTS)
+    out = Path(args.out or "gpuslate-demo").absolute()
+    _check_out(out)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="gpuslate-demo-"))
+    clean_box: list[dict[str, Any]] = []  # the clean-slate check, once the demo made it
+    try:
+        return _demo(args, out, work, t0, clean_box.append)
+    finally:
+        _remove_work(work, clean_box)
+
+
+def _remove_work(work: Path, cleans: list[dict[str, Any]]) -> None:
+    """The temporary folder goes once everything was verified stopped (an interrupt included);
+    else it stays, named: its state folder is how what is left is found and stopped."""
+    if cleans and cleans[-1]["ok"]:
+        shutil.rmtree(work, ignore_errors=True)
+    elif (work / "state").is_dir():
+        note(f"kept {work}: what the demo started may still run there "
+             f"(GPUSLATE_STATE_DIR={work / 'state'} gpuslate ps)")
+    else:  # nothing was started in it
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _demo(args: argparse.Namespace, out: Path, work: Path, t0: float, checked: Any) -> int:
     from ..api import Host  # lazy: startup
     from ..bench.experiment import run_experiment  # lazy: startup
     from ..bench.report import DemoResult  # lazy: startup
@@ -110,10 +145,6 @@ def run(args: argparse.Namespace) -> int:
         write_report_for,
     )
 
-    out = Path(args.out or "gpuslate-demo").absolute()
-    _check_out(out)
-    t0 = time.monotonic()
-    work = Path(tempfile.mkdtemp(prefix="gpuslate-demo-"))
     sim = getattr(args, "sim", None)
     if sim is None:
         sim = str(SimHost.init(work / "sim", gpus=8, memory=96 * 1024**3, release_delay=0.2).root)
@@ -131,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
     spec_path.write_text(scenario(args.quick, port))
     spec = load_spec(spec_path)
     hand = None
-    display = ProgressDisplay()
+    display = ProgressDisplay(spec.time_scale)
+    display.say_scale()
     ok = False
     stopped: Interrupted | None = None
     with Host.open(sim, on_event=display.note) as host:  # the demo's one context: the experiment's and the check's
@@ -148,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             display.close()
             clean = _finish(host, hand, interrupted=not ok)
+            checked(clean)
     if stopped is not None:
         return interrupted_status(stopped, args.json, f"interrupted; the partial results are in {out}")
     demo = DemoResult(sim, str(out), round(time.monotonic() - t0, 2), clean, run_json(result),
@@ -156,8 +189,6 @@ def run(args: argparse.Namespace) -> int:
         print_json(demo.to_json())
     else:
         show_demo(as_sent(demo))
-    if sim.startswith(str(work)):
-        shutil.rmtree(work, ignore_errors=True)
     return exit_status_for_result(demo.status)
 
 

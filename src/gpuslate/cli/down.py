@@ -7,8 +7,9 @@ import argparse
 import signal
 from typing import TYPE_CHECKING
 
-from .common import add_common, nonnegative_float, note, print_json, size
+from .common import add_common, nonnegative_float, print_json, size
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 from .up import file_units, show_batch_result, unit_name
 
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if len(args.names) != 1:
         return run_many(args, opts)
     # a dropped ssh session must not leave it half-stopped
-    with deferred_interrupts(signals=(signal.SIGHUP,)), Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with deferred_interrupts(signals=(signal.SIGHUP,)), LiveLine.of(args) as live, \
+            Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = host.down(args.names[0], opts)
     if args.json:
         print_json(result.to_json())
@@ -72,6 +74,7 @@ def run_many(args: argparse.Namespace, opts: DownOptions) -> int:
     from ..units.interrupts import deferred_interrupts  # lazy: startup
 
     names = list(dict.fromkeys(args.names)) or file_units(args.config, "down")
-    with deferred_interrupts(signals=(signal.SIGHUP,)), Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with deferred_interrupts(signals=(signal.SIGHUP,)), LiveLine.of(args) as live, \
+            Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = down_many(host, names, opts, known_only=not args.names)
     return show_batch_result(args, result)

@@ -75,6 +75,7 @@ def _clear_codes() -> dict[Any, ExitStatus]:
 
     return {ClearStatus.CLEAN: _OK, ClearStatus.DRY_RUN: _OK, ClearStatus.TIMEOUT: _TIMEOUT,
             ClearStatus.HELD_BY_OTHERS: _TIMEOUT,  # every target gone, the GPUs held by what is not one
+            ClearStatus.LEAKED: _TIMEOUT,  # every target gone, memory held by no process stays
             ClearStatus.NOTHING_SELECTED: _TIMEOUT,  # the selector chose nothing this caller may signal
             ClearStatus.REFUSED: _TIMEOUT,  # a target the act-time gate refused still holds GPU memory
             ClearStatus.PERMISSION_DENIED: _DENIED}
@@ -83,7 +84,7 @@ def _clear_codes() -> dict[Any, ExitStatus]:
 def _wait_codes() -> dict[Any, ExitStatus]:
     from ..slate.wait import WaitStatus  # lazy: startup (see above)
 
-    return {WaitStatus.FREE: _OK, WaitStatus.NOT_FREE: _TIMEOUT}
+    return {WaitStatus.FREE: _OK, WaitStatus.NOT_FREE: _TIMEOUT, WaitStatus.LEAKED: _TIMEOUT}
 
 
 def _up_codes() -> dict[Any, ExitStatus]:

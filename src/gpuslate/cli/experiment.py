@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
     sigterm_as_interrupt()
-    display = ProgressDisplay()
+    display = ProgressDisplay(spec.time_scale)
+    display.say_scale()
     try:
         with Host.open(getattr(args, "sim", None), on_event=display.note) as host:  # the run's one context
             result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update)
@@ -175,16 +176,25 @@ class ProgressDisplay:
     (stderr) whose remaining time counts down between updates; otherwise one line per
     finished point, with its throughput. Notes from the units API go above it."""
 
-    def __init__(self) -> None:
+    def __init__(self, time_scale: float = 1.0) -> None:
         self.live: Any = None
         self.current: ExperimentProgress | None = None
         self.key: tuple[Any, ...] | None = None
+        # the one throughput figure of a run: in modelled time, as the report shows it (a simulated
+        # server at --time-scale S serves S times the modelled tok/s); said once, here
+        self.time_scale = time_scale
         if sys.stderr.isatty():
             from rich.console import Console  # lazy: startup
             from rich.live import Live  # lazy: startup
 
             self.live = Live(_Line(self), console=Console(file=sys.stderr), transient=True, refresh_per_second=4)
             self.live.start()
+
+    def say_scale(self) -> None:
+        """What the throughputs of a time-scaled run are, once, before the first of them."""
+        if self.time_scale != 1:
+            self.note(f"throughputs are in modelled time, as in the report: the simulated servers run "
+                      f"{self.time_scale:g}x faster, and what they serve is divided by {self.time_scale:g}")
 
     def note(self, msg: str) -> None:
         if self.live is not None:
@@ -217,7 +227,7 @@ class ProgressDisplay:
         if p.phase == "finished":  # piped: one line per finished point
             left = f", ~{_dur(p.remaining_s)} left" if p.remaining_s is not None else ""
             what = "control" if p.control else f"repeat {(p.repeat or 0) + 1}"
-            tok = f"{p.output_tok_s:.1f} tok/s" if p.output_tok_s is not None else "done"
+            tok = f"{p.output_tok_s / self.time_scale:.1f} tok/s" if p.output_tok_s is not None else "done"
             note(f"{p.deployment} c={p.concurrency} {what}: {tok} ({p.done} requests) | points "
                  f"{p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}")
         elif p.phase == "starting":

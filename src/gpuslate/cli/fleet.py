@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
-from ..errors import BadDocument, Interrupted, PermissionDenied, UsageError
+from ..errors import BadDocument, NotConfirmed, PermissionDenied, UsageError
 from .common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .plain import Cell, Column, cut, paint, safe, table, use_color, width_of
@@ -312,7 +312,7 @@ def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progre
                      f"host{'s' if len(planned) != 1 else ''}? [y/N] ")
     sys.stderr.flush()
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-        raise Interrupted("not confirmed: nothing was signaled")
+        raise NotConfirmed("not confirmed: nothing was signaled")
     progress.restart(len(planned))
     done = fan(planned, [*words[:cut], "--yes", *words[cut:]], progress)
     by_host = {o.host: o for o in done.hosts}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +22,7 @@ COMMANDS = {
     "rm": "rm", "ps": "ps",
     "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
     "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm", "exporter": "exporter",
-    "install": "install",
+    "install": "install", "completion": "completion",
 }
 _GLOBAL_WITH_VALUE = {"--sim"}
 
@@ -48,8 +49,44 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # one line, the documented usage exit code; no usage dump
-        sys.stderr.write(f"gpuslate: error: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(f"gpuslate: error: {message} ({did_you_mean(message, self)}see '{self.prog} --help')\n")
         sys.exit(ExitStatus.USAGE)
+
+
+def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
+    """``did you mean 'status'? `` for an argparse error about a word close to a real one (a
+    command, a choice, an option of the command given), else ``""``. The top parser knows the
+    words it was given (``argv``, set by :func:`main`), to find the command's options."""
+    import difflib  # lazy: startup (only on bad input)
+
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if m:
+        choices = [c.strip().strip("'\"") for c in m.group(2).split(",")]
+        close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+        return f"did you mean '{close[0]}'? " if close else ""
+    m = re.search(r"unrecognized arguments: (.*)", message)
+    if not m:
+        return ""
+    # compared without their dashes, which every option shares ('--bogus' is not '--gpus')
+    options = {o.lstrip("-"): o for o in _option_names(parser, getattr(parser, "argv", []))}
+    for word in m.group(1).split():
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.partition("=")[0].lstrip("-"), list(options), n=1, cutoff=0.7)
+            if close:
+                return f"did you mean {options[close[0]]}? "
+    return ""
+
+
+def _option_names(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """The options of the (sub)command ``argv`` names, and the top parser's."""
+    names = [o for a in parser._actions for o in a.option_strings]
+    for word in argv:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or word not in sub.choices:
+            continue
+        parser = sub.choices[word]
+        names += [o for a in parser._actions for o in a.option_strings]
+    return names
 
 
 def _chosen_command(argv: Sequence[str]) -> str | None:
@@ -94,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(exc, ExitStatus.USAGE, "--json" in argv)
         return ExitStatus.USAGE
     parser = build_parser(argv)
+    parser.argv = argv  # type: ignore[attr-defined]  # for did_you_mean
     args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
     output.set_mode(output.mode_of(_chosen_command(argv), args))
     if not getattr(args, "handler", None):

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import IO, Literal, NamedTuple
 
-from .._text import clean, cut, safe  # noqa: F401 - re-exported: the CLI's renderers import them from here
+from .._text import clean, cut, safe, short_command  # noqa: F401 - re-exported: the CLI's renderers import them
 
 Style = Literal["bold", "dim", "red", "green", "yellow", "cyan", "magenta"]
 Justify = Literal["left", "right"]
@@ -31,6 +31,7 @@ class Column(NamedTuple):
     header: str
     justify: Justify = "left"
     max_width: int | None = None  # cut longer cells with an ellipsis
+    command: bool = False  # command lines: cut from the middle, keeping what names the program (short_command)
 
 
 def use_color(out: IO[str]) -> bool:
@@ -61,6 +62,7 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
     With ``width``, column ``shrink`` (the only one allowed to lose text) is cut
     so that the line fits; the others are shown whole.
     """
+    cutters = [short_command if c.command else cut for c in columns]
     limits = [c.max_width for c in columns]
     cells = [[Cell(cut(cell.text, lim) if (lim := limits[i]) else cell.text, cell.styles)
               for i, cell in enumerate(row)] for row in rows]
@@ -69,8 +71,8 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
         over = sum(widths) + gap * (len(widths) - 1) - width
         if over > 0:
             widths[shrink] = max(len(columns[shrink].header), widths[shrink] - over)
-            cells = [[Cell(cut(c.text, widths[shrink]), c.styles) if i == shrink else c for i, c in enumerate(r)]
-                     for r in cells]
+            cells = [[Cell(cutters[shrink](c.text, widths[shrink]), c.styles) if i == shrink else c
+                      for i, c in enumerate(r)] for r in cells]
     sep = " " * gap
 
     def line(row: Sequence[Cell]) -> str:
@@ -82,3 +84,45 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: b
         return sep.join(parts).rstrip()
 
     return [line([Cell(c.header, ("bold",)) for c in columns])] + [line(r) for r in cells]
+
+
+def tables(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, color: bool, width: int | None,
+           keys: int = 1, gap: int = 2) -> list[str]:
+    """Lines of a table that is never cut: on a terminal too narrow for it, several tables one
+    under the other (a blank line between), each with the first ``keys`` columns (what names a
+    row: the level, the deployment) and as many of the other columns, in order, as fit ``width``.
+    Piped (``width`` None), or when it fits, one table."""
+    def w(i: int) -> int:
+        return max([len(columns[i].header)] + [len(r[i].text) for r in rows])
+
+    widths = [w(i) for i in range(len(columns))]
+    if width is None or sum(widths) + gap * (len(widths) - 1) <= width:
+        return table(columns, rows, color=color, width=None, gap=gap)
+    head = list(range(keys))
+    groups: list[list[int]] = [[]]
+    used = sum(widths[:keys]) + gap * (keys - 1)
+    for i in range(keys, len(columns)):
+        if groups[-1] and used + gap + widths[i] > width:
+            groups.append([])
+            used = sum(widths[:keys]) + gap * (keys - 1)
+        groups[-1].append(i)
+        used += gap + widths[i]
+    out: list[str] = []
+    for group in groups:
+        pick = head + group
+        if out:
+            out.append("")
+        out += table([columns[i] for i in pick], [[r[i] for i in pick] for r in rows], color=color, width=None,
+                     gap=gap)
+    return out
+
+
+def wrapped(parts: Sequence[str], width: int | None, sep: str = "; ") -> list[str]:
+    """``parts`` joined by ``sep`` into lines of at most ``width`` characters, broken at spaces;
+    one line when ``width`` is None (piped)."""
+    text = sep.join(parts)
+    if width is None or not text:
+        return [text] if text else []
+    import textwrap  # lazy: startup
+
+    return textwrap.wrap(text, width, break_on_hyphens=False)

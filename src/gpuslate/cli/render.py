@@ -15,9 +15,10 @@ from __future__ import annotations
 import sys
 from typing import IO, Any
 
-from .plain import clean, cut, safe
+from .plain import clean, safe, short_command, width_of
 
-__all__ = ["PIPE_WIDTH", "cell", "clean", "console", "emit", "fitted_cell", "one_line", "process_table", "safe"]
+__all__ = ["PIPE_WIDTH", "CommandCell", "cell", "clean", "command_limit", "console", "emit", "one_line",
+           "process_table", "safe"]
 
 #: width of piped output: wide enough that no column is ever cut
 PIPE_WIDTH = 1000
@@ -55,21 +56,49 @@ def cell(text: object) -> str:
     return escape(safe(text))
 
 
-def one_line(text: str | None, limit: int = 100) -> str:
-    """Commands can hold newlines (python -c) and run long: a table row shows
-    one line, cut with an ellipsis (``--json`` has the whole command); as rich markup."""
+def one_line(text: str | None, limit: int | None) -> str:
+    """A command in a sentence, as rich markup: one line (commands hold newlines: python -c), cut
+    from the middle to ``limit`` keeping what names the program (:func:`~.plain.short_command`);
+    ``limit`` None (piped): whole (``--json`` has it too)."""
     from rich.markup import escape  # lazy: startup
 
-    return escape(cut(clean(text), limit))
+    return escape(short_command(clean(text), limit))
 
 
-def fitted_cell(markup: str) -> Any:
-    """A cell that is cut (``…``), never wrapped, when its column must shrink."""
-    from rich.text import Text  # lazy: startup
+def command_limit(out: IO[str] | None = None, share: float = 0.5) -> int | None:
+    """How long a command quoted in a sentence may be on ``out`` (stdout): ``share`` of the
+    terminal's width (at least 24 characters); None when piped: never cut."""
+    width = width_of(out or sys.stdout)
+    return None if width is None else max(24, int(width * share))
 
-    text = Text.from_markup(markup, overflow="ellipsis")
-    text.no_wrap = True
-    return text
+
+class CommandCell:
+    """A table cell holding a command line (after an optional ``prefix`` of markup, such as a
+    container's name): measured whole, so that piped it is never cut, and drawn in the width its
+    column gets, cut from the middle so that what names the program stays (``python3 -m
+    sglang.launch_server … --port 30000``), never wrapped."""
+
+    def __init__(self, command: str | None, prefix: str = "") -> None:
+        self.command = clean(command)
+        self.prefix = prefix
+
+    def _prefix(self) -> Any:
+        from rich.text import Text  # lazy: startup
+
+        return Text.from_markup(self.prefix)
+
+    def __rich_measure__(self, console: Any, options: Any) -> Any:
+        from rich.measure import Measurement  # lazy: startup
+
+        n = self._prefix().cell_len + len(self.command)
+        return Measurement(min(n, 8), n)
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        text = self._prefix()
+        text.append(short_command(self.command, max(1, options.max_width - text.cell_len)))
+        text.no_wrap = True
+        text.overflow = "ellipsis"
+        yield text
 
 
 def process_table(columns: tuple[tuple[str, str], ...]) -> Any:
@@ -79,7 +108,7 @@ def process_table(columns: tuple[tuple[str, str], ...]) -> Any:
 
     t = Table(box=None, pad_edge=False, collapse_padding=True, header_style="bold")
     for name, just in columns:
-        # only Command may shrink (its cells are cut with an ellipsis, see fitted_cell)
+        # only Command may shrink (its cells are cut from the middle, see CommandCell)
         t.add_column(name, justify=just, no_wrap=name != "Command",  # type: ignore[arg-type]
                      min_width=8 if name == "Command" else None)
     return t

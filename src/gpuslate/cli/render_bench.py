@@ -1,15 +1,19 @@
-"""The table of ``gpuslate bench`` for people (rich). ``--json`` never comes through here.
+"""The table of ``gpuslate bench`` for people. ``--json`` never comes through here.
 
 Latencies show the median and p99 (the JSON has mean, std, max and every
-percentile asked for); the table is as wide as its values, never cut to the
-terminal's 80 columns when piped.
+percentile asked for). Nothing is ever cut: piped, the table is as wide as its
+values (about 140 columns); on a terminal too narrow for it (80 columns), it is
+shown as several tables one under the other, each starting with the level
+(``Conc``), so that every row says which level it is (see :func:`.plain.tables`).
+Laid out by :mod:`.plain`, like ``status``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
-from .render import console
+from .plain import Cell, Column, paint, safe, tables, use_color, width_of, wrapped
 
 if TYPE_CHECKING:
     from ..bench import BenchResult
@@ -34,43 +38,48 @@ def _accept(lv: LevelResult) -> str:
     return "-"
 
 
-def print_bench(result: BenchResult) -> None:
-    from rich.markup import escape  # lazy: startup
-    from rich.measure import Measurement  # lazy: startup
-    from rich.table import Table  # lazy: startup
+def level_label(lv: LevelResult) -> str:
+    """What names a level in every row: its concurrency (or request rate), ``*`` when an interrupt
+    cut it short, ``!`` when the server was still warming up."""
+    conc = str(lv.concurrency) if lv.concurrency is not None else (
+        f"{lv.request_rate:g}/s" + (f" ≤{lv.max_concurrency}" if lv.max_concurrency else ""))
+    return conc + ("*" if lv.interrupted else "") + ("!" if lv.warming else "")
 
-    con = console()
+
+def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[str]:
+    """The lines ``bench`` prints: the server, the levels' table (split to fit ``width``; None:
+    piped, one table), the footnotes, the errors and what was in flight."""
     server = result.server
-    engine = f" ({escape(str(server.get('engine')))} {escape(str(server.get('version') or ''))})".rstrip() \
-        if server.get("engine") else ""
-    con.print(f"[bold]{escape(result.model or '?')}[/] at {escape(result.url)}{engine}, {result.api}"
-              f"{'' if result.plan.stream else ', not streamed'}", soft_wrap=True)
+    about = " ".join(safe(x) for x in (server.get("engine"), server.get("version")) if x)
+    engine = f" ({about})" if server.get("engine") else ""
+    model = safe(result.model or "?")
+    head = (f"{model} at {safe(result.url)}{engine}, {result.api}" + ("" if result.plan.stream else ", not streamed")
+            + (", interrupted: levels marked * were cut short" if result.interrupted else ""))
+    lines = wrapped([head], width)
+    lines[0] = paint(model, ("bold",), color) + lines[0][len(model):]
     goodput = bool(result.plan.goodput)
-    table = Table(box=None, pad_edge=False, header_style="bold")
     # the one table style of every command: bold Title Case headers, no borders (units stay as written)
-    names = ["Conc", "Done", "Fail", "Req/s", "Out tok/s", "Peak tok/s", "TTFT ms", "TPOT ms", "ITL ms",
-             "Chunk gap ms", "E2E ms", "In flight", "Accept", "Spec steps"] + (["Goodput"] if goodput else [])
-    for name in names:
-        table.add_column(name, justify="right", no_wrap=True)
+    names = ["Conc", "Done", "Fail", "Req/s", "Out tok/s", "Peak tok/s", "In flight", "Accept", "Spec steps"] \
+        + (["Goodput"] if goodput else []) + ["TTFT ms", "TPOT ms", "ITL ms", "Chunk gap ms", "E2E ms"]
+    columns = [Column(n, "right") for n in names]
+    rows: list[list[Cell]] = []
     for lv in result.levels:
-        conc = str(lv.concurrency) if lv.concurrency is not None else (
-            f"{lv.request_rate:g}/s" + (f" ≤{lv.max_concurrency}" if lv.max_concurrency else ""))
         est = "~" if lv.tokens_estimated else ""
         row = [
-            conc + ("*" if lv.interrupted else "") + ("!" if lv.warming else ""), str(lv.completed),
-            f"[red]{lv.failed}[/]" if lv.failed else "0",
-            f"{lv.request_throughput:.2f}",
-            f"{lv.output_token_throughput:.1f}{est}", f"{lv.peak_output_token_throughput:.0f}{est}",
-            _pair(lv.ttft_ms), _pair(lv.tpot_ms), _pair(lv.itl_ms), _pair(lv.chunk_gap_ms), _pair(lv.e2e_ms),
-            f"{lv.achieved_concurrency:.1f}", _accept(lv),
-            "-" if lv.spec_step_share is None else f"{lv.spec_step_share:.0%}"]
+            Cell(level_label(lv), ("yellow",) if lv.interrupted else ()), Cell(str(lv.completed)),
+            Cell(str(lv.failed), ("red",) if lv.failed else ()), Cell(f"{lv.request_throughput:.2f}"),
+            Cell(f"{lv.output_token_throughput:.1f}{est}"), Cell(f"{lv.peak_output_token_throughput:.0f}{est}"),
+            Cell(f"{lv.achieved_concurrency:.1f}"), Cell(_accept(lv)),
+            Cell("-" if lv.spec_step_share is None else f"{lv.spec_step_share:.0%}")]
         if goodput:
-            row.append("-" if lv.goodput is None else f"{lv.goodput:.2f} ({lv.slo_attainment:.0%})")
-        table.add_row(*row)
-    width = max(con.width, Measurement.get(con, con.options, table).maximum)
-    con.print(table, width=width)
+            row.append(Cell("-" if lv.goodput is None else f"{lv.goodput:.2f} ({lv.slo_attainment:.0%})"))
+        row += [Cell(_pair(x)) for x in (lv.ttft_ms, lv.tpot_ms, lv.itl_ms, lv.chunk_gap_ms, lv.e2e_ms)]
+        rows.append(row)
+    if rows:
+        lines += tables(columns, rows, color=color, width=width)
     foot = ["latencies: median / p99", "ITL per token (SGLang), chunk gap between streamed chunks",
-            "in flight: achieved concurrency", "accept: tokens per request-step over all steps"]
+            "in flight: achieved concurrency", "accept: tokens per request-step over all steps",
+            "peak: the most output tokens in one second"]
     if any(lv.accept_length is None and lv.accept_length_spec is not None for lv in result.levels):
         foot.append("ˢ over speculative steps only")
     if any(lv.tokens_estimated for lv in result.levels):
@@ -82,19 +91,30 @@ def print_bench(result: BenchResult) -> None:
     if goodput:
         foot.append("goodput: req/s meeting " + ", ".join(f"{k.value} ≤ {v:g} ms" for k, v in result.plan.goodput)
                     + " (share of completed)")
-    con.print("[dim]" + "; ".join(foot) + "[/]", soft_wrap=True)
+    lines += [paint(x, ("dim",), color) for x in wrapped(foot, width)]
     for lv in result.levels:
         label = lv.concurrency if lv.concurrency is not None else "rate"
         for message, count in lv.errors.items():
-            con.print(f"[red]c={label}: {count} × {escape(message)}[/]", soft_wrap=True)
+            lines.append(paint(f"c={label}: {count} × {safe(message)}", ("red",), color))
         if lv.not_sent:
-            con.print(f"c={label}: {lv.not_sent} request(s) not sent"
-                      + (f" ({escape(lv.stopped_early)})" if lv.stopped_early else ""), soft_wrap=True)
+            lines.append(f"c={label}: {lv.not_sent} request(s) not sent"
+                         + (f" ({safe(lv.stopped_early)})" if lv.stopped_early else ""))
     if result.in_flight:
-        con.print(f"in flight when interrupted: {len(result.in_flight)} request(s)", soft_wrap=True)
+        lines.append(f"in flight when interrupted: {len(result.in_flight)} request(s)")
         for r in result.in_flight[:20]:
             where = f"c={r.get('concurrency')}" if r.get("concurrency") is not None else f"level {r.get('level')}"
-            con.print(f"  {where}{' warm-up' if r.get('warmup') else ''}: {r['elapsed_s']:.2f} s, "
-                      f"{r['chunks_received']} chunk(s) received", soft_wrap=True)
+            lines.append(f"  {where}{' warm-up' if r.get('warmup') else ''}: {_num(r.get('elapsed_s')):.2f} s, "
+                         f"{safe(r.get('chunks_received'))} chunk(s) received")
         if len(result.in_flight) > 20:
-            con.print(f"  ... and {len(result.in_flight) - 20} more", soft_wrap=True)
+            lines.append(f"  ... and {len(result.in_flight) - 20} more")
+    return lines
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+def print_bench(result: BenchResult) -> None:
+    out = sys.stdout
+    out.write("\n".join(bench_lines(result, color=use_color(out), width=width_of(out))) + "\n")
+    out.flush()

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import IO, Any
 
-from .._parse import format_gpu_list, format_size
+from .._parse import format_gpu_list, format_size, gpus_phrase
 from ..host.daemons import DaemonHold
 from ..proc.terminate import VictimResult
 from ..slate.clear import ClearResult, ClearStatus
-from ..slate.plan import Plan, Role, Target
+from ..slate.plan import Plan, Role, Target, not_chosen
 from ..slate.wait import GpuDiagnosis, WaitResult
-from .render import cell, emit, fitted_cell, one_line, process_table
+from .render import CommandCell, cell, command_limit, emit, one_line, process_table
 
 
 def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
@@ -39,7 +39,7 @@ def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
                 ended = "[yellow]refused at act time[/]"
             row += [sigs or "-", ended]
         container = f"[magenta]container {cell(tg.container)}[/] " if tg.container else ""
-        row.append(fitted_cell(container + one_line(tg.command)))
+        row.append(CommandCell(tg.command, container))
         t.add_row(*row)
     return t
 
@@ -51,9 +51,8 @@ def _forked_target(r: VictimResult) -> Target:
 
 
 def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
-    verified = format_gpu_list(plan.gpus) if plan.gpus else "none"
     n = len(plan.targets)
-    out: list[Any] = [f"[bold]Plan[/]: {n} target{'s' if n != 1 else ''}; verifies GPUs {verified}"]
+    out: list[Any] = [f"[bold]Plan[/]: {n} target{'s' if n != 1 else ''}; verifies {gpus_phrase(plan.gpus)}"]
     if plan.targets:
         out.append(plan_table(plan))
     emit(*out, *_reasons(plan), *_spared(plan), file=file)
@@ -73,21 +72,30 @@ def _reasons(plan: Plan) -> list[str]:
 def _spared(plan: Plan) -> list[str]:
     if not plan.spared:
         return []
+    limit = command_limit()
     return ["[bold]Spared[/] (never signaled)"] + [
-        f"  {s.pid} {cell(s.user or '-')} [dim]{one_line(s.command, 60)}[/]: {cell(s.reason)}" for s in plan.spared]
+        f"  {s.pid} {cell(s.user or '-')} [dim]{one_line(s.command, limit)}[/]: {cell(s.reason)}" for s in plan.spared]
 
 
 def _diagnosis(diag: list[GpuDiagnosis]) -> list[str]:
     out: list[str] = []
+    limit = command_limit()
     for d in diag:
         used = format_size(d.used) if d.used is not None else "unknown"
         out.append(f"[red]GPU {d.gpu} not free[/]: {used} used (free means at most {format_size(d.max_used)})")
         for p in d.problems:
-            who = f"PID {p.pid} ({cell(p.user)}, {one_line(p.command, 50)})" if p.pid is not None else "no process"
-            out.append(f"  - {who}: {cell(p.reason)}")
+            who = "" if p.pid is None else f"PID {p.pid}: " if p.user is None and p.command is None else \
+                f"PID {p.pid} ({holder_text(p.user, p.command, limit)}): "  # else the reason says it exited
+            out.append(f"  - {who}{cell(p.reason)}")
             if p.remedy:
                 out.append(f"    [dim]remedy: {cell(p.remedy)}[/]")
     return out
+
+
+def holder_text(user: str | None, command: str | None, limit: int | None) -> str:
+    """Who a holder is, as markup: ``user, command`` (the command cut to ``limit``, from the middle);
+    what is not known is said, never a bare ``?``."""
+    return f"{cell(user or 'user unknown')}, {one_line(command, limit) if command else 'command unknown'}"
 
 
 def print_diagnosis(diag: list[GpuDiagnosis], file: IO[str] | None = None) -> None:
@@ -101,11 +109,12 @@ def _baseline(holds: tuple[DaemonHold, ...]) -> list[str]:
 
 
 def print_wait(result: WaitResult) -> None:
-    gpus = format_gpu_list(result.gpus)
+    gpus = gpus_phrase(result.gpus)
     if result.ok:
-        emit(f"GPUs {gpus} free after {result.elapsed_s:.3f} s", *_baseline(result.baseline))
+        emit(f"{gpus} free after {result.elapsed_s:.3f} s", *_baseline(result.baseline))
         return
-    emit(f"GPUs {gpus} not free after {result.elapsed_s:.1f} s:", *_diagnosis(result.diagnosis))
+    why = " (memory held by no process, which waiting does not free)" if result.leaked else ""
+    emit(f"{gpus} not free after {result.elapsed_s:.1f} s{why}:", *_diagnosis(result.diagnosis))
 
 
 def print_clear(result: ClearResult) -> None:
@@ -119,7 +128,8 @@ def print_clear(result: ClearResult) -> None:
     out: list[Any] = [plan_table(plan, result) if plan.targets else "No targets."]
     out += _spared(plan)
     before = {r.index: r for r in result.before}
-    out.append("[bold]GPU memory[/] before → after")
+    if result.after:
+        out.append("[bold]GPU memory[/] before → after")
     for r in result.after:
         b = before.get(r.index)
         bu = format_size(b.memory.used) if b is not None and b.memory else "?"
@@ -132,27 +142,34 @@ def print_clear(result: ClearResult) -> None:
     parts = [f"{k.removesuffix('_s')} {v:.3f} s" for k, v in t.items()]
     out.append("[bold]Timings[/]: " + ", ".join(parts))
     for rs in result.respawned:
-        out.append(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, 60)}) replaced {rs.replaces}; "
+        out.append(f"[red]Restarted[/]: PID {rs.pid} ({one_line(rs.command, command_limit())}) replaced {rs.replaces}; "
                    f"supervisor {cell(rs.supervisor or 'unknown')}. {cell(rs.remedy)}")
     refused = [r for r in result.results if r.refused is not None]
     if refused:
         out.append("[bold]Refused at act time[/] (not signaled; what they started was):")
         out += [f"  {r.victim.ident.pid}: {cell(r.refused or '')}" for r in refused]
     out += _diagnosis(result.diagnosis)
-    if result.status == ClearStatus.NOTHING_SELECTED:
+    if result.status == ClearStatus.NOTHING_SELECTED and not all(not_chosen(s.reason) for s in plan.spared):
         out.append("[red]Nothing you may signal was selected[/]: every process the selector chose is spared "
                    "(see above); nothing was signaled and nothing was verified.")
+    elif result.status == ClearStatus.NOTHING_SELECTED:
+        others = " (those above are not selected)" if plan.spared else ""
+        out.append("[red]Nothing was selected[/]: no process holding a GPU matches the selection (--pid, --user, "
+                   f"--match){others}; nothing was signaled and nothing was verified.")
     elif result.status == ClearStatus.REFUSED:
         out.append("[red]Not free: a target refused at act time still holds GPU memory (see above); "
                    "signalling it would have ended processes that are not targets.[/]")
     elif result.status == ClearStatus.CLEAN:
-        out.append(f"[green]Clean[/]: GPUs {format_gpu_list(plan.gpus)} free (at most "
+        out.append(f"[green]Clean[/]: {gpus_phrase(plan.gpus)} free (at most "
                    f"{format_size(result.max_used)} used each), verified.")
     elif result.status == ClearStatus.PERMISSION_DENIED:
         out.append("[red]Some targets could not be signaled (permission denied).[/]")
     elif result.status == ClearStatus.HELD_BY_OTHERS:
         out.append("[red]Not free: every target is gone, and what still holds the GPUs is not a target "
                    "(see above; --all-users, --include-handles or other --gpus may be what you meant).[/]")
+    elif result.status == ClearStatus.LEAKED:
+        out.append("[red]Not free: every target is gone, and memory held by no process stays (a leaked or "
+                   "driver-held context, see above): nothing gpuslate may signal holds it.[/]")
     else:
         out.append("[red]Not free within the timeout.[/]")
     emit(*out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._parse import format_gpu_list
+from .._parse import gpus_phrase
 from .plain import clean
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ def show_hook(result: HookResult) -> None:
 
     job = result.job
     head = f"slurm {result.hook.value}: job {job.job_id} on {clean(job.node)}"
-    gpus = f"GPUs {format_gpu_list(list(job.gpus))}" if job.gpus else "no GPUs allocated here"
+    gpus = gpus_phrase(list(job.gpus)) if job.gpus else "no GPUs allocated here"
     if result.clear is not None:
         n = len(result.clear.results)
         print(f"{head}: ended {n} process{'es' if n != 1 else ''} of the job "

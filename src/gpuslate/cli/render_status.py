@@ -9,14 +9,13 @@ from typing import IO
 
 from .._parse import format_gpu_list, format_size
 from ..host.snapshot import GpuState, HolderProcess, Holding, Snapshot
-from .plain import Cell, Column, Style, clean, cut, paint, table, use_color, width_of
+from .plain import Cell, Column, Style, clean, paint, table, use_color, width_of
 
-COMMAND_LIMIT = 100
 _GPU_COLUMNS = (Column("GPU", "right"), Column("Name", max_width=22), Column("Memory used/total", "right"),
                 Column("Reserved", "right"), Column("Util", "right"), Column("Temp", "right"),
                 Column("Power", "right"), Column("Perf"), Column(""))
 _PROC_COLUMNS = (Column("GPU", "right"), Column("PID", "right"), Column("Kind"), Column("GPU memory", "right"),
-                 Column("User"), Column("Command"))
+                 Column("User"), Column("Command", command=True))
 
 
 def _na(v: object, fmt: str = "{}") -> str:
@@ -42,7 +41,7 @@ def _launcher(root_pid: int, members: list[HolderProcess], snap: Snapshot) -> tu
         return ("-", "(holds no GPU itself)")
     if found is None or found.command is None:
         return ("-", "(exited)")
-    return (clean(found.user or "-"), cut(clean(found.command), COMMAND_LIMIT))
+    return (clean(found.user or "-"), clean(found.command))
 
 
 def gpu_cell(memory_gpus: list[int], handle_gpus: list[int]) -> str:
@@ -90,7 +89,7 @@ def _process_rows(snap: Snapshot) -> list[list[Cell]]:
             if not p.visible:
                 cmd = Cell("(exited, or not visible from this host's /proc)", ("dim",))
             else:
-                text = cut(clean(p.command), COMMAND_LIMIT)
+                text = clean(p.command)
                 cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
             kind = f"mps (server {p.mps_server})" if m.kind == "mps" and p.mps_server is not None else m.kind
             if p.daemon is not None and m.kind != "handle":
@@ -113,7 +112,8 @@ def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]
     if procs:
         lines += table(_PROC_COLUMNS, procs, color=color, width=width, shrink=5)
     else:
-        lines.append(paint("No processes hold the selected GPUs.", ("green",), color))
+        # not green when a warning follows (memory held by no process, processes not inspected)
+        lines.append(paint("No processes hold the selected GPUs.", () if snap.warnings else ("green",), color))
     for h in (h for g in snap.gpus for h in g.baseline()):
         lines.append(paint(f"GPU {h.gpu}: {format_size(h.bytes)} held by {clean(h.program)} (PID {h.pid}), spared: "
                            "a GPU daemon's baseline, not counted as used by wait, clear and up", ("dim",), color))

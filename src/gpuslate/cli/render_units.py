@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import IO
 
-from .._parse import format_gpu_list, format_size
+from .._parse import format_gpu_list, format_size, gpus_phrase
 from .._time import format_duration
 from ..units.batch import BatchResult
 from ..units.lifecycle import DownResult, UpResult
@@ -51,7 +51,7 @@ def _out(line: str = "", file: IO[str] | None = None) -> None:
 def print_up(result: UpResult) -> None:
     """A ready unit: one line, its readiness and its log."""
     r = result.record
-    line = (f"Unit {safe(r.name)} ready in {r.time_to_ready_s or 0:.2f} s: pid {r.pid}, GPUs {gpu_text(r.gpus)}, "
+    line = (f"Unit {safe(r.name)} ready in {r.time_to_ready_s or 0:.2f} s: pid {r.pid}, {gpus_phrase(r.gpus)}, "
             f"port {r.port if r.port is not None else '-'}, {safe(r.containment)}")
     if result.smoke:
         line += f", smoke completion {result.smoke['latency_s']:.3f} s"
@@ -92,8 +92,7 @@ def memory_text(rep: StopReport) -> str:
         return f"NOT verified: {safe(rep.unverified)}"
     if rep.released is None:
         return f"GPU memory not verified: {safe(rep.unverified)}"
-    gpus = ",".join(map(str, rep.verified_gpus))
-    return f"GPU memory on GPU {gpus} {'released' if rep.released else 'NOT released'}"
+    return f"GPU memory on {gpus_phrase(rep.verified_gpus)} {'released' if rep.released else 'NOT released'}"
 
 
 def print_down(result: DownResult) -> None:
@@ -122,8 +121,11 @@ def print_down(result: DownResult) -> None:
 def report_down_failure(result: DownResult) -> None:
     """Why the unit is not fully stopped, on stderr."""
     rep, err = result.report, sys.stderr
+    leaks = [p for d in rep.diagnosis for p in d.problems if p.pid is None and p.used_memory]
     for d in rep.diagnosis:
         err.write(f"gpuslate: {safe(d.summary())}\n")
+    for p in leaks:
+        err.write(f"gpuslate: remedy: {safe(p.remedy)}\n")
     alive = [r.victim.ident.pid for r in rep.results + rep.swept if r.alive]
     strays = [s.pid for s in result.strays]
     why = (f"processes still running: {alive}" if alive else
@@ -131,6 +133,7 @@ def report_down_failure(result: DownResult) -> None:
            "(add --clear to end them)"
            if strays and result.cleared is None else
            f"its GPU memory could not be verified: {rep.unverified}" if rep.released is None
+           else "memory on its GPUs is held by no process (a leak; see above)" if leaks
            else "its GPU memory was not released in time")
     err.write(f"gpuslate: error: unit {safe(result.name)} not fully stopped: {safe(why)}\n")
 

@@ -6,10 +6,10 @@ import argparse
 import os
 import sys
 
-from .._parse import format_gpu_list, format_size, parse_gpu_list
+from .._parse import format_gpu_list, format_size, parse_gpu_list, selected_gpus
 from ..errors import UsageError
 from ..extras import Extra, require
-from .common import add_common, gpu_list, nonnegative_float, note, print_json, size, whole
+from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, print_json, size, whole
 from .exits import exit_epilog, exit_status_for_result
 from .render_sim import show_init, show_leak
 from .results import as_sent
@@ -56,12 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": [...]} when held "
                          "(pids as the holder's /proc shows them; status shows host pids). Like a driver, a GPU never "
                          "holds more than its memory: asking for more fails (simulated CUDA out of memory).",
-                         epilog=exit_epilog({0: "ended by SIGTERM or SIGINT (after it was ready)",
+                         epilog=exit_epilog({0: "ended by SIGTERM (after it was ready)",
+                                             130: "ended by SIGINT (Ctrl-C)",
                                              2: "bad input, or no simulated host",
                                              5: "this user may not record memory in the host's folder",
                                              6: "out of memory: a GPU lacks the room (nothing is held)"}))
     add_common(hold)
-    hold.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs to hold (default: all)")
+    hold.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs to hold, e.g. 0,2-3 or all (default: all)")
     hold.add_argument("--memory", type=size, required=True, metavar="SIZE",
                       help="memory held on each listed GPU, e.g. 40GiB; 0 holds the device open only")
     hold.add_argument("--workers", type=whole(0, 256), default=0, metavar="N",
@@ -97,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                             "DIR/bin is not this user's own",
                                             6: "out of memory: a GPU lacks the room (nothing is held)"}))
     add_common(mps)
-    mps.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs the server serves (default: all)")
+    mps.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs the server serves (default: all)")
     mps.add_argument("--footprint", type=size, default="66MiB", metavar="SIZE",
                      help="memory the server holds on each GPU (default 66MiB, an idle server on an H200)")
     mps.set_defaults(handler=run_mps)
@@ -106,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           description="A simulated OpenAI-compatible inference server (SGLang- and vLLM-like "
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
-                          epilog=exit_epilog({0: "ended by SIGTERM or SIGINT",
+                          epilog=exit_epilog({0: "ended by SIGTERM", 130: "ended by SIGINT (Ctrl-C)",
                                               2: "bad input, or the bench extra (aiohttp) not installed",
                                               1: "failed to start (e.g. its "
                                               "port is in use, or --fail-startup)",
@@ -137,8 +138,9 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
     from ..sim.serverconfig import add_arguments  # lazy: startup
 
     add_arguments(serve)
-    serve.add_argument("--gpus", type=gpu_list, metavar="LIST",
-                       help="simulated GPUs the workers hold (default: $CUDA_VISIBLE_DEVICES, else all)")
+    serve.add_argument("--gpus", type=gpus_arg, metavar="LIST",
+                       help="simulated GPUs the workers hold, e.g. 0-1 or all (default: $CUDA_VISIBLE_DEVICES, "
+                       "else all)")
     serve.add_argument("--workers", type=whole(0, 256), default=None, metavar="N",
                        help="worker processes, one per GPU like tensor-parallel ranks (default: one per GPU; "
                        "0 without a simulated host)")
@@ -185,7 +187,8 @@ def run_hold(args: argparse.Namespace) -> int:
     if args.title and not full_titles():
         note("setproctitle is not installed: --title sets only the kernel's process name (15 characters), "
              "not the command line (pip install setproctitle)")
-    gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
+    gpus = selected_gpus(args.gpus)
+    gpus = gpus if gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
          reap=not args.no_reap, mps=args.mps)
@@ -195,7 +198,8 @@ def run_mps(args: argparse.Namespace) -> int:
     from ..gpu.sim.holder import mps_server  # lazy: startup
 
     host = _host(args)
-    mps_server(host, args.gpus if args.gpus is not None else list(range(host.gpu_count)), args.footprint)
+    gpus = selected_gpus(args.gpus)
+    mps_server(host, gpus if gpus is not None else list(range(host.gpu_count)), args.footprint)
     return 0
 
 
@@ -233,8 +237,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
         host = _host(args)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = args.gpus if args.gpus is not None else (
-            parse_gpu_list(visible) if visible else list(range(host.gpu_count)))
+        gpus = args.gpus if isinstance(args.gpus, list) else (  # all, or else $CUDA_VISIBLE_DEVICES
+            parse_gpu_list(visible) if visible and args.gpus is None else list(range(host.gpu_count)))
         n = len(gpus) if args.workers is None else args.workers
         if n < 0 or n > 256:
             raise UsageError(f"invalid --workers {n}: 0 to 256")

@@ -8,7 +8,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .common import add_common, gpu_list, positive_float, print_json
+from .._parse import selected_gpus
+from .common import add_common, gpus_arg, positive_float, print_json
 from .exits import exit_epilog
 from .output import OutputLost
 
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "temperature, power and P-state, and its processes grouped under their launcher.",
                        epilog=exit_epilog({0: "shown (with --watch: ended by Ctrl-C)"}))
     add_common(p)
-    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="only these GPUs, e.g. 0,2-3")
+    p.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="only these GPUs, e.g. 0,2-3 (default: all)")
     p.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line")
     p.set_defaults(handler=run)
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
             return _watch(args, host)
     # Not closed for one snapshot: the process exits now and the driver releases
     # everything; nvmlShutdown would add milliseconds to every call.
-    snap = host.status(args.gpus)
+    snap = host.status(selected_gpus(args.gpus))
     if args.json:
         print_json(snap.to_json())
     else:
@@ -51,13 +52,13 @@ def _watch(args: argparse.Namespace, host: Host) -> int:
     try:
         if args.json:
             while True:
-                sys.stdout.write(json.dumps(host.status(args.gpus).to_json()) + "\n")
+                sys.stdout.write(json.dumps(host.status(selected_gpus(args.gpus)).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)
         from .render_status import print_status  # lazy: startup
 
         while True:
-            print_status(host.status(args.gpus), redraw=True)
+            print_status(host.status(selected_gpus(args.gpus)), redraw=True)
             time.sleep(args.watch)
     except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/output.py)
         raise

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_common, note, print_json
+from .common import add_common, print_json
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 from .up import unit_name
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch)
     # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
-    with stop_signals_interrupt(), Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with stop_signals_interrupt(), LiveLine.of(args) as live, \
+            Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = host.swap(args.old, args.new, opts)
     if args.json:
         print_json(result.to_json())

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
-from .common import add_common, gpu_list, nonnegative_float, note, port_type, positive_float, print_json, size
+from .common import add_common, gpus_arg, nonnegative_float, port_type, positive_float, print_json, size
 from .exits import exit_epilog, exit_status_of
+from .live import LiveLine
 from .results import as_sent
 
 UP_EXITS = {0: "ready", 4: "not ready within --start-timeout, or its GPUs or port busy at pre-flight",
@@ -76,7 +77,9 @@ def command_after_dashes(p: argparse.ArgumentParser) -> None:
 def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="PATH",
                    help="unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)")
-    p.add_argument("--gpus", type=gpu_list, metavar="LIST", help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES")
+    p.add_argument("--gpus", type=gpus_arg, metavar="LIST",
+                   help="GPUs of the unit, exported as CUDA_VISIBLE_DEVICES, e.g. 0-7; all: every GPU (its "
+                   "environment's CUDA_VISIBLE_DEVICES left as it is)")
     p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
     p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
     p.add_argument("--engine", choices=("sglang", "vllm"),
@@ -139,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if len(args.names) != 1:
         return run_many(args, command)
     name = args.names[0]
-    with Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with LiveLine.of(args) as live, Host.open(getattr(args, "sim", None), on_event=live.note,
+                                              on_progress=live.sink) as host:
         prev = Unit.load(UnitStore.of(host), name)
         spec = resolve(name, overrides=overrides(args), command=command or None, config=args.config,
                        previous=prev.spec.to_json() if prev and prev.spec else None)
@@ -168,7 +172,8 @@ def run_many(args: argparse.Namespace, command: list[str]) -> int:
         raise UsageError(f"{', '.join(given)} define{'s' if len(given) == 1 else ''} one unit: with several "
                          "units (or none named), each takes its own from the unit file")
     names = list(dict.fromkeys(args.names)) or file_units(args.config, "up")
-    with Host.open(getattr(args, "sim", None), on_event=note) as host:
+    with LiveLine.of(args) as live, Host.open(getattr(args, "sim", None), on_event=live.note,
+                                              on_progress=live.sink) as host:
         units = UnitStore.of(host)
         specs = []
         for name in names:  # every spec resolved before anything starts

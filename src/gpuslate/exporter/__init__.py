@@ -10,7 +10,7 @@ from the same snapshot and job rule as ``gpuslate status``.
 - :mod:`.collector`: the scrape (one fresh reading, bounded in time) as a prometheus_client collector;
 - :mod:`.server`: the HTTP server (``/metrics``, ``/healthz``) and the listen-address rule.
 
-prometheus_client is an extra (``pip install 'gpuslate[exporter]'``): only
+prometheus_client is an extra (``pip install '.[exporter]'`` in a clone): only
 :mod:`.collector` and :mod:`.server` import it, and nothing outside this
 package imports them, so no other command pays for it.
 """

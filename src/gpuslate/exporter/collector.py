@@ -63,7 +63,9 @@ class Spec(NamedTuple):
 
 
 _G = ("gpu",)
-_PROCESS = ("gpu", "pid", "kind", "user", "command", "job_pid", "job_command", "unit", "orphaned", "mps_server")
+#: a process's series by what survives a restart; its info series adds who it is now (see model.ProcessRow)
+_PROCESS = ("gpu", "unit", "user", "slot")
+_PROCESS_INFO = (*_PROCESS, "pid", "kind", "command", "job_pid", "job_command", "orphaned", "mps_server")
 _U = ("unit",)
 
 #: every metric the exporter serves (counters without their ``_total`` suffix)
@@ -90,8 +92,12 @@ METRICS: dict[str, Spec] = {
                                                     "host's baseline, not counted as used by wait and clear.", _G),
     "gpuslate_gpu_free": Spec(GAUGE, "1 when the GPU is free as 'gpuslate wait --free' sees it with the default "
                                      "--max-used, else 0.", _G),
-    "gpuslate_process_memory_bytes": Spec(GAUGE, "GPU memory one process holds, with its job (the root by "
-                                                 "gpuslate's job rule), user and unit.", _PROCESS),
+    "gpuslate_process_memory_bytes": Spec(GAUGE, "GPU memory one process holds on one GPU, by what survives a "
+                                                 "restart (its unit or user and its slot there); "
+                                                 "gpuslate_process_info names the process.", _PROCESS),
+    "gpuslate_process_info": Spec(GAUGE, "Always 1: the process in a slot of gpuslate_process_memory_bytes: pid, "
+                                         "kind, command, its job (the root by gpuslate's job rule) and whether "
+                                         "its launcher exited.", _PROCESS_INFO),
     "gpuslate_unit_state": Spec(GAUGE, "1 for the managed unit's current state (as gpuslate ps shows it), "
                                        "0 for the others.", ("unit", "state")),
     "gpuslate_unit_ready": Spec(GAUGE, "1 when the managed unit is ready.", _U),
@@ -316,9 +322,11 @@ def _host_families(facts: Facts, acc: Account) -> Iterator[Metric]:
     yield per_gpu("gpuslate_gpu_orphaned_processes", ((g.gpu, g.orphaned_processes) for g in acc.gpus))
     yield per_gpu("gpuslate_gpu_daemon_memory_bytes", ((g.gpu, g.daemon_memory) for g in acc.gpus))
     yield per_gpu("gpuslate_gpu_free", ((g.gpu, None if g.free is None else int(g.free)) for g in acc.gpus))
-    yield _family("gpuslate_process_memory_bytes", [
-        ((p.gpu, p.pid, p.kind, p.user, p.command, p.job_pid, p.job_command, p.unit, str(p.orphaned).lower(),
-          p.mps_server), p.bytes) for p in acc.processes])
+    yield _family("gpuslate_process_memory_bytes", [((p.gpu, p.unit, p.user, p.slot), p.bytes) for p in acc.processes])
+    yield _family("gpuslate_process_info", [
+        ((p.gpu, p.unit, p.user, p.slot, p.pid, p.kind, p.command, p.job_pid, p.job_command, str(p.orphaned).lower(),
+          p.mps_server),
+         1) for p in acc.processes])
     units = facts.units
     yield _family("gpuslate_unit_state", [((label(u.name), s.value), 1 if u.state == s else 0)
                                           for u in units for s in UnitState])

@@ -11,9 +11,10 @@ The two signals an alert fires on:
 *Leaked* memory of a GPU is what its driver counts as used that no listed
 process holds: ``used - sum(process memory)``, never below 0 (an orphaned
 context, an MPS server, a process in another PID namespace the driver does not
-list, or a teardown in progress). On drivers before R510 (NVML's v1 memory API)
-'used' includes the driver's reserved memory (645 MiB on an idle H200), so an
-alert's threshold must be above it.
+list, or a teardown in progress): :func:`~gpuslate.gpu.types.held_by_no_process`,
+the one computation of it, whose fact ``status``, ``clear`` and ``wait`` report
+too. On drivers before R510 (NVML's v1 memory API) 'used' includes the driver's
+reserved memory (645 MiB on an idle H200), so an alert's threshold must be above it.
 
 *Free* is what ``wait --free`` calls free with the host's default
 ``--max-used`` (:func:`~gpuslate.slate.wait.state_is_free`): no process but a
@@ -35,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .._text import clean, cut
+from ..gpu.types import held_by_no_process
 from ..host.snapshot import HolderProcess, Snapshot
 from ..slate.wait import state_is_free
 from ..units.state import UnitState
@@ -67,9 +69,16 @@ class Facts(NamedTuple):
 
 
 class ProcessRow(NamedTuple):
-    """One process's memory on one GPU, with its labels already made safe."""
+    """One process's memory on one GPU, with its labels already made safe.
+
+    Its series is keyed by what stays when the server restarts, ``(gpu, unit, user, slot)``:
+    ``slot`` numbers the memory holders of one unit (or, outside units, of one user) on one GPU,
+    in the order of their job and pid, so the restarted server's worker on GPU 3 takes the slot
+    its predecessor had. pid, command and job go to the info series of that key (Prometheus's
+    ``*_info`` pattern): a restart changes one info series, not the memory series."""
 
     gpu: int
+    slot: int
     pid: int
     kind: str  # compute | graphics | mps
     user: str
@@ -120,20 +129,22 @@ def account(f: Facts) -> Account:
         holders = [p for p in g.processes if p.kind != "handle"]
         attributed = sum(p.used_memory or 0 for p in holders)
         orphans = [p for p in holders if is_orphaned(p, f.leaders_alive)]
-        used = g.memory.used if g.memory is not None else None
         gpus.append(GpuRow(
             gpu=g.index, memory_holders=len(holders), handle_holders=len(g.processes) - len(holders),
-            attributed=attributed, leaked=max(0, used - attributed) if used is not None else None,
+            attributed=attributed, leaked=held_by_no_process(g.reading),
             orphaned=sum(p.used_memory or 0 for p in orphans), orphaned_processes=len(orphans),
             daemon_memory=sum(h.bytes for h in g.baseline()),
             free=state_is_free(g, f.max_used) if f.max_used is not None else None,
         ))
         orphan_pids = {p.pid for p in orphans}
-        for p in holders:
+        slots: dict[tuple[str, str], int] = {}
+        for p in sorted(holders, key=lambda h: (h.root_pid, h.pid)):
             if p.used_memory is None:
                 continue  # the driver did not say: counted in memory_holders, no series of bytes
+            owner = (label(f.unit_of.get(p.pid)), label(p.user))
+            slots[owner] = slot = slots.get(owner, -1) + 1
             rows.append(ProcessRow(
-                gpu=g.index, pid=p.pid, kind=p.kind, user=label(p.user), command=label(p.command),
+                gpu=g.index, slot=slot, pid=p.pid, kind=p.kind, user=label(p.user), command=label(p.command),
                 job_pid=p.root_pid, job_command=label(f.job_commands.get(p.root_pid)),
                 unit=label(f.unit_of.get(p.pid)), orphaned=p.pid in orphan_pids, bytes=p.used_memory,
                 mps_server=str(p.mps_server) if p.mps_server is not None else "",

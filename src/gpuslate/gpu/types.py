@@ -52,6 +52,21 @@ class GpuReading(NamedTuple):
     error: str | None
 
 
+def held_by_no_process(r: GpuReading) -> int | None:
+    """Bytes the driver counts as used on this GPU that no process it lists holds: ``used`` minus
+    the listed processes' memory (a process whose memory is not reported counts 0), never below 0.
+    A leaked or driver-held context (or, for a moment, a teardown). None when the memory or the
+    process list is unknown (a failed query): never 0 for what was not read.
+
+    The one computation of the fact: the exporter's leaked memory, ``status``'s warning and the
+    verdict of ``clear`` and ``wait`` all come from here. On drivers before R510 (NVML's v1
+    memory API) ``used`` includes the driver's reserved memory, so the threshold a caller
+    compares this with is the host's idle ``--max-used``."""
+    if r.memory is None or r.processes is None:
+        return None
+    return max(0, r.memory.used - sum(p.used_memory or 0 for p in r.processes if p.kind != "handle"))
+
+
 def memory_json(r: GpuReading) -> dict[str, Any]:
     """What a result document keeps of a reading: used memory, the pids listed, the error."""
     return {"gpu": r.index, "used": r.memory.used if r.memory else None,

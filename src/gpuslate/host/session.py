@@ -6,7 +6,11 @@ and so what an idle GPU's "used" memory looks like), the host lock (taken once
 and re-entrant, so that a composite verb such as ``swap`` or ``up --clear``
 calls its sibling verbs while holding it, with no ``lock=`` flag anywhere),
 the audit log (opened on first use, its entries marked with this backend and
-host), the state folder, and the event sink that progress lines go to.
+host), the state folder, and the event sinks: ``on_event`` for progress lines
+(what happened: a signal sent, a phase begun), ``on_progress`` for a wait under
+way (:class:`Progress`: what is waited for, for how long, its latest news), which a
+terminal shows in place and nothing else needs (a library caller that passes none
+pays nothing: the news is only made when there is a sink).
 
 This is the *context* only. The verbs (``status``, ``clear``, ``wait``, ``up``,
 ``down``, ``swap``, ``ps``) are the methods of :class:`gpuslate.api.Host`, a
@@ -25,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..gpu import GpuBackend, open_backend
 
@@ -42,6 +46,65 @@ DEFAULT_MAX_USED_V1 = 1024 * MiB
 
 Note = Callable[[str], None]
 _H = TypeVar("_H", bound="HostContext")
+
+#: seconds between two reports of one wait to the progress sink
+PROGRESS_INTERVAL_S = 0.25
+
+
+class Progress(NamedTuple):
+    """A wait under way: what is waited for (``task``), for how long so far and at most, and
+    its latest news (``detail``: the server's last log line, the GPU memory still held; made of
+    what processes wrote: escape it before it reaches a terminal). ``done``: the wait is over."""
+
+    task: str
+    elapsed_s: float
+    limit_s: float | None
+    detail: str = ""
+    done: bool = False
+
+
+ProgressSink = Callable[[Progress], None]
+
+
+class Ticker:
+    """Reports one wait to a progress sink, at most every :data:`PROGRESS_INTERVAL_S`, the
+    detail made only then (``tick(lambda: ...)``); a last report with ``done`` when it ends.
+    Without a sink it does nothing. A sink that fails is ignored, as for ``on_event``."""
+
+    def __init__(self, sink: ProgressSink | None, task: str, limit_s: float | None, *,
+                 started: float | None = None) -> None:
+        self.sink = sink
+        self.task = task
+        self.limit_s = limit_s
+        self.t0 = time.monotonic() if started is None else started
+        self._last: float | None = None
+        self._detail = ""
+
+    def __call__(self, detail: Callable[[], str]) -> None:
+        if self.sink is None:
+            return
+        now = time.monotonic()
+        if self._last is not None and now - self._last < PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        self._detail = detail()
+        self._send(Progress(self.task, now - self.t0, self.limit_s, self._detail))
+
+    def done(self) -> None:
+        if self.sink is not None and self._last is not None:
+            self._send(Progress(self.task, time.monotonic() - self.t0, self.limit_s, self._detail, True))
+
+    def _send(self, p: Progress) -> None:
+        try:
+            self.sink(p)  # type: ignore[misc]
+        except (OSError, ValueError):  # the terminal is gone: the wait goes on
+            self.sink = None
+
+    def __enter__(self) -> Ticker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done()
 
 
 def default_max_used(backend: GpuBackend) -> int:
@@ -71,17 +134,19 @@ class HostContext:
     else the simulated host ``sim`` (or ``$GPUSLATE_SIM``), else the NVIDIA driver,
     opened on first use: a verb checks its input first, so bad input is a
     :class:`~gpuslate.errors.UsageError` whether or not the host has GPUs.
-    ``on_event`` receives progress lines (escaped by whoever prints them); a sink that
-    fails is ignored. ``audit_context`` is added to every audit entry (the Slurm job
-    a hook ran for).
+    ``on_event`` receives progress lines (escaped by whoever prints them), ``on_progress``
+    the waits under way (:class:`Progress`); a sink that fails is ignored. ``audit_context``
+    is added to every audit entry (the Slurm job a hook ran for).
     """
 
     def __init__(self, sim: str | None = None, *, backend: GpuBackend | None = None,
-                 on_event: Note | None = None, audit_context: dict[str, Any] | None = None) -> None:
+                 on_event: Note | None = None, audit_context: dict[str, Any] | None = None,
+                 on_progress: ProgressSink | None = None) -> None:
         self._sim = sim
         self._backend = backend
         self._owned = backend is None
         self.note: Note = quiet(on_event)
+        self._on_progress = on_progress
         self._audit_context = audit_context
         self._audit: AuditLog | None = None
         self._lock: HostLock | None = None
@@ -105,6 +170,10 @@ class HostContext:
         if self.backend.name != "sim":
             return None
         return str(self.backend.host.root)  # type: ignore[attr-defined]
+
+    def ticker(self, task: str, limit_s: float | None, *, started: float | None = None) -> Ticker:
+        """A :class:`Ticker` of one wait to this context's progress sink (use it as ``with``)."""
+        return Ticker(self._on_progress, task, limit_s, started=started)
 
     def max_used(self, given: int | None = None) -> int:
         """``given``, else the most memory an idle GPU shows on this driver."""

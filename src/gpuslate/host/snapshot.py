@@ -6,6 +6,9 @@ hold a device file open: monitors, the persistence daemon, MPS control).
 Each holder is marked with the GPU daemon it runs (a system program named as
 one), and each MPS client with its server, where they can be told
 (:mod:`.daemons`).
+
+Memory the driver counts as used that no process holds (a leaked or driver-held context) is a
+warning of the snapshot (:func:`leak_warning`): ``status`` shows it, its JSON carries it.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
+from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
+from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, held_by_no_process
 from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
 from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers
+from .session import default_max_used
 
 SCHEMA = "gpuslate.status.v1"
 
@@ -293,7 +298,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         states.append(GpuState(r, procs))
     states = _with_mps_servers(states)
 
-    warnings: list[str] = []
+    warnings: list[str] = [w for r in readings if (w := leak_warning(r, default_max_used(backend), backend.name))]
     if scan.unreadable:
         warnings.append(
             f"{len(scan.unreadable)} processes could not be inspected (permission denied): "
@@ -343,3 +348,29 @@ def _launchers(states: list[GpuState]) -> tuple[Launcher, ...]:
         info = read_info(root)
         out.append(Launcher(root, info.user, info.command) if info else Launcher(root, None, None))
     return tuple(out)
+
+
+def leak_reason(nbytes: int) -> str:
+    """Why memory held by no process keeps a GPU busy (``status``'s warning, the diagnosis of
+    ``clear`` and ``wait``)."""
+    return (f"{format_size(nbytes)} held by no process: a leaked or driver-held context (an MPS "
+            "server, a CUDA IPC handle, a process in another container or PID namespace), or a teardown "
+            "still running")
+
+
+def leak_remedy(gpu: int, backend: str) -> str:
+    """What to do about memory held by no process on ``gpu``: nothing gpuslate may signal holds it."""
+    if backend == "sim":
+        return "on a simulated host it stays until the next 'gpuslate sim init'"
+    return ("if MPS runs, stop it ('echo quit | nvidia-cuda-mps-control'); in a container, look from the host "
+            "itself ('gpuslate status' there); else an administrator can reset the GPU once nothing uses it "
+            f"('nvidia-smi --gpu-reset -i {gpu}'): gpuslate never resets a GPU")
+
+
+def leak_warning(r: GpuReading, max_used: int, backend: str) -> str | None:
+    """``GPU N: X used, held by no process ...; remedy: ...`` when more than ``max_used`` (the
+    host's idle --max-used) of the GPU's memory is held by no process the driver lists."""
+    left = held_by_no_process(r)
+    if left is None or left <= max_used:
+        return None
+    return f"GPU {r.index}: {leak_reason(left)}; remedy: {leak_remedy(r.index, backend)}"

@@ -402,10 +402,16 @@ async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
         log(f"{LOG_PREFIX} ERROR: cannot bind {config.host}:{config.port}: {exc.strerror or exc}")
         return 1
     stop = asyncio.Event()
+    stopped_by: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     log(f"{LOG_PREFIX} starting simulated server: model={config.model} mode={config.mode} "
         f"spec_disable_threshold={config.spec_disable_threshold} "
         f"time_scale={config.time_scale} worker_pids={worker_pids}"
@@ -420,16 +426,17 @@ async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
             return 1
         await stop.wait()
         waiters[1].cancel()
-        sim.log("received shutdown signal, stopping")
+        sim.log(f"received {stopped_by[0].name if stopped_by else 'shutdown signal'}, stopping")
     log(f"{LOG_PREFIX} server stopped")
-    return 0
+    # Ctrl-C: 130, as every gpuslate command interrupted; SIGTERM (a service manager, gpuslate down): 0
+    return 130 if stopped_by[:1] == [signal.SIGINT] else 0
 
 
 def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None) -> int:
-    """Serve until SIGTERM/SIGINT (exit code 0); 1 if startup fails or the port is taken."""
+    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails or the port is taken."""
     config.validate()
     worker_pids = list(start_workers()) if start_workers is not None else []
     try:
         return asyncio.run(_serve(config, worker_pids))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
-        return 0
+        return 130

@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_gpu_list
 from .._time import iso_time, parse_iso_time
-from ..errors import Interrupted, NotDoneError
+from ..errors import NotConfirmed, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.audit import new_run_id
 from ..host.daemons import DaemonHold
-from ..host.session import HostContext
+from ..host.session import HostContext, Ticker
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.daemons import DaemonWatch
 from ..proc.jobs import Protection
@@ -36,7 +36,16 @@ from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from .gate import ActGate
 from .plan import Plan, Role, Selection, Spared, Target, VerifyMode, make_plan, resolve
-from .wait import GpuDiagnosis, diagnose, is_released, poll_until_free, reading_baseline, readings_baseline
+from .wait import (
+    GpuDiagnosis,
+    LeakWatch,
+    diagnose,
+    is_free,
+    is_released,
+    poll_until_free,
+    reading_baseline,
+    readings_baseline,
+)
 
 SCHEMA = "gpuslate.clear.v1"
 SUPERVISORS = {
@@ -66,6 +75,7 @@ class ClearStatus(str, Enum):
     CLEAN = "clean"  # every verified GPU is free
     TIMEOUT = "timeout"  # not free within the timeout
     HELD_BY_OTHERS = "held_by_others"  # every target is gone; what still holds the GPUs is not a target
+    LEAKED = "leaked"  # every target is gone; memory held by no process keeps the GPUs busy (said at once)
     PERMISSION_DENIED = "permission_denied"  # some target could not be signaled
     NOTHING_SELECTED = "nothing_selected"  # a selector chose no process this caller may signal
     REFUSED = "refused"  # a target the act-time gate refused still holds GPU memory
@@ -171,7 +181,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     """Terminate the jobs holding the selected GPUs and verify the GPUs are free.
 
     Raises :class:`~gpuslate.errors.UsageError` on bad input before anything is
-    signaled, and :class:`~gpuslate.errors.Interrupted` when ``options.confirm``
+    signaled, and :class:`~gpuslate.errors.NotConfirmed` (an ``Interrupted``) when ``options.confirm``
     says no. The time ``confirm`` takes (a person reading the plan) counts in no
     timing and not against ``timeout``. The host lock is taken through ``host``
     (re-entrant: a verb that holds it, such as ``up --clear``, does not wait for it).
@@ -207,7 +217,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
         if opts.confirm is not None and plan.targets:
             t_ask = time.monotonic()
             if not opts.confirm(plan):
-                raise Interrupted("not confirmed: nothing was signaled")
+                raise NotConfirmed("not confirmed: nothing was signaled")
             t_start += time.monotonic() - t_ask  # a person reading the plan is not clear's time
         deadline = t_start + timeout
         run_id = new_run_id()
@@ -220,7 +230,9 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
         t_exit = time.monotonic()
         timings["exit_s"] = t_exit - t_start
         watch = DaemonWatch(exclude={r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets})
-        ok, after, respawned, held = _verify(be, plan, results, limit, deadline, watch)
+        with host.ticker("waiting for the GPU memory to be released", max(0.0, deadline - t_exit),
+                         started=t_exit) as tick:
+            ok, after, respawned, held, leaked = _verify(be, plan, results, limit, deadline, watch, tick)
         t_free = time.monotonic()
         if ok:
             timings["free_s"] = t_free - t_start
@@ -244,6 +256,8 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
             status = ClearStatus.REFUSED
         elif held and not respawned:
             status = ClearStatus.HELD_BY_OTHERS
+        elif leaked and not respawned:
+            status = ClearStatus.LEAKED
         else:
             status = ClearStatus.TIMEOUT
         return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
@@ -330,13 +344,16 @@ def _is(table: ProcTable, ident: Any) -> bool:
 
 
 def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int, deadline: float,
-            daemons: DaemonWatch) -> tuple[bool, list[GpuReading], list[Respawn], bool]:
+            daemons: DaemonWatch, tick: Ticker | None = None,
+            ) -> tuple[bool, list[GpuReading], list[Respawn], bool, bool]:
     """Poll until free (or, for selected jobs, until they hold nothing on their GPUs).
     Stop early, without waiting out the timeout, when waiting cannot help: a target
-    was restarted by a supervisor, or what holds a GPU that must be free is a live
+    was restarted by a supervisor, what holds a GPU that must be free is a live
     process that is not a target (another user's job without --all-users, a spared
-    process) and not a spared daemon within its baseline (``daemons``: the host's,
-    never what keeps a GPU busy). Returns (done, readings, respawned, held by others)."""
+    process), memory held by no process stays once every target is gone (a leak: see
+    :class:`~.wait.LeakWatch`), and no spared daemon within its baseline counts (``daemons``:
+    the host's, never what keeps a GPU busy). Returns (done, readings, respawned, held by
+    others, leaked)."""
     planned = _planned(plan)
     refused = {r.victim.ident.pid for r in results if r.refused is not None}
     targets = ({r.victim.ident.pid for r in results} | {t.ident.pid for t in plan.targets}) - refused
@@ -344,7 +361,18 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
     invisible_before = {p.pid for g in plan.before.gpus for p in g.processes if not p.visible}
     checked: set[int] = set()
     respawned: list[Respawn] = []
-    held = False
+    held = leaked = False
+    leak = LeakWatch(limit)
+
+    def settled(readings: list[GpuReading]) -> bool:
+        """Only memory held by no process keeps the GPUs busy, and it stays (nothing listed that
+        clear waits for: a target; verifying free GPUs, any process)."""
+        nonlocal leaked
+        found = daemons(sorted({p.pid for r in readings for p in (r.processes or [])} - targets))
+        pending = [r for r in readings if not (done(r) if done is not None else is_free(r, limit, found))]
+        leaked = leak(pending, lambda r: any((released is False and p.pid not in found) or p.pid in targets
+                                             for p in r.processes or []))
+        return leaked
 
     def hopeless(readings: list[GpuReading]) -> bool:
         nonlocal held
@@ -361,7 +389,7 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
         if respawned:
             return True
         if released:
-            return False  # other jobs may hold these GPUs: that is theirs, not a failure
+            return settled(readings)  # other jobs may hold these GPUs: that is theirs, not a failure
         found = daemons(listed - targets)
         base = {h.pid for r in readings for h in reading_baseline(r, found)}
         for pid in listed - targets - base:
@@ -369,12 +397,13 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
             if (st is not None and not st.has_exited) or pid in invisible_before:
                 held = True
                 return True
-        return False
+        return settled(readings)
 
     # a refused target still counts as the selected job's: its memory is not released
     done = (lambda r: is_released(r, limit, targets | refused)) if released else None
-    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done, daemons=daemons)
-    return ok, readings, respawned, held
+    ok, readings = poll_until_free(be, plan.gpus, limit, deadline, give_up=hopeless, done=done, daemons=daemons,
+                                   tick=tick)
+    return ok, readings, respawned, held, leaked and not ok
 
 
 def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
-from .._parse import format_gpu_list, format_size
+from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
 from ..host.daemons import sharing
@@ -280,7 +280,7 @@ def _decide(facts: Facts, res: Resolved, held: Mapping[int, str]) -> Decision:
             left.setdefault(p, jobs[pid][0])
         mine = {g: b for g, b in memory.get(pid, {}).items() if g in chosen}
         reason = f"holds {_where(mine)}" if mine else \
-            f"holds a device handle on GPU {format_gpu_list(sorted(handles.get(pid, set()) & chosen))}"
+            f"holds a device handle on {gpus_phrase(sorted(handles.get(pid, set()) & chosen))}"
         targets[pid] = TargetDecision(pid, Role.HOLDER, reason, jobs[pid][0])
     for pid in selected:
         root, members = jobs[pid]
@@ -377,6 +377,17 @@ class Target(NamedTuple):
         return cls(ProcessId(d["pid"], d["start_ticks"]), d["user"], d["uid"], d["command"], d["name"],
                    list(d["gpus"]), d["used_memory"], Role(d["role"]), d["reason"], d["job"], d["ignores_sigterm"],
                    (), d["container"], d["cgroup"], d.get("kind", "process"), d.get("mps_server"))
+
+
+#: how the reason of a process the selection did not choose begins (and only such a reason)
+UNSELECTED = ("not selected", "does not match --match")
+
+
+def not_chosen(reason: str) -> bool:
+    """Whether a spared process's ``reason`` says the selection did not choose it (``--pid``,
+    ``--user``, ``--match``, other GPUs), as opposed to chosen and then spared (another user's,
+    a monitor, protected)."""
+    return reason.startswith(UNSELECTED) or reason.endswith("(not selected)")
 
 
 class Spared(NamedTuple):

@@ -15,6 +15,12 @@ memory API:
 A failed query is never free. Diagnosis names, per GPU, what still holds it
 and why, with a remedy that does what it says (a GPU daemon is spared by
 ``clear``: its remedy is never "run clear"); gpuslate never resets a GPU itself.
+
+Memory held by no process (:func:`~gpuslate.gpu.types.held_by_no_process`: a leaked or
+driver-held context) does not go away by waiting: once it is all that keeps the GPUs busy, with
+nothing listed whose exit could free it, and it has not gone down for :data:`LEAK_SETTLE_S`
+(a teardown still running frees memory, or lists its process), ``wait`` and ``clear`` say so
+at once (:class:`LeakWatch`) instead of after their whole ``--timeout``.
 """
 
 from __future__ import annotations
@@ -22,14 +28,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
+from functools import partial
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, format_size
-from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
+from .._parse import check_seconds, check_size, format_size, gpus_phrase
+from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
 from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
-from ..host.session import HostContext
-from ..host.snapshot import GpuState, HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..host.session import HostContext, Ticker
+from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
 from ..proc.daemons import MPS_CONTROL, MPS_SERVER, DaemonWatch
 from ..proc.terminate import Poller, VictimResult
 
@@ -121,10 +128,11 @@ class GpuDiagnosis(NamedTuple):
 
 
 class WaitStatus(str, Enum):
-    """How a ``wait --free`` ended (its JSON document has ``ok``: derived from it)."""
+    """How a ``wait --free`` ended (its JSON document's ``status``; ``ok``: free)."""
 
     FREE = "free"
     NOT_FREE = "not_free"  # not free within the timeout
+    LEAKED = "leaked"  # not free, and only memory held by no process keeps it so: said at once
 
 
 class WaitResult(NamedTuple):
@@ -135,11 +143,12 @@ class WaitResult(NamedTuple):
     readings: list[GpuReading]
     diagnosis: list[GpuDiagnosis]
     baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held at the end, not counted as used
+    leaked: bool = False  # gave up before the timeout: memory held by no process (see LeakWatch)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": WAIT_SCHEMA, "ok": self.ok, "gpus": self.gpus, "max_used": self.max_used,
-            "elapsed_s": round(self.elapsed_s, 4),
+            "schema": WAIT_SCHEMA, "status": self.status.value, "ok": self.ok, "gpus": self.gpus,
+            "max_used": self.max_used, "elapsed_s": round(self.elapsed_s, 4),
             "memory": [memory_json(r) for r in self.readings],
             "baseline": [h.to_json() for h in self.baseline],
             "diagnosis": [d.to_json() for d in self.diagnosis],
@@ -147,7 +156,7 @@ class WaitResult(NamedTuple):
 
     @property
     def status(self) -> WaitStatus:
-        return WaitStatus.FREE if self.ok else WaitStatus.NOT_FREE
+        return WaitStatus.FREE if self.ok else WaitStatus.LEAKED if self.leaked else WaitStatus.NOT_FREE
 
     @classmethod
     def from_json(cls, doc: object) -> WaitResult:
@@ -156,18 +165,71 @@ class WaitResult(NamedTuple):
             return cls(bool(d["ok"]), list(d["gpus"]), d["max_used"], float(d["elapsed_s"]),
                        [memory_from_json(m) for m in d["memory"]],
                        [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
+                       baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])),
+                       leaked=d.get("status") == WaitStatus.LEAKED.value)  # absent: a gpuslate before the status
+
+
+#: how long memory held by no process must stay, not going down, before ``wait`` and ``clear`` call
+#: it a leak: a driver tearing a context down frees memory (or still lists the process) meanwhile
+LEAK_SETTLE_S = 1.0
+
+
+class LeakWatch:
+    """Says when waiting longer cannot free the GPUs: every GPU not yet done has more than
+    ``max_used`` held by no process, the driver lists nothing on it whose exit could free it
+    (``may_free``), and that memory has not gone down for :data:`LEAK_SETTLE_S`. A GPU whose
+    memory or processes are unknown is never a leak. Call it with every poll's readings."""
+
+    def __init__(self, max_used: int, *, settle: float = LEAK_SETTLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_used = max_used
+        self.settle = settle
+        self.clock = clock
+        self._seen: dict[int, tuple[float, int]] = {}  # gpu -> (since when, least bytes seen since)
+
+    def __call__(self, pending: Sequence[GpuReading], may_free: Callable[[GpuReading], bool]) -> bool:
+        now = self.clock()
+        verdict = bool(pending)
+        for r in pending:
+            left = held_by_no_process(r)
+            if left is None or left <= self.max_used or may_free(r):
+                self._seen.pop(r.index, None)
+                verdict = False
+                continue
+            since, least = self._seen.get(r.index, (now, left))
+            if left < least:  # going down: a teardown, still running
+                since, least = now, left
+            self._seen[r.index] = (since, least)
+            verdict = verdict and now - since >= self.settle
+        return verdict
+
+
+class LeakStop:
+    """``give_up`` for :func:`poll_until_free` of GPUs that must be free (``wait``, ``down``'s
+    verification, the Slurm hooks): true, and ``verdict`` set, once only memory held by no process
+    keeps them busy and it stays. A process still listed may exit (what waiting is for): only a
+    GPU that lists none can be a leak."""
+
+    def __init__(self, max_used: int) -> None:
+        self.max_used = max_used
+        self.watch = LeakWatch(max_used)
+        self.verdict = False
+
+    def __call__(self, readings: list[GpuReading]) -> bool:
+        self.verdict = self.watch([r for r in readings if not is_free(r, self.max_used)], lambda r: bool(r.processes))
+        return self.verdict
 
 
 def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadline: float, *,
                     give_up: Callable[[list[GpuReading]], bool] | None = None,
                     done: Callable[[GpuReading], bool] | None = None,
                     daemons: DaemonWatch | None = None,
-                    ) -> tuple[bool, list[GpuReading]]:
+                    tick: Ticker | None = None) -> tuple[bool, list[GpuReading]]:
     """Poll memory and processes (the cheap query) until all GPUs are free (or
     ``done``, when given), the deadline passes, or ``give_up(readings)`` says
-    waiting longer is pointless. The GPU daemons found by ``daemons`` (default: every
-    one) are spared: their baseline is no holder (see :func:`is_free`)."""
+    waiting longer is pointless; ``tick`` is told the memory still held. The GPU daemons
+    found by ``daemons`` (default: every one) are spared: their baseline is no holder
+    (see :func:`is_free`)."""
     poll = Poller()
     watch = daemons if daemons is not None else DaemonWatch()
 
@@ -184,7 +246,22 @@ def poll_until_free(backend: GpuBackend, gpus: list[int], max_used: int, deadlin
             return True, readings
         if time.monotonic() >= deadline or (give_up is not None and give_up(readings)):
             return False, readings
+        if tick is not None:
+            tick(partial(still_held, readings, free))
         poll.sleep(deadline)
+
+
+def still_held(readings: Sequence[GpuReading], done: Callable[[GpuReading], bool]) -> str:
+    """The GPUs not yet done and what they hold, for a progress line: ``GPU 2 5.0 GiB, GPU 3 (2
+    processes) 1.0 GiB still used``."""
+    parts = []
+    for r in readings:
+        if done(r):
+            continue
+        n = len(r.processes or [])
+        procs = f" ({n} process{'es' if n != 1 else ''})" if n else ""
+        parts.append(f"GPU {r.index}{procs} " + (format_size(r.memory.used) if r.memory else "unknown"))
+    return ", ".join(parts) + " still used" if parts else ""
 
 
 class WaitOptions(NamedTuple):
@@ -208,10 +285,14 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
     limit = host.max_used(opts.max_used)
     t0 = time.monotonic()
     watch = DaemonWatch()
-    ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, daemons=watch)
+    leaked = LeakStop(limit)
+    with host.ticker(f"waiting for {gpus_phrase(sel)} to be free",
+                     opts.timeout) as tick:
+        ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked, tick=tick, daemons=watch)
     elapsed = time.monotonic() - t0
     diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
-    return WaitResult(ok, sel, limit, elapsed, readings, diag, tuple(readings_baseline(readings, watch)))
+    return WaitResult(ok, sel, limit, elapsed, readings, diag, baseline=tuple(readings_baseline(readings, watch)),
+                      leaked=leaked.verdict and not ok)
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
@@ -239,25 +320,18 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
             problems.append(Problem(None, None, None, None,
                                     f"the GPU could not be queried ({r.error}): its state is unknown, not free",
                                     f"check the driver (nvidia-smi -q -i {r.index}) and the kernel log"))
-        accounted = 0
         for p in g.processes:
             if p.kind == "handle":
                 continue  # holds no memory and no context: never what keeps a GPU busy
-            accounted += p.used_memory or 0
             if p.pid in daemons:
                 continue  # a spared daemon's baseline: the host's, not what keeps the GPU busy
             if only is None or p.pid in only:
                 problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
         used = r.memory.used if r.memory else None
-        if used is not None and used - sum(h.bytes for h in base) > max_used and used - accounted > max_used:
-            orphan = used - accounted
-            problems.append(Problem(
-                None, None, None, orphan,
-                f"{format_size(orphan)} held by no process: an orphaned context (an MPS server, a CUDA IPC "
-                "handle, a process in another container or PID namespace) or a teardown still running",
-                "if MPS runs, stop it with 'echo quit | nvidia-cuda-mps-control'; look for holders from the host "
-                f"itself ('gpuslate status' outside containers); as a last resort an administrator can reset the "
-                f"GPU ('nvidia-smi --gpu-reset -i {r.index}') once nothing uses it: gpuslate never resets a GPU"))
+        orphan = held_by_no_process(r)
+        if (orphan is not None and orphan > max_used and used is not None
+                and used - sum(h.bytes for h in base) > max_used):
+            problems.append(Problem(None, None, None, orphan, leak_reason(orphan), leak_remedy(r.index, snap.backend)))
         out.append(GpuDiagnosis(r.index, used, max_used, r.error, problems))
     return out
 

@@ -40,7 +40,7 @@ from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus, take_snapshot
 from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
-from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
+from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
 from .find import FoundBy, JobProcess, find_job_processes, own_lineage
 from .job import SlurmJob
@@ -260,7 +260,8 @@ def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: i
         # a GPU daemon of the job's own (an MPS server it started) is no spared baseline: it must be gone
         victims = {r.victim.ident.pid: r for r in cleared.results} if cleared is not None else {}
         mine = DaemonWatch(exclude={p.pid for p in found} | set(victims))
-        ok, _ = poll_until_free(be, gpus, limit, deadline, daemons=mine)
+        # a leak: drain at once
+        ok, _ = poll_until_free(be, gpus, limit, deadline, daemons=mine, give_up=LeakStop(limit))
         if not ok:
             diagnosis = diagnose(take_snapshot(be, gpus), limit, victims=victims)
             ok = not diagnosis  # freed between the last poll and the snapshot

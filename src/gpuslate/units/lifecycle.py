@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size
+from .._parse import check_seconds, check_size, gpus_phrase
 from .._time import iso_time, parse_iso_time
 from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
@@ -221,7 +221,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
             cleared = clear(host, Selection(tuple(gpus)),
                             ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
             if not cleared.ok:
-                raise NotDoneError(f"--clear could not free GPUs {','.join(map(str, gpus))} for unit {spec.name}: "
+                raise NotDoneError(f"--clear could not free {gpus_phrase(gpus)} for unit {spec.name}: "
                                    + "; ".join(d.summary() for d in cleared.diagnosis),
                                    hint="see 'gpuslate clear --gpus ... --json' for the whole story")
         collect_stale_cgroups()  # under the host lock
@@ -245,7 +245,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
         try:
             if pending:
                 raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
-            status, probe = _await_ready(spec, launched)
+            status, probe = _await_ready(spec, launched, host)
             sm = None
             if status == UpStatus.READY:
                 t_ready = time.monotonic()
@@ -290,18 +290,28 @@ def _left_by(units: store.UnitStore, pid: int) -> str | None:
     return None
 
 
-def _await_ready(spec: UnitSpec, launched: Launched) -> tuple[UpStatus, Probe]:
+def _await_ready(spec: UnitSpec, launched: Launched, host: HostContext) -> tuple[UpStatus, Probe]:
+    """Until the probe says ready, the process exits or the start timeout passes; the progress
+    sink is told the server's last log line (else the probe's latest answer) meanwhile."""
     probe = Probe(spec, launched.log)
     deadline = launched.spawned + spec.start_timeout
+
+    def news() -> str:
+        last = logfile.tail(launched.log, 1)
+        return last[0].strip() if last and last[0].strip() else probe.detail
+
     poll = Poller(first=0.002, cap=0.02)
-    while True:
-        if launched.proc.poll() is not None:
-            return UpStatus.EXITED, probe
-        if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
-            return UpStatus.READY, probe
-        if time.monotonic() >= deadline:
-            return UpStatus.TIMEOUT, probe
-        poll.sleep(deadline)
+    with host.ticker(f"{spec.name}: waiting until ready ({probe.kind})", spec.start_timeout,
+                     started=launched.spawned) as tick:
+        while True:
+            if launched.proc.poll() is not None:
+                return UpStatus.EXITED, probe
+            if probe.check(timeout=max(0.05, min(5.0, deadline - time.monotonic()))):
+                return UpStatus.READY, probe
+            if time.monotonic() >= deadline:
+                return UpStatus.TIMEOUT, probe
+            tick(news)
+            poll.sleep(deadline)
 
 
 def _stop_interrupted(host: HostContext, units: store.UnitStore, unit: Unit, spec: UnitSpec, limit: int,

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from .._parse import format_size
+from .._parse import format_size, gpus_phrase
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, take_snapshot
@@ -39,15 +39,17 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
             unit = owner_of.get(p.pid)
             if unit:
                 units.add(unit)
-            holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "")
-                           + f" ({p.user or '?'}: {(p.command or p.name or '?')[:60]}, {format_size(p.used_memory)})")
+            who = f"{p.user or 'user unknown'}: {p.command or p.name or 'command unknown'}" if p.visible else \
+                "exited, or not visible from this host's /proc"
+            held = format_size(p.used_memory) if p.used_memory is not None else "memory not reported"
+            holders.append(f"pid {p.pid}" + (f" of unit {unit}" if unit else "") + f" ({who}, {held})")
         used = g.reading.memory.used if g.reading.memory else None
         shown = ", ".join(holders) or "held by no visible process"
         parts.append(f"GPU {g.index} ({format_size(used)} used): {shown}")
-    which = ",".join(str(g.index) for g in busy)
+
     hint = (f"stop it first: gpuslate down {sorted(units)[0]}" if len(units) == 1 else
             "stop them first ('gpuslate down NAME', 'gpuslate clear'), or pass --clear to clear them")
-    raise NotDoneError(f"GPU{'s' if len(busy) > 1 else ''} {which} not free for unit {for_unit}: " + "; ".join(parts),
+    raise NotDoneError(f"{gpus_phrase([g.index for g in busy])} not free for unit {for_unit}: " + "; ".join(parts),
                        hint=hint)
 
 
@@ -73,7 +75,7 @@ def port_owner(port: int) -> str | None:
     if pid is None:
         return None
     info = read_info(pid)
-    return f"pid {pid}" + (f" ({info.user}: {info.command[:60]})" if info else "")
+    return f"pid {pid} " + (f"({info.user}: {info.command})" if info else "(exited, or not visible from here)")
 
 
 def port_listener(port: int) -> int | None:

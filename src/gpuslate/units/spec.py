@@ -5,7 +5,7 @@ A unit declared in ``gpuslate.toml``::
     [units.baseline]
     command = ["python", "-m", "sglang.launch_server", "--port", "30000"]   # or one string
     env = { SGLANG_LOG_LEVEL = "info" }
-    gpus = "0-7"              # or [0, 1]; exported as CUDA_VISIBLE_DEVICES
+    gpus = "0-7"              # or [0, 1], or "all"; exported as CUDA_VISIBLE_DEVICES
     port = 30000
     engine = "sglang"         # readiness: sglang | vllm; or ready_url / ready_log
     smoke = true
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._parse import parse_gpu_list, parse_host, parse_http_url, parse_int, parse_seconds
+from .._parse import ALL_GPUS, parse_gpu_selection, parse_host, parse_http_url, parse_int, parse_seconds, selected_gpus
 from .._toml import line_of, read_toml
 from ..errors import PermissionDenied, UsageError
 from .names import UnitName
@@ -240,8 +240,8 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         if not all(isinstance(a, str) for a in value):
             raise UsageError("must be a string or a list of strings")
         return value
-    if key == "gpus":
-        return parse_gpu_list(",".join(map(str, value)) if isinstance(value, list) else str(value))
+    if key == "gpus":  # "all": every GPU, as when absent
+        return selected_gpus(parse_gpu_selection(",".join(map(str, value)) if isinstance(value, list) else str(value)))
     if key == "prefetch" and not all(isinstance(p, str) for p in value):
         raise UsageError("must be a list of paths (strings)")
     if key == "env":
@@ -311,6 +311,8 @@ def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list
                          f"e.g. gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
     doc = dict(base or {})
     doc.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if doc.get("gpus") == ALL_GPUS:  # --gpus all: every GPU, whatever the file says
+        doc["gpus"] = None
     if command:
         doc["command"] = list(command)
     doc["name"] = name

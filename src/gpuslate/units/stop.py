@@ -32,7 +32,7 @@ from ..proc.procfs import ProcStat, read_info, read_stat
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from ..slate.wait import GpuDiagnosis, diagnose, poll_until_free
+from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from .strays import Stray
 from .unit import Unit
 
@@ -203,7 +203,10 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     if gpus:
         if left.can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
             mine = DaemonWatch(exclude={r.victim.ident.pid for r in results + swept})
-            released, readings = poll_until_free(backend, gpus, limit, deadline, daemons=mine)
+            with host.ticker(f"stopping {unit.name}: waiting for its GPU memory to be released",
+                             max(0.0, deadline - time.monotonic())) as tick:
+                released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit),
+                                                     tick=tick, daemons=mine)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:

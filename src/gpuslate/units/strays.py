@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any, NamedTuple
 
-from .._parse import format_size
+from .._parse import format_size, gpus_phrase
 from .fence import Marker
 
 
@@ -68,7 +68,7 @@ class Stray(NamedTuple):
         """``pid 123 (escaped) holds 1.0 GiB on GPU 1 ...``: what it holds and why it counts."""
         held = []
         if self.used_memory:
-            held.append(f"holds {format_size(self.used_memory)} on GPU {','.join(map(str, self.gpus))}")
+            held.append(f"holds {format_size(self.used_memory)} on {gpus_phrase(self.gpus)}")
         if self.port is not None:
             held.append(f"listens on the unit's port {self.port}")
         why = {StrayReason.UNIT_GPU: "", StrayReason.UNIT_PORT: "",

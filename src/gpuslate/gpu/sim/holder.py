@@ -344,7 +344,10 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
     if not started:
         os._exit(1)
     del fds
-    _sleep_forever()
+    try:
+        _sleep_forever()
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole foreground group: a rank ends quietly, its
+        os._exit(130)  # launcher (or server) says so once
 
 
 def _announce(out: IO[str], workers: list[int]) -> None:
