@@ -75,6 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="process title, e.g. sglang::scheduler_TP{rank} ({rank}: the worker number)")
     hold.add_argument("--no-reap", action="store_true",
                       help="the launcher never collects dead workers (they stay zombies)")
+    hold.add_argument("--main-thread-exits", action="store_true",
+                      help="once it holds, each holder's main thread exits (pthread_exit) and another thread "
+                      "keeps the memory: /proc says Z for a process that lives")
     hold.set_defaults(handler=run_hold)
 
     serve = ss.add_parser("serve", help="a simulated OpenAI-compatible inference server",
@@ -163,7 +166,7 @@ def run_hold(args: argparse.Namespace) -> int:
     gpus = args.gpus if args.gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
-         reap=not args.no_reap)
+         reap=not args.no_reap, main_thread_exits=args.main_thread_exits)
 
 
 def run_leak(args: argparse.Namespace) -> int:

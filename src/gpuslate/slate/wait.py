@@ -26,6 +26,7 @@ from .._parse import check_seconds, check_size, format_size
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import HolderProcess, Snapshot, resolve_gpus, take_snapshot
+from ..proc.procfs import EXITED_STATES, zombie_reason, zombie_remedy
 from ..proc.terminate import Poller, VictimResult
 
 WAIT_SCHEMA = "gpuslate.wait.v1"
@@ -63,13 +64,15 @@ class Problem(NamedTuple):
     used_memory: int | None
     reason: str
     remedy: str | None
+    #: the process that must act for it to go: a zombie's parent, which alone can reap it
+    parent: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Problem:
-        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"])
+        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"], d.get("parent"))
 
 
 class GpuDiagnosis(NamedTuple):
@@ -217,8 +220,8 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
 
 def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
              planned: set[int] | None) -> Problem:
-    def problem(reason: str, remedy: str | None) -> Problem:
-        return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy)
+    def problem(reason: str, remedy: str | None, parent: int | None = None) -> Problem:
+        return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy, parent)
 
     if not p.visible:
         if victim is not None and victim.exited_at is not None:
@@ -227,9 +230,9 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
         return problem("its PID is not visible in this host's /proc: a process in another PID namespace "
                        "(a container) or one that just exited",
                        "run gpuslate on the host itself, or stop the container that owns it")
-    if p.state == "Z":
-        return problem(f"a zombie: it exited but its parent (PID {p.ppid}) has not reaped it; the driver is "
-                       "releasing its memory", f"the parent {p.ppid} must collect it (wait), or end the parent")
+    if p.state in EXITED_STATES:  # every thread gone (a leader that exited while a thread runs is alive)
+        return problem(zombie_reason(p.ppid) + "; the driver is releasing its memory", zombie_remedy(p.ppid),
+                       p.ppid)
     if p.state == "D":
         return problem("in uninterruptible sleep (state D) inside the kernel or driver: signals take effect "
                        "only when that call returns",

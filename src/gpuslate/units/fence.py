@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, NamedTuple, Protocol
 
-from ..proc.procfs import ProcessId, ProcStat, read_stat
+from ..proc.procfs import ProcessId, ProcStat, open_image_file, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
@@ -108,7 +108,7 @@ def read_environ(pid: int) -> bytes | None:
     """``pid``'s environment block as the kernel shows it (None: gone, or another user's). A
     process that rewrote it (setproctitle) shows its title instead: its marker is gone."""
     try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_image_file(pid, "environ")  # a live thread's where the leader thread exited
     except OSError:
         return None
     try:

@@ -3,17 +3,21 @@
 The shapes mirror real model servers: a single process, a launcher with
 tensor-parallel worker processes (``workers``), workers that double-forked
 away from their launcher (``orphan_workers``, like SGLang schedulers that end
-up under PID 1), processes that ignore SIGTERM, renamed processes, and
-monitors that only hold the device open (``memory=0``).
+up under PID 1), processes that ignore SIGTERM, renamed processes, monitors
+that only hold the device open (``memory=0``), and holders whose main thread
+exits while another thread keeps the memory (``main_thread_exits``: ``/proc``
+then says ``Z`` for a process that lives, see :mod:`gpuslate.proc.procfs`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
 import signal
 import sys
+import threading
 from typing import IO, NamedTuple, NoReturn
 
 from ...errors import ServerFailed, UsageError
@@ -34,8 +38,6 @@ def set_title(title: str) -> None:
 
         setproctitle.setproctitle(title)
     except ImportError:  # fall back to the kernel name only (15 characters)
-        import ctypes  # lazy: optional
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
@@ -89,7 +91,14 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]]) -> list[int]:
     return fds + host.allocate(held)
 
 
-def _sleep_forever() -> NoReturn:
+def _sleep_forever(main_thread_exits: bool = False) -> NoReturn:
+    """Keep what this process holds until it is killed; with ``main_thread_exits``, the main
+    thread calls ``pthread_exit`` and a second thread keeps the process (and its fds) alive.
+    Python runs signal handlers in the main thread only: then SIGTERM either kills (its default)
+    or, handled, is never acted on."""
+    if main_thread_exits:
+        threading.Thread(target=threading.Event().wait, name="keeper").start()
+        ctypes.CDLL(None).pthread_exit(None)  # the GIL is released around the call
     while True:
         signal.pause()
 
@@ -118,6 +127,7 @@ def hold(
     handles: list[int] | None = None,
     title: str | None = None,
     reap: bool = True,
+    main_thread_exits: bool = False,
     out: IO[str] = sys.stdout,
 ) -> NoReturn:
     """Hold ``memory`` bytes on each GPU in ``gpus`` until killed.
@@ -125,8 +135,9 @@ def hold(
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
     all memory is held: the pids as this process's /proc shows them (see
     :func:`shown_pid`; ``status`` shows host pids, as a driver does).
-    ``title`` may contain ``{rank}`` (the worker number). Raises ServerFailed,
-    holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
+    ``title`` may contain ``{rank}`` (the worker number). With ``main_thread_exits``
+    each process holding memory ends its main thread once it holds (see :func:`_sleep_forever`).
+    Raises ServerFailed, holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
     """
     if not gpus:
         raise UsageError("no GPUs to hold: pass --gpus")
@@ -153,18 +164,20 @@ def hold(
         extra = [(g, 0) for g in handles or [] if g not in gpus]
         _hold_here(host, assign(gpus, memory, 1)[0] + extra)  # the fds stay open for the process's life
         _announce(out, [])
-        _sleep_forever()
+        _sleep_forever(main_thread_exits)
 
     if reap:
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
-    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title)
+    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title,
+                         main_thread_exits=main_thread_exits)
     _announce(out, [w.shown for w in pids])
     _sleep_forever()
 
 
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
-                  orphan: bool = False, title: str | None = None) -> list[WorkerPid]:
+                  orphan: bool = False, title: str | None = None, main_thread_exits: bool = False,
+                  ) -> list[WorkerPid]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
     their pids once every one of them holds its memory (like TP ranks loading).
 
@@ -183,7 +196,7 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
             pid = os.fork()
             if pid == 0:
                 os.close(go_w)
-                _worker(host, held, rank, (r, w), go_r, orphan, title)
+                _worker(host, held, rank, (r, w), go_r, orphan, title, main_thread_exits)
             if orphan:
                 intermediates.append(pid)
         os.close(w)
@@ -220,7 +233,7 @@ def _reports(r: int, workers: int) -> tuple[list[WorkerPid], list[str]]:
 
 
 def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple[int, int], go: int,
-            orphan: bool, title: str | None) -> NoReturn:
+            orphan: bool, title: str | None, main_thread_exits: bool) -> NoReturn:
     """Runs in the forked child; never returns into the launcher's code."""
     r, w = report
     try:
@@ -243,7 +256,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
     if not started:
         os._exit(1)
     del fds
-    _sleep_forever()
+    _sleep_forever(main_thread_exits)
 
 
 def _announce(out: IO[str], workers: list[int]) -> None:

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from ..._parse import format_size
 from ...errors import BackendUnavailable, PermissionDenied, ServerFailed, UsageError
-from ...proc.fdscan import FdScan, scan_device_holders
+from ...proc.fdscan import FdScan, read_fd_targets, scan_device_holders
 from ...proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
 from .records import (
     SUFFIX,
@@ -50,7 +50,6 @@ from .records import (
     Owner,
     RecordFile,
     create_record,
-    fd_targets,
     gpu_of_name,
     lock_owners,
     owner_of,
@@ -448,7 +447,7 @@ class SimHost:
         for pid in set(locks.values()):
             st = read_stat(pid)
             facts[pid] = LockFact(pid, st.start_ticks if st else None, ticks_to_epoch(st.start_ticks) if st else None,
-                                  fd_targets(pid))
+                                  read_fd_targets(pid))
         out: dict[str, Owner] = {}
         scan: FdScan | None = None
         starts: dict[int, int | None] = {}
