@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from .procfs import PROC, read_stat
+from .procfs import MAX_TASKS_READ, PROC, read_stat
 
 
 class FdScan(NamedTuple):
@@ -53,22 +53,33 @@ def fd_dir(pid: int) -> str:
     return thread_fd_dir(pid) or own
 
 
-def read_fd_targets(pid: int) -> frozenset[str] | None:
+def read_fd_targets(pid: int, *, threads: bool = False) -> frozenset[str] | None:
     """What a process's fds point to; ``None`` when its fd table may not be read,
-    empty when it is gone."""
-    where = fd_dir(pid)
-    try:
-        fds = os.listdir(where)
-    except PermissionError:
-        return None
-    except OSError:
-        return frozenset()
-    out: set[str] = set()
-    for fd in fds:
+    empty when it is gone. ``threads``: those of every thread too (at most
+    :data:`~.procfs.MAX_TASKS_READ`): a thread that called ``unshare(CLONE_FILES)`` has a
+    table of its own, which ``/proc/PID/fd`` does not show."""
+    dirs = [fd_dir(pid)]
+    if threads:
         try:
-            out.add(os.readlink(where + fd))
+            tids = os.listdir(f"{PROC}/{pid}/task")[:MAX_TASKS_READ]
+        except OSError:
+            tids = []
+        dirs += [f"{PROC}/{pid}/task/{t}/fd/" for t in tids]
+    out: set[str] = set()
+    for i, where in enumerate(dirs):
+        try:
+            fds = os.listdir(where)
+        except PermissionError:
+            if i == 0:
+                return None
+            continue
         except OSError:
             continue
+        for fd in fds:
+            try:
+                out.add(os.readlink(where + fd))
+            except OSError:
+                continue
     return frozenset(out)
 
 

@@ -446,8 +446,12 @@ class SimHost:
         facts: dict[int, LockFact] = {}
         for pid in set(locks.values()):
             st = read_stat(pid)
+            targets = read_fd_targets(pid)
+            wanted = {p for f in live if locks.get(f.inode) == pid for p in (f.path, f"{real_dev}/nvidia{f.claim.gpu}")}
+            if targets is not None and not wanted <= targets:  # a thread with a file table of its own holds it?
+                targets = read_fd_targets(pid, threads=True)  # the driver names the process, whichever thread
             facts[pid] = LockFact(pid, st.start_ticks if st else None, ticks_to_epoch(st.start_ticks) if st else None,
-                                  read_fd_targets(pid))
+                                  targets)
         out: dict[str, Owner] = {}
         scan: FdScan | None = None
         starts: dict[int, int | None] = {}
