@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 
@@ -199,8 +200,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
 
 
 def is_gone(pid: int) -> bool:
+    """Gone, or a true zombie (a leader thread that exited while another runs is not gone)."""
     st = read_stat(pid)
-    return st is None or st.state in ("Z", "X")
+    return st is None or st.has_exited
 
 
 def experiment_folder(tmp_path: Path, failed: int = 0) -> Path:
@@ -225,3 +227,39 @@ def experiment_folder(tmp_path: Path, failed: int = 0) -> Path:
                           "itl_ms": stat(5.0), "e2e_ms": stat(100.0), "accept_length": None,
                           "tokens_estimated": False}})
     return out
+
+
+#: a Python program whose main thread ends (pthread_exit) after ``SETUP`` ran, while a second thread
+#: keeps the process, and what it opened, alive until its stdin closes (or a signal ends it); it prints
+#: its pid and what ``SETUP`` left in ``report``
+_LEADER_EXITS = r"""
+import ctypes, json, os, sys, threading
+report = None
+{setup}
+threading.Thread(target=sys.stdin.read, name="keeper").start()
+print(json.dumps({{"pid": os.getpid(), "report": report}}), flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+class LeaderExited(NamedTuple):
+    proc: subprocess.Popen[str]
+    pid: int
+    report: Any  # what the setup code put in ``report``
+
+
+@contextmanager
+def leader_exits(setup: str = "", env: dict[str, str] | None = None) -> Iterator[LeaderExited]:
+    """A process whose main thread has exited while another runs: ``/proc/PID/stat`` says Z, its fds
+    are in ``/proc/PID/task/TID/fd``; yielded once /proc shows it so, SIGKILLed and reaped after.
+    ``setup`` runs first (Python: open files, listen on a port; may set ``report``)."""
+    p = subprocess.Popen([sys.executable, "-c", _LEADER_EXITS.format(setup=setup)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=gpuslate_env(env))
+    try:
+        ready = json.loads(p.stdout.readline())  # type: ignore[union-attr]
+        assert ready["pid"] == p.pid
+        wait_for(lambda: (st := read_stat(p.pid)) is not None and st.leader_exited)
+        yield LeaderExited(p, p.pid, ready["report"])
+    finally:
+        p.kill()
+        p.wait(10)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ class Observed:
     caller: int
     cli: bool
     user_uids: dict[str, int]  # --user NAME -> uid
+    reaped: dict[int, int] = field(default_factory=dict)  # pid -> wait status, from whoever reaped it
 
 
 def V(cls: str, msg: str) -> dict[str, str]:
@@ -195,11 +197,27 @@ def check_collateral(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
         verdict = spared[f["pid"]]["reason"] if f["pid"] in spared else "not in the plan"
         cause = _cause(o, f, gone)
         out.append(V("collateral", f"{lab} pid {f['pid']} ({f['title']}, uid {f['uid']}) died though not a target "
-                                   f"[{verdict}]{cause}"))
+                                   f"[{verdict}]{death(o.reaped.get(f['pid']))}{cause}"))
     for pid, ok in o.extra_after.items():
         if not ok:
             out.append(V("collateral", f"bystander {pid} (forked onto a reused pid between plan and act) died"))
     return out
+
+
+def death(status: int | None) -> str:
+    """How a process ended, from its wait status: " (killed by SIGHUP)", " (exited 1)"; "" unknown."""
+    if status is None:
+        return ""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        hint = (": the kernel's, to an orphaned group with a stopped member or a hung-up terminal"
+                if sig == signal.SIGHUP else "")
+        return f" (killed by {name}{hint})"
+    return f" (exited {os.waitstatus_to_exitcode(status)})"
 
 
 def _cause(o: Observed, f: dict[str, Any], gone: set[tuple[int, int]]) -> str:

@@ -17,6 +17,13 @@ line per forest goes to ``OUT/results.jsonl``.
 With the library, ``confirm`` (called between the plan and the act) is the hook that reuses a PID:
 it kills a planned target, waits for its pid to be free, and forks a bystander onto that very pid
 by writing ``/proc/sys/kernel/ns_last_pid`` (PIDs in a fresh namespace are small and predictable).
+
+Every death is explained where the kernel tells it: each process's wait status, from whoever reaped
+it (the namespace's init logs what it reaps to ``OUT/reaped.log``; nodes and the caller report
+theirs), goes into a collateral death's message ("killed by SIGHUP": the kernel's, for an orphaned
+group with a stopped member or a terminal hung up; gpuslate's signals are in the audit log).
+The GPU daemons' programs (:data:`fuzzkit.forest.MPS_SERVER`...) are copies of this interpreter,
+made once a run under ``OUT/programs``.
 """
 
 from __future__ import annotations
@@ -40,12 +47,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "src"), str(Path(__fil
 
 import gpuslate  # noqa: E402
 from fuzzkit import checks  # noqa: E402
-from fuzzkit.forest import GPUS, Forest, NodeSpec, generate  # noqa: E402
+from fuzzkit.forest import GPUS, MPS_CONTROL, MPS_SERVER, Forest, NodeSpec, Rename, generate  # noqa: E402
 from fuzzkit.node import Node  # noqa: E402
 from gpuslate.errors import GpuslateError  # noqa: E402
 from gpuslate.gpu.sim.host import SimHost  # noqa: E402
 from gpuslate.proc.procfs import ProcessId, list_pids, read_stat  # noqa: E402
 from gpuslate.proc.signals import send_signal  # noqa: E402
+from helpers import program_named  # noqa: E402
 
 GiB = 1024**3
 GRACE = 0.2
@@ -56,6 +64,8 @@ SETTLE_S = 0.1
 CALLER_TIMEOUT_S = 90  # more than a forest's start-up deadline: a hung start-up is retried, not lost
 #: the interpreter the second user's exec'd processes run (this one may live in root's home)
 PYTHON_OTHER = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+#: what the namespace's init reaps (pid and wait status, a line each), under OUT; and the programs
+REAPED_LOG, PROGRAMS = "reaped.log", "programs"
 
 
 # --- facts ----------------------------------------------------------------------------------
@@ -70,12 +80,13 @@ def proc_facts(pid: int) -> dict[str, Any] | None:
         uid = os.stat(f"/proc/{pid}").st_uid
         ns = os.readlink(f"/proc/{pid}/ns/pid")
         nspid = _status_field(pid, "NSpid")
-        with open(f"/proc/{pid}/cmdline", "rb") as f:  # what --match reads (a title only where setproctitle is)
+        # what --match reads (a title only where setproctitle is), a live thread's where the leader exited
+        with open(f"{st.image_dir}/cmdline", "rb") as f:
             cmdline = " ".join(a.decode(errors="replace") for a in f.read(8192).split(b"\0") if a)
     except OSError:
         return None
     return {"pid": pid, "ticks": st.start_ticks, "ppid": st.ppid, "pgid": st.pgid, "sid": st.sid, "tty": st.tty_nr,
-            "uid": uid, "cmdline": cmdline,
+            "uid": uid, "cmdline": cmdline, "leader_exited": st.leader_exited,
             "name": st.name, "state": st.state, "ns": ns, "nspid": nspid}
 
 
@@ -124,13 +135,18 @@ def enter_context(context: str) -> None:
 class ForestRun:
     context = "outside"
 
-    def __init__(self, forest: Forest, base: Path, other: dict[str, Any] | None, cli: bool) -> None:
+    def __init__(self, forest: Forest, base: Path, other: dict[str, Any] | None, cli: bool,
+                 programs: dict[str, str] | None = None) -> None:
         self.forest = forest
         self.dir = base / f"forest-{forest.seed}"
         self.other = other
         self.cli = cli
         self.rng = random.Random(forest.seed * 7919 + 1)  # selections: their own stream
-        self.report_r, self.report_w = os.pipe()
+        self.base = base
+        self.programs = programs or {}
+        self.report_r = self.report_w = -1  # the report pipe: made in run(), in the process that runs it
+        self.reaped: dict[int, int] = {}  # pid -> wait status, from whoever reaped it
+        self.reap_log_at = 0  # where this forest's part of the init's log starts
         self.driver_children: list[int] = []
         self.pids: dict[str, int] = {}  # node id -> pid
         self.forked: list[dict[str, int]] = []  # helpers forked on SIGTERM: {pid, ppid}
@@ -151,7 +167,10 @@ class ForestRun:
         (self.canary / "file").write_text("canary\n")
         self.runfile = self.dir / "run.json"
         run = {"forest": self.forest.to_json(), "sim": str(self.sim.root), "runfile": str(self.runfile),
-               "other": self.other or {}, "python": sys.executable, "python_other": PYTHON_OTHER}
+               "other": self.other or {}, "python": sys.executable, "python_other": PYTHON_OTHER,
+               "python_home": sys.base_prefix,
+               "python_home_other": "/usr" if PYTHON_OTHER == "/usr/bin/python3" else sys.base_prefix,
+               "programs": self.programs}
         self.runfile.write_text(json.dumps(run))
         self.runfile.chmod(0o644)
         self.run_doc = run
@@ -177,11 +196,18 @@ class ForestRun:
                         self.pids[doc["id"]] = doc["pid"]
                     elif doc["event"] == "failed":
                         raise RuntimeError(f"node {doc['id']} failed to start: {doc['error']}")
+                    else:
+                        self.take_report(doc)
             self.reap_mine()
         # leaders that exit: wait until they are gone (reaped), so the plan sees a settled forest
         exiting = [self.pids[n] for n, s in self.forest.nodes.items() if s.exits]
         until(lambda: all((st := read_stat(p)) is None or st.has_exited for p in exiting) or self.reap_mine(), 10,
               "leaders to exit")  # a zombie (its parent stopped) has exited too
+        # main threads that exit while a second thread keeps the process: gone before the plan, and before
+        # a stop (a stopped main thread would exit only once continued)
+        ending = [self.pids[n] for n, s in self.forest.nodes.items() if s.main_exits]
+        until(lambda: all((st := read_stat(p)) is None or st.has_exited or st.leader_exited for p in ending), 10,
+              "main threads to exit")
         stopping = [self.pids[n] for n, s in self.forest.nodes.items() if s.stopped]
         for pid in stopping:  # after the exits: a group orphaned with a stopped member gets SIGHUP then
             st = read_stat(pid)
@@ -192,12 +218,33 @@ class ForestRun:
     def reap_mine(self) -> bool:
         for pid in list(self.driver_children):
             try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
+                done, status = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                done = pid
+                done, status = pid, None
             if done:
                 self.driver_children.remove(pid)
+                if status is not None:
+                    self.reaped[pid] = status
         return False
+
+    def take_report(self, doc: dict[str, Any]) -> None:
+        if doc["event"] == "forked":
+            self.forked.append({"pid": doc["pid"], "ppid": doc["ppid"]})
+        elif doc["event"] == "reaped":
+            self.reaped[doc["pid"]] = doc["status"]
+
+    def read_reaped_log(self) -> None:
+        """What the namespace's init reaped since this forest began."""
+        try:
+            with open(self.base / REAPED_LOG, "rb") as f:
+                f.seek(self.reap_log_at)
+                text = f.read().decode()
+        except OSError:
+            return
+        for line in text.splitlines():
+            pid, _, status = line.partition(" ")
+            if pid.isdigit() and status.isdigit():
+                self.reaped[int(pid)] = int(status)
 
     def read_reports(self) -> None:
         os.set_blocking(self.report_r, False)
@@ -211,9 +258,7 @@ class ForestRun:
             pass
         *lines, self.buf = self.buf.split(b"\n")
         for line in lines:
-            doc = json.loads(line)
-            if doc["event"] == "forked":
-                self.forked.append({"pid": doc["pid"], "ppid": doc["ppid"]})
+            self.take_report(json.loads(line))
 
     def facts(self) -> dict[str, dict[str, Any]]:
         """Every process of the forest, nodes and wrappers (``runuser``, ``su``, ``unshare``), keyed by a label."""
@@ -312,8 +357,10 @@ class ForestRun:
                 continue
             parent = mine.get(f["ppid"])
             if any(g["ppid"] == f["pid"] for g in mine.values()) or f["pid"] == f["sid"] \
-                    or (parent is not None and parent["kind"] == "wrapper"):
-                continue  # only a leaf whose death ends nothing else: no children, no session, no runuser above
+                    or (parent is not None and (parent["kind"] == "wrapper" or parent["leader_exited"])):
+                # only a leaf whose death ends nothing else: no children, no session, no runuser above; and
+                # whose pid comes free (a parent whose main thread exited runs no SIGCHLD handler: never reaped)
+                continue
             cands.append(f)
         if not cands:
             return True
@@ -347,6 +394,11 @@ class ForestRun:
     # the whole run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
+        self.report_r, self.report_w = os.pipe()
+        try:
+            self.reap_log_at = os.stat(self.base / REAPED_LOG).st_size
+        except OSError:
+            self.reap_log_at = 0
         self.setup()
         self.killed: list[tuple[int, int]] = []
         self.record["context"] = self.context
@@ -372,11 +424,12 @@ class ForestRun:
             until(lambda: not all(alive(i) for i in bystanders), SETTLE_S, None)
             self.read_reports()
             after = {lab: alive((f["pid"], f["ticks"])) for lab, f in self.before.items()}
+            self.read_reaped_log()
             extra_after = {pid: alive((pid, t)) for pid, t in self.extra}
             audit = checks.read_audit(self.state / "audit.jsonl")
             self.record["violations"] = checks.check_all(checks.Observed(
                 before=self.before, after=after, selection=sel, dry=dry, act=act, audit=audit,
-                forked=self.forked, killed=self.killed, extra_after=extra_after,
+                forked=self.forked, killed=self.killed, extra_after=extra_after, reaped=self.reaped,
                 outside_before=outside, outside_after=checks.tree_state(self.dir, skip=(self.sim.root, self.state)),
                 stray_audit=[str(p) for p in self.dir.rglob("audit.jsonl") if p.parent != self.state],
                 caller=os.getpid(), cli=self.cli,
@@ -437,6 +490,14 @@ def _spec_summary(s: NodeSpec) -> str:
         parts.append("stopped")
     if s.tty:
         parts.append("leads a terminal")
+    if s.program:
+        parts.append(f"is {s.program}")
+    elif s.rename != Rename.SPT:
+        parts.append(f"renamed by {s.rename.value}")
+    if s.main_exits:
+        parts.append("main thread exits")
+    if s.delay_ms:
+        parts.append(f"starts {s.delay_ms} ms late")
     return " ".join(parts)
 
 
@@ -537,6 +598,9 @@ def init(argv: list[str]) -> NoReturn:
     if "--driver-pid2" not in argv and os.fork() == 0:
         while True:
             signal.pause()
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--out", type=Path, required=True)
+    log = ap.parse_known_args(argv)[0].out / REAPED_LOG
     driver = os.fork()
     if driver == 0:
         try:
@@ -548,6 +612,8 @@ def init(argv: list[str]) -> NoReturn:
         pid, status = os.wait()
         if pid == driver:
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        with open(log, "a") as f:  # one short line, appended: the driver reads it while this writes
+            f.write(f"{pid} {status}\n")
 
 
 def _setup_failed(rec: dict[str, Any]) -> bool:
@@ -571,12 +637,14 @@ def main(argv: list[str]) -> int:
         other = {"name": name, "uid": int(uid), "gid": int(gid)}
     os.environ.pop("GPUSLATE_SIM", None)
     os.environ.pop("GPUSLATE_LOCK_DIR", None)
+    programs = {name: program_named(name, args.out / PROGRAMS) for name in (MPS_CONTROL, MPS_SERVER)}
     with open(args.out / "results.jsonl", "w") as out:
         for i in range(args.forests):
             seed = args.seed + i
             forest = generate(seed, other_user=other is not None)
             for _attempt in range(2):  # a forest whose nodes could not start (a loaded machine) runs again once
-                run = ForestRun(forest, args.out, other, cli=args.cli_every > 0 and seed % args.cli_every == 0)
+                run = ForestRun(forest, args.out, other, cli=args.cli_every > 0 and seed % args.cli_every == 0,
+                                programs=programs)
                 rec = run.run() if args.driver_pid2 else in_caller(run)
                 sweep()
                 shutil.rmtree(run.dir, ignore_errors=True)  # the caller's, if the act or a hang ended it first

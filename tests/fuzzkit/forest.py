@@ -8,6 +8,14 @@ handle-only monitors, GPU-memory holders on random simulated GPUs, processes ren
 ``bash``, ``tini``, ``systemd``, handlers that ignore SIGTERM, never exit on it, or fork on it,
 stopped processes (an orphaned stopped group gets SIGHUP) and session leaders on a terminal (their
 exit hangs it up: SIGHUP to its foreground group).
+
+Since issue 24, drawn from a second stream (:func:`_overlay`, so that a seed keeps the shape it had):
+renamed the ways real servers rename (py-setproctitle, which moves the environment for a long
+title; the same with ``SPT_NOENV``; ``prctl(PR_SET_NAME)`` alone; argv[0] set at exec, bash's
+``exec -a``), a main thread that exits while another thread keeps the process (``/proc`` says Z
+for it), a holder that starts late, and an MPS-like pair: a control daemon and a server that *are*
+the programs ``nvidia-cuda-mps-control``/``nvidia-cuda-mps-server`` (``/proc/PID/exe``, root's),
+the server holding a footprint on GPUs its clients (other holders) hold too.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ class Start(str, Enum):
     SU = "su"  # exec `su -s /bin/sh OTHER -c 'exec python node.py'`: su stays as a forwarding parent
     SETPRIV = "setpriv"  # exec `setpriv --reuid OTHER -- python node.py`: no extra process
     UNSHARE = "unshare"  # exec `unshare --fork --pid python node.py`: the node is the new namespace's init
+    DAEMON = "daemon"  # exec the program ``NodeSpec.program`` (a system copy of this interpreter) with node.py
 
 
 class Group(str, Enum):
@@ -52,8 +61,19 @@ class Term(str, Enum):
     FORK = "fork"  # a shutdown hook: forks a helper, waits for it, exits
 
 
+class Rename(str, Enum):
+    """How a node gives itself its title."""
+
+    SPT = "setproctitle"  # argv and comm; a title longer than argv's room moves the environment
+    SPT_NOENV = "setproctitle_noenv"  # SPT_NOENV=1 first: the environment stays, the title fits argv's room
+    PRCTL = "prctl"  # prctl(PR_SET_NAME): the kernel's 15-character name only, argv untouched
+    EXEC_A = "exec_a"  # exec'd with argv[0] = the title (bash's ``exec -a``): its name is its program's
+
+
 #: starts that need the second user
 NEEDS_OTHER = (Start.AS_OTHER, Start.RUNUSER, Start.SU, Start.SETPRIV)
+#: the programs of the MPS-like pair (GPU daemons by what they run: spared unless --include-handles)
+MPS_CONTROL, MPS_SERVER = "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"
 
 
 @dataclass
@@ -72,6 +92,10 @@ class NodeSpec:
     tty: bool = False  # leads its session on a terminal of its own (a pty): its exit hangs the terminal up
     other: bool = False  # runs as the second user
     nsdepth: int = 0  # nesting of PID namespaces below the fuzzer's
+    rename: Rename = Rename.SPT
+    main_exits: bool = False  # once up, its main thread exits (pthread_exit) and a second thread keeps it
+    delay_ms: int = 0  # starts late: sleeps this long before it holds and reports (a loaded machine)
+    program: str | None = None  # Start.DAEMON: the program it runs (MPS_CONTROL, MPS_SERVER)
 
     @property
     def display_title(self) -> str:
@@ -91,7 +115,8 @@ class Forest:
 
     def to_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "roots": self.roots,
-                "nodes": {k: {**asdict(v), "start": v.start.value, "group": v.group.value, "term": v.term.value}
+                "nodes": {k: {**asdict(v), "start": v.start.value, "group": v.group.value, "term": v.term.value,
+                              "rename": v.rename.value}
                           for k, v in self.nodes.items()}}
 
 
@@ -146,4 +171,36 @@ def generate(seed: int, *, other_user: bool = True, max_nodes: int = 9) -> Fores
     for _ in range(rng.randint(1, 3)):
         if len(nodes) < max_nodes:
             roots.append(make(None, 0))
+    _overlay(random.Random(seed * 104729 + 24), nodes, roots)
     return Forest(seed, nodes, roots)
+
+
+def _overlay(rng: random.Random, nodes: dict[str, NodeSpec], roots: list[str]) -> None:
+    """The shapes of issue 24, drawn from their own stream over a forest already made."""
+    for node in list(nodes.values()):
+        renames = {Rename.SPT: 60, Rename.SPT_NOENV: 22, Rename.PRCTL: 15}
+        if node.start in (Start.FORK, Start.DOUBLE_FORK, Start.AS_OTHER):  # a start that can exec (costly)
+            renames[Rename.EXEC_A] = 3
+        node.rename = _pick(rng, renames)
+        # a leader that exits entirely already leaves its children; a thread outliving it is another shape
+        node.main_exits = not node.exits and rng.random() < 0.1
+        node.delay_ms = rng.randint(5, 30) if rng.random() < 0.05 else 0
+    if rng.random() < 0.08:  # an MPS-like pair with its clients (two exec'd interpreters: costly)
+        gpus = sorted(rng.sample(range(GPUS), rng.randint(1, 2)))
+        control = NodeSpec(f"n{len(nodes)}", None, Start.DAEMON, Group.SETSID, Term.DEFAULT, handles=gpus,
+                           program=MPS_CONTROL)
+        nodes[control.id] = control
+        server = NodeSpec(f"n{len(nodes)}", control.id, Start.DAEMON, Group.INHERIT, Term.DEFAULT,
+                          hold=[(g, 64 * MiB) for g in gpus], program=MPS_SERVER,
+                          main_exits=rng.random() < 0.2)
+        nodes[server.id] = server
+        control.children.append(server.id)
+        roots.append(control.id)
+        # clients: processes of the fuzzer's user holding memory on the server's GPUs, wherever they are
+        # TODO(issue 24, MPS): with the MPS branch, these are the server's clients (kind mps, its pid) and
+        # the invariant grows: a server whose clients are not all targets is never signaled
+        candidates = sorted((n for n in nodes.values() if n.hold and not n.other and n.program is None),
+                            key=lambda n: n.id)
+        for client in rng.sample(candidates, min(len(candidates), rng.randint(1, 2))):
+            held = {g for g, _ in client.hold}
+            client.hold += [(g, 256 * MiB) for g in gpus if g not in held]

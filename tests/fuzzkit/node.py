@@ -1,11 +1,14 @@
 """The program every process of a forest runs: ``python node.py RUNFILE NODE_ID REPORT_FD``.
 
 A node applies its spec (:class:`fuzzkit.forest.NodeSpec`) in this order: becomes the second user
-(``as_other``), makes its own session or group, renames itself, sets what SIGTERM does, starts its
-children (by fork, double fork, or by exec'ing ``runuser``/``su``/``setpriv``/``unshare`` with this
-program again), holds its simulated GPU memory or device handles (after the forks: what a node
-holds is its own, not inherited), reports ``{"id", "pid"}`` on the report
-pipe, then exits (a leader that exits) or sleeps until a signal ends it.
+(``as_other``), makes its own session or group, renames itself (the way its spec says), sets what
+SIGTERM does, starts its children (by fork, double fork, or by exec'ing ``runuser``/``su``/
+``setpriv``/``unshare``/a GPU daemon's program/this interpreter under another argv[0] with this
+program again), waits if it starts late, holds its simulated GPU memory or device handles (after
+the forks: what a node holds is its own, not inherited), reports ``{"id", "pid"}`` on the report
+pipe, then exits (a leader that exits), ends its main thread while a second thread keeps it
+(``main_exits``), or sleeps until a signal ends it. It reports each child it reaps with the
+child's wait status, so that a death is explained (a SIGHUP is the kernel's, not gpuslate's).
 
 Most nodes are forked, not exec'd (a fork of a loaded interpreter costs a millisecond, a Python
 start-up tens): only the shapes that need another program exec. Pids are reported as this fuzzer's
@@ -23,6 +26,8 @@ import shlex
 import signal
 import sys
 import termios
+import threading
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -47,11 +52,19 @@ class Node:
         os.write(self.fd, (json.dumps(doc) + "\n").encode())
 
     def exec_node(self, spec: dict[str, Any]) -> NoReturn:
-        """In a forked child: exec the wrapper that starts ``spec`` with this program."""
+        """In a forked child: exec the wrapper that starts ``spec`` with this program (or the program
+        that is this interpreter under another name, or this interpreter under another argv[0])."""
         other = self.run["other"]
         prog = [self.run["python_other" if spec["other"] else "python"], os.path.abspath(__file__),
                 self.run["runfile"], spec["id"], str(self.fd)]
-        if spec["start"] == "runuser":
+        path = None  # the file exec'd, where it is not argv[0]
+        if spec["start"] == "daemon":  # the program is a copy of this interpreter that is that program
+            argv = [self.run["programs"][spec["program"]], *prog[1:]]
+        elif spec["rename"] == "exec_a":  # bash's exec -a: argv[0] is the title, the program is python
+            path, argv = prog[0], [spec["title"] or f"fuzz-{spec['id']}", *prog[1:]]
+            # Python finds its library from argv[0] (searched on PATH: "bash" is /usr/bin/bash): say where
+            os.environ["PYTHONHOME"] = self.run["python_home_other" if spec["other"] else "python_home"]
+        elif spec["start"] == "runuser":
             argv = ["runuser", "-u", other["name"], "--", *prog]
         elif spec["start"] == "su":
             argv = ["su", "-s", "/bin/sh", other["name"], "-c", "exec " + " ".join(map(shlex.quote, prog))]
@@ -62,7 +75,7 @@ class Node:
         os.set_inheritable(self.fd, True)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         try:
-            os.execvp(argv[0], argv)
+            os.execvp(path or argv[0], argv)
         finally:
             os._exit(127)
 
@@ -71,17 +84,17 @@ class Node:
         pid = os.fork()
         if pid == 0:
             try:
-                if start == "double_fork":
-                    if os.fork() != 0:
-                        os._exit(0)
-                    self.become(spec["id"])
-                if start in ("runuser", "su", "setpriv", "unshare"):
+                if start == "double_fork" and os.fork() != 0:
+                    os._exit(0)
+                if start in ("runuser", "su", "setpriv", "unshare", "daemon"):
                     self.exec_node(spec)
                 if start == "as_other":
                     other = self.run["other"]
                     os.setgroups([])
                     os.setgid(other["gid"])
                     os.setuid(other["uid"])
+                if spec["rename"] == "exec_a":
+                    self.exec_node(spec)
                 self.become(spec["id"])
             finally:
                 os._exit(1)
@@ -110,7 +123,8 @@ class Node:
             os.setsid()
         elif spec["group"] == "setpgid" and not leader:
             os.setpgid(0, 0)
-        set_title(spec["title"] if spec["title"] is not None else f"fuzz-{node_id}")
+        if spec["program"] is None:  # a GPU daemon keeps its program's name, as the real ones do
+            set_title(spec["title"] if spec["title"] is not None else f"fuzz-{node_id}", spec["rename"])
         signal.signal(signal.SIGCHLD, self.reap)
         term = spec["term"]
         if term == "ignore":
@@ -126,10 +140,15 @@ class Node:
         terminal = self.take_terminal() if spec.get("tty") else []  # before the children: they share it
         for cid in spec["children"]:
             self.spawn(self.nodes[cid])
+        if spec["delay_ms"]:
+            time.sleep(spec["delay_ms"] / 1000)  # a holder that starts late (a loaded machine)
         fds = self.hold(spec) + terminal  # after the children: they do not inherit the device files
         self.report({"event": "ready", "id": node_id, "pid": host_pid()})
         if spec["exits"]:
             os._exit(0)
+        if spec["main_exits"]:  # the process lives on in its second thread; Python's handlers never run again
+            threading.Thread(target=threading.Event().wait, name="keeper").start()
+            ctypes.CDLL(None).pthread_exit(None)
         # a "stopped" node is stopped by the driver once the forest's exiting leaders are gone: one
         # that stopped itself before its group's leader exited got the kernel's SIGHUP for the
         # orphaned group -- a forest killing its own nodes during set-up, seen as gpuslate's doing
@@ -162,7 +181,9 @@ class Node:
     def reap(self, signum: int, frame: object) -> None:
         """Reap every exited child; a reaped pid is no longer ours to signal (it may be reused)."""
         try:
-            while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+            while (got := os.waitpid(-1, os.WNOHANG))[0] > 0:
+                pid, status = got
+                self.report({"event": "reaped", "pid": pid, "status": status})
                 if pid in self.children:
                     self.children.remove(pid)
         except ChildProcessError:
@@ -208,18 +229,26 @@ def host_pid() -> int:
     return int(os.readlink("/proc/self"))
 
 
-def set_title(title: str) -> None:
-    """argv and comm where setproctitle is installed, else comm only (what a kernel name check sees)."""
-    try:
-        import setproctitle
+def set_title(title: str, how: str = "setproctitle") -> None:
+    """Rename this process (see :class:`fuzzkit.forest.Rename`): argv and comm through setproctitle
+    where it is installed (with ``SPT_NOENV`` for ``setproctitle_noenv``: a forked child of a process
+    that set a title already keeps its way), or comm only; exec_a renamed it at exec already."""
+    if how == "exec_a":
+        return
+    if how != "prctl":
+        if how == "setproctitle_noenv":
+            os.environ["SPT_NOENV"] = "1"
+        try:
+            import setproctitle
 
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
+            setproctitle.setproctitle(title)
+        except ImportError:
+            pass
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
 
 
 def main(argv: list[str]) -> NoReturn:
+    os.environ.pop("PYTHONHOME", None)  # what an exec_a start told this interpreter: not for its children
     runfile, node_id, fd = argv[1], argv[2], int(argv[3])
     with open(runfile) as f:
         run = json.load(f)

@@ -21,6 +21,18 @@ print("ready", flush=True)
 sys.stdin.read()
 """
 
+# A holder whose main thread exits (pthread_exit) once its memory is held, while a second thread keeps
+# the process: /proc/PID/stat says Z, NVML lists PID (the process: the tgid) with its memory (issue 24)
+TORCH_LEADER_EXITS = r"""
+import ctypes, sys, threading, torch
+x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
+x.fill_(1)
+torch.cuda.synchronize()
+threading.Thread(target=sys.stdin.read).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
 # A launcher with N torch workers in its process group (like tensor-parallel ranks)
 TORCH_TREE = r"""
 import subprocess, sys

@@ -13,8 +13,8 @@ import time
 import pytest
 
 import gpuslate
-from gpuprocs import NVML_MONITOR, TORCH_HOLDER, TORCH_TREE, start_python
-from helpers import gpuslate_env
+from gpuprocs import NVML_MONITOR, TORCH_HOLDER, TORCH_LEADER_EXITS, TORCH_TREE, start_python
+from helpers import gpuslate_env, wait_for
 
 pytestmark = pytest.mark.gpu
 GiB = 1024**3
@@ -52,6 +52,24 @@ def test_clear_eight_process_tree(started):
     assert r.ok
     assert {t.ident.pid for t in r.plan.targets} == {p.pid, *p.children}
     assert all(gone(x) for x in [p.pid, *p.children])
+
+
+def test_a_holder_whose_main_thread_exited_is_alive_and_cleared(started):
+    """NVML names the process (the tgid) whose leader /proc reads as Z: status shows it holding, wait
+    does not call it a zombie, clear ends it and verifies (issue 24)."""
+    from gpuslate.proc.procfs import read_stat
+
+    p = start_python(TORCH_LEADER_EXITS, str(2 * GiB))
+    started.append(p)
+    wait_for(lambda: read_stat(p.pid).leader_exited)
+    (q,) = [q for q in gpuslate.status([0]).gpus[0].processes if q.pid == p.pid]
+    assert q.kind == "compute" and q.used_memory and q.state != "Z" and q.visible
+    waited = gpuslate.wait_free([0], timeout=0.1)
+    mine = [pr for d in waited.diagnosis for pr in d.problems if pr.pid == p.pid]
+    assert mine and not any("zombie" in pr.reason for pr in mine), mine
+    r = gpuslate.clear([0], pids=[p.pid], grace=10, timeout=60)
+    print(f"\nleader exited: status={r.status} ended_by={[x.ended_by for x in r.results]}")
+    assert r.ok and [t.ident.pid for t in r.plan.targets] == [p.pid] and gone(p.pid)
 
 
 def test_sigterm_ignoring_process_is_killed(started):

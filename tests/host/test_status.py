@@ -15,6 +15,7 @@ import gpuslate
 from gpuslate.gpu.nvml import nvml_library_present
 from gpuslate.gpu.sim import SimBackend
 from gpuslate.host.snapshot import take_snapshot
+from gpuslate.proc.procfs import read_stat
 from helpers import GiB, gpuslate_env, is_gone, wait_for
 
 
@@ -187,8 +188,6 @@ def test_zombie_memory_released(sim_host, hold):
     w = h.workers[0]
     os.kill(w, signal.SIGKILL)
     wait_for(lambda: is_gone(w))
-    from gpuslate.proc.procfs import read_stat
-
     assert read_stat(w).state == "Z"  # the launcher does not reap it
     wait_for(lambda: gpuslate.status([0]).gpus[0].memory.used == 0, timeout=5)
 
@@ -275,3 +274,14 @@ def test_bad_input_is_one_line_exit_2(sim_host, cli, args, needle):
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("gpuslate: error:"), lines
+
+
+def test_a_holder_whose_main_thread_exited_is_shown_holding(sim_host, hold, cli):
+    """/proc says Z for its leader and its fd table is empty: it holds all the same (issue 24)."""
+    h = hold("--gpus", "1", "--memory", "3GiB", "--main-thread-exits")
+    wait_for(lambda: read_stat(h.pid).leader_exited)
+    procs = gpu(gpuslate.status([1]), 1).processes
+    assert [(p.pid, p.used_memory, p.visible) for p in procs] == [(h.pid, 3 * GiB, True)]
+    assert procs[0].state != "Z" and procs[0].command.endswith("--main-thread-exits")
+    r = cli("status", "--gpus", "1")
+    assert r.returncode == 0 and str(h.pid) in r.stdout and "No processes hold" not in r.stdout

@@ -385,3 +385,45 @@ def test_confirmation_on_a_terminal(sim_host, hold):
     assert alive(h.pid)
     code, err = _clear_on_terminal(b"y\n")
     assert code == 0 and is_gone(h.pid)
+
+
+@pytest.mark.parametrize("term", ["default", "survive"])
+def test_clear_ends_a_holder_whose_main_thread_exited(sim_host, hold, cli, term):
+    """The leader is Z, a thread holds the memory: a target like any other, ended (SIGTERM kills it;
+    a handler its main thread can no longer run leaves SIGKILL to end it), the GPU verified free."""
+    extra = ("--survive-term",) if term == "survive" else ()
+    h = hold("--gpus", "2", "--memory", "3GiB", "--main-thread-exits", *extra)
+    wait_for(lambda: read_stat(h.pid).leader_exited)
+    code, doc = clear_json(cli, "--gpus", "2", "--yes", "--grace", "0.3")
+    assert code == 0 and doc["status"] == "clean" and doc["verify"] == "free", doc
+    (t,) = [t for t in doc["targets"] if t["pid"] == h.pid]
+    assert t["role"] == "holder" and t["ended_by"] == ("SIGTERM" if term == "default" else "SIGKILL")
+    assert is_gone(h.pid) and doc["after"][0]["used"] == 0
+
+
+def test_clear_ends_workers_whose_main_threads_exited(sim_host, hold, cli):
+    h = hold("--gpus", "0,1", "--memory", "2GiB", "--workers", "2", "--main-thread-exits")
+    wait_for(lambda: all(read_stat(w).leader_exited for w in h.workers))
+    code, doc = clear_json(cli, "--pid", str(h.workers[0]), "--yes")
+    assert code == 0 and doc["status"] == "clean", doc
+    assert {t["pid"]: t["role"] for t in doc["targets"]} == {h.pid: "launcher", h.workers[0]: "holder",
+                                                             h.workers[1]: "job member"}
+    assert all(is_gone(p) for p in h.pids)
+
+
+def test_a_true_zombie_is_named_with_its_parent(tmp_path, monkeypatch, hold, cli):
+    """Every thread gone, its parent not reaping: wait's diagnosis names the parent (text and the
+    JSON field), and --pid of it says that nothing is left to end and who must reap it."""
+    host = SimHost.init(tmp_path / "slow", gpus=2, memory=96 * GiB, release_delay=30)
+    monkeypatch.setenv("GPUSLATE_SIM", str(host.root))
+    h = hold("--gpus", "0", "--memory", "1GiB", "--workers", "1", "--no-reap", host=host)
+    w = h.workers[0]
+    os.kill(w, signal.SIGKILL)
+    wait_for(lambda: read_stat(w).state == "Z")
+    r = cli("wait", "--free", "--gpus", "0", "--timeout", "0.1", "--json")
+    doc = json.loads(r.stdout)
+    (p,) = [p for d in doc["diagnosis"] for p in d["problems"] if p["pid"] == w]
+    assert r.returncode == 4 and p["parent"] == h.pid, doc
+    assert f"(PID {h.pid}) has not reaped it" in p["reason"] and f"(PID {h.pid}) must reap it" in p["remedy"]
+    r = cli("clear", "--pid", str(w), "--yes")
+    assert r.returncode == 2 and f"process {w} has exited" in r.stderr and f"(PID {h.pid})" in r.stderr, r.stderr

@@ -3,6 +3,7 @@ cannot fail would let tests/slate/test_fuzz_forests.py pass on a planner that ki
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from fuzzkit.checks import Observed, check_all, tree_state
@@ -133,3 +134,17 @@ def test_a_file_written_outside_the_state_folder_is_seen(tmp_path):
     o = observed(before, {"a": False}, doc([target(10)], []))
     o.outside_before, o.outside_after = before_tree, tree_state(tmp_path, skip=(state, sim))
     assert "wrote-outside" in classes(o)
+
+
+def test_a_collateral_death_says_how_the_process_ended():
+    """The wait status of whoever reaped it: a SIGHUP is the kernel's (issue 24: the unexplained find
+    was an orphaned group with a stopped member, SIGHUPed by the kernel, not signaled by gpuslate)."""
+    before = dict([proc("a", 10, 2, 10, holds=[[0, 1]]), proc("b", 11, 1, 11, holds=[[0, 1]], uid=7)])
+    act = doc([target(10)], [{"pid": 11, "reason": "another user's process"}])
+    o = observed(before, {"a": False, "b": False}, act)
+    o.reaped = {11: signal.SIGHUP}  # a wait status: killed by signal 1
+    (v,) = [v for v in check_all(o) if v["cls"] == "collateral"]
+    assert "killed by SIGHUP: the kernel's" in v["msg"]
+    o.reaped = {11: 3 << 8}
+    (v,) = [v for v in check_all(o) if v["cls"] == "collateral"]
+    assert "(exited 3)" in v["msg"]

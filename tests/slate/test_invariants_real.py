@@ -376,6 +376,54 @@ def test_a_target_that_becomes_sshd_before_the_act_is_refused(sim_host, tmp_path
         kill_tree(p)
 
 
+def test_a_thread_that_execs_sshd_after_its_leader_exited_is_refused(sim_host, tmp_path):
+    """The same, where the launcher's main thread had exited (issue 24) and one of its threads execs:
+    the kernel gives that thread the process's pid and start time, so it is the same process, now
+    running sshd, and the act-time gate refuses it; the holder below it is ended."""
+    import gpuslate
+    from gpuslate.proc.procfs import read_stat
+    from helpers import program_named
+
+    sshd = program_named("sshd", tmp_path / "programs")
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([PY, "-c", textwrap.dedent(f"""\
+        import ctypes, os, subprocess, sys, threading
+        h = subprocess.Popen([{PY!r}, "-m", "gpuslate", "--sim", {str(sim_host.root)!r}, "sim", "hold",
+                              "--gpus", "0", "--memory", "1GiB"], stdout=open({str(ready)!r}, "w"))
+        def later():
+            sys.stdin.readline()
+            os.execv({sshd!r}, [{sshd!r}, "-c", "import time; time.sleep(60)"])
+        threading.Thread(target=later).start()
+        ctypes.CDLL(None).pthread_exit(None)
+    """)], stdin=subprocess.PIPE, text=True, env=gpuslate_env(), start_new_session=True)
+    try:
+        (holder,) = ready_pids(ready, 1)
+        wait_for(lambda: read_stat(p.pid).leader_exited)
+        ticks = read_stat(p.pid).start_ticks
+
+        def confirm(plan: object) -> bool:
+            assert p.pid in {t.ident.pid for t in plan.targets}  # type: ignore[attr-defined]
+            assert p.stdin is not None
+            p.stdin.write("exec\n")
+            p.stdin.flush()
+            def execed() -> bool:  # the exec made the thread its leader, then switched its program
+                try:
+                    return not read_stat(p.pid).leader_exited and os.readlink(f"/proc/{p.pid}/exe").endswith("/sshd")
+                except FileNotFoundError:
+                    return False
+
+            wait_for(execed)
+            assert read_stat(p.pid).start_ticks == ticks
+            return True
+
+        result = gpuslate.clear([0], grace=2, timeout=5, confirm=confirm)
+        by = {r.victim.ident.pid: r for r in result.results}
+        assert p.pid in by and by[p.pid].refused and "sshd" in by[p.pid].refused, result.to_json()
+        assert is_gone(holder) and p.poll() is None
+    finally:
+        kill_tree(p)
+
+
 @ROOT_ONLY
 def test_a_users_own_program_named_sshd_protects_nothing(sim_host, hold, other_user):
     """Anyone can copy a program to ~/bin/sshd; only root can make the copy root's. A holder whose

@@ -144,7 +144,10 @@ def worlds(draw: st.DrawFn) -> World:
         exe = draw(st.sampled_from(EXES))
         if draw(st.integers(0, 12)) == 0:  # seen from inside a namespace whose leaders live outside it
             pgid, sid = 0, 0
-        procs[pid] = ProcStat(pid, name, state, parent, pgid, sid, pid, 0, tty)
+        # a live process whose main thread exited (pthread_exit): /proc reads its leader as Z, its state
+        # and facts come from a live thread (issue 24)
+        live = 1_000_000 + pid if state != "Z" and draw(st.integers(0, 7)) == 0 else None
+        procs[pid] = ProcStat(pid, name, state, parent, pgid, sid, pid, 0, tty, live)
         argvs[pid] = draw(st.sampled_from(SHELL_ARGV)) if program(exe) in SHELLS else (name, "--serve")
         uids[pid] = draw(st.sampled_from([ME, ME, ME, OTHER]))
         exes[pid] = exe
@@ -320,6 +323,29 @@ def test_plan_invariants(data: st.DataObject) -> None:
         assert set(d.verify_gpus) == set(range(w.gpus))
     # the same facts give the same plan: what --dry-run shows is what the act gets
     assert decide(facts, res) == d
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_process_lives_while_a_thread_does(data: st.DataObject) -> None:
+    """Whether a live process's leader thread has exited changes no decision (issue 24): a process
+    read through a live thread is planned exactly as one whose leader runs. Only a true zombie
+    (every thread gone) has exited."""
+    w = data.draw(worlds())
+    res = data.draw(selections(w))
+    f = w.forest
+    leaders = Forest({p: s._replace(live_task=None) for p, s in f.procs.items()}, f.argvs, f.uids, f.exes, f.sigs,
+                     f.ns)
+    leaders.user_programs = f.user_programs
+
+    def plan(forest: Forest) -> object:
+        holds = attribute(w.holds, lambda pid: pid in forest.procs, w.threads.get)
+        try:
+            return decide(Facts(forest, holds, w.gpus, w.caller, ME), res)
+        except UsageError as exc:
+            return str(exc)
+
+    assert plan(f) == plan(leaders)
 
 
 def test_caller_pid_1_and_ancestors_refused_by_pid() -> None:

@@ -3,6 +3,7 @@ the drain reason, srun's labeled output, and the --slurm option."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -14,8 +15,10 @@ from gpuslate.remote.hosts import HostSpec
 from gpuslate.remote.srun import EXIT_MARK, NODE_MARK, allocation_from_env, outcomes, split_output, srun_argv
 from gpuslate.slate.wait import GpuDiagnosis, Problem
 from gpuslate.slurm.drain import MAX_REASON, drain_reason
-from gpuslate.slurm.find import FoundBy, ProcessFacts, cgroup_job_ids, env_job_id, job_processes
+from gpuslate.slurm.find import FoundBy, ProcessFacts, cgroup_job_ids, env_job_id, facts_of, job_processes
 from gpuslate.slurm.job import job_from_env
+from gpuslate.units.fence import read_environ
+from helpers import leader_exits
 
 GiB = 1024**3
 
@@ -213,3 +216,11 @@ def test_split_output_recovers_each_tasks_lines_whatever_the_interleaving(tasks,
     for i, (lines, code) in enumerate(tasks):
         assert got[i].node == f"node{i}" and got[i].exit == code
         assert got[i].stdout == "".join(f"{ln}\n" for ln in lines)
+
+
+def test_the_environment_of_a_process_whose_main_thread_exited_is_read_from_a_thread():
+    """/proc/PID/environ of an exited leader fails (ESRCH): the job's id is read from a live thread."""
+    with leader_exits(env={"SLURM_JOB_ID": "77"}) as p:
+        f = facts_of(p.pid, os.getuid())
+        assert f is not None and f.env_job == 77
+        assert b"\0SLURM_JOB_ID=77\0" in (read_environ(p.pid) or b"")

@@ -9,7 +9,8 @@ import os
 import socket
 
 from gpuslate.units.contain import choose_fence, discard_cgroup
-from helpers import unit_records
+from gpuslate.units.preflight import port_listener
+from helpers import leader_exits, unit_records
 from unitkit import free_port, popen_units, serve_cmd
 
 
@@ -139,3 +140,13 @@ def test_a_new_command_does_not_inherit_the_last_runs_readiness(units_host, unit
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["readiness"]["kind"] == "tcp"
     assert units("down", "same").returncode == 0
+
+
+def test_a_port_held_by_a_process_whose_main_thread_exited_is_named(units_host, units):
+    """Its socket is in a thread's fd table only (issue 24): still the pid that holds the port."""
+    setup = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); report = s.getsockname()[1]"
+    with leader_exits(setup) as p:
+        port = p.report
+        assert port_listener(port) == p.pid
+        r = units("up", "t", "--gpus", "0", "--port", str(port), "--", *serve_cmd(port))
+    assert r.returncode == 4 and f"port {port} is already in use by pid {p.pid}" in r.stderr

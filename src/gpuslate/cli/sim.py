@@ -82,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     hold.add_argument("--mps", action="store_true",
                       help="hold the memory as CUDA MPS clients (listed as MPS contexts, kind mps); needs a "
                       "simulated MPS server of this user on each GPU ('gpuslate sim mps')")
+    hold.add_argument("--main-thread-exits", action="store_true",
+                      help="once it holds, each holder's main thread exits (pthread_exit) and another thread "
+                      "keeps the memory: /proc says Z for a process that lives")
     hold.set_defaults(handler=run_hold)
 
     mps = ss.add_parser("mps", help="a simulated CUDA MPS server, holding its footprint until killed",
@@ -191,7 +194,7 @@ def run_hold(args: argparse.Namespace) -> int:
     gpus = gpus if gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
-         reap=not args.no_reap, mps=args.mps)
+         reap=not args.no_reap, mps=args.mps, main_thread_exits=args.main_thread_exits)
 
 
 def run_mps(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable
 
-from .procfs import PROC, read_exe, read_exe_is_system, read_stat
+from .procfs import PROC, image_dir, open_image_file, read_exe, read_exe_is_system, read_stat
 
 #: GPU daemons spared unless --include-handles, whatever they hold
 GPU_DAEMONS = frozenset({
@@ -51,8 +51,12 @@ def daemon_program(exe: str | None, is_system: bool) -> str | None:
 
 def exe_daemon(pid: int) -> str | None:
     """The GPU daemon that ``/proc/PID/exe`` is (its file is checked only when its name is one)."""
-    prog = daemon_program(read_exe(pid), True)
-    return prog if prog is not None and read_exe_is_system(pid) else None
+    exe, image = read_exe(pid), None
+    if exe is None:  # a leader thread that exited while another lives: read the program through that one
+        image = image_dir(pid)
+        exe = read_exe(pid, image) if image != f"{PROC}/{pid}" else None
+    prog = daemon_program(exe, True)
+    return prog if prog is not None and read_exe_is_system(pid, image) else None
 
 
 def read_daemon(pid: int) -> str | None:
@@ -102,8 +106,8 @@ def read_environ(pid: int) -> bytes | None:
     """The environment ``pid`` started with (``/proc/PID/environ``); ``None`` when it cannot be
     read, is larger than :data:`MAX_ENVIRON`, or is empty (a kernel thread, a zombie, or a
     process whose title overwrote it: nothing can be concluded from it)."""
-    try:
-        with open(f"{PROC}/{pid}/environ", "rb") as f:
+    try:  # a live thread's where the leader thread exited
+        with open(open_image_file(pid, "environ"), "rb") as f:
             data = f.read(MAX_ENVIRON + 1)
     except OSError:
         return None

@@ -3,6 +3,18 @@
 gpuslate runs on Linux hosts with NVIDIA drivers, so it reads ``/proc`` itself
 rather than going through psutil: fewer syscalls per process and no import
 cost on the ``status`` path, which must stay close to the Python floor.
+
+**A process lives while any of its threads does.** ``/proc/PID`` shows the
+thread-group leader: when the main thread calls ``pthread_exit`` while another
+thread keeps the GPU memory, ``/proc/PID/stat`` says ``Z`` though the process
+runs, NVML still lists PID (the driver names the process, the tgid) and only a
+SIGKILL of PID frees it; its program (``exe``), command line, environment and
+fds then read empty or fail at ``/proc/PID`` and show at ``/proc/PID/task/TID``
+of a live thread. So liveness is decided in one place, :func:`read_stat`: a
+leader in state ``Z`` with a live thread is a live process whose ``state`` is
+its threads' and whose ``live_task`` names the thread its facts are read from
+(:func:`image_dir`, used by every reader of those files). A true zombie has
+no live task: it has exited, and only its parent (``ppid``) can reap it.
 """
 
 from __future__ import annotations
@@ -23,6 +35,13 @@ _CONTAINER_PATTERN = r"(?:docker|cri-containerd|crio|libpod)?[-/:]?([0-9a-f]{64}
 
 #: process states of a task that has exited (zombie, dead)
 EXITED_STATES = frozenset({"Z", "X"})
+#: at most this many threads of an exited leader are read to tell the process's state (a live
+#: one is looked for beyond them): a process of 100,000 threads costs no more than this
+MAX_TASKS_READ = 256
+#: a process's state from its live threads when its leader has exited: the first of these that
+#: any thread is in (one thread in D holds the exit up; stopped only when every thread is;
+#: ``?`` places a letter not listed here)
+_TASK_STATE_ORDER = "DRSIWPK?tT"
 SIGTERM_BIT = 1 << (15 - 1)  # SIGTERM is signal 15: bit 14 of the SigIgn/SigCgt masks
 PF_KTHREAD = 0x00200000  # task flag (field 9 of /proc/PID/stat) of kernel threads
 #: at most this much of a command line is read: another user's 600 KB argv must not make
@@ -50,6 +69,9 @@ class ProcStat(NamedTuple):
     start_ticks: int
     flags: int
     tty_nr: int = 0  # controlling terminal (0: none)
+    #: a live thread's id when the leader thread has exited and others run: the process lives,
+    #: ``state`` is its threads', its program, command line, environment and fds are read there
+    live_task: int | None = None
 
     @property
     def ident(self) -> ProcessId:
@@ -57,8 +79,19 @@ class ProcStat(NamedTuple):
 
     @property
     def has_exited(self) -> bool:
-        """A zombie (or a dead task) has exited: only its exit status remains."""
+        """Every thread has exited (a zombie, or a dead task): only its exit status remains.
+        A leader that exited while another thread runs has not (see the module doc)."""
         return self.state in EXITED_STATES
+
+    @property
+    def leader_exited(self) -> bool:
+        """The main thread exited (``pthread_exit``) and another thread keeps the process alive."""
+        return self.live_task is not None
+
+    @property
+    def image_dir(self) -> str:
+        """The /proc folder that shows this process's program, command line, environment and fds."""
+        return f"{PROC}/{self.pid}/task/{self.live_task}" if self.live_task is not None else f"{PROC}/{self.pid}"
 
     @property
     def is_kernel_thread(self) -> bool:
@@ -120,12 +153,23 @@ def epoch_to_ticks(epoch: float) -> float:
     return (epoch - time.time() + time.clock_gettime(time.CLOCK_BOOTTIME)) * CLK_TCK
 
 
-def read_stat(pid: int) -> ProcStat | None:
-    """Parse ``/proc/PID/stat``; ``None`` when the process does not exist."""
+def _read_stat_file(path: str) -> bytes | None:
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as f:
-            data = f.read()
+        with open(path, "rb") as f:
+            return f.read()
     except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+
+
+def _state_of(data: bytes) -> str:
+    return data[data.rfind(b")") + 2 :].split(maxsplit=1)[0].decode()
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse ``/proc/PID/stat``; ``None`` when the process does not exist. A leader that
+    exited while a thread lives gives that process, alive (:func:`live_task`)."""
+    data = _read_stat_file(f"{PROC}/{pid}/stat")
+    if data is None:
         return None
     # comm may contain spaces and parentheses: it ends at the LAST ')'
     lpar = data.find(b"(")
@@ -133,10 +177,76 @@ def read_stat(pid: int) -> ProcStat | None:
     name = data[lpar + 1 : rpar].decode("utf-8", "replace")
     fields = data[rpar + 2 :].split()
     # fields[0] is field 3 (state); field N is fields[N - 3]
-    return ProcStat(
+    st = ProcStat(
         pid=pid, name=name, state=fields[0].decode(), ppid=int(fields[1]), pgid=int(fields[2]),
         sid=int(fields[3]), tty_nr=int(fields[4]), flags=int(fields[6]), start_ticks=int(fields[19]),
     )
+    if st.state in EXITED_STATES:  # only an exited leader pays for a look at its threads
+        live = live_task(pid)
+        if live is not None:
+            st = st._replace(state=live[1], live_task=live[0])
+    return st
+
+
+def live_task(pid: int) -> tuple[int, str] | None:
+    """(a live thread, the process's state from its threads) of process ``pid`` whose leader
+    thread has exited; None when no thread but the leader lives (a true zombie, or gone).
+
+    The state is the first of D, R, S, I, ..., t, T that a thread is in (see
+    :data:`_TASK_STATE_ORDER`): stopped only when every live thread is. At most
+    :data:`MAX_TASKS_READ` threads are read for it, and beyond them only until one lives.
+    """
+    base = f"{PROC}/{pid}/task"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    tid: int | None = None
+    best, rank = "", len(_TASK_STATE_ORDER)
+    me = str(pid)
+    for i, name in enumerate(names):
+        if i >= MAX_TASKS_READ and tid is not None:
+            break
+        if name == me:
+            continue
+        data = _read_stat_file(f"{base}/{name}/stat")
+        if data is None:
+            continue  # that thread has just gone
+        state = _state_of(data)
+        if state in EXITED_STATES:
+            continue
+        if tid is None:
+            tid = int(name)
+        r = _TASK_STATE_ORDER.find(state)
+        if r < 0:
+            r = _TASK_STATE_ORDER.index("?")
+        if r < rank:
+            best, rank = state, r
+    return (tid, best) if tid is not None else None
+
+
+def zombie_reason(ppid: int | None) -> str:
+    """What a true zombie is, naming its parent (one sentence for every report that meets one)."""
+    return ("a zombie: every thread of it has exited, and its parent "
+            + (f"(PID {ppid}) " if ppid else "") + "has not reaped it")
+
+
+def zombie_remedy(ppid: int | None) -> str:
+    """What ends a zombie: nothing sent to it; only its parent, by reaping it or by exiting."""
+    if ppid == 1:
+        return ("its parent is PID 1, which should reap it: inside a container, run it with an init that "
+                "reaps (tini, 'docker run --init'); no signal to the zombie itself does anything")
+    who = f"its parent (PID {ppid})" if ppid else "its parent"
+    return f"{who} must reap it (wait), or end {who}: no signal to the zombie itself does anything"
+
+
+def image_dir(pid: int) -> str:
+    """The /proc folder that shows ``pid``'s program, command line, environment and fds:
+    ``/proc/PID``, or that of a live thread when the leader thread has exited (there
+    those files read empty or fail though the process lives). For readers that hold no
+    :class:`ProcStat`; costs a read of ``stat``."""
+    st = read_stat(pid)
+    return st.image_dir if st is not None else f"{PROC}/{pid}"
 
 
 class SignalFacts(NamedTuple):
@@ -199,10 +309,21 @@ def is_alive(ident: ProcessId) -> bool:
     """True while the process with this identity exists and has not exited.
 
     A zombie has exited: its resources (GPU memory included) are already
-    released, only its exit status waits to be collected.
+    released, only its exit status waits to be collected. A process whose
+    leader thread exited while another thread runs has not (:func:`read_stat`).
     """
     st = read_stat(ident.pid)
     return st is not None and st.start_ticks == ident.start_ticks and not st.has_exited
+
+
+def open_image_file(pid: int, name: str) -> int:
+    """``os.open`` (read-only) of ``/proc/PID/NAME``, a file of the process's memory image
+    (``environ``); where the leader thread has exited (the kernel answers ESRCH), that of a
+    live thread (:func:`image_dir`). Raises OSError like ``os.open``."""
+    try:
+        return os.open(f"{PROC}/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except ProcessLookupError:
+        return os.open(f"{image_dir(pid)}/{name}", os.O_RDONLY | os.O_CLOEXEC)
 
 
 def user_name(uid: int) -> str:
@@ -216,10 +337,11 @@ def user_name(uid: int) -> str:
     return name
 
 
-def read_cmdline(pid: int) -> list[str]:
-    """argv as the process shows it (it may rewrite it), cut at :data:`CMDLINE_MAX` bytes."""
+def read_cmdline(pid: int, image: str | None = None) -> list[str]:
+    """argv as the process shows it (it may rewrite it), cut at :data:`CMDLINE_MAX` bytes.
+    ``image``: the folder to read it from (:attr:`ProcStat.image_dir`; default ``/proc/PID``)."""
     try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+        with open(f"{image or f'{PROC}/{pid}'}/cmdline", "rb") as f:
             raw = f.read(CMDLINE_MAX)
     except OSError:
         return []
@@ -228,24 +350,25 @@ def read_cmdline(pid: int) -> list[str]:
     return [p.decode("utf-8", "replace") for p in raw.split(b"\0")] if raw else []
 
 
-def read_exe(pid: int) -> str | None:
+def read_exe(pid: int, image: str | None = None) -> str | None:
     """The path of the program a process runs (``/proc/PID/exe``): a kernel fact that,
     unlike its name or argv, the process cannot rewrite. ``None`` when it cannot be read
     (another user's process for a non-root caller, a non-dumpable setuid program, a
-    zombie, a kernel thread); " (deleted)" is kept, it says the file was replaced."""
+    zombie, a kernel thread); " (deleted)" is kept, it says the file was replaced.
+    ``image`` as for :func:`read_cmdline` (an exited leader's ``exe`` cannot be read)."""
     try:
-        return os.readlink(f"{PROC}/{pid}/exe")
+        return os.readlink(f"{image or f'{PROC}/{pid}'}/exe")
     except OSError:
         return None
 
 
-def read_exe_is_system(pid: int) -> bool:
+def read_exe_is_system(pid: int, image: str | None = None) -> bool:
     """Whether the program a process runs is a system program: the very file it runs
     (``stat`` follows ``/proc/PID/exe`` to the inode, even a deleted one) is owned by
     root and writable by no one else. Any user can copy a program to ``~/bin/sshd``;
     no user but root can make that copy root's. False when it cannot be read."""
     try:
-        st = os.stat(f"{PROC}/{pid}/exe")
+        st = os.stat(f"{image or f'{PROC}/{pid}'}/exe")
     except OSError:
         return False
     return st.st_uid == 0 and not st.st_mode & 0o022
@@ -309,7 +432,7 @@ def read_info(pid: int) -> ProcessInfo | None:
         pid=pid, start_ticks=st.start_ticks, name=st.name, state=st.state,
         ppid=st.ppid, pgid=st.pgid, sid=st.sid, uid=uid,
         user=user_name(uid) if uid is not None else None,
-        cmdline=read_cmdline(pid), container=container, cgroup=cgroup,
+        cmdline=read_cmdline(pid, st.image_dir), container=container, cgroup=cgroup,
         is_kernel_thread=st.is_kernel_thread,
     )
 

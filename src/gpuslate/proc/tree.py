@@ -50,8 +50,14 @@ class ProcTable:
 
     def argv(self, pid: int) -> tuple[str, ...]:
         if pid not in self._argv:
-            self._argv[pid] = tuple(read_cmdline(pid))
+            self._argv[pid] = tuple(read_cmdline(pid, self._image(pid)))
         return self._argv[pid]
+
+    def _image(self, pid: int) -> str | None:
+        """Where the process's program and command line show (a live thread's folder when its
+        leader thread has exited: :attr:`ProcStat.image_dir`); None: the default."""
+        st = self.get(pid)
+        return st.image_dir if st is not None else None
 
     def uid(self, pid: int) -> int | None:
         """The owner of a process (the owner of its /proc folder); None once it is gone."""
@@ -64,12 +70,12 @@ class ProcTable:
 
     def exe(self, pid: int) -> str | None:
         if pid not in self._exes:
-            self._exes[pid] = read_exe(pid)
+            self._exes[pid] = read_exe(pid, self._image(pid))
         return self._exes[pid]
 
     def exe_is_system(self, pid: int) -> bool:
         if pid not in self._system:
-            self._system[pid] = read_exe_is_system(pid)
+            self._system[pid] = read_exe_is_system(pid, self._image(pid))
         return self._system[pid]
 
     def signal_facts(self, pid: int) -> SignalFacts | None:

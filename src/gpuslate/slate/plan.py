@@ -34,7 +34,7 @@ from ..host.daemons import sharing
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
 from ..proc.daemons import GPU_DAEMONS
 from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
-from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name
+from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name, zombie_reason, zombie_remedy
 from ..proc.tree import ProcTable
 
 
@@ -228,6 +228,10 @@ def _decide(facts: Facts, res: Resolved, held: Mapping[int, str]) -> Decision:
         family = set()
         for pid in sel.pids:
             if not alive(pid):
+                gone = view.get(pid)
+                if gone is not None:  # a true zombie: every thread has exited
+                    raise UsageError(f"process {pid} has exited, nothing of it is left to end: "
+                                     f"{zombie_reason(gone.ppid)}", hint=zombie_remedy(gone.ppid))
                 raise UsageError(f"process {pid} does not exist")
             why = protect.reason(pid)
             if why and not (why == UNKNOWN_PROGRAM and foreign(pid)):  # another user's: spared below

@@ -38,6 +38,7 @@ from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
 from ..proc.daemons import MPS_CONTROL, MPS_SERVER, DaemonWatch
+from ..proc.procfs import EXITED_STATES, zombie_reason, zombie_remedy
 from ..proc.terminate import Poller, VictimResult
 
 WAIT_SCHEMA = "gpuslate.wait.v1"
@@ -98,13 +99,15 @@ class Problem(NamedTuple):
     used_memory: int | None
     reason: str
     remedy: str | None
+    #: the process that must act for it to go: a zombie's parent, which alone can reap it
+    parent: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Problem:
-        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"])
+        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"], d.get("parent"))
 
 
 class GpuDiagnosis(NamedTuple):
@@ -338,8 +341,8 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
 
 def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
              planned: set[int] | None) -> Problem:
-    def problem(reason: str, remedy: str | None) -> Problem:
-        return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy)
+    def problem(reason: str, remedy: str | None, parent: int | None = None) -> Problem:
+        return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy, parent)
 
     if not p.visible:
         if victim is not None and victim.exited_at is not None:
@@ -348,9 +351,9 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
         return problem("its PID is not visible in this host's /proc: a process in another PID namespace "
                        "(a container) or one that just exited",
                        "run gpuslate on the host itself, or stop the container that owns it")
-    if p.state == "Z":
-        return problem(f"a zombie: it exited but its parent (PID {p.ppid}) has not reaped it; the driver is "
-                       "releasing its memory", f"the parent {p.ppid} must collect it (wait), or end the parent")
+    if p.state in EXITED_STATES:  # every thread gone (a leader that exited while a thread runs is alive)
+        return problem(zombie_reason(p.ppid) + "; the driver is releasing its memory", zombie_remedy(p.ppid),
+                       p.ppid)
     if p.state == "D":
         return problem("in uninterruptible sleep (state D) inside the kernel or driver: signals take effect "
                        "only when that call returns",

@@ -32,7 +32,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from ..proc.environ import intact
-from ..proc.procfs import PROC, list_pids, read_stat
+from ..proc.procfs import PROC, list_pids, open_image_file, read_stat
 
 #: the most of one process's environment that is read (it is rarely above a few KiB)
 MAX_ENVIRON = 1024 * 1024
@@ -95,7 +95,8 @@ def job_processes(facts: Iterable[ProcessFacts], job_id: int, uid: int, exclude:
     return sorted(out)
 
 
-def _read_bounded(path: str, limit: int) -> bytes | None:
+def _read_bounded(path: str | int, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a file (a path, or an open fd, closed here); None: unreadable, or longer."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
@@ -113,7 +114,10 @@ def facts_of(pid: int, uid: int) -> ProcessFacts | None:
         return None
     if owner != uid:
         return ProcessFacts(pid, owner, None, frozenset())
-    raw = _read_bounded(f"{PROC}/{pid}/environ", MAX_ENVIRON)
+    try:  # a live thread's where the leader thread exited
+        raw = _read_bounded(open_image_file(pid, "environ"), MAX_ENVIRON)
+    except OSError:
+        raw = None
     cg = _read_bounded(f"{PROC}/{pid}/cgroup", 64 * 1024)
     return ProcessFacts(pid, owner, env_job_id(raw) if raw is not None else None,
                         cgroup_job_ids(cg.decode("utf-8", "replace")) if cg else frozenset(),

@@ -51,7 +51,7 @@ from enum import Enum
 from typing import Literal, NamedTuple, Protocol
 
 from ..proc.environ import intact
-from ..proc.procfs import ProcessId, ProcStat, read_stat
+from ..proc.procfs import ProcessId, ProcStat, open_image_file, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
@@ -111,7 +111,7 @@ def read_environ(pid: int) -> bytes | None:
     process that wrote over it (setproctitle without ``SPT_NOENV``, Perl's ``$0``) shows its
     title and padding instead: its marker is gone (:class:`Marker` ``NOT_INTACT``)."""
     try:
-        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_image_file(pid, "environ")  # a live thread's where the leader thread exited
     except OSError:
         return None
     try:

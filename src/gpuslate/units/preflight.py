@@ -12,6 +12,7 @@ from .._parse import format_size, gpus_phrase
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, take_snapshot
+from ..proc.fdscan import read_fd_targets
 from ..proc.procfs import read_info
 from ..slate.wait import state_is_free
 
@@ -93,16 +94,8 @@ def port_listener(port: int) -> int | None:
     if not inodes:
         return None
     for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    return pid
-            except OSError:
-                continue
+        if inodes & (read_fd_targets(pid) or frozenset()):  # a live thread's, where the leader exited
+            return pid
     return None
 
 

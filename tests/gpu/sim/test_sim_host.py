@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpuslate.gpu.sim.host import SimHost
+from gpuslate.proc.procfs import read_stat
 from helpers import SRC, GiB, gpuslate_env, is_gone, per_worker, throwaway_user, wait_for
 
 USER = per_worker("gpuslate-simhost")
@@ -483,3 +484,42 @@ def test_a_stuck_fifo_hangs_every_read_until_written(host):
         assert p.returncode == 0 and json.loads(out)["gpus"][0]["error"] is None, err
     finally:
         kill_tree(p)
+
+
+@pytest.mark.parametrize("how", ["leader exits", "private table"])
+def test_memory_held_by_a_thread_is_the_process_s(tmp_path, how):
+    """A driver names the process whatever thread made the context (issue 24): memory held by a thread
+    whose main thread exited, or by a thread that unshared its file table (``/proc/PID/fd`` shows
+    neither), is the process's, never "held by no process"."""
+    host = SimHost.init(tmp_path / "h", gpus=1, memory=8 * GiB)
+    code = textwrap.dedent(f"""\
+        import ctypes, os, sys, threading
+        from gpuslate.gpu.sim.host import SimHost
+        host = SimHost({str(host.root)!r})
+        held = threading.Event()
+        def hold():
+            if {how == "private table"}:
+                assert ctypes.CDLL(None, use_errno=True).unshare(0x400) == 0  # CLONE_FILES
+            fds = [os.open(host.device_path(0), os.O_RDONLY), *host.allocate([(0, 1 << 30)])]
+            held.set()
+            sys.stdin.read()
+        threading.Thread(target=hold).start()
+        held.wait()
+        print("ready", flush=True)
+        if {how == "leader exits"}:
+            ctypes.CDLL(None).pthread_exit(None)
+        threading.Event().wait()
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=gpuslate_env(), start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        if how == "leader exits":
+            wait_for(lambda: read_stat(p.pid).leader_exited)
+            assert os.listdir(f"/proc/{p.pid}/fd") == []
+        (held,) = host.held()
+        assert held.alive and held.record.pid == p.pid and held.record.bytes == 1 << 30
+    finally:
+        p.kill()
+        p.wait()
+    wait_for(lambda: not any(h.alive for h in host.held()))

@@ -3,8 +3,10 @@
 The shapes mirror real model servers: a single process, a launcher with
 tensor-parallel worker processes (``workers``), workers that double-forked
 away from their launcher (``orphan_workers``, like SGLang schedulers that end
-up under PID 1), processes that ignore SIGTERM, renamed processes, and
-monitors that only hold the device open (``memory=0``).
+up under PID 1), processes that ignore SIGTERM, renamed processes, monitors
+that only hold the device open (``memory=0``), and holders whose main thread
+exits while another thread keeps the memory (``main_thread_exits``: ``/proc``
+then says ``Z`` for a process that lives, see :mod:`gpuslate.proc.procfs`).
 
 And CUDA MPS (``gpuslate sim mps``, ``sim hold --mps``): a real MPS server is
 ``nvidia-cuda-mps-server``, a root-owned program holding a context (66 MiB on
@@ -20,11 +22,13 @@ server of its own user on each of its GPUs, as MPS serves one user at a time.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
 import signal
 import sys
+import threading
 from typing import IO, NamedTuple, NoReturn
 
 from ..._parse import format_gpu_list
@@ -52,8 +56,6 @@ def set_title(title: str) -> None:
 
         setproctitle.setproctitle(title)
     except ImportError:  # fall back to the kernel name only (15 characters)
-        import ctypes  # lazy: optional
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(15, title.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
@@ -185,7 +187,14 @@ def check_mps_servers(host: SimHost, gpus: list[int]) -> None:
                            f"with 'gpuslate sim mps --gpus {format_gpu_list(missing)}'")
 
 
-def _sleep_forever() -> NoReturn:
+def _sleep_forever(main_thread_exits: bool = False) -> NoReturn:
+    """Keep what this process holds until it is killed; with ``main_thread_exits``, the main
+    thread calls ``pthread_exit`` and a second thread keeps the process (and its fds) alive.
+    Python runs signal handlers in the main thread only: then SIGTERM either kills (its default)
+    or, handled, is never acted on."""
+    if main_thread_exits:
+        threading.Thread(target=threading.Event().wait, name="keeper").start()
+        ctypes.CDLL(None).pthread_exit(None)  # the GIL is released around the call
     while True:
         signal.pause()
 
@@ -215,6 +224,7 @@ def hold(
     title: str | None = None,
     reap: bool = True,
     mps: bool = False,
+    main_thread_exits: bool = False,
     out: IO[str] = sys.stdout,
 ) -> NoReturn:
     """Hold ``memory`` bytes on each GPU in ``gpus`` until killed; with ``mps``, as MPS clients
@@ -223,8 +233,9 @@ def hold(
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
     all memory is held: the pids as this process's /proc shows them (see
     :func:`shown_pid`; ``status`` shows host pids, as a driver does).
-    ``title`` may contain ``{rank}`` (the worker number). Raises ServerFailed,
-    holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
+    ``title`` may contain ``{rank}`` (the worker number). With ``main_thread_exits``
+    each process holding memory ends its main thread once it holds (see :func:`_sleep_forever`).
+    Raises ServerFailed, holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
     """
     if not gpus:
         raise UsageError("no GPUs to hold: pass --gpus")
@@ -254,18 +265,20 @@ def hold(
         extra = [(g, 0) for g in handles or [] if g not in gpus]
         _hold_here(host, assign(gpus, memory, 1)[0] + extra, kind)  # the fds stay open for the process's life
         _announce(out, [])
-        _sleep_forever()
+        _sleep_forever(main_thread_exits)
 
     if reap:
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
-    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title, kind=kind)
+    pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title, kind=kind,
+                         main_thread_exits=main_thread_exits)
     _announce(out, [w.shown for w in pids])
     _sleep_forever()
 
 
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
-                  orphan: bool = False, title: str | None = None, kind: str = "compute") -> list[WorkerPid]:
+                  orphan: bool = False, title: str | None = None, kind: str = "compute",
+                  main_thread_exits: bool = False) -> list[WorkerPid]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
     their pids once every one of them holds its memory (like TP ranks loading).
 
@@ -284,7 +297,7 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
             pid = os.fork()
             if pid == 0:
                 os.close(go_w)
-                _worker(host, held, rank, (r, w), go_r, orphan, title, kind)
+                _worker(host, held, rank, (r, w), go_r, orphan, title, kind, main_thread_exits)
             if orphan:
                 intermediates.append(pid)
         os.close(w)
@@ -321,7 +334,7 @@ def _reports(r: int, workers: int) -> tuple[list[WorkerPid], list[str]]:
 
 
 def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple[int, int], go: int,
-            orphan: bool, title: str | None, kind: str) -> NoReturn:
+            orphan: bool, title: str | None, kind: str, main_thread_exits: bool) -> NoReturn:
     """Runs in the forked child; never returns into the launcher's code."""
     r, w = report
     try:
@@ -345,7 +358,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
         os._exit(1)
     del fds
     try:
-        _sleep_forever()
+        _sleep_forever(main_thread_exits)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole foreground group: a rank ends quietly, its
         os._exit(130)  # launcher (or server) says so once
 

@@ -55,7 +55,7 @@ from ..._document import parse_json
 from ..._parse import format_size
 from ..._walk import StateDir, Trust, open_dir
 from ...errors import BackendUnavailable, BadDocument, PermissionDenied, ServerFailed, UsageError
-from ...proc.fdscan import FdScan, scan_device_holders
+from ...proc.fdscan import FdScan, read_fd_targets, scan_device_holders
 from ...proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
 from .records import (
     SUFFIX,
@@ -64,7 +64,6 @@ from .records import (
     Owner,
     RecordFile,
     create_record,
-    fd_targets,
     gpu_of_name,
     lock_owners,
     owner_of,
@@ -591,8 +590,12 @@ class SimHost:
         facts: dict[int, LockFact] = {}
         for pid in set(locks.values()):
             st = read_stat(pid)
+            targets = read_fd_targets(pid)
+            wanted = {p for f in live if locks.get(f.inode) == pid for p in (f.path, f"{real_dev}/nvidia{f.claim.gpu}")}
+            if targets is not None and not wanted <= targets:  # a thread with a file table of its own holds it?
+                targets = read_fd_targets(pid, threads=True)  # the driver names the process, whichever thread
             facts[pid] = LockFact(pid, st.start_ticks if st else None, ticks_to_epoch(st.start_ticks) if st else None,
-                                  fd_targets(pid))
+                                  targets)
         out: dict[str, Owner] = {}
         scan: FdScan | None = None
         starts: dict[int, int | None] = {}

@@ -208,25 +208,6 @@ def owner_of(record: RecordFile, device_path: str, lock: LockFact | None, scan: 
     return Owner(first, starts.get(first))
 
 
-def fd_targets(pid: int) -> frozenset[str] | None:
-    """What a process's fds point to; ``None`` when its fd table may not be read,
-    empty when it is gone."""
-    fd_dir = f"{PROC}/{pid}/fd/"
-    try:
-        fds = os.listdir(fd_dir)
-    except PermissionError:
-        return None
-    except OSError:
-        return frozenset()
-    out: set[str] = set()
-    for fd in fds:
-        try:
-            out.add(os.readlink(fd_dir + fd))
-        except OSError:
-            continue
-    return frozenset(out)
-
-
 def lock_owners(inodes: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
     """The pid ``/proc/locks`` names for the FLOCK on each inode (the kernel gives it in
     the reader's PID namespace). Inodes without a (visible) lock are left out."""
