@@ -10,7 +10,9 @@ Each violation is ``{"cls": CLASS, "msg": ...}``; the classes:
   user's, a bystander on a reused pid) is dead after the act;
 * ``held-without-reason`` — a holder on a verified GPU is alive after the act, and neither spared
   with a reason, nor a target the result reports as not ended, nor in the diagnosis;
-* ``clean-but-held`` / ``empty-success`` — success claimed without evidence;
+* ``clean-but-held`` / ``empty-success`` — success claimed without evidence (a spared MPS server's
+  memory within a daemon's baseline, :data:`gpuslate.host.daemons.BASELINE_MAX`, is the host's:
+  free GPUs may carry it);
 * ``wrote-outside`` — files changed outside the state folder and the simulated host;
 * ``unlisted`` — a process the plan considered (a target's descendant, a member of a launcher's
   group, a holder of a selected GPU) is neither a target nor spared with a reason;
@@ -31,6 +33,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpuslate.host.daemons import BASELINE_MAX
+
+from .forest import MPS_SERVER
 
 #: exit codes documented for clear (src/gpuslate/cli/exits.py)
 DOCUMENTED_EXITS = {0, 2, 3, 4, 5, 6, 7, 130}
@@ -256,7 +262,10 @@ def check_holders(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
         if not held or not o.after[lab] or f["pid"] in killed:
             continue
         t = targets.get(f["pid"])
-        if clean and (act["verify"] == "free" or t is not None):
+        # a spared MPS server within a daemon's baseline (issue 24): the host's, free by definition
+        baseline = (f.get("program") == MPS_SERVER and t is None and f["pid"] in spared
+                    and all(b <= BASELINE_MAX for _, b in f["holds"]))
+        if clean and (act["verify"] == "free" or t is not None) and not baseline:
             out.append(V("clean-but-held", f"status clean, verify {act['verify']}, yet {lab} pid {f['pid']} "
                                            f"({f['title']}) still holds GPU {sorted(held)}"))
         if f["pid"] in spared or f["pid"] in diagnosed or (t is not None and t.get("permission_denied")):

@@ -271,7 +271,7 @@ class ForestRun:
                 continue
             f.update(node=nid, kind="node", spec=_spec_summary(spec), holds=[list(h) for h in spec.hold],
                      handles=spec.handles, title=spec.display_title, term=spec.term.value,
-                     children=spec.children, wrapped=None)
+                     children=spec.children, wrapped=None, program=spec.program)
             out[nid] = f
             if spec.wrapper:
                 w = proc_facts(f["ppid"])

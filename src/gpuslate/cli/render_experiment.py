@@ -75,7 +75,10 @@ def print_report(rep: Report) -> None:
         if rec.get("apply"):
             # engine-facing text from the server and the spec: escaped (a command may carry anything)
             for line in apply_lines(rec["apply"], [str(out / f) for f in s.get("files", {}).get("engines", [])]):
-                print(f"  {escape(line)}")  # a command line to copy: never broken
+                if line.startswith("Command line: "):
+                    print(f"  {escape(line)}")  # a command line to copy: never broken
+                else:
+                    say(f"  {escape(line)}")
         for w in rec["warnings"]:
             say(f"  warning: {w}")
     elif s.get("recommendation_note"):
