@@ -121,6 +121,7 @@ def test_unreachable_server_exits_6_with_its_own_message() -> None:
     assert json.loads(r.stdout)["error"]["type"] == "server_failed"
 
 
+@pytest.mark.timing  # a slow server's requests must time out and a fast one's not: alone
 def test_some_failed_exits_7_all_failed_exits_6(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "a" * 40}) + "\n" + json.dumps({"prompt": "b" * 2000}) + "\n")

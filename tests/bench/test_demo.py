@@ -17,7 +17,7 @@ from expkit import kill_leftovers, popen_cli
 from gpuslate.bench.report import DemoResult
 from helpers import wait_for
 
-pytestmark = pytest.mark.slow  # the whole file: the whole demo, end to end
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # the whole file: the whole demo, end to end, measured
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 from expkit import free_port, kill_leftovers, popen_cli
 from helpers import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(300)]
 
 BUSY = "import time\nend = time.monotonic() + 240\nwhile time.monotonic() < end:\n    pass\n"
 LEVELS = (1, 2, 4, 8)

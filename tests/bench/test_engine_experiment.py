@@ -24,7 +24,7 @@ from engine_facts import sglang_flat_loader, sglang_keyed_slots, sglang_route, v
 from engine_shims import engine_spec, install
 from expkit import free_port, kill_leftovers
 
-pytestmark = pytest.mark.slow  # whole experiments (two deployments and the recommendation's run)
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # whole experiments (two deployments and the recommendation's run)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs/schemas/experiment.v1.json").read_text())

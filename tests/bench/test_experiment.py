@@ -38,6 +38,7 @@ def implied_threshold() -> int:
     return max(c for c in LEVELS if throughput("speculative", c) > throughput("baseline", c))
 
 
+@pytest.mark.timing  # the recommendation of both runs is measured: alone, not beside other tests
 def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     spec = write_spec(tmp_path / "exp.toml", free_port())
     full = cli("experiment", "run", str(spec), "--out", str(tmp_path / "full"), "--json", timeout=110)
