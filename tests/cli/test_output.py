@@ -186,3 +186,14 @@ def test_modes_by_command():
     assert mode_of("experiment", "report", "d") is output.Mode.PRINT
 
 
+
+
+def test_stdout_and_stderr_of_one_pipe_raise_once(mode):
+    """``2>&1 | head``: both streams are the one pipe that went away. The first failed write stops the
+    run (OutputLost); a write to the other stream during the cleanup it started must not cut it short."""
+    output.set_mode(output.Mode.RUN)
+    err, out = output.GuardedStream(Broken(), "stderr"), output.GuardedStream(Broken(), "stdout")
+    with pytest.raises(output.OutputLost):
+        err.write("progress\n")
+    out.write("stopping the deployment\n")  # the cleanup's own output: dropped, not raised
+    assert err.lost and out.lost

@@ -72,12 +72,16 @@ class OutputLost(KeyboardInterrupt):
 class _State:
     mode = Mode.PRINT
     quiet = 0  # > 0: inside quietly(): never raise
+    raised = False  # OutputLost was raised once: never again (stdout and stderr are often one pipe, and
+    # a second raise from the other stream would cut short the cleanup the first one started)
     guarded: list[GuardedStream] = []
 
 
 def set_mode(mode: Mode) -> None:
-    """The mode of the command about to run (``PRINT`` until then: parsing, --help)."""
+    """The mode of the command about to run (``PRINT`` until then: parsing, --help); it may raise
+    :class:`OutputLost` once again."""
     _State.mode = mode
+    _State.raised = False
 
 
 @contextmanager
@@ -107,7 +111,6 @@ class GuardedStream:
         self._stream = stream
         self.name = name  # "stdout", "stderr"
         self.lost: str | None = None  # why, once lost
-        self._raised = False
 
     def write(self, text: str) -> int:
         stream = self._stream
@@ -147,10 +150,10 @@ class GuardedStream:
             self.lost = _why(exc)
             old, self._stream = self._stream, None
             _to_devnull(old)
-        if self._raised or _State.quiet or threading.current_thread() is not threading.main_thread():
+        if _State.raised or _State.quiet or threading.current_thread() is not threading.main_thread():
             return
         if _State.mode is Mode.RUN or (_State.mode is Mode.PRINT and self.name == "stdout"):
-            self._raised = True
+            _State.raised = True
             raise OutputLost(self.name, self.lost)
 
 
