@@ -49,6 +49,17 @@ def run(cli, tmp_path: Path, engine: str) -> tuple[dict, Path]:
     return doc, out
 
 
+def applied(ver: dict) -> bool:
+    """The written configuration took effect at every level: the recommendation no more than 10% below
+    the better of the two. On the simulated server, speculation left on where it is switched off (or off
+    where it is on) is at least 13% slower (``sim.perfmodel``: 0.87 of baseline at c=2, 0.68 at c=4,
+    1/1.15 at c=1), so this tells "applied" from "not applied" whatever the load; the verdict itself
+    ("matches within drift + noise") is a measurement of a short, time-scaled run (seen 2.5% below and
+    7.4% above the better on a loaded 2-core machine), and what the report makes of verdicts is checked
+    in tests/bench/test_experiment_report.py."""
+    return bool(ver["levels"]) and all(v["throughput"] / v["best_of_both"] > 0.90 for v in ver["levels"])
+
+
 def test_vllm_command(exp_host, cli, tmp_path):
     """First with one repeat (as after a Ctrl-C early on): nothing recommended, nothing written, and
     the report says what to run; then that (--resume with [load] repeats = 2), and the rest."""
@@ -95,7 +106,7 @@ def test_vllm_command(exp_host, cli, tmp_path):
     ver = doc["verification"]
     assert ver["command"] == line and ver["threshold"] == 1 and [v["concurrency"] for v in ver["levels"]] == [1, 4]
     assert [v["compared_with"] for v in ver["levels"]] == [["speculative"], ["baseline"]]
-    assert ver["matches"], ver["levels"]
+    assert applied(ver), ver["levels"]
     assert ver["engine"]["spec_disable_threshold"] == 1  # what the running server made of the schedule
     md = (out / "report.md").read_text()
     assert "### Applying it (vLLM)" in md and "Measured: vLLM with a fixed K = 3" in md and "Unproven:" in md
@@ -118,7 +129,7 @@ def test_sglang_command(exp_host, cli, tmp_path):
     measured = next(d["command"] for d in doc["deployments"] if d["role"] == "speculative")
     assert shlex.split((out / "recommended-command.txt").read_text()) == measured + args
     ver = doc["verification"]
-    assert ver["matches"], ver["levels"]
+    assert applied(ver), ver["levels"]
     # the running SGLang (stand-in) took the adaptive mode, and routed as the keys say
     assert ver["engine"]["speculative_adaptive"] is True and ver["engine"]["spec_disable_threshold"] == 1
     md = (out / "report.md").read_text()
