@@ -34,7 +34,6 @@ def demo_env(sim_host, tmp_path, monkeypatch):
 VERDICTS = ("matches the better", "faster than the better", "slower than the better")
 
 
-
 def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
     out = tmp_path / "demo"
     t0 = time.monotonic()
