@@ -151,7 +151,8 @@ def test_prolog_drains_and_requeues_then_the_job_runs_once_resumed(node_clean):
         squatter.wait()
     c.resume("n2")
     c.run("scontrol", "update", f"jobid={job}", "StartTime=now", check=False)
-    wait_for(lambda: _job_done(c, job), timeout=30, interval=0.1)
+    # slurmctld's next scheduling pass: seconds, longer with other test files running beside this one
+    wait_for(lambda: _job_done(c, job), timeout=90, interval=0.1)
     assert c.job(job)["JobState"] == "COMPLETED"
     assert "ran on n2" in out.read_text()
 
