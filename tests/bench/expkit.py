@@ -77,3 +77,10 @@ def applied(ver: dict) -> bool:
     7.4% above the better on a loaded 2-core machine), and what the report makes of verdicts is checked
     in tests/bench/test_experiment_report.py."""
     return bool(ver["levels"]) and all(v["throughput"] / v["best_of_both"] > 0.90 for v in ver["levels"])
+
+
+def says_its_verdict(md: str) -> bool:
+    """report.md says what the recommendation's own run found, whichever it was (see :func:`applied`)."""
+    return any(v in md for v in ("It matches the better of baseline and speculative within drift + noise",
+                                 "It matches or beats the better of baseline and speculative within drift + noise",
+                                 "It is slower than the better of the two at concurrency"))
