@@ -76,12 +76,12 @@ s = now()
 import gpuslate.cli.main as cm
 cmd = sys.argv[1]
 if cmd == "clear":
-    import gpuslate.cli.clear, gpuslate.slate.clear as sc, gpuslate.slate.plan
+    import gpuslate.cli.commands.clear, gpuslate.slate.clear as sc, gpuslate.slate.plan
 else:
-    import gpuslate.cli.status, gpuslate.host.snapshot
-    if "--json" not in sys.argv: import gpuslate.cli.render_status
+    import gpuslate.cli.commands.status, gpuslate.host.snapshot
+    if "--json" not in sys.argv: import gpuslate.cli.render.status
 spans.append(("import gpuslate", s, now()))
-import gpuslate.gpu as g, gpuslate.host.snapshot as snapmod, gpuslate.cli.common as common
+import gpuslate.gpu as g, gpuslate.host.snapshot as snapmod, gpuslate.cli.commands.common as common
 wrap(snapmod, "scan_device_holders", "fd scan")
 wrap(snapmod, "take_snapshot", "snapshot")
 wrap(snapmod, "ProcTable", "process table")
@@ -112,7 +112,7 @@ import io
 buf = io.StringIO(); real = sys.stdout; sys.stdout = buf
 s = now()
 try:
-    import gpuslate.cli.boot as boot  # as the console script does: the driver starts first
+    import gpuslate.cli as boot  # as the console script does: the driver starts first
     early = boot.early_command(sys.argv[1:])
     if early:
         from gpuslate.gpu.nvml import start_early_init

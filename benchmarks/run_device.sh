@@ -33,7 +33,7 @@ if python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/gs . 2
   echo "== gpuslate installed with pip into /tmp/gs"
 else  # no build backend offline: the same layout by hand (package + pip's console-script wrapper)
   rm -rf /tmp/gs && mkdir -p /tmp/gs/bin && cp -r src/gpuslate /tmp/gs/
-  printf '#!%s\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom gpuslate.cli.boot import run\nif __name__ == "__main__":\n    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])\n    sys.exit(run())\n' \
+  printf '#!%s\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom gpuslate.cli import run\nif __name__ == "__main__":\n    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])\n    sys.exit(run())\n' \
     "$(python3 -c 'import sys; print(sys.executable)')" > /tmp/gs/bin/gpuslate
   chmod +x /tmp/gs/bin/gpuslate
   echo "== pip could not build gpuslate offline: installed by hand into /tmp/gs (package + console script)"

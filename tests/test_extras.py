@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.cli.demo import scenario
+from gpuslate.cli.commands.demo import scenario
 from gpuslate.errors import UsageError
 from gpuslate.extras import MODULES, Extra, install_hint, installed, missing, require
 from helpers import gpuslate_env

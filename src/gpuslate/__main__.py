@@ -1,3 +1,3 @@
-from .cli.boot import run
+from .cli import run
 
 run()

@@ -109,7 +109,7 @@ def test_plots_skipped_without_matplotlib(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("failed, completed, code", [(0, 8, 0), (3, 8, 7), (8, 0, 6)])
 def test_run_exit_code_from_failed_requests(tmp_path, failed, completed, code):
-    from gpuslate.cli.experiment import outcome
+    from gpuslate.cli.commands.experiment import outcome
 
     pts = all_points()
     for p in pts if completed == 0 else pts[:1]:

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslate.cli import EARLY_COMMANDS, early_command
 from gpuslate.cli import fleet as fleet_cli
-from gpuslate.cli.boot import EARLY_COMMANDS, early_command
 from gpuslate.cli.main import _chosen_command
 
 

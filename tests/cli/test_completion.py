@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from gpuslate.cli.completion import commands
+from gpuslate.cli.commands.completion import commands
 from gpuslate.cli.main import COMMANDS, build_parser
 from helpers import run_cli, unavailable
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.cli import common
+from gpuslate.cli.commands import common
 from gpuslate.cli.main import build_parser, main
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -98,7 +98,7 @@ def test_readme_defaults_are_the_parsers(command):
 
 def test_gpu_lists_print_one_way():
     from gpuslate._parse import format_gpu_list
-    from gpuslate.cli.render_units import gpu_text
+    from gpuslate.cli.render.units import gpu_text
 
     assert gpu_text([0, 1, 2, 5, 7, 8]) == format_gpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert gpu_text([]) == "-"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from gpuslate.cli.live import LiveLine, progress_text
+from gpuslate.cli.render.live import LiveLine, progress_text
 from gpuslate.host.session import Progress
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.cli import audit as log_cmd
-from gpuslate.cli.common import add_common
+from gpuslate.cli.commands import audit as log_cmd
+from gpuslate.cli.commands.common import add_common
 from gpuslate.host.audit import AuditLog
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

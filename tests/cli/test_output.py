@@ -1,4 +1,4 @@
-"""Output that cannot crash the run (issue 25, cli/output.py): a closed stdout, a reader gone, a full
+"""Output that cannot crash the run (issue 25, cli/render/output.py): a closed stdout, a reader gone, a full
 disk. Commands that only print exit 141 quietly; commands that act finish their work and audit and
 exit with their own code; never a traceback. Real processes: the CLI as the console script runs it,
 its stdout closed (``>&-``), a pipe whose reader is already gone, or /dev/full."""
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuslate.cli import output
+from gpuslate.cli.render import output
 from helpers import gpuslate_env, is_gone
 
 SHAPES = ("closed", "gone", "full")
@@ -109,7 +109,7 @@ def test_a_closed_stdin_is_no_terminal(sim_host, hold):
 
 def test_closed_standard_descriptors_are_opened_on_dev_null():
     """A file opened next must not become 'stdout' (a server started then would write into it)."""
-    code = ("import os, sys; from gpuslate.cli.output import open_standard_fds; open_standard_fds(); "
+    code = ("import os, sys; from gpuslate.cli.render.output import open_standard_fds; open_standard_fds(); "
             "fd = os.open('/dev/null', os.O_RDONLY); sys.exit(0 if fd > 2 and all(os.path.samefile("
             "f'/proc/self/fd/{n}', '/dev/null') for n in (0, 1, 2)) else 1)")
     p = subprocess.run(["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", sys.executable, "-c", code],

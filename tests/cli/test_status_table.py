@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpuslate.cli.render_status import status_lines
+from gpuslate.cli.render.status import status_lines
 from gpuslate.gpu.sim import SimBackend
 from gpuslate.host.snapshot import take_snapshot
 from helpers import gpuslate_env

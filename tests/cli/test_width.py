@@ -22,7 +22,7 @@ from gpuslate.bench.metrics import RequestRecord, level_result
 from gpuslate.bench.plan import LoadPlan
 from gpuslate.bench.result import BenchResult
 from gpuslate.cli.main import main
-from gpuslate.cli.render_bench import print_bench
+from gpuslate.cli.render.bench import print_bench
 from gpuslate.gpu.sim.host import SimHost
 from helpers import SRC, experiment_folder, kill_leftovers, run_cli
 

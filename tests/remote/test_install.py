@@ -128,7 +128,7 @@ def test_clean_host_gets_gpuslate_through_install(install_lab, gs, hold):
     assert not list(pyz.parent.glob("*.tmp-*")) and not list(launcher.parent.glob("*.tmp-*"))
     with zipfile.ZipFile(pyz) as z:
         names = set(z.namelist())
-    assert "gpuslate/cli/boot.py" in names and "rich/table.py" in names and "__main__.py" in names
+    assert "gpuslate/cli/__init__.py" in names and "rich/table.py" in names and "__main__.py" in names
 
     # ~/.local/bin is not on that PATH: the fleet finds the launcher all the same
     held = hold("--memory", "5GiB", "--gpus", "0,3", host=clean.sim)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from gpuslate.cli.render_slurm import show_hook
+from gpuslate.cli.render.slurm import show_hook
 from gpuslate.slurm.hooks import HookResult, HookStatus
 from helpers import run_cli
 from test_hooks import job_hold, slurm_env  # noqa: F401 - fixtures

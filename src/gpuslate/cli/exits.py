@@ -15,7 +15,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from .output import OutputLost
+from .render.output import OutputLost
 
 if TYPE_CHECKING:
     from ..remote.fleet import HostOutcome
@@ -44,7 +44,7 @@ class ExitStatus(IntEnum):
     PARTIAL = 7
     NOT_DRAINED = 8  # slurm prolog/epilog: the GPUs are not free and scontrol could not drain the node
     INTERRUPTED = 130  # Ctrl-C (SIGINT)
-    OUTPUT_LOST = 141  # stdout closed or its reader gone (128 + SIGPIPE): see cli/output.py
+    OUTPUT_LOST = 141  # stdout closed or its reader gone (128 + SIGPIPE): see cli/render/output.py
     TERMINATED = 143  # SIGTERM, where a command finishes like an interrupt (bench, experiment, demo)
 
 

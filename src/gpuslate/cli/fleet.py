@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import BadDocument, NotConfirmed, PermissionDenied, UsageError
-from .common import print_json
+from .commands.common import print_json
 from .exits import exit_code_of, fleet_exit_code
-from .plain import Cell, Column, cut, paint, safe, table, use_color, width_of
+from .render.plain import Cell, Column, cut, paint, safe, table, use_color, width_of
 
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult, HostOutcome
@@ -245,7 +245,7 @@ def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[
     from ..remote.fleet import run_parallel  # lazy: startup
     from ..remote.hosts import select_hosts  # lazy: startup
     from ..remote.ssh import SshOptions  # lazy: startup
-    from .install import host_runner  # lazy: startup
+    from .commands.install import host_runner  # lazy: startup
 
     inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
     hosts = select_hosts(fleet.hosts, inventory, fleet.group)
@@ -324,7 +324,7 @@ def read_back(result: FleetResult) -> FleetResult:
     malformed) makes that host failed (``bad_document``, exit 2), whatever its own exit status was.
     The document stays in the outcome (``--json`` shows what came), but is not rendered."""
     from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup
-    from .results import kind_of  # lazy: startup
+    from .render.documents import kind_of  # lazy: startup
 
     hosts = []
     for o in result.hosts:
@@ -342,7 +342,7 @@ def read_back(result: FleetResult) -> FleetResult:
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
     from ..slate.clear import ClearResult  # lazy: startup
-    from .render_clear import print_plan  # lazy: startup
+    from .render.clear import print_plan  # lazy: startup
 
     n = 0
     for o in plans.hosts:
@@ -383,7 +383,7 @@ def _error(o: HostOutcome, out: IO[str]) -> None:
 
 def _show(doc: dict[str, Any]) -> None:
     """One host's document, shown as the command shows its result locally."""
-    from .results import show_document  # lazy: startup (every command imports this module, few show documents)
+    from .render.documents import show_document  # lazy: startup (every command imports this module, few show documents)
 
     sys.stdout.flush()
     if not show_document(doc):

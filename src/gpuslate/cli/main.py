@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from .. import __version__
 from ..errors import GpuslateError, UsageError
 from . import fleet as fleet_cli
-from . import output
-from .common import add_common, print_error
+from .commands.common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
+from .render import output
 
 # command name -> the module under gpuslate.cli that registers it (in help order)
 COMMANDS = {
-    "status": "status", "clear": "clear", "wait": "clear", "up": "up", "down": "down", "restart": "restart",
+    "status": "status", "clear": "clear", "wait": "wait", "up": "up", "down": "down", "restart": "restart",
     "rm": "rm", "ps": "ps",
     "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
     "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm", "exporter": "exporter",
@@ -119,7 +119,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     chosen = _chosen_command(argv) if argv is not None else None
     modules = [COMMANDS[chosen]] if chosen else list(dict.fromkeys(COMMANDS.values()))
     for name in modules:
-        importlib.import_module(f"{__package__}.{name}").register(sub)
+        importlib.import_module(f"{__package__}.commands.{name}").register(sub)
     return parser
 
 
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
         _use_sim(args)
         return int(args.handler(args))
-    except output.OutputLost:  # `gpuslate status | head -1`, `>&-`: see cli/output.py
+    except output.OutputLost:  # `gpuslate status | head -1`, `>&-`: see cli/render/output.py
         return ExitStatus.OUTPUT_LOST
     except KeyboardInterrupt as exc:
         try:
@@ -187,7 +187,7 @@ def run() -> None:
     kernel and the driver release the process's files and NVML state either way.
     """
     output.open_standard_fds()
-    output.guard_streams()  # a closed stdout or a reader gone: cli/output.py decides, for every command
+    output.guard_streams()  # a closed stdout or a reader gone: cli/render/output.py decides, for every command
     try:
         try:
             code = main()

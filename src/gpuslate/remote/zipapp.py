@@ -66,7 +66,7 @@ DEFAULT_PREFIX = "~/.local"
 MIN_PYTHON = (3, 10)
 #: the pure-Python packages the core imports (rich and its dependencies; tomli on 3.10), when found here
 BUNDLED = ("rich", "markdown_it", "mdurl", "pygments", "typing_extensions", "tomli")
-_MAIN = "from gpuslate.cli.boot import run\n\nrun()\n"
+_MAIN = "from gpuslate.cli import run\n\nrun()\n"
 #: zip entries get this time: the same gpuslate gives the same archive (and sha256)
 _EPOCH = time.mktime((2020, 1, 1, 0, 0, 0, 0, 0, -1))
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")

@@ -256,7 +256,7 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
                     sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
                     timings["smoke_s"] = sm["latency_s"]
                     status = UpStatus.READY if sm["ok"] else UpStatus.SMOKE_FAILED
-        except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/up.py), a bug: leave nothing half-started
+        except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/commands/up.py), a bug: leave nothing half-started
             _stop_interrupted(host, units, current, spec, limit, str(exc) or type(exc).__name__)
             raise
         teardown, tail = None, []

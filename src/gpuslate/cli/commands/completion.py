@@ -1,0 +1,300 @@
+"""``gpuslate completion bash|zsh|fish``: shell completion, generated from the parser itself.
+
+The script is made from the argparse tree every command registers (commands, their
+subcommands, options, the choices of an option, which values are files), so it cannot drift
+from the program: a new option completes once it exists. No dependency: argcomplete and shtab
+would do it too, but argcomplete runs Python at every Tab (a ``gpuslate`` start each time) and
+either is a package more for what a small generator does; the scripts are static, so a Tab
+costs the shell nothing. Hidden commands (``log``) and options whose help is suppressed are
+left out.
+
+    eval "$(gpuslate completion bash)"     # ~/.bashrc
+    eval "$(gpuslate completion zsh)"      # ~/.zshrc (after compinit)
+    gpuslate completion fish > ~/.config/fish/completions/gpuslate.fish
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NamedTuple
+
+from ..exits import exit_epilog
+
+SHELLS = ("bash", "zsh", "fish")
+#: metavars whose values are paths: completed as files
+_FILE_METAVARS = {"DIR", "FILE", "PATH", "SPEC.toml", "SPEC", "SIMDIR"}
+
+
+class Option(NamedTuple):
+    names: tuple[str, ...]
+    help: str
+    takes_value: bool
+    choices: tuple[str, ...]
+    files: bool
+
+
+class Command(NamedTuple):
+    """One parser of the tree: its path of words (``("sim", "init")``), its visible subcommands
+    (name, help), its options, and whether its positional arguments are paths."""
+
+    path: tuple[str, ...]
+    subcommands: tuple[tuple[str, str], ...]
+    options: tuple[Option, ...]
+    files: bool
+    choices: tuple[str, ...] = ()  # of a positional argument (completion SHELL)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh or fish",
+                       description="Print the completion script of SHELL, generated from gpuslate's own options. "
+                       "bash: eval \"$(gpuslate completion bash)\" in ~/.bashrc; zsh: eval \"$(gpuslate completion "
+                       "zsh)\" in ~/.zshrc after compinit; fish: gpuslate completion fish > "
+                       "~/.config/fish/completions/gpuslate.fish.",
+                       epilog=exit_epilog(backend=False))
+    p.add_argument("shell", metavar="SHELL", choices=SHELLS, help="bash, zsh or fish")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..main import build_parser  # lazy: startup (the whole tree: every command's module)
+
+    tree = commands(build_parser())
+    sys.stdout.write({"bash": bash, "zsh": zsh, "fish": fish}[args.shell](tree))
+    return 0
+
+
+def _text(help_text: str | None) -> str:
+    return " ".join((help_text or "").replace("%%", "%").split())
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[Command]:
+    """Every parser of the tree, depth first (lazily built options built first)."""
+    build = getattr(parser, "lazy_build", None)
+    if build is not None:
+        parser.lazy_build = None  # type: ignore[attr-defined]
+        build(parser)
+    subs: list[tuple[str, str]] = []
+    children: list[tuple[str, argparse.ArgumentParser]] = []
+    options: list[Option] = []
+    files = False
+    values: list[str] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            shown = {a.dest: _text(a.help) for a in action._choices_actions}  # hidden ones have no entry
+            for name, child in action.choices.items():
+                if name in shown:
+                    subs.append((name, shown[name]))
+                    children.append((name, child))
+        elif action.option_strings:
+            if action.help == argparse.SUPPRESS:
+                continue
+            takes = action.nargs != 0
+            options.append(Option(tuple(action.option_strings), _text(action.help), takes,
+                                  tuple(str(c) for c in action.choices or ()) if takes else (),
+                                  takes and str(action.metavar) in _FILE_METAVARS))
+        elif action.choices:
+            values += [str(c) for c in action.choices]
+        elif str(action.metavar) in _FILE_METAVARS:
+            files = True
+    out = [Command(path, tuple(subs), tuple(options), files, tuple(values))]
+    for name, child in children:
+        out += commands(child, (*path, name))
+    return out
+
+
+def _key(path: tuple[str, ...]) -> str:
+    """A command's key in the scripts: its words after ``gpuslate`` (``gpuslate sim init``)."""
+    return " ".join(("gpuslate", *path))
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def bash(tree: list[Command]) -> str:
+    """A ``complete -F _gpuslate gpuslate`` function: the command path from the words typed so far
+    (options and their values skipped), then its subcommands and options, an option's choices or
+    files, or files for a path argument."""
+    words, valued, choices, files, pos_files = [], [], [], [], []
+    for c in tree:
+        key = _key(c.path)
+        opts = [n for o in c.options for n in o.names]
+        words.append(f"    [{_quote(key)}]={_quote(' '.join([n for n, _ in c.subcommands] + list(c.choices) + opts))}")
+        valued += [f"    [{_quote(key + ' ' + n)}]=1" for o in c.options if o.takes_value for n in o.names]
+        choices += [f"    [{_quote(key + ' ' + n)}]={_quote(' '.join(o.choices))}"
+                    for o in c.options if o.choices for n in o.names]
+        files += [f"    [{_quote(key + ' ' + n)}]=1" for o in c.options if o.files for n in o.names]
+        if c.files:
+            pos_files.append(f"    [{_quote(key)}]=1")
+    subs = [f"    [{_quote(_key(c.path))}]={_quote(' '.join(n for n, _ in c.subcommands))}" for c in tree]
+    return f"""# bash completion for gpuslate (generated by 'gpuslate completion bash'; needs bash 4)
+declare -gA _gpuslate_words=(
+{chr(10).join(words)}
+)
+declare -gA _gpuslate_subs=(
+{chr(10).join(subs)}
+)
+declare -gA _gpuslate_valued=(
+{chr(10).join(valued)}
+)
+declare -gA _gpuslate_choices=(
+{chr(10).join(choices)}
+)
+declare -gA _gpuslate_files=(
+{chr(10).join(files)}
+)
+declare -gA _gpuslate_posfiles=(
+{chr(10).join(pos_files)}
+)
+
+_gpuslate() {{
+    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} path=gpuslate word i
+    COMPREPLY=()
+    for (( i = 1; i < COMP_CWORD; i++ )); do
+        word=${{COMP_WORDS[i]}}
+        if [[ $word == -- ]]; then
+            return 0  # a unit's own command line follows
+        elif [[ $word == -* ]]; then
+            [[ -n ${{_gpuslate_valued["$path $word"]}} || -n ${{_gpuslate_valued["gpuslate $word"]}} ]] && (( i++ ))
+        elif [[ " ${{_gpuslate_subs[$path]}} " == *" $word "* ]]; then
+            path="$path $word"
+        fi
+    done
+    if [[ $prev == -* && ( -n ${{_gpuslate_valued["$path $prev"]}} || -n ${{_gpuslate_valued["gpuslate $prev"]}} ) ]]
+    then
+        if [[ -n ${{_gpuslate_choices["$path $prev"]}} ]]; then
+            COMPREPLY=( $(compgen -W "${{_gpuslate_choices["$path $prev"]}}" -- "$cur") )
+        elif [[ -n ${{_gpuslate_files["$path $prev"]}} || -n ${{_gpuslate_files["gpuslate $prev"]}} ]]; then
+            COMPREPLY=( $(compgen -f -- "$cur") )
+        fi
+        return 0
+    fi
+    if [[ $cur != -* && -n ${{_gpuslate_posfiles[$path]}} ]]; then
+        COMPREPLY=( $(compgen -f -- "$cur") )
+        return 0
+    fi
+    COMPREPLY=( $(compgen -W "${{_gpuslate_words[$path]}}" -- "$cur") )
+}}
+complete -o default -F _gpuslate gpuslate
+"""
+
+
+def _zsh_item(name: str, help_text: str) -> str:
+    return _quote(name.replace(":", "\\:") + (":" + help_text if help_text else ""))
+
+
+def zsh(tree: list[Command]) -> str:
+    """A ``compdef`` function on the same walk as bash's, with the help of every subcommand and
+    option shown beside it (``_describe``)."""
+    cases = []
+    for c in tree:
+        items = [_zsh_item(n, h) for n, h in c.subcommands] + [_zsh_item(n, "") for n in c.choices]
+        items += [_zsh_item(n, o.help) for o in c.options for n in o.names]
+        values = [f"        ({_quote(_key(c.path) + ' ' + n)}) "
+                  + (f"compadd -- {' '.join(_quote(x) for x in o.choices)}" if o.choices else
+                     "_files" if o.files else ":") + " ;;"
+                  for o in c.options if o.takes_value for n in o.names]
+        cases.append(f"    ({_quote(_key(c.path))})\n"
+                     f"      subs=({' '.join(_quote(n) for n, _ in c.subcommands)})\n"
+                     f"      items=({' '.join(items)})\n"
+                     f"      valued=({' '.join(_quote(n) for o in c.options if o.takes_value for n in o.names)})\n"
+                     f"      posfiles={1 if c.files else 0} ;;")
+        if values:
+            cases.append("\n".join(values))
+    return f"""#compdef gpuslate
+# zsh completion for gpuslate (generated by 'gpuslate completion zsh')
+
+_gpuslate_spec() {{  # the command at path $1: its subcommands, items, valued options
+  subs=() items=() valued=() posfiles=0
+  case $1 in
+{chr(10).join(c for c in cases if c.startswith("    ("))}
+  esac
+}}
+
+_gpuslate_value() {{  # complete the value of option $2 of the command at path $1
+  case "$1 $2" in
+{chr(10).join(c for c in cases if c.startswith("        ("))}
+    (*) return 1 ;;
+  esac
+}}
+
+_gpuslate() {{
+  # not 'path': zsh ties it to PATH
+  local at=gpuslate word i subs items valued posfiles
+  for (( i = 2; i < CURRENT; i++ )); do
+    word=${{words[i]}}
+    _gpuslate_spec "$at"
+    if [[ $word == -- ]]; then
+      _normal; return  # a unit's own command line follows
+    elif [[ $word == -* ]]; then
+      (( ${{valued[(Ie)$word]}} )) && (( i++ ))
+    elif (( ${{subs[(Ie)$word]}} )); then
+      at="$at $word"
+    fi
+  done
+  _gpuslate_spec "$at"
+  local prev=${{words[CURRENT-1]}}
+  if [[ $prev == -* ]] && (( ${{valued[(Ie)$prev]}} )); then
+    _gpuslate_value "$at" "$prev"
+    return
+  fi
+  if [[ ${{words[CURRENT]}} != -* ]] && (( posfiles )); then
+    _files
+    return
+  fi
+  _describe -t commands gpuslate items
+}}
+
+if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
+  _gpuslate "$@"
+else
+  compdef _gpuslate gpuslate
+fi
+"""
+
+
+def fish(tree: list[Command]) -> str:
+    """``complete -c gpuslate`` lines, each guarded by the command path typed so far."""
+    lines = ["# fish completion for gpuslate (generated by 'gpuslate completion fish')",
+             "function __gpuslate_path",
+             "    set -l words (commandline -opc)",
+             "    set -e words[1]",
+             "    set -l path gpuslate",
+             "    set -l skip 0",
+             "    for w in $words",
+             "        if test $skip = 1; set skip 0; continue; end",
+             "        if test \"$w\" = --; echo --; return; end",
+             "        if string match -q -- '-*' $w",
+             "            if contains -- \"$path $w\" $__gpuslate_valued; set skip 1; end",
+             "            continue",
+             "        end",
+             "        if contains -- \"$path $w\" $__gpuslate_subs",
+             "            set path \"$path $w\"",
+             "        end",
+             "    end",
+             "    echo $path",
+             "end",
+             "function __gpuslate_at",
+             "    test (__gpuslate_path) = (string join ' ' gpuslate $argv)",
+             "end"]
+    # "PATH WORD", as __gpuslate_path joins them
+    valued = [f"{_key(c.path)} {n}" for c in tree for o in c.options if o.takes_value for n in o.names]
+    subs = [f"{_key(c.path)} {n}" for c in tree for n, _ in c.subcommands]
+    lines.append("set -g __gpuslate_valued " + " ".join(_quote(v) for v in valued))
+    lines.append("set -g __gpuslate_subs " + " ".join(_quote(s) for s in subs))
+    lines.append("complete -c gpuslate -f")
+    for c in tree:
+        cond = "-n " + _quote(" ".join(("__gpuslate_at", *c.path)))
+        for name, help_text in c.subcommands:
+            lines.append(f"complete -c gpuslate {cond} -a {_quote(name)} -d {_quote(help_text)}")
+        for o in c.options:
+            flags = " ".join(f"-l {n[2:]}" if n.startswith("--") else f"-s {n[1:]}" for n in o.names)
+            extra = (f" -x -a {_quote(' '.join(o.choices))}" if o.choices else " -r -F" if o.files else
+                     " -x" if o.takes_value else "")
+            lines.append(f"complete -c gpuslate {cond} {flags}{extra} -d {_quote(o.help)}")
+        if c.choices:
+            lines.append(f"complete -c gpuslate {cond} -a {_quote(' '.join(c.choices))}")
+        if c.files:
+            lines.append(f"complete -c gpuslate {cond} -F")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,258 @@
+"""``gpuslate experiment run SPEC.toml [--out DIR] [--resume]`` and ``gpuslate experiment report DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ...errors import Interrupted
+from ...extras import Extra, install_hint, missing, require
+from ..exits import ExitStatus, exit_epilog, exit_status_for_result
+from ..render.documents import as_sent
+from ..render.experiment import print_report
+from ..render.output import Mode, OutputLost, set_mode
+from .common import add_common, note, print_error, print_json
+
+if TYPE_CHECKING:
+    from ...bench.experiment import ExperimentProgress, RunResult
+    from ...bench.report import Report
+
+
+RUN_EPILOG = exit_epilog({
+    0: "every point ran and no request failed",
+    2: "bad spec or --out, or the bench extra not installed (nothing was started)",
+    4: "a deployment could not be stopped with its GPUs verified free",
+    6: "a deployment did not come up, or no request succeeded",
+    7: "some requests failed (grouped in DIR/points)",
+    130: "interrupted by Ctrl-C: units stopped and verified, points kept (--resume continues)",
+    141: "stdout or stderr went away (a closed pipe, e.g. '2>&1 | head'): likewise",
+    143: "terminated by SIGTERM: likewise"})
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="sweep deployments on a verified clean slate; compare; recommend",
+                       description="A/B experiments between deployments (e.g. a baseline and a speculative-"
+                       "decoding server): each swapped in on a verified clean slate, swept over concurrency "
+                       "levels and repeats with the load generator of 'gpuslate bench' in an order that "
+                       "exposes drift, compared with intervals, and a speculation disable threshold "
+                       "recommended. See docs/experiment.md.", epilog=RUN_EPILOG)
+    add_common(p)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB")
+    r = verbs.add_parser("run", help="run (or --resume) an experiment spec",
+                         description="Run the experiment of SPEC.toml into DIR: every finished point is "
+                         "written at once, so an interrupted run loses nothing and --resume skips what is done. "
+                         "The report is written at the end.", epilog=RUN_EPILOG)
+    add_common(r)
+    r.add_argument("spec", metavar="SPEC.toml")
+    r.add_argument("--out", metavar="DIR", help="results folder (default: ./experiments/NAME)")
+    r.add_argument("--resume", action="store_true", help="continue the experiment in DIR, skipping finished points")
+    r.set_defaults(handler=run)
+    rep = verbs.add_parser("report", help="(re)write the report of an experiment folder",
+                           description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
+                           "report.md, summary.json and summary.csv, the speculation recommendation and, when "
+                           "its engine can apply it, the files and command line that do (read from the "
+                           "speculative deployment's own command: vllm-speculative-config.json or "
+                           "sglang-adaptive-config.json, recommended-command.txt).",
+                           epilog=exit_epilog({0: "report written",
+                                               2: "DIR is not an experiment folder, or the bench extra not installed"},
+                                              backend=False))
+    rep.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                     help="print the versioned JSON document instead of a table")
+    rep.add_argument("dir", metavar="DIR")
+    rep.set_defaults(handler=report)
+    p.set_defaults(handler=lambda args: _usage(p))
+
+
+def _usage(p: argparse.ArgumentParser) -> int:
+    sys.stderr.write("gpuslate: error: experiment needs a verb: run SPEC.toml or report DIR "
+                     "(see 'gpuslate experiment --help')\n")
+    return ExitStatus.USAGE
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C but leaving with 143."""
+
+
+def interrupted_status(exc: Interrupted, json_out: bool, message: str | None = None) -> int:
+    """Report an interrupted run; 143 when SIGTERM caused it, 141 when its output went away
+    (cli/render/output.py: said on stderr if stderr still works), else 130."""
+    cause = exc.__context__
+    shown = exc if message is None else Interrupted(message)
+    if isinstance(cause, Terminated):
+        status = ExitStatus.TERMINATED
+        shown = Interrupted(str(shown).replace("interrupted", "terminated", 1), hint=shown.hint)
+    elif isinstance(cause, OutputLost):
+        status = ExitStatus.OUTPUT_LOST
+        shown = Interrupted(str(shown).replace("interrupted", f"stopped: {cause}", 1), hint=shown.hint)
+    else:
+        status = ExitStatus.INTERRUPTED
+    print_error(shown, status, json_out)
+    return status
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM ends a run like Ctrl-C: units stopped and verified, exit 143."""
+    def raise_interrupt(signum: int, frame: Any) -> NoReturn:
+        raise Terminated("terminated")
+
+    signal.signal(signal.SIGTERM, raise_interrupt)
+
+
+def run(args: argparse.Namespace) -> int:
+    require("experiment run", Extra.BENCH)  # the load generator: before anything is started
+    from ...api import Host  # lazy: startup
+    from ...bench.experiment import run_experiment  # lazy: startup
+    from ...bench.spec import load_spec  # lazy: startup
+
+    spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
+    if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
+        note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
+    out = Path(args.out) if args.out else Path("experiments") / spec.name
+    sigterm_as_interrupt()
+    display = ProgressDisplay(spec.time_scale)
+    display.say_scale()
+    try:
+        with Host.open(getattr(args, "sim", None), on_event=display.note) as host:  # the run's one context
+            result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update)
+    except Interrupted as exc:
+        display.close()
+        return interrupted_status(exc, args.json)
+    finally:
+        display.close()
+    set_mode(Mode.ACT)  # every point ran: the report is written whatever happens to the output now
+    display.note(f"{result.points_run} point(s) run, {result.points_skipped} resumed, "
+                 f"in {result.elapsed_s:.1f} s; writing the report")
+    rep = write_report_for(out)
+    rep.run = run_json(result)
+    if args.json:
+        print_json(rep.to_json())
+    else:
+        print_report(as_sent(rep))
+    return outcome(rep)
+
+
+def outcome(rep: Report) -> int:
+    """By the report's status: 0; 7 when some requests failed (grouped in the points); 6 when no
+    request succeeded at all."""
+    from ...bench.report import ExperimentStatus  # lazy: startup
+
+    status = rep.status
+    if status == ExperimentStatus.FAILED:
+        note("error: no request succeeded (see the errors in DIR/points/*.json)")
+    elif status == ExperimentStatus.PARTIAL:
+        note(f"{rep.failed_requests} request(s) failed (see the errors in DIR/points/*.json)")
+    return exit_status_for_result(status)
+
+
+def report(args: argparse.Namespace) -> int:
+    rep = write_report_for(Path(args.dir))
+    if args.json:
+        print_json(rep.to_json())
+    else:
+        print_report(as_sent(rep))
+    return exit_status_for_result(rep.status)
+
+
+def write_report_for(out: Path) -> Report:
+    from ...bench.report import write_report  # lazy: startup
+
+    return write_report(out)
+
+
+def run_json(result: RunResult) -> dict[str, Any]:
+    return {"points_run": result.points_run, "points_skipped": result.points_skipped,
+            "elapsed_s": round(result.elapsed_s, 3),
+            "transitions": [{"deployment": t["deployment"], "action": t["action"], "at": t["at"], "ok": t["ok"],
+                             "total_s": t["result"].get("total_s", t["result"].get("timings", {}).get("total_s"))}
+                            for t in result.transitions]}
+
+
+class ProgressDisplay:
+    """Deployment, level, requests done, elapsed and remaining: a live line on a terminal
+    (stderr) whose remaining time counts down between updates; otherwise one line per
+    finished point, with its throughput. Notes from the units API go above it."""
+
+    def __init__(self, time_scale: float = 1.0) -> None:
+        self.live: Any = None
+        self.current: ExperimentProgress | None = None
+        self.key: tuple[Any, ...] | None = None
+        # the one throughput figure of a run: in modelled time, as the report shows it (a simulated
+        # server at --time-scale S serves S times the modelled tok/s); said once, here
+        self.time_scale = time_scale
+        if sys.stderr.isatty():
+            from rich.console import Console  # lazy: startup
+            from rich.live import Live  # lazy: startup
+
+            self.live = Live(_Line(self), console=Console(file=sys.stderr), transient=True, refresh_per_second=4)
+            self.live.start()
+
+    def say_scale(self) -> None:
+        """What the throughputs of a time-scaled run are, once, before the first of them."""
+        if self.time_scale != 1:
+            self.note(f"throughputs are in modelled time, as in the report: the simulated servers run "
+                      f"{self.time_scale:g}x faster, and what they serve is divided by {self.time_scale:g}")
+
+    def note(self, msg: str) -> None:
+        if self.live is not None:
+            from rich.markup import escape  # lazy: startup
+
+            self.live.console.print(f"gpuslate: {escape(msg)}", highlight=False)
+        else:
+            note(msg)
+
+    def line(self) -> str:
+        p = self.current
+        if p is None:
+            return ""
+        remaining = None if p.eta_at is None else max(0.0, p.eta_at - time.monotonic())
+        left = f", ~{_dur(remaining)} left" if remaining is not None else ""
+        where = (f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})"
+                 + (f" c={p.concurrency} " + ("control" if p.control else f"repeat {(p.repeat or 0) + 1}")
+                    if p.concurrency is not None and p.repeat is not None else ""))
+        reqs = f" {p.phase} {p.done}/{p.total if p.total is not None else '?'} requests" \
+            if p.phase in ("warmup", "running") else f" {p.phase}"
+        return f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+
+    def update(self, p: ExperimentProgress) -> None:
+        key = (p.deployment, p.concurrency, p.repeat, p.phase)
+        changed, self.current, self.key = key != self.key, p, key
+        if self.live is not None:
+            if changed:
+                self.live.refresh()  # every point drawn at least once; the ETA then counts down by itself
+            return
+        if p.phase == "finished":  # piped: one line per finished point
+            left = f", ~{_dur(p.remaining_s)} left" if p.remaining_s is not None else ""
+            what = "control" if p.control else f"repeat {(p.repeat or 0) + 1}"
+            tok = f"{p.output_tok_s / self.time_scale:.1f} tok/s" if p.output_tok_s is not None else "done"
+            note(f"{p.deployment} c={p.concurrency} {what}: {tok} ({p.done} requests) | points "
+                 f"{p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}")
+        elif p.phase == "starting":
+            note(f"{p.deployment} ({p.deployment_index + 1}/{p.deployments}): starting")
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+class _Line:
+    """A rich renderable that asks the display for its line at every refresh (so the ETA moves)."""
+
+    def __init__(self, display: ProgressDisplay) -> None:
+        self.display = display
+
+    def __rich__(self) -> Any:
+        from rich.text import Text  # lazy: startup
+
+        return Text(self.display.line())  # plain text: no markup, no highlighting
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = round(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

@@ -1,0 +1,97 @@
+"""``gpuslate --host H install``: gpuslate on hosts without a package index.
+
+It runs here, not on the host: the zipapp of this gpuslate is built once
+(:mod:`gpuslate.remote.zipapp`), then each host gets it over its SSH
+connection (in parallel, like every ``--host`` command), is checked for
+Python >= 3.10 first, and runs it once to prove it works. Each host's
+``gpuslate.install.v1`` document sits in the run's ``gpuslate.fleet.v1``.
+Without ``--host``: ``--out FILE`` writes the zipapp here (``python3 FILE``
+runs it); neither is a usage error. See docs/remote.md.
+
+The library modules load on use (in the functions): ``gpuslate --help``
+imports every command module, and this one's need zipapp, tempfile, shutil.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ... import __version__
+from ...errors import GpuslateError, UsageError
+from ..exits import exit_epilog, exit_status_for_result
+from ..render.documents import as_sent
+from ..render.install import show_install
+from .common import add_common, note, print_json
+
+if TYPE_CHECKING:
+    from ...remote.fleet import HostOutcome
+    from ...remote.hosts import HostSpec
+    from ...remote.ssh import SshOptions
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("install", help="copy gpuslate to --host hosts over ssh (one file; no package index needed)",
+                       description="Build a single-file zipapp of this gpuslate and copy it to each --host over ssh: "
+                       "PREFIX/share/gpuslate/gpuslate.pyz and the launcher PREFIX/bin/gpuslate (PREFIX "
+                       "~/.local). The host's Python (>= 3.10) is checked first; the installed gpuslate is run "
+                       "once (--version, status --json) to prove it works. Without --host: --out FILE writes "
+                       "the zipapp here. See docs/remote.md.",
+                       epilog=exit_epilog({0: "installed (or written: --out)",
+                                           2: "bad input, or neither --host nor --out",
+                                           3: "a host without Python >= 3.10, or unreachable",
+                                           5: "the files could not be written there (or --out here)",
+                                           7: "some hosts failed"}))
+    add_common(p)
+    p.add_argument("--prefix", default="~/.local", metavar="DIR",
+                   help="where on the host: DIR/share/gpuslate/gpuslate.pyz and DIR/bin/gpuslate "
+                   "(default ~/.local; another DIR needs GPUSLATE_REMOTE_COMMAND=DIR/bin/gpuslate here)")
+    p.add_argument("--python", default="python3", metavar="CMD",
+                   help="the host's interpreter (default python3; must be Python >= 3.10)")
+    p.add_argument("--out", metavar="FILE", help="without --host: write the zipapp here (run it: python3 FILE)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Without --host: ``--out FILE`` writes the zipapp here."""
+    from ...remote.zipapp import build, write_local  # lazy: startup
+
+    if not args.out:
+        raise UsageError("install copies gpuslate to remote hosts: give --host HOST (or --out FILE to write "
+                         "the zipapp here)")
+    result = write_local(build(), args.out)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        show_install(as_sent(result))
+    return exit_status_for_result(result.status)
+
+
+def host_runner(args: argparse.Namespace, opts: SshOptions
+                ) -> tuple[list[str], Callable[[HostSpec, Sequence[str]], HostOutcome]]:
+    """(the words shown as the fleet's command, how to install on one host): the zipapp is built once, here."""
+    from ...remote.fleet import HostOutcome  # lazy: startup
+    from ...remote.zipapp import build, check_prefix, install_on_host  # lazy: startup
+
+    if args.out:
+        raise UsageError("--out writes the zipapp here: give it without --host")
+    prefix = check_prefix(args.prefix)
+    if not args.python or args.python.startswith("-"):
+        raise UsageError(f"invalid --python {args.python!r}: a command or path on the host")
+    archive = build()
+    if not args.json:
+        note(f"built the zipapp of gpuslate {__version__}: {len(archive.data) / 1e6:.1f} MB, sha256 "
+             f"{archive.sha256[:12]} (bundled: {', '.join(archive.included) or 'nothing'})")
+
+    def one(host: HostSpec, words: Sequence[str]) -> HostOutcome:
+        start = time.monotonic()
+        try:
+            result = install_on_host(host, archive, opts, prefix=prefix, python=args.python)
+        except GpuslateError as exc:
+            return HostOutcome(host, None, exc, time.monotonic() - start)
+        return HostOutcome(host, result.to_json(), None, time.monotonic() - start)
+
+    words = ["install", "--prefix", prefix, "--python", args.python]
+    return words, one

@@ -1,0 +1,102 @@
+"""``gpuslate logs NAME [--follow] [--tail N] [--since WHEN] [--timestamps] [--json]``: a unit's output.
+
+``--json`` prints the ``gpuslate.logs.v1`` document (the unit, its log file
+and the lines, with their times when asked); it is a snapshot, so it does not
+go with ``--follow``. ``--since`` and ``--timestamps`` read the time of each
+line the log relay recorded (units/logfile.py), as ``docker logs`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..._time import parse_since
+from ...errors import UsageError
+from ..exits import exit_epilog, exit_status_for_result
+from ..render.documents import as_sent
+from ..render.logs import show_logs, stamp
+from ..render.output import OutputLost
+from .common import add_common, print_json, whole
+from .up import unit_name
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("logs", help="show a unit's output (stdout and stderr)",
+                       description="Print a unit's log (its stdout and stderr, rotated at every start: "
+                       "older runs are NAME.log.1 ... .5 next to it). The server's output is printed as it "
+                       "wrote it, like 'docker logs'; the time of each line is recorded as it is written.",
+                       epilog=exit_epilog({0: "printed (with --follow: until the unit is gone or Ctrl-C)",
+                                           2: "bad input, unknown unit, --json with --follow, or --since on a "
+                                           "log without line times"}, backend=False))
+    add_common(p)
+    p.add_argument("name", metavar="NAME", type=unit_name)
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing new lines until the unit is gone (or Ctrl-C)")
+    p.add_argument("-n", "--tail", type=whole(0, 10**9), metavar="N", help="only the last N lines")
+    p.add_argument("--since", type=since_type, metavar="WHEN",
+                   help="only lines written since WHEN: a duration back from now (10m, 1h30m, 42s) or a time "
+                   "(2013-01-02T13:23:37Z; without a zone, local time; or Unix seconds), as docker logs --since")
+    p.add_argument("-t", "--timestamps", action="store_true",
+                   help="start each line with the time it was written (RFC 3339, UTC)")
+    p.set_defaults(handler=run)
+
+
+def since_type(text: str) -> float:
+    """``--since``: the epoch time it names, now (bad input is exit 2 before anything is read)."""
+    try:
+        return parse_since(text, time.time())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+since_type.__name__ = "time or duration"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ...api import Host  # lazy: startup
+    from ...units import Unit, UnitStore  # lazy: startup
+    from ...units.logfile import LineTimes, LogsResult, follow, snapshot  # lazy: startup
+
+    with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
+        units = UnitStore.of(host)
+    unit = Unit.load(units, args.name)
+    if unit is None:
+        raise UsageError(f"unknown unit {args.name!r}: see 'gpuslate ps'")
+    if args.tail is not None and args.tail < 0:
+        raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
+    if args.json and args.follow:
+        raise UsageError("--json prints a snapshot: use it without --follow")
+    path = Path(unit.record.log) if unit.record else units.log_path(args.name)  # corrupt: where logs go
+    lines, times, since, recorded = snapshot(path, args.tail, args.since, args.timestamps)
+    if args.since is not None and not recorded and since is not None:
+        raise UsageError(f"the log of {args.name} has no line times (written before gpuslate recorded them): "
+                         "--since cannot tell which lines are newer", hint="use --tail N")
+    result = LogsResult(args.name, str(path), since is not None, unit.running(), args.tail, lines, args.since,
+                        times)
+    if args.json:
+        print_json(result.to_json())
+        return exit_status_for_result(result.status)
+    show_logs(as_sent(result))
+    if not args.follow:
+        return exit_status_for_result(result.status)
+    out = sys.stdout
+    index = LineTimes(path) if args.timestamps else None
+
+    def running() -> bool:
+        return (Unit.load(units, args.name) or unit).running()  # a restart is a new record: follow it
+
+    try:
+        for offset, line in follow(path, since=since, keep_going=running):
+            if index is not None:
+                at = index.at(offset) if index.at(offset) is not None else index.refresh().at(offset)
+                out.write(stamp(at) + " ")
+            out.write(line)
+            out.flush()
+    except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
+        raise
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a follow ends
+    return 0

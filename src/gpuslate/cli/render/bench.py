@@ -1,0 +1,120 @@
+"""The table of ``gpuslate bench`` for people. ``--json`` never comes through here.
+
+Latencies show the median and p99 (the JSON has mean, std, max and every
+percentile asked for). Nothing is ever cut: piped, the table is as wide as its
+values (about 140 columns); on a terminal too narrow for it (80 columns), it is
+shown as several tables one under the other, each starting with the level
+(``Conc``), so that every row says which level it is (see :func:`.plain.tables`).
+Laid out by :mod:`.plain`, like ``status``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .plain import Cell, Column, paint, safe, tables, use_color, width_of, wrapped
+
+if TYPE_CHECKING:
+    from ...bench import BenchResult
+    from ...bench.metrics import LevelResult, Summary
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def _pair(s: Summary | None) -> str:
+    return "-" if s is None else f"{_ms(s.p50)} / {_ms(s.p99)}"
+
+
+def _accept(lv: LevelResult) -> str:
+    if lv.accept_length is not None:
+        return f"{lv.accept_length:.2f}"
+    if lv.accept_length_spec is not None:
+        return f"{lv.accept_length_spec:.2f}ˢ"
+    return "-"
+
+
+def level_label(lv: LevelResult) -> str:
+    """What names a level in every row: its concurrency (or request rate), ``*`` when an interrupt
+    cut it short, ``!`` when the server was still warming up."""
+    conc = str(lv.concurrency) if lv.concurrency is not None else (
+        f"{lv.request_rate:g}/s" + (f" ≤{lv.max_concurrency}" if lv.max_concurrency else ""))
+    return conc + ("*" if lv.interrupted else "") + ("!" if lv.warming else "")
+
+
+def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[str]:
+    """The lines ``bench`` prints: the server, the levels' table (split to fit ``width``; None:
+    piped, one table), the footnotes, the errors and what was in flight."""
+    server = result.server
+    about = " ".join(safe(x) for x in (server.get("engine"), server.get("version")) if x)
+    engine = f" ({about})" if server.get("engine") else ""
+    model = safe(result.model or "?")
+    head = (f"{model} at {safe(result.url)}{engine}, {result.api}" + ("" if result.plan.stream else ", not streamed")
+            + (", interrupted: levels marked * were cut short" if result.interrupted else ""))
+    lines = wrapped([head], width)
+    lines[0] = paint(model, ("bold",), color) + lines[0][len(model):]
+    goodput = bool(result.plan.goodput)
+    # the one table style of every command: bold Title Case headers, no borders (units stay as written)
+    names = ["Conc", "Done", "Fail", "Req/s", "Out tok/s", "Peak tok/s", "In flight", "Accept", "Spec steps"] \
+        + (["Goodput"] if goodput else []) + ["TTFT ms", "TPOT ms", "ITL ms", "Chunk gap ms", "E2E ms"]
+    columns = [Column(n, "right") for n in names]
+    rows: list[list[Cell]] = []
+    for lv in result.levels:
+        est = "~" if lv.tokens_estimated else ""
+        row = [
+            Cell(level_label(lv), ("yellow",) if lv.interrupted else ()), Cell(str(lv.completed)),
+            Cell(str(lv.failed), ("red",) if lv.failed else ()), Cell(f"{lv.request_throughput:.2f}"),
+            Cell(f"{lv.output_token_throughput:.1f}{est}"), Cell(f"{lv.peak_output_token_throughput:.0f}{est}"),
+            Cell(f"{lv.achieved_concurrency:.1f}"), Cell(_accept(lv)),
+            Cell("-" if lv.spec_step_share is None else f"{lv.spec_step_share:.0%}")]
+        if goodput:
+            row.append(Cell("-" if lv.goodput is None else f"{lv.goodput:.2f} ({lv.slo_attainment:.0%})"))
+        row += [Cell(_pair(x)) for x in (lv.ttft_ms, lv.tpot_ms, lv.itl_ms, lv.chunk_gap_ms, lv.e2e_ms)]
+        rows.append(row)
+    if rows:
+        lines += tables(columns, rows, color=color, width=width)
+    foot = ["latencies: median / p99", "ITL per token (SGLang), chunk gap between streamed chunks",
+            "in flight: achieved concurrency", "accept: tokens per request-step over all steps",
+            "peak: the most output tokens in one second"]
+    if any(lv.accept_length is None and lv.accept_length_spec is not None for lv in result.levels):
+        foot.append("ˢ over speculative steps only")
+    if any(lv.tokens_estimated for lv in result.levels):
+        foot.append("~ ESTIMATED: no usage reported and no --tokenizer")
+    if any(lv.warming for lv in result.levels):
+        foot.append("! the server was still warming up")
+    if result.interrupted:
+        foot.append("* cut short by an interrupt")
+    if goodput:
+        foot.append("goodput: req/s meeting " + ", ".join(f"{k.value} ≤ {v:g} ms" for k, v in result.plan.goodput)
+                    + " (share of completed)")
+    lines += [paint(x, ("dim",), color) for x in wrapped(foot, width)]
+    for lv in result.levels:
+        label = lv.concurrency if lv.concurrency is not None else "rate"
+        for message, count in lv.errors.items():
+            lines.append(paint(f"c={label}: {count} × {safe(message)}", ("red",), color))
+        if lv.not_sent:
+            lines.append(f"c={label}: {lv.not_sent} request(s) not sent"
+                         + (f" ({safe(lv.stopped_early)})" if lv.stopped_early else ""))
+    if result.in_flight:
+        lines.append(f"in flight when interrupted: {len(result.in_flight)} request(s)")
+        for r in result.in_flight[:20]:
+            where = f"c={r.get('concurrency')}" if r.get("concurrency") is not None else f"level {r.get('level')}"
+            lines.append(f"  {where}{' warm-up' if r.get('warmup') else ''}: {_num(r.get('elapsed_s')):.2f} s, "
+                         f"{safe(r.get('chunks_received'))} chunk(s) received")
+        if len(result.in_flight) > 20:
+            lines.append(f"  ... and {len(result.in_flight) - 20} more")
+    return lines
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+def print_bench(result: BenchResult) -> None:
+    out = sys.stdout
+    out.write("\n".join(bench_lines(result, color=use_color(out), width=width_of(out))) + "\n")
+    out.flush()

@@ -1,0 +1,292 @@
+"""What ``up``, ``down``, ``swap``, ``restart``, ``rm`` and ``ps`` print (and ``up``/``down``/``restart`` of
+several units): one renderer per result type, for a local run
+and for another host's document read back (``--host``) alike.
+
+Each ``show_*`` takes the result as its document gives it back (see :func:`.results.show`): what is
+printed is exactly what travels, so a command prints the same bytes here and over ``--host``.
+The result goes to stdout; a failure's story (the log tail, why) to stderr, with ``--json`` too.
+Plain text, no rich: the tables are laid out by :mod:`.plain`, like ``status``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO
+
+from ..._parse import format_gpu_list, format_size, gpus_phrase
+from ..._time import format_duration
+from ...units.batch import BatchResult
+from ...units.lifecycle import DownResult, UpResult
+from ...units.listing import PsResult
+from ...units.remove import RmResult
+from ...units.restart import RestartResult
+from ...units.stop import StopReport, Verification
+from ...units.swap import SwapResult, SwapStatus
+from .plain import Cell, Column, safe, table, use_color, width_of
+
+_PS_COLUMNS = (Column("Name"), Column("State"), Column("PID", "right"), Column("Uptime", "right"),
+               Column("Port", "right"), Column("GPUs"), Column("GPU memory", "right"), Column("Ready in", "right"))
+_PHASES = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
+           ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+           ("preflight_new_s", "pre-flight {new}"),
+           ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
+           ("rollback_s", "rollback to {old}"))
+_DOWNTIME = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+             ("preflight_new_s", "pre-flight {new}"), ("spawn_new_s", "spawn {new}"),
+             ("start_to_port_open_s", "process start -> port open"), ("port_open_to_ready_s", "port open -> ready"),
+             ("smoke_new_s", "smoke completion"))
+
+
+def gpu_text(gpus: list[int]) -> str:
+    """A unit's GPUs as every command prints GPU lists (``0,2-3``); ``-`` for none."""
+    return format_gpu_list(gpus) or "-"
+
+
+def _out(line: str = "", file: IO[str] | None = None) -> None:
+    (file or sys.stdout).write(line + "\n")
+
+
+# -- up ------------------------------------------------------------------------------------------
+
+def print_up(result: UpResult) -> None:
+    """A ready unit: one line, its readiness and its log."""
+    r = result.record
+    line = (f"Unit {safe(r.name)} ready in {r.time_to_ready_s or 0:.2f} s: pid {r.pid}, {gpus_phrase(r.gpus)}, "
+            f"port {r.port if r.port is not None else '-'}, {safe(r.containment)}")
+    if result.smoke:
+        line += f", smoke completion {result.smoke['latency_s']:.3f} s"
+    _out(line)
+    _out(f"  readiness: {safe(result.readiness['kind'])} ({safe(result.readiness['detail'])})")
+    _out(f"  log: {safe(r.log)}")
+
+
+def report_up_failure(result: UpResult) -> None:
+    """A unit that failed: the log tail (the server's own output, as it wrote it, like ``logs``) and
+    one error line, on stderr."""
+    r, err = result.record, sys.stderr
+    if result.log_tail:
+        err.write(f"--- last {len(result.log_tail)} lines of {safe(r.log)} ---\n")
+        err.write("\n".join(result.log_tail) + "\n---\n")
+    err.write(f"gpuslate: error: unit {safe(r.name)} failed: {safe(r.failure)}\n")
+    t = result.teardown
+    if t is not None:
+        left = (memory_text(t) if t.released is None or t.verification == Verification.NOT_RULED_OUT else
+                "GPUs verified clean" if t.ok else "NOT clean: " + safe("; ".join(d.summary() for d in t.diagnosis)))
+        err.write(f"gpuslate: stopped what it left running; {left}\n")
+
+
+def show_up(result: UpResult) -> None:
+    if result.ok:
+        print_up(result)
+    else:
+        report_up_failure(result)
+
+
+# -- down ----------------------------------------------------------------------------------------
+
+def memory_text(rep: StopReport) -> str:
+    """What the stop proved about GPU memory: released or not, on which GPUs; or why nothing was
+    verified (never "released" for an empty set, nor while a process not ruled out holds GPU
+    memory or the unit's port)."""
+    if rep.verification == Verification.NOT_RULED_OUT:
+        return f"NOT verified: {safe(rep.unverified)}"
+    if rep.released is None:
+        return f"GPU memory not verified: {safe(rep.unverified)}"
+    return f"GPU memory on {gpus_phrase(rep.verified_gpus)} {'released' if rep.released else 'NOT released'}"
+
+
+def print_down(result: DownResult) -> None:
+    rep, t = result.report, result.timings
+    procs = rep.results + rep.swept
+    by = {s: sum(1 for r in procs if r.ended_by == s) for s in ("SIGTERM", "SIGKILL")}
+    name, before = safe(result.name), result.previous_state.value
+    if result.set_aside:
+        _out(f"Unit {name}: corrupt record ({safe(result.corrupt)}) moved to {safe(result.set_aside)}")
+    if result.cleared is not None:
+        _out(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
+    if not procs:
+        _out(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
+             + (f" ({t['verify_s']:.2f} s)" if rep.verification in (Verification.RELEASED,
+                                                                    Verification.NOT_RELEASED) else ""))
+        return
+    verdict = "stopped" if rep.verification != Verification.NOT_RULED_OUT else "NOT verified stopped"
+    _out(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
+         f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
+         + (f" after {t['verify_s']:.2f} s more" if rep.verification in (Verification.RELEASED,
+                                                                        Verification.NOT_RELEASED) else ""))
+    if rep.verification in (Verification.RELEASED, Verification.NOT_RELEASED) and rep.unverified:
+        _out(f"  not verified: {safe(rep.unverified)}")
+
+
+def report_down_failure(result: DownResult) -> None:
+    """Why the unit is not fully stopped, on stderr."""
+    rep, err = result.report, sys.stderr
+    leaks = [p for d in rep.diagnosis for p in d.problems if p.pid is None and p.used_memory]
+    for d in rep.diagnosis:
+        err.write(f"gpuslate: {safe(d.summary())}\n")
+    for p in leaks:
+        err.write(f"gpuslate: remedy: {safe(p.remedy)}\n")
+    alive = [r.victim.ident.pid for r in rep.results + rep.swept if r.alive]
+    strays = [s.pid for s in result.strays]
+    why = (f"processes still running: {alive}" if alive else
+           f"processes not found in it, which cannot be ruled out, hold its GPU memory or port: {strays} "
+           "(add --clear to end them)"
+           if strays and result.cleared is None else
+           f"its GPU memory could not be verified: {rep.unverified}" if rep.released is None
+           else "memory on its GPUs is held by no process (a leak; see above)" if leaks
+           else "its GPU memory was not released in time")
+    err.write(f"gpuslate: error: unit {safe(result.name)} not fully stopped: {safe(why)}\n")
+
+
+def show_down(result: DownResult) -> None:
+    print_down(result)
+    if not result.ok:
+        report_down_failure(result)
+
+
+# -- swap ----------------------------------------------------------------------------------------
+
+def show_swap(result: SwapResult) -> None:
+    print_swap(result)
+    report_swap_failure(result)
+
+
+def print_swap(result: SwapResult) -> None:
+    """What was stopped and started, each phase timed, the prefetch and the downtime."""
+    print_down(result.down)
+    if result.up is not None and result.up.ok:
+        print_up(result.up)
+    if result.rollback is not None and result.rollback.ok:
+        _out(f"Rolled back: {safe(result.old)} is serving again.")
+        print_up(result.rollback)
+    old, new = safe(result.old), safe(result.new)
+    for key, label in _PHASES:
+        if key in result.phases:
+            _out(f"  {label.format(old=old, new=new):<28} {result.phases[key]:8.3f} s")
+    overhead = result.overhead_s
+    _out(f"  {'total':<28} {result.total_s:8.3f} s" +
+         (f"  (gpuslate overhead {overhead:.3f} s)" if overhead is not None else ""))
+    _print_prefetch(result)
+    _print_downtime(result)
+
+
+def report_swap_failure(result: SwapResult) -> None:
+    """Which part failed, on stderr."""
+    old, new = safe(result.old), safe(result.new)
+    if result.status == SwapStatus.DOWN_FAILED:
+        sys.stderr.write(f"gpuslate: error: could not stop {old} cleanly; {new} was not started\n")
+    elif result.up is not None and not result.up.ok:
+        report_up_failure(result.up)
+        if result.rollback is not None:
+            if result.rollback.ok:
+                sys.stderr.write(f"gpuslate: rolled back: {old} is ready again\n")
+            else:
+                report_up_failure(result.rollback)
+
+
+def _print_prefetch(result: SwapResult) -> None:
+    pf = result.prefetch
+    if pf is None:
+        return
+    if pf.status in ("done", "partial"):
+        n = len(pf.plan.files)
+        took = f" in {pf.seconds:.3f} s, {format_size(int(pf.read_bytes / pf.seconds))}/s" if pf.seconds else ""
+        _out(f"  prefetch: {pf.status.value}, {format_size(pf.read_bytes)} of {format_size(pf.plan.total)} in "
+             f"{n} file{'s' if n != 1 else ''}{took}")
+    else:
+        why = pf.plan.warning or pf.error
+        _out(f"  prefetch: {pf.status.value}" + (f" ({safe(why)})" if why else ""))
+
+
+def _print_downtime(result: SwapResult) -> None:
+    """Nothing served for downtime_s: its parts, one line each."""
+    if result.downtime_s is None or not result.downtime:
+        return
+    _out(f"  {'downtime (nothing serves)':<28} {result.downtime_s:8.3f} s")
+    parts = result.downtime
+    old, new = safe(result.old), safe(result.new)
+    for key, label in _DOWNTIME:
+        if key in parts:
+            _out(f"    {label.format(old=old, new=new):<26} {parts[key]:8.3f} s")
+    if "start_to_port_open_s" not in parts:
+        _out(f"    {'process start -> ready':<26} {parts['start_to_ready_s']:8.3f} s")
+
+
+# -- ps ------------------------------------------------------------------------------------------
+
+def show_ps(result: PsResult) -> None:
+    out = sys.stdout
+    if not result.units and not result.hidden:
+        _out("No units. Start one with: gpuslate up NAME --gpus LIST --port PORT -- COMMAND ...")
+    elif not result.units:
+        _out("No units running or stopped within the last hour.")
+    else:
+        rows = []
+        for u in result.units:
+            r = u.record
+            ttr = r.time_to_ready_s if r is not None else None
+            port = r.port if r is not None else None
+            rows.append([Cell(safe(u.unit.name)), Cell(u.state.value), Cell(str(u.pid or "-")),
+                         Cell(format_duration(u.uptime_s)), Cell(str(port or "-")), Cell(gpu_text(u.unit.gpus)),
+                         Cell(format_size(u.gpu_memory) if u.gpu_memory is not None else "-"),
+                         Cell(f"{ttr:.2f}s" if ttr is not None else "-")])
+        for line in table(_PS_COLUMNS, rows, color=use_color(out), width=width_of(out), gap=2):
+            _out(line)
+    if result.hidden:
+        n = result.hidden
+        _out(f"({n} unit{'s' if n != 1 else ''} stopped more than an hour ago not shown: gpuslate ps -a)")
+    for w in result.warnings:
+        _out(f"warning: {safe(w)}")
+
+
+# -- restart, rm, several units ------------------------------------------------------------------
+
+def show_restart(result: RestartResult) -> None:
+    """What was stopped, what is serving again and the downtime; a failure's story on stderr."""
+    if result.down is not None:
+        print_down(result.down)
+    if result.up is not None and result.up.ok:
+        print_up(result.up)
+    if result.ok:
+        _out(f"Unit {safe(result.name)} restarted ({result.previous_state.value} before) in {result.total_s:.2f} s"
+             + (f"; downtime {result.downtime_s:.3f} s" if result.downtime_s is not None else ""))
+    report_restart_failure(result)
+
+
+def report_restart_failure(result: RestartResult) -> None:
+    name = safe(result.name)
+    if result.down is not None and not result.down.ok:
+        report_down_failure(result.down)
+        sys.stderr.write(f"gpuslate: error: could not stop {name} cleanly; it was not started again\n")
+    elif result.up is not None and not result.up.ok:
+        report_up_failure(result.up)
+
+
+def show_rm(result: RmResult) -> None:
+    for u in result.units:
+        n = len(u.files)
+        _out(f"Removed unit {safe(u.name)} ({u.state.value}): {n} file{'s' if n != 1 else ''} (its record and logs)")
+
+
+def show_batch(result: BatchResult) -> None:
+    """Each unit as its own command shows it, in the order they ran, then what was left as it was
+    and what was not reached."""
+    show = {"up": show_up, "down": show_down, "restart": show_restart}[result.verb.value]
+    for r in result.results:
+        show(r)  # type: ignore[operator]
+    report_batch(result, sys.stdout)
+
+
+def report_batch(result: BatchResult, file: IO[str]) -> None:
+    """The batch's own lines (skipped, not reached, the count), after the units' (``--json``: on stderr)."""
+    for s in result.skipped:
+        _out(f"Unit {safe(s.name)}: {safe(s.reason)}, left as it is", file)
+    if result.not_run:
+        names = ", ".join(safe(n) for n in result.not_run)
+        _out(f"Not {'started' if result.verb.value == 'up' else 'restarted'} (unit "
+             f"{safe(result.failed_name or '?')} failed first): {names}", file)
+    done = sum(1 for r in result.results if r.ok)
+    _out(f"{result.verb.value}: {done} of {len(result.results) + len(result.not_run)} unit"
+         f"{'s' if len(result.results) + len(result.not_run) != 1 else ''} done"
+         + (f", {len(result.skipped)} left as they were" if result.skipped else "")
+         + f" in {result.total_s:.2f} s", file)
