@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..._parse import format_gpu_list
-
-if TYPE_CHECKING:
-    from ..commands.audit import AuditListing
 
 _OUTCOME_STYLE = {
     "delivered": "green", "not_running": "dim", "pid_reused": "yellow", "refused": "yellow",
@@ -16,7 +13,7 @@ _OUTCOME_STYLE = {
 }
 
 
-def print_log(listing: AuditListing) -> None:
+def print_log(listing: Any) -> None:  # an AuditListing (render/ never imports a command)
     from rich.table import Table  # lazy: startup
 
     from .styled import CommandCell, cell, emit  # lazy: startup
