@@ -212,7 +212,7 @@ def test_the_library_never_imports_the_cli():
 
 def test_no_module_imports_another_modules_private_names():
     modules = set(sources())
-    bad = "from ..cli.ps import _duration\nfrom .. import _parse, __version__\nfrom .state import _helper, public\n"
+    bad = "from ..cli.commands.ps import _duration\nfrom .. import _parse, __version__\nfrom .state import _helper, public\n"
     assert private_imports(bad, "gpuslate.remote.ssh", False, modules) == [
         "gpuslate.cli.commands.ps._duration (line 1)", "gpuslate.remote.state._helper (line 3)"]
     assert private_imports("from os import _exit\n", "gpuslate.x", False, modules) == []
