@@ -1,7 +1,7 @@
 """The compose-like unit commands over ``--host`` print what they print on the host itself: ``up``
 and ``down`` of every unit of a file, ``restart``, ``rm``, ``ps -a`` and ``logs --timestamps
---since``; and ``RemoteHost.restart``/``rm``/``ps``/``up(name)``/``logs``/``audit`` return what ``Host``'s return. Each runs here
-against h1's simulated host and over ``--host h1`` (a real sshd on loopback), as in
+--since``; and ``RemoteHost.restart``/``rm``/``ps``/``up(name)``/``logs``/``audit`` return what
+``Host``'s return. Each runs here against h1's simulated host and over ``--host h1`` (a real sshd on loopback), as in
 test_local_equals_remote.py."""
 
 from __future__ import annotations
