@@ -39,12 +39,14 @@ _EXPORTS = {
     "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.units.lifecycle",
     "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
     "PsOptions": "gpuslate.units.listing", "RestartOptions": "gpuslate.units.restart",
-    "RemoteHost": "gpuslate.remote.host",
+    "RemoteHost": "gpuslate.remote.host", "Verbs": "gpuslate.verbs",
+    "AuditOptions": "gpuslate.host.audit", "LogsOptions": "gpuslate.units.logfile",
 }
 
 if TYPE_CHECKING:
     from .api import Host, clear, status, wait_free
     from .gpu import GpuBackend, open_backend
+    from .host.audit import AuditOptions
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
     from .remote.host import RemoteHost
     from .slate.clear import ClearOptions, ClearResult
@@ -52,9 +54,11 @@ if TYPE_CHECKING:
     from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, UpOptions
     from .units.listing import PsOptions
+    from .units.logfile import LogsOptions
     from .units.restart import RestartOptions
     from .units.spec import UnitSpec
     from .units.swap import SwapOptions
+    from .verbs import Verbs
 
 
 def __getattr__(name: str) -> Any:
@@ -71,6 +75,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # written out (not built from _EXPORTS) so that linters and type checkers see it; a test compares
+    "AuditOptions",
     "BackendUnavailable",
     "ClearOptions",
     "ClearResult",
@@ -82,6 +87,7 @@ __all__ = [  # written out (not built from _EXPORTS) so that linters and type ch
     "HolderProcess",
     "Host",
     "Interrupted",
+    "LogsOptions",
     "NotConfirmed",
     "NotDoneError",
     "PartialFailure",
@@ -97,6 +103,7 @@ __all__ = [  # written out (not built from _EXPORTS) so that linters and type ch
     "UnitSpec",
     "UpOptions",
     "UsageError",
+    "Verbs",
     "WaitOptions",
     "WaitResult",
     "__version__",

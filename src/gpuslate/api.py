@@ -10,11 +10,13 @@ folder, event sink) is :class:`~gpuslate.host.session.HostContext`, which
 in those packages, so the facade that calls them must sit above both, or the
 import graph would loop (host -> units -> host).
 
-Why the verbs' modules are loaded through :data:`_VERBS`: ``gpuslate status``
-must not pay, at every start, for the modules of ``clear`` or ``up``. The
-table below is the one place where that laziness lives (as ``__init__``'s
-PEP 562 table is for the package's names); ``status`` needs nothing more
-than the snapshot module imported here.
+Why each verb imports its module inside its body (``# lazy: startup``):
+``gpuslate status`` must not pay, at every start, for the modules of ``clear``
+or ``up``; ``status`` needs nothing more than the snapshot module imported
+here. The imports are plain and typed, so a type checker sees every verb's
+real signature, and :class:`Host` is checked against
+:class:`~gpuslate.verbs.Verbs`, the Protocol :class:`~gpuslate.RemoteHost`
+is checked against too (the end of this module).
 
 A composite verb (``swap``; ``up`` with ``clear_first``; ``down`` with
 ``clear_strays``) calls its siblings on the same context: one backend, one
@@ -27,9 +29,7 @@ a :class:`Host` for that call and goes through it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .gpu import GpuBackend
@@ -37,28 +37,18 @@ from .host.session import HostContext, Note, ProgressSink
 from .host.snapshot import Snapshot, take_snapshot
 
 if TYPE_CHECKING:
+    from .host.audit import AuditListing, AuditOptions
     from .slate.clear import ClearOptions, ClearResult
     from .slate.plan import Plan, Selection
     from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
     from .units.listing import PsOptions, PsResult
+    from .units.logfile import LogsOptions, LogsResult
     from .units.remove import RmResult
     from .units.restart import RestartOptions, RestartResult
     from .units.spec import UnitSpec
     from .units.swap import SwapOptions, SwapResult
-
-#: verb -> the module that implements it, imported on the verb's first call
-#: ("selection": the module of :class:`~gpuslate.slate.plan.Selection`, clear's input)
-_VERBS = {
-    "clear": "gpuslate.slate.clear", "wait": "gpuslate.slate.wait", "selection": "gpuslate.slate.plan",
-    "up": "gpuslate.units.lifecycle", "down": "gpuslate.units.lifecycle", "swap": "gpuslate.units.swap",
-    "ps": "gpuslate.units.listing", "restart": "gpuslate.units.restart", "rm": "gpuslate.units.remove",
-}
-
-
-def _verb(name: str) -> ModuleType:
-    """The module of verb ``name`` (see the module docstring for why it is loaded late)."""
-    return importlib.import_module(_VERBS[name])
+    from .verbs import Verbs
 
 
 class Host(HostContext):
@@ -84,52 +74,74 @@ class Host(HostContext):
 
     def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
         """Plan, act, verify: see :func:`gpuslate.slate.clear.clear`."""
-        mod = _verb("clear")
-        sel = selection if selection is not None else _verb("selection").Selection()
-        result: ClearResult = mod.clear(self, sel, options if options is not None else mod.ClearOptions())
-        return result
+        from .slate.clear import ClearOptions, clear  # lazy: startup
+        from .slate.plan import Selection  # lazy: startup
+
+        return clear(self, selection if selection is not None else Selection(),
+                     options if options is not None else ClearOptions())
 
     def wait(self, gpus: Sequence[int] | None = None, options: WaitOptions | None = None) -> WaitResult:
         """Wait until the GPUs are free; signals nothing: see :func:`gpuslate.slate.wait.wait_free`."""
-        mod = _verb("wait")
-        result: WaitResult = mod.wait_free(self, gpus, options if options is not None else mod.WaitOptions())
-        return result
+        from .slate.wait import WaitOptions, wait_free  # lazy: startup
 
-    def up(self, spec: UnitSpec, options: UpOptions | None = None) -> UpResult:
-        """Start a unit, return once it serves: see :func:`gpuslate.units.lifecycle.up`."""
-        mod = _verb("up")
-        result: UpResult = mod.up(self, spec, options if options is not None else mod.UpOptions())
-        return result
+        return wait_free(self, gpus, options if options is not None else WaitOptions())
+
+    def up(self, unit: str | UnitSpec, options: UpOptions | None = None) -> UpResult:
+        """Start a unit, return once it serves: see :func:`gpuslate.units.lifecycle.up`. ``unit``: a
+        spec, or a name resolved as ``gpuslate up NAME`` does (its table in the unit file, else the
+        spec it last ran with: :func:`gpuslate.units.resolving.spec_for`)."""
+        from .units.lifecycle import UpOptions, up  # lazy: startup
+
+        if isinstance(unit, str):
+            from .units.resolving import spec_for  # lazy: startup
+
+            unit = spec_for(self, unit)
+        return up(self, unit, options if options is not None else UpOptions())
 
     def down(self, name: str, options: DownOptions | None = None) -> DownResult:
         """Stop a unit, verify its GPUs: see :func:`gpuslate.units.lifecycle.down`."""
-        mod = _verb("down")
-        result: DownResult = mod.down(self, name, options if options is not None else mod.DownOptions())
-        return result
+        from .units.lifecycle import DownOptions, down  # lazy: startup
+
+        return down(self, name, options if options is not None else DownOptions())
 
     def swap(self, old: str, new: str | UnitSpec, options: SwapOptions | None = None) -> SwapResult:
         """Replace unit ``old`` by ``new`` under one lock: see :func:`gpuslate.units.swap.swap`."""
-        mod = _verb("swap")
-        result: SwapResult = mod.swap(self, old, new, options if options is not None else mod.SwapOptions())
-        return result
+        from .units.swap import SwapOptions, swap  # lazy: startup
+
+        return swap(self, old, new, options if options is not None else SwapOptions())
 
     def restart(self, name: str, options: RestartOptions | None = None) -> RestartResult:
         """Stop a unit and start it with the spec it last ran with: see :func:`gpuslate.units.restart.restart`."""
-        mod = _verb("restart")
-        result: RestartResult = mod.restart(self, name, options if options is not None else mod.RestartOptions())
-        return result
+        from .units.restart import RestartOptions, restart  # lazy: startup
+
+        return restart(self, name, options if options is not None else RestartOptions())
 
     def rm(self, names: Sequence[str]) -> RmResult:
         """Remove the records and logs of units nothing of which runs: see :func:`gpuslate.units.remove.rm`."""
-        result: RmResult = _verb("rm").rm(self, [names] if isinstance(names, str) else names)
-        return result
+        from .units.remove import rm  # lazy: startup
+
+        return rm(self, [names] if isinstance(names, str) else names)
 
     def ps(self, options: PsOptions | None = None) -> PsResult:
         """Every unit with its live state (``PsOptions(all=False)``: as ``ps`` without ``-a``):
         see :func:`gpuslate.units.listing.list_units`."""
-        mod = _verb("ps")
-        result: PsResult = mod.list_units(self, options if options is not None else mod.PsOptions())
-        return result
+        from .units.listing import PsOptions, list_units  # lazy: startup
+
+        return list_units(self, options if options is not None else PsOptions())
+
+    def audit(self, options: AuditOptions | None = None) -> AuditListing:
+        """The newest entries of this host's audit log (``AuditOptions(limit=50)``; 0: all), read
+        without opening the backend: see :func:`gpuslate.host.audit.list_entries`."""
+        from .host.audit import AuditOptions, list_entries  # lazy: startup
+
+        return list_entries(self.audit_for_reading(), options if options is not None else AuditOptions())
+
+    def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:
+        """Unit ``name``'s last lines (a snapshot; no GPU is needed): see
+        :class:`gpuslate.units.logfile.UnitLog`."""
+        from .units.logfile import LogsOptions, UnitLog  # lazy: startup
+
+        return UnitLog(self, name).read(options if options is not None else LogsOptions())
 
 
 # -- conveniences: one call, one Host ------------------------------------------------
@@ -147,9 +159,12 @@ def clear(gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: 
           dry_run: bool = False, confirm: Callable[[Plan], bool] | None = None, sim: str | None = None,
           backend: GpuBackend | None = None, on_event: Note | None = None) -> ClearResult:
     """``Host.open(sim).clear(Selection(...), ClearOptions(...))`` for one call, with keywords as the CLI's options."""
-    sel = _verb("selection").Selection(tuple(gpus) if gpus is not None else None, tuple(pids), user, match,
-                                       all_users, include_handles, holders_only)
-    opts = _verb("clear").ClearOptions(grace, timeout, max_used, dry_run, confirm)
+    from .slate.clear import ClearOptions  # lazy: startup
+    from .slate.plan import Selection  # lazy: startup
+
+    sel = Selection(gpus=tuple(gpus) if gpus is not None else None, pids=tuple(pids), user=user, match=match,
+                    all_users=all_users, include_handles=include_handles, holders_only=holders_only)
+    opts = ClearOptions(grace=grace, timeout=timeout, max_used=max_used, dry_run=dry_run, confirm=confirm)
     with Host.open(sim, backend=backend, on_event=on_event) as host:
         return host.clear(sel, opts)
 
@@ -157,5 +172,13 @@ def clear(gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: 
 def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
               sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
     """``Host.open(sim).wait(gpus, WaitOptions(...))`` for one call."""
+    from .slate.wait import WaitOptions  # lazy: startup
+
     with Host.open(sim, backend=backend) as host:
-        return host.wait(gpus, _verb("wait").WaitOptions(max_used, timeout))
+        return host.wait(gpus, WaitOptions(max_used=max_used, timeout=timeout))
+
+
+if TYPE_CHECKING:
+    def _host_has_every_verb(host: Host) -> Verbs:
+        """mypy checks :class:`Host` against :class:`~gpuslate.verbs.Verbs` here, structurally."""
+        return host

@@ -15,7 +15,7 @@ import pytest
 
 from gpuslate.cli.commands import audit as log_cmd
 from gpuslate.cli.commands.common import add_common
-from gpuslate.host.audit import AuditLog
+from gpuslate.host.audit import AuditListing, AuditLog
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -139,4 +139,4 @@ def test_without_sim_a_file_of_simulated_hosts_says_whose_it_is(tmp_path, monkey
     assert log_cmd.run(_parse("audit", "--json")) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["entries"] == [] and doc["other_sims"] == ["/tmp/some-sim"]
-    assert log_cmd.AuditListing.from_json(doc).other_sims == ("/tmp/some-sim",)
+    assert AuditListing.from_json(doc).other_sims == ("/tmp/some-sim",)

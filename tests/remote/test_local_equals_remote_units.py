@@ -1,7 +1,7 @@
 """The compose-like unit commands over ``--host`` print what they print on the host itself: ``up``
 and ``down`` of every unit of a file, ``restart``, ``rm``, ``ps -a`` and ``logs --timestamps
---since``; and ``RemoteHost.restart``/``rm``/``ps`` return what ``Host``'s return. Each runs here
-against h1's simulated host and over ``--host h1`` (a real sshd on loopback), as in
+--since``; and ``RemoteHost.restart``/``rm``/``ps``/``up(name)``/``logs``/``audit`` return what
+``Host``'s return. Each runs here against h1's simulated host and over ``--host h1`` (a real sshd on loopback), as in
 test_local_equals_remote.py."""
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import sys
 
 import pytest
 
-from gpuslate import Host, PsOptions, RemoteHost
+from gpuslate import Host, PsOptions, RemoteHost, UnitSpec, UpOptions, UsageError
+from gpuslate.host.audit import AuditListing, AuditOptions
+from gpuslate.units.lifecycle import UpResult, UpStatus
+from gpuslate.units.logfile import LogsOptions, LogsResult
 from gpuslate.units.remove import RmResult
 from gpuslate.units.restart import RestartResult, RestartStatus
 from test_local_equals_remote import Pair, _same, _shape, _stable
@@ -84,3 +87,40 @@ def test_remote_host_restart_rm_and_ps_return_what_host_returns(pair, lab, monke
     listed, mine = remote.ps(PsOptions(all=False)), here.ps(PsOptions(all=False))
     assert [u.unit.name for u in listed.units] == [u.unit.name for u in mine.units] == ["b"]
     assert listed.hidden == mine.hidden == 0
+
+
+def test_remote_host_up_by_name_logs_and_audit_return_what_host_returns(pair, lab, monkeypatch):
+    """``up("a")`` resolves the unit from its last run (there as here), and ``logs``/``audit`` are the
+    documents the host itself reads; what cannot be sent is refused before anything runs."""
+    p, units = pair
+    for key, value in lab.client_env().items():
+        monkeypatch.setenv(key, value)
+    assert p.local("up", "--config", units).returncode == 0
+    assert p.local("down", "a", "b").returncode == 0  # the records stay: 'a' is known by its last run
+    remote = RemoteHost("h1")
+    here = Host.open(str(p.host.sim.root))
+    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(p.host.state_dir))
+    monkeypatch.delenv("GPUSLATE_CONFIG", raising=False)
+    up = remote.up("a", UpOptions())
+    assert isinstance(up, UpResult) and up.status is UpStatus.READY and up.record.gpus == [0], up.to_json()
+    mine = here.up("b")  # the same resolution here
+    assert mine.status is UpStatus.READY and mine.record.gpus == [1], mine.to_json()
+    opts = LogsOptions(tail=5, since=1.0, timestamps=True)
+    there_logs, here_logs = remote.logs("a", opts), here.logs("a", opts)
+    assert isinstance(there_logs, LogsResult) and there_logs.to_json() == here_logs.to_json()
+    assert there_logs.lines and there_logs.times and None not in there_logs.times
+    with pytest.raises(UsageError, match="unknown unit 'nope'"):
+        here.logs("nope")
+    for limit in (1, 0):  # the newest; all (the two signals of 'down a b' at least)
+        there_audit, here_audit = remote.audit(AuditOptions(limit=limit)), here.audit(AuditOptions(limit=limit))
+        assert isinstance(there_audit, AuditListing) and there_audit.to_json() == here_audit.to_json()
+        assert there_audit.to_json()["schema"] == "gpuslate.audit.v1"
+        assert len(there_audit.entries) == 1 if limit else len(there_audit.entries) >= 2
+    assert remote.audit(AuditOptions(limit=1, old_name=True)).to_json()["schema"] == "gpuslate.log.v1"
+    with pytest.raises(UsageError, match="by name"):  # refused here: nothing ran there
+        remote.swap("a", UnitSpec("c", command=["serve"], port=1))
+    with pytest.raises(UsageError, match="at least 0"):
+        remote.audit(AuditOptions(limit=-1))
+    with pytest.raises(UsageError, match="since 1970"):
+        remote.logs("a", LogsOptions(since=-1.0))
+    assert p.local("down", "a", "b").returncode == 0

@@ -351,7 +351,7 @@ def registry_for(host: HostContext, *, timeout: float = 5.0, audit: bool = True)
     (its simulated host's own, or the driver's)."""
     tail = None
     if audit:
-        log = host.audit
+        log = host.audit_log
         tail = AuditTail(log.path, of_host(log.sim_root))
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GpuslateCollector(host, timeout=timeout, audit=tail))

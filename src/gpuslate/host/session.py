@@ -216,7 +216,7 @@ class HostContext:
             lock.release()
 
     @property
-    def audit(self) -> AuditLog:
+    def audit_log(self) -> AuditLog:
         """The audit log, opened on first use (an unsafe state folder refuses then), its
         entries marked with this context's backend and host."""
         if self._audit is None:
@@ -224,6 +224,16 @@ class HostContext:
 
             self._audit = AuditLog(backend=self.backend.name, sim_root=self.sim_root, context=self._audit_context)
         return self._audit
+
+    def audit_for_reading(self) -> AuditLog:
+        """The audit log to read, found without opening the backend (``audit`` needs no GPU):
+        the simulated host given, else ``$GPUSLATE_SIM``, as :func:`~gpuslate.gpu.open_backend`
+        chooses; a backend already open (or given) decides instead, as for :meth:`state_dir`."""
+        if self._backend is not None:
+            return self.audit_log
+        from .audit import AuditLog  # lazy: startup (see the module docstring)
+
+        return AuditLog(sim_root=self._sim)
 
     def add_audit_context(self, context: dict[str, Any]) -> None:
         """Mark every audit entry written from now on with ``context`` too (the Slurm job a

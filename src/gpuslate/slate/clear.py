@@ -222,7 +222,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
         deadline = t_start + timeout
         run_id = new_run_id()
         victims = [Victim(t.ident, _audit_info(t), t.ignores_sigterm, t.job, t.waits_for) for t in plan.targets]
-        log = host.audit if victims else None
+        log = host.audit_log if victims else None
         results = terminate(victims, grace=min(opts.grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
                             audit=log, on_event=note, clock_start=t_start, discover=_ForkWatch(plan),

@@ -13,6 +13,10 @@ while it runs; it is rotated when the unit is started again (``NAME.log`` -> ``N
 ``NAME.log.KEEP``, each with its ``.times``). Where the relay cannot be started, the server writes
 into the log itself, as it did before there was a relay, and its lines have no times.
 
+The ``logs`` verb (:class:`UnitLog`, ``Host.logs()``) finds a unit's log by its record and reads
+it as a :class:`LogsResult` (the ``gpuslate.logs.v1`` document); ``logs --follow`` goes on from
+where that snapshot stopped (:meth:`UnitLog.follow_on`).
+
 Log files are state files: every one is opened through the checked state folder
 (:func:`gpuslate.host.state.open_dir`), never through a symbolic link, and a FIFO
 or anything else that is not a regular file is refused, not waited on.
@@ -29,11 +33,17 @@ import time
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from .._document import checked, reading
 from .._time import iso_time_us, parse_iso_time
+from ..errors import UsageError
 from ..host.state import StateDir, open_dir
+from . import store
+from .unit import Unit
+
+if TYPE_CHECKING:
+    from ..host.session import HostContext
 
 KEEP = 5
 SCHEMA = "gpuslate.logs.v1"
@@ -372,6 +382,59 @@ def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[]
                 f.close()
             return
         time.sleep(interval)
+
+
+class LogsOptions(NamedTuple):
+    """What ``logs`` shows: the last ``tail`` lines (None: all) written at or after ``since`` (epoch
+    seconds; None: from the first), with the time each was written when ``timestamps``."""
+
+    tail: int | None = None
+    since: float | None = None
+    timestamps: bool = False
+
+
+class UnitLog:
+    """The ``logs`` verb: unit ``name``'s log on ``ctx``'s host, found by its record (an unknown
+    unit is a :class:`~gpuslate.errors.UsageError`; a corrupt record: where its logs go), read
+    as a snapshot (:meth:`read`) and followed on from there (:meth:`follow_on`)."""
+
+    def __init__(self, ctx: HostContext, name: str) -> None:
+        units = store.UnitStore.of(ctx)
+        unit = Unit.load(units, name)
+        if unit is None:
+            raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
+        self.name = name
+        self.path = Path(unit.record.log) if unit.record else units.log_path(name)
+        self._units, self._unit = units, unit
+        self._position: tuple[int, int] | None = None
+        self._timestamps = False
+
+    def read(self, options: LogsOptions) -> LogsResult:
+        """The snapshot ``options`` asks for (``--since`` on a log without line times: UsageError)."""
+        if options.tail is not None and options.tail < 0:
+            raise UsageError(f"invalid --tail {options.tail}: must be at least 0")
+        lines, times, position, recorded = snapshot(self.path, options.tail, options.since, options.timestamps)
+        if options.since is not None and not recorded and position is not None:
+            raise UsageError(f"the log of {self.name} has no line times (written before gpuslate recorded them): "
+                             "--since cannot tell which lines are newer", hint="use --tail N")
+        self._position, self._timestamps = position, options.timestamps
+        return LogsResult(self.name, str(self.path), position is not None, self._unit.running(), options.tail,
+                          lines, options.since, times)
+
+    def follow_on(self) -> Iterator[tuple[float | None, str]]:
+        """The lines written after the last :meth:`read` as they come (raw, with their newline), each
+        with the time it was written when that read asked for times (else, or not recorded: None),
+        until the unit is gone (a restart is a new record: followed) and everything it wrote was read."""
+        index = LineTimes(self.path) if self._timestamps else None
+
+        def running() -> bool:
+            return (Unit.load(self._units, self.name) or self._unit).running()
+
+        for offset, line in follow(self.path, since=self._position, keep_going=running):
+            at = None
+            if index is not None:
+                at = index.at(offset) if index.at(offset) is not None else index.refresh().at(offset)
+            yield at, line
 
 
 def relay_done(relay: subprocess.Popen[bytes] | None, timeout: float = 2.0) -> None:

@@ -158,7 +158,7 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     deadline = t0 + timeout
     backend = host.backend
     limit = host.max_used(max_used)
-    log = host.audit  # opened before anything is signaled: an unsafe state folder refuses first
+    log = host.audit_log  # opened before anything is signaled: an unsafe state folder refuses first
     on_event = host.note
     done: set[tuple[int, int]] = set()
     held: dict[int, list[int]] = {}
@@ -234,4 +234,4 @@ def end_strays(host: HostContext, unit: Unit, strays: list[Stray], *, grace: flo
                if (st := read_stat(s.pid)) is not None and st.start_ticks == s.start_ticks and not st.has_exited]
     return terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
                      kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
-                     audit=host.audit, on_event=host.note)
+                     audit=host.audit_log, on_event=host.note)

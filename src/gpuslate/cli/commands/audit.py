@@ -7,54 +7,9 @@ hidden alias that says so on stderr and keeps its ``gpuslate.log.v1`` document.
 from __future__ import annotations
 
 import argparse
-import os
-from enum import Enum
-from typing import Any, NamedTuple
 
-from ..._document import checked, reading
 from ..exits import exit_epilog
 from .common import add_common, note, print_json
-
-SCHEMA = "gpuslate.audit.v1"
-OLD_SCHEMA = "gpuslate.log.v1"  # the same document under the command's old name
-
-
-class AuditStatus(str, Enum):
-    LISTED = "listed"
-
-
-class AuditListing(NamedTuple):
-    """The result of ``audit``: the newest entries of the audit log, as stored."""
-
-    path: str
-    entries: list[dict[str, Any]]
-    old_name: bool = False  # asked for as 'gpuslate log': the document keeps its old schema
-    #: when none is shown: the simulated hosts (their folders) whose entries this file holds
-    other_sims: tuple[str, ...] = ()
-
-    @property
-    def status(self) -> AuditStatus:
-        return AuditStatus.LISTED
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"schema": OLD_SCHEMA if self.old_name else SCHEMA, "path": self.path,
-                               "entries": self.entries}
-        if self.other_sims:
-            doc["other_sims"] = list(self.other_sims)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: object) -> AuditListing:
-        old = isinstance(doc, dict) and doc.get("schema") == OLD_SCHEMA
-        d = checked(doc, OLD_SCHEMA if old else SCHEMA)
-        with reading(d["schema"]):
-            entries = d["entries"]
-            if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-                raise TypeError("entries: not a list of objects")
-            others = d.get("other_sims", [])
-            if not isinstance(others, list) or not all(isinstance(x, str) for x in others):
-                raise TypeError("other_sims: not a list of folders")
-            return cls(str(d["path"]), entries, old, tuple(others))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,19 +38,14 @@ def _limit(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...host.audit import AuditLog, of_host  # lazy: startup
+    from ...api import Host  # lazy: startup
+    from ...host.audit import AuditOptions  # lazy: startup
 
     alias = getattr(args, "audit_alias", False)
     if alias:
         note("'gpuslate log' is now 'gpuslate audit' (the old name will go away)")
-    sim = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM") or None
-    log = AuditLog(sim_root=sim)
-    limit = getattr(args, "limit", 50)
-    entries = log.read(limit=limit or None, where=of_host(log.sim_root))
-    # none of this host's: say whose the file holds (a state folder shared by a simulated host)
-    others = () if entries or log.sim_root else tuple(dict.fromkeys(
-        str(e["sim"]) for e in log.read(where=lambda e: e.get("backend") == "sim" and isinstance(e.get("sim"), str))))
-    listing = AuditListing(str(log.path), entries, alias, others)
+    with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
+        listing = host.audit(AuditOptions(limit=getattr(args, "limit", 50), old_name=alias))
     if getattr(args, "json", False):
         print_json(listing.to_json())
     else:

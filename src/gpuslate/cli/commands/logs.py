@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from ..._time import parse_since
 from ...errors import UsageError
@@ -57,46 +56,30 @@ since_type.__name__ = "time or duration"
 
 def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
-    from ...units import Unit, UnitStore  # lazy: startup
-    from ...units.logfile import LineTimes, LogsResult, follow, snapshot  # lazy: startup
+    from ...units.logfile import LogsOptions, UnitLog  # lazy: startup
 
+    options = LogsOptions(tail=args.tail, since=args.since, timestamps=args.timestamps)
     with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
-        units = UnitStore.of(host)
-    unit = Unit.load(units, args.name)
-    if unit is None:
-        raise UsageError(f"unknown unit {args.name!r}: see 'gpuslate ps'")
-    if args.tail is not None and args.tail < 0:
-        raise UsageError(f"invalid --tail {args.tail}: must be at least 0")
-    if args.json and args.follow:
-        raise UsageError("--json prints a snapshot: use it without --follow")
-    path = Path(unit.record.log) if unit.record else units.log_path(args.name)  # corrupt: where logs go
-    lines, times, since, recorded = snapshot(path, args.tail, args.since, args.timestamps)
-    if args.since is not None and not recorded and since is not None:
-        raise UsageError(f"the log of {args.name} has no line times (written before gpuslate recorded them): "
-                         "--since cannot tell which lines are newer", hint="use --tail N")
-    result = LogsResult(args.name, str(path), since is not None, unit.running(), args.tail, lines, args.since,
-                        times)
-    if args.json:
-        print_json(result.to_json())
-        return exit_status_for_result(result.status)
-    show_logs(as_sent(result))
-    if not args.follow:
-        return exit_status_for_result(result.status)
-    out = sys.stdout
-    index = LineTimes(path) if args.timestamps else None
-
-    def running() -> bool:
-        return (Unit.load(units, args.name) or unit).running()  # a restart is a new record: follow it
-
-    try:
-        for offset, line in follow(path, since=since, keep_going=running):
-            if index is not None:
-                at = index.at(offset) if index.at(offset) is not None else index.refresh().at(offset)
-                out.write(stamp(at) + " ")
-            out.write(line)
-            out.flush()
-    except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
-        raise
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a follow ends
+        if not args.follow:
+            result = host.logs(args.name, options)
+            if args.json:
+                print_json(result.to_json())
+            else:
+                show_logs(as_sent(result))
+            return exit_status_for_result(result.status)
+        log = UnitLog(host, args.name)  # an unknown unit first, as without --follow
+        if args.json:
+            raise UsageError("--json prints a snapshot: use it without --follow")
+        show_logs(as_sent(log.read(options)))
+        out = sys.stdout
+        try:
+            for at, line in log.follow_on():
+                if args.timestamps:
+                    out.write(stamp(at) + " ")
+                out.write(line)
+                out.flush()
+        except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
+            raise
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how a follow ends
     return 0

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._parse import format_gpu_list
+
+if TYPE_CHECKING:
+    from ...host.audit import AuditListing
 
 _OUTCOME_STYLE = {
     "delivered": "green", "not_running": "dim", "pid_reused": "yellow", "refused": "yellow",
@@ -13,7 +16,7 @@ _OUTCOME_STYLE = {
 }
 
 
-def print_log(listing: Any) -> None:  # an AuditListing (render/ never imports a command)
+def print_log(listing: AuditListing) -> None:
     from rich.table import Table  # lazy: startup
 
     from .styled import CommandCell, cell, emit  # lazy: startup

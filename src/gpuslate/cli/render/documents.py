@@ -86,7 +86,7 @@ def _units(name: str) -> Kind[Any]:
 
 
 def _audit() -> Kind[Any]:
-    from ..commands.audit import AuditListing  # lazy: startup
+    from ...host.audit import AuditListing  # lazy: startup
     from .audit import print_log  # lazy: startup
 
     return Kind(AuditListing.from_json, print_log)
