@@ -5,6 +5,10 @@
 # and is quit by its fixture; anything MPS left at the end is reported and quit here too.
 #
 #   bash benchmarks/device_checks.sh OUT [TESTS_LIMIT_S]
+#
+# BEFORE=DIR (a checkout of the code before a change, e.g. `git archive OLD | tar -x -C DIR`, carried):
+# `run_device.sh fast` runs in DIR first, then here, on the same machine, and before-after.md puts the
+# ratios side by side (benchmarks/compare_runs.py).
 set -u
 OUT=${1:?usage: device_checks.sh OUT [TESTS_LIMIT_S]}
 W=/tmp/device-checks  # everything goes here; OUT gets the logs, the tables and one archive (<= 8 files)
@@ -22,11 +26,19 @@ if pgrep -f nvidia-cuda-mps >/dev/null; then
   echo "== MPS processes left by the tests (a failure): $(pgrep -af nvidia-cuda-mps | tr '\n' ';')"
   for d in /tmp/pytest-of-*/pytest-*/*/pipe; do [ -d "$d" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$d timeout 20 nvidia-cuda-mps-control; done
 fi
+if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/benchmarks" ]; then
+  [ -e "$BEFORE/.whl" ] || ln -s "$PWD/.whl" "$BEFORE/.whl"
+  (cd "$BEFORE" && STATUS_ROUNDS=${STATUS_ROUNDS:-5} CLEAR_REPS=${CLEAR_REPS:-2} \
+    bash benchmarks/run_device.sh "$W/fast-before" fast 300) > "$W/run_device-before.txt" 2>&1
+  echo "== before ($BEFORE) done at ${SECONDS}s"
+fi
 STATUS_ROUNDS=${STATUS_ROUNDS:-5} CLEAR_REPS=${CLEAR_REPS:-2} bash benchmarks/run_device.sh "$W/fast" fast 300 \
   > "$W/run_device.txt" 2>&1
+[ -d "$W/fast-before" ] && python3 benchmarks/compare_runs.py "$W/fast-before" "$W/fast" --out "$W/before-after.md"
 tail -5 "$W/run_device.txt"
 grep -h -A14 "^|" "$W"/fast/*status*.md 2>/dev/null | head -30
 tar czf "$OUT/device-checks.tgz" -C "$W" .
 cp "$W/pytest-gpu.log" "$W/run_device.txt" "$OUT"/
+[ -f "$W/before-after.md" ] && cp "$W/before-after.md" "$OUT"/
 for f in "$W"/fast/*.md; do [ -f "$f" ] && cp "$f" "$OUT"/; done
 ls -la "$OUT"
