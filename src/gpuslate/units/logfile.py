@@ -27,13 +27,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from .._document import checked, reading
 from .._time import iso_time_us, parse_iso_time
 from ..host.state import StateDir, open_dir
+from ..outcome import Outcome, StatusEnum
 
 KEEP = 5
 SCHEMA = "gpuslate.logs.v1"
@@ -88,8 +88,8 @@ while True:
 """
 
 
-class LogsStatus(str, Enum):
-    SHOWN = "shown"  # the lines (none, for a unit that never wrote or has no log yet)
+class LogsStatus(StatusEnum):
+    SHOWN = "shown", Outcome.DONE  # the lines (none, for a unit that never wrote or has no log yet)
 
 
 class LogsResult(NamedTuple):

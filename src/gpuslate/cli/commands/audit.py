@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import argparse
 import os
-from enum import Enum
 from typing import Any, NamedTuple
 
 from ..._document import checked, reading
+from ...outcome import Outcome, StatusEnum
 from ..exits import exit_epilog
-from .common import add_common, note, print_json
+from . import present
+from .common import add_common, note
 
 SCHEMA = "gpuslate.audit.v1"
 OLD_SCHEMA = "gpuslate.log.v1"  # the same document under the command's old name
 
 
-class AuditStatus(str, Enum):
-    LISTED = "listed"
+class AuditStatus(StatusEnum):
+    LISTED = "listed", Outcome.DONE
 
 
 class AuditListing(NamedTuple):
@@ -96,10 +97,4 @@ def run(args: argparse.Namespace) -> int:
     others = () if entries or log.sim_root else tuple(dict.fromkeys(
         str(e["sim"]) for e in log.read(where=lambda e: e.get("backend") == "sim" and isinstance(e.get("sim"), str))))
     listing = AuditListing(str(log.path), entries, alias, others)
-    if getattr(args, "json", False):
-        print_json(listing.to_json())
-    else:
-        from ..render.audit import print_log  # lazy: startup
-
-        print_log(listing)
-    return 0
+    return present(args, listing)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from ..._time import parse_since
 from ...errors import UsageError
-from ..exits import exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from ..render.logs import show_logs, stamp
+from ..exits import exit_epilog
+from ..render.logs import stamp
 from ..render.output import OutputLost
-from .common import add_common, print_json, whole
+from . import present
+from .common import add_common, whole
 from .up import unit_name
 
 
@@ -76,12 +76,9 @@ def run(args: argparse.Namespace) -> int:
                          "--since cannot tell which lines are newer", hint="use --tail N")
     result = LogsResult(args.name, str(path), since is not None, unit.running(), args.tail, lines, args.since,
                         times)
-    if args.json:
-        print_json(result.to_json())
-        return exit_status_for_result(result.status)
-    show_logs(as_sent(result))
-    if not args.follow:
-        return exit_status_for_result(result.status)
+    shown = present(args, result)
+    if args.json or not args.follow:
+        return shown
     out = sys.stdout
     index = LineTimes(path) if args.timestamps else None
 
@@ -99,4 +96,4 @@ def run(args: argparse.Namespace) -> int:
         raise
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a follow ends
-    return 0
+    return shown
