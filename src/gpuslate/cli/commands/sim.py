@@ -9,7 +9,7 @@ import sys
 from ..._parse import format_gpu_list, format_size, parse_gpu_list, selected_gpus
 from ...errors import UsageError
 from ...extras import Extra, require
-from ..exits import exit_epilog
+from ..exits import ExitStatus, exit_epilog
 from . import present
 from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, size, whole
 
@@ -198,7 +198,7 @@ def run_mps(args: argparse.Namespace) -> int:
     host = _host(args)
     gpus = selected_gpus(args.gpus)
     mps_server(host, gpus if gpus is not None else list(range(host.gpu_count)), args.footprint)
-    return 0
+    return ExitStatus.OK
 
 
 def run_leak(args: argparse.Namespace) -> int:
@@ -248,7 +248,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return [w.shown for w in started]
 
     try:
-        return run_server(config, start_workers=start)
+        return ExitStatus(run_server(config, start_workers=start))
     finally:
         # like a real server's shutdown: its ranks go with it (a SIGKILLed
         # launcher cannot do this, which is how orphaned workers happen). They are

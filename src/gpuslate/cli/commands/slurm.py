@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ..exits import exit_epilog
+from ..exits import ExitStatus, exit_epilog
 from ..render.plain import clean
 from . import present
 from .common import add_common, nonnegative_float, size
@@ -63,7 +63,7 @@ def run_task_prolog(args: argparse.Namespace) -> int:
     from ...slurm.task import task_prolog_lines  # lazy: startup
 
     sys.stdout.write("".join(line + "\n" for line in task_prolog_lines()))
-    return 0
+    return ExitStatus.OK
 
 
 def run_hook(args: argparse.Namespace) -> int:
