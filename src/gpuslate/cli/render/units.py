@@ -2,7 +2,7 @@
 several units): one renderer per result type, for a local run
 and for another host's document read back (``--host``) alike.
 
-Each ``show_*`` takes the result as its document gives it back (see :func:`.results.show`): what is
+Each ``show_*`` takes the result as its document gives it back (see :func:`gpuslate.cli.commands.present`): what is
 printed is exactly what travels, so a command prints the same bytes here and over ``--host``.
 The result goes to stdout; a failure's story (the log tail, why) to stderr, with ``--json`` too.
 Plain text, no rich: the tables are laid out by :mod:`.plain`, like ``status``.
