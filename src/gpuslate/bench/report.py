@@ -37,7 +37,6 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,6 +44,7 @@ from .. import __version__
 from .._document import checked, reading
 from .._walk import write_file
 from ..extras import Extra, install_hint
+from ..outcome import Outcome, StatusEnum
 from .engines import (
     COMMAND_FILE,
     SGLANG_ARGS_FILE,
@@ -74,11 +74,11 @@ CSV_COLUMNS = ("deployment", "role", "concurrency", "repeats", "completed", "fai
                "per_request_tok_s", "accept_length", "accept_length_spec", "spec_step_share", "tokens_estimated")
 
 
-class ExperimentStatus(str, Enum):
-    REPORTED = "reported"  # experiment report: the report is written (whatever the points say)
-    COMPLETE = "complete"  # experiment run: every point ran and no request failed
-    PARTIAL = "partial"  # some requests failed
-    FAILED = "failed"  # no request succeeded
+class ExperimentStatus(StatusEnum):
+    REPORTED = "reported", Outcome.DONE  # experiment report: the report is written (whatever the points say)
+    COMPLETE = "complete", Outcome.DONE  # experiment run: every point ran and no request failed
+    PARTIAL = "partial", Outcome.PARTIAL  # some requests failed
+    FAILED = "failed", Outcome.FAILED  # no request succeeded
 
 
 @dataclass
@@ -156,9 +156,9 @@ def _check_shown(s: dict[str, Any]) -> None:
 DEMO_SCHEMA = "gpuslate.demo.v1"
 
 
-class DemoStatus(str, Enum):
-    CLEAN = "clean"  # the demo ran, and every GPU is free with no unit running
-    NOT_CLEAN = "not_clean"  # it ran, but the slate is not clean at the end
+class DemoStatus(StatusEnum):
+    CLEAN = "clean", Outcome.DONE  # the demo ran, and every GPU is free with no unit running
+    NOT_CLEAN = "not_clean", Outcome.NOT_DONE  # it ran, but the slate is not clean at the end
 
 
 class DemoResult(NamedTuple):

@@ -4,22 +4,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from .. import __version__
 from .._document import checked, reading
+from ..outcome import Outcome, StatusEnum
 from .metrics import LevelResult
 from .plan import LoadPlan
 
 SCHEMA = "gpuslate.bench.v1"
 
 
-class BenchStatus(str, Enum):
-    COMPLETE = "complete"  # every level ran to its end and no request failed
-    PARTIAL = "partial"  # some requests failed, or a level stopped early (the server went away)
-    FAILED = "failed"  # no request succeeded
-    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: the figures are of what finished
+class BenchStatus(StatusEnum):
+    COMPLETE = "complete", Outcome.DONE  # every level ran to its end and no request failed
+    PARTIAL = "partial", Outcome.PARTIAL  # some requests failed, or a level stopped early (the server went away)
+    FAILED = "failed", Outcome.FAILED  # no request succeeded
+    INTERRUPTED = "interrupted", Outcome.INTERRUPTED  # Ctrl-C or SIGTERM: the figures are of what finished
 
 
 @dataclass(frozen=True)

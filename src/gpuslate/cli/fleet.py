@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import BadDocument, NotConfirmed, PermissionDenied, UsageError
+from .commands import document_for, show_document
 from .commands.common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .render.plain import Cell, Column, cut, paint, safe, table, use_color, width_of
@@ -324,15 +325,14 @@ def read_back(result: FleetResult) -> FleetResult:
     malformed) makes that host failed (``bad_document``, exit 2), whatever its own exit status was.
     The document stays in the outcome (``--json`` shows what came), but is not rendered."""
     from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup
-    from .render.documents import kind_of  # lazy: startup
 
     hosts = []
     for o in result.hosts:
         doc = o.result
-        kind = kind_of(doc.get("schema")) if doc is not None else None
-        if kind is not None and not isinstance(o.error, BadDocument):
+        row = document_for(doc.get("schema")) if doc is not None else None
+        if row is not None and not isinstance(o.error, BadDocument):
             try:
-                kind.read(doc)
+                row.read(doc)
             except BadDocument as exc:
                 o = HostOutcome(o.host, o.result, BadDocument(f"{o.host.label}: {exc}"), o.elapsed_s)
         hosts.append(o)
@@ -382,9 +382,7 @@ def _error(o: HostOutcome, out: IO[str]) -> None:
 
 
 def _show(doc: dict[str, Any]) -> None:
-    """One host's document, shown as the command shows its result locally."""
-    from .render.documents import show_document  # lazy: startup (every command imports this module, few show documents)
-
+    """One host's document, shown as the command shows its result locally (the command table's renderer)."""
     sys.stdout.flush()
     if not show_document(doc):
         _generic(doc)

@@ -1,4 +1,5 @@
-"""Entry point of the ``gpuslate`` command: parse, dispatch, map errors to exit codes."""
+"""Entry point of the ``gpuslate`` command: parse (the parsers of the command table,
+cli/commands/__init__.py: only the chosen command's module is imported), dispatch, map errors to exit codes."""
 
 from __future__ import annotations
 
@@ -12,18 +13,11 @@ from collections.abc import Sequence
 from .. import __version__
 from ..errors import GpuslateError, UsageError
 from . import fleet as fleet_cli
+from .commands import COMMANDS
 from .commands.common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
 from .render import output
 
-# command name -> the module under gpuslate.cli that registers it (in help order)
-COMMANDS = {
-    "status": "status", "clear": "clear", "wait": "wait", "up": "up", "down": "down", "restart": "restart",
-    "rm": "rm", "ps": "ps",
-    "logs": "logs", "swap": "swap", "audit": "audit", "log": "audit", "sim": "sim",
-    "bench": "bench", "experiment": "experiment", "demo": "demo", "slurm": "slurm", "exporter": "exporter",
-    "install": "install", "completion": "completion",
-}
 _GLOBAL_WITH_VALUE = {"--sim"}
 
 
@@ -117,8 +111,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     fleet_cli.add_fleet_help(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = _chosen_command(argv) if argv is not None else None
-    modules = [COMMANDS[chosen]] if chosen else list(dict.fromkeys(COMMANDS.values()))
-    for name in modules:
+    modules = [COMMANDS[chosen].module] if chosen else list(dict.fromkeys(c.module for c in COMMANDS.values()))
+    for name in modules:  # the command table (cli/commands/__init__.py) names each command's module
         importlib.import_module(f"{__package__}.commands.{name}").register(sub)
     return parser
 

@@ -26,12 +26,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from ..errors import PermissionDenied, UsageError
+from ..outcome import Outcome, StatusEnum
 from .state import StateDir, open_dir, open_state_dir
 
 OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "refused", "error")
@@ -234,8 +234,8 @@ SCHEMA = "gpuslate.audit.v1"
 OLD_SCHEMA = "gpuslate.log.v1"  # the same document under the command's old name (gpuslate log)
 
 
-class AuditStatus(str, Enum):
-    LISTED = "listed"
+class AuditStatus(StatusEnum):
+    LISTED = "listed", Outcome.DONE
 
 
 class AuditOptions(NamedTuple):

@@ -24,6 +24,7 @@ from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, held_by_no_process
+from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
@@ -187,6 +188,12 @@ class Launcher(NamedTuple):
         return cls(d["pid"], d["user"], d["command"])
 
 
+class SnapshotStatus(StatusEnum):
+    """A reading has no failure of its own (a GPU that cannot be read fails the command instead)."""
+
+    SHOWN = "shown", Outcome.DONE
+
+
 class Snapshot(NamedTuple):
     host: str
     backend: str
@@ -197,6 +204,10 @@ class Snapshot(NamedTuple):
     warnings: list[str]
     #: the jobs' launchers that hold no GPU themselves; None: not known (a document from before them)
     launchers: tuple[Launcher, ...] | None = None
+
+    @property
+    def status(self) -> SnapshotStatus:
+        return SnapshotStatus.SHOWN  # not in the document: a reading is what it is
 
     def to_json(self) -> dict[str, Any]:
         doc = {

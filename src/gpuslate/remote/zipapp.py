@@ -29,7 +29,6 @@ aiohttp and matplotlib are left out too (``bench``, ``sim serve``, plots).
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import importlib.util
 import io
@@ -58,6 +57,7 @@ from ..errors import (
     RemotePythonUnsupported,
     UsageError,
 )
+from ..outcome import Outcome, StatusEnum
 from .hosts import HostSpec
 from .ssh import SshOptions, SshResult, remote_line, run_ssh, transport_error
 
@@ -77,9 +77,9 @@ _EX_CANTCREAT = 73  # the remote writer's exit status for files it could not wri
 INSTALL_STEP_S = 300.0
 
 
-class InstallStatus(str, enum.Enum):
-    INSTALLED = "installed"  # on a host, and it ran there
-    WRITTEN = "written"  # the zipapp written locally (--out)
+class InstallStatus(StatusEnum):
+    INSTALLED = "installed", Outcome.DONE  # on a host, and it ran there
+    WRITTEN = "written", Outcome.DONE  # the zipapp written locally (--out)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
@@ -29,6 +28,7 @@ from ..host.audit import new_run_id
 from ..host.daemons import DaemonHold
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import Snapshot, take_snapshot
+from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import DaemonWatch
 from ..proc.jobs import Protection
 from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_name
@@ -71,15 +71,15 @@ class Respawn(NamedTuple):
         return cls(d["pid"], d["command"], d["replaces"], d["supervisor"], d["remedy"])
 
 
-class ClearStatus(str, Enum):
-    CLEAN = "clean"  # every verified GPU is free
-    TIMEOUT = "timeout"  # not free within the timeout
-    HELD_BY_OTHERS = "held_by_others"  # every target is gone; what still holds the GPUs is not a target
-    LEAKED = "leaked"  # every target is gone; memory held by no process keeps the GPUs busy (said at once)
-    PERMISSION_DENIED = "permission_denied"  # some target could not be signaled
-    NOTHING_SELECTED = "nothing_selected"  # a selector chose no process this caller may signal
-    REFUSED = "refused"  # a target the act-time gate refused still holds GPU memory
-    DRY_RUN = "dry_run"
+class ClearStatus(StatusEnum):
+    CLEAN = "clean", Outcome.DONE  # every verified GPU is free
+    TIMEOUT = "timeout", Outcome.NOT_DONE  # not free within the timeout
+    HELD_BY_OTHERS = "held_by_others", Outcome.NOT_DONE  # every target gone; what still holds the GPUs is not a target
+    LEAKED = "leaked", Outcome.NOT_DONE  # every target gone; memory no process holds keeps the GPUs busy (said at once)
+    PERMISSION_DENIED = "permission_denied", Outcome.DENIED  # some target could not be signaled
+    NOTHING_SELECTED = "nothing_selected", Outcome.NOT_DONE  # a selector chose no process this caller may signal
+    REFUSED = "refused", Outcome.NOT_DONE  # a target the act-time gate refused still holds GPU memory
+    DRY_RUN = "dry_run", Outcome.DONE
 
 
 class ClearResult(NamedTuple):

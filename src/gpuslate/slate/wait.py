@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from enum import Enum
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -37,6 +36,7 @@ from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_
 from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
+from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import MPS_CONTROL, MPS_SERVER, DaemonWatch
 from ..proc.procfs import EXITED_STATES, zombie_reason, zombie_remedy
 from ..proc.terminate import Poller, VictimResult
@@ -130,12 +130,12 @@ class GpuDiagnosis(NamedTuple):
         return head + "; " + "; ".join(p.reason for p in self.problems)
 
 
-class WaitStatus(str, Enum):
+class WaitStatus(StatusEnum):
     """How a ``wait --free`` ended (its JSON document's ``status``; ``ok``: free)."""
 
-    FREE = "free"
-    NOT_FREE = "not_free"  # not free within the timeout
-    LEAKED = "leaked"  # not free, and only memory held by no process keeps it so: said at once
+    FREE = "free", Outcome.DONE
+    NOT_FREE = "not_free", Outcome.NOT_DONE  # not free within the timeout
+    LEAKED = "leaked", Outcome.NOT_DONE  # not free, and only memory held by no process keeps it so: said at once
 
 
 class WaitResult(NamedTuple):

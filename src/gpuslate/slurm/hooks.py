@@ -38,6 +38,7 @@ from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus, take_snapshot
+from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
 from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
@@ -60,11 +61,11 @@ class Hook(str, Enum):
     EPILOG = "epilog"
 
 
-class HookStatus(str, Enum):
-    CLEAN = "clean"  # the job's GPUs are free
-    DRAINED = "drained"  # not free in time: the node was drained with gpuslate's reason
-    DRAIN_FAILED = "drain_failed"  # not free in time, and scontrol could not drain the node
-    NOT_FREE = "not_free"  # not free in time; draining was not asked for (--no-drain)
+class HookStatus(StatusEnum):
+    CLEAN = "clean", Outcome.DONE  # the job's GPUs are free
+    DRAINED = "drained", Outcome.NOT_DONE  # not free in time: the node was drained with gpuslate's reason
+    DRAIN_FAILED = "drain_failed", Outcome.NOT_DRAINED  # not free in time, and scontrol could not drain the node
+    NOT_FREE = "not_free", Outcome.NOT_DONE  # not free in time; draining was not asked for (--no-drain)
 
 
 class HookResult(NamedTuple):

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..outcome import Outcome, PartedStatus
 from .lifecycle import DOWN_SCHEMA, UP_SCHEMA, DownOptions, DownResult, UpOptions, UpResult, down, up
 from .restart import RESTART_SCHEMA, RestartOptions, RestartResult, restart
 from .spec import UnitSpec
@@ -44,12 +45,12 @@ class Verb(str, Enum):
     RESTART = "restart"
 
 
-class BatchStatus(str, Enum):
+class BatchStatus(PartedStatus):
     """How a batch ended: every unit done (or left as it was), or one failed (its own status, and so
     its exit code, is the batch's)."""
 
-    DONE = "done"
-    FAILED = "failed"
+    DONE = "done", Outcome.DONE
+    FAILED = "failed", Outcome.PARTIAL
 
 
 class Skipped(NamedTuple):

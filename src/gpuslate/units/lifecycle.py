@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
@@ -22,6 +21,7 @@ from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus
+from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
@@ -46,22 +46,22 @@ LOG_TAIL = 20
 Note = Callable[[str], None]
 
 
-class UpStatus(str, Enum):
+class UpStatus(StatusEnum):
     """How an ``up`` ended (the JSON ``status``)."""
 
-    READY = "ready"
-    EXITED = "exited"  # the server exited before it was ready
-    TIMEOUT = "timeout"  # not ready within the start timeout
-    SMOKE_FAILED = "smoke_failed"
+    READY = "ready", Outcome.DONE
+    EXITED = "exited", Outcome.FAILED  # the server exited before it was ready
+    TIMEOUT = "timeout", Outcome.NOT_DONE  # not ready within the start timeout
+    SMOKE_FAILED = "smoke_failed", Outcome.FAILED
 
 
-class DownStatus(str, Enum):
+class DownStatus(StatusEnum):
     """How a ``down`` ended (not in its JSON document, which has ``ok``: derived from it)."""
 
-    STOPPED = "stopped"  # every process ended and the GPU memory released (or nothing to verify)
-    TIMEOUT = "timeout"  # not stopped, or its memory not released, in time
-    PERMISSION_DENIED = "permission_denied"  # some process could not be signaled
-    NOT_RULED_OUT = "not_ruled_out"  # stopped, but processes not found in it hold GPU memory or its port
+    STOPPED = "stopped", Outcome.DONE  # every process ended and the GPU memory released (or nothing to verify)
+    TIMEOUT = "timeout", Outcome.NOT_DONE  # not stopped, or its memory not released, in time
+    PERMISSION_DENIED = "permission_denied", Outcome.DENIED  # some process could not be signaled
+    NOT_RULED_OUT = "not_ruled_out", Outcome.NOT_DONE  # stopped, but processes not in it hold GPU memory or its port
 
 
 class UpOptions(NamedTuple):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,6 +17,7 @@ from .._document import checked, reading
 from .._time import iso_time, parse_iso_time
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
+from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
@@ -143,10 +143,10 @@ class UnitStatus(NamedTuple):
                    [Stray.from_json(s) for s in d["strays"]])
 
 
-class PsStatus(str, Enum):
+class PsStatus(StatusEnum):
     """A ``ps`` lists what it finds: a unit it cannot read is listed as corrupt, with a warning."""
 
-    LISTED = "listed"
+    LISTED = "listed", Outcome.DONE
 
 
 class PsResult(NamedTuple):

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
@@ -44,6 +43,7 @@ from .unit import Unit
 
 if TYPE_CHECKING:
     from ..host.session import HostContext
+from ..outcome import Outcome, StatusEnum
 
 KEEP = 5
 SCHEMA = "gpuslate.logs.v1"
@@ -98,8 +98,8 @@ while True:
 """
 
 
-class LogsStatus(str, Enum):
-    SHOWN = "shown"  # the lines (none, for a unit that never wrote or has no log yet)
+class LogsStatus(StatusEnum):
+    SHOWN = "shown", Outcome.DONE  # the lines (none, for a unit that never wrote or has no log yet)
 
 
 class LogsResult(NamedTuple):

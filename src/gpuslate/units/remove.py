@@ -12,12 +12,12 @@ name starts while its record goes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..outcome import Outcome, StatusEnum
 from ..proc.tree import ProcTable
 from .names import UnitName
 from .state import UnitState
@@ -29,10 +29,10 @@ RM_SCHEMA = "gpuslate.rm.v1"
 REMOVABLE = (UnitState.STOPPED, UnitState.FAILED, UnitState.EXITED)
 
 
-class RmStatus(str, Enum):
+class RmStatus(StatusEnum):
     """How an ``rm`` ended: it removes every unit named, or (bad input) none."""
 
-    REMOVED = "removed"
+    REMOVED = "removed", Outcome.DONE
 
 
 class Removed(NamedTuple):

@@ -11,12 +11,12 @@ by default: the server that just ran them has them in the page cache.
 from __future__ import annotations
 
 import time
-from enum import Enum
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..outcome import Outcome, PartedStatus
 from .lifecycle import DownResult, UpResult, up
 from .names import UnitName
 from .state import UnitState
@@ -27,12 +27,12 @@ from .unit import Unit
 RESTART_SCHEMA = "gpuslate.restart.v1"
 
 
-class RestartStatus(str, Enum):
+class RestartStatus(PartedStatus):
     """How a ``restart`` ended (the JSON ``status``)."""
 
-    RESTARTED = "restarted"  # ready again
-    DOWN_FAILED = "down_failed"  # not stopped cleanly: not started again
-    UP_FAILED = "up_failed"  # stopped, then did not come up (cleaned up by up)
+    RESTARTED = "restarted", Outcome.DONE  # ready again
+    DOWN_FAILED = "down_failed", Outcome.NOT_DONE  # not stopped cleanly: not started again
+    UP_FAILED = "up_failed", Outcome.FAILED  # stopped, then did not come up (cleaned up by up)
 
 
 class RestartOptions(NamedTuple):

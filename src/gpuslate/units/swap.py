@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,6 +27,7 @@ from .._parse import check_seconds, check_size, format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..outcome import Outcome, PartedStatus
 from . import store
 from .lifecycle import DownResult, UpResult, down, up
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
@@ -36,14 +36,14 @@ from .spec import UnitSpec, resolve
 from .unit import Unit
 
 
-class SwapStatus(str, Enum):
+class SwapStatus(PartedStatus):
     """How a ``swap`` ended (the JSON ``status``)."""
 
-    SWAPPED = "swapped"
-    DOWN_FAILED = "down_failed"  # OLD not stopped cleanly: NEW not started
-    UP_FAILED = "up_failed"
-    ROLLED_BACK = "rolled_back"  # NEW failed, OLD serves again
-    ROLLBACK_FAILED = "rollback_failed"
+    SWAPPED = "swapped", Outcome.DONE
+    DOWN_FAILED = "down_failed", Outcome.NOT_DONE  # OLD not stopped cleanly: NEW not started
+    UP_FAILED = "up_failed", Outcome.FAILED
+    ROLLED_BACK = "rolled_back", Outcome.FAILED  # NEW failed, OLD serves again
+    ROLLBACK_FAILED = "rollback_failed", Outcome.FAILED
 
 SWAP_SCHEMA = "gpuslate.swap.v1"
 #: the downtime's parts, in order: they add up to downtime_s. start_to_ready_s is split

@@ -1,2 +1,142 @@
-"""One module per command: ``register(subparsers)`` adds its parser, ``run(args)`` does it and
-hands its result to the one way of showing results (see :mod:`gpuslate.cli.main`'s table)."""
+"""A command is one row: :data:`COMMANDS` names, for each command word, the module under
+``gpuslate.cli.commands`` that registers and runs it, and its document: the result type that reads
+it back (``from_json``) and the renderer that shows it (``"module:attr"`` strings, imported when
+used, as pip's ``commands_dict``); and :func:`present` is every command's one tail.
+
+The table lives here, in the package of the command modules, not in main.py: main registers the
+parsers from it, and cli/fleet.py reads remote documents with it (``gpuslate.NAME.v1`` -> the row's
+result type -> its renderer), and neither should import the other. Documents that are no command's
+name (``sim.init``, ``sim.leak``, the ``batch`` of ``up``/``down``/``restart`` with several units) are
+in their command's row, under ``also``; ``log`` (the old name of ``audit``) is a row of its own, a
+hidden command with its own ``gpuslate.log.v1``. Adding a command is one module, one renderer and
+one row; tests/cli/test_command_table.py checks that every string resolves, that each result type's
+document names its row, and that every command word argparse knows has one.
+
+A command's document is the contract (local output = remote bytes): :func:`present` shows a local
+result as its document gives it back, by the renderer a remote host's document gets (``--host``).
+Rows are NamedTuples, not dataclasses: ``dataclasses`` (with inspect, ast, dis...) costs every
+``status`` about 10 ms at start, and this module is on its path. Nothing here imports a renderer,
+a result type or a command module before it is used: ``status`` never loads rich or units/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any, NamedTuple, Protocol
+
+from ..exits import ExitStatus, HasStatus, exit_status_of
+from .common import print_json
+
+
+class Result(HasStatus, Protocol):
+    """What every command result is: a versioned document with a status (its exit code)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+class Document(NamedTuple):
+    """A ``gpuslate.NAME.v1`` document: the result type that reads it back, and how it is shown."""
+
+    result: str  # "module:attr": the result type (its from_json reads the document back)
+    render: str  # "module:attr": shows the result on stdout (a failure's story on stderr)
+    #: "module:attr": with --json, the failure's story on stderr (stdout stays the document); it says
+    #: nothing for a result that did not fail
+    story: str | None = None
+
+    def read(self, doc: object) -> Any:
+        """The document as its result type (BadDocument for one that is not)."""
+        return load(self.result).from_json(doc)
+
+    def show(self, doc: object) -> None:
+        load(self.render)(self.read(doc))
+
+
+class Command(NamedTuple):
+    """One command: its module, its own document (``gpuslate.<command>.v1``; None for a command that
+    has none), and the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...)."""
+
+    module: str  # under gpuslate.cli.commands: register(subparsers) and the run functions
+    document: Document | None
+    also: tuple[tuple[str, Document], ...] = ()
+
+
+_R = "gpuslate.cli.render"
+_BATCH = Document("gpuslate.units.batch:BatchResult", f"{_R}.units:show_batch", f"{_R}.units:report_batch_failures")
+_AUDIT = Document("gpuslate.host.audit:AuditListing", f"{_R}.audit:print_log")
+
+#: every command, in help order (the only list of them)
+COMMANDS: dict[str, Command] = {
+    "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status")),
+    "clear": Command("clear", Document("gpuslate.slate.clear:ClearResult", f"{_R}.clear:print_clear")),
+    "wait": Command("wait", Document("gpuslate.slate.wait:WaitResult", f"{_R}.clear:print_wait")),
+    "up": Command("up", Document("gpuslate.units.lifecycle:UpResult", f"{_R}.units:show_up",
+                                 f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),)),
+    "down": Command("down", Document("gpuslate.units.lifecycle:DownResult", f"{_R}.units:show_down",
+                                     f"{_R}.units:report_down_failure")),
+    "restart": Command("restart", Document("gpuslate.units.restart:RestartResult", f"{_R}.units:show_restart",
+                                           f"{_R}.units:report_restart_failure")),
+    "rm": Command("rm", Document("gpuslate.units.remove:RmResult", f"{_R}.units:show_rm")),
+    "ps": Command("ps", Document("gpuslate.units.listing:PsResult", f"{_R}.units:show_ps")),
+    "logs": Command("logs", Document("gpuslate.units.logfile:LogsResult", f"{_R}.logs:show_logs")),
+    "swap": Command("swap", Document("gpuslate.units.swap:SwapResult", f"{_R}.units:show_swap",
+                                     f"{_R}.units:report_swap_failure")),
+    "audit": Command("audit", _AUDIT),
+    "log": Command("audit", _AUDIT),  # the old name of audit: hidden, its document keeps its own schema
+    "sim": Command("sim", None, also=(
+        ("sim.init", Document("gpuslate.gpu.sim.results:SimInitResult", f"{_R}.sim:show_init")),
+        ("sim.leak", Document("gpuslate.gpu.sim.results:SimLeakResult", f"{_R}.sim:show_leak")))),
+    "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench")),
+    "experiment": Command("experiment", Document("gpuslate.bench.report:Report", f"{_R}.experiment:print_report")),
+    "demo": Command("demo", Document("gpuslate.bench.report:DemoResult", f"{_R}.experiment:show_demo")),
+    "slurm": Command("slurm", Document("gpuslate.slurm.hooks:HookResult", f"{_R}.slurm:show_hook")),
+    "exporter": Command("exporter", None),  # serves until killed: no document
+    "install": Command("install", Document("gpuslate.remote.zipapp:InstallResult", f"{_R}.install:show_install")),
+    "completion": Command("completion", None),  # prints a shell script
+}
+
+
+def load(ref: str) -> Any:
+    """``"module:attr"``: the attribute, its module imported now."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def documents() -> dict[str, Document]:
+    """Every document by its NAME (``gpuslate.NAME.v1``): each row's own, and those it lists under ``also``."""
+    found = {name: c.document for name, c in COMMANDS.items() if c.document is not None}
+    for c in COMMANDS.values():
+        found.update(c.also)
+    return found
+
+
+def document_for(schema: object) -> Document | None:
+    """The row's document for a ``gpuslate.NAME.v1`` schema; None for one without a renderer."""
+    if not isinstance(schema, str) or not schema.startswith("gpuslate."):
+        return None
+    return documents().get(schema.removeprefix("gpuslate.").rsplit(".v", 1)[0])
+
+
+def show_document(doc: dict[str, Any]) -> bool:
+    """Show a command's document as the command shows its result; False when it has no renderer."""
+    row = document_for(doc.get("schema"))
+    if row is None:
+        return False
+    row.show(doc)
+    return True
+
+
+def present(args: argparse.Namespace, result: Result) -> ExitStatus:
+    """Every command's tail: with ``--json`` the document (and, on stderr, a failure's story), else
+    the result as its document gives it back, by its row's renderer; then the result's exit status."""
+    doc = result.to_json()
+    row = document_for(doc["schema"])
+    if row is None:  # every result's document is in the table (tests/cli/test_command_table.py)
+        raise AssertionError(f"no row of the command table shows {doc['schema']}")
+    if getattr(args, "json", False):
+        print_json(doc)
+        if row.story is not None:  # stdout stays the document
+            load(row.story)(row.read(doc))
+    else:
+        row.show(doc)
+    return exit_status_of(result)

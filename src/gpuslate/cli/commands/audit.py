@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from ..exits import exit_epilog
-from .common import add_common, note, print_json
+from . import present
+from .common import add_common, note
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,10 +47,4 @@ def run(args: argparse.Namespace) -> int:
         note("'gpuslate log' is now 'gpuslate audit' (the old name will go away)")
     with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
         listing = host.audit(AuditOptions(limit=getattr(args, "limit", 50), old_name=alias))
-    if getattr(args, "json", False):
-        print_json(listing.to_json())
-    else:
-        from ..render.audit import print_log  # lazy: startup
-
-        print_log(listing)
-    return 0
+    return present(args, listing)

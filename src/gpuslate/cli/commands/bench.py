@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from ..._document import parse_json
 from ...errors import BadDocument, UsageError
 from ...extras import Extra, require
-from ..exits import ExitStatus, exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from .common import note, print_json
+from ..exits import ExitStatus, exit_epilog
+from . import present
+from .common import note
 
 if TYPE_CHECKING:
     from ...bench import BenchResult, LoadPlan, Progress
@@ -224,12 +224,7 @@ def run(args: argparse.Namespace) -> int:
                  "was still warming up at this concurrency (use --warmup N)")
         if lv.stopped_early:
             note(f"level {_label(lv)} stopped early: {lv.stopped_early}; {lv.not_sent} request(s) not sent")
-    if args.json:
-        print_json(doc)
-    else:
-        from ..render.bench import print_bench  # lazy: startup
-
-        print_bench(as_sent(result))
+    shown = present(args, result)
     status = result.status
     if status == BenchStatus.INTERRUPTED:
         what = "terminated" if signals and signals[-1] == signal.SIGTERM else "interrupted"
@@ -240,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             return ExitStatus.TERMINATED
     elif status == BenchStatus.FAILED:
         note("error: no request succeeded (the errors are grouped above)")
-    return exit_status_for_result(status)
+    return shown
 
 
 def _label(lv: Any) -> str:

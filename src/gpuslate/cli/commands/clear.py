@@ -6,10 +6,10 @@ import argparse
 import sys
 
 from ..._parse import selected_gpus
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
+from ..exits import exit_epilog
 from ..render.live import LiveLine
-from .common import add_common, gpus_arg, nonnegative_float, pid_type, print_json, size
+from . import present
+from .common import add_common, gpus_arg, nonnegative_float, pid_type, size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,13 +62,7 @@ def run_clear(args: argparse.Namespace) -> int:
     # and nvmlShutdown would only add milliseconds to every clear (as for status).
     with LiveLine.of(args) as live:
         result = Host.open(args.sim, on_event=live.note, on_progress=live.sink).clear(sel, opts)
-    if args.json:
-        print_json(result.to_json())
-    else:
-        from ..render.clear import print_clear  # lazy: startup
-
-        print_clear(as_sent(result))
-    return exit_status_of(result)
+    return present(args, result)
 
 
 def _confirm(plan) -> bool:

@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import NamedTuple
 
-from ..exits import exit_epilog
+from ..exits import ExitStatus, exit_epilog
 
 SHELLS = ("bash", "zsh", "fish")
 #: metavars whose values are paths: completed as files
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     tree = commands(build_parser())
     sys.stdout.write({"bash": bash, "zsh": zsh, "fish": fish}[args.shell](tree))
-    return 0
+    return ExitStatus.OK
 
 
 def _text(help_text: str | None) -> str:

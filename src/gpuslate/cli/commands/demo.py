@@ -42,11 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import Interrupted, NotDoneError, UsageError
 from ...extras import Extra, require
-from ..exits import exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from ..render.experiment import show_demo
+from ..exits import exit_epilog
 from ..render.output import Mode, set_mode
-from .common import add_common, note, print_json
+from . import present
+from .common import add_common, note
 
 if TYPE_CHECKING:
     from ...api import Host
@@ -185,11 +184,7 @@ def _demo(args: argparse.Namespace, out: Path, work: Path, t0: float, checked: A
         return interrupted_status(stopped, args.json, f"interrupted; the partial results are in {out}")
     demo = DemoResult(sim, str(out), round(time.monotonic() - t0, 2), clean, run_json(result),
                       write_report_for(out))
-    if args.json:
-        print_json(demo.to_json())
-    else:
-        show_demo(as_sent(demo))
-    return exit_status_for_result(demo.status)
+    return present(args, demo)
 
 
 def _check_out(out: Path) -> None:

@@ -7,11 +7,11 @@ import argparse
 import signal
 from typing import TYPE_CHECKING
 
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
+from ..exits import exit_epilog
 from ..render.live import LiveLine
-from .common import add_common, nonnegative_float, print_json, size
-from .up import file_units, show_batch_result, unit_name
+from . import present
+from .common import add_common, nonnegative_float, size
+from .up import file_units, unit_name
 
 if TYPE_CHECKING:
     from ...units import DownOptions
@@ -50,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
     from ...units import DownOptions  # lazy: startup
     from ...units.interrupts import deferred_interrupts  # lazy: startup
-    from ..render.units import report_down_failure, show_down  # lazy: startup
 
     opts = DownOptions(grace=args.grace, timeout=args.timeout, max_used=args.max_used, clear_strays=args.clear)
     if len(args.names) != 1:
@@ -59,13 +58,7 @@ def run(args: argparse.Namespace) -> int:
     with deferred_interrupts(signals=(signal.SIGHUP,)), LiveLine.of(args) as live, \
             Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = host.down(args.names[0], opts)
-    if args.json:
-        print_json(result.to_json())
-        if not result.ok:  # stdout stays the document; why on stderr
-            report_down_failure(as_sent(result))
-    else:
-        show_down(as_sent(result))
-    return exit_status_of(result)
+    return present(args, result)
 
 
 def run_many(args: argparse.Namespace, opts: DownOptions) -> int:
@@ -77,4 +70,4 @@ def run_many(args: argparse.Namespace, opts: DownOptions) -> int:
     with deferred_interrupts(signals=(signal.SIGHUP,)), LiveLine.of(args) as live, \
             Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = down_many(host, names, opts, known_only=not args.names)
-    return show_batch_result(args, result)
+    return present(args, result)

@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ...errors import Interrupted
 from ...extras import Extra, install_hint, missing, require
 from ..exits import ExitStatus, exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from ..render.experiment import print_report
 from ..render.output import Mode, OutputLost, set_mode
-from .common import add_common, note, print_error, print_json
+from . import present
+from .common import add_common, note, print_error
 
 if TYPE_CHECKING:
     from ...bench.experiment import ExperimentProgress, RunResult
@@ -128,11 +127,9 @@ def run(args: argparse.Namespace) -> int:
                  f"in {result.elapsed_s:.1f} s; writing the report")
     rep = write_report_for(out)
     rep.run = run_json(result)
-    if args.json:
-        print_json(rep.to_json())
-    else:
-        print_report(as_sent(rep))
-    return outcome(rep)
+    shown = present(args, rep)
+    outcome(rep)
+    return shown
 
 
 def outcome(rep: Report) -> int:
@@ -150,11 +147,7 @@ def outcome(rep: Report) -> int:
 
 def report(args: argparse.Namespace) -> int:
     rep = write_report_for(Path(args.dir))
-    if args.json:
-        print_json(rep.to_json())
-    else:
-        print_report(as_sent(rep))
-    return exit_status_for_result(rep.status)
+    return present(args, rep)
 
 
 def write_report_for(out: Path) -> Report:

@@ -10,7 +10,7 @@ import sys
 
 from ...exporter import DEFAULT_LISTEN, SCHEMA
 from ...extras import Extra, require
-from ..exits import exit_epilog
+from ..exits import ExitStatus, exit_epilog
 from .common import add_common, note, positive_float
 
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             signal.sigwait(stop_signals)
         finally:
             server.close()
-    return 0
+    return ExitStatus.OK  # stopped by SIGTERM or Ctrl-C, as an exporter ends
 
 
 def _announce(args: argparse.Namespace, bound: str, address: tuple[str, int], backend: str) -> None:

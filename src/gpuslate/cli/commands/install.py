@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING
 
 from ... import __version__
 from ...errors import GpuslateError, UsageError
-from ..exits import exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from ..render.install import show_install
-from .common import add_common, note, print_json
+from ..exits import exit_epilog
+from . import present
+from .common import add_common, note
 
 if TYPE_CHECKING:
     from ...remote.fleet import HostOutcome
@@ -62,11 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("install copies gpuslate to remote hosts: give --host HOST (or --out FILE to write "
                          "the zipapp here)")
     result = write_local(build(), args.out)
-    if args.json:
-        print_json(result.to_json())
-    else:
-        show_install(as_sent(result))
-    return exit_status_for_result(result.status)
+    return present(args, result)
 
 
 def host_runner(args: argparse.Namespace, opts: SshOptions

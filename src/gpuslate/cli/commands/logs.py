@@ -14,11 +14,11 @@ import time
 
 from ..._time import parse_since
 from ...errors import UsageError
-from ..exits import exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from ..render.logs import show_logs, stamp
+from ..exits import exit_epilog
+from ..render.logs import stamp
 from ..render.output import OutputLost
-from .common import add_common, print_json, whole
+from . import present
+from .common import add_common, whole
 from .up import unit_name
 
 
@@ -61,16 +61,11 @@ def run(args: argparse.Namespace) -> int:
     options = LogsOptions(tail=args.tail, since=args.since, timestamps=args.timestamps)
     with Host.open(getattr(args, "sim", None)) as host:  # its state folder; no GPU is needed
         if not args.follow:
-            result = host.logs(args.name, options)
-            if args.json:
-                print_json(result.to_json())
-            else:
-                show_logs(as_sent(result))
-            return exit_status_for_result(result.status)
+            return present(args, host.logs(args.name, options))
         log = UnitLog(host, args.name)  # an unknown unit first, as without --follow
         if args.json:
             raise UsageError("--json prints a snapshot: use it without --follow")
-        show_logs(as_sent(log.read(options)))
+        shown = present(args, log.read(options))
         out = sys.stdout
         try:
             for at, line in log.follow_on():
@@ -82,4 +77,4 @@ def run(args: argparse.Namespace) -> int:
             raise
         except KeyboardInterrupt:
             pass  # Ctrl-C is how a follow ends
-    return 0
+    return shown

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
-from .common import add_common, note, print_json
-from .up import file_units, show_batch_result, unit_name
+from ..exits import exit_epilog
+from . import present
+from .common import add_common, note
+from .up import file_units, unit_name
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
     from ...units import RestartOptions, UnitStore, restart_many  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
-    from ..render.units import report_restart_failure, show_restart  # lazy: startup
 
     opts = RestartOptions(prefetch=args.prefetch)
     with stop_signals_interrupt(), Host.open(getattr(args, "sim", None), on_event=note) as host:
@@ -49,10 +48,5 @@ def run(args: argparse.Namespace) -> int:
             if not names:
                 units = UnitStore.of(host)
                 names = [n for n in file_units(args.config, "restart") if units.record_path(n).exists()]
-            return show_batch_result(args, restart_many(host, names, opts))
-    if args.json:
-        print_json(result.to_json())
-        report_restart_failure(as_sent(result))  # stdout stays the document
-    else:
-        show_restart(as_sent(result))
-    return exit_status_of(result)
+            return present(args, restart_many(host, names, opts))
+    return present(args, result)

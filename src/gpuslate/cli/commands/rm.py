@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
-from .common import add_common, print_json
+from ..exits import exit_epilog
+from . import present
+from .common import add_common
 from .up import unit_name
 
 
@@ -26,12 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
-    from ..render.units import show_rm  # lazy: startup
 
     with Host.open(getattr(args, "sim", None)) as host:
         result = host.rm(list(dict.fromkeys(args.names)))
-    if args.json:
-        print_json(result.to_json())
-    else:
-        show_rm(as_sent(result))
-    return exit_status_of(result)
+    return present(args, result)

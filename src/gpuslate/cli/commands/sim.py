@@ -9,10 +9,9 @@ import sys
 from ..._parse import format_gpu_list, format_size, parse_gpu_list, selected_gpus
 from ...errors import UsageError
 from ...extras import Extra, require
-from ..exits import exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
-from ..render.sim import show_init, show_leak
-from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, print_json, size, whole
+from ..exits import ExitStatus, exit_epilog
+from . import present
+from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, size, whole
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -176,11 +175,7 @@ def run_init(args: argparse.Namespace) -> int:
     host = SimHost.init(args.dir, gpus=args.count, memory=args.memory, name=args.name,
                         release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api)
     result = SimInitResult.of(host)
-    if args.json:
-        print_json(result.to_json())
-    else:
-        show_init(as_sent(result))
-    return exit_status_for_result(result.status)
+    return present(args, result)
 
 
 def run_hold(args: argparse.Namespace) -> int:
@@ -203,7 +198,7 @@ def run_mps(args: argparse.Namespace) -> int:
     host = _host(args)
     gpus = selected_gpus(args.gpus)
     mps_server(host, gpus if gpus is not None else list(range(host.gpu_count)), args.footprint)
-    return 0
+    return ExitStatus.OK
 
 
 def run_leak(args: argparse.Namespace) -> int:
@@ -211,11 +206,7 @@ def run_leak(args: argparse.Namespace) -> int:
 
     host = _host(args)
     result = SimLeakResult(args.gpu, args.memory, str(host.leak(args.gpu, args.memory)))
-    if args.json:
-        print_json(result.to_json())
-    else:
-        show_leak(as_sent(result))
-    return exit_status_for_result(result.status)
+    return present(args, result)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -257,7 +248,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return [w.shown for w in started]
 
     try:
-        return run_server(config, start_workers=start)
+        return ExitStatus(run_server(config, start_workers=start))
     finally:
         # like a real server's shutdown: its ranks go with it (a SIGKILLed
         # launcher cannot do this, which is how orphaned workers happen). They are

@@ -13,11 +13,10 @@ import argparse
 import os
 import sys
 
-from ..exits import exit_epilog, exit_status_for_result
-from ..render.documents import as_sent
+from ..exits import ExitStatus, exit_epilog
 from ..render.plain import clean
-from ..render.slurm import show_hook
-from .common import add_common, nonnegative_float, print_json, size
+from . import present
+from .common import add_common, nonnegative_float, size
 
 _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a GPU that does not exist): "
           "nothing was signaled", 4: "the GPUs were not free in time: the node was drained with the reason "
@@ -64,7 +63,7 @@ def run_task_prolog(args: argparse.Namespace) -> int:
     from ...slurm.task import task_prolog_lines  # lazy: startup
 
     sys.stdout.write("".join(line + "\n" for line in task_prolog_lines()))
-    return 0
+    return ExitStatus.OK
 
 
 def run_hook(args: argparse.Namespace) -> int:
@@ -80,11 +79,8 @@ def run_hook(args: argparse.Namespace) -> int:
                             drain=not args.no_drain)
         else:
             result = prolog(host, job, timeout=args.timeout, max_used=args.max_used, drain=not args.no_drain)
-    if args.json:
-        print_json(result.to_json())
-    else:
-        show_hook(as_sent(result))
+    shown = present(args, result)
     if result.status == HookStatus.DRAIN_FAILED and result.drain is not None:
         sys.stderr.write(f"gpuslate: error: node {clean(result.drain.node)} not drained: "
                          f"{clean(result.drain.error)}\n")
-    return exit_status_for_result(result.status)
+    return shown

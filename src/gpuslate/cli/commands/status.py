@@ -9,9 +9,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..._parse import selected_gpus
-from ..exits import exit_epilog
+from ..exits import ExitStatus, exit_epilog
 from ..render.output import OutputLost
-from .common import add_common, gpus_arg, positive_float, print_json
+from . import present
+from .common import add_common, gpus_arg, positive_float
 
 if TYPE_CHECKING:
     from ...api import Host
@@ -39,13 +40,7 @@ def run(args: argparse.Namespace) -> int:
     # Not closed for one snapshot: the process exits now and the driver releases
     # everything; nvmlShutdown would add milliseconds to every call.
     snap = host.status(selected_gpus(args.gpus))
-    if args.json:
-        print_json(snap.to_json())
-    else:
-        from ..render.status import print_status  # lazy: startup
-
-        print_status(snap)
-    return 0
+    return present(args, snap)
 
 
 def _watch(args: argparse.Namespace, host: Host) -> int:
@@ -63,4 +58,4 @@ def _watch(args: argparse.Namespace, host: Host) -> int:
     except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
         raise
     except KeyboardInterrupt:
-        return 0  # Ctrl-C is how a watch ends: not a failure
+        return ExitStatus.OK  # Ctrl-C is how a watch ends: not a failure

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
+from ..exits import exit_epilog
 from ..render.live import LiveLine
-from .common import add_common, print_json
+from . import present
+from .common import add_common
 from .up import unit_name
 
 
@@ -35,16 +35,10 @@ def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
     from ...units import SwapOptions  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
-    from ..render.units import report_swap_failure, show_swap  # lazy: startup
 
     opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch)
     # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
     with stop_signals_interrupt(), LiveLine.of(args) as live, \
             Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:
         result = host.swap(args.old, args.new, opts)
-    if args.json:
-        print_json(result.to_json())
-        report_swap_failure(as_sent(result))  # stdout stays the document
-    else:
-        show_swap(as_sent(result))
-    return exit_status_of(result)
+    return present(args, result)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from ...errors import UsageError
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
+from ..exits import exit_epilog
 from ..render.live import LiveLine
-from .common import add_common, gpus_arg, nonnegative_float, port_type, positive_float, print_json, size
+from . import present
+from .common import add_common, gpus_arg, nonnegative_float, port_type, positive_float, size
 
 UP_EXITS = {0: "ready", 4: "not ready within --start-timeout, or its GPUs or port busy at pre-flight",
             5: "permission denied", 6: "the server failed (exited before ready, failed its smoke test)"}
@@ -136,7 +135,6 @@ def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
     from ...units import Unit, UnitStore, UpOptions, resolve  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
-    from ..render.units import report_up_failure, show_up  # lazy: startup
 
     command = list(args.command)
     if len(args.names) != 1:
@@ -149,13 +147,7 @@ def run(args: argparse.Namespace) -> int:
                        previous=prev.spec.to_json() if prev and prev.spec else None)
         with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
             result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
-    if args.json:
-        print_json(result.to_json())
-        if not result.ok:  # stdout stays the document; the failure's story on stderr
-            report_up_failure(as_sent(result))
-    else:
-        show_up(as_sent(result))
-    return exit_status_of(result)
+    return present(args, result)
 
 
 def run_many(args: argparse.Namespace, command: list[str]) -> int:
@@ -182,22 +174,5 @@ def run_many(args: argparse.Namespace, command: list[str]) -> int:
             specs.append(resolve(name, config=args.config, previous=last))
         with stop_signals_interrupt():
             result = up_many(host, specs, UpOptions(clear_first=args.clear, max_used=args.max_used))
-    return show_batch_result(args, result)
+    return present(args, result)
 
-
-def show_batch_result(args: argparse.Namespace, result: Any) -> int:
-    """A batch's document (``--json``; the units' failures and the batch's lines on stderr), or its text."""
-    from ..render import units as r  # lazy: startup
-
-    shown = as_sent(result)
-    if args.json:  # stdout stays the document; the failures' stories and the batch's lines on stderr
-        print_json(result.to_json())
-        story: dict[str, Callable[[Any], None]] = {"up": r.report_up_failure, "down": r.report_down_failure,
-                                                   "restart": r.report_restart_failure}
-        for one in shown.results:
-            if not one.ok:
-                story[shown.verb.value](one)
-        r.report_batch(shown, sys.stderr)
-    else:
-        r.show_batch(shown)
-    return exit_status_of(result)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from ..._parse import selected_gpus
-from ..exits import exit_epilog, exit_status_of
-from ..render.documents import as_sent
+from ..exits import exit_epilog
 from ..render.live import LiveLine
-from .common import add_common, gpus_arg, nonnegative_float, print_json, size
+from . import present
+from .common import add_common, gpus_arg, nonnegative_float, size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,10 +33,4 @@ def run_wait(args: argparse.Namespace) -> int:
     with LiveLine.of(args) as live:
         result = Host.open(args.sim, on_progress=live.sink).wait(
             selected_gpus(args.gpus), WaitOptions(max_used=args.max_used, timeout=args.timeout))
-    if args.json:
-        print_json(result.to_json())
-    else:
-        from ..render.clear import print_wait  # lazy: startup
-
-        print_wait(as_sent(result))
-    return exit_status_of(result)
+    return present(args, result)

@@ -2,7 +2,7 @@
 several units): one renderer per result type, for a local run
 and for another host's document read back (``--host``) alike.
 
-Each ``show_*`` takes the result as its document gives it back (see :func:`.results.show`): what is
+Each ``show_*`` takes the result as its document gives it back (see :func:`gpuslate.cli.commands.present`): what is
 printed is exactly what travels, so a command prints the same bytes here and over ``--host``.
 The result goes to stdout; a failure's story (the log tail, why) to stderr, with ``--json`` too.
 Plain text, no rich: the tables are laid out by :mod:`.plain`, like ``status``.
@@ -62,7 +62,9 @@ def print_up(result: UpResult) -> None:
 
 def report_up_failure(result: UpResult) -> None:
     """A unit that failed: the log tail (the server's own output, as it wrote it, like ``logs``) and
-    one error line, on stderr."""
+    one error line, on stderr (nothing for one that is ready)."""
+    if result.ok:
+        return
     r, err = result.record, sys.stderr
     if result.log_tail:
         err.write(f"--- last {len(result.log_tail)} lines of {safe(r.log)} ---\n")
@@ -119,7 +121,9 @@ def print_down(result: DownResult) -> None:
 
 
 def report_down_failure(result: DownResult) -> None:
-    """Why the unit is not fully stopped, on stderr."""
+    """Why the unit is not fully stopped, on stderr (nothing for one that is)."""
+    if result.ok:
+        return
     rep, err = result.report, sys.stderr
     leaks = [p for d in rep.diagnosis for p in d.problems if p.pid is None and p.used_memory]
     for d in rep.diagnosis:
@@ -275,6 +279,15 @@ def show_batch(result: BatchResult) -> None:
     for r in result.results:
         show(r)  # type: ignore[operator]
     report_batch(result, sys.stdout)
+
+
+def report_batch_failures(result: BatchResult) -> None:
+    """With ``--json``: each failed unit's story, then the batch's own lines, on stderr."""
+    story = {"up": report_up_failure, "down": report_down_failure, "restart": report_restart_failure}
+    for one in result.results:
+        if not one.ok:
+            story[result.verb.value](one)  # type: ignore[operator]
+    report_batch(result, sys.stderr)
 
 
 def report_batch(result: BatchResult, file: IO[str]) -> None:

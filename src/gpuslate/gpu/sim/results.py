@@ -4,19 +4,19 @@ here and over ``--host`` (the remote document read back into the same result, on
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any, NamedTuple
 
 from ..._document import checked, reading
+from ...outcome import Outcome, StatusEnum
 from .host import SimHost
 
 INIT_SCHEMA = "gpuslate.sim.init.v1"
 LEAK_SCHEMA = "gpuslate.sim.leak.v1"
 
 
-class SimStatus(str, Enum):
-    CREATED = "created"  # sim init: the host is there (created, or reset)
-    LEAKED = "leaked"  # sim leak: the memory is held by no process
+class SimStatus(StatusEnum):
+    CREATED = "created", Outcome.DONE  # sim init: the host is there (created, or reset)
+    LEAKED = "leaked", Outcome.DONE  # sim leak: the memory is held by no process
 
 
 class SimInitResult(NamedTuple):
