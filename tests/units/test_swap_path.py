@@ -12,7 +12,7 @@ from helpers import count_host_opens
 from swaptrace import traced
 from unitkit import free_port, serve_cmd
 
-PHASES = {"down": ("units/lifecycle.py", "down"), "up": ("units/lifecycle.py", "up")}
+PHASES = {"down": ("units/lifecycle.py", "stop_loaded"), "up": ("units/lifecycle.py", "start_checked")}
 LAYERS = ("units/", "slate/", "host/")  # proc/ and sim/ below are readers: their generators resume each other
 
 

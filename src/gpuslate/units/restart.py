@@ -2,9 +2,10 @@
 
 As ``docker compose restart``: what restarts is the unit as it was started (its recorded spec),
 not what the unit file says now (``down`` then ``up`` takes the file's). A running unit is
-restarted by :func:`~.swap.swap` to itself, under one hold of the host lock: ``down`` (its GPUs
+restarted by :func:`~.swap.swap_loaded` to itself, under one hold of the host lock: ``down`` (its GPUs
 verified free), then ``up``, with the downtime measured as ``swap`` measures it; a unit nothing
-of which runs (stopped, failed, exited) is started with ``up``. The weights are not prefetched
+of which runs (stopped, failed, exited) is started with ``up``'s start phase. Its record is read
+once, under the lock, and handed to those phases. The weights are not prefetched
 by default: the server that just ran them has them in the page cache.
 """
 
@@ -17,11 +18,11 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
-from .lifecycle import DownResult, UpResult, up
+from .lifecycle import DownResult, UpOptions, UpResult, start_checked
 from .names import UnitName
 from .state import UnitState
 from .store import UnitStore
-from .swap import SwapOptions, SwapStatus, swap
+from .swap import SwapOptions, SwapStatus, swap_loaded
 from .unit import Unit
 
 RESTART_SCHEMA = "gpuslate.restart.v1"
@@ -84,11 +85,12 @@ def restart(host: HostContext, name: str, options: RestartOptions = RestartOptio
         if u.spec is None:
             raise UsageError(u.describe_problem(), hint=f"'gpuslate down {name}' stops what is left of it")
         state = u.state()
-        if not u.running():
-            started = up(host, u.spec)
-            return RestartResult(name, RestartStatus.RESTARTED if started.ok else RestartStatus.UP_FAILED, state,
-                                 None, started, time.monotonic() - t0)
-        s = swap(host, name, u.spec, SwapOptions(prefetch=options.prefetch))
+        if not u.running():  # the guards of up passed: not corrupt (it has a spec), nothing of it runs
+            started = start_checked(host, u.spec, UpOptions())
+            return RestartResult(name=name, status=RestartStatus.RESTARTED if started.ok else RestartStatus.UP_FAILED,
+                                 previous_state=state, down=None, up=started, total_s=time.monotonic() - t0)
+        s = swap_loaded(host, u, u.spec, SwapOptions(prefetch=options.prefetch))  # u as loaded here
         status = (RestartStatus.RESTARTED if s.status is SwapStatus.SWAPPED else
                   RestartStatus.DOWN_FAILED if s.status is SwapStatus.DOWN_FAILED else RestartStatus.UP_FAILED)
-        return RestartResult(name, status, state, s.down, s.up, time.monotonic() - t0, s.downtime_s)
+        return RestartResult(name=name, status=status, previous_state=state, down=s.down, up=s.up,
+                             total_s=time.monotonic() - t0, downtime_s=s.downtime_s)
