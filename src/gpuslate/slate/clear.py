@@ -188,7 +188,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     """
     opts = options.validate()
     sel = selection
-    resolve(sel)  # bad input fails before the host is even locked
+    resolved = resolve(sel)  # bad input fails before the host is even locked; the plan gets it as checked
     note = host.note
     timeout = opts.timeout
     be = host.backend  # opened (NVML initialised) before the clock starts and before the lock, as always
@@ -197,7 +197,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     started_at = time.time()
     locked = nullcontext(0.0) if opts.dry_run else host.locked(_purpose(sel), timeout=timeout)
     with locked:
-        plan = make_plan(be, sel)
+        plan = make_plan(be, resolved)
         t_plan = time.monotonic()
         before = plan.before_verified
         timings = {"plan_s": t_plan - t_start}

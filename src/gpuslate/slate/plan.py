@@ -435,9 +435,10 @@ class Plan(NamedTuple):
         return [g.reading for g in self.before.gpus if g.index in self.gpus]
 
 
-def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
-    """Gather the facts and decide (see the module doc)."""
-    res = resolve(sel)
+def make_plan(backend: GpuBackend, res: Resolved) -> Plan:
+    """Gather the facts and decide (see the module doc), for a selection :func:`resolve` checked
+    (``clear`` resolves it once, before the host lock, and hands it here)."""
+    sel = res.sel
     if sel.gpus is not None:
         resolve_gpus(backend, sel.gpus)
     snap = take_snapshot(backend, None, full=False)  # memory and processes: all a plan needs
