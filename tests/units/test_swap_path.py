@@ -4,10 +4,10 @@ per phase, never climbing back into one it went down from (see swaptrace.py)."""
 
 from __future__ import annotations
 
-import pytest
-
 import sys
 from collections import Counter
+
+import pytest
 
 from gpuslate import Host, SwapOptions, UpOptions
 from gpuslate.units import Unit, UnitSpec
