@@ -109,7 +109,7 @@ class VictimResult:
         outcome = ("signals", "exited_at_s", "ended_by", "permission_denied", "refused")
         if info is None:
             info = {k: v for k, v in d.items() if k not in outcome}
-        r = cls(Victim(ProcessId(d["pid"], d.get("start_ticks") or 0), info))
+        r = cls(Victim(ident=ProcessId(d["pid"], d.get("start_ticks") or 0), info=info))
         r.signals = [SignalRecord.from_json(s) for s in d["signals"]]
         r.exited_at, r.ended_by = d["exited_at_s"], d["ended_by"]
         r.permission_denied, r.refused = bool(d["permission_denied"]), d["refused"]

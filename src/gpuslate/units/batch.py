@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -71,7 +72,8 @@ class Skipped(NamedTuple):
         return {"name": self.name, "reason": self.reason}
 
 
-class BatchResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchResult:
     verb: Verb
     results: list[Result]  # in the order they ran
     skipped: list[Skipped]  # left as they were

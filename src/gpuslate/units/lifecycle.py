@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -90,7 +91,8 @@ class DownOptions(NamedTuple):
         return self
 
 
-class UpResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UpResult:
     status: UpStatus
     record: store.UnitRecord
     readiness: dict[str, Any]  # kind, target, detail
@@ -141,18 +143,20 @@ class UpResult(NamedTuple):
                 time_to_ready_s=d["time_to_ready_s"], exit_code=d["exit_code"], failure=d["failure"],
                 instance=d["instance"] or "")
             teardown = d["teardown"]
-            return cls(status, rec, d["readiness"], d["smoke"], dict(d["timings"]), list(d["log_tail"]),
-                       StopReport.from_json(teardown) if teardown is not None else None,
-                       ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
-                       d["containment_note"])
+            return cls(status=status, record=rec, readiness=d["readiness"], smoke=d["smoke"],
+                       timings=dict(d["timings"]), log_tail=list(d["log_tail"]),
+                       teardown=StopReport.from_json(teardown) if teardown is not None else None,
+                       cleared=ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
+                       fence_note=d["containment_note"])
 
 
-class DownResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DownResult:
     name: str
     previous_state: UnitState
     report: StopReport
     timings: dict[str, float]
-    strays: list[Stray] = []  # GPU holders started while the unit ran, not found in it
+    strays: list[Stray] = field(default_factory=list)  # GPU holders started while the unit ran, not found in it
     cleared: ClearResult | None = None  # --clear: how the strays were ended
     corrupt: str | None = None  # why the unit's record was unreadable
     set_aside: str | None = None  # where the corrupt record was moved once the unit was stopped
@@ -185,9 +189,9 @@ class DownResult(NamedTuple):
         d = checked(doc, DOWN_SCHEMA)
         with reading(DOWN_SCHEMA):
             cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
-            return cls(d["name"], UnitState(d["previous_state"]), StopReport.from_json(d),
-                       dict(d["timings"]), [Stray.from_json(x) for x in d["strays"]], cleared, d["corrupt"],
-                       d["record_set_aside"])
+            return cls(name=d["name"], previous_state=UnitState(d["previous_state"]), report=StopReport.from_json(d),
+                       timings=dict(d["timings"]), strays=[Stray.from_json(x) for x in d["strays"]], cleared=cleared,
+                       corrupt=d["corrupt"], set_aside=d["record_set_aside"])
 
 
 def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:
@@ -296,8 +300,9 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
         tail = logfile.tail(launched.log, LOG_TAIL)
     units.save(rec)
     timings["total_s"] = time.monotonic() - t0
-    return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
-                    timings, tail, teardown, cleared, launched.fence_note)
+    return UpResult(status=status, record=rec,
+                    readiness={"kind": probe.kind, "target": probe.target, "detail": probe.detail}, smoke=sm,
+                    timings=timings, log_tail=tail, teardown=teardown, cleared=cleared, fence_note=launched.fence_note)
 
 
 def _left_by(units: store.UnitStore, pid: int) -> str | None:
@@ -448,10 +453,10 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
         if rec.exit_code is None:
             rec.exit_code = exit_status(rec.pid)
         units.save(rec)
-    return DownResult(name, previous, report, {"lock_wait_s": waited, **report.timings,
-                                               "total_s": time.monotonic() - t0},
-                      strays, cleared[-1] if cleared else None,
-                      u.problem.reason if u.problem else None, aside)
+    return DownResult(name=name, previous_state=previous, report=report,
+                      timings={"lock_wait_s": waited, **report.timings, "total_s": time.monotonic() - t0},
+                      strays=strays, cleared=cleared[-1] if cleared else None,
+                      corrupt=u.problem.reason if u.problem else None, set_aside=aside)
 
 
 def _clear_strays(host: HostContext, u: Unit, strays: list[Stray], grace: float, deadline: float, limit: int,

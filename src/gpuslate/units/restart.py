@@ -12,6 +12,7 @@ by default: the server that just ran them has them in the page cache.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -42,7 +43,8 @@ class RestartOptions(NamedTuple):
     prefetch: bool = False  # read its weight files into the page cache first, as swap does
 
 
-class RestartResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestartResult:
     name: str
     status: RestartStatus
     previous_state: UnitState
@@ -67,10 +69,11 @@ class RestartResult(NamedTuple):
         d = checked(doc, RESTART_SCHEMA)
         with reading(RESTART_SCHEMA):
             downtime = d["downtime_s"]
-            return cls(str(d["name"]), RestartStatus(d["status"]), UnitState(d["previous_state"]),
-                       DownResult.from_json(d["down"]) if d["down"] is not None else None,
-                       UpResult.from_json(d["up"]) if d["up"] is not None else None, float(d["total_s"]),
-                       float(downtime) if downtime is not None else None)
+            return cls(name=str(d["name"]), status=RestartStatus(d["status"]),
+                       previous_state=UnitState(d["previous_state"]),
+                       down=DownResult.from_json(d["down"]) if d["down"] is not None else None,
+                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None, total_s=float(d["total_s"]),
+                       downtime_s=float(downtime) if downtime is not None else None)
 
 
 def restart(host: HostContext, name: str, options: RestartOptions = RestartOptions()) -> RestartResult:

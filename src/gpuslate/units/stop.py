@@ -121,7 +121,7 @@ class StopReport(NamedTuple):
 
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:
     info = read_info(st.pid)
-    return Victim(st.ident, {
+    return Victim(ident=st.ident, info={
         "pid": st.pid, "start_ticks": st.start_ticks, "name": st.name, "unit": unit.name,
         "command": info.command if info else None, "user": info.user if info else None,
         "pgid": st.pgid, "sid": st.sid, "gpus": sorted(set(unit.gpus) | set(held or [])),

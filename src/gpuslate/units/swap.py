@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,7 +55,8 @@ DOWNTIME_PARTS = ("stop_old_s", "verify_clean_s", "preflight_new_s", "spawn_new_
                   "smoke_new_s")
 
 
-class SwapResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwapResult:
     old: str
     new: str
     status: SwapStatus
@@ -105,14 +106,15 @@ class SwapResult(NamedTuple):
         """A ``gpuslate.swap.v1`` document as the SwapResult it was."""
         d = checked(doc, SWAP_SCHEMA)
         with reading(SWAP_SCHEMA):
-            return cls(d["old"], d["new"], SwapStatus(d["status"]), DownResult.from_json(d["down"]),
-                       UpResult.from_json(d["up"]) if d["up"] is not None else None,
-                       UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
-                       dict(d["phases"]), float(d["total_s"]), d["downtime_s"],
-                       dict(d["downtime"]) if d["downtime"] is not None else None,
-                       PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
-                       parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
-                       d["overhead_s"])
+            return cls(old=d["old"], new=d["new"], status=SwapStatus(d["status"]),
+                       down=DownResult.from_json(d["down"]),
+                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None,
+                       rollback=UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
+                       phases=dict(d["phases"]), total_s=float(d["total_s"]), downtime_s=d["downtime_s"],
+                       downtime=dict(d["downtime"]) if d["downtime"] is not None else None,
+                       prefetch=PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
+                       stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
+                       overhead=d["overhead_s"])
 
 
 class SwapOptions(NamedTuple):
@@ -196,8 +198,9 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
         phases["stop_old_s"] = d.report.timings["stop_s"]
         phases["verify_clean_s"] = d.report.timings["verify_s"]
         if not d.ok:
-            return SwapResult(old, new_spec.name, SwapStatus.DOWN_FAILED, d, None, None, phases,
-                              time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
+            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.DOWN_FAILED, down=d, up=None,
+                              rollback=None, phases=phases, total_s=time.monotonic() - t0, prefetch=pf_report,
+                              stop_old_at=stop_at)
         t_up = time.monotonic()
         watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
         try:
@@ -214,12 +217,12 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
             phases["smoke_new_s"] = u.timings["smoke_s"]
         if u.ok:
             parts = _downtime_parts(phases, t_stop, t_up, t_ready, u, watch)
-            return SwapResult(old, new_spec.name, SwapStatus.SWAPPED, d, u, None, phases, time.monotonic() - t0,
-                              downtime_s=t_ready - t_stop, downtime=parts, prefetch=pf_report,
-                              stop_old_at=stop_at)
+            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.SWAPPED, down=d, up=u, rollback=None,
+                              phases=phases, total_s=time.monotonic() - t0, downtime_s=t_ready - t_stop,
+                              downtime=parts, prefetch=pf_report, stop_old_at=stop_at)
         if not opts.rollback:
-            return SwapResult(old, new_spec.name, SwapStatus.UP_FAILED, d, u, None, phases, time.monotonic() - t0,
-                              prefetch=pf_report, stop_old_at=stop_at)
+            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.UP_FAILED, down=d, up=u, rollback=None,
+                              phases=phases, total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
         note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
         t_rb = time.monotonic()
         # OLD's spec as loaded above; no guard read of its record: stop_loaded has just stopped it
@@ -227,8 +230,8 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
         rb = start_checked(host, old_spec, UpOptions())
         phases["rollback_s"] = time.monotonic() - t_rb
         status = SwapStatus.ROLLED_BACK if rb.ok else SwapStatus.ROLLBACK_FAILED
-        return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0,
-                          prefetch=pf_report, stop_old_at=stop_at)
+        return SwapResult(old=old, new=new_spec.name, status=status, down=d, up=u, rollback=rb, phases=phases,
+                          total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
     finally:
         if pf is not None:
             pf.cancel()  # a failed or interrupted swap leaves no reader behind
