@@ -344,7 +344,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
         if (orphan is not None and orphan > max_used and used is not None
                 and used - sum(h.bytes for h in base) > max_used):
             problems.append(Problem(None, None, None, orphan, leak_reason(orphan), leak_remedy(r.index, snap.backend)))
-        out.append(GpuDiagnosis(r.index, used, max_used, r.error, problems))
+        out.append(GpuDiagnosis(gpu=r.index, used=used, max_used=max_used, error=r.error, problems=problems))
     return out
 
 
