@@ -89,21 +89,9 @@ class ClearResult(Record):
     a positional call could swap them unseen). A :class:`~gpuslate._record.Record`, not a
     dataclass: see there why."""
 
-    __slots__ = (
-        "after",
-        "backend",
-        "baseline",
-        "before",
-        "diagnosis",
-        "host",
-        "max_used",
-        "plan",
-        "respawned",
-        "results",
-        "started_at",
-        "status",
-        "timings",
-    )
+    # the fields in their order (repr, _asdict), not sorted
+    __slots__ = ("status", "host", "backend", "plan", "results", "before", "after",  # noqa: RUF023
+                 "diagnosis", "respawned", "timings", "max_used", "started_at", "baseline")
     status: ClearStatus
     host: str
     backend: str

@@ -143,7 +143,8 @@ class WaitResult(Record):
     """What a ``wait`` found; built by keywords only (``max_used`` and ``elapsed_s`` sit side by
     side, and an int passes for a float). A :class:`~gpuslate._record.Record`: ``clear`` imports it."""
 
-    __slots__ = ("baseline", "diagnosis", "elapsed_s", "gpus", "leaked", "max_used", "ok", "readings")
+    # the fields in their order (repr, _asdict), not sorted
+    __slots__ = ("ok", "gpus", "max_used", "elapsed_s", "readings", "diagnosis", "baseline", "leaked")  # noqa: RUF023
     ok: bool
     gpus: list[int]
     max_used: int
