@@ -156,11 +156,12 @@ class ClearResult(Record):
                 target = Target.from_json(t)
                 targets.append(target)
                 if status not in (ClearStatus.DRY_RUN, ClearStatus.NOTHING_SELECTED):
-                    results.append(VictimResult.from_json(t, _audit_info(target)))
+                    results.append(VictimResult.from_json(t, target.audit_info()))
             started = parse_iso_time(d["started_at"])
             host, backend = str(d["host"]), str(d["backend"])
             plan = Plan(gpus=list(d["gpus"]), targets=targets, spared=[Spared.from_json(x) for x in d["spared"]],
-                        before=Snapshot(host, backend, None, started, [], [], []), selection=Selection(),
+                        before=Snapshot(host=host, backend=backend, driver_version=None, taken_at=started, gpus=[],
+                                        host_processes=[], warnings=[]), selection=Selection(),
                         known=frozenset(), verify=VerifyMode(d["verify"]))
             return cls(status=status, host=host, backend=backend, plan=plan, results=results,
                        before=[memory_from_json(m) for m in d["before"]],
@@ -241,8 +242,9 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
             t_start += time.monotonic() - t_ask  # a person reading the plan is not clear's time
         deadline = t_start + timeout
         run_id = new_run_id()
-        victims = [Victim(ident=t.ident, info=_audit_info(t), ignores_sigterm=t.ignores_sigterm, job=t.job,
-                          waits_for=t.waits_for) for t in plan.targets]  # each target's audit record, built once
+        victims = [Victim(ident=t.ident, info=t.audit_info(), ignores_sigterm=t.ignores_sigterm, job=t.job,
+                          waits_for=t.waits_for) for t in plan.targets]  # each target's audit record, built once: every
+        # phase's audit line carries this one dict (the gate, by design, reads fresh facts instead)
         log = host.audit if victims else None
         results = terminate(victims, grace=min(opts.grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
@@ -294,12 +296,6 @@ def _spared_baseline(plan: Plan) -> tuple[DaemonHold, ...]:
 
 def _purpose(sel: Selection) -> str:
     return f"gpuslate clear --gpus {format_gpu_list(list(sel.gpus)) if sel.gpus else 'all'}"
-
-
-def _audit_info(t: Target) -> dict[str, Any]:
-    return {"pid": t.ident.pid, "start_ticks": t.ident.start_ticks, "user": t.user, "command": t.command,
-            "gpus": t.gpus, "used_memory": t.used_memory, "role": t.role.value, "job": t.job,
-            "container": t.container}
 
 
 def _planned(plan: Plan) -> set[int]:

@@ -367,6 +367,14 @@ class Target(NamedTuple):
     kind: str = "process"  # compute | graphics | mps | handle | process (holds no GPU itself)
     mps_server: int | None = None  # an MPS client's server, where it can be told
 
+    def audit_info(self) -> dict[str, Any]:
+        """What the audit log says of it with each signal (the victim's ``info``): built once per
+        target, when ``clear`` acts, and carried by every phase's audit line (and, read back from a
+        document, the target's result)."""
+        return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
+                "command": self.command, "gpus": self.gpus, "used_memory": self.used_memory,
+                "role": self.role.value, "job": self.job, "container": self.container}
+
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
                 "uid": self.uid, "command": self.command, "name": self.name, "gpus": self.gpus,
