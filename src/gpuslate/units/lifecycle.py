@@ -233,7 +233,6 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
     if not host.lock_depth:
         raise RuntimeError("start_checked runs under the host lock its caller holds")
     t0 = time.monotonic() if started is None else started
-    waited = lock_wait
     note = host.note
     units = store.UnitStore.of(host)
     be = host.backend
@@ -267,7 +266,7 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
         units.save(rec)
     current = Unit(spec.name, units.record_path(spec.name), rec, None, spec, fence_of(rec, units.mark()))
     t_launch = time.monotonic()
-    timings = {"lock_wait_s": waited, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
+    timings = {"lock_wait_s": lock_wait, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
     try:
         if pending:
             raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
@@ -401,7 +400,6 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
     if not host.lock_depth:
         raise RuntimeError("stop_loaded runs under the host lock its caller holds")
     t0 = time.monotonic() if started is None else started
-    waited = lock_wait
     name = u.name
     units = store.UnitStore.of(host)
     note = host.note
@@ -454,7 +452,7 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
             rec.exit_code = exit_status(rec.pid)
         units.save(rec)
     return DownResult(name=name, previous_state=previous, report=report,
-                      timings={"lock_wait_s": waited, **report.timings, "total_s": time.monotonic() - t0},
+                      timings={"lock_wait_s": lock_wait, **report.timings, "total_s": time.monotonic() - t0},
                       strays=strays, cleared=cleared[-1] if cleared else None,
                       corrupt=u.problem.reason if u.problem else None, set_aside=aside)
 
