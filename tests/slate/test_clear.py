@@ -427,3 +427,24 @@ def test_a_true_zombie_is_named_with_its_parent(tmp_path, monkeypatch, hold, cli
     assert f"(PID {h.pid}) has not reaped it" in p["reason"] and f"(PID {h.pid}) must reap it" in p["remedy"]
     r = cli("clear", "--pid", str(w), "--yes")
     assert r.returncode == 2 and f"process {w} has exited" in r.stderr and f"(PID {h.pid})" in r.stderr, r.stderr
+
+
+def test_the_selection_is_resolved_once(sim_host, hold, monkeypatch):
+    """``clear`` checks its selection before the host lock and hands the checked selection to the
+    plan: one ``resolve`` for the whole clear (the plan resolving it again was a lookup done twice)."""
+    from gpuslate.slate import clear as clear_mod
+    from gpuslate.slate import plan as plan_mod
+
+    calls: list[object] = []
+    real = plan_mod.resolve
+
+    def counted(sel):
+        calls.append(sel)
+        return real(sel)
+
+    monkeypatch.setattr(plan_mod, "resolve", counted)
+    monkeypatch.setattr(clear_mod, "resolve", counted)
+    h = hold("--gpus", "0", "--memory", "1GiB")
+    result = gpuslate.clear(gpus=[0], grace=2)
+    assert result.ok and [t.ident.pid for t in result.plan.targets] == [h.pid], result.to_json()
+    assert len(calls) == 1, calls

@@ -4,15 +4,18 @@ per phase, never climbing back into one it went down from (see swaptrace.py)."""
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
+
 import pytest
 
-from gpuslate import Host, UpOptions
-from gpuslate.units import UnitSpec
+from gpuslate import Host, SwapOptions, UpOptions
+from gpuslate.units import Unit, UnitSpec
 from helpers import count_host_opens
 from swaptrace import traced
 from unitkit import free_port, serve_cmd
 
-PHASES = {"down": ("units/lifecycle.py", "down"), "up": ("units/lifecycle.py", "up")}
+PHASES = {"down": ("units/lifecycle.py", "stop_loaded"), "up": ("units/lifecycle.py", "start_checked")}
 LAYERS = ("units/", "slate/", "host/")  # proc/ and sim/ below are readers: their generators resume each other
 
 
@@ -78,6 +81,61 @@ def test_swap_enters_each_module_once_per_phase(units_host):
         assert entered["units/unit.py"] and entered["units/contain.py"] and entered["units/launch.py"]
         climbed = {m: n for m, n in trace.reentries.get(phase, {}).items() if m.startswith(LAYERS)}
         assert not climbed, (phase, climbed, {m: trace.paths[m] for m in climbed})
+
+
+#: the functions of units/lifecycle.py each phase of a swap runs in (the public verbs before the
+#: split, the phase functions after it): a unit loaded in one of them was read again by the phase
+STOP_FRAMES, START_FRAMES = {"down", "stop_loaded"}, {"up", "start_checked"}
+
+
+@pytest.fixture
+def record_loads(monkeypatch):
+    """Each ``Unit.load`` of one unit by name (not the listing of every unit, ``load_units``: the
+    other units' owners), as (phase, name): ``stop``, ``start`` (of NEW), ``rollback`` (a start of
+    OLD), or ``swap`` (the verb's own, before any phase)."""
+    loads: Counter[tuple[str, str]] = Counter()
+    real = Unit.load.__func__
+
+    def load(cls, units, name):
+        caller = sys._getframe(1)
+        if caller.f_code.co_name != "load_units":
+            phase, f = "swap", caller
+            while f is not None:
+                if f.f_code.co_filename.endswith("units/lifecycle.py"):
+                    if f.f_code.co_name in STOP_FRAMES:
+                        phase = "stop"
+                        break
+                    if f.f_code.co_name in START_FRAMES:
+                        phase = "rollback" if name == "old" else "start"
+                        break
+                f = f.f_back
+            loads[(phase, name)] += 1
+        return real(cls, units, name)
+
+    monkeypatch.setattr(Unit, "load", classmethod(load))
+    return loads
+
+
+def test_swap_reads_each_record_once_and_hands_it_to_its_phases(units_host, record_loads):
+    """``swap OLD NEW --rollback`` with a NEW that fails: OLD's record and NEW's are each read once,
+    under the lock, by swap itself; the stop of OLD, the start of NEW (resolved by name from its
+    last run, as loaded) and the rollback to OLD read neither again."""
+    old, _ = specs()
+    broken = UnitSpec("new", command=[sys.executable, "-c", "raise SystemExit(3)"], gpus=[0], port=old.port,
+                      start_timeout=10)
+    with Host.open() as host:
+        assert not host.up(broken).ok  # a record with the spec it last ran with: NEW by name resolves from it
+        assert host.up(old).ok
+    record_loads.clear()
+    with Host.open() as host:
+        result = host.swap("old", "new", SwapOptions(rollback=True, prefetch=False))
+    try:
+        assert result.status.value == "rolled_back", result.to_json()
+        assert result.up is not None and result.up.record.spec["command"] == broken.command
+        assert record_loads == Counter({("swap", "old"): 1, ("swap", "new"): 1}), record_loads
+    finally:
+        with Host.open() as host:
+            assert host.down("old").ok
 
 
 def test_up_clear_first_runs_clear_on_the_same_context_inside_its_lock(units_host, hold, counted):

@@ -5,7 +5,9 @@ each process is checked at the moment of each signal (see :mod:`.signals`);
 a caller's *gate* (``clear``'s act-time gate, :mod:`gpuslate.slate.gate`) is
 asked right before each signal phase which victims must not be signaled now,
 and those are refused for the rest of the run, in the result and the audit log.
-Waiting sleeps on the victims' pidfds and wakes at each exit, the moment the
+The run is a sequence of phases (:func:`send`, :func:`wait_phase`, :func:`kill_phase`), each
+told the victims it acts on and answering, in ``psutil.wait_procs``'s shape, which of them are
+gone and which alive. Waiting sleeps on the victims' pidfds and wakes at each exit, the moment the
 last thread of a process is gone (where pidfds are missing, it polls /proc
 with an adaptive interval): no fixed sleeps, and no CPU spent while waiting.
 """
@@ -109,7 +111,7 @@ class VictimResult:
         outcome = ("signals", "exited_at_s", "ended_by", "permission_denied", "refused")
         if info is None:
             info = {k: v for k, v in d.items() if k not in outcome}
-        r = cls(Victim(ProcessId(d["pid"], d.get("start_ticks") or 0), info))
+        r = cls(Victim(ident=ProcessId(d["pid"], d.get("start_ticks") or 0), info=info))
         r.signals = [SignalRecord.from_json(s) for s in d["signals"]]
         r.exited_at, r.ended_by = d["exited_at_s"], d["ended_by"]
         r.permission_denied, r.refused = bool(d["permission_denied"]), d["refused"]
@@ -174,116 +176,172 @@ def terminate(
     """
     t0 = clock_start if clock_start is not None else time.monotonic()
     results = [VictimResult(v) for v in victims]
-    note = on_event or (lambda _m: None)
-
-    def signal_all(sig: signal.Signals, who: list[VictimResult]) -> None:
-        refused: dict[int, str] = {}
-        if gate is not None and who:
-            intended = {r.victim.ident for r in results if r.refused is None}
-            refused = gate(sig, [r.victim.ident for r in who], intended)
-        # every line on disk first (one fsync for the whole phase), then the signals
-        try:
-            entries = audit.before_signals(run_id=run_id, action=action, signal=sig.name,
-                                           targets=[r.victim.info for r in who]) if audit and who else []
-        except PermissionDenied as exc:
-            sent = [r for r in results if _sent(r)]
-            if not sent:
-                raise
-            raise PermissionDenied(exc.message, hint=(
-                f"{sig.name} was not sent (it could not be audited), after earlier signals went to "
-                f"{_processes(len(sent))}: {', '.join(str(r.victim.ident.pid) for r in sent[:10])}; "
-                "set GPUSLATE_STATE_DIR to a writable directory")) from None
-        outcomes: list[tuple[str, str | None]] = []
-        for r in who:
-            why = refused.get(r.victim.ident.pid)
-            if why is not None:
-                r.refused = why
-                r.signals.append(SignalRecord(sig.name, time.monotonic() - t0, REFUSED))
-                outcomes.append((REFUSED, why))
-                note(f"{r.victim.ident.pid} not signaled: {why}")
-                continue
-            outcome = send_signal(r.victim.ident, sig)
-            r.signals.append(SignalRecord(sig.name, time.monotonic() - t0, outcome))
-            outcomes.append((outcome, None))
-        if entries:
-            audit.outcomes([(e, o, d) for e, (o, d) in zip(entries, outcomes)])  # type: ignore[union-attr]
-        outcomes_only = [o for o, _ in outcomes]
-        for r, outcome in zip(who, outcomes_only):
-            if outcome == PERMISSION_DENIED:
-                r.permission_denied = True
-                note(f"permission denied signaling {r.victim.ident.pid}")
-            elif outcome in (NOT_RUNNING, PID_REUSED):
-                r.exited_at = time.monotonic() - t0
-                r.ended_by = r.ended_by or ("gone" if outcome == NOT_RUNNING and not _sent(r) else
-                                            "pid_reused" if outcome == PID_REUSED else sig.name)
-
-    def adopt(phase: signal.Signals) -> list[VictimResult]:
-        if discover is None:
-            return []
-        new = [VictimResult(v) for v in discover([r.victim for r in results])]
-        if new:
-            results.extend(new)
-            note(f"{_processes(len(new))} forked by the job while stopping: {phase.name}")
-            signal_all(phase, new)
-        return [r for r in new if r.alive]
-
-    def early_kill(pending: list[VictimResult]) -> None:
-        """SIGKILL the victims SIGTERM cannot reach once the victims they started are gone."""
-        running = {r.victim.ident.pid for r in pending}
-        hopeless = [r for r in pending if r.victim.ignores_sigterm is not None and not _killed(r)
-                    and not running.intersection(r.victim.waits_for)]
-        if hopeless:
-            note(f"SIGKILL to {_processes(len(hopeless))} that SIGTERM cannot stop: "
-                 + "; ".join(f"{r.victim.ident.pid} {r.victim.ignores_sigterm}" for r in hopeless))
-            signal_all(signal.SIGKILL, hopeless)
-
-    def wait(who: list[VictimResult], until: float, phase: signal.Signals) -> list[VictimResult]:
-        poll = Poller()
-        pending = [r for r in who if r.alive]
-        next_discovery = time.monotonic() + discover_every
-        while pending:
-            for r in pending:
-                watch.add(r.victim.ident)
-                reap_if_child(r.victim.ident.pid)
-                exited = watch.exited(r.victim.ident.pid)
-                if exited or (exited is None and is_gone(r.victim.ident)):
-                    r.exited_at = time.monotonic() - t0
-                    r.ended_by = "SIGKILL" if _killed(r) else phase.name
-            pending = [r for r in pending if r.alive]
-            if phase == signal.SIGTERM:
-                early_kill(pending)
-            now = time.monotonic()
-            if now >= next_discovery:
-                pending += adopt(phase)
-                next_discovery = now + discover_every
-            if not pending or now >= until:
-                break
-            # woken by the first exit; by the fork watch's turn; or, for processes
-            # without a pidfd, by the adaptive poll
-            watch.wait(min(until, next_discovery) - now, poll.next_delay())
-        return pending
-
     alive = [r for r in results if r.alive]
     if not alive:
         return results
-    watch = ExitWatch()  # one pidfd per victim, so that waiting wakes at each exit
+    run = _Run(results, t0=t0, action=action, run_id=run_id, audit=audit, note=on_event or (lambda _m: None),
+               discover=discover, discover_every=discover_every, gate=gate)
     try:
-        signal_all(signal.SIGTERM, alive)
-        note(f"SIGTERM sent to {_processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED))}")
-        survivors = wait(alive, time.monotonic() + grace, signal.SIGTERM)
-        survivors += [r for r in adopt(signal.SIGTERM) if r not in survivors]
+        _, alive = send(run, signal.SIGTERM, alive)
+        run.note(f"SIGTERM sent to {_processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED))}")
+        _, survivors = wait_phase(run, alive, time.monotonic() + grace, signal.SIGTERM)
+        survivors += [r for r in adopt(run, signal.SIGTERM) if r not in survivors]
         if survivors:
-            unkilled = [r for r in survivors if not _killed(r)]
-            if unkilled:
-                note(f"{_processes(len(unkilled))} survived SIGTERM for {grace:g} s: SIGKILL")
-                signal_all(signal.SIGKILL, unkilled)
-            wait(survivors, time.monotonic() + kill_wait, signal.SIGKILL)
-        late = adopt(signal.SIGKILL)
+            kill_phase(run, survivors, grace=grace, kill_wait=kill_wait)
+        late = adopt(run, signal.SIGKILL)
         if late:
-            wait(late, time.monotonic() + kill_wait, signal.SIGKILL)
+            wait_phase(run, late, time.monotonic() + kill_wait, signal.SIGKILL)
     finally:
-        watch.close()
-    return results
+        run.watch.close()
+    return run.results
+
+
+class _Run:
+    """What the phases of one :func:`terminate` share: its victims' results (the discovered ones
+    appended), its clock, where each signal is audited, the gate, the fork watch, and the pidfds
+    (:class:`~.signals.ExitWatch`) the waits sleep on. The phases below take it and say, as
+    ``psutil.wait_procs`` does, which of the victims they were given are gone and which alive."""
+
+    def __init__(self, results: list[VictimResult], *, t0: float, action: str, run_id: str,
+                 audit: SignalAudit | None, note: Callable[[str], None],
+                 discover: Callable[[list[Victim]], list[Victim]] | None, discover_every: float,
+                 gate: Gate | None) -> None:
+        self.results = results
+        self.t0 = t0
+        self.action = action
+        self.run_id = run_id
+        self.audit = audit
+        self.note = note
+        self.discover = discover
+        self.discover_every = discover_every
+        self.gate = gate
+        self.watch = ExitWatch()  # one pidfd per victim, so that waiting wakes at each exit
+
+    def since(self) -> float:
+        return time.monotonic() - self.t0
+
+
+Split = tuple[list[VictimResult], list[VictimResult]]  # (gone, alive), as psutil.wait_procs returns them
+
+
+def _split(who: list[VictimResult]) -> Split:
+    return [r for r in who if not r.alive], [r for r in who if r.alive]
+
+
+def send(run: _Run, sig: signal.Signals, who: list[VictimResult]) -> Split:
+    """Signal ``who`` with ``sig``: the gate asked first (its refusals recorded), every line audited
+    on disk (one fsync for the phase), then the signals, then their outcomes audited. Returns
+    (gone, alive) of ``who``: gone are those found ended (or another process now) at the signal,
+    refused by the gate or denied; alive, the ones still to be waited for."""
+    refused: dict[int, str] = {}
+    if run.gate is not None and who:
+        intended = {r.victim.ident for r in run.results if r.refused is None}
+        refused = run.gate(sig, [r.victim.ident for r in who], intended)
+    audit = run.audit
+    # every line on disk first (one fsync for the whole phase), then the signals
+    try:
+        entries = audit.before_signals(run_id=run.run_id, action=run.action, signal=sig.name,
+                                       targets=[r.victim.info for r in who]) if audit and who else []
+    except PermissionDenied as exc:
+        sent = [r for r in run.results if _sent(r)]
+        if not sent:
+            raise
+        raise PermissionDenied(exc.message, hint=(
+            f"{sig.name} was not sent (it could not be audited), after earlier signals went to "
+            f"{_processes(len(sent))}: {', '.join(str(r.victim.ident.pid) for r in sent[:10])}; "
+            "set GPUSLATE_STATE_DIR to a writable directory")) from None
+    outcomes: list[tuple[str, str | None]] = []
+    for r in who:
+        why = refused.get(r.victim.ident.pid)
+        if why is not None:
+            r.refused = why
+            r.signals.append(SignalRecord(sig.name, run.since(), REFUSED))
+            outcomes.append((REFUSED, why))
+            run.note(f"{r.victim.ident.pid} not signaled: {why}")
+            continue
+        outcome = send_signal(r.victim.ident, sig)
+        r.signals.append(SignalRecord(sig.name, run.since(), outcome))
+        outcomes.append((outcome, None))
+    if entries:
+        audit.outcomes([(e, o, d) for e, (o, d) in zip(entries, outcomes)])  # type: ignore[union-attr]
+    for r, (outcome, _) in zip(who, outcomes):
+        if outcome == PERMISSION_DENIED:
+            r.permission_denied = True
+            run.note(f"permission denied signaling {r.victim.ident.pid}")
+        elif outcome in (NOT_RUNNING, PID_REUSED):
+            r.exited_at = run.since()
+            r.ended_by = r.ended_by or ("gone" if outcome == NOT_RUNNING and not _sent(r) else
+                                        "pid_reused" if outcome == PID_REUSED else sig.name)
+    return _split(who)
+
+
+def adopt(run: _Run, phase: signal.Signals) -> list[VictimResult]:
+    """The processes the victims forked since the last look (``discover``), added to the run's
+    results and sent ``phase``'s signal; returns those of them still alive."""
+    if run.discover is None:
+        return []
+    new = [VictimResult(v) for v in run.discover([r.victim for r in run.results])]
+    if not new:
+        return []
+    run.results.extend(new)
+    run.note(f"{_processes(len(new))} forked by the job while stopping: {phase.name}")
+    return send(run, phase, new)[1]
+
+
+def early_kill(run: _Run, pending: list[VictimResult]) -> None:
+    """SIGKILL the victims SIGTERM cannot reach once the victims they started are gone."""
+    running = {r.victim.ident.pid for r in pending}
+    hopeless = [r for r in pending if r.victim.ignores_sigterm is not None and not _killed(r)
+                and not running.intersection(r.victim.waits_for)]
+    if hopeless:
+        run.note(f"SIGKILL to {_processes(len(hopeless))} that SIGTERM cannot stop: "
+                 + "; ".join(f"{r.victim.ident.pid} {r.victim.ignores_sigterm}" for r in hopeless))
+        send(run, signal.SIGKILL, hopeless)
+
+
+def wait_phase(run: _Run, who: list[VictimResult], until: float, phase: signal.Signals) -> Split:
+    """Wait until every one of ``who`` has exited, or ``until`` (monotonic): asleep on their pidfds,
+    woken at each exit (by the adaptive poll for those without one), adopting what the job forks
+    every ``discover_every`` seconds; in the SIGTERM phase, :func:`early_kill` as their children go.
+    Returns (gone, alive): of ``who`` and the adopted, those ended and those still running."""
+    poll = Poller()
+    every = list(who)
+    pending = [r for r in who if r.alive]
+    next_discovery = time.monotonic() + run.discover_every
+    while pending:
+        for r in pending:
+            run.watch.add(r.victim.ident)
+            reap_if_child(r.victim.ident.pid)
+            exited = run.watch.exited(r.victim.ident.pid)
+            if exited or (exited is None and is_gone(r.victim.ident)):
+                r.exited_at = run.since()
+                r.ended_by = "SIGKILL" if _killed(r) else phase.name
+        pending = [r for r in pending if r.alive]
+        if phase == signal.SIGTERM:
+            early_kill(run, pending)
+        now = time.monotonic()
+        if now >= next_discovery:
+            adopted = adopt(run, phase)
+            every += adopted
+            pending += adopted
+            next_discovery = now + run.discover_every
+        if not pending or now >= until:
+            break
+        # woken by the first exit; by the fork watch's turn; or, for processes
+        # without a pidfd, by the adaptive poll
+        run.watch.wait(min(until, next_discovery) - now, poll.next_delay())
+    left = {id(r) for r in pending}
+    return [r for r in every if id(r) not in left], pending
+
+
+def kill_phase(run: _Run, survivors: list[VictimResult], *, grace: float, kill_wait: float) -> Split:
+    """SIGKILL the survivors of the grace not killed yet, then wait up to ``kill_wait`` seconds for
+    every one of them (see :func:`wait_phase`). Returns (gone, alive)."""
+    unkilled = [r for r in survivors if not _killed(r)]
+    if unkilled:
+        run.note(f"{_processes(len(unkilled))} survived SIGTERM for {grace:g} s: SIGKILL")
+        send(run, signal.SIGKILL, unkilled)
+    return wait_phase(run, survivors, time.monotonic() + kill_wait, signal.SIGKILL)
 
 
 def _processes(n: int) -> str:

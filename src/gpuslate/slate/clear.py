@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_gpu_list
+from .._record import Record
 from .._time import iso_time, parse_iso_time
 from ..errors import NotConfirmed, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
@@ -68,7 +69,8 @@ class Respawn(NamedTuple):
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Respawn:
-        return cls(d["pid"], d["command"], d["replaces"], d["supervisor"], d["remedy"])
+        return cls(pid=d["pid"], command=d["command"], replaces=d["replaces"], supervisor=d["supervisor"],
+                   remedy=d["remedy"])
 
 
 class ClearStatus(StatusEnum):
@@ -82,7 +84,14 @@ class ClearStatus(StatusEnum):
     DRY_RUN = "dry_run", Outcome.DONE
 
 
-class ClearResult(NamedTuple):
+class ClearResult(Record):
+    """What a ``clear`` did; built by keywords only (``before`` and ``after`` are both readings:
+    a positional call could swap them unseen). A :class:`~gpuslate._record.Record`, not a
+    dataclass: see there why."""
+
+    # the fields in their order (repr, _asdict), not sorted
+    __slots__ = ("status", "host", "backend", "plan", "results", "before", "after",  # noqa: RUF023
+                 "diagnosis", "respawned", "timings", "max_used", "started_at", "baseline")
     status: ClearStatus
     host: str
     backend: str
@@ -95,7 +104,13 @@ class ClearResult(NamedTuple):
     timings: dict[str, float]
     max_used: int
     started_at: float
-    baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held after, not counted as used
+    baseline: tuple[DaemonHold, ...]  # what spared GPU daemons held after, not counted as used
+
+    def __init__(self, *, status: ClearStatus, host: str, backend: str, plan: Plan, results: list[VictimResult],
+                 before: list[GpuReading], after: list[GpuReading], diagnosis: list[GpuDiagnosis],
+                 respawned: list[Respawn], timings: dict[str, float], max_used: int, started_at: float,
+                 baseline: tuple[DaemonHold, ...] = ()) -> None:
+        self._fill(locals())
 
     @property
     def ok(self) -> bool:
@@ -141,16 +156,20 @@ class ClearResult(NamedTuple):
                 target = Target.from_json(t)
                 targets.append(target)
                 if status not in (ClearStatus.DRY_RUN, ClearStatus.NOTHING_SELECTED):
-                    results.append(VictimResult.from_json(t, _audit_info(target)))
+                    results.append(VictimResult.from_json(t, target.audit_info()))
             started = parse_iso_time(d["started_at"])
             host, backend = str(d["host"]), str(d["backend"])
-            plan = Plan(list(d["gpus"]), targets, [Spared.from_json(x) for x in d["spared"]],
-                        Snapshot(host, backend, None, started, [], [], []), Selection(), frozenset(),
-                        VerifyMode(d["verify"]))
-            return cls(status, host, backend, plan, results, [memory_from_json(m) for m in d["before"]],
-                       [memory_from_json(m) for m in d["after"]], [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       [Respawn.from_json(r) for r in d["respawned"]], dict(d["timings"]), d["max_used"], started,
-                       tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
+            plan = Plan(gpus=list(d["gpus"]), targets=targets, spared=[Spared.from_json(x) for x in d["spared"]],
+                        before=Snapshot(host=host, backend=backend, driver_version=None, taken_at=started, gpus=[],
+                                        host_processes=[], warnings=[]), selection=Selection(),
+                        known=frozenset(), verify=VerifyMode(d["verify"]))
+            return cls(status=status, host=host, backend=backend, plan=plan, results=results,
+                       before=[memory_from_json(m) for m in d["before"]],
+                       after=[memory_from_json(m) for m in d["after"]],
+                       diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
+                       respawned=[Respawn.from_json(r) for r in d["respawned"]], timings=dict(d["timings"]),
+                       max_used=d["max_used"], started_at=started,
+                       baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
 
 
 class ClearOptions(NamedTuple):
@@ -188,7 +207,7 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     """
     opts = options.validate()
     sel = selection
-    resolve(sel)  # bad input fails before the host is even locked
+    resolved = resolve(sel)  # bad input fails before the host is even locked; the plan gets it as checked
     note = host.note
     timeout = opts.timeout
     be = host.backend  # opened (NVML initialised) before the clock starts and before the lock, as always
@@ -197,23 +216,25 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
     started_at = time.time()
     locked = nullcontext(0.0) if opts.dry_run else host.locked(_purpose(sel), timeout=timeout)
     with locked:
-        plan = make_plan(be, sel)
+        plan = make_plan(be, resolved)
         t_plan = time.monotonic()
         before = plan.before_verified
         timings = {"plan_s": t_plan - t_start}
         spared_now = _spared_baseline(plan)
         if opts.dry_run:
             timings["total_s"] = time.monotonic() - t_start
-            return ClearResult(ClearStatus.DRY_RUN, plan.before.host, be.name, plan, [], before, before, [], [],
-                               timings, limit, started_at, spared_now)
+            return ClearResult(status=ClearStatus.DRY_RUN, host=plan.before.host, backend=be.name, plan=plan,
+                               results=[], before=before, after=before, diagnosis=[], respawned=[], timings=timings,
+                               max_used=limit, started_at=started_at, baseline=spared_now)
         if t_plan - t_start > timeout:
             raise NotDoneError(f"planning took {t_plan - t_start:.1f} s, more than --timeout {timeout:g} s: "
                                "nothing was signaled")
         if sel.narrows and not plan.targets:
             # verifying an empty set of GPUs proves nothing: say that nothing was chosen
             timings["total_s"] = time.monotonic() - t_start
-            return ClearResult(ClearStatus.NOTHING_SELECTED, plan.before.host, be.name, plan, [], before,
-                               before, [], [], timings, limit, started_at, spared_now)
+            return ClearResult(status=ClearStatus.NOTHING_SELECTED, host=plan.before.host, backend=be.name,
+                               plan=plan, results=[], before=before, after=before, diagnosis=[], respawned=[],
+                               timings=timings, max_used=limit, started_at=started_at, baseline=spared_now)
         if opts.confirm is not None and plan.targets:
             t_ask = time.monotonic()
             if not opts.confirm(plan):
@@ -221,7 +242,9 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
             t_start += time.monotonic() - t_ask  # a person reading the plan is not clear's time
         deadline = t_start + timeout
         run_id = new_run_id()
-        victims = [Victim(t.ident, _audit_info(t), t.ignores_sigterm, t.job, t.waits_for) for t in plan.targets]
+        victims = [Victim(ident=t.ident, info=t.audit_info(), ignores_sigterm=t.ignores_sigterm, job=t.job,
+                          waits_for=t.waits_for) for t in plan.targets]  # each target's audit record, built once: every
+        # phase's audit line carries this one dict (the gate, by design, reads fresh facts instead)
         log = host.audit_log if victims else None
         results = terminate(victims, grace=min(opts.grace, max(0.0, deadline - time.monotonic())),
                             kill_wait=max(0.0, deadline - time.monotonic()), action="clear", run_id=run_id,
@@ -260,8 +283,9 @@ def clear(host: HostContext, selection: Selection, options: ClearOptions = Clear
             status = ClearStatus.LEAKED
         else:
             status = ClearStatus.TIMEOUT
-        return ClearResult(status, plan.before.host, be.name, plan, results, before, after, diagnosis,
-                           respawned, timings, limit, started_at, tuple(readings_baseline(after, watch)))
+        return ClearResult(status=status, host=plan.before.host, backend=be.name, plan=plan, results=results,
+                           before=before, after=after, diagnosis=diagnosis, respawned=respawned, timings=timings,
+                           max_used=limit, started_at=started_at, baseline=tuple(readings_baseline(after, watch)))
 
 
 def _spared_baseline(plan: Plan) -> tuple[DaemonHold, ...]:
@@ -272,12 +296,6 @@ def _spared_baseline(plan: Plan) -> tuple[DaemonHold, ...]:
 
 def _purpose(sel: Selection) -> str:
     return f"gpuslate clear --gpus {format_gpu_list(list(sel.gpus)) if sel.gpus else 'all'}"
-
-
-def _audit_info(t: Target) -> dict[str, Any]:
-    return {"pid": t.ident.pid, "start_ticks": t.ident.start_ticks, "user": t.user, "command": t.command,
-            "gpus": t.gpus, "used_memory": t.used_memory, "role": t.role.value, "job": t.job,
-            "container": t.container}
 
 
 def _planned(plan: Plan) -> set[int]:
@@ -332,7 +350,7 @@ class _ForkWatch:
                     "gpus": [], "used_memory": None, "role": Role.FORKED.value,
                     "reason": f"started by {st.ppid} after the plan, while its job was being stopped",
                     "job": job, "ignores_sigterm": None, "container": None, "cgroup": None}
-            found.append(Victim(st.ident, info, None, job))
+            found.append(Victim(ident=st.ident, info=info, ignores_sigterm=None, job=job))
             idents[pid] = found[-1]
         return found
 
@@ -422,7 +440,7 @@ def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:
             if old is None:
                 continue
             sup, remedy = _supervisor(table, p.pid, cg, p.container)
-            out.append(Respawn(p.pid, p.command, old.ident.pid, sup, remedy))
+            out.append(Respawn(pid=p.pid, command=p.command, replaces=old.ident.pid, supervisor=sup, remedy=remedy))
     return out
 
 

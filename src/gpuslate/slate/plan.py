@@ -367,6 +367,14 @@ class Target(NamedTuple):
     kind: str = "process"  # compute | graphics | mps | handle | process (holds no GPU itself)
     mps_server: int | None = None  # an MPS client's server, where it can be told
 
+    def audit_info(self) -> dict[str, Any]:
+        """What the audit log says of it with each signal (the victim's ``info``): built once per
+        target, when ``clear`` acts, and carried by every phase's audit line (and, read back from a
+        document, the target's result)."""
+        return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
+                "command": self.command, "gpus": self.gpus, "used_memory": self.used_memory,
+                "role": self.role.value, "job": self.job, "container": self.container}
+
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.ident.pid, "start_ticks": self.ident.start_ticks, "user": self.user,
                 "uid": self.uid, "command": self.command, "name": self.name, "gpus": self.gpus,
@@ -378,9 +386,11 @@ class Target(NamedTuple):
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Target:
         """A target of a clear document (``waits_for`` is not in it: () )."""
-        return cls(ProcessId(d["pid"], d["start_ticks"]), d["user"], d["uid"], d["command"], d["name"],
-                   list(d["gpus"]), d["used_memory"], Role(d["role"]), d["reason"], d["job"], d["ignores_sigterm"],
-                   (), d["container"], d["cgroup"], d.get("kind", "process"), d.get("mps_server"))
+        return cls(ident=ProcessId(d["pid"], d["start_ticks"]), user=d["user"], uid=d["uid"], command=d["command"],
+                   name=d["name"], gpus=list(d["gpus"]), used_memory=d["used_memory"], role=Role(d["role"]),
+                   reason=d["reason"], job=d["job"], ignores_sigterm=d["ignores_sigterm"], waits_for=(),
+                   container=d["container"], cgroup=d["cgroup"], kind=d.get("kind", "process"),
+                   mps_server=d.get("mps_server"))
 
 
 #: how the reason of a process the selection did not choose begins (and only such a reason)
@@ -409,8 +419,8 @@ class Spared(NamedTuple):
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Spared:
-        return cls(d["pid"], d["user"], d["command"], list(d["gpus"]), d["kind"], d["reason"], d["job"],
-                   d.get("mps_server"))
+        return cls(pid=d["pid"], user=d["user"], command=d["command"], gpus=list(d["gpus"]), kind=d["kind"],
+                   reason=d["reason"], job=d["job"], mps_server=d.get("mps_server"))
 
 
 class Plan(NamedTuple):
@@ -435,9 +445,10 @@ class Plan(NamedTuple):
         return [g.reading for g in self.before.gpus if g.index in self.gpus]
 
 
-def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
-    """Gather the facts and decide (see the module doc)."""
-    res = resolve(sel)
+def make_plan(backend: GpuBackend, res: Resolved) -> Plan:
+    """Gather the facts and decide (see the module doc), for a selection :func:`resolve` checked
+    (``clear`` resolves it once, before the host lock, and hands it here)."""
+    sel = res.sel
     if sel.gpus is not None:
         resolve_gpus(backend, sel.gpus)
     snap = take_snapshot(backend, None, full=False)  # memory and processes: all a plan needs
@@ -469,11 +480,12 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         if deaf is None and st.state in ("T", "t"):
             deaf = "stopped (SIGTERM stays pending until it is continued)"
         waits = tuple(sorted(set(descendants(table, d.pid, protect)) & target_pids)) if deaf else ()
-        targets.append(Target(st.ident, user_name(uid) if uid is not None else None, uid,
-                              " ".join(argv) if argv else f"[{st.name}]", st.name, mem_gpus,
-                              used if mem_gpus else None, d.role,
-                              d.reason + mps.get(d.pid, ""), d.job, deaf, waits, container, cgroup,
-                              h.kind if h else "process", servers.get(d.pid)))
+        targets.append(Target(ident=st.ident, user=user_name(uid) if uid is not None else None, uid=uid,
+                              command=" ".join(argv) if argv else f"[{st.name}]", name=st.name, gpus=mem_gpus,
+                              used_memory=used if mem_gpus else None, role=d.role,
+                              reason=d.reason + mps.get(d.pid, ""), job=d.job, ignores_sigterm=deaf, waits_for=waits,
+                              container=container, cgroup=cgroup, kind=h.kind if h else "process",
+                              mps_server=servers.get(d.pid)))
     spared: list[Spared] = []
     for s in decision.spared:
         st = table.get(s.pid)
@@ -481,12 +493,13 @@ def make_plan(backend: GpuBackend, sel: Selection) -> Plan:
         uid = table.uid(s.pid)
         h = held.get(s.pid)
         kind, all_gpus = (h.kind, h.gpus) if h else ("process", [])
-        spared.append(Spared(s.pid, user_name(uid) if uid is not None else None,
-                             " ".join(argv) if argv else (f"[{st.name}]" if st else None), all_gpus, kind,
-                             s.reason + ("" if s.reason.startswith(MPS_SHARED) else mps.get(s.pid, "")), s.job,
-                             servers.get(s.pid)))
-    return Plan(list(decision.verify_gpus), targets, spared, snap, sel,
-                frozenset(st.pid for st in table.all()))
+        spared.append(Spared(pid=s.pid, user=user_name(uid) if uid is not None else None,
+                             command=" ".join(argv) if argv else (f"[{st.name}]" if st else None), gpus=all_gpus,
+                             kind=kind,
+                             reason=s.reason + ("" if s.reason.startswith(MPS_SHARED) else mps.get(s.pid, "")),
+                             job=s.job, mps_server=servers.get(s.pid)))
+    return Plan(gpus=list(decision.verify_gpus), targets=targets, spared=spared, before=snap, selection=sel,
+                known=frozenset(st.pid for st in table.all()))
 
 
 def _mps_notes(servers: dict[int, int]) -> dict[int, str]:

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_size, gpus_phrase
+from .._record import Record
 from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
 from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
@@ -138,15 +139,24 @@ class WaitStatus(StatusEnum):
     LEAKED = "leaked", Outcome.NOT_DONE  # not free, and only memory held by no process keeps it so: said at once
 
 
-class WaitResult(NamedTuple):
+class WaitResult(Record):
+    """What a ``wait`` found; built by keywords only (``max_used`` and ``elapsed_s`` sit side by
+    side, and an int passes for a float). A :class:`~gpuslate._record.Record`: ``clear`` imports it."""
+
+    # the fields in their order (repr, _asdict), not sorted
+    __slots__ = ("ok", "gpus", "max_used", "elapsed_s", "readings", "diagnosis", "baseline", "leaked")  # noqa: RUF023
     ok: bool
     gpus: list[int]
     max_used: int
     elapsed_s: float
     readings: list[GpuReading]
     diagnosis: list[GpuDiagnosis]
-    baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held at the end, not counted as used
-    leaked: bool = False  # gave up before the timeout: memory held by no process (see LeakWatch)
+    baseline: tuple[DaemonHold, ...]  # what spared GPU daemons held at the end, not counted as used
+    leaked: bool  # gave up before the timeout: memory held by no process (see LeakWatch)
+
+    def __init__(self, *, ok: bool, gpus: list[int], max_used: int, elapsed_s: float, readings: list[GpuReading],
+                 diagnosis: list[GpuDiagnosis], baseline: tuple[DaemonHold, ...] = (), leaked: bool = False) -> None:
+        self._fill(locals())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -165,9 +175,9 @@ class WaitResult(NamedTuple):
     def from_json(cls, doc: object) -> WaitResult:
         d = checked(doc, WAIT_SCHEMA)
         with reading(WAIT_SCHEMA):
-            return cls(bool(d["ok"]), list(d["gpus"]), d["max_used"], float(d["elapsed_s"]),
-                       [memory_from_json(m) for m in d["memory"]],
-                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
+            return cls(ok=bool(d["ok"]), gpus=list(d["gpus"]), max_used=d["max_used"], elapsed_s=float(d["elapsed_s"]),
+                       readings=[memory_from_json(m) for m in d["memory"]],
+                       diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
                        baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])),
                        leaked=d.get("status") == WaitStatus.LEAKED.value)  # absent: a gpuslate before the status
 
@@ -294,8 +304,8 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
         ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked, tick=tick, daemons=watch)
     elapsed = time.monotonic() - t0
     diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
-    return WaitResult(ok, sel, limit, elapsed, readings, diag, baseline=tuple(readings_baseline(readings, watch)),
-                      leaked=leaked.verdict and not ok)
+    return WaitResult(ok=ok, gpus=sel, max_used=limit, elapsed_s=elapsed, readings=readings, diagnosis=diag,
+                      baseline=tuple(readings_baseline(readings, watch)), leaked=leaked.verdict and not ok)
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
@@ -335,7 +345,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
         if (orphan is not None and orphan > max_used and used is not None
                 and used - sum(h.bytes for h in base) > max_used):
             problems.append(Problem(None, None, None, orphan, leak_reason(orphan), leak_remedy(r.index, snap.backend)))
-        out.append(GpuDiagnosis(r.index, used, max_used, r.error, problems))
+        out.append(GpuDiagnosis(gpu=r.index, used=used, max_used=max_used, error=r.error, problems=problems))
     return out
 
 

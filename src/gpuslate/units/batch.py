@@ -11,8 +11,9 @@ of the project):
   one fails (stopping as much as can be stopped); a unit of the file never started is skipped;
 * ``restart``: in the order given, stopping at the first failure, as ``up``.
 
-Each unit goes through the one-unit verb (:func:`~.lifecycle.up`, :func:`~.lifecycle.down`,
-:func:`~.restart.restart`) on the same host context; the batch is a value with its status and
+Each unit goes through the one-unit verb (:func:`~.lifecycle.up`'s phases: its record read once
+under the lock, for the skip and the guards; :func:`~.lifecycle.down`, :func:`~.restart.restart`)
+on the same host context; the batch is a value with its status and
 every unit's own result document, read back with ``from_json``.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -27,7 +29,17 @@ from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, PartedStatus
-from .lifecycle import DOWN_SCHEMA, UP_SCHEMA, DownOptions, DownResult, UpOptions, UpResult, down, up
+from .lifecycle import (
+    DOWN_SCHEMA,
+    UP_SCHEMA,
+    DownOptions,
+    DownResult,
+    UpOptions,
+    UpResult,
+    check_startable,
+    down,
+    start_checked,
+)
 from .restart import RESTART_SCHEMA, RestartOptions, RestartResult, restart
 from .spec import UnitSpec
 from .store import UnitStore
@@ -61,7 +73,8 @@ class Skipped(NamedTuple):
         return {"name": self.name, "reason": self.reason}
 
 
-class BatchResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchResult:
     verb: Verb
     results: list[Result]  # in the order they ran
     skipped: list[Skipped]  # left as they were
@@ -105,8 +118,9 @@ class BatchResult(NamedTuple):
             not_run = d["not_run"]
             if not isinstance(not_run, list) or not all(isinstance(n, str) for n in not_run):
                 raise TypeError("not_run: expected a list of unit names")
-            return cls(Verb(d["verb"]), results, [Skipped(str(s["name"]), str(s["reason"])) for s in d["skipped"]],
-                       list(not_run), float(d["total_s"]))
+            return cls(verb=Verb(d["verb"]), results=results,
+                       skipped=[Skipped(name=str(s["name"]), reason=str(s["reason"])) for s in d["skipped"]],
+                       not_run=list(not_run), total_s=float(d["total_s"]))
 
 
 def _known(units: UnitStore, names: Sequence[str]) -> None:
@@ -122,17 +136,22 @@ def up_many(host: HostContext, specs: Sequence[UnitSpec], options: UpOptions = U
     units = UnitStore.of(host)
     results: list[Result] = []
     skipped: list[Skipped] = []
+    opts = options.validate()
     for i, spec in enumerate(specs):
         spec.validate()
-        current = Unit.load(units, spec.name)
-        if current is not None and not current.corrupt and current.running():
-            skipped.append(Skipped(spec.name, "already running"))
-            continue
-        r = up(host, spec, options)
+        t_unit = time.monotonic()
+        with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
+            current = Unit.load(units, spec.name)  # once, under the lock: the skip, the guards, as up's own
+            if current is not None and not current.corrupt and current.running():
+                skipped.append(Skipped(name=spec.name, reason="already running"))
+                continue
+            check_startable(current, spec.name)
+            r = start_checked(host, spec, opts, lock_wait=waited, started=t_unit)
         results.append(r)
         if not r.ok:
-            return BatchResult(Verb.UP, results, skipped, [s.name for s in specs[i + 1:]], time.monotonic() - t0)
-    return BatchResult(Verb.UP, results, skipped, [], time.monotonic() - t0)
+            return BatchResult(verb=Verb.UP, results=results, skipped=skipped,
+                               not_run=[s.name for s in specs[i + 1:]], total_s=time.monotonic() - t0)
+    return BatchResult(verb=Verb.UP, results=results, skipped=skipped, not_run=[], total_s=time.monotonic() - t0)
 
 
 def down_many(host: HostContext, names: Sequence[str], options: DownOptions = DownOptions(), *,
@@ -147,10 +166,10 @@ def down_many(host: HostContext, names: Sequence[str], options: DownOptions = Do
     skipped: list[Skipped] = []
     for name in reversed(names):
         if known_only and not units.record_path(name).exists():
-            skipped.append(Skipped(name, "never started"))
+            skipped.append(Skipped(name=name, reason="never started"))
             continue
         results.append(down(host, name, options))
-    return BatchResult(Verb.DOWN, results, skipped, [], time.monotonic() - t0)
+    return BatchResult(verb=Verb.DOWN, results=results, skipped=skipped, not_run=[], total_s=time.monotonic() - t0)
 
 
 def restart_many(host: HostContext, names: Sequence[str], options: RestartOptions = RestartOptions()) -> BatchResult:
@@ -162,5 +181,6 @@ def restart_many(host: HostContext, names: Sequence[str], options: RestartOption
         r = restart(host, name, options)
         results.append(r)
         if not r.ok:
-            return BatchResult(Verb.RESTART, results, [], list(names[i + 1:]), time.monotonic() - t0)
-    return BatchResult(Verb.RESTART, results, [], [], time.monotonic() - t0)
+            return BatchResult(verb=Verb.RESTART, results=results, skipped=[], not_run=list(names[i + 1:]),
+                               total_s=time.monotonic() - t0)
+    return BatchResult(verb=Verb.RESTART, results=results, skipped=[], not_run=[], total_s=time.monotonic() - t0)

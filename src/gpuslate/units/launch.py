@@ -14,8 +14,8 @@ import os
 import secrets
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from ..errors import UsageError
 from ..gpu import SIM_VAR, sim_root_from_env
@@ -32,7 +32,10 @@ from .spec import UnitSpec
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class Launched(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launched:
+    """A unit's server, just forked; by keywords only (``spawned`` and ``spawned_at`` are both times)."""
+
     proc: subprocess.Popen[bytes]
     ident: ProcessId
     fence: str  # cgroup | scope | session
@@ -103,8 +106,9 @@ def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) 
     st = read_stat(proc.pid)  # a zombie of ours until reaped, so this always succeeds
     assert st is not None
     cgroup = fence.cgroup if fence.kind == "cgroup" else _scope_cgroup(proc) if fence.kind == "scope" else None
-    return Launched(proc, st.ident, fence.kind, cgroup, note, log, added, instance, t_spawn, at,
-                    relayed[0] if relayed is not None else None)
+    return Launched(proc=proc, ident=st.ident, fence=fence.kind, cgroup=cgroup, fence_note=note, log=log,
+                    env=added, instance=instance, spawned=t_spawn, spawned_at=at,
+                    relay=relayed[0] if relayed is not None else None)
 
 
 def _spawn(spec: UnitSpec, fence: LaunchFence, fd: int, added: dict[str, str],

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
@@ -90,7 +91,8 @@ class DownOptions(NamedTuple):
         return self
 
 
-class UpResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UpResult:
     status: UpStatus
     record: store.UnitRecord
     readiness: dict[str, Any]  # kind, target, detail
@@ -141,18 +143,20 @@ class UpResult(NamedTuple):
                 time_to_ready_s=d["time_to_ready_s"], exit_code=d["exit_code"], failure=d["failure"],
                 instance=d["instance"] or "")
             teardown = d["teardown"]
-            return cls(status, rec, d["readiness"], d["smoke"], dict(d["timings"]), list(d["log_tail"]),
-                       StopReport.from_json(teardown) if teardown is not None else None,
-                       ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
-                       d["containment_note"])
+            return cls(status=status, record=rec, readiness=d["readiness"], smoke=d["smoke"],
+                       timings=dict(d["timings"]), log_tail=list(d["log_tail"]),
+                       teardown=StopReport.from_json(teardown) if teardown is not None else None,
+                       cleared=ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
+                       fence_note=d["containment_note"])
 
 
-class DownResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DownResult:
     name: str
     previous_state: UnitState
     report: StopReport
     timings: dict[str, float]
-    strays: list[Stray] = []  # GPU holders started while the unit ran, not found in it
+    strays: list[Stray] = field(default_factory=list)  # GPU holders started while the unit ran, not found in it
     cleared: ClearResult | None = None  # --clear: how the strays were ended
     corrupt: str | None = None  # why the unit's record was unreadable
     set_aside: str | None = None  # where the corrupt record was moved once the unit was stopped
@@ -185,97 +189,119 @@ class DownResult(NamedTuple):
         d = checked(doc, DOWN_SCHEMA)
         with reading(DOWN_SCHEMA):
             cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
-            return cls(d["name"], UnitState(d["previous_state"]), StopReport.from_json(d),
-                       dict(d["timings"]), [Stray.from_json(x) for x in d["strays"]], cleared, d["corrupt"],
-                       d["record_set_aside"])
+            return cls(name=d["name"], previous_state=UnitState(d["previous_state"]), report=StopReport.from_json(d),
+                       timings=dict(d["timings"]), strays=[Stray.from_json(x) for x in d["strays"]], cleared=cleared,
+                       corrupt=d["corrupt"], set_aside=d["record_set_aside"])
 
 
 def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:
     """Start ``spec`` as a managed unit and return once it is ready, or failed and was cleaned up.
 
     Under the host lock of ``host`` (re-entrant: ``swap`` holds it already), from
-    the pre-flight until the unit is ready or cleaned up."""
+    the pre-flight until the unit is ready or cleaned up. The unit's record is read once,
+    under the lock, for :func:`check_startable`; then :func:`start_checked` starts it."""
     spec.validate()
     opts = options.validate()
-    note = host.note
-    units = store.UnitStore.of(host)
     t0 = time.monotonic()
     with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
-        be = host.backend
-        t_lock = time.monotonic()
-        prev = Unit.load(units, spec.name)  # under the lock: as it is now
-        if prev is not None and prev.corrupt:
-            found = [st.pid for st in prev.members()]
-            raise UsageError(prev.describe_problem() + (f"; processes of it still run: {found}" if found else
-                             "; it may describe a live server"),
-                             hint=f"'gpuslate down {spec.name}' stops what is left of it and sets the record aside")
-        if prev is not None and prev.running():
-            raise UsageError(f"unit {spec.name} is already running (pid {prev.record.pid}): "  # type: ignore[union-attr]
-                             f"stop it first with 'gpuslate down {spec.name}'")
-        gpus = resolve_gpus(be, spec.gpus)
-        limit = host.max_used(opts.max_used)
-        if spec.port is not None:
-            check_port(spec.ready_host, spec.port, for_unit=spec.name, left_by=lambda pid: _left_by(units, pid))
-        cleared = None
-        if opts.clear_first:
-            cleared = clear(host, Selection(tuple(gpus)),
-                            ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
-            if not cleared.ok:
-                raise NotDoneError(f"--clear could not free {gpus_phrase(gpus)} for unit {spec.name}: "
-                                   + "; ".join(d.summary() for d in cleared.diagnosis),
-                                   hint="see 'gpuslate clear --gpus ... --json' for the whole story")
-        collect_stale_cgroups()  # under the host lock
-        check_gpus(be, gpus, limit, for_unit=spec.name,
-                   owners=lambda: unit_of_pids([u for u in load_units(units) if u.name != spec.name], ProcTable()))
-        t_pre = time.monotonic()
-        # from the fork until the record is on disk, an interrupt would leave a server no record
-        # names: it is held back and acted on once the unit can be found (and stopped)
-        with deferred_interrupts(lambda _s: note(f"interrupted: stopping {spec.name}, please wait")) as pending:
-            launched = launch(spec, units, host.sim_root)
-            rec = store.UnitRecord(
-                name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
-                start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
-                containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
-                port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
-                instance=launched.instance)
-            units.save(rec)
-        current = Unit(spec.name, units.record_path(spec.name), rec, None, spec, fence_of(rec, units.mark()))
-        t_launch = time.monotonic()
-        timings = {"lock_wait_s": waited, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
-        try:
-            if pending:
-                raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
-            status, probe = _await_ready(spec, launched, host)
-            sm = None
-            if status == UpStatus.READY:
-                t_ready = time.monotonic()
-                rec.time_to_ready_s = round(t_ready - launched.spawned, 4)
-                rec.ready_at = time.time()
-                timings["time_to_ready_s"] = t_ready - launched.spawned
-                if spec.smoke:
-                    sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
-                    timings["smoke_s"] = sm["latency_s"]
-                    status = UpStatus.READY if sm["ok"] else UpStatus.SMOKE_FAILED
-        except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/commands/up.py), a bug: leave nothing half-started
-            _stop_interrupted(host, units, current, spec, limit, str(exc) or type(exc).__name__)
-            raise
-        teardown, tail = None, []
-        if status == UpStatus.READY:
-            rec.phase = Phase.READY
-            rec.members = [[st.pid, st.start_ticks] for st in current.members()]
-        else:
-            rec.failure = _failure(status, spec, probe, sm, rec)
-            rec.exit_code = exit_status(rec.pid)
-            with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
-                teardown = stop_unit(host, current, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
-                                     action="up-failed", max_used=limit)
-                rec.phase, rec.stopped_at = Phase.FAILED, time.time()
-            logfile.relay_done(launched.relay)  # its last words are in the log once the relay has written them
-            tail = logfile.tail(launched.log, LOG_TAIL)
+        check_startable(Unit.load(store.UnitStore.of(host), spec.name), spec.name)  # under the lock: as it is now
+        return start_checked(host, spec, opts, lock_wait=waited, started=t0)
+
+
+def check_startable(unit: Unit | None, name: str) -> None:
+    """The guards every start passes (``up``, ``swap``'s NEW, a batch's ``up``), on the unit as it was
+    loaded under the host lock (``None``: no record): a corrupt record may describe a live server, and
+    a running unit is not started twice. :class:`~gpuslate.errors.UsageError` (exit 2) if either."""
+    if unit is None:
+        return
+    if unit.corrupt:
+        found = [st.pid for st in unit.members()]
+        raise UsageError(unit.describe_problem() + (f"; processes of it still run: {found}" if found else
+                         "; it may describe a live server"),
+                         hint=f"'gpuslate down {name}' stops what is left of it and sets the record aside")
+    if unit.running():
+        raise UsageError(f"unit {name} is already running (pid {unit.record.pid}): "  # type: ignore[union-attr]
+                         f"stop it first with 'gpuslate down {name}'")
+
+
+def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wait: float = 0.0,
+                  started: float | None = None) -> UpResult:
+    """``up``'s start phase: ``spec`` (validated) passed :func:`check_startable` on the unit as its
+    caller loaded it, under the host lock of ``host``, which the caller holds (``up``, ``swap``: the
+    lock is not taken again, and the record not read again). ``lock_wait``: the caller's wait for
+    the lock; ``started``: when the caller's verb began (``time.monotonic()``), for ``total_s``."""
+    if not host.lock_depth:
+        raise RuntimeError("start_checked runs under the host lock its caller holds")
+    t0 = time.monotonic() if started is None else started
+    note = host.note
+    units = store.UnitStore.of(host)
+    be = host.backend
+    t_lock = time.monotonic()
+    gpus = resolve_gpus(be, spec.gpus)
+    limit = host.max_used(opts.max_used)
+    if spec.port is not None:
+        check_port(spec.ready_host, spec.port, for_unit=spec.name, left_by=lambda pid: _left_by(units, pid))
+    cleared = None
+    if opts.clear_first:
+        cleared = clear(host, Selection(tuple(gpus)),
+                        ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
+        if not cleared.ok:
+            raise NotDoneError(f"--clear could not free {gpus_phrase(gpus)} for unit {spec.name}: "
+                               + "; ".join(d.summary() for d in cleared.diagnosis),
+                               hint="see 'gpuslate clear --gpus ... --json' for the whole story")
+    collect_stale_cgroups()  # under the host lock
+    check_gpus(be, gpus, limit, for_unit=spec.name,
+               owners=lambda: unit_of_pids([u for u in load_units(units) if u.name != spec.name], ProcTable()))
+    t_pre = time.monotonic()
+    # from the fork until the record is on disk, an interrupt would leave a server no record
+    # names: it is held back and acted on once the unit can be found (and stopped)
+    with deferred_interrupts(lambda _s: note(f"interrupted: stopping {spec.name}, please wait")) as pending:
+        launched = launch(spec, units, host.sim_root)
+        rec = store.UnitRecord(
+            name=spec.name, spec=spec.to_json(), phase=Phase.STARTING, pid=launched.ident.pid,
+            start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
+            containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
+            port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
+            instance=launched.instance)
         units.save(rec)
-        timings["total_s"] = time.monotonic() - t0
-        return UpResult(status, rec, {"kind": probe.kind, "target": probe.target, "detail": probe.detail}, sm,
-                        timings, tail, teardown, cleared, launched.fence_note)
+    current = Unit(spec.name, units.record_path(spec.name), rec, None, spec, fence_of(rec, units.mark()))
+    t_launch = time.monotonic()
+    timings = {"lock_wait_s": lock_wait, "preflight_s": t_pre - t_lock, "launch_s": t_launch - t_pre}
+    try:
+        if pending:
+            raise KeyboardInterrupt(f"{signal.Signals(pending[0]).name} while launching")
+        status, probe = _await_ready(spec, launched, host)
+        sm = None
+        if status == UpStatus.READY:
+            t_ready = time.monotonic()
+            rec.time_to_ready_s = round(t_ready - launched.spawned, 4)
+            rec.ready_at = time.time()
+            timings["time_to_ready_s"] = t_ready - launched.spawned
+            if spec.smoke:
+                sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
+                timings["smoke_s"] = sm["latency_s"]
+                status = UpStatus.READY if sm["ok"] else UpStatus.SMOKE_FAILED
+    except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/commands/up.py), a bug: leave nothing half-started
+        _stop_interrupted(host, units, current, spec, limit, str(exc) or type(exc).__name__)
+        raise
+    teardown, tail = None, []
+    if status == UpStatus.READY:
+        rec.phase = Phase.READY
+        rec.members = [[st.pid, st.start_ticks] for st in current.members()]
+    else:
+        rec.failure = _failure(status, spec, probe, sm, rec)
+        rec.exit_code = exit_status(rec.pid)
+        with deferred_interrupts(lambda _s: note(f"stopping {spec.name}, please wait")):
+            teardown = stop_unit(host, current, grace=spec.grace, timeout=spec.stop_timeout, run_id=new_run_id(),
+                                 action="up-failed", max_used=limit)
+            rec.phase, rec.stopped_at = Phase.FAILED, time.time()
+        logfile.relay_done(launched.relay)  # its last words are in the log once the relay has written them
+        tail = logfile.tail(launched.log, LOG_TAIL)
+    units.save(rec)
+    timings["total_s"] = time.monotonic() - t0
+    return UpResult(status=status, record=rec,
+                    readiness={"kind": probe.kind, "target": probe.target, "detail": probe.detail}, smoke=sm,
+                    timings=timings, log_tail=tail, teardown=teardown, cleared=cleared, fence_note=launched.fence_note)
 
 
 def _left_by(units: store.UnitStore, pid: int) -> str | None:
@@ -358,64 +384,77 @@ def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> 
     units = store.UnitStore.of(host)
     if not units.record_path(name).exists():
         raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-    note = host.note
     t0 = time.monotonic()
     with host.locked(f"down {name}", timeout=opts.timeout) as waited:
-        be = host.backend
         u = Unit.load(units, name)  # under the lock: it may have changed while we waited
         if u is None:
             raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-        spec = u.spec or UnitSpec(name)  # corrupt: the defaults
-        grace_s = spec.grace if opts.grace is None else opts.grace
-        limit = host.max_used(opts.max_used)
-        collect_stale_cgroups()  # under the host lock
+        return stop_loaded(host, u, opts, lock_wait=waited, started=t0)
+
+
+def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: float = 0.0,
+                started: float | None = None) -> DownResult:
+    """``down``'s stop phase: unit ``u`` as its caller loaded it under the host lock of ``host``, which
+    the caller holds (``down``, ``swap``'s OLD: the record is not read again); ``opts`` validated.
+    ``lock_wait`` and ``started`` as for :func:`start_checked`."""
+    if not host.lock_depth:
+        raise RuntimeError("stop_loaded runs under the host lock its caller holds")
+    t0 = time.monotonic() if started is None else started
+    name = u.name
+    units = store.UnitStore.of(host)
+    note = host.note
+    be = host.backend
+    spec = u.spec or UnitSpec(name)  # corrupt: the defaults
+    grace_s = spec.grace if opts.grace is None else opts.grace
+    limit = host.max_used(opts.max_used)
+    collect_stale_cgroups()  # under the host lock
+    table = ProcTable()
+    previous = unit_state(u.facts(table, u.members(table)))
+    if u.corrupt:
+        note(u.describe_problem() + "; stopping what is found of it")
+    strays: list[Stray] = []
+    cleared: list[ClearResult] = []
+
+    def leftovers(deadline: float) -> Leftovers:
         table = ProcTable()
-        previous = unit_state(u.facts(table, u.members(table)))
-        if u.corrupt:
-            note(u.describe_problem() + "; stopping what is found of it")
-        strays: list[Stray] = []
-        cleared: list[ClearResult] = []
+        readings = be.read(None, full=False)  # every GPU: a stray may hold one the unit was not given
+        mine = [st.pid for st in u.members(table)]
+        if not u.strays(readings, table, mine):
+            return Leftovers(True)
+        claimed = unit_of_pids([o for o in load_units(units) if o.name != name], table)
+        strays[:] = u.strays(readings, table, mine, claimed)
+        if not strays:
+            return Leftovers(True)
+        gpus = tuple(sorted({g for s in strays for g in s.gpus}))
+        who = "; ".join(s.describe() for s in strays)
+        if not opts.clear_strays:
+            note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran "
+                 f"and cannot be ruled out; 'gpuslate down {name} --clear' ends them")
+            return Leftovers(False, gpus, f"not ruled out, started while the unit ran: {who}")
+        note(f"clearing what unit {name} left: {who}")
+        ok = _clear_strays(host, u, strays, grace_s, deadline, limit, cleared)
+        return Leftovers(ok, gpus, None if ok else f"could not end what the unit left: {who}")
 
-        def leftovers(deadline: float) -> Leftovers:
-            table = ProcTable()
-            readings = be.read(None, full=False)  # every GPU: a stray may hold one the unit was not given
-            mine = [st.pid for st in u.members(table)]
-            if not u.strays(readings, table, mine):
-                return Leftovers(True)
-            claimed = unit_of_pids([o for o in load_units(units) if o.name != name], table)
-            strays[:] = u.strays(readings, table, mine, claimed)
-            if not strays:
-                return Leftovers(True)
-            gpus = tuple(sorted({g for s in strays for g in s.gpus}))
-            who = "; ".join(s.describe() for s in strays)
-            if not opts.clear_strays:
-                note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran "
-                     f"and cannot be ruled out; 'gpuslate down {name} --clear' ends them")
-                return Leftovers(False, gpus, f"not ruled out, started while the unit ran: {who}")
-            note(f"clearing what unit {name} left: {who}")
-            ok = _clear_strays(host, u, strays, grace_s, deadline, limit, cleared)
-            return Leftovers(ok, gpus, None if ok else f"could not end what the unit left: {who}")
-
-        stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
-        report = stop_unit(host, u, grace=grace_s, timeout=stop_timeout, run_id=new_run_id(), action="down",
-                           max_used=limit, before_verify=leftovers)
-        aside = None
-        rec = u.record
-        if rec is None:
-            if report.ok:
-                aside = str(units.set_aside(u.path))
-        else:
-            if rec.phase != Phase.FAILED:
-                rec.phase = Phase.STOPPED
-            if previous not in (UnitState.FAILED, UnitState.STOPPED, UnitState.EXITED) or rec.stopped_at is None:
-                rec.stopped_at = time.time()
-            if rec.exit_code is None:
-                rec.exit_code = exit_status(rec.pid)
-            units.save(rec)
-        return DownResult(name, previous, report, {"lock_wait_s": waited, **report.timings,
-                                                   "total_s": time.monotonic() - t0},
-                          strays, cleared[-1] if cleared else None,
-                          u.problem.reason if u.problem else None, aside)
+    stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
+    report = stop_unit(host, u, grace=grace_s, timeout=stop_timeout, run_id=new_run_id(), action="down",
+                       max_used=limit, before_verify=leftovers)
+    aside = None
+    rec = u.record
+    if rec is None:
+        if report.ok:
+            aside = str(units.set_aside(u.path))
+    else:
+        if rec.phase != Phase.FAILED:
+            rec.phase = Phase.STOPPED
+        if previous not in (UnitState.FAILED, UnitState.STOPPED, UnitState.EXITED) or rec.stopped_at is None:
+            rec.stopped_at = time.time()
+        if rec.exit_code is None:
+            rec.exit_code = exit_status(rec.pid)
+        units.save(rec)
+    return DownResult(name=name, previous_state=previous, report=report,
+                      timings={"lock_wait_s": lock_wait, **report.timings, "total_s": time.monotonic() - t0},
+                      strays=strays, cleared=cleared[-1] if cleared else None,
+                      corrupt=u.problem.reason if u.problem else None, set_aside=aside)
 
 
 def _clear_strays(host: HostContext, u: Unit, strays: list[Stray], grace: float, deadline: float, limit: int,

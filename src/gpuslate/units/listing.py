@@ -215,5 +215,6 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
         if hidden_by(options, state, rec.stopped_at if rec else None, now):
             hidden += 1
             continue
-        out.append(UnitStatus(u, state, sorted(pids), mem, uptime, strays))
-    return PsResult(out, warnings, hidden)
+        out.append(UnitStatus(unit=u, state=state, processes=sorted(pids), gpu_memory=mem, uptime_s=uptime,
+                              strays=strays))
+    return PsResult(units=out, warnings=warnings, hidden=hidden)

@@ -23,8 +23,9 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._parse import format_size
 from .._time import iso_time, parse_iso_time
@@ -45,7 +46,8 @@ class PrefetchStatus(str, Enum):
     NONE = "none"
 
 
-class PrefetchPlan(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrefetchPlan:
     """What a prefetch would read, and whether it may (a pure decision on gathered facts)."""
 
     paths: list[str]  # the folders/files named by the unit
@@ -56,7 +58,8 @@ class PrefetchPlan(NamedTuple):
     warning: str | None
 
 
-class PrefetchReport(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrefetchReport:
     status: PrefetchStatus
     plan: PrefetchPlan
     read_bytes: int
@@ -82,11 +85,11 @@ class PrefetchReport(NamedTuple):
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PrefetchReport:
         """The prefetch of a swap document: its files are counted there, not named (placeholders here)."""
-        plan = PrefetchPlan(list(d["paths"]), [("", 0)] * int(d["files"]), d["bytes"], d["available"],
-                            d["warning"] is None, d["warning"])
-        return cls(PrefetchStatus(d["status"]), plan, d["read_bytes"],
-                   parse_iso_time(d["started_at"]) if d["started_at"] else None,
-                   parse_iso_time(d["finished_at"]) if d["finished_at"] else None, d["error"])
+        plan = PrefetchPlan(paths=list(d["paths"]), files=[("", 0)] * int(d["files"]), total=d["bytes"],
+                            available=d["available"], fits=d["warning"] is None, warning=d["warning"])
+        return cls(status=PrefetchStatus(d["status"]), plan=plan, read_bytes=d["read_bytes"],
+                   started_at=parse_iso_time(d["started_at"]) if d["started_at"] else None,
+                   finished_at=parse_iso_time(d["finished_at"]) if d["finished_at"] else None, error=d["error"])
 
 
 def model_paths(command: Sequence[str], *, exists: Callable[[str], bool],
@@ -165,15 +168,15 @@ def decide(paths: list[str], files: list[tuple[str, int]], available: int | None
     """Prefetch only what fits in the page cache as a whole (a partial prefetch evicts itself)."""
     total = sum(size for _, size in files)
     if not files:
-        return PrefetchPlan(paths, files, total, available, False, None)
+        return PrefetchPlan(paths=paths, files=files, total=total, available=available, fits=False, warning=None)
     if available is None:
-        return PrefetchPlan(paths, files, total, None, False,
-                            "prefetch skipped: the available memory is unknown (/proc/meminfo)")
+        return PrefetchPlan(paths=paths, files=files, total=total, available=None, fits=False,
+                            warning="prefetch skipped: the available memory is unknown (/proc/meminfo)")
     if total > FIT_FRACTION * available:
-        return PrefetchPlan(paths, files, total, available, False,
-                            f"prefetch skipped: {format_size(total)} of weights would not fit in the page cache "
-                            f"({format_size(available)} available)")
-    return PrefetchPlan(paths, files, total, available, True, None)
+        return PrefetchPlan(paths=paths, files=files, total=total, available=available, fits=False,
+                            warning=f"prefetch skipped: {format_size(total)} of weights would not fit in the page "
+                            f"cache ({format_size(available)} available)")
+    return PrefetchPlan(paths=paths, files=files, total=total, available=available, fits=True, warning=None)
 
 
 def plan_prefetch(command: Sequence[str], explicit: Sequence[str] | None, *, cwd: str | None = None,
@@ -262,9 +265,9 @@ class Prefetch:
             status = PrefetchStatus.PARTIAL
         else:
             status = PrefetchStatus.DONE
-        return PrefetchReport(status, p, self._read, self._started,
-                              None if self._thread is not None and self._thread.is_alive() else self._finished,
-                              self._error)
+        return PrefetchReport(status=status, plan=p, read_bytes=self._read, started_at=self._started,
+                              finished_at=None if self._thread is not None and self._thread.is_alive()
+                              else self._finished, error=self._error)
 
 
 def _open_regular(path: str) -> int:

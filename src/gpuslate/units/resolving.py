@@ -1,13 +1,18 @@
-"""A unit's spec from its name, as ``gpuslate up NAME`` finds it: ``Host.up("name")``.
+"""A unit's spec from its name: the one step ``up NAME``, ``swap OLD NEW`` (NEW given by name),
+``restart`` and a batch ``up A B`` share.
 
-One function, so that the library's ``up`` of a name and the command's agree: the
-unit file's table (``gpuslate.toml`` found upward, ``$GPUSLATE_CONFIG`` or the
-file given), else the spec the unit last ran with, read once from its record.
+:func:`~.spec.resolve` is pure (the unit file, the options given, the last run's spec as a
+document); this is the step above it that knows where the last run is: the unit's record on
+``ctx``'s host. A caller that has the unit loaded already (``swap`` loads NEW under the host
+lock to check it) passes it, so that the record is read once; one that has not lets it be read
+here.
 """
 
 from __future__ import annotations
 
 import os
+from enum import Enum
+from typing import Any
 
 from ..host.session import HostContext
 from .spec import UnitSpec, resolve
@@ -15,8 +20,23 @@ from .store import UnitStore
 from .unit import Unit
 
 
-def spec_for(ctx: HostContext, name: str, *, config: str | os.PathLike[str] | None = None) -> UnitSpec:
-    """The spec of unit ``name`` on ``ctx``'s host (:func:`~gpuslate.units.spec.resolve` with the
-    unit's last run as ``previous``); an unknown unit is a :class:`~gpuslate.errors.UsageError`."""
-    prev = Unit.load(UnitStore.of(ctx), name)
-    return resolve(name, config=config, previous=prev.spec.to_json() if prev and prev.spec else None)
+class _NotLoaded(Enum):
+    """``previous`` not given: the record is read here (``None`` given: the unit has none)."""
+
+    TOKEN = "not loaded"
+
+
+NOT_LOADED = _NotLoaded.TOKEN
+
+
+def spec_for(ctx: HostContext, name: str, *, config: str | os.PathLike[str] | None = None,
+             overrides: dict[str, Any] | None = None, command: list[str] | None = None,
+             previous: Unit | _NotLoaded | None = NOT_LOADED) -> UnitSpec:
+    """The spec of unit ``name`` as ``up NAME`` resolves it: the unit file's table (``config``,
+    else found as :func:`~.spec.find_config` finds it), else the spec it last ran with, then
+    ``overrides`` and ``command`` (see :func:`~.spec.resolve`). ``previous``: the unit as the caller
+    loaded it (``None``: it has no record); not given, it is loaded from ``ctx``'s unit store."""
+    if previous is NOT_LOADED:
+        previous = Unit.load(UnitStore.of(ctx), name)
+    last = previous.spec.to_json() if previous is not None and previous.spec is not None else None
+    return resolve(name, overrides=overrides, command=command, config=config, previous=last)

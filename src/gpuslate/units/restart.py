@@ -2,26 +2,28 @@
 
 As ``docker compose restart``: what restarts is the unit as it was started (its recorded spec),
 not what the unit file says now (``down`` then ``up`` takes the file's). A running unit is
-restarted by :func:`~.swap.swap` to itself, under one hold of the host lock: ``down`` (its GPUs
+restarted by :func:`~.swap.swap_loaded` to itself, under one hold of the host lock: ``down`` (its GPUs
 verified free), then ``up``, with the downtime measured as ``swap`` measures it; a unit nothing
-of which runs (stopped, failed, exited) is started with ``up``. The weights are not prefetched
+of which runs (stopped, failed, exited) is started with ``up``'s start phase. Its record is read
+once, under the lock, and handed to those phases. The weights are not prefetched
 by default: the server that just ran them has them in the page cache.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, PartedStatus
-from .lifecycle import DownResult, UpResult, up
+from .lifecycle import DownResult, UpOptions, UpResult, start_checked
 from .names import UnitName
 from .state import UnitState
 from .store import UnitStore
-from .swap import SwapOptions, SwapStatus, swap
+from .swap import SwapOptions, SwapStatus, swap_loaded
 from .unit import Unit
 
 RESTART_SCHEMA = "gpuslate.restart.v1"
@@ -41,7 +43,8 @@ class RestartOptions(NamedTuple):
     prefetch: bool = False  # read its weight files into the page cache first, as swap does
 
 
-class RestartResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RestartResult:
     name: str
     status: RestartStatus
     previous_state: UnitState
@@ -66,10 +69,11 @@ class RestartResult(NamedTuple):
         d = checked(doc, RESTART_SCHEMA)
         with reading(RESTART_SCHEMA):
             downtime = d["downtime_s"]
-            return cls(str(d["name"]), RestartStatus(d["status"]), UnitState(d["previous_state"]),
-                       DownResult.from_json(d["down"]) if d["down"] is not None else None,
-                       UpResult.from_json(d["up"]) if d["up"] is not None else None, float(d["total_s"]),
-                       float(downtime) if downtime is not None else None)
+            return cls(name=str(d["name"]), status=RestartStatus(d["status"]),
+                       previous_state=UnitState(d["previous_state"]),
+                       down=DownResult.from_json(d["down"]) if d["down"] is not None else None,
+                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None, total_s=float(d["total_s"]),
+                       downtime_s=float(downtime) if downtime is not None else None)
 
 
 def restart(host: HostContext, name: str, options: RestartOptions = RestartOptions()) -> RestartResult:
@@ -84,11 +88,12 @@ def restart(host: HostContext, name: str, options: RestartOptions = RestartOptio
         if u.spec is None:
             raise UsageError(u.describe_problem(), hint=f"'gpuslate down {name}' stops what is left of it")
         state = u.state()
-        if not u.running():
-            started = up(host, u.spec)
-            return RestartResult(name, RestartStatus.RESTARTED if started.ok else RestartStatus.UP_FAILED, state,
-                                 None, started, time.monotonic() - t0)
-        s = swap(host, name, u.spec, SwapOptions(prefetch=options.prefetch))
+        if not u.running():  # the guards of up passed: not corrupt (it has a spec), nothing of it runs
+            started = start_checked(host, u.spec, UpOptions())
+            return RestartResult(name=name, status=RestartStatus.RESTARTED if started.ok else RestartStatus.UP_FAILED,
+                                 previous_state=state, down=None, up=started, total_s=time.monotonic() - t0)
+        s = swap_loaded(host, u, u.spec, SwapOptions(prefetch=options.prefetch))  # u as loaded here
         status = (RestartStatus.RESTARTED if s.status is SwapStatus.SWAPPED else
                   RestartStatus.DOWN_FAILED if s.status is SwapStatus.DOWN_FAILED else RestartStatus.UP_FAILED)
-        return RestartResult(name, status, state, s.down, s.up, time.monotonic() - t0, s.downtime_s)
+        return RestartResult(name=name, status=status, previous_state=state, down=s.down, up=s.up,
+                             total_s=time.monotonic() - t0, downtime_s=s.downtime_s)

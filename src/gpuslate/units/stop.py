@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -60,7 +61,11 @@ class Leftovers(NamedTuple):
     not_ruled_out: str | None = None  # who they are, when they are still there (for ``unverified``)
 
 
-class StopReport(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StopReport:
+    """How a unit's processes were stopped and its GPUs verified; by keywords only (``results`` and
+    ``swept`` are both victims' results)."""
+
     results: list[VictimResult]  # first round
     swept: list[VictimResult]  # later rounds: processes of the unit that appeared during the stop
     cgroup_killed: bool
@@ -68,8 +73,10 @@ class StopReport(NamedTuple):
     readings: list[GpuReading]
     diagnosis: list[GpuDiagnosis]
     timings: dict[str, float]  # stop_s (signals -> all gone), verify_s (-> memory released), total_s
-    verified_gpus: list[int] = []  # the unit's GPUs and those its processes held before the signals
-    held: dict[int, list[int]] = {}  # pid -> GPUs it held when it was found (read before its signal)
+    # the unit's GPUs and those its processes held before the signals
+    verified_gpus: list[int] = field(default_factory=list)
+    # pid -> GPUs it held when it was found (read before its signal)
+    held: dict[int, list[int]] = field(default_factory=dict)
     unverified: str | None = None  # why nothing was verified, what could not be read, who was not ruled out
     held_unknown: bool = False  # what the processes held before the signals could not be read
     not_ruled_out: bool = False  # a process not found in the unit, not ruled out, holds GPU memory or its port
@@ -111,17 +118,18 @@ class StopReport(NamedTuple):
     def from_json(cls, d: dict[str, Any]) -> StopReport:
         """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document."""
         verification = Verification(d["verification"])
-        return cls([VictimResult.from_json(p) for p in d["processes"]],
-                   [VictimResult.from_json(p) for p in d["swept"]], bool(d["cgroup_killed"]),
-                   d["memory_released"], [memory_from_json(m) for m in d["memory"]],
-                   [GpuDiagnosis.from_json(g) for g in d["diagnosis"]], dict(d["timings"]),
-                   list(d["verified_gpus"]), {int(p): g for p, g in d["held_before"].items()}, d["unverified"],
-                   verification == Verification.UNREAD, verification == Verification.NOT_RULED_OUT)
+        return cls(results=[VictimResult.from_json(p) for p in d["processes"]],
+                   swept=[VictimResult.from_json(p) for p in d["swept"]], cgroup_killed=bool(d["cgroup_killed"]),
+                   released=d["memory_released"], readings=[memory_from_json(m) for m in d["memory"]],
+                   diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]], timings=dict(d["timings"]),
+                   verified_gpus=list(d["verified_gpus"]), held={int(p): g for p, g in d["held_before"].items()},
+                   unverified=d["unverified"], held_unknown=verification == Verification.UNREAD,
+                   not_ruled_out=verification == Verification.NOT_RULED_OUT)
 
 
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:
     info = read_info(st.pid)
-    return Victim(st.ident, {
+    return Victim(ident=st.ident, info={
         "pid": st.pid, "start_ticks": st.start_ticks, "name": st.name, "unit": unit.name,
         "command": info.command if info else None, "user": info.user if info else None,
         "pgid": st.pgid, "sid": st.sid, "gpus": sorted(set(unit.gpus) | set(held or [])),
@@ -220,7 +228,8 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     t_free = time.monotonic()
     unit.fence.release()
     timings = {"stop_s": t_exit - t0, "verify_s": t_free - t_exit, "total_s": time.monotonic() - t0}
-    return StopReport(results, swept, killed, released, readings, diagnosis, timings, gpus, held, unverified,
+    return StopReport(results=results, swept=swept, cgroup_killed=killed, released=released, readings=readings,
+                      diagnosis=diagnosis, timings=timings, verified_gpus=gpus, held=held, unverified=unverified,
                       held_unknown=bool(unread), not_ruled_out=left.not_ruled_out is not None)
 
 

@@ -34,6 +34,7 @@ the invariants above tested as a model (tests/units/test_unit_strays_model.py).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -52,9 +53,11 @@ class StrayReason(str, Enum):
         return self.value
 
 
-class Stray(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stray:
     """A process holding what a unit held, started while the unit lived, that its fence does
-    not find: most likely the unit's own (see the module doc)."""
+    not find: most likely the unit's own (see the module doc). By keywords only (``pid`` and
+    ``start_ticks`` are both ints)."""
 
     pid: int
     start_ticks: int
@@ -76,13 +79,15 @@ class Stray(NamedTuple):
         return f"pid {self.pid} ({self.name}) {' and '.join(held)}{why}"
 
     def to_json(self) -> dict[str, Any]:
-        return {**self._asdict(), "reason": self.reason.value}
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "name": self.name, "gpus": self.gpus,
+                "used_memory": self.used_memory, "reason": self.reason.value, "port": self.port}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Stray:
         port = d["port"]
-        return cls(int(d["pid"]), int(d["start_ticks"]), str(d["name"]), [int(g) for g in d["gpus"]],
-                   int(d["used_memory"]), StrayReason(d["reason"]), None if port is None else int(port))
+        return cls(pid=int(d["pid"]), start_ticks=int(d["start_ticks"]), name=str(d["name"]),
+                   gpus=[int(g) for g in d["gpus"]], used_memory=int(d["used_memory"]),
+                   reason=StrayReason(d["reason"]), port=None if port is None else int(port))
 
 
 class Rule(NamedTuple):
@@ -141,6 +146,7 @@ def decide(rule: Rule, candidates: Iterable[Candidate]) -> list[Stray]:
         if why is None:
             continue
         held = {g: b for g, b in c.memory.items() if b > 0}
-        out[c.pid] = Stray(c.pid, c.start_ticks, c.name, sorted(held), sum(held.values()), why,
-                           rule.port if c.listens and rule.port is not None else None)
+        out[c.pid] = Stray(pid=c.pid, start_ticks=c.start_ticks, name=c.name, gpus=sorted(held),
+                           used_memory=sum(held.values()), reason=why,
+                           port=rule.port if c.listens and rule.port is not None else None)
     return [out[p] for p in sorted(out)]

@@ -8,9 +8,11 @@ has answered its smoke completion, when it has one). To shorten it, NEW's
 weight files are read into the page cache first, while OLD still serves
 (:mod:`.prefetch`); the swap waits for that read before it stops OLD.
 
-The whole swap holds the host lock once (re-entrant: ``down`` and ``up`` run
-inside it on the same :class:`~gpuslate.host.session.HostContext`), so no ``clear`` or other ``up`` can
-slip in between the old server leaving the GPUs and the new one taking them.
+The whole swap holds the host lock once (``down``'s and ``up``'s phases run inside it on the
+same :class:`~gpuslate.host.session.HostContext`), so no ``clear`` or other ``up`` can
+slip in between the old server leaving the GPUs and the new one taking them. Each record
+is read once, under the lock: OLD's is stopped as loaded (and its spec is what a rollback
+starts), NEW's is checked and resolved from as loaded (:func:`~.resolving.spec_for`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,10 +31,11 @@ from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, PartedStatus
 from . import store
-from .lifecycle import DownResult, UpResult, down, up
+from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, check_startable, start_checked, stop_loaded
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
-from .spec import UnitSpec, resolve
+from .resolving import spec_for
+from .spec import UnitSpec
 from .unit import Unit
 
 
@@ -52,7 +55,8 @@ DOWNTIME_PARTS = ("stop_old_s", "verify_clean_s", "preflight_new_s", "spawn_new_
                   "smoke_new_s")
 
 
-class SwapResult(NamedTuple):
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwapResult:
     old: str
     new: str
     status: SwapStatus
@@ -102,14 +106,15 @@ class SwapResult(NamedTuple):
         """A ``gpuslate.swap.v1`` document as the SwapResult it was."""
         d = checked(doc, SWAP_SCHEMA)
         with reading(SWAP_SCHEMA):
-            return cls(d["old"], d["new"], SwapStatus(d["status"]), DownResult.from_json(d["down"]),
-                       UpResult.from_json(d["up"]) if d["up"] is not None else None,
-                       UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
-                       dict(d["phases"]), float(d["total_s"]), d["downtime_s"],
-                       dict(d["downtime"]) if d["downtime"] is not None else None,
-                       PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
-                       parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
-                       d["overhead_s"])
+            return cls(old=d["old"], new=d["new"], status=SwapStatus(d["status"]),
+                       down=DownResult.from_json(d["down"]),
+                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None,
+                       rollback=UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
+                       phases=dict(d["phases"]), total_s=float(d["total_s"]), downtime_s=d["downtime_s"],
+                       downtime=dict(d["downtime"]) if d["downtime"] is not None else None,
+                       prefetch=PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
+                       stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
+                       overhead=d["overhead_s"])
 
 
 class SwapOptions(NamedTuple):
@@ -130,88 +135,103 @@ class SwapOptions(NamedTuple):
 def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions = SwapOptions()) -> SwapResult:
     """Replace unit ``old`` with ``new`` (a unit name resolved like ``up NAME``, or a spec).
 
-    The whole swap holds the host lock of ``host`` once; ``down`` and ``up`` run on the
-    same host (one backend, one audit log) and find the lock already held.
+    The whole swap holds the host lock of ``host`` once; ``down``'s and ``up``'s phases run on the
+    same host (one backend, one audit log) under it (:func:`swap_loaded`).
     With ``prefetch`` (the default), NEW's weight files are read into the page cache
     before OLD is stopped, for up to ``prefetch_timeout`` seconds; ``prefetch_memory``
     bounds it instead of the host's MemAvailable.
     """
     opts = options.validate()
     t0 = time.monotonic()
-    note = host.note
     new_name = new.name if isinstance(new, UnitSpec) else new
     units = store.UnitStore.of(host)
     if not units.record_path(old).exists():  # before waiting for the lock: a typo fails at once
         raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
+    with host.locked(f"swap {old} -> {new_name}") as waited:
+        old_unit = Unit.load(units, old)
+        if old_unit is None:
+            raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
+        if old_unit.spec is None:
+            raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
+        if new_name != old:  # NEW as it is now, under the lock: read once, for the guards and its spec
+            new_unit = Unit.load(units, new_name)
+            check_startable(new_unit, new_name)
+        else:  # swapped to itself (restart): the record just loaded, not corrupt (it has a spec)
+            new_unit = old_unit
+        new_spec = new.validate() if isinstance(new, UnitSpec) else \
+            spec_for(host, new, config=opts.config, previous=new_unit)
+        return swap_loaded(host, old_unit, new_spec, opts, lock_wait=waited, started=t0)
+
+
+def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: SwapOptions, *,
+                lock_wait: float = 0.0, started: float | None = None) -> SwapResult:
+    """``swap``'s phases, under the host lock of ``host``, which the caller holds: ``old_unit`` as
+    loaded under it (a spec, so not corrupt), ``new_spec`` validated and past
+    :func:`~.lifecycle.check_startable` (or OLD itself: ``restart``). Neither record is read again:
+    OLD is stopped as loaded, NEW started, and OLD's rollback starts the spec loaded here."""
+    if not host.lock_depth:
+        raise RuntimeError("swap_loaded runs under the host lock its caller holds")
+    t0 = time.monotonic() if started is None else started
+    note = host.note
+    units = store.UnitStore.of(host)
+    old = old_unit.name
+    old_spec = old_unit.spec
+    if old_spec is None:
+        raise ValueError(f"unit {old}'s record is corrupt: swap_loaded needs the spec it last ran with")
     pf: Prefetch | None = None
     try:
-        with host.locked(f"swap {old} -> {new_name}") as waited:
-            old_unit = Unit.load(units, old)
-            if old_unit is None:
-                raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
-            if old_unit.spec is None:
-                raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
-            old_spec = old_unit.spec
-            new_unit = old_unit if new_name == old else Unit.load(units, new_name)
-            if new_unit is not None and new_unit.corrupt:
-                raise UsageError(new_unit.describe_problem(),
-                                 hint=f"'gpuslate down {new_name}' stops what is left of it")
-            if isinstance(new, UnitSpec):
-                new_spec = new.validate()
-            else:
-                new_spec = resolve(new, config=opts.config,
-                                   previous=new_unit.spec.to_json() if new_unit and new_unit.spec else None)
-            if new_name != old and new_unit is not None and new_unit.running():
-                raise UsageError(f"unit {new_name} is already running: nothing to swap to")
-            phases: dict[str, float] = {"lock_wait_s": waited}
-            pf_report = None
-            pf = _start_prefetch(new_spec, opts.prefetch_memory, note) if opts.prefetch else None
-            if pf is not None:
-                t_pf = time.monotonic()
-                pf_report = pf.wait(opts.prefetch_timeout)  # OLD still serves meanwhile
-                phases["prefetch_wait_s"] = time.monotonic() - t_pf
-                if pf_report.status == "partial":
-                    note(f"prefetch not done after {opts.prefetch_timeout:g} s: stopping {old} anyway; "
-                         "the rest is read in the background")
-                elif pf_report.status == "failed":
-                    note(f"prefetch failed ({pf_report.error}); going on without it")
-            stop_at = time.time()
-            t_stop = time.monotonic()
-            d = down(host, old)
-            phases["stop_old_s"] = d.report.timings["stop_s"]
-            phases["verify_clean_s"] = d.report.timings["verify_s"]
-            if not d.ok:
-                return SwapResult(old, new_spec.name, SwapStatus.DOWN_FAILED, d, None, None, phases,
-                                  time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
-            t_up = time.monotonic()
-            watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
-            try:
-                u = up(host, new_spec)
-            finally:
-                if watch is not None:
-                    watch.stop()
-            t_ready = time.monotonic()
-            phases["preflight_new_s"] = u.timings["preflight_s"]
-            phases["launch_new_s"] = u.timings["launch_s"]
-            if u.time_to_ready is not None:
-                phases["ready_new_s"] = u.time_to_ready
-            if "smoke_s" in u.timings:
-                phases["smoke_new_s"] = u.timings["smoke_s"]
-            if u.ok:
-                parts = _downtime_parts(phases, t_stop, t_up, t_ready, u, watch)
-                return SwapResult(old, new_spec.name, SwapStatus.SWAPPED, d, u, None, phases, time.monotonic() - t0,
-                                  downtime_s=t_ready - t_stop, downtime=parts, prefetch=pf_report,
-                                  stop_old_at=stop_at)
-            if not opts.rollback:
-                return SwapResult(old, new_spec.name, SwapStatus.UP_FAILED, d, u, None, phases, time.monotonic() - t0,
-                                  prefetch=pf_report, stop_old_at=stop_at)
-            note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
-            t_rb = time.monotonic()
-            rb = up(host, old_spec)
-            phases["rollback_s"] = time.monotonic() - t_rb
-            status = SwapStatus.ROLLED_BACK if rb.ok else SwapStatus.ROLLBACK_FAILED
-            return SwapResult(old, new_spec.name, status, d, u, rb, phases, time.monotonic() - t0,
-                              prefetch=pf_report, stop_old_at=stop_at)
+        phases: dict[str, float] = {"lock_wait_s": lock_wait}
+        pf_report = None
+        pf = _start_prefetch(new_spec, opts.prefetch_memory, note) if opts.prefetch else None
+        if pf is not None:
+            t_pf = time.monotonic()
+            pf_report = pf.wait(opts.prefetch_timeout)  # OLD still serves meanwhile
+            phases["prefetch_wait_s"] = time.monotonic() - t_pf
+            if pf_report.status == "partial":
+                note(f"prefetch not done after {opts.prefetch_timeout:g} s: stopping {old} anyway; "
+                     "the rest is read in the background")
+            elif pf_report.status == "failed":
+                note(f"prefetch failed ({pf_report.error}); going on without it")
+        stop_at = time.time()
+        t_stop = time.monotonic()
+        d = stop_loaded(host, old_unit, DownOptions())  # OLD as loaded above, under this hold of the lock
+        phases["stop_old_s"] = d.report.timings["stop_s"]
+        phases["verify_clean_s"] = d.report.timings["verify_s"]
+        if not d.ok:
+            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.DOWN_FAILED, down=d, up=None,
+                              rollback=None, phases=phases, total_s=time.monotonic() - t0, prefetch=pf_report,
+                              stop_old_at=stop_at)
+        t_up = time.monotonic()
+        watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
+        try:
+            u = start_checked(host, new_spec, UpOptions())  # NEW passed check_startable above
+        finally:
+            if watch is not None:
+                watch.stop()
+        t_ready = time.monotonic()
+        phases["preflight_new_s"] = u.timings["preflight_s"]
+        phases["launch_new_s"] = u.timings["launch_s"]
+        if u.time_to_ready is not None:
+            phases["ready_new_s"] = u.time_to_ready
+        if "smoke_s" in u.timings:
+            phases["smoke_new_s"] = u.timings["smoke_s"]
+        if u.ok:
+            parts = _downtime_parts(phases, t_stop, t_up, t_ready, u, watch)
+            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.SWAPPED, down=d, up=u, rollback=None,
+                              phases=phases, total_s=time.monotonic() - t0, downtime_s=t_ready - t_stop,
+                              downtime=parts, prefetch=pf_report, stop_old_at=stop_at)
+        if not opts.rollback:
+            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.UP_FAILED, down=d, up=u, rollback=None,
+                              phases=phases, total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
+        note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
+        t_rb = time.monotonic()
+        # OLD's spec as loaded above; no guard read of its record: stop_loaded has just stopped it
+        # (d.ok: nothing of it runs) and written the record itself, under this same hold of the lock
+        rb = start_checked(host, old_spec, UpOptions())
+        phases["rollback_s"] = time.monotonic() - t_rb
+        status = SwapStatus.ROLLED_BACK if rb.ok else SwapStatus.ROLLBACK_FAILED
+        return SwapResult(old=old, new=new_spec.name, status=status, down=d, up=u, rollback=rb, phases=phases,
+                          total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
     finally:
         if pf is not None:
             pf.cancel()  # a failed or interrupted swap leaves no reader behind

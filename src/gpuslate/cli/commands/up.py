@@ -133,8 +133,9 @@ def file_units(config: str | None, verb: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
-    from ...units import Unit, UnitStore, UpOptions, resolve  # lazy: startup
+    from ...units import UpOptions  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
+    from ...units.resolving import spec_for  # lazy: startup
 
     command = list(args.command)
     if len(args.names) != 1:
@@ -142,9 +143,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.names[0]
     with LiveLine.of(args) as live, Host.open(getattr(args, "sim", None), on_event=live.note,
                                               on_progress=live.sink) as host:
-        prev = Unit.load(UnitStore.of(host), name)
-        spec = resolve(name, overrides=overrides(args), command=command or None, config=args.config,
-                       previous=prev.spec.to_json() if prev and prev.spec else None)
+        spec = spec_for(host, name, config=args.config, overrides=overrides(args), command=command or None)
         with stop_signals_interrupt():  # a SIGTERM or SIGHUP cleans up like Ctrl-C (exit 130)
             result = host.up(spec, UpOptions(clear_first=args.clear, max_used=args.max_used))
     return present(args, result)
@@ -153,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
 def run_many(args: argparse.Namespace, command: list[str]) -> int:
     """``up A B ...`` or ``up``: the units of the unit file (or their last runs), one after another."""
     from ...api import Host  # lazy: startup
-    from ...units import Unit, UnitStore, UpOptions, resolve, up_many  # lazy: startup
+    from ...units import UpOptions, up_many  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
+    from ...units.resolving import spec_for  # lazy: startup
 
     if command:
         raise UsageError("a command after '--' is one unit's: give it one NAME")
@@ -166,12 +166,7 @@ def run_many(args: argparse.Namespace, command: list[str]) -> int:
     names = list(dict.fromkeys(args.names)) or file_units(args.config, "up")
     with LiveLine.of(args) as live, Host.open(getattr(args, "sim", None), on_event=live.note,
                                               on_progress=live.sink) as host:
-        units = UnitStore.of(host)
-        specs = []
-        for name in names:  # every spec resolved before anything starts
-            prev = Unit.load(units, name)
-            last = prev.spec.to_json() if prev and prev.spec else None
-            specs.append(resolve(name, config=args.config, previous=last))
+        specs = [spec_for(host, name, config=args.config) for name in names]  # all before anything starts
         with stop_signals_interrupt():
             result = up_many(host, specs, UpOptions(clear_first=args.clear, max_used=args.max_used))
     return present(args, result)
