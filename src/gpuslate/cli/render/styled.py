@@ -1,7 +1,7 @@
 """Readable tables for people, through rich. JSON output never comes through here.
 
 ``status`` does not come through here either: its table is laid out by
-:mod:`.render_status` without rich, whose import alone costs more than the
+:mod:`.status` without rich, whose import alone costs more than the
 rest of the command.
 
 Everything shown that comes from a process (its title, command line, user,
