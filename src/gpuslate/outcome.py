@@ -13,8 +13,9 @@ A low, dependency-free module: every layer's result types import it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 
 class Outcome(Enum):
@@ -48,6 +49,25 @@ class PartedStatus(StatusEnum):
     """The status of a result made of parts (a swap's or a restart's stop and start, a batch's units):
     when it failed, the failed parts' own statuses decide the exit status (cli/exits.py), the
     member's outcome being what the status alone says."""
+
+
+class HasStatus(Protocol):
+    """A finished result: its status enum member says what it means."""
+
+    @property
+    def status(self) -> StatusEnum: ...
+
+
+@runtime_checkable
+class Parted(Protocol):
+    """A result made of parts (its status a :class:`PartedStatus`): when it failed, the parts that
+    decide what that means, each a result with its own status (a swap's or a restart's failed stop or
+    start; every unit a batch ran)."""
+
+    @property
+    def status(self) -> StatusEnum: ...
+
+    def deciding_parts(self) -> Sequence[HasStatus]: ...
 
 
 def status_enums() -> list[type[StatusEnum]]:

@@ -9,23 +9,15 @@ and one dict here maps outcomes to codes), and the JSON error document's ``type`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from enum import IntEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from .. import errors
-from ..outcome import Outcome, PartedStatus, StatusEnum
+from ..outcome import HasStatus, Outcome, Parted, PartedStatus, StatusEnum
 from .render.output import OutputLost
 
 if TYPE_CHECKING:
     from ..remote.fleet import HostOutcome
-
-
-class HasStatus(Protocol):
-    """A finished result: its status enum member says what it means (gpuslate/outcome.py)."""
-
-    @property
-    def status(self) -> StatusEnum: ...
 
 
 class ExitStatus(IntEnum):
@@ -107,22 +99,10 @@ def exit_status_of(result: HasStatus) -> ExitStatus:
     status = exit_status_for_result(result.status)
     if status == ExitStatus.OK or not isinstance(result.status, PartedStatus):
         return status
-    parts = _deciding_parts(result)
+    if not isinstance(result, Parted):  # a PartedStatus is a Parted result's (tests/cli/test_exits.py)
+        raise AssertionError(f"{type(result).__name__}: a PartedStatus result without parts")
+    parts = result.deciding_parts()
     return ExitStatus(fleet_exit_code([exit_status_of(p) for p in parts])) if parts else status
-
-
-def _deciding_parts(result: HasStatus) -> Sequence[HasStatus]:
-    """The parts whose codes make a failed parted result's: a PartedStatus is one of these three results'
-    (tests/cli/test_exits.py checks it), so their modules are loaded already."""
-    from ..units.batch import BatchResult  # lazy: startup (clear, status: units/ is not theirs to load)
-    from ..units.restart import RestartResult  # lazy: startup
-    from ..units.swap import SwapResult  # lazy: startup
-
-    if isinstance(result, BatchResult):
-        return result.results
-    if isinstance(result, (SwapResult, RestartResult)):
-        return [part for part in (result.down, result.up) if part is not None and not part.ok][:1]
-    raise AssertionError(f"{type(result).__name__}: a PartedStatus result without parts")
 
 
 def error_type_for(exc: BaseException) -> str:

@@ -99,6 +99,10 @@ class BatchResult:
     def status(self) -> BatchStatus:
         return BatchStatus.DONE if self.ok else BatchStatus.FAILED
 
+    def deciding_parts(self) -> list[Result]:
+        """Every unit that ran: a batch's exit status is theirs, as a fleet's is its hosts'."""
+        return self.results
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": BATCH_SCHEMA, "ok": self.ok, "status": self.status.value, "verb": self.verb.value,
                 "results": [r.to_json() for r in self.results], "skipped": [s.to_json() for s in self.skipped],

@@ -57,6 +57,10 @@ class RestartResult:
     def ok(self) -> bool:
         return self.status == RestartStatus.RESTARTED
 
+    def deciding_parts(self) -> list[DownResult | UpResult]:
+        """The part whose failure decides this one's exit status (stopping OLD, else starting NEW)."""
+        return [part for part in (self.down, self.up) if part is not None and not part.ok][:1]
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": RESTART_SCHEMA, "ok": self.ok, "status": self.status.value, "name": self.name,
                 "previous_state": self.previous_state.value, "total_s": round(self.total_s, 4),

@@ -87,6 +87,10 @@ class SwapResult:
         return (self.total_s - p.get("prefetch_wait_s", 0.0) - p["stop_old_s"] - p["verify_clean_s"]
                 - p["ready_new_s"] - p.get("smoke_new_s", 0.0))
 
+    def deciding_parts(self) -> list[DownResult | UpResult]:
+        """The part whose failure decides this one's exit status (stopping OLD, else starting NEW)."""
+        return [part for part in (self.down, self.up) if part is not None and not part.ok][:1]
+
     def to_json(self) -> dict[str, Any]:
         ov = self.overhead_s
         return {

@@ -25,7 +25,8 @@ import argparse
 import importlib
 from typing import Any, NamedTuple, Protocol
 
-from ..exits import ExitStatus, HasStatus, exit_status_of
+from ...outcome import HasStatus
+from ..exits import ExitStatus, exit_status_of
 from .common import print_json
 
 
