@@ -7,10 +7,11 @@ import time
 
 def iso_time(epoch: float) -> str:
     """UTC ISO-8601 with milliseconds (no datetime import on the hot path)."""
-    ms = round((epoch % 1) * 1000)
-    if ms == 1000:
-        epoch, ms = epoch + 1, 0
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch)) + f".{ms:03d}Z"
+    whole = int(epoch // 1)
+    ms = round((epoch - whole) * 1000)
+    if ms == 1000:  # rounds up to the next second (a hair below one: gmtime must get that second)
+        whole, ms = whole + 1, 0
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
 
 
 def format_duration(s: float | None) -> str:
@@ -25,17 +26,44 @@ def format_duration(s: float | None) -> str:
 
 
 def parse_iso_time(text: object) -> float:
-    """Epoch seconds of an :func:`iso_time` string (another host's document); 0.0 if unreadable."""
-    import calendar  # lazy: startup
+    """Epoch seconds of an :func:`iso_time` string (another host's document); 0.0 if unreadable.
 
-    if not isinstance(text, str):
+    Read by position, not with ``time.strptime``: its module (``_strptime``, with ``datetime``,
+    ``calendar`` and ``locale``) costs a few milliseconds to import, and every command shows its
+    result read back from its document (``status`` included). What it takes is what
+    ``calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))`` took (tests/test_time.py
+    compares them), with a ``.fraction`` after the seconds."""
+    if not isinstance(text, str) or len(text) < 19 or not text.isascii():
         return 0.0
-    try:
-        whole = calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
+    head = text[:19]
+    if head[4] != "-" or head[7] != "-" or head[10] != "T" or head[13] != ":" or head[16] != ":":
+        return 0.0
+    digits = (head[0:4], head[5:7], head[8:10], head[11:13], head[14:16], head[17:19])
+    if not all(d.isdigit() for d in digits):
+        return 0.0
+    year, month, day, hour, minute, sec = (int(d) for d in digits)
+    if not (1 <= month <= 12 and 1 <= day <= _days_in(year, month) and hour < 24 and minute < 60 and sec < 62):
         return 0.0
     frac = text[19:].rstrip("Z")
-    return whole + (float(frac) if frac.startswith(".") and frac[1:].isdigit() else 0.0)
+    return _epoch(year, month, day) + hour * 3600 + minute * 60 + sec + (
+        float(frac) if frac.startswith(".") and frac[1:].isdigit() else 0.0)
+
+
+def _days_in(year: int, month: int) -> int:
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def _epoch(year: int, month: int, day: int) -> int:
+    """Seconds from 1970-01-01 to that day (proleptic Gregorian, UTC): H. Hinnant's days_from_civil,
+    what ``calendar.timegm`` computes."""
+    y = year - (month <= 2)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return (era * 146097 + doe - 719468) * 86400
 
 
 def iso_time_us(epoch: float) -> str:

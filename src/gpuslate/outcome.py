@@ -13,9 +13,11 @@ A low, dependency-free module: every layer's result types import it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 class Outcome(Enum):
@@ -51,23 +53,24 @@ class PartedStatus(StatusEnum):
     member's outcome being what the status alone says."""
 
 
-class HasStatus(Protocol):
-    """A finished result: its status enum member says what it means."""
+if TYPE_CHECKING:
+    class HasStatus(Protocol):
+        """A finished result: its status enum member says what it means (a Protocol for type checkers
+        only: defining one at run time costs ``status`` start-up)."""
 
-    @property
-    def status(self) -> StatusEnum: ...
+        @property
+        def status(self) -> StatusEnum: ...
 
 
-@runtime_checkable
-class Parted(Protocol):
-    """A result made of parts (its status a :class:`PartedStatus`): when it failed, the parts that
-    decide what that means, each a result with its own status (a swap's or a restart's failed stop or
-    start; every unit a batch ran)."""
+class Parted:
+    """The base of a result made of parts (its status a :class:`PartedStatus`): when it failed, the
+    parts that decide what that means, each a result with its own status (a swap's or a restart's
+    failed stop or start; every unit a batch ran). A plain base, so that asking is one isinstance."""
 
-    @property
-    def status(self) -> StatusEnum: ...
+    __slots__ = ()
 
-    def deciding_parts(self) -> Sequence[HasStatus]: ...
+    def deciding_parts(self) -> Sequence[HasStatus]:
+        raise NotImplementedError(f"{type(self).__name__} names no deciding parts")
 
 
 def status_enums() -> list[type[StatusEnum]]:

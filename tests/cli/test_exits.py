@@ -10,7 +10,7 @@ from gpuslate.bench.report import DemoStatus, ExperimentStatus
 from gpuslate.bench.result import BenchStatus
 from gpuslate.cli.exits import ExitStatus, exit_status_for_result, exit_status_of
 from gpuslate.gpu.sim.results import SimStatus
-from gpuslate.outcome import Outcome, PartedStatus, StatusEnum, status_enums
+from gpuslate.outcome import Outcome, Parted, PartedStatus, StatusEnum, status_enums
 from gpuslate.remote.zipapp import InstallStatus
 from gpuslate.slate.clear import ClearStatus
 from gpuslate.slurm.hooks import HookStatus
@@ -126,25 +126,33 @@ def test_the_codes_are_those_documented():
     from gpuslate.units.swap import SwapResult
 
     for result in (SwapResult, RestartResult, BatchResult):
-        assert callable(getattr(result, "deciding_parts", None)), result
+        assert issubclass(result, Parted), result
     assert DemoStatus.NOT_CLEAN.outcome is Outcome.NOT_DONE
 
 
 class _Result:
-    def __init__(self, status, parts=None) -> None:
+    def __init__(self, status) -> None:
         self.status = status
-        if parts is not None:
-            self.deciding_parts = lambda: parts
+
+
+class _Parted(Parted):
+    __slots__ = ("parts", "status")
+
+    def __init__(self, status, parts) -> None:
+        self.status, self.parts = status, parts
+
+    def deciding_parts(self):
+        return self.parts
 
 
 def test_a_failed_parted_result_takes_its_deciding_parts_codes() -> None:
     # swap: the failed part's own code (5 for a denied stop, 4 for a start that timed out), not the status's
-    assert exit_status_of(_Result(SwapStatus.DOWN_FAILED, [_Result(DownStatus.PERMISSION_DENIED)])) == 5
-    assert exit_status_of(_Result(SwapStatus.UP_FAILED, [_Result(UpStatus.TIMEOUT)])) == 4
-    assert exit_status_of(_Result(RestartStatus.UP_FAILED, [])) == 6  # no part named: the status's own
+    assert exit_status_of(_Parted(SwapStatus.DOWN_FAILED, [_Result(DownStatus.PERMISSION_DENIED)])) == 5
+    assert exit_status_of(_Parted(SwapStatus.UP_FAILED, [_Result(UpStatus.TIMEOUT)])) == 4
+    assert exit_status_of(_Parted(RestartStatus.UP_FAILED, [])) == 6  # no part named: the status's own
     # a batch as a fleet: one of two failed is partial (7); the only one that ran, its own code
-    assert exit_status_of(_Result(BatchStatus.FAILED, [_Result(UpStatus.READY), _Result(UpStatus.EXITED)])) == 7
-    assert exit_status_of(_Result(BatchStatus.FAILED, [_Result(UpStatus.TIMEOUT)])) == 4
-    assert exit_status_of(_Result(SwapStatus.SWAPPED, [_Result(UpStatus.EXITED)])) == 0  # done: parts not asked
+    assert exit_status_of(_Parted(BatchStatus.FAILED, [_Result(UpStatus.READY), _Result(UpStatus.EXITED)])) == 7
+    assert exit_status_of(_Parted(BatchStatus.FAILED, [_Result(UpStatus.TIMEOUT)])) == 4
+    assert exit_status_of(_Parted(SwapStatus.SWAPPED, [_Result(UpStatus.EXITED)])) == 0  # done: parts not asked
     with pytest.raises(AssertionError, match="without parts"):
         exit_status_of(_Result(SwapStatus.UP_FAILED))

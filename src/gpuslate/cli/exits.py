@@ -13,10 +13,11 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from .. import errors
-from ..outcome import HasStatus, Outcome, Parted, PartedStatus, StatusEnum
+from ..outcome import Outcome, Parted, PartedStatus, StatusEnum
 from .render.output import OutputLost
 
 if TYPE_CHECKING:
+    from ..outcome import HasStatus
     from ..remote.fleet import HostOutcome
 
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
-from ..outcome import Outcome, PartedStatus
+from ..outcome import Outcome, Parted, PartedStatus
 from .lifecycle import (
     DOWN_SCHEMA,
     UP_SCHEMA,
@@ -74,7 +74,7 @@ class Skipped(NamedTuple):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class BatchResult:
+class BatchResult(Parted):
     verb: Verb
     results: list[Result]  # in the order they ran
     skipped: list[Skipped]  # left as they were

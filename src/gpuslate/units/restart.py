@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
-from ..outcome import Outcome, PartedStatus
+from ..outcome import Outcome, Parted, PartedStatus
 from .lifecycle import DownResult, UpOptions, UpResult, start_checked
 from .names import UnitName
 from .state import UnitState
@@ -44,7 +44,7 @@ class RestartOptions(NamedTuple):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RestartResult:
+class RestartResult(Parted):
     name: str
     status: RestartStatus
     previous_state: UnitState

@@ -29,7 +29,7 @@ from .._parse import check_seconds, check_size, format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from ..host.session import HostContext
-from ..outcome import Outcome, PartedStatus
+from ..outcome import Outcome, Parted, PartedStatus
 from . import store
 from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, check_startable, start_checked, stop_loaded
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
@@ -56,7 +56,7 @@ DOWNTIME_PARTS = ("stop_old_s", "verify_clean_s", "preflight_new_s", "spawn_new_
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SwapResult:
+class SwapResult(Parted):
     old: str
     new: str
     status: SwapStatus

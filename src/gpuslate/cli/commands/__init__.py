@@ -14,36 +14,41 @@ document names its row, and that every command word argparse knows has one.
 
 A command's document is the contract (local output = remote bytes): :func:`present` shows a local
 result as its document gives it back, by the renderer a remote host's document gets (``--host``).
-Rows are NamedTuples, not dataclasses: ``dataclasses`` (with inspect, ast, dis...) costs every
-``status`` about 10 ms at start, and this module is on its path. Nothing here imports a renderer,
-a result type or a command module before it is used: ``status`` never loads rich or units/.
+Rows are plain slotted classes, not NamedTuples or dataclasses: each of those costs every
+``status`` start-up (a NamedTuple class about 0.2 ms, ``dataclasses`` about 10 ms), and this module
+is on its path. Nothing here imports a renderer, a result type or a command module before it is
+used: ``status`` never loads rich or units/.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ...outcome import HasStatus
 from ..exits import ExitStatus, exit_status_of
 from .common import print_json
 
+if TYPE_CHECKING:  # Protocols for type checkers only: defining one at run time costs every start
+    from ...outcome import HasStatus
 
-class Result(HasStatus, Protocol):
-    """What every command result is: a versioned document with a status (its exit code)."""
+    class Result(HasStatus, Protocol):
+        """What every command result is: a versioned document with a status (its exit code)."""
 
-    def to_json(self) -> dict[str, Any]: ...
+        def to_json(self) -> dict[str, Any]: ...
 
 
-class Document(NamedTuple):
+class Document:
     """A ``gpuslate.NAME.v1`` document: the result type that reads it back, and how it is shown."""
 
-    result: str  # "module:attr": the result type (its from_json reads the document back)
-    render: str  # "module:attr": shows the result on stdout (a failure's story on stderr)
-    #: "module:attr": with --json, the failure's story on stderr (stdout stays the document); it says
-    #: nothing for a result that did not fail
-    story: str | None = None
+    __slots__ = ("render", "result", "story")
+
+    def __init__(self, result: str, render: str, story: str | None = None) -> None:
+        self.result = result  # "module:attr": the result type (its from_json reads the document back)
+        self.render = render  # "module:attr": shows the result on stdout (a failure's story on stderr)
+        #: "module:attr": with --json, the failure's story on stderr (stdout stays the document); it says
+        #: nothing for a result that did not fail
+        self.story = story
 
     def read(self, doc: object) -> Any:
         """The document as its result type (BadDocument for one that is not)."""
@@ -53,13 +58,16 @@ class Document(NamedTuple):
         load(self.render)(self.read(doc))
 
 
-class Command(NamedTuple):
+class Command:
     """One command: its module, its own document (``gpuslate.<command>.v1``; None for a command that
     has none), and the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...)."""
 
-    module: str  # under gpuslate.cli.commands: register(subparsers) and the run functions
-    document: Document | None
-    also: tuple[tuple[str, Document], ...] = ()
+    __slots__ = ("also", "document", "module")
+
+    def __init__(self, module: str, document: Document | None, also: tuple[tuple[str, Document], ...] = ()) -> None:
+        self.module = module  # under gpuslate.cli.commands: register(subparsers) and the run functions
+        self.document = document
+        self.also = also
 
 
 _R = "gpuslate.cli.render"
