@@ -1,18 +1,20 @@
 """Two runs of ``run_device.sh fast`` on one machine, side by side: before and after a change.
 
-    python3 benchmarks/compare_runs.py BEFORE_DIR AFTER_DIR [--out FILE]
+    python3 benchmarks/compare_runs.py BEFORE_DIR[,BEFORE_DIR...] AFTER_DIR[,AFTER_DIR...] [--out FILE]
 
 Reads each run's ``bench-status.md`` (every command's median and its ratio to the Python+NVML floor
 measured in the same run), ``bench-clear.md`` (gpuslate's clear and the careful script, in ms) and
 ``profile-clear.md`` (where clear's time goes), and writes one Markdown table of the figures that
 matter, before and after, with the after/before ratio. Ratios to a floor measured in the same run are
-what compare across runs; the milliseconds are there for the record.
+what compare across runs; the milliseconds are there for the record. Several runs of each (taken in
+turns, before/after/before/after, so that a machine's drift falls on both): the median of each figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import statistics
 from pathlib import Path
 
 
@@ -67,19 +69,38 @@ def ratio(after: float | None, before: float | None) -> str:
     return "-" if after is None or not before else f"{after / before:.2f}"
 
 
-def compare(before: Path, after: Path) -> str:
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _status(runs: list[Path]) -> dict[str, tuple[float | None, float | None]]:
+    each = [rows for rows in map(status_rows, runs) if rows]  # a run may hold only clear's figures
+    names = [n for n in each[0] if all(n in e for e in each)] if each else []
+    return {n: (_median([e[n][0] for e in each]), _median([e[n][1] for e in each])) for n in names}
+
+
+def _clear(runs: list[Path]) -> dict[str, tuple[float | None, float | None]]:
+    """workload -> (gpuslate ms, gpuslate ÷ careful), medians over the runs."""
+    each = [rows for rows in map(clear_rows, runs) if rows]  # or only status's
+    names = [n for n in each[0] if all(n in e for e in each)] if each else []
+    return {n: (_median([e[n][0] for e in each]),
+                _median([e[n][0] / e[n][1] if e[n][0] and e[n][1] else None for e in each])) for n in names}
+
+
+def compare(before: list[Path], after: list[Path]) -> str:
     lines = ["| figure | before | after | after ÷ before |", "| --- | ---: | ---: | ---: |"]
-    sb, sa = status_rows(before), status_rows(after)
+    sb, sa = _status(before), _status(after)
     for name in sa:
         if name.startswith("gpuslate") and name in sb:
             lines.append(f"| {name}: × floor | {fmt(sb[name][1])} | {fmt(sa[name][1])} | "
                          f"{ratio(sa[name][1], sb[name][1])} |")
-    cb, ca = clear_rows(before), clear_rows(after)
+            lines.append(f"| {name}: ms | {fmt(sb[name][0], 1)} | {fmt(sa[name][0], 1)} | "
+                         f"{ratio(sa[name][0], sb[name][0])} |")
+    cb, ca = _clear(before), _clear(after)
     for name in ca:
         if name in cb:
-            (gb, kb), (ga, ka) = cb[name], ca[name]
-            rb = gb / kb if gb and kb else None
-            ra = ga / ka if ga and ka else None
+            (gb, rb), (ga, ra) = cb[name], ca[name]
             lines.append(f"| clear {name}: gpuslate ÷ careful | {fmt(rb)} | {fmt(ra)} | {ratio(ra, rb)} |")
             lines.append(f"| clear {name}: gpuslate ms | {fmt(gb, 0)} | {fmt(ga, 0)} | {ratio(ga, gb)} |")
     return "\n".join(lines) + "\n"
@@ -87,11 +108,12 @@ def compare(before: Path, after: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before", type=Path)
-    ap.add_argument("after", type=Path)
+    ap.add_argument("before", help="run folders, comma-separated")
+    ap.add_argument("after", help="run folders, comma-separated")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    text = f"Before: {a.before}\nAfter: {a.after}\n\n" + compare(a.before, a.after)
+    before, after = ([Path(d) for d in arg.split(",") if d] for arg in (a.before, a.after))
+    text = f"Before: {', '.join(map(str, before))}\nAfter: {', '.join(map(str, after))}\n\n" + compare(before, after)
     if a.out:
         a.out.write_text(text)
     print(text, end="")

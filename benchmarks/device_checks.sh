@@ -8,7 +8,9 @@
 #
 # BEFORE=DIR (a checkout of the code before a change, e.g. `git archive OLD | tar -x -C DIR`, carried):
 # `run_device.sh fast` runs in DIR first, then here, on the same machine, and before-after.md puts the
-# ratios side by side (benchmarks/compare_runs.py).
+# ratios side by side (benchmarks/compare_runs.py). AB_ROUNDS=N (default 1): N-1 more rounds of
+# bench_status alone, before then after, so that status's figures are medians over N turns.
+# SKIP_GPU_TESTS=1: only the measurements.
 set -u
 OUT=${1:?usage: device_checks.sh OUT [TESTS_LIMIT_S]}
 W=/tmp/device-checks  # everything goes here; OUT gets the logs, the tables and one archive (<= 8 files)
@@ -19,6 +21,7 @@ ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps 
 echo "== $(date -u '+%F %T') UTC $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 echo "== setproctitle: $(python3 -c 'import setproctitle; print(setproctitle.__version__)' 2>&1 | tail -1)"
 SECONDS=0
+[ -n "${SKIP_GPU_TESTS:-}" ] && echo "== gpu tests skipped (SKIP_GPU_TESTS)" > "$W/pytest-gpu.log" || \
 PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} timeout --kill-after=15 "${2:-300}" \
   python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rA -s 2>&1 | tee "$W/pytest-gpu.log" | tail -60
 echo "== gpu tests done in ${SECONDS}s"
@@ -34,7 +37,17 @@ if [ -n "${BEFORE:-}" ] && [ -d "$BEFORE/benchmarks" ]; then
 fi
 STATUS_ROUNDS=${STATUS_ROUNDS:-5} CLEAR_REPS=${CLEAR_REPS:-2} bash benchmarks/run_device.sh "$W/fast" fast 300 \
   > "$W/run_device.txt" 2>&1
-[ -d "$W/fast-before" ] && python3 benchmarks/compare_runs.py "$W/fast-before" "$W/fast" --out "$W/before-after.md"
+BEFORE_RUNS="$W/fast-before" AFTER_RUNS="$W/fast"
+if [ -d "$W/fast-before" ]; then
+  for r in $(seq 2 "${AB_ROUNDS:-1}"); do
+    (cd "$BEFORE" && STATUS_ROUNDS=${STATUS_ROUNDS:-5} bash benchmarks/run_device.sh "$W/status-before-$r" status 200) \
+      >> "$W/run_device-before.txt" 2>&1
+    STATUS_ROUNDS=${STATUS_ROUNDS:-5} bash benchmarks/run_device.sh "$W/status-after-$r" status 200 >> "$W/run_device.txt" 2>&1
+    BEFORE_RUNS="$BEFORE_RUNS,$W/status-before-$r" AFTER_RUNS="$AFTER_RUNS,$W/status-after-$r"
+    echo "== round $r done at ${SECONDS}s"
+  done
+  python3 benchmarks/compare_runs.py "$BEFORE_RUNS" "$AFTER_RUNS" --out "$W/before-after.md"
+fi
 tail -5 "$W/run_device.txt"
 grep -h -A14 "^|" "$W"/fast/*status*.md 2>/dev/null | head -30
 tar czf "$OUT/device-checks.tgz" -C "$W" .
