@@ -113,6 +113,26 @@ def test_sim_naming_a_file_or_a_broken_host_exits_3(cli, tmp_path, monkeypatch):
             assert str(root) in first and ("simulated host" in first or "host.json" in first), first
 
 
+def test_a_relative_gpuslate_sim_exits_2_and_signals_nothing(sim_host, hold):
+    """GPUSLATE_SIM=sim names another folder from every folder a command runs in (as a relative
+    state folder would): refused for every command, the holder of the simulated host untouched."""
+    canary = hold("--gpus", "0", "--memory", "1GiB")
+    here = sim_host.root.parent
+    for args in (["status"], ["clear", "--yes"], ["wait", "--free", "--timeout", "0"], ["ps"], ["audit"],
+                 ["sim", "leak", "--gpu", "0", "--memory", "1GiB"], ["down", "web"], ["up", "web", "--", "true"]):
+        r = subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True, cwd=here,
+                           env=gpuslate_env({"GPUSLATE_SIM": sim_host.root.name}), timeout=30)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert "GPUSLATE_SIM must be an absolute path" in one_line_error(r), args
+        assert f'export GPUSLATE_SIM="$PWD/{sim_host.root.name}"' in r.stderr
+    assert not is_gone(canary.pid)
+    # absolute (or ~): the same host
+    r = subprocess.run([sys.executable, "-m", "gpuslate", "status", "--json"], capture_output=True, text=True,
+                       env=gpuslate_env({"GPUSLATE_SIM": str(sim_host.root)}), timeout=30)
+    assert r.returncode == 0 and any(p["pid"] == canary.pid for p in json.loads(r.stdout)["gpus"][0]["processes"]), \
+        r.stderr
+
+
 def test_interrupt_is_reported_as_interrupted(sim_host, monkeypatch, capsys):
     from gpuslate.api import Host
     from gpuslate.cli.main import main

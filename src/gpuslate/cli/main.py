@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import GpuslateError, UsageError
+from ..gpu import sim_root_from_env
 from . import fleet as fleet_cli
 from .commands import COMMANDS
 from .commands.common import add_common, print_error
@@ -157,8 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _use_sim(args: argparse.Namespace) -> None:
     """``--sim DIR``: checked first (exit 3 for no simulated host, whatever the
     command), then one simulated host for the whole run: the backend, the lock,
-    the state folder (audit log, units) and the servers ``up`` starts follow it."""
-    if not getattr(args, "sim", None) or getattr(args, "sim_command", None) == "init":
+    the state folder (audit log, units) and the servers ``up`` starts follow it. Without it, a
+    relative ``$GPUSLATE_SIM`` is refused here, for every command (exit 2), whether it would read it
+    or not (:func:`~gpuslate.gpu.sim_root_from_env`)."""
+    if getattr(args, "sim_command", None) == "init":
+        return
+    if not getattr(args, "sim", None):
+        sim_root_from_env()
         return
     from ..gpu.sim.host import SimHost  # lazy: startup
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import UsageError
 from .types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
 
 __all__ = ["SIM_VAR", "GpuBackend", "GpuProcess", "GpuReading", "MemoryInfo", "open_backend", "sim_root_from_env"]
@@ -13,7 +14,20 @@ SIM_VAR = "GPUSLATE_SIM"
 
 
 def sim_root_from_env() -> str | None:
-    return os.environ.get(SIM_VAR) or None
+    """``$GPUSLATE_SIM`` (``~`` expanded), or None when unset or empty.
+
+    A relative one is refused (UsageError), as a relative state folder is (host/state.py,
+    ``absolute_setting``): each gpuslate process would take it from its own current folder, so a
+    command run after a ``cd`` would act on another simulated host, with another state folder and
+    lock, or on none. (``--sim DIR`` is made absolute once by the CLI, which exports it so.)"""
+    value = os.environ.get(SIM_VAR)
+    if not value:
+        return None
+    path = os.path.expanduser(value)
+    if not os.path.isabs(path):
+        raise UsageError(f"{SIM_VAR} must be an absolute path, not {value!r}: a relative one would name another "
+                         "simulated host from every folder gpuslate runs in", hint=f'export {SIM_VAR}="$PWD/{value}"')
+    return path
 
 
 def open_backend(sim: str | os.PathLike[str] | None = None) -> GpuBackend:

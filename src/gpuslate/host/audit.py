@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from ..errors import PermissionDenied, UsageError
+from ..gpu import sim_root_from_env
 from ..outcome import Outcome, StatusEnum
 from .state import StateDir, open_dir, open_state_dir
 
@@ -61,7 +62,7 @@ class AuditLog:
     def __init__(self, path: Path | None = None, *, backend: str | None = None,
                  sim_root: str | os.PathLike[str] | None = None, context: dict[str, Any] | None = None) -> None:
         if backend is None:  # as open_backend() chooses: the simulated host of $GPUSLATE_SIM, else NVML
-            sim_root = sim_root or os.environ.get("GPUSLATE_SIM") or None
+            sim_root = sim_root or sim_root_from_env()
             backend = "sim" if sim_root else "nvml"
         # The folder is walked and checked once (host/state.py) and held open: every
         # append opens the log relative to it, so a folder swapped between two

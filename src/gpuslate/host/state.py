@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .._walk import FILE_FLAGS, StateDir, Trust, open_dir, open_file_dir, read_file
 from ..errors import BackendUnavailable, PermissionDenied, UsageError
+from ..gpu import sim_root_from_env
 
 __all__ = ["FILE_FLAGS", "StateDir", "Trust", "check_private", "configured_dir", "open_dir", "open_file_dir",
            "open_state_dir", "read_file", "read_state_file", "state_dir", "write_state_file"]
@@ -88,7 +89,7 @@ def configured_dir(sim_root: str | os.PathLike[str] | None = None) -> Path:
     env = os.environ.get("GPUSLATE_STATE_DIR")
     if env:
         return absolute_setting("GPUSLATE_STATE_DIR", env)
-    sim = sim_root if sim_root is not None else os.environ.get("GPUSLATE_SIM")
+    sim = sim_root if sim_root is not None else sim_root_from_env()
     if sim:
         # a simulated run never writes to the user's real audit log
         root = Path(sim).absolute()

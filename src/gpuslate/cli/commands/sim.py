@@ -9,6 +9,7 @@ import sys
 from ..._parse import format_gpu_list, format_size, parse_gpu_list, selected_gpus
 from ...errors import UsageError
 from ...extras import Extra, require
+from ...gpu import sim_root_from_env
 from ..exits import ExitStatus, exit_epilog
 from . import present
 from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, size, whole
@@ -155,7 +156,7 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
 def _host(args: argparse.Namespace):  # -> SimHost
     from ...gpu.sim.host import SimHost  # lazy: startup
 
-    root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
+    root = getattr(args, "sim", None) or sim_root_from_env()
     if not root:
         raise UsageError("no simulated host: pass --sim DIR or set GPUSLATE_SIM=DIR "
                          "(create one with 'gpuslate sim init DIR')")
@@ -219,7 +220,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    root = getattr(args, "sim", None) or os.environ.get("GPUSLATE_SIM")
+    root = getattr(args, "sim", None) or sim_root_from_env()
     workers: list[int] = []  # in this process's PID namespace: what it may signal
 
     def start() -> list[int]:
