@@ -38,7 +38,7 @@ SNIPPETS = {
         """,
     "correct": """
         from gpuslate import ClearOptions, Host, RemoteHost, Selection, UnitSpec
-        from gpuslate.host.audit import AuditListing, AuditOptions
+        from gpuslate.host.auditlist import AuditListing, AuditOptions
         from gpuslate.units.logfile import LogsOptions, LogsResult
         from gpuslate.verbs import Verbs
 

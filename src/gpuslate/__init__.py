@@ -40,13 +40,13 @@ _EXPORTS = {
     "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
     "PsOptions": "gpuslate.units.listing", "RestartOptions": "gpuslate.units.restart",
     "RemoteHost": "gpuslate.remote.host", "Verbs": "gpuslate.verbs",
-    "AuditOptions": "gpuslate.host.audit", "LogsOptions": "gpuslate.units.logfile",
+    "AuditOptions": "gpuslate.host.auditlist", "LogsOptions": "gpuslate.units.logfile",
 }
 
 if TYPE_CHECKING:
     from .api import Host, clear, status, wait_free
     from .gpu import GpuBackend, open_backend
-    from .host.audit import AuditOptions
+    from .host.auditlist import AuditOptions
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
     from .remote.host import RemoteHost
     from .slate.clear import ClearOptions, ClearResult

@@ -37,7 +37,7 @@ from .host.session import HostContext, Note, ProgressSink
 from .host.snapshot import Snapshot, take_snapshot
 
 if TYPE_CHECKING:
-    from .host.audit import AuditListing, AuditOptions
+    from .host.auditlist import AuditListing, AuditOptions
     from .slate.clear import ClearOptions, ClearResult
     from .slate.plan import Plan, Selection
     from .slate.wait import WaitOptions, WaitResult
@@ -131,8 +131,8 @@ class Host(HostContext):
 
     def audit(self, options: AuditOptions | None = None) -> AuditListing:
         """The newest entries of this host's audit log (``AuditOptions(limit=50)``; 0: all), read
-        without opening the backend: see :func:`gpuslate.host.audit.list_entries`."""
-        from .host.audit import AuditOptions, list_entries  # lazy: startup
+        without opening the backend: see :func:`gpuslate.host.auditlist.list_entries`."""
+        from .host.auditlist import AuditOptions, list_entries  # lazy: startup
 
         return list_entries(self.audit_for_reading(), options if options is not None else AuditOptions())
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .host.audit import AuditListing, AuditOptions
+    from .host.auditlist import AuditListing, AuditOptions
     from .host.snapshot import Snapshot
     from .slate.clear import ClearOptions, ClearResult
     from .slate.plan import Selection

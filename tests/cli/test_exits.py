@@ -46,7 +46,7 @@ STATUS_MODULES = ("gpuslate.slate.clear", "gpuslate.slate.wait", "gpuslate.units
                   "gpuslate.units.listing", "gpuslate.slurm.hooks", "gpuslate.gpu.sim.results",
                   "gpuslate.remote.zipapp", "gpuslate.bench.result", "gpuslate.bench.report",
                   "gpuslate.units.logfile", "gpuslate.units.restart", "gpuslate.units.remove",
-                  "gpuslate.units.batch", "gpuslate.host.audit", "gpuslate.host.snapshot")
+                  "gpuslate.units.batch", "gpuslate.host.auditlist", "gpuslate.host.snapshot")
 
 
 def all_status_enums() -> list[type[StatusEnum]]:

@@ -15,7 +15,8 @@ import pytest
 
 from gpuslate.cli.commands import audit as log_cmd
 from gpuslate.cli.commands.common import add_common
-from gpuslate.host.audit import AuditListing, AuditLog
+from gpuslate.host.audit import AuditLog
+from gpuslate.host.auditlist import AuditListing
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from gpuslate import Host, PsOptions, RemoteHost, UnitSpec, UpOptions, UsageError
-from gpuslate.host.audit import AuditListing, AuditOptions
+from gpuslate.host.auditlist import AuditListing, AuditOptions
 from gpuslate.units.lifecycle import UpResult, UpStatus
 from gpuslate.units.logfile import LogsOptions, LogsResult
 from gpuslate.units.remove import RmResult

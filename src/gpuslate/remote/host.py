@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._parse import format_gpu_list
 from ..errors import UsageError
-from ..host.audit import AuditListing, AuditOptions, check_limit
+from ..host.auditlist import AuditListing, AuditOptions, check_limit
 from ..host.snapshot import Snapshot
 from ..slate.clear import ClearOptions, ClearResult
 from ..slate.plan import Selection

@@ -72,7 +72,7 @@ class Command:
 
 _R = "gpuslate.cli.render"
 _BATCH = Document("gpuslate.units.batch:BatchResult", f"{_R}.units:show_batch", f"{_R}.units:report_batch_failures")
-_AUDIT = Document("gpuslate.host.audit:AuditListing", f"{_R}.audit:print_log")
+_AUDIT = Document("gpuslate.host.auditlist:AuditListing", f"{_R}.audit:print_log")
 
 #: every command, in help order (the only list of them)
 COMMANDS: dict[str, Command] = {

@@ -40,7 +40,7 @@ def _limit(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
-    from ...host.audit import AuditOptions  # lazy: startup
+    from ...host.auditlist import AuditOptions  # lazy: startup
 
     alias = getattr(args, "audit_alias", False)
     if alias:

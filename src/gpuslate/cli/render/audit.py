@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ..._parse import format_gpu_list
 
 if TYPE_CHECKING:
-    from ...host.audit import AuditListing
+    from ...host.auditlist import AuditListing
 
 _OUTCOME_STYLE = {
     "delivered": "green", "not_running": "dim", "pid_reused": "yellow", "refused": "yellow",
