@@ -64,6 +64,17 @@ def test_clear_finishes_its_work_and_audit_with_its_own_code(sim_host, hold, cli
     assert any(e["target"]["pid"] == victim.pid for e in audit["entries"] if e["event"] == "signal"), audit
 
 
+@pytest.mark.parametrize("shape", ["closed", "gone"])
+def test_rm_acts_its_work_done_and_its_own_code(sim_host, cli, shape):
+    """rm acts (it removes a unit's record and logs): with its output gone it exits with its own code,
+    as clear does, not 141 as a command that only prints."""
+    r = cli("up", "web", "--ready-log", "never", "--", sys.executable, "-c", "pass")  # exits first: failed
+    assert r.returncode == 6, r.stderr
+    code, err = run_broken(["rm", "web"], shape)
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(cli("ps", "-a", "--json").stdout)["units"] == []
+
+
 def test_sim_leak_with_stdout_closed_is_recorded(sim_host):
     code, err = run_broken(["sim", "leak", "--gpu", "3", "--memory", "1GiB", "--json"], "closed")
     assert code == 0, err
@@ -173,10 +184,11 @@ def test_a_stream_closed_at_start_is_lost_at_its_first_write(mode):
 
 
 def test_modes_by_command():
+    from gpuslate.cli.commands import output_mode
     from gpuslate.cli.main import build_parser
 
     def mode_of(*words: str) -> output.Mode:
-        return output.mode_of(words[0], build_parser(list(words)).parse_args(list(words)))
+        return output_mode(words[0], build_parser(list(words)).parse_args(list(words)))
 
     assert mode_of("status") is mode_of("ps") is mode_of("audit") is mode_of("clear", "--dry-run") is output.Mode.PRINT
     assert mode_of("clear", "--yes") is mode_of("down", "web") is mode_of("swap", "a", "b") is output.Mode.ACT
@@ -184,6 +196,10 @@ def test_modes_by_command():
     assert mode_of("up", "web", "--", "serve", "--port", "1") is output.Mode.ACT  # up's own 'command' is a list
     assert mode_of("experiment", "run", "x.toml") is mode_of("demo") is output.Mode.RUN
     assert mode_of("experiment", "report", "d") is output.Mode.PRINT
+    # restart and rm act: their work finishes and they exit with their own code (a table of acting
+    # commands apart from the command table had left them out)
+    assert mode_of("restart", "web") is mode_of("rm", "web") is mode_of("install", "--out", "x") is output.Mode.ACT
+    assert mode_of("logs", "web") is mode_of("bench", "http://x") is mode_of("wait", "--free") is output.Mode.PRINT
 
 
 

@@ -14,7 +14,7 @@ from .. import __version__
 from ..errors import GpuslateError, UsageError
 from ..gpu import sim_root_from_env
 from . import fleet as fleet_cli
-from .commands import COMMANDS
+from .commands import COMMANDS, output_mode
 from .commands.common import add_common, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
 from .render import output
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(argv)
     parser.argv = argv  # type: ignore[attr-defined]  # for did_you_mean
     args = parser.parse_args(argv)  # with --host too: bad input fails here, before any host is contacted
-    output.set_mode(output.mode_of(_chosen_command(argv), args))
+    output.set_mode(output_mode(_chosen_command(argv), args))
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE

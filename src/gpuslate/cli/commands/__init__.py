@@ -27,6 +27,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exits import ExitStatus, exit_status_of
+from ..render.output import Mode, mode_of
 from .common import print_json
 
 if TYPE_CHECKING:  # Protocols for type checkers only: defining one at run time costs every start
@@ -60,14 +61,18 @@ class Document:
 
 class Command:
     """One command: its module, its own document (``gpuslate.<command>.v1``; None for a command that
-    has none), and the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...)."""
+    has none), the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...), and what
+    a lost stdout or stderr does to it (``output``, cli/render/output.py: a command that only prints
+    stops; one that acts finishes its work and exits with its own code; a long run stops as on Ctrl-C)."""
 
-    __slots__ = ("also", "document", "module")
+    __slots__ = ("also", "document", "module", "output")
 
-    def __init__(self, module: str, document: Document | None, also: tuple[tuple[str, Document], ...] = ()) -> None:
+    def __init__(self, module: str, document: Document | None, also: tuple[tuple[str, Document], ...] = (),
+                 output: Mode = Mode.PRINT) -> None:
         self.module = module  # under gpuslate.cli.commands: register(subparsers) and the run functions
         self.document = document
         self.also = also
+        self.output = output
 
 
 _R = "gpuslate.cli.render"
@@ -75,32 +80,38 @@ _BATCH = Document("gpuslate.units.batch:BatchResult", f"{_R}.units:show_batch", 
 _AUDIT = Document("gpuslate.host.auditlist:AuditListing", f"{_R}.audit:print_log")
 
 #: every command, in help order (the only list of them)
+_ACT, _RUN = Mode.ACT, Mode.RUN
+
+#: every command, in help order (the only list of them)
 COMMANDS: dict[str, Command] = {
     "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status")),
-    "clear": Command("clear", Document("gpuslate.slate.clear:ClearResult", f"{_R}.clear:print_clear")),
+    "clear": Command("clear", Document("gpuslate.slate.clear:ClearResult", f"{_R}.clear:print_clear"), output=_ACT),
     "wait": Command("wait", Document("gpuslate.slate.wait:WaitResult", f"{_R}.clear:print_wait")),
     "up": Command("up", Document("gpuslate.units.lifecycle:UpResult", f"{_R}.units:show_up",
-                                 f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),)),
+                                 f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),), output=_ACT),
     "down": Command("down", Document("gpuslate.units.lifecycle:DownResult", f"{_R}.units:show_down",
-                                     f"{_R}.units:report_down_failure")),
+                                     f"{_R}.units:report_down_failure"), output=_ACT),
     "restart": Command("restart", Document("gpuslate.units.restart:RestartResult", f"{_R}.units:show_restart",
-                                           f"{_R}.units:report_restart_failure")),
-    "rm": Command("rm", Document("gpuslate.units.remove:RmResult", f"{_R}.units:show_rm")),
+                                           f"{_R}.units:report_restart_failure"), output=_ACT),
+    "rm": Command("rm", Document("gpuslate.units.remove:RmResult", f"{_R}.units:show_rm"), output=_ACT),
     "ps": Command("ps", Document("gpuslate.units.listing:PsResult", f"{_R}.units:show_ps")),
     "logs": Command("logs", Document("gpuslate.units.logfile:LogsResult", f"{_R}.logs:show_logs")),
     "swap": Command("swap", Document("gpuslate.units.swap:SwapResult", f"{_R}.units:show_swap",
-                                     f"{_R}.units:report_swap_failure")),
+                                     f"{_R}.units:report_swap_failure"), output=_ACT),
     "audit": Command("audit", _AUDIT),
     "log": Command("audit", _AUDIT),  # the old name of audit: hidden, its document keeps its own schema
     "sim": Command("sim", None, also=(
         ("sim.init", Document("gpuslate.gpu.sim.results:SimInitResult", f"{_R}.sim:show_init")),
-        ("sim.leak", Document("gpuslate.gpu.sim.results:SimLeakResult", f"{_R}.sim:show_leak")))),
+        ("sim.leak", Document("gpuslate.gpu.sim.results:SimLeakResult", f"{_R}.sim:show_leak"))), output=_ACT),
     "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench")),
-    "experiment": Command("experiment", Document("gpuslate.bench.report:Report", f"{_R}.experiment:print_report")),
-    "demo": Command("demo", Document("gpuslate.bench.report:DemoResult", f"{_R}.experiment:show_demo")),
-    "slurm": Command("slurm", Document("gpuslate.slurm.hooks:HookResult", f"{_R}.slurm:show_hook")),
-    "exporter": Command("exporter", None),  # serves until killed: no document
-    "install": Command("install", Document("gpuslate.remote.zipapp:InstallResult", f"{_R}.install:show_install")),
+    # run: hours of servers and load, stopped as on Ctrl-C when its output goes (report: only prints)
+    "experiment": Command("experiment", Document("gpuslate.bench.report:Report", f"{_R}.experiment:print_report"),
+                          output=_RUN),
+    "demo": Command("demo", Document("gpuslate.bench.report:DemoResult", f"{_R}.experiment:show_demo"), output=_RUN),
+    "slurm": Command("slurm", Document("gpuslate.slurm.hooks:HookResult", f"{_R}.slurm:show_hook"), output=_ACT),
+    "exporter": Command("exporter", None, output=_ACT),  # serves until killed: no document
+    "install": Command("install", Document("gpuslate.remote.zipapp:InstallResult", f"{_R}.install:show_install"),
+                       output=_ACT),
     "completion": Command("completion", None),  # prints a shell script
 }
 
@@ -149,3 +160,10 @@ def present(args: argparse.Namespace, result: Result) -> ExitStatus:
     else:
         row.show(doc)
     return exit_status_of(result)
+
+
+def output_mode(command: str | None, args: argparse.Namespace) -> Mode:
+    """What a lost stdout or stderr does to ``command`` run with ``args``: its row's mode
+    (cli/render/output.py's ``mode_of``: a dry run only prints); no command (``--help``): PRINT."""
+    row = COMMANDS.get(command) if command is not None else None
+    return mode_of(row.output if row is not None else Mode.PRINT, args)

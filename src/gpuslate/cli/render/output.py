@@ -12,7 +12,7 @@ write and decides by what the command does (:class:`Mode`):
 ``PRINT`` (status, ps, logs, audit, wait, bench, experiment report, a dry run, --help)
     stdout lost: the command stops at once and exits 141 (128 + SIGPIPE, what a
     shell reports for ``yes | head -1``), quietly; stderr lost: ignored.
-``ACT`` (clear, up, down, swap, slurm, sim, exporter, install)
+``ACT`` (clear, up, down, restart, rm, swap, slurm, sim, exporter, install)
     nothing stops the work: what cannot be written is dropped, the command
     finishes (its audit log included) and exits with its own code.
 ``RUN`` (experiment run, demo: hours of servers and load)
@@ -49,15 +49,15 @@ class Mode(enum.Enum):
     RUN = "run"
 
 
-#: commands that act: their work and audit finish whatever happens to their output
-_ACTING = frozenset({"clear", "up", "down", "swap", "slurm", "sim", "exporter", "install"})
-
-
-def mode_of(command: str | None, args: argparse.Namespace) -> Mode:
-    """The mode of ``command`` run with ``args`` (see the module docstring); a dry run only prints."""
-    if command == "demo" or (command == "experiment" and getattr(args, "verb", None) == "run"):
-        return Mode.RUN
-    return Mode.ACT if command in _ACTING and not getattr(args, "dry_run", False) else Mode.PRINT
+def mode_of(declared: Mode, args: argparse.Namespace) -> Mode:
+    """The mode a command runs in: what its row in the command table declares (cli/commands/__init__.py),
+    except that a dry run only prints, and so does a RUN command's verb other than ``run``
+    (``experiment report``)."""
+    if getattr(args, "dry_run", False):
+        return Mode.PRINT
+    if declared is Mode.RUN and getattr(args, "verb", "run") != "run":
+        return Mode.PRINT
+    return declared
 
 
 class OutputLost(KeyboardInterrupt):
