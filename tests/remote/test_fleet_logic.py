@@ -184,3 +184,26 @@ def test_split_fleet_options_takes_only_its_own(words, options, joined):
     assert (fleet is None) == (not hosts and not any(o == "--hosts" for _, o, _ in options))
     if fleet is not None:
         assert sorted(fleet.hosts) == sorted(hosts)
+
+
+def test_how_long_a_host_may_take_is_its_commands_row(monkeypatch):
+    """The answer's time limit: none for a command whose length the host decides (its row's ``paced``),
+    else --connect-timeout + its own --timeout and --grace + the margin. restart waits for its server
+    to load again (up to its unit's start timeout) as up and swap do: a separate list of such commands
+    had left it out, and a remote restart of a slow server was cut at 70 s."""
+    from gpuslate.cli.commands import COMMANDS, Remote
+    from gpuslate.cli.fleet import answer_limit
+    from gpuslate.cli.main import build_parser
+
+    monkeypatch.setenv("GPUSLATE_ANSWER_MARGIN", "60")
+
+    def limit(*words: str) -> float | None:
+        return answer_limit(words[0], build_parser(list(words)).parse_args(list(words)), 10.0)
+
+    for words in (("up", "web"), ("down", "web"), ("swap", "a", "b"), ("restart", "web"), ("bench", "http://x"),
+                  ("experiment", "run", "x.toml"), ("demo",)):
+        assert limit(*words) is None, words
+    assert limit("clear", "--yes") == 10 + 60 + 10 + 60  # its --timeout 60 and --grace 10
+    assert limit("wait", "--free", "--timeout", "5") == 10 + 5 + 60
+    assert limit("status") == limit("ps") == limit("rm", "web") == limit("experiment", "report", "d") == 70
+    assert {n for n, c in COMMANDS.items() if c.remote is Remote.ROLLING} == {"swap", "restart"}

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import BadDocument, NotConfirmed, PermissionDenied, UsageError
-from .commands import document_for, show_document
+from .commands import COMMANDS, Remote, document_for, show_document
 from .commands.common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .render.plain import Cell, Column, cut, paint, safe, table, use_color, width_of
@@ -169,10 +169,11 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
                          "--host: run it on the host (ssh -t HOST gpuslate ...)")
     if command == "sim" and getattr(args, "sim_command", None) in ("hold", "mps", "serve"):
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
-    if command == "exporter":  # Prometheus scrapes each host's own exporter
-        raise UsageError("'exporter' runs until killed: start it on each host (see docs/exporter.md)")
+    row = COMMANDS[command]
+    if row.remote is Remote.REFUSED:  # the exporter: Prometheus scrapes each host's own
+        raise UsageError(f"'{command}' runs until killed: start it on each host (see docs/{command}.md)")
     words = remote_words(argv)
-    if command == "install":  # runs here: builds the zipapp once and pushes it to each host
+    if row.remote is Remote.HERE:  # install: builds the zipapp once here and pushes it to each host
         if fleet.slurm:
             raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
         hosts, fan, sequential = _install_over_ssh(fleet, args)
@@ -183,7 +184,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     try:
         if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
             result = _clear_asking_once(hosts, words, fan, progress)
-        elif command in ("swap", "restart"):  # one host at a time: a rolling swap or restart
+        elif row.remote is Remote.ROLLING:  # one host at a time: a rolling swap or restart
             result = sequential(hosts, words, progress)
         else:
             result = fan(hosts, words, progress)
@@ -197,15 +198,12 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 
 
-#: commands whose length the host decides (its unit files' timeouts, a spec's load): their answer has no
-#: time limit here, only ssh's keep-alive and the byte and depth limits (docs/remote.md, Failures)
-_LENGTH_ON_THE_HOST = frozenset({"up", "down", "swap", "bench", "experiment", "demo"})
 def answer_limit(command: str, args: argparse.Namespace, connect_timeout: float) -> float | None:
     """The seconds one host's answer may take, its connection included: ``--connect-timeout``, plus the
     command's own ``--timeout`` and ``--grace`` (given or default), plus ``$GPUSLATE_ANSWER_MARGIN``
-    (default 60); ``None`` for the
-    commands whose length the host decides (``experiment report`` excepted: it only reads)."""
-    if command in _LENGTH_ON_THE_HOST and not (command == "experiment" and getattr(args, "verb", None) == "report"):
+    (default 60); ``None`` for a command whose length the host decides (its row's ``paced``:
+    cli/commands/__init__.py; ``experiment report`` excepted: it only reads)."""
+    if COMMANDS[command].paced and getattr(args, "verb", None) != "report":
         return None
     own = 0.0
     for name in ("timeout", "grace"):

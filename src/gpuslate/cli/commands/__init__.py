@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exits import ExitStatus, exit_status_of
@@ -59,20 +60,34 @@ class Document:
         load(self.render)(self.read(doc))
 
 
+class Remote(Enum):
+    """How ``--host``, ``--hosts`` and ``--slurm`` run a command (cli/fleet.py)."""
+
+    FAN = "fan"  # on every host at once (--parallel)
+    ROLLING = "rolling"  # one host at a time, stopping at the first that fails (unless --keep-going)
+    HERE = "here"  # runs here and reaches each host itself (install: one zipapp, pushed to each)
+    REFUSED = "refused"  # runs until killed: started on each host itself
+
+
 class Command:
     """One command: its module, its own document (``gpuslate.<command>.v1``; None for a command that
-    has none), the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...), and what
-    a lost stdout or stderr does to it (``output``, cli/render/output.py: a command that only prints
-    stops; one that acts finishes its work and exits with its own code; a long run stops as on Ctrl-C)."""
+    has none), the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...), what a
+    lost stdout or stderr does to it (``output``, cli/render/output.py: a command that only prints
+    stops; one that acts finishes its work and exits with its own code; a long run stops as on
+    Ctrl-C), how other hosts run it (``remote``), and whether the host decides how long it takes
+    (``paced``: a unit's timeouts, a spec's load; its answer then has no time limit here, only ssh's
+    keep-alive and the byte and depth limits: docs/remote.md)."""
 
-    __slots__ = ("also", "document", "module", "output")
+    __slots__ = ("also", "document", "module", "output", "paced", "remote")
 
-    def __init__(self, module: str, document: Document | None, also: tuple[tuple[str, Document], ...] = (),
-                 output: Mode = Mode.PRINT) -> None:
+    def __init__(self, module: str, document: Document | None, also: tuple[tuple[str, Document], ...] = (), *,
+                 output: Mode = Mode.PRINT, remote: Remote = Remote.FAN, paced: bool = False) -> None:
         self.module = module  # under gpuslate.cli.commands: register(subparsers) and the run functions
         self.document = document
         self.also = also
         self.output = output
+        self.remote = remote
+        self.paced = paced
 
 
 _R = "gpuslate.cli.render"
@@ -80,7 +95,7 @@ _BATCH = Document("gpuslate.units.batch:BatchResult", f"{_R}.units:show_batch", 
 _AUDIT = Document("gpuslate.host.auditlist:AuditListing", f"{_R}.audit:print_log")
 
 #: every command, in help order (the only list of them)
-_ACT, _RUN = Mode.ACT, Mode.RUN
+_ACT, _RUN, _ROLLING = Mode.ACT, Mode.RUN, Remote.ROLLING
 
 #: every command, in help order (the only list of them)
 COMMANDS: dict[str, Command] = {
@@ -88,30 +103,34 @@ COMMANDS: dict[str, Command] = {
     "clear": Command("clear", Document("gpuslate.slate.clear:ClearResult", f"{_R}.clear:print_clear"), output=_ACT),
     "wait": Command("wait", Document("gpuslate.slate.wait:WaitResult", f"{_R}.clear:print_wait")),
     "up": Command("up", Document("gpuslate.units.lifecycle:UpResult", f"{_R}.units:show_up",
-                                 f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),), output=_ACT),
+                                 f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),), output=_ACT,
+                  paced=True),
     "down": Command("down", Document("gpuslate.units.lifecycle:DownResult", f"{_R}.units:show_down",
-                                     f"{_R}.units:report_down_failure"), output=_ACT),
+                                     f"{_R}.units:report_down_failure"), output=_ACT, paced=True),
     "restart": Command("restart", Document("gpuslate.units.restart:RestartResult", f"{_R}.units:show_restart",
-                                           f"{_R}.units:report_restart_failure"), output=_ACT),
+                                           f"{_R}.units:report_restart_failure"), output=_ACT,
+                       remote=_ROLLING, paced=True),
     "rm": Command("rm", Document("gpuslate.units.remove:RmResult", f"{_R}.units:show_rm"), output=_ACT),
     "ps": Command("ps", Document("gpuslate.units.listing:PsResult", f"{_R}.units:show_ps")),
     "logs": Command("logs", Document("gpuslate.units.logfile:LogsResult", f"{_R}.logs:show_logs")),
     "swap": Command("swap", Document("gpuslate.units.swap:SwapResult", f"{_R}.units:show_swap",
-                                     f"{_R}.units:report_swap_failure"), output=_ACT),
+                                     f"{_R}.units:report_swap_failure"), output=_ACT, remote=_ROLLING,
+                    paced=True),
     "audit": Command("audit", _AUDIT),
     "log": Command("audit", _AUDIT),  # the old name of audit: hidden, its document keeps its own schema
     "sim": Command("sim", None, also=(
         ("sim.init", Document("gpuslate.gpu.sim.results:SimInitResult", f"{_R}.sim:show_init")),
         ("sim.leak", Document("gpuslate.gpu.sim.results:SimLeakResult", f"{_R}.sim:show_leak"))), output=_ACT),
-    "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench")),
+    "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench"), paced=True),
     # run: hours of servers and load, stopped as on Ctrl-C when its output goes (report: only prints)
     "experiment": Command("experiment", Document("gpuslate.bench.report:Report", f"{_R}.experiment:print_report"),
-                          output=_RUN),
-    "demo": Command("demo", Document("gpuslate.bench.report:DemoResult", f"{_R}.experiment:show_demo"), output=_RUN),
+                          output=_RUN, paced=True),
+    "demo": Command("demo", Document("gpuslate.bench.report:DemoResult", f"{_R}.experiment:show_demo"), output=_RUN,
+                    paced=True),
     "slurm": Command("slurm", Document("gpuslate.slurm.hooks:HookResult", f"{_R}.slurm:show_hook"), output=_ACT),
-    "exporter": Command("exporter", None, output=_ACT),  # serves until killed: no document
+    "exporter": Command("exporter", None, output=_ACT, remote=Remote.REFUSED),  # serves until killed: no document
     "install": Command("install", Document("gpuslate.remote.zipapp:InstallResult", f"{_R}.install:show_install"),
-                       output=_ACT),
+                       output=_ACT, remote=Remote.HERE),
     "completion": Command("completion", None),  # prints a shell script
 }
 
