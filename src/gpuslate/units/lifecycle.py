@@ -224,15 +224,21 @@ def check_startable(unit: Unit | None, name: str) -> None:
                          f"stop it first with 'gpuslate down {name}'")
 
 
+def phase_start(host: HostContext, phase: str, started: float | None) -> float:
+    """When the verb that runs ``phase`` began (its ``started``, else now); a phase function runs
+    under the host lock its caller holds (it neither takes the lock nor reads the record again)."""
+    if not host.lock_depth:
+        raise RuntimeError(f"{phase} runs under the host lock its caller holds")
+    return time.monotonic() if started is None else started
+
+
 def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wait: float = 0.0,
                   started: float | None = None) -> UpResult:
     """``up``'s start phase: ``spec`` (validated) passed :func:`check_startable` on the unit as its
     caller loaded it, under the host lock of ``host``, which the caller holds (``up``, ``swap``: the
     lock is not taken again, and the record not read again). ``lock_wait``: the caller's wait for
     the lock; ``started``: when the caller's verb began (``time.monotonic()``), for ``total_s``."""
-    if not host.lock_depth:
-        raise RuntimeError("start_checked runs under the host lock its caller holds")
-    t0 = time.monotonic() if started is None else started
+    t0 = phase_start(host, "start_checked", started)
     note = host.note
     units = store.UnitStore.of(host)
     be = host.backend
@@ -397,9 +403,7 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
     """``down``'s stop phase: unit ``u`` as its caller loaded it under the host lock of ``host``, which
     the caller holds (``down``, ``swap``'s OLD: the record is not read again); ``opts`` validated.
     ``lock_wait`` and ``started`` as for :func:`start_checked`."""
-    if not host.lock_depth:
-        raise RuntimeError("stop_loaded runs under the host lock its caller holds")
-    t0 = time.monotonic() if started is None else started
+    t0 = phase_start(host, "stop_loaded", started)
     name = u.name
     units = store.UnitStore.of(host)
     note = host.note

@@ -31,7 +31,16 @@ from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, Parted, PartedStatus
 from . import store
-from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, check_startable, start_checked, stop_loaded
+from .lifecycle import (
+    DownOptions,
+    DownResult,
+    UpOptions,
+    UpResult,
+    check_startable,
+    phase_start,
+    start_checked,
+    stop_loaded,
+)
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
 from .resolving import spec_for
@@ -173,9 +182,7 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
     loaded under it (a spec, so not corrupt), ``new_spec`` validated and past
     :func:`~.lifecycle.check_startable` (or OLD itself: ``restart``). Neither record is read again:
     OLD is stopped as loaded, NEW started, and OLD's rollback starts the spec loaded here."""
-    if not host.lock_depth:
-        raise RuntimeError("swap_loaded runs under the host lock its caller holds")
-    t0 = time.monotonic() if started is None else started
+    t0 = phase_start(host, "swap_loaded", started)
     note = host.note
     units = store.UnitStore.of(host)
     old = old_unit.name
