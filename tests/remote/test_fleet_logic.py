@@ -198,7 +198,7 @@ def test_how_long_a_host_may_take_is_its_commands_row(monkeypatch):
     monkeypatch.setenv("GPUSLATE_ANSWER_MARGIN", "60")
 
     def limit(*words: str) -> float | None:
-        return answer_limit(words[0], build_parser(list(words)).parse_args(list(words)), 10.0)
+        return answer_limit(COMMANDS[words[0]], build_parser(list(words)).parse_args(list(words)), 10.0)
 
     for words in (("up", "web"), ("down", "web"), ("swap", "a", "b"), ("restart", "web"), ("bench", "http://x"),
                   ("experiment", "run", "x.toml"), ("demo",)):

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import BadDocument, NotConfirmed, PermissionDenied, UsageError
-from .commands import COMMANDS, Remote, document_for, show_document
+from .commands import COMMANDS, Command, Remote, document_for, show_document
 from .commands.common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .render.plain import Cell, Column, cut, paint, safe, table, use_color, width_of
@@ -178,7 +178,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
             raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
         hosts, fan, sequential = _install_over_ssh(fleet, args)
     else:
-        limit = answer_limit(command, args, fleet.connect_timeout)
+        limit = answer_limit(row, args, fleet.connect_timeout)
         hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, limit)
     progress = Progress(len(hosts))
     try:
@@ -198,12 +198,12 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 
 
-def answer_limit(command: str, args: argparse.Namespace, connect_timeout: float) -> float | None:
+def answer_limit(row: Command, args: argparse.Namespace, connect_timeout: float) -> float | None:
     """The seconds one host's answer may take, its connection included: ``--connect-timeout``, plus the
     command's own ``--timeout`` and ``--grace`` (given or default), plus ``$GPUSLATE_ANSWER_MARGIN``
     (default 60); ``None`` for a command whose length the host decides (its row's ``paced``:
     cli/commands/__init__.py; ``experiment report`` excepted: it only reads)."""
-    if COMMANDS[command].paced and getattr(args, "verb", None) != "report":
+    if row.paced and getattr(args, "verb", None) != "report":
         return None
     own = 0.0
     for name in ("timeout", "grace"):
