@@ -168,7 +168,11 @@ def test_duration_bounds_a_level() -> None:
                                              input_len=8, output_len=32))
         (lv,) = result.levels
         assert lv.completed >= 4 and lv.failed == 0
-        assert 0.5 <= lv.duration_s < 3.0  # requests in flight at the deadline still finish
+        # The level's figure runs from its first request's start to its last one's end: the first
+        # starts a moment after the deadline's clock, and a worker's last request may end a moment
+        # before the worker sees the deadline pass, so the figure can be a hair under 0.5 s (CI
+        # measured 0.49995). Requests in flight at the deadline still finish: well under 3 s.
+        assert 0.45 <= lv.duration_s < 3.0
 
 
 def test_stop_event_keeps_finished_requests() -> None:
