@@ -83,6 +83,19 @@ def threshold_of(k_of: Callable[[int], int], max_batch: int) -> int | None:
     return None if last_on == max_batch else last_on
 
 
+def _served(a: argparse.Namespace, model: str, max_running: int | None) -> dict[str, Any]:
+    """The ServerConfig fields both engines' flags set the same way: where it listens, the model's
+    name, the API key, and the engine's cap on running requests (vLLM --max-num-seqs, SGLang
+    --max-running-requests)."""
+    values: dict[str, Any] = {"port": a.port, "model": model}
+    for key in ("host", "api_key"):
+        if getattr(a, key) is not None:
+            values[key] = getattr(a, key)
+    if max_running is not None:
+        values["max_running_requests"] = max_running
+    return values
+
+
 def _vllm(argv: list[str], version: str | None, max_batch: int) -> EngineSettings:
     argv = [re.sub(r"^(--[^=]*)", lambda m: m.group(1).replace("_", "-"), a) if a.startswith("--") else a
             for a in argv]
@@ -100,13 +113,8 @@ def _vllm(argv: list[str], version: str | None, max_batch: int) -> EngineSetting
     p.add_argument("--max-num-seqs", type=int)
     a, _ = p.parse_known_args(argv)
     model = (a.served_model_name or [None])[0] or a.model_tag or a.model or "sim-model"
-    values: dict[str, Any] = {"port": a.port, "model": model}
-    for key in ("host", "api_key"):
-        if getattr(a, key) is not None:
-            values[key] = getattr(a, key)
-    if a.max_num_seqs is not None:
-        values["max_running_requests"] = a.max_num_seqs
-        max_batch = a.max_num_seqs
+    values = _served(a, model, a.max_num_seqs)
+    max_batch = a.max_num_seqs if a.max_num_seqs is not None else max_batch
     info: dict[str, Any] = {"data_parallel_size": a.data_parallel_size}
     warnings: list[str] = []
     if a.speculative_config is None:
@@ -200,13 +208,8 @@ def _sglang(argv: list[str], max_batch: int, read_file: Callable[[str], str]) ->
     p.add_argument("--max-running-requests", type=int)
     a, _ = p.parse_known_args(argv)
     model = a.served_model_name or a.model_path or "sim-model"
-    values: dict[str, Any] = {"port": a.port, "model": model}
-    for key in ("host", "api_key"):
-        if getattr(a, key) is not None:
-            values[key] = getattr(a, key)
-    if a.max_running_requests is not None:
-        values["max_running_requests"] = a.max_running_requests
-        max_batch = a.max_running_requests
+    values = _served(a, model, a.max_running_requests)
+    max_batch = a.max_running_requests if a.max_running_requests is not None else max_batch
     algorithm = a.speculative_algorithm
     if algorithm == "NEXTN":
         algorithm = "EAGLE"
