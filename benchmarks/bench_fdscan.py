@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).parent))
 from _timing import report  # noqa: E402
 
-from gpuslate.gpu.sim.host import SimHost  # noqa: E402
+from gpuslate.gpu.simhost.host import SimHost  # noqa: E402
 from gpuslate.proc.fdscan import scan_device_holders  # noqa: E402
 
 

@@ -195,7 +195,7 @@ def main() -> int:
     ap.add_argument("--out", help="write the JSON results here")
     a = ap.parse_args()
 
-    from gpuslate.sim.perfmodel import throughput
+    from gpuslate.simserver.perfmodel import throughput
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -76,7 +76,7 @@ s = now()
 import gpuslate.cli.main as cm
 cmd = sys.argv[1]
 if cmd == "clear":
-    import gpuslate.cli.commands.clear, gpuslate.slate.clear as sc, gpuslate.slate.plan
+    import gpuslate.cli.commands.clear, gpuslate.clearing.clear as sc, gpuslate.clearing.plan
 else:
     import gpuslate.cli.commands.status, gpuslate.host.snapshot
     if "--json" not in sys.argv: import gpuslate.cli.render.status
@@ -86,7 +86,7 @@ wrap(snapmod, "scan_device_holders", "fd scan")
 wrap(snapmod, "take_snapshot", "snapshot")
 wrap(snapmod, "ProcTable", "process table")
 if cmd == "clear":
-    import gpuslate.host.lock as lk, gpuslate.slate.plan as pl
+    import gpuslate.host.lock as lk, gpuslate.clearing.plan as pl
     wrap(lk.HostLock, "acquire", "lock")
     wrap(sc, "make_plan", "plan")
     wrap(pl, "take_snapshot", "snapshot")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB, Holder, gpuslate_env, program_named, run_cli
 from otheruser import other_user, shared_host  # noqa: F401  (fixtures for the tests across users)
 

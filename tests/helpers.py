@@ -23,7 +23,7 @@ from gpuslate.proc.signals import send_signal
 from gpuslate.proc.tree import ProcTable
 
 if TYPE_CHECKING:
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
     from gpuslate.units.store import UnitStore
     from gpuslate.units.unit import Unit
 

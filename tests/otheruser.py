@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import SRC, GiB, per_worker, throwaway_user
 
 USER = per_worker("gpuslate-tester")

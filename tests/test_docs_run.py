@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.proc.procfs import list_pids, read_stat
 from helpers import GiB, gpuslate_env
 

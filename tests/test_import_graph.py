@@ -95,7 +95,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_of(module: str, packages: set[str]) -> str:
-    """The first-level package a module belongs to (``gpuslate.gpu.sim.host`` -> ``gpuslate.gpu``);
+    """The first-level package a module belongs to (``gpuslate.gpu.simhost.host`` -> ``gpuslate.gpu``);
     a top-level module (``gpuslate.errors``) and the root package stand for themselves."""
     parts = module.split(".")
     first = ".".join(parts[:2])
@@ -166,7 +166,7 @@ def test_the_checker_finds_cycles_and_resolves_relative_imports():
     assert cycles({"a": {"b"}, "b": set()}) == []
     graph = import_graph()
     assert "gpuslate.errors" in graph["gpuslate.cli.exits"]  # from .. import errors
-    assert "gpuslate.host.state" in graph["gpuslate.host.audit"]  # from .state import ...
+    assert "gpuslate.host.statedir" in graph["gpuslate.host.audit"]  # from .state import ...
     assert "gpuslate.proc.procfs" in graph["gpuslate.host.lock"]  # inside a function
 
 
@@ -183,11 +183,11 @@ def test_the_package_checker_finds_a_loop_that_no_module_cycle_shows():
     # in a loop, although no module imports back any module that imports it
     graph = {"gpuslate.proc.terminate": {"gpuslate.host.audit"}, "gpuslate.host.audit": set(),
              "gpuslate.host.snapshot": {"gpuslate.gpu.types"}, "gpuslate.gpu.types": set(),
-             "gpuslate.gpu.sim.host": {"gpuslate.proc.fdscan"}, "gpuslate.proc.fdscan": set(),
+             "gpuslate.gpu.simhost.host": {"gpuslate.proc.fdscan"}, "gpuslate.proc.fdscan": set(),
              "gpuslate.errors": set()}
     packages = {"gpuslate.proc", "gpuslate.host", "gpuslate.gpu"}
     assert cycles(graph) == []
-    assert package_of("gpuslate.gpu.sim.host", packages) == "gpuslate.gpu"
+    assert package_of("gpuslate.gpu.simhost.host", packages) == "gpuslate.gpu"
     assert package_of("gpuslate.errors", packages) == "gpuslate.errors"
     assert cycles(package_graph(graph, packages)) == [["gpuslate.gpu", "gpuslate.host", "gpuslate.proc"]]
     del graph["gpuslate.proc.terminate"]
@@ -196,17 +196,17 @@ def test_the_package_checker_finds_a_loop_that_no_module_cycle_shows():
 
 def test_the_packages_import_each_other_in_no_loop():
     packages = first_level_packages()
-    assert {"gpuslate.proc", "gpuslate.host", "gpuslate.gpu", "gpuslate.sim", "gpuslate.cli"} <= packages
+    assert {"gpuslate.proc", "gpuslate.host", "gpuslate.gpu", "gpuslate.simserver", "gpuslate.cli"} <= packages
     graph = package_graph(import_graph(), packages)
     assert "gpuslate.proc" in graph["gpuslate.host"]  # the graph is really there
     assert cycles(graph) == [], "packages in a loop"
 
 
 def test_the_library_never_imports_the_cli():
-    graph = {"gpuslate.slate.clear": {"gpuslate.cli.render.styled"},
-             "gpuslate.cli.commands.clear": {"gpuslate.slate.clear"},
+    graph = {"gpuslate.clearing.clear": {"gpuslate.cli.render.styled"},
+             "gpuslate.cli.commands.clear": {"gpuslate.clearing.clear"},
              "gpuslate.__main__": {"gpuslate.cli.main"}}
-    assert cli_imports(graph) == [("gpuslate.slate.clear", "gpuslate.cli.render.styled")]
+    assert cli_imports(graph) == [("gpuslate.clearing.clear", "gpuslate.cli.render.styled")]
     assert cli_imports(import_graph()) == []
 
 

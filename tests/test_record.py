@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpuslate.slate.wait import WaitResult
+from gpuslate.clearing.wait import WaitResult
 
 
 def _wait(**changes: object) -> WaitResult:
@@ -30,6 +30,6 @@ def test_keywords_only_immutable_equal_and_replaceable():
 
 def test_clear_imports_no_dataclasses():
     """The reason Record exists: ``dataclasses`` (with ``inspect``, ``ast``) costs ``clear`` ~10 ms at start."""
-    code = "import sys, gpuslate.slate.clear; print('dataclasses' in sys.modules)"
+    code = "import sys, gpuslate.clearing.clear; print('dataclasses' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

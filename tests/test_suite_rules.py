@@ -27,7 +27,7 @@ KITS = {"fuzzkit"}
 PACKAGE_WIDE = {"test_import_graph.py", "test_suite_rules.py", "test_docs_run.py"}
 #: files whose every test is slow (daemons, fuzzers, whole runs): each must carry the marker
 SLOW_FILES = {
-    "tests/slate/test_fuzz_forests.py", "tests/slurm/test_slurm_cluster.py", "tests/exporter/test_prometheus.py",
+    "tests/clearing/test_fuzz_forests.py", "tests/slurm/test_slurm_cluster.py", "tests/exporter/test_prometheus.py",
     "tests/remote/test_remote_cli.py", "tests/remote/test_install.py", "tests/bench/test_demo.py",
     "tests/bench/test_experiment.py", "tests/bench/test_drift.py", "tests/bench/test_engine_experiment.py",
 }

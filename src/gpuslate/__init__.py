@@ -33,9 +33,9 @@ _EXPORTS = {
     "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
     "GpuState": "gpuslate.host.snapshot", "HolderProcess": "gpuslate.host.snapshot", "open_backend": "gpuslate.gpu",
     "GpuBackend": "gpuslate.gpu", "ProcessId": "gpuslate.proc.procfs",
-    "clear": "gpuslate.api", "ClearResult": "gpuslate.slate.clear", "ClearOptions": "gpuslate.slate.clear",
-    "Selection": "gpuslate.slate.plan",
-    "wait_free": "gpuslate.api", "WaitResult": "gpuslate.slate.wait", "WaitOptions": "gpuslate.slate.wait",
+    "clear": "gpuslate.api", "ClearResult": "gpuslate.clearing.clear", "ClearOptions": "gpuslate.clearing.clear",
+    "Selection": "gpuslate.clearing.plan",
+    "wait_free": "gpuslate.api", "WaitResult": "gpuslate.clearing.wait", "WaitOptions": "gpuslate.clearing.wait",
     "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.units.lifecycle",
     "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
     "PsOptions": "gpuslate.units.listing", "RestartOptions": "gpuslate.units.restart",
@@ -45,13 +45,13 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .api import Host, clear, status, wait_free
+    from .clearing.clear import ClearOptions, ClearResult
+    from .clearing.plan import Selection
+    from .clearing.wait import WaitOptions, WaitResult
     from .gpu import GpuBackend, open_backend
     from .host.auditlist import AuditOptions
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
     from .remote.host import RemoteHost
-    from .slate.clear import ClearOptions, ClearResult
-    from .slate.plan import Selection
-    from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, UpOptions
     from .units.listing import PsOptions
     from .units.logfile import LogsOptions

@@ -28,8 +28,8 @@ The rules, like OpenSSH's ``StrictModes`` but decided once here:
     written only when it is ours and has one link.
 
 Which rule each path follows (docs/clear.md, "Paths gpuslate opens", lists them all): the state
-folder ``PRIVATE`` (:mod:`gpuslate.host.state`), the lock folder ``SHARED``
-(:mod:`gpuslate.host.lock`), a simulated host ``SHARED`` (:mod:`gpuslate.gpu.sim.host`),
+folder ``PRIVATE`` (:mod:`gpuslate.host.statedir`), the lock folder ``SHARED``
+(:mod:`gpuslate.host.lock`), a simulated host ``SHARED`` (:mod:`gpuslate.gpu.simhost.host`),
 an ``install`` prefix ``PRIVATE`` on the host (:mod:`gpuslate.remote.zipapp`), and
 a file or folder named on the command line ``SHARED`` (:func:`read_file`).
 

@@ -6,7 +6,7 @@
 
 Why here and not in ``host/``: the context (backend, lock, audit log, state
 folder, event sink) is :class:`~gpuslate.host.session.HostContext`, which
-``slate/`` and ``units/`` import to do their work; the verbs are implemented
+``clearing/`` and ``units/`` import to do their work; the verbs are implemented
 in those packages, so the facade that calls them must sit above both, or the
 import graph would loop (host -> units -> host).
 
@@ -37,10 +37,10 @@ from .host.session import HostContext, Note, ProgressSink
 from .host.snapshot import Snapshot, take_snapshot
 
 if TYPE_CHECKING:
+    from .clearing.clear import ClearOptions, ClearResult
+    from .clearing.plan import Plan, Selection
+    from .clearing.wait import WaitOptions, WaitResult
     from .host.auditlist import AuditListing, AuditOptions
-    from .slate.clear import ClearOptions, ClearResult
-    from .slate.plan import Plan, Selection
-    from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
     from .units.listing import PsOptions, PsResult
     from .units.logfile import LogsOptions, LogsResult
@@ -73,16 +73,16 @@ class Host(HostContext):
         return take_snapshot(self.backend, gpus, full=full)
 
     def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
-        """Plan, act, verify: see :func:`gpuslate.slate.clear.clear`."""
-        from .slate.clear import ClearOptions, clear  # lazy: startup
-        from .slate.plan import Selection  # lazy: startup
+        """Plan, act, verify: see :func:`gpuslate.clearing.clear.clear`."""
+        from .clearing.clear import ClearOptions, clear  # lazy: startup
+        from .clearing.plan import Selection  # lazy: startup
 
         return clear(self, selection if selection is not None else Selection(),
                      options if options is not None else ClearOptions())
 
     def wait(self, gpus: Sequence[int] | None = None, options: WaitOptions | None = None) -> WaitResult:
-        """Wait until the GPUs are free; signals nothing: see :func:`gpuslate.slate.wait.wait_free`."""
-        from .slate.wait import WaitOptions, wait_free  # lazy: startup
+        """Wait until the GPUs are free; signals nothing: see :func:`gpuslate.clearing.wait.wait_free`."""
+        from .clearing.wait import WaitOptions, wait_free  # lazy: startup
 
         return wait_free(self, gpus, options if options is not None else WaitOptions())
 
@@ -159,8 +159,8 @@ def clear(gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: 
           dry_run: bool = False, confirm: Callable[[Plan], bool] | None = None, sim: str | None = None,
           backend: GpuBackend | None = None, on_event: Note | None = None) -> ClearResult:
     """``Host.open(sim).clear(Selection(...), ClearOptions(...))`` for one call, with keywords as the CLI's options."""
-    from .slate.clear import ClearOptions  # lazy: startup
-    from .slate.plan import Selection  # lazy: startup
+    from .clearing.clear import ClearOptions  # lazy: startup
+    from .clearing.plan import Selection  # lazy: startup
 
     sel = Selection(gpus=tuple(gpus) if gpus is not None else None, pids=tuple(pids), user=user, match=match,
                     all_users=all_users, include_handles=include_handles, holders_only=holders_only)
@@ -172,7 +172,7 @@ def clear(gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: 
 def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
               sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
     """``Host.open(sim).wait(gpus, WaitOptions(...))`` for one call."""
-    from .slate.wait import WaitOptions  # lazy: startup
+    from .clearing.wait import WaitOptions  # lazy: startup
 
     with Host.open(sim, backend=backend) as host:
         return host.wait(gpus, WaitOptions(max_used=max_used, timeout=timeout))

@@ -9,7 +9,7 @@ signatures: mypy checks each against :class:`Verbs` structurally (api.py and
 remote/host.py say so where they define them), so a verb added to one class,
 or typed differently on one, fails the type check, not a user.
 
-Why a module of its own: ``api`` (the local host) sits above ``slate/`` and
+Why a module of its own: ``api`` (the local host) sits above ``clearing/`` and
 ``units/``, and ``remote/`` beside it; a Protocol both can import without an
 upward import or a cycle is one that imports neither. Every type below is
 imported only for the type checker, so importing this module costs nothing at
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from .clearing.clear import ClearOptions, ClearResult
+    from .clearing.plan import Selection
+    from .clearing.wait import WaitOptions, WaitResult
     from .host.auditlist import AuditListing, AuditOptions
     from .host.snapshot import Snapshot
-    from .slate.clear import ClearOptions, ClearResult
-    from .slate.plan import Selection
-    from .slate.wait import WaitOptions, WaitResult
     from .units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
     from .units.listing import PsOptions, PsResult
     from .units.logfile import LogsOptions, LogsResult

@@ -2,7 +2,7 @@
 on PATH and an ``sglang`` package with ``launch_server`` on PYTHONPATH. An experiment's deployments
 can then be declared exactly as on GPUs (``vllm serve MODEL --speculative-config '{...}'``,
 ``python -m sglang.launch_server ... --speculative-algorithm EAGLE3``) and run on a simulated host;
-the simulated server reads the engine's arguments by the engine's rules (gpuslate/sim/engineargs.py)."""
+the simulated server reads the engine's arguments by the engine's rules (gpuslate/simserver/engineargs.py)."""
 
 from __future__ import annotations
 

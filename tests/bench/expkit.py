@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import helpers
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import gpuslate_env
 
 LEVELS = (1, 2, 4)

@@ -82,7 +82,7 @@ def word_tokenizer(folder: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from gpuslate.bench.prompts import WORDS
-    from gpuslate.sim.openai_api import _FILLER
+    from gpuslate.simserver.openai_api import _FILLER
 
     vocab = {"[UNK]": 0}
     for word in [*(w.strip() for w in WORDS), *_FILLER]:

@@ -31,7 +31,7 @@ from gpuslate.bench.engines import (
     read_command,
 )
 from gpuslate.bench.threshold import recommend
-from gpuslate.sim.engineargs import settings as sim_settings
+from gpuslate.simserver.engineargs import settings as sim_settings
 
 LEVELS = st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512]), min_size=2, max_size=7,
                   unique=True).map(sorted)

@@ -18,7 +18,7 @@ import pytest
 
 from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
 from gpuslate.cli.main import main
-from gpuslate.sim.perfmodel import throughput
+from gpuslate.simserver.perfmodel import throughput
 from helpers import count_host_opens, gpuslate_env, unit_records, wait_for
 
 pytestmark = pytest.mark.slow  # the whole file: whole experiment runs against simulated servers

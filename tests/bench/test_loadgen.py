@@ -1,6 +1,6 @@
 """The load generator against the real simulated server (`gpuslate sim serve` as a subprocess).
 
-The server's performance model (gpuslate.sim.perfmodel) and its own token
+The server's performance model (gpuslate.simserver.perfmodel) and its own token
 counters are the reference: what `bench` measures must agree with them.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from gpuslate.bench import LoadPlan, Progress, run_bench, run_bench_async
 from gpuslate.bench.metrics import TokenSource
 from gpuslate.errors import ServerFailed, UsageError
-from gpuslate.sim.perfmodel import PerfParams, throughput
+from gpuslate.simserver.perfmodel import PerfParams, throughput
 from simproc import sim_serve, word_tokenizer
 
 pytestmark = pytest.mark.timeout(90)

@@ -26,7 +26,7 @@ from gpuslate.bench.plan import normalize_url
 from gpuslate.bench.prompts import PromptSource, load_dataset, random_prompts
 from gpuslate.bench.serverinfo import SpecCounters, accept_length_between, acceptance_between, prom_sum
 from gpuslate.errors import UsageError
-from gpuslate.sim.openai_api import count_prompt_tokens
+from gpuslate.simserver.openai_api import count_prompt_tokens
 
 floats = st.floats(min_value=0.0, max_value=1e4, allow_nan=False, allow_infinity=False)
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuslate.bench.threshold import recommend
-from gpuslate.sim.perfmodel import PerfParams, throughput
+from gpuslate.simserver.perfmodel import PerfParams, throughput
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -22,7 +22,7 @@ from gpuslate.bench.report import DemoResult, ExperimentStatus, Report
 from gpuslate.bench.result import BenchResult
 from gpuslate.cli.exits import exit_status_for_result
 from gpuslate.errors import BadDocument
-from gpuslate.gpu.sim.results import SimInitResult, SimLeakResult, SimStatus
+from gpuslate.gpu.simhost.results import SimInitResult, SimLeakResult, SimStatus
 from gpuslate.remote.zipapp import InstallResult, InstallStatus
 from gpuslate.slurm.hooks import HookResult
 from helpers import experiment_folder, gpuslate_env

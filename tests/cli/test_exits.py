@@ -8,11 +8,11 @@ import pytest
 
 from gpuslate.bench.report import DemoStatus, ExperimentStatus
 from gpuslate.bench.result import BenchStatus
+from gpuslate.clearing.clear import ClearStatus
 from gpuslate.cli.exits import ExitStatus, exit_status_for_result, exit_status_of
-from gpuslate.gpu.sim.results import SimStatus
+from gpuslate.gpu.simhost.results import SimStatus
 from gpuslate.outcome import Outcome, Parted, PartedStatus, StatusEnum, status_enums
 from gpuslate.remote.zipapp import InstallStatus
-from gpuslate.slate.clear import ClearStatus
 from gpuslate.slurm.hooks import HookStatus
 from gpuslate.units.batch import BatchStatus
 from gpuslate.units.lifecycle import DownStatus, UpStatus
@@ -42,8 +42,9 @@ def test_looked_up_by_enum_not_by_string():
 
 
 #: every module that defines a result's status enum (status_enums() lists those imported)
-STATUS_MODULES = ("gpuslate.slate.clear", "gpuslate.slate.wait", "gpuslate.units.lifecycle", "gpuslate.units.swap",
-                  "gpuslate.units.listing", "gpuslate.slurm.hooks", "gpuslate.gpu.sim.results",
+STATUS_MODULES = ("gpuslate.clearing.clear", "gpuslate.clearing.wait", "gpuslate.units.lifecycle",
+                  "gpuslate.units.swap", "gpuslate.units.listing", "gpuslate.slurm.hooks",
+                  "gpuslate.gpu.simhost.results",
                   "gpuslate.remote.zipapp", "gpuslate.bench.result", "gpuslate.bench.report",
                   "gpuslate.units.logfile", "gpuslate.units.restart", "gpuslate.units.remove",
                   "gpuslate.units.batch", "gpuslate.host.auditlist", "gpuslate.host.snapshot")

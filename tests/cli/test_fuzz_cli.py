@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslate.cli.main import main
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB, is_gone
 
 DOCUMENTED = {0, 2, 3, 4, 5, 6, 7, 130}

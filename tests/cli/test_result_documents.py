@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslate.clearing.clear import ClearResult
+from gpuslate.clearing.wait import WaitResult
 from gpuslate.errors import BadDocument
 from gpuslate.host.snapshot import Snapshot
-from gpuslate.slate.clear import ClearResult
-from gpuslate.slate.wait import WaitResult
 from gpuslate.units.batch import BatchResult
 from gpuslate.units.lifecycle import DownResult, UpResult
 from gpuslate.units.listing import PsResult

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from gpuslate.cli.render.status import status_lines
-from gpuslate.gpu.sim import SimBackend
+from gpuslate.gpu.simhost import SimBackend
 from gpuslate.host.snapshot import take_snapshot
 from helpers import gpuslate_env
 
@@ -30,7 +30,7 @@ def test_status_imports_neither_rich_nor_the_other_commands(sim_host, args):
     assert "gpuslate.host.snapshot" in mods  # the probe does see gpuslate's imports
     heavy = {m for m in mods if m.split(".")[0] in ("rich", "aiohttp", "psutil", "asyncio")}
     assert not heavy, heavy
-    assert not {m for m in mods if m.startswith(("gpuslate.slate", "gpuslate.units", "gpuslate.bench"))}
+    assert not {m for m in mods if m.startswith(("gpuslate.clearing", "gpuslate.units", "gpuslate.bench"))}
 
 
 def test_escape_sequences_in_titles_are_neutralised(sim_host, hold, cli):

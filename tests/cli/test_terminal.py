@@ -172,7 +172,7 @@ def test_prompt_answered_no_signals_nothing(evil_job):
 
 HANDLES = textwrap.dedent("""
     import os, sys, time
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
     from gpuslate.proc.procfs import identity
     host = SimHost(sys.argv[1])
     fds = [os.open(host.device_path(g), os.O_RDWR) for g in range(4)]  # like CUDA: every device node

@@ -23,7 +23,7 @@ from gpuslate.bench.plan import LoadPlan
 from gpuslate.bench.result import BenchResult
 from gpuslate.cli.main import main
 from gpuslate.cli.render.bench import print_bench
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import SRC, experiment_folder, kill_leftovers, run_cli
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")

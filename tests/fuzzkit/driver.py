@@ -1,7 +1,7 @@
 """The fuzzer's driver: runs inside a private PID and mount namespace, one forest after another.
 
 Started as ``unshare --fork --pid --mount-proc --kill-child python driver.py ARGS`` (see
-tests/slate/test_fuzz_forests.py). As the namespace's PID 1 it forks the real driver and stays a
+tests/clearing/test_fuzz_forests.py). As the namespace's PID 1 it forks the real driver and stays a
 plain reaper, like ``tini``: orphans (double forks, leaders that exit) are reaped by it, and when
 the driver ends, or the test kills ``unshare``, the kernel ends every process of the namespace.
 
@@ -50,7 +50,7 @@ from fuzzkit import checks  # noqa: E402
 from fuzzkit.forest import GPUS, MPS_CONTROL, MPS_SERVER, Forest, NodeSpec, Rename, generate  # noqa: E402
 from fuzzkit.node import Node  # noqa: E402
 from gpuslate.errors import GpuslateError  # noqa: E402
-from gpuslate.gpu.sim.host import SimHost  # noqa: E402
+from gpuslate.gpu.simhost.host import SimHost  # noqa: E402
 from gpuslate.proc.procfs import ProcessId, list_pids, read_stat  # noqa: E402
 from gpuslate.proc.signals import send_signal  # noqa: E402
 from helpers import program_named  # noqa: E402

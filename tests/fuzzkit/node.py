@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 # exec'd nodes run this file as a script, under another user's system Python too
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.proc.procfs import identity
 
 PR_SET_NAME = 15

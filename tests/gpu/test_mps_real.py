@@ -31,11 +31,11 @@ from pathlib import Path
 import pytest
 
 import gpuslate
+from gpuslate.clearing.plan import MPS_SHARED
 from gpuslate.host.audit import AuditLog
 from gpuslate.host.daemons import BASELINE_MAX
 from gpuslate.proc.daemons import MPS_PIPE_VAR, env_value, read_environ
 from gpuslate.proc.procfs import list_pids, read_exe, read_stat
-from gpuslate.slate.plan import MPS_SHARED
 from helpers import gpuslate_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]

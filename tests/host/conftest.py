@@ -1,6 +1,6 @@
 """A throwaway second user for the state-path attacks, and a folder every user can reach.
 
-Needs root (to create the user and act as it); skipped otherwise, like tests/slate/test_clear_users.py.
+Needs root (to create the user and act as it); skipped otherwise, like tests/clearing/test_clear_users.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 from gpuslate.errors import PermissionDenied, UsageError
 from gpuslate.host import audit
 from gpuslate.host.audit import AuditLog, new_run_id
-from gpuslate.host.state import state_dir
+from gpuslate.host.statedir import state_dir
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ISO_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslate.clearing.wait import is_free
 from gpuslate.gpu.types import GpuProcess, GpuReading, MemoryInfo
 from gpuslate.host.daemons import BASELINE_MAX, DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers, sharing
-from gpuslate.slate.wait import is_free
 
 MiB = 1024**2
 SERVER = "nvidia-cuda-mps-server"

@@ -107,7 +107,7 @@ def test_status_through_the_host_loads_no_verb_module(sim_host):
     from helpers import gpuslate_env
 
     code = ("import sys; from gpuslate.cli.main import main; rc = main(['--sim', sys.argv[1], 'status', '--json']); "
-            "print(sorted(m for m in sys.modules if m.startswith(('gpuslate.slate', 'gpuslate.units', "
+            "print(sorted(m for m in sys.modules if m.startswith(('gpuslate.clearing', 'gpuslate.units', "
             "'dataclasses'))), file=sys.stderr); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, str(sim_host.root)], capture_output=True, text=True,
                        env=gpuslate_env(), timeout=60, check=False)
@@ -136,7 +136,7 @@ def test_waits_are_told_to_the_progress_sink_and_nothing_is_made_without_one(sim
         assert host.clear(Selection(gpus=(1,)), ClearOptions(grace=5)).ok
     assert all(p.task == "waiting for the GPU memory to be released" for p in seen)  # a short wait: maybe none
     made: list[str] = []
-    monkeypatch.setattr("gpuslate.slate.wait.still_held", lambda *a: made.append("news") or "")
+    monkeypatch.setattr("gpuslate.clearing.wait.still_held", lambda *a: made.append("news") or "")
     h = hold("--gpus", "1", "--memory", "2GiB")
     with Host.open() as host:
         assert not host.wait([1], WaitOptions(timeout=0.5)).ok

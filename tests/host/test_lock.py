@@ -327,7 +327,7 @@ def test_existing_lock_dir_keeps_its_mode(tmp_path: Path, monkeypatch: pytest.Mo
 def test_clear_waits_for_the_lock_within_its_timeout(tmp_path: Path, spawn_holder: Any) -> None:
     """`clear --timeout` counts the wait for the host lock; a program that is not
     gpuslate holding the lock is named from /proc/locks, never as 'pid None'."""
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
 
     host = SimHost.init(tmp_path / "sim", gpus=2, memory=8 << 30)
     raw = spawn_holder(default_lock_dir(str(host.root)) / "host.lock", raw=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB, gpuslate_env, is_gone
 from userkit import as_user, user_python
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpuslate.errors import PermissionDenied
 from gpuslate.host.audit import AuditLog
-from gpuslate.host.state import check_private, read_state_file, state_dir, write_state_file
+from gpuslate.host.statedir import check_private, read_state_file, state_dir, write_state_file
 from helpers import is_gone, unit_records
 
 OTHER_UID = 54321  # no user needed: root can chown to any uid
@@ -138,7 +138,7 @@ def test_simulated_runs_keep_state_inside_the_simulated_host(sim_host, hold, cli
 
 
 def test_audit_sim_is_honoured(tmp_path, monkeypatch, hold, cli, sim_host):
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
 
     other = SimHost.init(tmp_path / "other", gpus=2, memory=8 << 30)
     monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "shared-state"))  # one log for both hosts

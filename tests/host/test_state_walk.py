@@ -1,7 +1,7 @@
 """The walk from a trusted root and the unit-name type, against their rules (hypothesis).
 
 The walk is run on real folder chains with random owners, modes and links; what
-it accepts must be exactly what the rule in host/state.py's docstring says:
+it accepts must be exactly what the rule in host/statedir.py's docstring says:
 every component ours or root's, every folder on the way writable by nobody else
 unless sticky, the folder itself writable by nobody else at all.
 """
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuslate.errors import PermissionDenied, UsageError
-from gpuslate.host.state import Trust, open_dir
+from gpuslate.host.statedir import Trust, open_dir
 from gpuslate.units.names import MAX_LENGTH, UnitName, is_unit_name
 
 OTHER = 54321  # root can chown to any uid; no user needed

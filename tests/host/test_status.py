@@ -13,7 +13,7 @@ import pytest
 
 import gpuslate
 from gpuslate.gpu.nvml import nvml_library_present
-from gpuslate.gpu.sim import SimBackend
+from gpuslate.gpu.simhost import SimBackend
 from gpuslate.host.snapshot import take_snapshot
 from gpuslate.proc.procfs import read_stat
 from helpers import GiB, gpuslate_env, is_gone, wait_for
@@ -167,7 +167,7 @@ def test_leak_without_process(sim_host, cli):
 
 
 def test_release_delay(tmp_path, hold):
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
 
     host = SimHost.init(tmp_path / "slow", gpus=2, memory=96 * GiB, release_delay=1.0)
     h = hold("--gpus", "0", "--memory", "40GiB", host=host)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB
 from sshd_hosts import SshLab, free_port, sshd_available, start_lab
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SSHD = "/usr/sbin/sshd"

@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from gpuslate import ClearOptions, Host, RemoteHost, Selection, UnitSpec, UpOptions, UsageError, WaitOptions
+from gpuslate.clearing.clear import ClearResult, ClearStatus
 from gpuslate.errors import GpuslateError
 from gpuslate.remote.host import clear_words, up_words
-from gpuslate.slate.clear import ClearResult, ClearStatus
 from gpuslate.units.lifecycle import DownStatus, UpStatus
 from gpuslate.units.listing import PsResult
 from helpers import gpuslate_env, is_gone, wait_for

@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.proc.procfs import list_pids, read_cmdline, read_stat
 
 BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "salloc", "squeue")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuslate.cli.main import main
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.host.audit import AuditLog
 from helpers import GiB, count_host_opens, is_gone, run_cli, wait_for
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuslate.clearing.wait import GpuDiagnosis, Problem
 from gpuslate.errors import UsageError
 from gpuslate.remote.hosts import HostSpec
 from gpuslate.remote.srun import EXIT_MARK, NODE_MARK, allocation_from_env, outcomes, split_output, srun_argv
-from gpuslate.slate.wait import GpuDiagnosis, Problem
 from gpuslate.slurm.drain import MAX_REASON, drain_reason
 from gpuslate.slurm.find import FoundBy, ProcessFacts, cgroup_job_ids, env_job_id, facts_of, job_processes
 from gpuslate.slurm.job import job_from_env

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import SRC, kill_leftovers, unit_records
 from unitkit import run_units
 

@@ -48,7 +48,7 @@ elif how == "wipe":
     ctypes.memset(start, 0, end - start)
 hold = None
 if gpu != "-":
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
     host = SimHost(%(sim)r)
     dev = [os.open(host.dev / "nvidiactl", os.O_RDONLY), os.open(host.device_path(int(gpu)), os.O_RDONLY)]
     hold = host.allocate([(int(gpu), 1 << 30)])

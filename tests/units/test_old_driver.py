@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB, is_gone
 from unitkit import free_port, serve_cmd
 

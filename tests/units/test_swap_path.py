@@ -1,5 +1,5 @@
 """``swap`` runs on one host context: one backend, one lock acquisition, one audit log; and the
-path it takes (swap -> down -> up) enters each module of the units, slate and host layers once
+path it takes (swap -> down -> up) enters each module of the units, clearing and host layers once
 per phase, never climbing back into one it went down from (see swaptrace.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from swaptrace import traced
 from unitkit import free_port, serve_cmd
 
 PHASES = {"down": ("units/lifecycle.py", "stop_loaded"), "up": ("units/lifecycle.py", "start_checked")}
-LAYERS = ("units/", "slate/", "host/")  # proc/ and sim/ below are readers: their generators resume each other
+#: proc/ and gpu/simhost/ below are readers: their generators resume each other
+LAYERS = ("units/", "clearing/", "host/")
 
 
 @pytest.fixture

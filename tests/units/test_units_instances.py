@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.proc.procfs import read_stat
 from helpers import SRC, GiB, is_gone, kill_leftovers, unit_records, wait_for
 from test_units_lifecycle import gpus_clean

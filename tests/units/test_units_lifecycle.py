@@ -7,9 +7,9 @@ import json
 import os
 import signal
 
-from gpuslate.gpu.sim import SimBackend
+from gpuslate.clearing.wait import is_free
+from gpuslate.gpu.simhost import SimBackend
 from gpuslate.proc.procfs import read_stat
-from gpuslate.slate.wait import is_free
 from gpuslate.units.readiness import http
 from helpers import GiB, is_gone, unit_records, wait_for
 from unitkit import free_port, popen_units, serve_cmd

@@ -28,7 +28,7 @@ def test_port_already_in_use(units_host, units):
 def test_a_holder_that_just_exited_is_said_so(tmp_path, units_host, units, hold, monkeypatch):
     """Its memory still being released (here for 30 s): named as exited, with its memory, never
     as '(?: ?, 5.0 GiB)'; a command is whole, never cut at 60 characters."""
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
 
     slow = SimHost.init(tmp_path / "slow", gpus=2, memory=16 * 1024**3, release_delay=30)
     monkeypatch.setenv("GPUSLATE_SIM", str(slow.root))

@@ -339,7 +339,7 @@ def read_back(result: FleetResult) -> FleetResult:
 
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
-    from ..slate.clear import ClearResult  # lazy: startup
+    from ..clearing.clear import ClearResult  # lazy: startup
     from .render.clear import print_plan  # lazy: startup
 
     n = 0

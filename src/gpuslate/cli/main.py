@@ -166,7 +166,7 @@ def _use_sim(args: argparse.Namespace) -> None:
     if not getattr(args, "sim", None):
         sim_root_from_env()
         return
-    from ..gpu.sim.host import SimHost  # lazy: startup
+    from ..gpu.simhost.host import SimHost  # lazy: startup
 
     root = os.path.abspath(args.sim)
     SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PermissionDenied
-from ..host.state import open_dir
+from ..host.statedir import open_dir
 from .model import label
 
 #: the most bytes one scrape reads from the log

@@ -17,7 +17,7 @@ too. On drivers before R510 (NVML's v1 memory API) 'used' includes the driver's
 reserved memory (645 MiB on an idle H200), so an alert's threshold must be above it.
 
 *Free* is what ``wait --free`` calls free with the host's default
-``--max-used`` (:func:`~gpuslate.slate.wait.state_is_free`): no process but a
+``--max-used`` (:func:`~gpuslate.clearing.wait.state_is_free`): no process but a
 spared GPU daemon has a context on the GPU, and the memory used less the
 daemons' baseline (an idle MPS server's 66 MiB) is at most the default. That
 baseline is reported apart, per GPU; an MPS client's series names its server.
@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .._text import clean, cut
+from ..clearing.wait import state_is_free
 from ..gpu.types import held_by_no_process
 from ..host.snapshot import HolderProcess, Snapshot
-from ..slate.wait import state_is_free
 from ..units.state import UnitState
 
 #: the longest command (or job command, user, unit name) put in a label, in characters

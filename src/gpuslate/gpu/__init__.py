@@ -16,7 +16,7 @@ SIM_VAR = "GPUSLATE_SIM"
 def sim_root_from_env() -> str | None:
     """``$GPUSLATE_SIM`` (``~`` expanded), or None when unset or empty.
 
-    A relative one is refused (UsageError), as a relative state folder is (host/state.py,
+    A relative one is refused (UsageError), as a relative state folder is (host/statedir.py,
     ``absolute_setting``): each gpuslate process would take it from its own current folder, so a
     command run after a ``cd`` would act on another simulated host, with another state folder and
     lock, or on none. (``--sim DIR`` is made absolute once by the CLI, which exports it so.)"""
@@ -37,7 +37,7 @@ def open_backend(sim: str | os.PathLike[str] | None = None) -> GpuBackend:
     """
     root = sim if sim is not None else sim_root_from_env()
     if root:
-        from .sim import SimBackend  # lazy: startup
+        from .simhost import SimBackend  # lazy: startup
 
         return SimBackend(root)
     from .nvml import open_nvml  # lazy: startup

@@ -9,7 +9,7 @@ complete line written by one ``os.write`` on an ``O_APPEND`` descriptor while
 holding ``flock``, so lines never interleave. A reader takes no lock: it skips
 a line it cannot parse (a torn write from a crashed writer, or one in flight).
 
-The log's folder is reached by host/state.py's checked walk once per
+The log's folder is reached by host/statedir.py's checked walk once per
 ``AuditLog`` and held open; each write opens the log relative to it, and only
 if it is a regular file of ours with one link (a FIFO, a link or another
 user's file is refused: no signal is then sent).
@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import PermissionDenied, UsageError
 from ..gpu import sim_root_from_env
-from .state import StateDir, open_dir, open_state_dir
+from .statedir import StateDir, open_dir, open_state_dir
 
 OUTCOMES = ("delivered", "not_running", "pid_reused", "permission_denied", "refused", "error")
 
@@ -62,7 +62,7 @@ class AuditLog:
         if backend is None:  # as open_backend() chooses: the simulated host of $GPUSLATE_SIM, else NVML
             sim_root = sim_root or sim_root_from_env()
             backend = "sim" if sim_root else "nvml"
-        # The folder is walked and checked once (host/state.py) and held open: every
+        # The folder is walked and checked once (host/statedir.py) and held open: every
         # append opens the log relative to it, so a folder swapped between two
         # signal phases is never written.
         self._dir: StateDir | None = None

@@ -7,7 +7,7 @@ waiter can say whom it waits for; that file is only ever advice, the flock
 alone decides. When another program holds the flock (no holder file), the
 holder is found in ``/proc/locks`` by the lock file's device and inode.
 
-The folder is shared by design, so it is opened as host/state.py opens a
+The folder is shared by design, so it is opened as host/statedir.py opens a
 ``Trust.SHARED`` folder: walked one component at a time, never through a
 symbolic link another user owns, and files in it only if they are regular
 (never a FIFO that would hang us). The lock file is created 0644 and opened
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpuslateError, NotDoneError, PermissionDenied
-from .state import StateDir, Trust, absolute_setting, open_dir
+from .statedir import StateDir, Trust, absolute_setting, open_dir
 
 SYSTEM_LOCK_DIR = Path("/run/lock/gpuslate")
 TEMP_LOCK_DIR_NAME = "gpuslate-locks"

@@ -14,7 +14,7 @@ pays nothing: the news is only made when there is a sink).
 
 This is the *context* only. The verbs (``status``, ``clear``, ``wait``, ``up``,
 ``down``, ``swap``, ``ps``) are the methods of :class:`gpuslate.api.Host`, a
-subclass that lives above ``slate/`` and ``units/`` in the import graph: those
+subclass that lives above ``clearing/`` and ``units/`` in the import graph: those
 packages take a :class:`HostContext` and import this module, so the verbs
 cannot live here without an import loop.
 
@@ -244,15 +244,15 @@ class HostContext:
 
     def state_dir(self) -> Path:
         """This host's state folder (checked, created 0700 when missing), the same one for every
-        verb of this context: see :func:`~gpuslate.host.state.state_dir` for where it is.
+        verb of this context: see :func:`~gpuslate.host.statedir.state_dir` for where it is.
 
         Found without opening the backend (``logs`` needs no GPU): the simulated host
         given, else ``$GPUSLATE_SIM``, as :func:`~gpuslate.gpu.open_backend` chooses; a
         backend already open (or given) decides instead. Every file in it is still
-        reached through the checked walk of :mod:`~gpuslate.host.state` when it is
+        reached through the checked walk of :mod:`~gpuslate.host.statedir` when it is
         opened; the path is what is kept."""
         if self._state is None:
-            from .state import state_dir  # lazy: startup (see the module docstring)
+            from .statedir import state_dir  # lazy: startup (see the module docstring)
 
             self._state = state_dir(self.sim_root if self._backend is not None else self._sim)
         return self._state

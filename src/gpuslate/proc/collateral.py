@@ -6,7 +6,7 @@ hangs the terminal's session up when it exits; and any process that handles a
 signal may pass it on to its children (``runuser``, ``su``, ``timeout``,
 ``tini``, a launcher's own handler: a *signal forwarder*). ``clear`` must not
 end a process it spares that way, so before every signal its act-time gate
-(:mod:`gpuslate.slate.gate`) asks :func:`collateral` what the signal may
+(:mod:`gpuslate.clearing.gate`) asks :func:`collateral` what the signal may
 reach, and refuses the signal when that includes a process that is not a
 victim of the same run.
 

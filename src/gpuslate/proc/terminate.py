@@ -2,7 +2,7 @@
 
 Every signal is written to the audit log before it is sent; the identity of
 each process is checked at the moment of each signal (see :mod:`.signals`);
-a caller's *gate* (``clear``'s act-time gate, :mod:`gpuslate.slate.gate`) is
+a caller's *gate* (``clear``'s act-time gate, :mod:`gpuslate.clearing.gate`) is
 asked right before each signal phase which victims must not be signaled now,
 and those are refused for the rest of the run, in the result and the audit log.
 The run is a sequence of phases (:func:`send`, :func:`wait_phase`, :func:`kill_phase`), each

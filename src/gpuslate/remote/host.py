@@ -38,12 +38,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._parse import format_gpu_list
+from ..clearing.clear import ClearOptions, ClearResult
+from ..clearing.plan import Selection
+from ..clearing.wait import WaitOptions, WaitResult
 from ..errors import UsageError
 from ..host.auditlist import AuditListing, AuditOptions, check_limit
 from ..host.snapshot import Snapshot
-from ..slate.clear import ClearOptions, ClearResult
-from ..slate.plan import Selection
-from ..slate.wait import WaitOptions, WaitResult
 from ..units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
 from ..units.listing import PsOptions, PsResult
 from ..units.logfile import LogsOptions, LogsResult

@@ -42,7 +42,7 @@ from ..errors import (
     PermissionDenied,
     UsageError,
 )
-from ..host.state import configured_dir
+from ..host.statedir import configured_dir
 from .hosts import HostSpec
 
 #: how long an idle shared connection stays open after the last command

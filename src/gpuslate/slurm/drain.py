@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from .._parse import format_size
-from ..slate.wait import GpuDiagnosis
+from ..clearing.wait import GpuDiagnosis
 from . import scontrol
 from .scontrol import printable
 

@@ -34,6 +34,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._document import checked, reading
+from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
 from ..host.session import HostContext
@@ -41,15 +42,14 @@ from ..host.snapshot import resolve_gpus, take_snapshot
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
-from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from .drain import DrainOutcome, drain_node, drain_reason
 from .find import FoundBy, JobProcess, find_job_processes, own_lineage
 from .job import SlurmJob
 from .leftover import Slurm, Unproven, candidates, decide, gather_holders, gather_slurm
 
 if TYPE_CHECKING:
-    from ..slate.clear import ClearResult
-    from ..slate.plan import Plan
+    from ..clearing.clear import ClearResult
+    from ..clearing.plan import Plan
 
 SCHEMA = "gpuslate.slurm.v1"
 #: how often the epilog re-finds the job's processes when one exits between finding and planning
@@ -99,7 +99,7 @@ class HookResult(NamedTuple):
     def from_json(cls, doc: object) -> HookResult:
         """A ``gpuslate.slurm.v1`` document as the HookResult it was (its clear as
         :meth:`ClearResult.from_json` reads one)."""
-        from ..slate.clear import ClearResult  # lazy: startup (the prolog never loads clear)
+        from ..clearing.clear import ClearResult  # lazy: startup (the prolog never loads clear)
 
         d = checked(doc, SCHEMA)
         with reading(SCHEMA):
@@ -195,8 +195,8 @@ def epilog(host: HostContext, job: SlurmJob, *, grace: float = 5.0, timeout: flo
             break
         # imported here, not at the top, for the clean path's start-up time: only a job that
         # left a GPU holder needs clear's planner
-        from ..slate.clear import ClearOptions, clear  # lazy: startup
-        from ..slate.plan import Selection  # lazy: startup
+        from ..clearing.clear import ClearOptions, clear  # lazy: startup
+        from ..clearing.plan import Selection  # lazy: startup
 
         gate = _Gate(finder)
         try:

@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, gpus_phrase
 from .._time import iso_time, parse_iso_time
+from ..clearing.clear import ClearOptions, ClearResult, clear
+from ..clearing.plan import Selection
 from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
 from ..host.session import HostContext
@@ -26,8 +28,6 @@ from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
-from ..slate.clear import ClearOptions, ClearResult, clear
-from ..slate.plan import Selection
 from . import logfile, store
 from .contain import collect_stale_cgroups
 from .fence import fence_of

@@ -18,7 +18,7 @@ it as a :class:`LogsResult` (the ``gpuslate.logs.v1`` document); ``logs --follow
 where that snapshot stopped (:meth:`UnitLog.follow_on`).
 
 Log files are state files: every one is opened through the checked state folder
-(:func:`gpuslate.host.state.open_dir`), never through a symbolic link, and a FIFO
+(:func:`gpuslate.host.statedir.open_dir`), never through a symbolic link, and a FIFO
 or anything else that is not a regular file is refused, not waited on.
 """
 
@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any, NamedTuple
 from .._document import checked, reading
 from .._time import iso_time_us, parse_iso_time
 from ..errors import UsageError
-from ..host.state import StateDir, open_dir
+from ..host.statedir import StateDir, open_dir
 from . import store
 from .unit import Unit
 

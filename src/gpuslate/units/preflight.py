@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._parse import format_size, gpus_phrase
+from ..clearing.wait import state_is_free
 from ..errors import NotDoneError
 from ..gpu.types import GpuBackend
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.fdscan import read_fd_targets
 from ..proc.procfs import read_info
-from ..slate.wait import state_is_free
 
 
 def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit: str,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
@@ -33,7 +34,6 @@ from ..proc.procfs import ProcStat, read_info, read_stat
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from ..slate.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from .strays import Stray
 from .unit import Unit
 

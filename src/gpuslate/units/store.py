@@ -12,7 +12,7 @@ process's identity (pid + start time), its process group and session, its
 cgroup, and the processes seen in it once it was ready.
 
 Every file here is reached through the state folder's checked walk
-(host/state.py: from ``/``, one component at a time, never through another
+(host/statedir.py: from ``/``, one component at a time, never through another
 user's link, regular files only) and named only by a :class:`~.names.UnitName`,
 so no name or planted file leads a record read or write outside ``units/``.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import PermissionDenied
-from ..host.state import StateDir, open_dir
+from ..host.statedir import StateDir, open_dir
 from ..proc.procfs import ProcessId
 from .names import UnitName, is_unit_name
 from .state import Phase
@@ -214,7 +214,7 @@ class UnitStore:
     """The unit records and logs of one state folder (``state/units``, ``state/units/logs``).
 
     Holds only the folder's path: every use walks it again from ``/`` and checks it
-    (host/state.py), so a folder swapped meanwhile is refused, never followed.
+    (host/statedir.py), so a folder swapped meanwhile is refused, never followed.
     """
 
     def __init__(self, state: Path) -> None:
@@ -226,7 +226,7 @@ class UnitStore:
         return cls(host.state_dir())
 
     def _units(self) -> StateDir:
-        """``state/units``, walked from ``/`` and checked (host/state.py), held open."""
+        """``state/units``, walked from ``/`` and checked (host/statedir.py), held open."""
         with open_dir(self.state, create=True) as state:
             return state.subdir("units", create=True)
 

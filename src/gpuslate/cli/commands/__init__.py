@@ -100,8 +100,8 @@ _ACT, _RUN, _ROLLING = Mode.ACT, Mode.RUN, Remote.ROLLING
 #: every command, in help order (the only list of them)
 COMMANDS: dict[str, Command] = {
     "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status")),
-    "clear": Command("clear", Document("gpuslate.slate.clear:ClearResult", f"{_R}.clear:print_clear"), output=_ACT),
-    "wait": Command("wait", Document("gpuslate.slate.wait:WaitResult", f"{_R}.clear:print_wait")),
+    "clear": Command("clear", Document("gpuslate.clearing.clear:ClearResult", f"{_R}.clear:print_clear"), output=_ACT),
+    "wait": Command("wait", Document("gpuslate.clearing.wait:WaitResult", f"{_R}.clear:print_wait")),
     "up": Command("up", Document("gpuslate.units.lifecycle:UpResult", f"{_R}.units:show_up",
                                  f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),), output=_ACT,
                   paced=True),
@@ -119,8 +119,8 @@ COMMANDS: dict[str, Command] = {
     "audit": Command("audit", _AUDIT),
     "log": Command("audit", _AUDIT),  # the old name of audit: hidden, its document keeps its own schema
     "sim": Command("sim", None, also=(
-        ("sim.init", Document("gpuslate.gpu.sim.results:SimInitResult", f"{_R}.sim:show_init")),
-        ("sim.leak", Document("gpuslate.gpu.sim.results:SimLeakResult", f"{_R}.sim:show_leak"))), output=_ACT),
+        ("sim.init", Document("gpuslate.gpu.simhost.results:SimInitResult", f"{_R}.sim:show_init")),
+        ("sim.leak", Document("gpuslate.gpu.simhost.results:SimLeakResult", f"{_R}.sim:show_leak"))), output=_ACT),
     "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench"), paced=True),
     # run: hours of servers and load, stopped as on Ctrl-C when its output goes (report: only prints)
     "experiment": Command("experiment", Document("gpuslate.bench.report:Report", f"{_R}.experiment:print_report"),

@@ -49,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_clear(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
-    from ...slate.clear import ClearOptions  # lazy: startup
-    from ...slate.plan import Selection  # lazy: startup
+    from ...clearing.clear import ClearOptions  # lazy: startup
+    from ...clearing.plan import Selection  # lazy: startup
 
     ask = not args.yes and not args.dry_run and sys.stdin.isatty()
     gpus = selected_gpus(args.gpus)

@@ -135,7 +135,7 @@ def _demo(args: argparse.Namespace, out: Path, work: Path, t0: float, checked: A
     from ...bench.experiment import run_experiment  # lazy: startup
     from ...bench.report import DemoResult  # lazy: startup
     from ...bench.spec import load_spec  # lazy: startup
-    from ...gpu.sim.host import SimHost  # lazy: startup
+    from ...gpu.simhost.host import SimHost  # lazy: startup
     from .experiment import (  # lazy: startup
         ProgressDisplay,
         interrupted_status,
@@ -251,7 +251,7 @@ def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
 def _finish(host: Host, hand: subprocess.Popen[bytes] | None, *, interrupted: bool) -> dict[str, Any]:
     """Stop what the demo itself started (the hand-started server, if the experiment did not clear it),
     then verify on ``host``: every GPU free, no unit running."""
-    from ...slate.wait import WaitOptions  # lazy: startup
+    from ...clearing.wait import WaitOptions  # lazy: startup
 
     if hand is not None and hand.poll() is None:
         try:

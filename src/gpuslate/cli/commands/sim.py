@@ -138,7 +138,7 @@ def _no_subcommand(args: argparse.Namespace) -> int:
 
 def _serve_options(serve: argparse.ArgumentParser) -> None:
     add_common(serve)
-    from ...sim.serverconfig import add_arguments  # lazy: startup
+    from ...simserver.serverconfig import add_arguments  # lazy: startup
 
     add_arguments(serve)
     serve.add_argument("--gpus", type=gpus_arg, metavar="LIST",
@@ -154,7 +154,7 @@ def _serve_options(serve: argparse.ArgumentParser) -> None:
 
 
 def _host(args: argparse.Namespace):  # -> SimHost
-    from ...gpu.sim.host import SimHost  # lazy: startup
+    from ...gpu.simhost.host import SimHost  # lazy: startup
 
     root = getattr(args, "sim", None) or sim_root_from_env()
     if not root:
@@ -166,8 +166,8 @@ def _host(args: argparse.Namespace):  # -> SimHost
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from ...gpu.sim.host import SimHost  # lazy: startup
-    from ...gpu.sim.results import SimInitResult  # lazy: startup
+    from ...gpu.simhost.host import SimHost  # lazy: startup
+    from ...gpu.simhost.results import SimInitResult  # lazy: startup
 
     # one meaning: the folder is DIR; a --sim naming another one is a mistake, not a second target
     if getattr(args, "sim", None) and os.path.abspath(args.sim) != os.path.abspath(args.dir):
@@ -180,7 +180,7 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_hold(args: argparse.Namespace) -> int:
-    from ...gpu.sim.holder import full_titles, hold  # lazy: startup
+    from ...gpu.simhost.holder import full_titles, hold  # lazy: startup
 
     host = _host(args)
     if args.title and not full_titles():
@@ -194,7 +194,7 @@ def run_hold(args: argparse.Namespace) -> int:
 
 
 def run_mps(args: argparse.Namespace) -> int:
-    from ...gpu.sim.holder import mps_server  # lazy: startup
+    from ...gpu.simhost.holder import mps_server  # lazy: startup
 
     host = _host(args)
     gpus = selected_gpus(args.gpus)
@@ -203,7 +203,7 @@ def run_mps(args: argparse.Namespace) -> int:
 
 
 def run_leak(args: argparse.Namespace) -> int:
-    from ...gpu.sim.results import SimLeakResult  # lazy: startup
+    from ...gpu.simhost.results import SimLeakResult  # lazy: startup
 
     host = _host(args)
     result = SimLeakResult(args.gpu, args.memory, str(host.leak(args.gpu, args.memory)))
@@ -214,7 +214,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import signal  # lazy: startup
 
     require("sim serve", Extra.BENCH)  # the HTTP server is aiohttp's
-    from ...sim.server import LOG_PREFIX, config_from_args, run_server  # lazy: startup
+    from ...simserver.server import LOG_PREFIX, config_from_args, run_server  # lazy: startup
 
     try:
         config = config_from_args(args)
@@ -228,7 +228,7 @@ def run_serve(args: argparse.Namespace) -> int:
             if args.workers:
                 raise UsageError("--workers needs a simulated host: pass --sim DIR or set GPUSLATE_SIM")
             return []
-        from ...gpu.sim.holder import start_workers  # lazy: startup
+        from ...gpu.simhost.holder import start_workers  # lazy: startup
 
         host = _host(args)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_wait(args: argparse.Namespace) -> int:
     from ...api import Host  # lazy: startup
-    from ...slate.wait import WaitOptions  # lazy: startup
+    from ...clearing.wait import WaitOptions  # lazy: startup
 
     with LiveLine.of(args) as live:
         result = Host.open(args.sim, on_progress=live.sink).wait(

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import IO, Any
 
 from ..._parse import format_gpu_list, format_size, gpus_phrase
+from ...clearing.clear import ClearResult, ClearStatus
+from ...clearing.plan import Plan, Role, Target, not_chosen
+from ...clearing.wait import GpuDiagnosis, WaitResult
 from ...host.daemons import DaemonHold
 from ...proc.terminate import VictimResult
-from ...slate.clear import ClearResult, ClearStatus
-from ...slate.plan import Plan, Role, Target, not_chosen
-from ...slate.wait import GpuDiagnosis, WaitResult
 from .styled import CommandCell, cell, command_limit, emit, one_line, process_table
 
 

@@ -9,7 +9,7 @@ from ..._parse import format_gpu_list, format_size
 from .plain import safe
 
 if TYPE_CHECKING:
-    from ...gpu.sim.results import SimInitResult, SimLeakResult
+    from ...gpu.simhost.results import SimInitResult, SimLeakResult
 
 
 def show_init(result: SimInitResult) -> None:

@@ -90,7 +90,7 @@ def shown_pid() -> int:
     """This process's pid as its /proc shows it (``/proc/self``): what ``ps`` and
     tools reading that /proc see. The host's pid unless a PID namespace mounted its
     own /proc; only for telling people, never for the simulated driver's accounting,
-    which finds holders from the reader's side (see :mod:`gpuslate.gpu.sim.records`)."""
+    which finds holders from the reader's side (see :mod:`gpuslate.gpu.simhost.records`)."""
     try:
         return int(os.readlink("/proc/self"))
     except (OSError, ValueError):

@@ -121,7 +121,7 @@ def report(results: list[dict], test: str) -> str:
             shown.add(r["seed"])
             lines += ["", f"== seed {r['seed']} ({'CLI' if r['cli'] else 'library'}): "
                           f"replay: GPUSLATE_FUZZ_SEED={r['seed']} GPUSLATE_FUZZ_FORESTS=1 "
-                          f"python -m pytest -q -p no:cacheprovider tests/slate/test_fuzz_forests.py::{test}",
+                          f"python -m pytest -q -p no:cacheprovider tests/clearing/test_fuzz_forests.py::{test}",
                       f"selection: {json.dumps(r.get('selection'))}"]
             lines += [f"  {v['cls']}: {v['msg']}" for v in r["violations"]]
             if r.get("reuse"):

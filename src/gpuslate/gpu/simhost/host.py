@@ -18,19 +18,19 @@ Layout of ``DIR``::
                         GPU daemon's name, which the simulated MPS server runs as
 
 Every file of the folder is reached through the trusted-root walk of
-:mod:`gpuslate.host.state` under its ``Trust.SHARED`` rules (a simulated host
+:mod:`gpuslate.host.statedir` under its ``Trust.SHARED`` rules (a simulated host
 may be every user's, like /tmp): one component at a time, never through
 another user's symbolic link, regular files only (a FIFO never hangs a
 reader, ``/dev/zero`` is never read), every read bounded. ``sim init`` resets
 only a folder of the caller's own (root included): it never removes or
 creates anything in another user's folder, nor through a link.
 
-Memory is held by real processes (see :mod:`gpuslate.gpu.sim.holder`): a record
+Memory is held by real processes (see :mod:`gpuslate.gpu.simhost.holder`): a record
 counts while its holder keeps it open, and for ``release_delay`` seconds after
 it was first seen dead, like a driver tearing down a context; never instantly.
 Like a driver, the host refuses memory beyond a GPU's total (an out-of-memory
 error), and names each record's owner by its host pid, found from the host's
-/proc and never from what the holder says (:mod:`gpuslate.gpu.sim.records`).
+/proc and never from what the holder says (:mod:`gpuslate.gpu.simhost.records`).
 Reading never fails on another user's records: one that cannot be read makes
 its GPU's memory unknown, never free.
 """
@@ -90,7 +90,7 @@ _WHAT = "simulated host directory"
 
 class AllocRecord(NamedTuple):
     """A record as the simulated driver accounts for it: ``pid`` and ``start_ticks``
-    name its owner as the host sees it (see :mod:`gpuslate.gpu.sim.records`), ``None``
+    name its owner as the host sees it (see :mod:`gpuslate.gpu.simhost.records`), ``None``
     for a leak or an owner no process of this host can be named for."""
 
     gpu: int
@@ -368,7 +368,7 @@ class SimHost:
         it and closes it: a simulated driver call that hangs, for tests of timeouts.
 
         Deliberate and visible, unlike a record that is a FIFO (never waited on: see
-        :func:`~gpuslate.gpu.sim.records.read_record`); another user's FIFO is ignored.
+        :func:`~gpuslate.gpu.simhost.records.read_record`); another user's FIFO is ignored.
         """
         if root is None:
             try:
@@ -410,7 +410,7 @@ class SimHost:
     def _allocate(self, held: Sequence[tuple[int, int]], kind: str,
                   claim_of: ProcessId | None) -> list[tuple[str, int]]:
         """:meth:`allocate`, returning each record's (name, fd); ``claim_of`` is what the
-        record says about its holder (a claim: see :mod:`gpuslate.gpu.sim.records`)."""
+        record says about its holder (a claim: see :mod:`gpuslate.gpu.simhost.records`)."""
         wanted = [(g, n) for g, n in held if n > 0]
         self.check_gpus([g for g, _ in wanted])
         made: list[tuple[str, int]] = []
@@ -514,7 +514,7 @@ class SimHost:
         return self.survey(now).held
 
     def survey(self, now: float | None = None, *, owners: bool = True, root: StateDir | None = None) -> Survey:
-        """What the simulated driver holds now (see :mod:`gpuslate.gpu.sim.records`).
+        """What the simulated driver holds now (see :mod:`gpuslate.gpu.simhost.records`).
 
         Never raises for a record: one that cannot be read is a problem of its GPU
         (its memory is then unknown, never free). ``owners=False`` skips naming the

@@ -4,7 +4,7 @@ One asyncio task plays the GPU: it admits waiting requests into the running
 batch, "runs" a step by sleeping for the modelled step time (divided by the
 time scale), and hands every running request its tokens for that step.
 The HTTP layer only submits requests and reads their token events, so all
-timing lives here and in :mod:`gpuslate.sim.perfmodel`.
+timing lives here and in :mod:`gpuslate.simserver.perfmodel`.
 """
 
 from __future__ import annotations

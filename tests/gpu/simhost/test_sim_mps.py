@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from gpuslate.gpu.sim import SimBackend
+from gpuslate.gpu.simhost import SimBackend
 from helpers import is_gone, run_cli, wait_for
 
 MiB = 1024**2

@@ -11,8 +11,8 @@ import json
 import aiohttp
 import pytest
 
-from gpuslate.sim.engineargs import settings, threshold_of
-from gpuslate.sim.server import ServerConfig, add_arguments, config_from_args, serving
+from gpuslate.simserver.engineargs import settings, threshold_of
+from gpuslate.simserver.server import ServerConfig, add_arguments, config_from_args, serving
 
 SPEC = {"method": "eagle3", "model": "org/d", "num_speculative_tokens": 3}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.proc.procfs import read_stat
 from helpers import SRC, GiB, gpuslate_env, is_gone, per_worker, throwaway_user, wait_for
 
@@ -135,8 +135,8 @@ def test_namespaced_workers_are_reported_by_their_host_pids(host, own_proc):
 
 LIAR = textwrap.dedent("""
     import os, sys, time
-    from gpuslate.gpu.sim.host import SimHost
-    from gpuslate.gpu.sim.records import Claim, create_record
+    from gpuslate.gpu.simhost.host import SimHost
+    from gpuslate.gpu.simhost.records import Claim, create_record
     host = SimHost(sys.argv[1])
     claim = Claim(0, 1, 0, 3 << 30, "compute")  # says: PID 1 holds 3 GiB
     if sys.argv[2] == "device":
@@ -169,7 +169,7 @@ def test_a_records_claimed_pid_is_never_reported(host, holds_device):
 FORKER = textwrap.dedent("""
     import os, sys, time
     from gpuslate.proc.procfs import identity
-    from gpuslate.gpu.sim.host import SimHost
+    from gpuslate.gpu.simhost.host import SimHost
     host = SimHost(sys.argv[1])
     dev = os.open(host.device_path(0), os.O_RDONLY)
     host.add_record(0, identity(os.getpid()), 2 << 30)
@@ -494,7 +494,7 @@ def test_memory_held_by_a_thread_is_the_process_s(tmp_path, how):
     host = SimHost.init(tmp_path / "h", gpus=1, memory=8 * GiB)
     code = textwrap.dedent(f"""\
         import ctypes, os, sys, threading
-        from gpuslate.gpu.sim.host import SimHost
+        from gpuslate.gpu.simhost.host import SimHost
         host = SimHost({str(host.root)!r})
         held = threading.Event()
         def hold():

@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuslate.clearing.plan import MPS_SHARED, Facts, Hold, Resolved, Selection, attribute, decide
 from gpuslate.errors import UsageError
-from gpuslate.slate.plan import MPS_SHARED, Facts, Hold, Resolved, Selection, attribute, decide
 from test_plan_model import ME, Forest, selections, worlds
 
 SERVER_EXE = "/usr/bin/nvidia-cuda-mps-server"

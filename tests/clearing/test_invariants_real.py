@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuslate.clearing.clear import _ForkWatch
+from gpuslate.clearing.plan import Plan, Selection
 from gpuslate.errors import PermissionDenied
 from gpuslate.proc.procfs import ProcessId, read_stat
 from gpuslate.proc.terminate import Victim, terminate
-from gpuslate.slate.clear import _ForkWatch
-from gpuslate.slate.plan import Plan, Selection
 from helpers import gpuslate_env, is_gone, wait_for
 from otheruser import _env, start_as
 

@@ -9,7 +9,7 @@ Two halves:
 * :func:`decide` is a pure function of the facts (a consistent process view,
   the GPU holds that NVML and the fd scan report, the caller's identity) and
   the selection. Every invariant of the safety model is tested on it with
-  generated process forests (tests/slate/test_plan_model.py).
+  generated process forests (tests/clearing/test_plan_model.py).
 * :func:`make_plan` gathers those facts from /proc and the backend, calls
   :func:`decide`, and annotates each target with what the act needs (identity,
   whether SIGTERM can work).

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuslate.sim.server import ServerConfig, SimServer, add_arguments, config_from_args, serving
+from gpuslate.simserver.server import ServerConfig, SimServer, add_arguments, config_from_args, serving
 
 pytestmark = pytest.mark.timeout(60)
 

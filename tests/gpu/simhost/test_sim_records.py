@@ -11,7 +11,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslate.gpu.sim.records import (
+from gpuslate.gpu.simhost.records import (
     START_SLACK,
     Claim,
     LockFact,
@@ -21,7 +21,7 @@ from gpuslate.gpu.sim.records import (
     parse_claim,
     read_record,
 )
-from gpuslate.host.state import Trust, open_dir
+from gpuslate.host.statedir import Trust, open_dir
 from gpuslate.proc.fdscan import FdScan
 
 REC = "/sim/alloc/g0.x.json"
@@ -77,8 +77,8 @@ def test_parse_claim_never_raises_and_accepts_only_valid_records(data):
 
 def test_a_record_is_live_exactly_while_its_holder_keeps_it(tmp_path):
     """The flock of create_record is what read_record sees, from another process; /proc/locks names it."""
-    code = ("import sys; from gpuslate.gpu.sim.records import Claim, create_record;"
-            "from gpuslate.host.state import Trust, open_dir;"
+    code = ("import sys; from gpuslate.gpu.simhost.records import Claim, create_record;"
+            "from gpuslate.host.statedir import Trust, open_dir;"
             "fd = create_record(open_dir(sys.argv[1], trust=Trust.SHARED), 'g0.t.json', Claim(0, 99, 0, 5, 'compute'));"
             "print('ready', flush=True); sys.stdin.read()")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

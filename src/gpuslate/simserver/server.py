@@ -3,7 +3,7 @@
 It stands in for SGLang/vLLM on machines without GPUs: it binds its port at
 once, answers 503 while "loading", logs SGLang's readiness line, and then
 generates filler text at the speed the performance model
-(:mod:`gpuslate.sim.perfmodel`) gives for the current batch. The endpoints
+(:mod:`gpuslate.simserver.perfmodel`) gives for the current batch. The endpoints
 and the model are documented in ``docs/sim-server.md``.
 """
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from gpuslate.sim.perfmodel import (
+from gpuslate.simserver.perfmodel import (
     PerfParams,
     TokenAccumulator,
     baseline_step_seconds,

@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuslate.sim.perfmodel import PerfParams, throughput
-from gpuslate.sim.server import (
+from gpuslate.simserver.perfmodel import PerfParams, throughput
+from gpuslate.simserver.server import (
     READY_LINE,
     ServerConfig,
     SimServer,
@@ -370,7 +370,7 @@ def test_threshold_mode_switches_step_kind_with_load() -> None:
 def _spawn(config_expr: str) -> subprocess.Popen[str]:
     code = (
         "import sys\n"
-        "from gpuslate.sim.server import ServerConfig, run_server\n"
+        "from gpuslate.simserver.server import ServerConfig, run_server\n"
         f"sys.exit(run_server({config_expr}, start_workers=lambda: [4242]))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}

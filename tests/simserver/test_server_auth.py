@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpuslate.sim.perfmodel import PerfParams
+from gpuslate.simserver.perfmodel import PerfParams
 from test_server import FAST, run, sim, sse
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuslate.clearing.plan import GPU_DAEMONS, Facts, Hold, Resolved, Role, Selection, attribute, decide
 from gpuslate.errors import UsageError
 from gpuslate.proc.jobs import Protection, ancestors, descendants, program
 from gpuslate.proc.procfs import ProcStat, SignalFacts
-from gpuslate.slate.plan import GPU_DAEMONS, Facts, Hold, Resolved, Role, Selection, attribute, decide
 
 ME, OTHER = 1000, 1001
 KTHREAD = 0x00200000

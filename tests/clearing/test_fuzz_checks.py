@@ -1,5 +1,5 @@
 """The fuzzer's invariants (tests/fuzzkit/checks.py) each catch what they name: a check that
-cannot fail would let tests/slate/test_fuzz_forests.py pass on a planner that kills bystanders."""
+cannot fail would let tests/clearing/test_fuzz_forests.py pass on a planner that kills bystanders."""
 
 from __future__ import annotations
 

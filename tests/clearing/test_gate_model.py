@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuslate.clearing.gate import refusals
+from gpuslate.clearing.plan import Facts, Hold, Resolved, Selection, attribute, decide
 from gpuslate.errors import UsageError
 from gpuslate.proc.procfs import ProcessId, ProcStat, SignalFacts
-from gpuslate.slate.gate import refusals
-from gpuslate.slate.plan import Facts, Hold, Resolved, Selection, attribute, decide
 from test_plan_model import OTHER, Forest, World, selections, worlds
 
 ME = 1000

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuslate.clearing.wait import LEAK_SETTLE_S, LeakWatch
 from gpuslate.gpu.types import GpuProcess, GpuReading, MemoryInfo, held_by_no_process
-from gpuslate.slate.wait import LEAK_SETTLE_S, LeakWatch
 
 GiB = 1024**3
 MAX_USED = 64 << 20

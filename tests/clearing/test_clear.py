@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import gpuslate
-from gpuslate.gpu.sim.host import SimHost
+from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.host.audit import AuditLog
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
@@ -432,8 +432,8 @@ def test_a_true_zombie_is_named_with_its_parent(tmp_path, monkeypatch, hold, cli
 def test_the_selection_is_resolved_once(sim_host, hold, monkeypatch):
     """``clear`` checks its selection before the host lock and hands the checked selection to the
     plan: one ``resolve`` for the whole clear (the plan resolving it again was a lookup done twice)."""
-    from gpuslate.slate import clear as clear_mod
-    from gpuslate.slate import plan as plan_mod
+    from gpuslate.clearing import clear as clear_mod
+    from gpuslate.clearing import plan as plan_mod
 
     calls: list[object] = []
     real = plan_mod.resolve

@@ -12,7 +12,7 @@ Everything above this package (discovery, termination, verification) runs for
 real against it: memory is held by real processes and their device files are
 found by the same fd scan as real ``/dev/nvidia*`` files. Like NVML, the
 backend reports host pids, from the processes that hold the memory (see
-:mod:`gpuslate.gpu.sim.records`), and a record it cannot read makes that GPU's
+:mod:`gpuslate.gpu.simhost.records`), and a record it cannot read makes that GPU's
 reading an error, never clean.
 """
 

@@ -151,7 +151,7 @@ def test_a_server_whose_program_anyone_may_write_is_no_daemon(sim_host, hold, cl
 
 def test_units_preflight_and_the_slurm_prolog_call_an_idle_mps_host_free(sim_host, hold, monkeypatch, capsys):
     from gpuslate.cli.main import main
-    from gpuslate.gpu.sim import SimBackend
+    from gpuslate.gpu.simhost import SimBackend
     from gpuslate.units.preflight import check_gpus
 
     server = hold("--gpus", "5", verb="mps")
@@ -169,9 +169,9 @@ def test_a_daemon_that_is_the_runs_own_is_no_baseline_when_polling(sim_host, hol
     keeps the GPU busy until it is gone."""
     import time
 
-    from gpuslate.gpu.sim import SimBackend
+    from gpuslate.clearing.wait import poll_until_free
+    from gpuslate.gpu.simhost import SimBackend
     from gpuslate.proc.daemons import DaemonWatch
-    from gpuslate.slate.wait import poll_until_free
 
     server = hold("--gpus", "6", verb="mps")
     be = SimBackend(sim_host.root)
