@@ -275,8 +275,8 @@ def test_drift_measured_by_the_interleaved_order():
 
 
 def verified_dir(tmp_path, rec_figs, *, verify_threshold=1):
-    """FIGS swept, then the recommendation's own run (a verification.json and __verify points):
-    baseline at level 2, speculative at level 1, the recommendation at both."""
+    """FIGS swept, then the recommendation's own run (a verification.json and __verify points): the
+    recommendation at both levels, and across its switch (T, T+1: levels 1 and 2) both deployments too."""
     from gpuslate.bench.report import build_summary, plan_verification
     from gpuslate.bench.rundir import VERIFY_FILE
 
@@ -288,11 +288,13 @@ def verified_dir(tmp_path, rec_figs, *, verify_threshold=1):
     write_json_atomic(out / "experiment.json", manifest)
     plan, why = plan_verification(build_summary(out)[0], manifest["spec"])
     assert plan is not None and not why
-    assert plan["name"] == "spec-recommended" and plan["levels"] == {"base": [2], "spec": [1],
+    assert plan["name"] == "spec-recommended" and plan["levels"] == {"base": [1, 2], "spec": [1, 2],
                                                                     "spec-recommended": [1, 2]}
+    assert plan["switch_levels"] == [1, 2]  # T, T+1 (and no level measured above)
     plan["threshold"] = verify_threshold
     write_json_atomic(out / VERIFY_FILE, plan)
-    figs = {("base", 2): 202, ("spec", 1): 129, **{("spec-recommended", c): v for c, v in rec_figs.items()}}
+    figs = {("base", 2): 202, ("spec", 1): 129, ("base", 1): 102, ("spec", 2): 151,
+            **{("spec-recommended", c): v for c, v in rec_figs.items()}}
     for (dep, c), v in figs.items():
         p = point(dep, "recommended" if dep == "spec-recommended" else None, c, 0, v)
         p["verify"] = True
@@ -305,7 +307,7 @@ def test_the_recommendations_own_run_against_the_better_of_the_two(tmp_path):
     rep = write_report(out)
     ver = rep.summary["verification"]
     assert [(v["concurrency"], v["compared_with"], v["verdict"]) for v in ver["levels"]] == [
-        (1, ["spec"], "matches the better"), (2, ["base"], "slower than the better")]
+        (1, ["base", "spec"], "matches the better"), (2, ["base", "spec"], "slower than the better")]
     assert not ver["matches"] and ver["slower_at"] == [2] and not ver["notes"]
     assert all(r["repeats"] == 2 for r in rep.summary["levels"])  # the run's points are not repeats of the sweep
     md = (out / "report.md").read_text()

@@ -33,10 +33,10 @@ def test_simulated_pair_crossover_is_the_models():
     assert rec.levels[0].winner == "speculative" and rec.levels[0].margin == pytest.approx(0.152, abs=0.01)
     assert all(v.winner == "baseline" for v in rec.levels[1:])
     # the step count measured, fixed ("on"), and 0 above: never the steps SGLang picks by itself
-    sglang = rec.sglang_adaptive_config()
+    sglang = rec.engine_forms()["sglang_adaptive_config"]
     assert {k: v for k, v in sglang.items() if k.isdigit()} == {"1": {"candidate_steps": [3]},
                                                                 "2": {"candidate_steps": [0]}}
-    assert rec.vllm_schedule() == [[1, 1, 3], [2, 64, 0]]
+    assert vllm_schedule(rec) == [[1, 1, 3], [2, 64, 0]]
     assert rec.recommended and rec.deciding_levels == (1, 2) and not rec.missing_evidence
     doc = rec.to_json()
     json.dumps(doc)
@@ -158,9 +158,9 @@ def test_never_recommends_beyond_largest_level(exp):
     if rec.threshold is not None:
         assert 0 <= rec.threshold <= max(base)
         assert rec.threshold == 0 or rec.threshold in base  # always a measured level
-        sched = rec.vllm_schedule()
+        sched = vllm_schedule(rec)
         assert sched[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in pairwise(sched))
-        keys = sorted(int(k) for k in rec.sglang_adaptive_config() if k.isdigit())
+        keys = sorted(int(k) for k in rec.engine_forms()["sglang_adaptive_config"] if k.isdigit())
         assert keys[0] == 1 and (rec.threshold == 0 or keys[-1] == rec.threshold + 1)
 
 
@@ -172,8 +172,8 @@ def test_never_wins_beyond_spread_means_always_off(exp):
     spec = {c: [min(min(base[c]), v) for v in spec[c]] for c in spec}
     rec = recommend(base, spec)
     assert rec.decision == "always_off" and rec.threshold == 0
-    assert rec.sglang_adaptive_config() == {"1": {"candidate_steps": [0]}}
-    assert all(k == 0 for _, _, k in rec.vllm_schedule())
+    assert rec.engine_forms()["sglang_adaptive_config"] == {"1": {"candidate_steps": [0]}}
+    assert all(k == 0 for _, _, k in vllm_schedule(rec))
 
 
 @settings(max_examples=300, deadline=None)
@@ -184,7 +184,7 @@ def test_always_wins_means_never_disable(exp):
     rec = recommend(base, spec)
     assert rec.decision == "never_disable" and rec.threshold is None
     assert any("not measured beyond" in w for w in rec.warnings)
-    assert all(k == rec.num_speculative_tokens for _, _, k in rec.vllm_schedule())
+    assert all(k == rec.num_speculative_tokens for _, _, k in vllm_schedule(rec))
 
 
 @settings(max_examples=300, deadline=None)
@@ -207,3 +207,8 @@ def test_a_larger_noise_margin_never_raises_the_threshold(exp, margin):
     base, spec = exp
     rank = lambda r: float("inf") if r.threshold is None else r.threshold  # noqa: E731
     assert rank(recommend(base, spec, min_margin=margin)) <= rank(recommend(base, spec))
+
+
+def vllm_schedule(rec):
+    """The recommendation's reference form for vLLM (the engines' own, gpuslate.engines)."""
+    return rec.engine_forms()["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"]

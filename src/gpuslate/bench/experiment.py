@@ -58,7 +58,7 @@ from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..units import UnitSpec, UpOptions
 from ..units.names import is_unit_name
 from .plan import LoadPlan
-from .report import ENGINE_FILES, build_summary, plan_verification
+from .report import ENGINE_FILES, build_summary, plan_verification, recorded_files
 from .result import Progress
 from .rundir import POINT_SCHEMA, RUN_SCHEMA, VERIFY_FILE, load_verification, read_json, write_json_atomic
 from .spec import RECOMMENDED, Deployment, ExperimentSpec, Order, same_experiment, unit_namespace
@@ -381,6 +381,8 @@ class _Runner:
             "command": dep.unit.command, "unit": dep.unit.to_json(), "gpuslate_version": __version__,
             "engine": doc.get("server", {}), "started_at": started_at, "finished_at": iso_time(time.time()),
             "gpu_state_before": before, "level": doc["levels"][0], "bench": doc,
+            # the files its command names (an options file), as they were: the report reads what ran
+            "engine_files": recorded_files(dep.unit.command, dep.unit.cwd),
         }
         write_json_atomic(self.points / key.filename, point)
         self.point_seconds.append(time.monotonic() - t_start)
@@ -421,7 +423,7 @@ def _checked_plan(plan: dict[str, Any], out: Path, names: set[str]) -> UnitSpec:
               and isinstance(order, list) and set(order) <= names | {plan["name"]} and plan["name"] in order
               and isinstance(levels, dict) and set(levels) <= set(order)
               and all(isinstance(v, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in v)
-                      for v in levels.values()))
+                      for v in [*levels.values(), plan.get("switch_levels") or []]))
         if not ok or plan["name"] in names:
             raise bad
         return UnitSpec.from_json({**plan["unit"], "name": plan["name"]}).validate()

@@ -42,29 +42,32 @@ from typing import Any, NamedTuple
 
 from .. import __version__
 from .._document import checked, reading
-from .._walk import write_file
-from ..extras import Extra, install_hint
-from ..outcome import Outcome, StatusEnum
-from .engines import (
-    COMMAND_FILE,
-    SGLANG_ARGS_FILE,
-    SGLANG_CONFIG_FILE,
-    VLLM_CONFIG_FILE,
+from .._walk import read_file, write_file
+from ..engines import (
     ApplyPlan,
     ApplyStatus,
     SpecCommand,
+    engine,
+    engine_files,
     plan_apply,
     plan_as_measured,
+    plan_patched,
     read_command,
 )
+from ..errors import GpuslateError
+from ..extras import Extra, install_hint
+from ..outcome import Outcome, StatusEnum
 from .rundir import VERIFY_SCHEMA, load_run, load_verification, write_json_atomic
 from .threshold import MIN_REPEATS, Recommendation, ratio_interval, recommend
 
 SCHEMA = "gpuslate.experiment.v1"
-#: every engine file a report may write; those it does not write this time are removed (with the
-#: names earlier versions wrote), so that a folder never holds a configuration the report disowns
-ENGINE_FILES = (VLLM_CONFIG_FILE, SGLANG_CONFIG_FILE, SGLANG_ARGS_FILE, COMMAND_FILE)
+#: every engine file a report may write (every engine's: gpuslate.engines); those it does not write this
+#: time are removed (with the names earlier versions wrote), so that a folder never holds a configuration
+#: the report disowns
+ENGINE_FILES = engine_files()
 _FORMER_ENGINE_FILES = ("vllm-config.json", "sim-args.txt")
+#: a file a deployment's command names (TensorRT-LLM's options file) is read at most this large
+MAX_ENGINE_FILE_BYTES = 256 * 1024
 STATS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
 QUANTILES = ("mean", "p50", "p90", "p99")
 CSV_COLUMNS = ("deployment", "role", "concurrency", "repeats", "completed", "failed", "output_tokens",
@@ -151,6 +154,8 @@ def _check_shown(s: dict[str, Any]) -> None:
             apply_lines(rec["apply"])
     if s.get("verification") is not None:
         verification_lines(s["verification"])
+        switch_lines(s["verification"])
+    emulated_sentence(s)
 
 
 DEMO_SCHEMA = "gpuslate.demo.v1"
@@ -317,6 +322,8 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
         "threshold_check": _threshold_check(rows, widen),
     }
     summary["verification"], summary["verification_note"] = _verification(summary, spec, points, out)
+    if rec_doc is not None and summary["verification"] is not None:
+        _withdraw_on_collapse(rec_doc, summary["verification"])
     apply = (rec_doc or {}).get("apply")
     if apply and apply["status"] == ApplyStatus.READY.value and summary["verification"] is None:
         apply["unproven"].insert(0, "its own run: set [experiment] verify = 1 in the spec and --resume, which "
@@ -355,8 +362,9 @@ def _plots(rows: list[dict[str, Any]], out: Path, summary: dict[str, Any],
     except ImportError as exc:
         return [], f"plots skipped: {exc}; {install_hint(Extra.PLOTS)}"
     marks = None
-    if rec is not None and rec.crossover is not None:
-        marks = {"threshold": rec.threshold, "crossover": rec.crossover, "recommended": rec.recommended}
+    if rec is not None and rec.crossover is not None:  # withdrawn after its own run: not recommended either
+        marks = {"threshold": rec.threshold, "crossover": rec.crossover,
+                 "recommended": bool((summary.get("recommendation") or {}).get("recommended"))}
     return plots.make_plots(rows, out, title=summary.get("name") or "experiment",
                             time_scale=summary["time_scale"], marks=marks), None
 
@@ -377,13 +385,48 @@ def _by_role(spec: dict[str, Any], role: str) -> dict[str, Any] | None:
 
 def _speculative_command(spec: dict[str, Any], points: list[dict[str, Any]]) -> SpecCommand | None:
     """The speculative deployment's command as read, with what its running server reported
-    (the facts of its last point: SGLang's server args, the engine and version)."""
+    (the facts of its last point: SGLang's server args, the engine and version) and the files it
+    names as they were when it ran (recorded in its points), else as they are now."""
     dep = _by_role(spec, "speculative")
     if dep is None:
         return None
-    facts = next((p.get("engine") or {} for p in reversed(points)
-                  if p["deployment"] == dep["name"] and not p.get("verify")), {})
-    return read_command(dep.get("command") or [], facts)
+    last: dict[str, Any] = next((p for p in reversed(points)
+                                 if p["deployment"] == dep["name"] and not p.get("verify")), {})
+    files = last.get("engine_files")
+    recorded: dict[str, Any] = files if isinstance(files, dict) else {}
+    cwd = (dep.get("unit") or {}).get("cwd")
+
+    def read(path: str) -> str:
+        text = recorded.get(path)
+        return text if isinstance(text, str) else read_engine_file(path, cwd)
+
+    return read_command(dep.get("command") or [], last.get("engine") or {}, read)
+
+
+def read_engine_file(path: str, cwd: str | None = None) -> str:
+    """A file a deployment's command names (relative: to the unit's working folder, else this
+    process's), bounded and walked as every path gpuslate is given; OSError or ValueError if not."""
+    full = Path(cwd or ".") / path if not Path(path).is_absolute() else Path(path)
+    try:
+        data = read_file(full, limit=MAX_ENGINE_FILE_BYTES + 1, what="engine options file")
+    except GpuslateError as exc:
+        raise ValueError(str(exc)) from None
+    if len(data) > MAX_ENGINE_FILE_BYTES:
+        raise ValueError(f"over {MAX_ENGINE_FILE_BYTES} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def recorded_files(command: list[str], cwd: str | None) -> dict[str, str]:
+    """The files a deployment's command names, as they are now (read as its engine reads the
+    command): kept with each point, so that the report reads what ran."""
+    seen: dict[str, str] = {}
+
+    def record(path: str) -> str:
+        seen[path] = read_engine_file(path, cwd)
+        return seen[path]
+
+    read_command(command, {}, record)
+    return seen
 
 
 def _engine_version(cmd: SpecCommand, spec: dict[str, Any], points: list[dict[str, Any]]) -> str | None:
@@ -418,7 +461,9 @@ def _recommendation(spec: dict[str, Any], rows: list[dict[str, Any]], drift: flo
 
 def _apply(spec: dict[str, Any], rec: Recommendation, out: Path, command: SpecCommand,
            version: str | None) -> ApplyPlan:
-    """``recommendation.apply``: the recommendation in the speculative deployment's own terms."""
+    """``recommendation.apply``: the recommendation in the speculative deployment's own terms (or,
+    with its ``threshold_flag``, in its patched engine's own flag)."""
+    flag = (_by_role(spec, "speculative") or {}).get("threshold_flag")
     if not rec.recommended:
         why = rec.missing_evidence or ("the crossover is within drift + noise",)
         return ApplyPlan(ApplyStatus.NOT_RECOMMENDED, command.engine, blockers=command.blockers,
@@ -426,6 +471,8 @@ def _apply(spec: dict[str, Any], rec: Recommendation, out: Path, command: SpecCo
                          version=version)
     if rec.decision == "disable_above":
         assert rec.threshold is not None
+        if isinstance(flag, str):
+            return plan_patched(command.argv, flag, rec.threshold, version=version)
         return plan_apply(command, rec.threshold, top=rec.largest_level, out_dir=out, version=version)
     dep = _by_role(spec, "baseline" if rec.decision == "always_off" else "speculative") or {}
     return plan_as_measured(rec.decision, dep.get("command") or [], command.engine, version)
@@ -473,11 +520,46 @@ def plan_verification(summary: dict[str, Any], spec: dict[str, Any]) -> tuple[di
             levels[base["name"]].append(v["concurrency"])
         if v["winner"] in ("speculative", "tie"):
             levels[specd["name"]].append(v["concurrency"])
+    # across the switch: T, T+1 (measured or not) and the level above, each with both deployments
+    switch = switch_levels(rec["threshold"], [v["concurrency"] for v in rec["levels"]])
+    for n in levels:
+        levels[n] = sorted(set(levels[n]) | set(switch))
     unit = {**specd["unit"], "name": name, "command": apply["command"]}
     return {"schema": VERIFY_SCHEMA, "name": name, "threshold": rec["threshold"], "engine": apply.get("engine"),
+            "patched_flag": apply.get("patched_flag"),
             "command": apply["command"], "command_line": apply.get("command_line"), "unit": unit,
             "files": apply.get("files") or {}, "levels": levels, "order": [base["name"], specd["name"], name],
+            "switch_levels": switch,
             "recommendation": rec["summary"], "gpuslate_version": __version__}, ""
+
+
+def switch_levels(threshold: int, measured: list[int]) -> list[int]:
+    """Where the recommendation switches speculation: T, T+1 and the measured level above T+1 (a
+    collapse at the switch shows there, vLLM issue #49548's shape)."""
+    above = sorted(c for c in measured if c > threshold + 1)[:1]
+    return [threshold, threshold + 1, *above]
+
+
+def _withdraw_on_collapse(rec: dict[str, Any], ver: dict[str, Any]) -> None:
+    """A recommendation whose own run fell below the worse of baseline and speculative beyond
+    drift + noise at a level around its switch is withdrawn: not recommended, nothing written,
+    the reason and the figures said (they are the verification's ``switch`` rows)."""
+    collapsed = [row for row in ver.get("switch") or [] if row["collapsed"]]
+    if not collapsed or not rec.get("recommended") or rec.get("threshold") != ver.get("threshold"):
+        return
+    figures = "; ".join(f"at concurrency {r['concurrency']} {r['throughput']} tok/s against {r['worse_of_both']} "
+                        f"for the worse of the two (ratio {r['ratio']:.3f} in [{r['interval'][0]:.3f}, "
+                        f"{r['interval'][1]:.3f}])" for r in collapsed)
+    reason = (f"its own run collapsed at the switch: {figures}; below both deployments beyond drift + noise, so "
+              "switching costs more than either side gains there")
+    rec["recommended"] = False
+    rec["withdrawn"] = {"reason": reason, "levels": [r["concurrency"] for r in collapsed]}
+    rec["summary"] = f"withdrawn (threshold {rec['threshold']}): {reason}"
+    apply = rec.get("apply")
+    if isinstance(apply, dict):
+        apply["status"] = ApplyStatus.WITHDRAWN.value
+        apply["files"] = {}
+        apply["notes"] = [*apply.get("notes", []), f"nothing is written: {reason}"]
 
 
 def _verification(summary: dict[str, Any], spec: dict[str, Any], points: list[dict[str, Any]],
@@ -538,18 +620,40 @@ def _verification_check(summary: dict[str, Any], spec: dict[str, Any], points: l
                        "best_of_both": _round(sum(best) / len(best)), "compared_with": others, "repeats": len(repeats),
                        "ratio": _round(ratio, 4), "interval": [_round(lo, 4), _round(hi, 4)], "drift": _round(d, 4),
                        "verdict": verdict})
+    switch = []
+    for c in plan.get("switch_levels") or []:
+        mine, bv, sv = by.get((plan["name"], c), {}), by.get((base, c), {}), by.get((specd, c), {})
+        repeats = sorted(set(mine) & set(bv) & set(sv))
+        worse = [min(bv[r], sv[r]) for r in repeats]
+        if not repeats or min(worse) <= 0:
+            continue
+        mv = [mine[r] for r in repeats]
+        noise = max([spread.get((n, c), 0.0) for n in (base, specd)]
+                    + [_spread(list(v.values())) for v in (mine, bv, sv)])
+        moved = max((abs(_mean(list(by[(n, c)].values())) / _mean(sweep[(n, c)]) - 1)
+                     for n in (base, specd) if _mean(sweep.get((n, c)) or [0.0]) > 0), default=0.0)
+        d = max(drift, moved)
+        ratio, lo, hi = ratio_interval(mv, worse, d, noise)
+        switch.append({"concurrency": c, "throughput": _round(sum(mv) / len(mv)),
+                       "baseline": _round(sum(bv[r] for r in repeats) / len(repeats)),
+                       "speculative": _round(sum(sv[r] for r in repeats) / len(repeats)),
+                       "worse_of_both": _round(sum(worse) / len(worse)), "repeats": len(repeats),
+                       "ratio": _round(ratio, 4), "interval": [_round(lo, 4), _round(hi, 4)], "drift": _round(d, 4),
+                       "collapsed": hi < 1})
     rec = summary.get("recommendation") or {}
     notes = []
     if rec.get("threshold") != plan["threshold"] or not rec.get("recommended"):
         notes.append(f"the run verified threshold {plan['threshold']}; the recommendation now is "
                      f"{rec.get('threshold') if rec.get('recommended') else 'none'}: to verify it, remove "
                      f"{out / 'verification.json'} and {out}/points/*__verify.json, then --resume")
-    if facts.get("speculative_adaptive") is False:
-        notes.append("the running SGLang reported speculative_adaptive false: it fell back to static settings "
-                     "(see its log), so this run is not of the recommendation")
+    e = engine(plan.get("engine"))
+    refused = e.not_taken(facts) if e is not None and not plan.get("patched_flag") else None
+    if refused:
+        notes.append(refused)
     slower = [v["concurrency"] for v in levels if v["verdict"] == "slower than the better"]
     return {"deployment": plan["name"], "threshold": plan["threshold"], "command": plan["command"],
-            "engine": facts or None, "drift": _round(drift, 4), "levels": levels,
+            "engine": facts or None, "drift": _round(drift, 4), "levels": levels, "switch": switch,
+            "collapsed_at": [row["concurrency"] for row in switch if row["collapsed"]],
             "matches": bool(levels) and not slower and len(levels) == len(plan["levels"][plan["name"]]),
             "slower_at": slower, "notes": notes}
 
@@ -638,7 +742,11 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     lines.append(order_sentence(summary))
     if summary["time_scale"] != 1:
         lines.append(time_scale_sentence(summary["time_scale"]))
-    lines += ["", "## Deployments", "", "| deployment | role | engine | command |", "| --- | --- | --- | --- |"]
+    lines += ["", "## Deployments", ""]
+    emulated = emulated_sentence(summary)
+    if emulated:
+        lines += [f"**{emulated}**", ""]
+    lines += ["| deployment | role | engine | command |", "| --- | --- | --- | --- |"]
     for d in summary["deployments"]:
         eng = d.get("engine") or {}
         engine = " ".join(str(x) for x in (eng.get("engine"), eng.get("version")) if x) or "-"
@@ -678,6 +786,11 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
                   "| verdict |",
                   "| ---: | ---: | ---: | --- | ---: | --- | --- |"]
         lines += ["| " + " | ".join(row) + " |" for row in verification_lines(ver)]
+        if ver.get("switch"):
+            lines += ["", "### Across the switch", "", switch_sentence(ver), "",
+                      "| concurrency | recommended tok/s | baseline | speculative | worse of the two | ratio "
+                      "| interval | verdict |", "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+            lines += ["| " + " | ".join(row) + " |" for row in switch_lines(ver)]
         lines += [f"- note: {n}" for n in ver.get("notes", [])]
     elif summary.get("verification_note"):
         lines += ["", "## The recommendation's own run", "", f"_{summary['verification_note']}_"]
@@ -698,8 +811,9 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     return "\n".join(lines) + "\n"
 
 
-def _engine_name(engine: str) -> str:
-    return {"vllm": "vLLM", "sglang": "SGLang", "sim": "gpuslate's simulator"}.get(engine, engine)
+def _engine_name(name: str) -> str:
+    e = engine(name)
+    return e.title if e is not None else name
 
 
 def apply_lines(apply: dict[str, Any], written: list[str] | None = None) -> list[str]:
@@ -719,7 +833,12 @@ def apply_lines(apply: dict[str, Any], written: list[str] | None = None) -> list
     else:
         lines.append({"blocked": "Nothing is written: the engine would not apply it (below).",
                       "unreadable": "Nothing is written: the command cannot be read (below).",
+                      "withdrawn": "Nothing is written: the recommendation's own run collapsed at the switch "
+                                   "(below).",
                       }.get(status, "Nothing is written."))
+    if apply.get("patched_flag"):
+        lines.append(f"Relies on a patch: {apply['patched_flag']} is the patched engine's own flag, not an upstream "
+                     "knob.")
     if apply.get("versions"):
         lines.append(f"Versions: {apply['versions']}.")
     lines += [f"Blocked by {b['setting']}: {b['why']} ({b['source']})." for b in apply.get("blockers", [])]
@@ -748,6 +867,38 @@ def verification_sentence(ver: dict[str, Any]) -> str:
         return what + (" **It is slower than the better of the two at concurrency "
                        + ", ".join(map(str, ver["slower_at"])) + ".**")
     return what + " Not every level has been measured yet."
+
+
+def emulated_sentence(summary: dict[str, Any]) -> str | None:
+    """Said plainly when the engines were gpuslate's simulator playing them (``sim serve --emulate``):
+    the figures are its performance model's, not the engine's."""
+    played = sorted({f"{_engine_name(str(e.get('engine')))} {e.get('version') or ''}".rstrip()
+                     for d in summary["deployments"] if isinstance(e := d.get("engine"), dict) and e.get("simulated")})
+    if not played:
+        return None
+    return (f"The engines were emulated: gpuslate's simulated server played {', '.join(played)} under the engines' "
+            "own command lines (sim serve --emulate, docs/sim-server.md), reading their arguments by their rules; "
+            "the figures are its performance model's, not measurements of the engine.")
+
+
+def switch_sentence(ver: dict[str, Any]) -> str:
+    rows = ver.get("switch") or []
+    what = (f"The recommendation's own run where it switches speculation (threshold {ver['threshold']}: "
+            f"{', '.join(str(r['concurrency']) for r in rows)}), against the worse of baseline and speculative "
+            "measured in the same repeats: a ratio whose whole interval is below 1 is a collapse (vLLM issue "
+            "#49548: crossing the threshold there cost 8-way throughput from 232 to 24-157 tok/s).")
+    collapsed = [str(r["concurrency"]) for r in rows if r["collapsed"]]
+    if collapsed:
+        return what + f" **It collapsed at concurrency {', '.join(collapsed)}: the recommendation is withdrawn.**"
+    return what + " It held at every level there."
+
+
+def switch_lines(ver: dict[str, Any]) -> list[list[str]]:
+    """The switch check's table rows (concurrency, recommended, baseline, speculative, worse of the two,
+    ratio, interval, verdict)."""
+    return [[str(r["concurrency"]), f"{r['throughput']}", f"{r['baseline']}", f"{r['speculative']}",
+             f"{r['worse_of_both']}", f"{r['ratio']:.3f}", f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]",
+             "collapse" if r["collapsed"] else "holds"] for r in ver.get("switch") or []]
 
 
 def verification_lines(ver: dict[str, Any]) -> list[list[str]]:

@@ -10,14 +10,15 @@ from typing import Any
 
 import aiohttp
 
-from .. import __version__
 from .._document import parse_json
+from ..engines import BACKENDS, Answers, by_reported
+from ..engines.base import fact_value
 from ..errors import ServerFailed
 from .client import connect_failure, read_body
 
 PROBE_TIMEOUT_S = 10.0  # model list and server-info look-ups
-# Engines that take vLLM's stream_options.continuous_usage_stats (usage on every chunk).
-CONTINUOUS_USAGE_ENGINES = ("gpuslate-sim", "vllm", "sglang")
+# Engines that take vLLM's stream_options.continuous_usage_stats (usage on every chunk), as recorded
+CONTINUOUS_USAGE_ENGINES = tuple(e.reported for e in BACKENDS.values() if e.continuous_usage)
 
 
 async def get_json(session: aiohttp.ClientSession, url: str,
@@ -60,50 +61,38 @@ async def resolve_model(session: aiohttp.ClientSession, base: str, model: str | 
     return data[0]["id"]
 
 
-#: SGLang's server args that decide whether its adaptive speculative mode applies (recorded per point)
-SGLANG_FACTS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                "speculative_num_draft_tokens", "speculative_adaptive", "speculative_adaptive_config",
-                "enable_dp_attention", "dp_size", "enable_multi_layer_eagle", "enable_two_batch_overlap",
-                "enable_pdmux", "pp_size")
-_SIM_FACTS = ("mode", "spec_disable_threshold", "time_scale")
-
-
-def _fact(v: object) -> bool:
-    """A fact worth keeping from a server's document: a scalar, a short string (bounded bytes)."""
-    return v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 256)
-
-
 async def server_facts(session: aiohttp.ClientSession, base: str,
                        headers: Mapping[str, str]) -> dict[str, Any]:
-    """Engine and version where the server reports them: SGLang's ``/get_server_info`` (or
-    ``/server_info``, its newer name) with the server args that decide its adaptive mode, vLLM's
-    ``/version``, the simulator's own info (and the engine it emulates, flagged ``simulated``)."""
-    for path in ("/get_server_info", "/server_info"):
-        try:
+    """Engine and version where the server reports them, with the settings its engine module
+    records (``gpuslate.engines``: each engine's ``probes`` and ``identify``): the engines whose
+    ``owned_by`` the server's ``GET /v1/models`` names are asked first. The simulator playing an
+    engine (``sim serve --emulate``) is recorded as that engine, flagged ``simulated``."""
+    answers: dict[str, Any] = {}
+
+    async def get(path: str) -> Any:
+        if path not in answers:
             status, doc = await get_json(session, base + path, headers)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return {}
-        if status == 200 and isinstance(doc, dict):
-            emulated = doc.get("emulates") if doc.get("simulated") else None
-            if doc.get("simulated") and emulated not in ("vllm", "sglang"):
-                facts: dict[str, Any] = {"engine": "gpuslate-sim", "version": __version__, "info_path": path}
-            else:
-                facts = {"engine": emulated or "sglang",
-                         "version": doc.get("engine_version" if emulated else "version"), "info_path": path}
-                if emulated:
-                    facts["simulated"] = True
-            for key in (*_SIM_FACTS, *SGLANG_FACTS):
-                if key in doc and _fact(doc[key]):
-                    facts[key] = doc[key]
-            if not _fact(facts["version"]):
-                facts["version"] = None
-            return facts
+            answers[path] = doc if status == 200 else None
+        return answers[path]
+
     try:
-        status, doc = await get_json(session, base + "/version", headers)
+        models = await get("/v1/models")
+        data = models.get("data") if isinstance(models, dict) else None
+        first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+        owned = first.get("owned_by") if isinstance(first.get("owned_by"), str) else None
+        for e in sorted(BACKENDS.values(), key=lambda e: e.owned_by != owned):
+            for path in e.probes:
+                await get(path)
+            facts = e.identify(Answers(answers, owned))
+            if facts is None:
+                continue
+            played = BACKENDS.get(facts["engine"]) if facts.get("simulated") else None
+            doc = answers.get(facts.get("info_path", ""))
+            if played is not None and isinstance(doc, dict):  # the emulated engine's own settings, as it reports them
+                facts.update({k: doc[k] for k in played.facts if k in doc and fact_value(doc[k])})
+            return facts
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return {}
-    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str) and _fact(doc["version"]):
-        return {"engine": "vllm", "version": doc["version"]}
     return {}
 
 
@@ -129,9 +118,13 @@ class Acceptance:
 async def spec_counters(session: aiohttp.ClientSession, base: str, server: dict[str, Any],
                         headers: Mapping[str, str]) -> SpecCounters | None:
     """The server's speculative-decoding counters, read between levels."""
+    e = by_reported(server.get("engine"))
+    if e is None:
+        return None
+    info_path = server.get("info_path") if server.get("simulated") else e.counters.info_path
     try:
-        if server.get("engine") in ("sglang", "gpuslate-sim") or server.get("simulated"):
-            status, doc = await get_json(session, base + server.get("info_path", "/get_server_info"), headers)
+        if isinstance(info_path, str) and info_path.startswith("/"):
+            status, doc = await get_json(session, base + server.get("info_path", info_path), headers)
             if status != 200 or not isinstance(doc, dict):
                 return None
             counters = doc.get("counters") or {}
@@ -141,17 +134,17 @@ async def spec_counters(session: aiohttp.ClientSession, base: str, server: dict[
             states = doc.get("internal_states") or [{}]
             mean = states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
             return SpecCounters(0, 0, float(mean)) if isinstance(mean, (int, float)) and mean else None
-        if server.get("engine") == "vllm":
+        if e.counters.prometheus is not None:
             async with session.get(base + "/metrics", headers=dict(headers),
                                    timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
                 if resp.status != 200:
                     return None
                 text = await resp.text()
-            accepted = prom_sum(text, "vllm:spec_decode_num_accepted_tokens_total")
-            drafts = prom_sum(text, "vllm:spec_decode_num_drafts_total")
+            accepted = prom_sum(text, e.counters.prometheus[0])
+            drafts = prom_sum(text, e.counters.prometheus[1])
             if accepted is None or drafts is None:
                 return None
-            # vLLM's mean acceptance length counts the bonus token: 1 + accepted / drafts.
+            # the mean acceptance length counts the bonus token: 1 + accepted / drafts (vLLM's).
             return SpecCounters(accepted + drafts, drafts, None)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         return None

@@ -84,6 +84,8 @@ class Order(str, enum.Enum):
 
 ROLES: tuple[str, ...] = tuple(r for r in get_args(Role) if r != RECOMMENDED)  # what [roles] may give
 MAX_VERIFY = 10
+#: the [units.NAME] key of an experiment spec naming a patched engine's own threshold flag
+THRESHOLD_FLAG = "threshold_flag"
 Api = Literal["completions", "chat"]
 
 # [load] key -> accepted types (bool is never accepted as an int)
@@ -109,10 +111,13 @@ class Deployment:
     role: Role | None
     unit: UnitSpec  # its unit, named NAMESPACE.NAME (see unit_namespace)
     source: str  # the file that defines the unit
+    #: a patched engine's own flag that takes the threshold (``--speculative-disable-batch-threshold``):
+    #: the recommendation is then this deployment's command with the flag set to T
+    threshold_flag: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "source": self.source, "command": self.unit.command,
-                "unit": self.unit.to_json()}
+                "unit": self.unit.to_json(), "threshold_flag": self.threshold_flag}
 
 
 @dataclass(frozen=True)
@@ -183,7 +188,8 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     _check_types(load, _LOAD_TYPES, "load", fail)
     roles_t = _table(doc, "roles", fail)
 
-    own = load_config(p)  # the [units.*] tables of this file, checked exactly as gpuslate.toml's
+    # the [units.*] tables of this file, checked exactly as gpuslate.toml's (and an experiment's own key)
+    own = load_config(p, extra=(THRESHOLD_FLAG,))
     config_path: Path | None = None
     if "config" in exp:
         config_path = (p.parent / exp["config"]).resolve()
@@ -208,12 +214,22 @@ def load_spec(path: str | Path) -> ExperimentSpec:
             raise fail("experiment", "deployments", f"deployment {name!r} is not defined: no [units.{name}] "
                        f"in this file{hint}")
         try:
-            unit = resolve(name, config=source)
+            unit = resolve(name, config=source, extra=(THRESHOLD_FLAG,) if source == p else ())
         except UsageError as exc:
             raise UsageError(f"{where}: [units.{name}]: {exc}") from None
         if unit.port is None:
             raise UsageError(f"{where}: [units.{name}]: an experiment needs the unit's port to send load to")
-        deployments.append(Deployment(name, roles.get(name), unit, str(source)))
+        flag = (doc.get("units", {}).get(name) or {}).get(THRESHOLD_FLAG) if source == p else None
+        if flag is not None:
+            table = f"units.{name}"
+            if roles.get(name) != "speculative":
+                raise fail(table, THRESHOLD_FLAG, f"{THRESHOLD_FLAG} belongs on the speculative deployment (the one "
+                           "whose patched engine takes the threshold), not on "
+                           f"{roles.get(name) or 'a deployment without a role'} {name!r}")
+            if not re.fullmatch(r"--[A-Za-z0-9][A-Za-z0-9_-]*", flag):
+                raise fail(table, THRESHOLD_FLAG, f"{THRESHOLD_FLAG} must be one long option, e.g. "
+                           f"--speculative-disable-batch-threshold, got {flag!r}")
+        deployments.append(Deployment(name, roles.get(name), unit, str(source), flag))
 
     levels = _levels(load, fail)
     repeats = load.get("repeats", 1)

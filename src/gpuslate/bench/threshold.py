@@ -6,7 +6,7 @@ winner and the margin with the run-to-run spread, the crossover, and the
 batch-size threshold ``T`` ("speculate while the running batch is at most T")
 above which speculation should be switched off. The threshold in an engine's
 own terms, with the speculative deployment's settings kept, is
-:mod:`gpuslate.bench.engines`'s (``engines`` in the document below is the
+:mod:`gpuslate.engines`'s (``engines`` in the document below is the
 same threshold in each engine's form with the K given, for reference).
 
 The decision is deliberately conservative:
@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .engines import sglang_adaptive_config, vllm_schedule
+from ..engines import reference_forms
 
 Winner = Literal["speculative", "baseline", "tie"]
 Decision = Literal["disable_above", "always_off", "never_disable"]
@@ -146,33 +146,10 @@ class Recommendation:
     def largest_level(self) -> int:
         return self.levels[-1].concurrency
 
-    def flag_value(self) -> int | None:
-        """``--speculative-disable-batch-threshold``-style value; None means leave speculation on."""
-        return self.threshold
-
-    def sglang_adaptive_config(self) -> dict[str, Any]:
-        """JSON for ``--speculative-adaptive-config`` with ``num_speculative_tokens`` steps: keys are
-        batch-size lower bounds, one candidate each (the step count measured, or 0)."""
-        if self.decision == "always_off":
-            return {"1": {"candidate_steps": [0]}}
-        if self.decision == "never_disable":
-            return {"1": {"candidate_steps": [self.num_speculative_tokens]}}
-        assert self.threshold is not None
-        return sglang_adaptive_config(self.num_speculative_tokens, self.threshold)
-
-    def vllm_schedule(self) -> list[list[int]]:
-        """``num_speculative_tokens_per_batch_size`` for vLLM's ``--speculative-config``."""
-        k, top = self.num_speculative_tokens, self.largest_level
-        if self.decision == "always_off":
-            return [[1, max(1, top), 0]]
-        if self.decision == "never_disable":
-            return [[1, max(1, top), k]]
-        assert self.threshold is not None
-        return vllm_schedule(k, self.threshold, top)
-
-    def vllm_speculative_config(self) -> dict[str, Any]:
-        return {"num_speculative_tokens": self.num_speculative_tokens,
-                "num_speculative_tokens_per_batch_size": self.vllm_schedule()}
+    def engine_forms(self) -> dict[str, Any]:
+        """The threshold in every engine's form with K (``gpuslate.engines``: each engine's
+        ``reference``), for the document's reference forms; the files to use are ``apply``'s."""
+        return reference_forms(self.num_speculative_tokens, self.threshold, self.largest_level)
 
     def summary(self) -> str:
         """One sentence for people."""
@@ -205,11 +182,7 @@ class Recommendation:
             "crossover": list(self.crossover) if self.crossover else None,
             "crossover_in_noise": self.crossover_in_noise, "summary": self.summary(),
             "warnings": list(self.warnings), "levels": [v.to_json() for v in self.levels],
-            "engines": {
-                "disable_batch_threshold": self.flag_value(),
-                "sglang_adaptive_config": self.sglang_adaptive_config(),
-                "vllm_speculative_config": self.vllm_speculative_config(),
-            },
+            "engines": self.engine_forms(),
         }
 
 

@@ -44,11 +44,14 @@ class PerfParams:
     spec_per_request_ms: float = 8.45
     accept_length: float = 3.0
     prefill_ms_per_token: float = 0.01
+    # a step whose kind differs from the previous step's (speculation switched on or off) pays this once:
+    # what vLLM issue #49548 measured as a collapse at the threshold (CUDA-graph shapes, draft state); 0: free
+    switch_ms: float = 0.0
 
     def validate(self) -> None:
         """Raise ValueError (one line) on a parameter the model cannot use."""
         for name in ("base_step_ms", "base_per_request_ms", "spec_step_ms",
-                     "spec_per_request_ms", "prefill_ms_per_token"):
+                     "spec_per_request_ms", "prefill_ms_per_token", "switch_ms"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")

@@ -86,6 +86,8 @@ class Counters:
     request_steps: int = 0
     # Modelled (unscaled) seconds the simulated GPU spent in steps.
     busy_model_seconds: float = 0.0
+    # Steps whose kind differed from the step before (each paid PerfParams.switch_ms).
+    switches: int = 0
 
 
 class BatchScheduler:
@@ -157,6 +159,9 @@ class BatchScheduler:
                 batch = len(self._running)
                 kind = step_kind(self.mode, batch, self.spec_disable_threshold)
                 model_seconds = step_seconds(kind, batch, self.params)
+                if self.last_step_kind is not None and kind != self.last_step_kind:
+                    model_seconds += self.params.switch_ms / 1000.0  # speculation switched on or off
+                    self.counters.switches += 1
                 model_seconds += prefill_seconds(prompt_tokens, self.params)
                 now = loop.time()
                 if clock is None or now - clock > _MAX_LAG_SECONDS:
@@ -256,6 +261,7 @@ class BatchScheduler:
             "requests_finished": c.requests_finished,
             "requests_aborted": c.requests_aborted,
             "busy_model_seconds": round(c.busy_model_seconds, 6),
+            "switches": c.switches,
             # Raw sums behind avg_spec_accept_length: clients diff them to get the
             # acceptance length of one stretch of load (gpuslate bench, per level).
             "spec_tokens": c.spec_tokens,

@@ -24,6 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
+from ..engines import engine
+from ..engines.sim import ENGINE as SIM
 from .openai_api import (
     BadRequest,
     GenerationSpec,
@@ -49,6 +51,7 @@ __all__ = [
 LOG_PREFIX = "[sim-serve]"
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's, verbatim
 HEALTH_GENERATE_TIMEOUT = 20.0  # seconds, like SGLang's health_generate
+VERSION_PATH = "/version"
 
 Log = Callable[[str], None]
 
@@ -159,8 +162,10 @@ class SimServer:
 
     def _model_card(self) -> dict[str, Any]:
         c = self.config
+        played = engine(c.emulate) if c.emulate else None  # an emulated engine says what its /v1/models says
+        owned = played.owned_by if played is not None and played.owned_by else SIM.owned_by
         return {"id": c.model, "object": "model", "created": int(self.started_at),
-                "owned_by": "gpuslate-sim", "root": c.model, "max_model_len": c.context_length}
+                "owned_by": owned, "root": c.model, "max_model_len": c.context_length}
 
     async def models(self, request: web.Request) -> web.Response:
         if (resp := self._not_ready()) is not None:
@@ -177,7 +182,7 @@ class SimServer:
         return web.json_response(self._model_card())
 
     async def version(self, request: web.Request) -> web.Response:
-        """``GET /version`` (vLLM's, with --emulate vllm): ``{"version": ...}``."""
+        """``GET /version`` (with --emulate, for an engine that has it): ``{"version": ...}``."""
         return web.json_response({"version": self.config.engine_version or __version__})
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -186,14 +191,16 @@ class SimServer:
         # internal_states mirrors SGLang, whose clients read the accept length there.
         internal = {"avg_spec_accept_length": counters["avg_spec_accept_length"],
                     "last_gen_throughput": None}
-        if c.emulate == "sglang":
+        if "speculative_num_steps" in c.engine_info:
             internal["speculative_num_steps"] = c.engine_info.get("speculative_num_steps")
-        emulated = {} if c.emulate is None else {
+        played = engine(c.emulate) if c.emulate else None
+        emulated = {} if played is None else {
             **c.engine_info, "emulates": c.emulate, "engine_version": c.engine_version,
-            **({"version": c.engine_version} if c.emulate == "sglang" else {})}
+            # an engine without GET /version reports its version here (SGLang's server info)
+            **({"version": c.engine_version} if VERSION_PATH not in played.probes else {})}
         return web.json_response({
             "simulated": True, "status": self.status, "model": c.model, "served_model_name": c.model,
-            "mode": c.mode, "spec_disable_threshold": c.spec_disable_threshold,
+            "mode": c.mode, "spec_disable_threshold": c.spec_disable_threshold, "switch_ms": c.perf.switch_ms,
             "accept_length": c.perf.accept_length, "time_scale": c.time_scale,
             "max_running_requests": c.max_running_requests, "context_length": c.context_length,
             "eos_after_tokens": c.eos_after_tokens, "startup_seconds": c.startup_seconds,
@@ -358,8 +365,9 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     app.router.add_get("/v1/models/{model}", sim.model)
     app.router.add_get("/get_server_info", sim.server_info)
     app.router.add_get("/server_info", sim.server_info)  # SGLang's newer name
-    if config.emulate == "vllm":
-        app.router.add_get("/version", sim.version)
+    played = engine(config.emulate) if config.emulate else None
+    if played is not None and VERSION_PATH in played.probes:  # vLLM's and TensorRT-LLM's GET /version
+        app.router.add_get(VERSION_PATH, sim.version)
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/chat/completions", sim.chat_completions)
     app.router.add_post("/generate", sim.native_generate)

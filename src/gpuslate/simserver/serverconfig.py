@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ class ServerConfig:
     # as the server reports it, the engine's own facts and the warnings it logged about its arguments
     emulate: str | None = None
     engine_version: str | None = None
+    patched_flag: str | None = None  # with --emulate: the engine is patched to take this flag (speculate while <= T)
     engine_info: dict[str, Any] = field(default_factory=dict)
     engine_warnings: tuple[str, ...] = ()
 
@@ -55,6 +57,10 @@ class ServerConfig:
             raise ValueError("API key must be one non-empty line")
         if self.emulate is not None and self.emulate not in EMULATED:
             raise ValueError(f"--emulate must be one of {', '.join(EMULATED)}, got {self.emulate!r}")
+        if self.patched_flag is not None and (self.emulate is None or not re.fullmatch(
+                r"(--)?[A-Za-z0-9][A-Za-z0-9_-]*", self.patched_flag)):
+            raise ValueError("--patched-flag needs --emulate and one option name, e.g. "
+                             "speculative-disable-batch-threshold")
         if self.engine_version is not None and (not self.engine_version or len(self.engine_version) > 64
                                                 or any(not c.isprintable() for c in self.engine_version)):
             raise ValueError("engine version must be 1 to 64 printable characters")
@@ -87,6 +93,8 @@ _PERF_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--spec-per-request-ms", "spec_per_request_ms", "speculative step cost per running request, ms"),
     ("--prefill-ms-per-token", "prefill_ms_per_token",
      "prefill cost per prompt token of newly admitted requests, ms"),
+    ("--switch-ms", "switch_ms",
+     "cost of a step whose kind differs from the step before it (speculation switched on or off), ms"),
 )
 
 
@@ -124,6 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emulate", choices=EMULATED,
                         help="take an engine's own arguments, after '--', read by that engine's rules (its "
                         "--port, model, speculative settings); see docs/sim-server.md")
+    parser.add_argument("--patched-flag", metavar="NAME",
+                        help="with --emulate: the engine is patched to take --NAME T (speculate while the batch is "
+                        "at most T), as the seed's --speculative-disable-batch-threshold")
     parser.add_argument("--engine-version", metavar="VERSION",
                         help="with --emulate: the engine version the server reports (vLLM's /version, SGLang's "
                         "/get_server_info)")
@@ -146,15 +157,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if engine_args[:1] == ["--"]:
         engine_args = engine_args[1:]
     emulate = given.get("emulate")
-    if emulate is None and (engine_args or given.get("engine_version") is not None):
-        raise ValueError("arguments after the simulator's flags (and --engine-version) need --emulate vllm|sglang")
+    if emulate is None and (engine_args or given.get("engine_version") is not None
+                            or given.get("patched_flag") is not None):
+        raise ValueError("arguments after the simulator's flags (and --engine-version) need --emulate "
+                         + "|".join(EMULATED))
     if emulate is not None:
         both = sorted(k for k in _ENGINE_SET if k in given)
         if both:
             raise ValueError(f"with --emulate, the engine's arguments set {', '.join(both)}: leave out the "
                              "simulator's flags for them")
         engine = settings(emulate, engine_args, version=given.get("engine_version"),
-                          max_batch=ServerConfig.max_running_requests, read_file=_read_text)
+                          max_batch=ServerConfig.max_running_requests, read_file=_read_text,
+                          patched_flag=given.get("patched_flag"))
         given.update(engine.values, engine_info=engine.info, engine_warnings=engine.warnings)
     config = ServerConfig(**given, perf=PerfParams(**perf))
     config.validate()

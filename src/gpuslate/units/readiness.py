@@ -4,9 +4,9 @@ Each probe is one cheap, bounded attempt; :mod:`.lifecycle` calls it in a loop
 that also watches for the process dying, so a crash is seen at once rather
 than at the start timeout.
 
-* ``sglang``: ``GET /health_generate`` is 200 (it runs a real 1-token
-  generation; 503 while starting);
-* ``vllm``: ``GET /health`` is 200, then ``GET /v1/models`` is 200;
+* an engine's name (``gpuslate.engines``): every path of its readiness
+  answers 200, in order (SGLang ``GET /health_generate``, which runs a real
+  1-token generation; vLLM and TensorRT-LLM ``GET /health`` then ``GET /v1/models``);
 * ``http``: ``GET URL`` is 200;
 * ``log``: a line of the unit's log matches a regular expression;
 * ``tcp``: a TCP connection to the port is accepted.
@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._document import parse_json
+from ..engines.registry import BACKENDS
 from .spec import UnitSpec
 
 #: an answer to a readiness probe or the smoke completion is small; one larger is cut off, never read whole
@@ -77,6 +78,8 @@ class Probe:
 
     def check(self, timeout: float = 2.0) -> bool:
         try:
+            if self.kind in BACKENDS:
+                return self._engine(timeout)
             ready: bool = getattr(self, f"_{self.kind}")(timeout)
             return ready
         except OSError as exc:  # refused, reset, timed out: still starting
@@ -98,11 +101,8 @@ class Probe:
     def _http(self, timeout: float) -> bool:
         return self._status(self.target, timeout)
 
-    def _sglang(self, timeout: float) -> bool:
-        return self._status(self.target, timeout)
-
-    def _vllm(self, timeout: float) -> bool:
-        return self._status(self.spec.url("/health"), timeout) and self._status(self.spec.url("/v1/models"), timeout)
+    def _engine(self, timeout: float) -> bool:
+        return all(self._status(self.spec.url(path), timeout) for path in BACKENDS[self.kind].readiness.paths)
 
     def _log(self, timeout: float) -> bool:
         assert self._pattern is not None

@@ -7,7 +7,7 @@ A unit declared in ``gpuslate.toml``::
     env = { SGLANG_LOG_LEVEL = "info" }
     gpus = "0-7"              # or [0, 1], or "all"; exported as CUDA_VISIBLE_DEVICES
     port = 30000
-    engine = "sglang"         # readiness: sglang | vllm; or ready_url / ready_log
+    engine = "sglang"         # readiness like the engine (gpuslate.engines: its registry); or ready_url / ready_log
     smoke = true
     start_timeout = 900
 
@@ -27,13 +27,15 @@ from typing import Any
 
 from .._parse import ALL_GPUS, parse_gpu_selection, parse_host, parse_http_url, parse_int, parse_seconds, selected_gpus
 from .._toml import line_of, read_toml
+from ..engines.registry import BACKENDS
 from ..errors import PermissionDenied, UsageError
 from .names import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
 #: names the unit file, as COMPOSE_FILE names docker compose's (one file here)
 CONFIG_VAR = "GPUSLATE_CONFIG"
-ENGINES = ("sglang", "vllm")
+#: the engines a unit may name (readiness like the engine): the registry's
+ENGINES = tuple(BACKENDS)
 CONTAINMENTS = ("auto", "cgroup", "scope", "session")
 
 
@@ -61,13 +63,14 @@ class UnitSpec:
 
     @property
     def readiness(self) -> tuple[str, str]:
-        """(kind, target): log | http | sglang | vllm | tcp. Explicit checks win over the engine's."""
+        """(kind, target): log | http | an engine's name (its readiness paths, the first as the target) |
+        tcp. Explicit checks win over the engine's."""
         if self.ready_log:
             return "log", self.ready_log
         if self.ready_url:
             return "http", self.url(self.ready_url)
-        if self.engine:
-            return self.engine, self.url("/health_generate" if self.engine == "sglang" else "/health")
+        if self.engine and self.engine in BACKENDS:
+            return self.engine, self.url(BACKENDS[self.engine].readiness.paths[0])
         return "tcp", f"{self.ready_host}:{self.port}"
 
     def url(self, path: str) -> str:
@@ -87,7 +90,7 @@ class UnitSpec:
         if self.containment not in CONTAINMENTS:
             raise UsageError(f"invalid containment {self.containment!r}: one of {', '.join(CONTAINMENTS)}")
         kind, _ = self.readiness
-        if self.port is None and (kind in ("tcp", "sglang", "vllm") or self.smoke
+        if self.port is None and (kind == "tcp" or kind in BACKENDS or self.smoke
                                   or (kind == "http" and "://" not in (self.ready_url or ""))):
             raise UsageError(f"unit {self.name!r} needs a port for its readiness check "
                              "(--port), or a full --ready URL, or --ready-log REGEX")
@@ -198,8 +201,10 @@ def _check_found(p: Path, st: os.stat_result) -> None:
                                hint=f"name the file you mean with --config PATH or {CONFIG_VAR}")
 
 
-def load_config(path: Path) -> dict[str, dict[str, Any]]:
-    """The ``[units.NAME]`` tables of a config file, each checked; UsageError with the line otherwise."""
+def load_config(path: Path, *, extra: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The ``[units.NAME]`` tables of a config file, each checked; UsageError with the line otherwise.
+    ``extra``: string keys a caller reads itself from the file (an experiment's ``threshold_flag``),
+    accepted and left out of the units."""
     text, doc = read_toml(path, "unit configuration")
     units = doc.get("units", {})
     if not isinstance(units, dict):
@@ -212,6 +217,11 @@ def load_config(path: Path) -> dict[str, dict[str, Any]]:
         unit: dict[str, Any] = {}
         for key, value in table.items():
             line = f"{path}:{_line_of(text, name, key)}"
+            if key in extra:
+                if not isinstance(value, str):
+                    raise UsageError(f"{line}: {key} in [units.{name}] has the wrong type ({_toml_type(value)}; "
+                                     "expected str)")
+                continue
             if key not in _TYPES:
                 raise UsageError(f"{line}: unknown key {key!r} in [units.{name}] "
                                  f"(known: {', '.join(sorted(_TYPES))})")
@@ -294,7 +304,8 @@ def _line_of(text: str, unit: str | None, key: str | None) -> int:
 
 
 def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list[str] | None = None,
-            config: str | os.PathLike[str] | None = None, previous: dict[str, Any] | None = None) -> UnitSpec:
+            config: str | os.PathLike[str] | None = None, previous: dict[str, Any] | None = None,
+            extra: tuple[str, ...] = ()) -> UnitSpec:
     """The spec of unit ``name``: the config file's table (else, when no ``command`` is given,
     ``previous``, the spec it last ran with), then ``overrides`` (options given, not None), then
     ``command`` if given. A new command never inherits the last run's options (its readiness
@@ -302,7 +313,7 @@ def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list
     path = find_config(config)
     base: dict[str, Any] | None = None
     if path is not None:
-        base = load_config(path).get(name)
+        base = load_config(path, extra=extra).get(name)
     if base is None and previous is not None and not command:
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:

@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ...engines.registry import BACKENDS
 from ...errors import UsageError
 from ..exits import exit_epilog
 from ..render.live import LiveLine
@@ -81,8 +82,9 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    "environment's CUDA_VISIBLE_DEVICES left as it is)")
     p.add_argument("--port", type=port_type, metavar="PORT", help="the port it serves on (checked unused first)")
     p.add_argument("--ready-host", metavar="ADDR", help="address readiness checks use (default 127.0.0.1)")
-    p.add_argument("--engine", choices=("sglang", "vllm"),
-                   help="readiness like the engine: sglang /health_generate; vllm /health then /v1/models")
+    p.add_argument("--engine", choices=tuple(BACKENDS),
+                   help="readiness like the engine: " + "; ".join(f"{n}: {e.readiness.what}"
+                                                                    for n, e in BACKENDS.items()))
     p.add_argument("--ready", metavar="URL", dest="ready_url", help="ready when GET URL (or a path) answers 200")
     p.add_argument("--ready-log", metavar="REGEX", help="ready when a log line matches REGEX")
     p.add_argument("--smoke", action="store_true", default=None, help="once ready, send one real 1-token completion")

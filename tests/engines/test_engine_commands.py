@@ -9,19 +9,19 @@ import shlex
 
 import pytest
 
-from gpuslate.bench.engines import (
+from gpuslate.engines import (
     COMMAND_FILE,
-    SGLANG_ARGS_FILE,
-    SGLANG_CONFIG_FILE,
-    VLLM_CONFIG_FILE,
     ApplyStatus,
     VersionStatus,
-    detect_engine,
+    detect,
     plan_apply,
     plan_as_measured,
     read_command,
-    version_status,
 )
+from gpuslate.engines.sglang import ARGS_FILE as SGLANG_ARGS_FILE
+from gpuslate.engines.sglang import CONFIG_FILE as SGLANG_CONFIG_FILE
+from gpuslate.engines.vllm import CONFIG_FILE as VLLM_CONFIG_FILE
+from gpuslate.engines.vllm import ENGINE as VLLM_ENGINE
 
 SPEC = {"method": "eagle3", "model": "org/EAGLE3-draft", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
 VLLM = ["vllm", "serve", "org/model", "--port", "8000", "--speculative-config", json.dumps(SPEC),
@@ -71,7 +71,7 @@ def test_vllm_config_forms(form):
 def test_vllm_python_module_and_env_prefix():
     argv = ["env", "VLLM_USE_V1=1", "python3", "-u", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
             "--speculative-config", json.dumps(SPEC)]
-    assert detect_engine(argv)[0] == "vllm"
+    assert detect(argv)[0] is VLLM_ENGINE
     plan = applied(argv)
     assert plan.status is ApplyStatus.READY and plan.command[:6] == tuple(argv[:6])
 
@@ -121,7 +121,7 @@ def test_vllm_data_parallel_blocks_the_schedule():
     (None, VersionStatus.UNKNOWN),
 ])
 def test_vllm_versions(version, status):
-    assert version_status("vllm", version)[0] is status
+    assert VLLM_ENGINE.version_status(version)[0] is status
     plan = applied(VLLM, version=version)
     if status is VersionStatus.NO_KNOB:
         assert plan.status is ApplyStatus.BLOCKED and not plan.files

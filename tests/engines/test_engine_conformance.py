@@ -22,15 +22,10 @@ from engine_facts import (
     vllm_check_config,
     vllm_lookup,
 )
-from gpuslate.bench.engines import (
-    COMMAND_FILE,
-    SGLANG_CONFIG_FILE,
-    VLLM_CONFIG_FILE,
-    ApplyStatus,
-    plan_apply,
-    read_command,
-)
 from gpuslate.bench.threshold import recommend
+from gpuslate.engines import COMMAND_FILE, ApplyStatus, plan_apply, read_command
+from gpuslate.engines.sglang import CONFIG_FILE as SGLANG_CONFIG_FILE
+from gpuslate.engines.vllm import CONFIG_FILE as VLLM_CONFIG_FILE
 from gpuslate.simserver.engineargs import settings as sim_settings
 
 LEVELS = st.lists(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256, 512]), min_size=2, max_size=7,
@@ -142,7 +137,8 @@ def test_every_recommendation_writes_conforming_files(exp, k, extra, drift_measu
     sgl = plan_apply(read_command(sglang_argv(k)), rec.threshold, top=rec.largest_level, out_dir="/o", version=None)
     check_sglang(sgl, k, rec.threshold, rec.largest_level, Path("/o"))
     # the reference forms in the document agree with the files
-    assert rec.vllm_schedule() == json.loads(vllm.files[VLLM_CONFIG_FILE])["num_speculative_tokens_per_batch_size"]
+    assert rec.engine_forms()["vllm_speculative_config"]["num_speculative_tokens_per_batch_size"] == \
+        json.loads(vllm.files[VLLM_CONFIG_FILE])["num_speculative_tokens_per_batch_size"]
 
 
 @settings(max_examples=100, deadline=None)
