@@ -4,7 +4,8 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 ``wait``, ``up/down/ps/logs/swap``, ``audit``, ``sim init/hold/leak``,
 ``slurm`` and ``experiment report`` need. Heavier third-party packages are extras (pyproject.toml):
 
-- ``bench``: aiohttp, for ``bench``, ``experiment run``, ``sim serve`` and ``demo``;
+- ``bench``: aiohttp, for ``bench``, ``experiment run``, ``sim serve`` and ``demo``, and PyYAML, for
+  TensorRT-LLM's options files (what ``trtllm-serve`` reads them with);
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
@@ -39,7 +40,7 @@ class Extra(Enum):
 
 #: the top-level modules each extra provides (keep in step with pyproject.toml)
 MODULES: dict[Extra, tuple[str, ...]] = {
-    Extra.BENCH: ("aiohttp",),
+    Extra.BENCH: ("aiohttp",),  # and PyYAML, asked for only where an options file is read
     Extra.PLOTS: ("matplotlib",),
     Extra.EXPORTER: ("prometheus_client",),
     Extra.TOKENIZERS: ("tokenizers",),

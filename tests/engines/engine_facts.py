@@ -18,6 +18,21 @@ SGLang
   the flat loader before the keys (sgl-project/sglang PR #21599's AdaptiveSpeculativeParams):
     candidates = set(cfg.get("candidate_steps", [1, 3, 7])) (+ the initial steps in later ones),
     assert len(candidates) >= 2
+TensorRT-LLM
+  tensorrt_llm/llmapi/llm_args.py (DecodingBaseConfig, the stored version read):
+    validate_draft_len_schedule_and_sort: keys >= 1, values >= 0, the smallest key's value must equal
+    max_draft_len, every value <= max_draft_len; the earlier validator (PR #8194): the schedule must
+    include batch_size=1 and schedule[1] == max_draft_len; max_concurrency and draft_len_schedule are
+    mutually exclusive (the model validator); speculative configs are StrictBaseModels (unknown keys refused)
+  tensorrt_llm/_torch/speculative/drafter.py (PR #8194, stage 1): get_draft_len_for_batch_size, the value
+    of the largest key <= batch size (keys as lower bounds)
+  tensorrt_llm/_torch/speculative/utils.py (PR #10860, "New semantics"): get_draft_len_for_batch_size,
+    the value of the first key >= batch size; above every key, 0 (speculation disabled)
+Parsers
+  CPython's argparse (3.11) _parse_optional / _get_option_tuples: with allow_abbrev (the default), a long
+    option given as a prefix of option strings is that option when it matches one, "ambiguous option:
+    --x could match --a, --b" when it matches several (each alias counts); '--x=v' takes the prefix before '='
+  click/parser.py _match_long_opt: whole names only; anything else is NoSuchOption (trtllm-serve)
 """
 
 from __future__ import annotations
@@ -157,3 +172,64 @@ def sglang_flat_loader(cfg: dict[str, Any], initial: int, *, add_initial: bool) 
     if len(candidates) < 2:
         raise AssertionError("candidate_steps must have at least 2 distinct values")
     return sorted(candidates)
+
+
+# -- TensorRT-LLM -------------------------------------------------------------------------
+
+
+def trtllm_validate(schedule: object, max_draft_len: int) -> dict[int, int]:
+    """Both validators TensorRT-LLM has had; a schedule gpuslate writes must pass them both."""
+    if not isinstance(schedule, dict) or not schedule:
+        raise ValueError("draft_len_schedule must be a mapping")
+    sched = {int(k): v for k, v in schedule.items()}
+    for b, d in sched.items():
+        if b < 1:
+            raise ValueError("batch size threshold must be >= 1")
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            raise ValueError("draft length must be >= 0")
+        if d > max_draft_len:
+            raise ValueError("all draft lengths must be <= max_draft_len")
+    if sched[min(sched)] != max_draft_len:  # the current validator
+        raise ValueError("draft_len_schedule[smallest] must equal max_draft_len")
+    if 1 not in sched or sched[1] != max_draft_len:  # the validator of PR #8194
+        raise ValueError("draft_len_schedule must include batch_size=1 with max_draft_len")
+    return dict(sorted(sched.items()))
+
+
+def trtllm_lookup(schedule: dict[int, int], batch: int, rule: str) -> int:
+    """``upper`` (PR #10860): the first key >= batch, above all keys 0; ``lower`` (PR #8194): the
+    largest key <= batch."""
+    keys = sorted(schedule)
+    if rule == "upper":
+        i = bisect.bisect_left(keys, batch)
+        return schedule[keys[i]] if i < len(keys) else 0
+    i = bisect.bisect_right(keys, batch)
+    return schedule[keys[i - 1]] if i > 0 else 0
+
+
+def trtllm_check_config(spec: dict[str, Any]) -> None:
+    if spec.get("max_concurrency") is not None and spec.get("draft_len_schedule") is not None:
+        raise ValueError("max_concurrency and draft_len_schedule are mutually exclusive")
+
+
+# -- parsers -------------------------------------------------------------------------------
+
+
+def argparse_resolve(option_strings: list[str], given: str) -> str:
+    """What CPython's argparse makes of a long option ``given`` (before any '='), with abbreviations on."""
+    name = given.partition("=")[0]
+    if name in option_strings:
+        return name
+    matches = [s for s in option_strings if s.startswith(name)]
+    if len(matches) > 1:
+        raise ValueError(f"ambiguous option: {name} could match {', '.join(matches)}")
+    if not matches:
+        raise KeyError(name)
+    return matches[0]
+
+
+def click_resolve(option_strings: list[str], given: str) -> str:
+    name = given.partition("=")[0]
+    if name not in option_strings:
+        raise KeyError(f"No such option: {name}")
+    return name

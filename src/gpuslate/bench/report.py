@@ -175,6 +175,7 @@ class DemoResult(NamedTuple):
     clean: dict[str, Any]  # ok, gpus, gpus_free, units_running, interrupted
     run: dict[str, Any]
     experiment: Report
+    engine: str | None = None  # the engine the story was told in (emulated)
 
     @property
     def status(self) -> DemoStatus:
@@ -182,8 +183,8 @@ class DemoResult(NamedTuple):
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": DEMO_SCHEMA, "ok": self.clean["ok"], "sim": self.sim, "out": self.out,
-                "elapsed_s": self.elapsed_s, "clean": self.clean, "run": self.run,
-                "experiment": self.experiment.to_json()}
+                "elapsed_s": self.elapsed_s, "engine": self.engine, "emulated": True, "clean": self.clean,
+                "run": self.run, "experiment": self.experiment.to_json()}
 
     @classmethod
     def from_json(cls, doc: object) -> DemoResult:
@@ -195,7 +196,11 @@ class DemoResult(NamedTuple):
                 raise TypeError(f"clean: expected the clean-slate check, got {clean!r}")
             if not isinstance(run, dict) or isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)):
                 raise TypeError("run, elapsed_s: expected an object and seconds")
-            return cls(str(d["sim"]), str(d["out"]), elapsed, dict(clean), dict(run), Report.from_json(d["experiment"]))
+            engine_name = d.get("engine")
+            if engine_name is not None and not isinstance(engine_name, str):
+                raise TypeError(f"engine: expected a name, got {engine_name!r}")
+            return cls(str(d["sim"]), str(d["out"]), elapsed, dict(clean), dict(run), Report.from_json(d["experiment"]),
+                       engine_name)
 
 
 def aggregate(points: list[dict[str, Any]], time_scale: float = 1.0) -> list[dict[str, Any]]:
@@ -750,6 +755,7 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
     for d in summary["deployments"]:
         eng = d.get("engine") or {}
         engine = " ".join(str(x) for x in (eng.get("engine"), eng.get("version")) if x) or "-"
+        engine += " (emulated)" if eng.get("simulated") else ""
         cmd = " ".join(_shown_command(d.get("command") or [])).replace("|", "\\|")
         lines.append(f"| {d['name']} | {d.get('role') or '-'} | {engine} | `{cmd}` |")
     doc = summary.get("recommendation")

@@ -1,15 +1,25 @@
-"""``gpuslate demo [--quick] [--out DIR]``: the motivating scenario end to end, no GPU needed.
+"""``gpuslate demo [--quick] [--engine NAME] [--out DIR]``: the seed's story end to end, no GPU needed.
 
 On a simulated 8-GPU host (made in a temporary folder, or ``--sim DIR``):
 
 1. a baseline server someone started by hand holds most of each GPU's memory;
-2. an experiment clears it (verified), then sweeps two deployments of the
-   simulated server on the same GPUs and port, each swapped in on a verified
-   clean slate: baseline and speculative (EAGLE-3-like); then runs the
-   recommendation itself (speculative with the disable threshold it found)
-   interleaved with the deployment that won each level (``verify = 1``);
-3. the report: tables, plots, where speculation should be switched off, and
-   whether the recommendation's own run matches the better of the two;
+2. an experiment clears it (verified), then sweeps two deployments on the same
+   GPUs and port, each swapped in on a verified clean slate, declared as the
+   engine's own command lines (SGLang by default, the seed's engine:
+   ``python -m sglang.launch_server ... --tp-size 8`` and the same with
+   ``--speculative-algorithm EAGLE3``, a draft model, 3 steps, topk 1, 4 draft
+   tokens; ``--engine vllm|trtllm``: the same story in that engine's form); the
+   engines are emulated: stand-ins named like them (``gpuslate.engines.standin``)
+   run gpuslate's simulated server with ``--emulate``, which reads their
+   arguments by the engine's rules, on a performance model shaped like the
+   seed's measurements (baseline saturating near 773 tok/s, EAGLE-3 near 354,
+   EAGLE-3 ahead at concurrency 1); then runs the recommendation itself (the
+   engine's own files and command) with the deployment that won each level and
+   both deployments across the switch (``verify = 1``);
+3. the report: tables, plots, where speculation should be switched off, the
+   engine's own files and command next to it, and whether the recommendation's
+   own run matches the better of the two and holds at the switch; it says
+   plainly that the engines were emulated;
 4. everything stopped and verified clean (also after Ctrl-C or SIGTERM).
 
 ``--quick`` keeps it within a minute on a 2-core machine (36 s measured): short
@@ -40,6 +50,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...engines import standin
+from ...engines.registry import BACKENDS, SEED_ENGINE
 from ...errors import Interrupted, NotDoneError, UsageError
 from ...extras import Extra, require
 from ..exits import exit_epilog
@@ -49,6 +61,12 @@ from .common import add_common, note
 
 if TYPE_CHECKING:
     from ...api import Host
+
+MODEL, DRAFT = "/models/target", "/models/target-eagle3"  # what the engines' command lines name (emulated)
+STEPS = 3  # the EAGLE-3 draft length: SGLang's --speculative-num-steps, vLLM's K, TensorRT-LLM's max_draft_len
+#: the engines the demo can tell its story in: those the simulator plays
+EMULATED = tuple(name for name, e in BACKENDS.items()
+                 if e.example(model=MODEL, draft=DRAFT, port=1, gpus=8, steps=STEPS, folder="/") is not None)
 
 MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
 
@@ -70,29 +88,44 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            143: "terminated by SIGTERM (likewise)"}))
     add_common(p)
     p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
+    p.add_argument("--engine", choices=EMULATED, default=SEED_ENGINE,
+                   help=f"the engine whose command lines and files the story is told in (emulated; default "
+                   f"{SEED_ENGINE}, the seed's)")
     p.add_argument("--out", metavar="DIR", help="where the experiment and its report go (default: ./gpuslate-demo)")
     p.set_defaults(handler=run)
 
 
-def scenario(quick: bool, port: int) -> str:
-    """The demo's experiment spec (TOML), written next to its results.
+def scenario(quick: bool, port: int, engine_name: str = SEED_ENGINE, work: Path | None = None) -> str:
+    """The demo's experiment spec (TOML), written next to its results: the engine's own baseline and
+    EAGLE-3 command lines (its example, gpuslate.engines), run by stand-ins written into ``work``
+    (the files the commands name too) that play the engine on gpuslate's simulated server.
 
     The whole demo's length is set here: 8 levels x 3 deployments x 2 repeats of 128 requests of
     64 tokens, at 5x, take about 3 minutes on a 2-core machine (was 72 points of 128 tokens at 2x,
     about 25 minutes); --quick 36 points of 32 requests of 32 tokens, about 40 s."""
     scale = 5
-    serve = [sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port), "--memory", MEMORY,
-             "--startup-seconds", "3", "--time-scale", str(scale)]
+    work = work or Path(tempfile.gettempdir())
+    played = BACKENDS[engine_name]
+    ex = played.example(model=MODEL, draft=DRAFT, port=port, gpus=8, steps=STEPS, folder=str(work))
+    assert ex is not None  # the --engine choices are the engines with an example
+    for name, text in ex.files.items():
+        (work / name).write_text(text)
+    serve = [sys.executable, "-m", "gpuslate", "sim", "serve", "--emulate", played.name, "--engine-version",
+             ex.version, "--memory", MEMORY, "--startup-seconds", "3", "--time-scale", str(scale)]
+    env = standin.write(work / "engines", ex.form, serve)
+    form = [sys.executable, *ex.form] if ex.form[:1] == ("-m",) else list(ex.form)
+    env_toml = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }"
 
-    def unit(name: str, *extra: str) -> str:
-        return (f"[units.{json.dumps(name)}]\ncommand = {json.dumps(serve + list(extra))}\ngpus = \"0-7\"\n"
-                f"port = {port}\nengine = \"sglang\"\nstart_timeout = 60\ngrace = 5\nstop_timeout = 30\n")
+    def unit(name: str, args: tuple[str, ...]) -> str:
+        return (f"[units.{json.dumps(name)}]\ncommand = {json.dumps(form + list(args))}\ngpus = \"0-7\"\n"
+                f"port = {port}\nengine = {json.dumps(played.name)}\nstart_timeout = 60\ngrace = 5\n"
+                f"stop_timeout = 30\nprefetch = []\nenv = {env_toml}\n")
 
     levels = [1, 2, 4, 8, 16, 32] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
     load = (f"concurrency = {levels}\nrequests = {32 if quick else 128}\nrepeats = 2\n"
             f"warmup = 4\ninput_len = 64\noutput_len = {32 if quick else 64}\napi = \"completions\"\nseed = 0\n")
-    return (f"# gpuslate demo{' --quick' if quick else ''}: baseline vs speculative decoding on a simulated "
-            "8-GPU host\n\n"
+    return (f"# gpuslate demo{' --quick' if quick else ''}: {played.title} baseline vs {played.title} EAGLE-3 on a "
+            "simulated 8-GPU host (the engine emulated by gpuslate's simulated server)\n\n"
             f"[experiment]\nname = \"demo{'-quick' if quick else ''}\"\n"
             "deployments = [\"baseline\", \"speculative\"]\n"
             "clear = true            # the GPUs are held by a server started by hand: clear them first\n"
@@ -100,7 +133,7 @@ def scenario(quick: bool, port: int) -> str:
             "verify = 1              # then run the recommendation itself against the better of the two\n\n"
             "[roles]\nbaseline = \"baseline\"\nspeculative = \"speculative\"\n\n"
             f"[load]\n{load}\n"
-            + unit("baseline") + "\n" + unit("speculative", "--mode", "speculative"))
+            + unit("baseline", ex.baseline) + "\n" + unit("speculative", ex.speculative))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,7 +191,7 @@ def _demo(args: argparse.Namespace, out: Path, work: Path, t0: float, checked: A
     out.mkdir(parents=True)
     port, hand_port = _free_port(), _free_port()
     spec_path = work / "demo.toml"  # the results folder keeps a copy (spec.toml)
-    spec_path.write_text(scenario(args.quick, port))
+    spec_path.write_text(scenario(args.quick, port, args.engine, work))
     spec = load_spec(spec_path)
     hand = None
     display = ProgressDisplay(spec.time_scale)
@@ -183,7 +216,7 @@ def _demo(args: argparse.Namespace, out: Path, work: Path, t0: float, checked: A
     if stopped is not None:
         return interrupted_status(stopped, args.json, f"interrupted; the partial results are in {out}")
     demo = DemoResult(sim, str(out), round(time.monotonic() - t0, 2), clean, run_json(result),
-                      write_report_for(out))
+                      write_report_for(out), args.engine)
     return present(args, demo)
 
 

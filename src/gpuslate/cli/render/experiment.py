@@ -37,8 +37,11 @@ def print_report(rep: Report) -> None:
     """The report, here or from another host's document: all of it from the document (``summary``)."""
     from ...bench.report import (  # lazy: startup
         apply_lines,
+        emulated_sentence,
         level_tables,
         order_sentence,
+        switch_lines,
+        switch_sentence,
         time_scale_sentence,
         verification_lines,
         verification_sentence,
@@ -54,6 +57,9 @@ def print_report(rep: Report) -> None:
     say(order_sentence(s))
     if s["time_scale"] != 1:
         say(time_scale_sentence(s["time_scale"]))
+    emulated = emulated_sentence(s)
+    if emulated:
+        say(escape(emulated))
     for c, table in level_tables(s["levels"]):
         say(f"\nconcurrency {c}")
         # cells are figures and deployment names (checked like unit names): nothing to escape; on a
@@ -88,6 +94,11 @@ def print_report(rep: Report) -> None:
         say("\nThe recommendation's own run: " + escape(verification_sentence(ver)).replace("**", ""))
         for row in verification_lines(ver):
             say(f"  c={row[0]}: {row[1]} tok/s vs {row[2]} ({row[3]}): {row[4]} in {row[5]}: {row[6]}")
+        if ver.get("switch"):
+            say("  " + escape(switch_sentence(ver)).replace("**", ""))
+            for row in switch_lines(ver):
+                say(f"  c={row[0]}: {row[1]} tok/s vs the worse of the two {row[4]} (baseline {row[2]}, "
+                    f"speculative {row[3]}): {row[5]} in {row[6]}: {row[7]}")
         for n in ver.get("notes", []):
             say(f"  note: {escape(n)}")
     elif s.get("verification_note"):
