@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-
-import yaml
 
 from engine_facts import (
     sglang_flat_loader,

@@ -59,7 +59,7 @@ def test_what_names_engines_reads_the_registry():
     from gpuslate.simserver.engineargs import EMULATED
     from gpuslate.units.spec import ENGINES
 
-    assert ENGINES == tuple(BACKENDS)
+    assert tuple(BACKENDS) == ENGINES
     assert DEMO == EMULATED == tuple(n for n, e in BACKENDS.items() if n != "sim")
     schema = json.loads((ROOT / "docs/schemas/experiment.v1.json").read_text())
     apply = schema["properties"]["recommendation"]["properties"]["apply"]["properties"]
@@ -96,7 +96,7 @@ def test_each_engine_declares_what_the_code_relies_on(name):
 
 
 def test_server_identification_by_owned_by_and_documents():
-    by = {n: e for n, e in BACKENDS.items()}
+    by = BACKENDS
     assert by["vllm"].identify(Answers({"/version": {"version": "0.25.0"}}, "vllm")) == {"engine": "vllm",
                                                                                         "version": "0.25.0"}
     # TensorRT-LLM answers /version as vLLM does: only its owned_by tells them apart
