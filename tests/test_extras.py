@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from gpuslate.cli.commands.demo import scenario
+from gpuslate.engines import SEED_ENGINE
 from gpuslate.errors import UsageError
 from gpuslate.extras import MODULES, Extra, install_hint, installed, missing, require
 from helpers import gpuslate_env
@@ -134,7 +135,7 @@ def test_sim_serve_without_aiohttp_binds_nothing(sim_host) -> None:
 
 def test_experiment_run_without_aiohttp_starts_nothing(sim_host, tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
-    spec.write_text(scenario(True, free_port()))
+    spec.write_text(scenario(True, free_port(), SEED_ENGINE, tmp_path))
     out = tmp_path / "results"
     proc = gpuslate(["experiment", "run", str(spec), "--out", str(out)], hide=("aiohttp",))
     assert_names_extra(proc, "experiment run", "bench", "aiohttp")

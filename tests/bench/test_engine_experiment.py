@@ -124,3 +124,62 @@ def test_sglang_command(exp_host, cli, tmp_path):
     assert ver["engine"]["speculative_adaptive"] is True and ver["engine"]["spec_disable_threshold"] == 1
     md = (out / "report.md").read_text()
     assert "### Applying it (SGLang)" in md and "draft model's extend" in md and "#24055" in md
+
+
+def test_a_patched_engines_own_flag(exp_host, cli, tmp_path):
+    """The seed's engineer patched SGLang with --speculative-disable-batch-threshold N: the experiment
+    names that flag on its speculative unit, and the recommendation is that deployment's command with
+    the flag set to T (the value it ran with replaced), run and proven like any other; the report says
+    it relies on a patch. The stand-ins are patched SGLangs (sim serve --patched-flag)."""
+    flag = "--speculative-disable-batch-threshold"
+    env = install(tmp_path / "shims", patched_flag=flag)
+    spec = engine_spec(tmp_path / "p.toml", free_port(), "sglang", shim_py=env["GPUSLATE_TEST_SHIM_PY"], src=SRC,
+                       extra=(flag, "1024"), threshold_flag=flag)
+    out = tmp_path / "out"
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", env={"PATH": env["PATH"]}, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    rec = doc["recommendation"]
+    assert rec["recommended"] and rec["threshold"] == 1, rec["summary"]
+    apply = rec["apply"]
+    assert apply["status"] == "ready" and apply["patched_flag"] == flag and doc["files"]["engines"] == [
+        "recommended-command.txt"]  # the patched engine's own flag: no upstream file
+    measured = next(d["command"] for d in doc["deployments"] if d["role"] == "speculative")
+    line = shlex.split((out / "recommended-command.txt").read_text())
+    i = measured.index(flag)
+    assert line == [*measured[:i + 1], "1", *measured[i + 2:]]  # 1024 replaced by T, in place
+    ver = doc["verification"]
+    assert ver["command"] == line and applied(ver), ver["levels"]
+    assert ver["engine"]["spec_disable_threshold"] == 1 and ver["engine"]["patched_flag"] == flag
+    assert ver["collapsed_at"] == []
+    md = (out / "report.md").read_text()
+    assert f"Relies on a patch: {flag} is the patched engine's own flag" in md
+
+
+def test_a_collapse_at_the_switch_withdraws_the_recommendation(exp_host, cli, tmp_path):
+    """vLLM issue #49548's shape, played by the simulator's switch cost (--switch-ms: a step whose kind
+    differs from the one before pays it): the recommendation wins nowhere it switches, and where its
+    batch moves across the threshold (T+1 = 2) it falls below both deployments. Its own run shows it
+    with the figures, and the recommendation is withdrawn: not recommended, no files, the reason."""
+    env = install(tmp_path / "shims", sim=("--switch-ms", "60"))
+    spec = engine_spec(tmp_path / "c.toml", free_port(), "sglang", shim_py=env["GPUSLATE_TEST_SHIM_PY"], src=SRC)
+    out = tmp_path / "out"
+    r = cli("experiment", "run", str(spec), "--out", str(out), "--json", env={"PATH": env["PATH"]}, timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    ver = doc["verification"]
+    assert [row["concurrency"] for row in ver["switch"]] == [1, 2, 4]  # T, T+1 (not a measured level), above
+    assert 2 in ver["collapsed_at"], ver["switch"]
+    row = next(row for row in ver["switch"] if row["concurrency"] == 2)
+    assert row["interval"][1] < 1 and row["throughput"] < row["worse_of_both"]
+    assert ver["engine"]["switch_ms"] == 60 and ver["engine"]["spec_disable_threshold"] == 1
+    rec = doc["recommendation"]
+    assert not rec["recommended"] and rec["threshold"] == 1 and rec["withdrawn"]["levels"] == ver["collapsed_at"]
+    assert rec["apply"]["status"] == "withdrawn" and rec["apply"]["files"] == {} and doc["files"]["engines"] == []
+    assert not (out / "sglang-adaptive-config.json").exists() and not (out / "recommended-command.txt").exists()
+    assert rec["summary"].startswith("withdrawn") and "collapsed at the switch" in rec["summary"]
+    md = (out / "report.md").read_text()
+    assert "### Across the switch" in md and "It collapsed at concurrency 2" in md and "| collapse |" in md
+    assert "Nothing is written: the recommendation's own run collapsed at the switch" in md

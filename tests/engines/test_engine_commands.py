@@ -213,3 +213,89 @@ def test_always_off_and_never_disable_are_measured_deployments_as_they_ran():
     assert plan.status is ApplyStatus.AS_MEASURED and plan.command == ("base", "--x")
     assert "the baseline deployment" in plan.does
     assert "speculative deployment" in plan_as_measured("never_disable", VLLM, "vllm", None).does
+
+
+# -- TensorRT-LLM ------------------------------------------------------------------------
+
+TRT_OPTIONS = {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/m/e3",
+                                      "eagle3_one_model": True},
+               "kv_cache_config": {"free_gpu_memory_fraction": 0.85}, "cuda_graph_config": {"max_batch_size": 64}}
+TRT = ["trtllm-serve", "/m/target", "--tp_size", "8", "--port", "8000", "--extra_llm_api_options", "opts.yaml"]
+
+
+def trt_applied(argv=TRT, options=TRT_OPTIONS, threshold=2, version="1.3.0"):
+    import yaml
+
+    files = {"opts.yaml": options if isinstance(options, str) else yaml.safe_dump(options)}
+    return plan_apply(read_command(argv, read_file=files.__getitem__), threshold, top=64, out_dir="/runs/x",
+                      version=version)
+
+
+def test_trtllm_options_file_kept_whole_with_the_schedule_added():
+    import yaml
+
+    from gpuslate.engines.trtllm import OPTIONS_FILE
+
+    plan = trt_applied()
+    assert plan.status is ApplyStatus.READY and plan.engine == "trtllm"
+    written = yaml.safe_load(plan.files[OPTIONS_FILE])
+    assert written == {**TRT_OPTIONS, "speculative_config": {**TRT_OPTIONS["speculative_config"],
+                                                             "draft_len_schedule": {1: 3, 2: 3, 3: 0}}}
+    assert plan.command == (*TRT[:-1], "/runs/x/" + OPTIONS_FILE)  # the same command, the new file in place
+    assert shlex.split(plan.files[COMMAND_FILE]) == list(plan.command)
+    assert "PR #10860" in plan.unproven[0] and any("#16888" in u for u in plan.unproven)
+    assert plan.version_status is VersionStatus.UNKNOWN and "max_concurrency: T" in plan.versions
+    # its --config name is kept as written; a measured max_concurrency is dropped (mutually exclusive)
+    alt = trt_applied([*TRT[:-2], "--config", "opts.yaml"], {
+        **TRT_OPTIONS, "speculative_config": {**TRT_OPTIONS["speculative_config"], "max_concurrency": 8}})
+    assert alt.command[-2] == "--config" and "max_concurrency" not in yaml.safe_load(alt.files[OPTIONS_FILE])[
+        "speculative_config"]
+    assert any("max_concurrency" in n and "dropped" in n for n in alt.notes)
+
+
+@pytest.mark.parametrize("argv, options, what", [
+    (TRT[:-2], TRT_OPTIONS, "names no options file"),
+    (TRT, {"kv_cache_config": {}}, "no speculative_config"),
+    (TRT, {"speculative_config": {"decoding_type": "Eagle3"}}, "max_draft_len"),
+    (TRT, {"speculative_config": {"max_draft_len": 3}}, "decoding_type"),
+    (TRT, "speculative_config: &a {max_draft_len: 3}\nb: *a\n", "anchors or aliases"),
+    (TRT, "speculative_config: [unclosed\n", "not YAML"),
+    ([*TRT[:-2], "--extra_llm_api_opt", "opts.yaml"], TRT_OPTIONS, "names no options file"),
+])
+def test_trtllm_what_cannot_be_read_is_named(argv, options, what):
+    plan = trt_applied(argv, options)
+    assert plan.status is ApplyStatus.UNREADABLE and not plan.files, plan
+    assert any(what in m for m in plan.missing), plan.missing
+
+
+@pytest.mark.parametrize("argv, options, setting", [
+    ([*TRT, "--backend", "tensorrt"], TRT_OPTIONS, "--backend tensorrt"),
+    (TRT, {"speculative_config": {"decoding_type": "Medusa", "max_draft_len": 3}}, "decoding_type: Medusa"),
+    ([*TRT, "--max_batch", "64"], TRT_OPTIONS, "--max_batch"),  # click: no abbreviations
+])
+def test_trtllm_blockers(argv, options, setting):
+    plan = trt_applied(argv, options)
+    assert plan.status is ApplyStatus.BLOCKED and not plan.files
+    assert [b.setting for b in plan.blockers] == [setting]
+
+
+# -- a patched engine's own flag ---------------------------------------------------------
+
+
+def test_a_patched_flag_is_set_in_place_or_added():
+    from gpuslate.engines import plan_patched
+
+    flag = "--speculative-disable-batch-threshold"
+    plan = plan_patched([*SGLANG, flag, "1024"], flag, 2, version="0.5.11")
+    assert plan.status is ApplyStatus.READY and plan.patched_flag == flag and set(plan.files) == {COMMAND_FILE}
+    assert plan.command == (*SGLANG, flag, "2") and "relies on a patch" in plan.notes[0]
+    # an abbreviation SGLang's argparse takes is the flag; its value is replaced where it is
+    plan = plan_patched([*SGLANG[:7], "--speculative-disable=8", *SGLANG[7:]], flag, 3, version=None)
+    assert plan.command == (*SGLANG[:7], "--speculative-disable", "3", *SGLANG[7:])
+    assert plan_patched(SGLANG, flag, 1, version=None).command == (*SGLANG, flag, "1")  # not there: added
+    # through the simulator playing the engine: after its '--', into the engine's arguments
+    emu = ["gpuslate", "sim", "serve", "--emulate", "sglang", "--", *SGLANG[3:]]
+    assert plan_patched(emu, flag, 1, version=None).command == (*emu, flag, "1")
+    # ambiguous: the engine would refuse the command, named
+    bad = plan_patched([*SGLANG, "--speculative-d", "4"], flag, 1, version=None)
+    assert bad.status is ApplyStatus.BLOCKED and bad.blockers[0].why.startswith("ambiguous option")

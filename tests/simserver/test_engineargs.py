@@ -1,6 +1,7 @@
-"""``sim serve --emulate vllm|sglang -- ARGS``: the engine's arguments read by the engine's rules
-(what it accepts, refuses, or ignores with its own warning), the threshold they come to, and the
-engine's version where the engine reports it (vLLM /version, SGLang /get_server_info)."""
+"""``sim serve --emulate vllm|sglang|trtllm -- ARGS``: the engine's arguments read by the engine's
+rules (what it accepts, refuses, or ignores with its own warning), the threshold they come to, the
+engine's version where the engine reports it (vLLM's and TensorRT-LLM's /version, SGLang's
+/get_server_info) and its owned_by; a patched engine's own flag (``--patched-flag``)."""
 
 from __future__ import annotations
 
@@ -138,19 +139,84 @@ def test_the_cli_takes_the_engines_arguments_after_a_double_dash():
         parse("--", "serve", "m")
 
 
+def trtllm(*args: str, options: dict | str | None = None, version: str | None = "1.3.0"):
+    import yaml
+
+    text = options if isinstance(options, str) else yaml.safe_dump(options or {})
+    return settings("trtllm", ["/m/target", *args], version=version, max_batch=256,
+                    read_file={"o.yaml": text}.__getitem__)
+
+
+EAGLE3 = {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/m/d"}
+
+
+def test_trtllm_arguments_and_its_options_file():
+    s = trtllm("--port", "8100", "--max_batch_size", "32")
+    assert s.values == {"port": 8100, "model": "/m/target", "host": "localhost", "max_running_requests": 32}
+    s = trtllm("--config", "o.yaml", options={"speculative_config": EAGLE3})  # --config: its other name
+    assert s.values["mode"] == "speculative" and "spec_disable_threshold" not in s.values
+    # the schedule as TensorRT-LLM reads it since PR #10860: the first key not below the batch, 0 above all
+    s = trtllm("--extra_llm_api_options", "o.yaml",
+               options={"speculative_config": {**EAGLE3, "draft_len_schedule": {1: 3, 4: 3, 5: 0}}})
+    assert s.values["spec_disable_threshold"] == 4
+    s = trtllm("--extra_llm_api_options", "o.yaml", options={"speculative_config": {**EAGLE3, "max_concurrency": 2}})
+    assert s.values["spec_disable_threshold"] == 2  # translated into {2: max_draft_len}
+    s = trtllm("--extra_llm_api_options", "o.yaml", "--backend", "tensorrt",
+               options={"speculative_config": {**EAGLE3, "max_concurrency": 2}})
+    assert "spec_disable_threshold" not in s.values and "PyTorch backend only" in s.warnings[0]
+
+
+@pytest.mark.parametrize("spec, error", [
+    ({**EAGLE3, "max_concurrency": 2, "draft_len_schedule": {1: 3}}, "mutually exclusive"),
+    ({**EAGLE3, "draft_len_schedule": {1: 2, 4: 0}}, "must equal max_draft_len"),
+    ({**EAGLE3, "draft_len_schedule": {1: 3, 4: 5}}, "must be <= max_draft_len"),
+    ({**EAGLE3, "draft_len_schedule": {0: 3}}, "must be >= 1"),
+    ({**EAGLE3, "draft_len_schedule": {1: 3, 2: -1}}, "must be >= 0"),
+    ({"max_draft_len": 3}, "decoding_type is required"),
+    ({**EAGLE3, "draft_len_schedule": {1: 3, 2: 0, 3: 3}}, "turns it off and on again"),
+])
+def test_trtllm_refuses_what_it_refuses(spec, error):
+    with pytest.raises(ValueError, match=error):
+        trtllm("--extra_llm_api_options", "o.yaml", options={"speculative_config": spec})
+    with pytest.raises(ValueError, match="anchors or aliases"):
+        trtllm("--extra_llm_api_options", "o.yaml", options="a: &x 1\nb: *x\n")
+    with pytest.raises(ValueError, match="No such option: --extra_llm"):
+        trtllm("--extra_llm", "o.yaml")  # click takes no abbreviations
+
+
+def test_a_patched_engine_takes_its_own_flag():
+    flag = "speculative-disable-batch-threshold"
+    s = settings("sglang", ["--model-path", "m", *BASE, f"--{flag}", "2"], version=None, max_batch=256,
+                 read_file=lambda p: "", patched_flag=flag)
+    assert s.values["spec_disable_threshold"] == 2 and s.info["patched_flag"] == f"--{flag}"
+    s = settings("sglang", ["--model-path", "m", *BASE, "--speculative-disable", "3"], version=None, max_batch=256,
+                 read_file=lambda p: "", patched_flag=flag)  # SGLang's argparse: the patched flag abbreviated
+    assert s.values["spec_disable_threshold"] == 3
+    with pytest.raises(ValueError, match="need --emulate"):
+        parse("--patched-flag", flag)
+
+
 def test_the_emulated_engines_report_their_version_where_the_engines_do():
+    import yaml
+
+    options = {"o.yaml": yaml.safe_dump({"speculative_config": EAGLE3})}
+
     async def go() -> None:
         for engine, argv in (("vllm", ["serve", "m", "--speculative-config", json.dumps(SPEC)]),
-                             ("sglang", ["--model-path", "m", *BASE])):
-            s = settings(engine, argv, version="9.9.9", max_batch=256, read_file=lambda p: "")
+                             ("sglang", ["--model-path", "m", *BASE]),
+                             ("trtllm", ["/m", "--extra_llm_api_options", "o.yaml"])):
+            s = settings(engine, argv, version="9.9.9", max_batch=256, read_file=options.__getitem__)
             config = ServerConfig(port=0, startup_seconds=0, time_scale=1000.0, emulate=engine,
                                   engine_version="9.9.9", engine_info=s.info,
                                   **{k: v for k, v in s.values.items() if k != "port"})
             async with serving(config, log=lambda line: None) as server, aiohttp.ClientSession() as http:
                 async with http.get(server.url + "/version") as r:
-                    assert r.status == (200 if engine == "vllm" else 404)
-                    if engine == "vllm":
+                    assert r.status == (404 if engine == "sglang" else 200)
+                    if engine != "sglang":
                         assert await r.json() == {"version": "9.9.9"}
+                async with http.get(server.url + "/v1/models") as r:  # what tells vLLM from TensorRT-LLM
+                    owned = (await r.json())["data"][0]["owned_by"]
+                    assert owned == {"vllm": "vllm", "sglang": "sglang", "trtllm": "tensorrt_llm"}[engine]
                 async with http.get(server.url + "/get_server_info") as r:
                     info = await r.json()
                 assert info["simulated"] and info["emulates"] == engine and info["engine_version"] == "9.9.9"

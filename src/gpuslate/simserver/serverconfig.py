@@ -159,8 +159,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     emulate = given.get("emulate")
     if emulate is None and (engine_args or given.get("engine_version") is not None
                             or given.get("patched_flag") is not None):
-        raise ValueError("arguments after the simulator's flags (and --engine-version) need --emulate "
-                         + "|".join(EMULATED))
+        raise ValueError("arguments after the simulator's flags (and --engine-version, --patched-flag) need "
+                         "--emulate " + "|".join(EMULATED))
     if emulate is not None:
         both = sorted(k for k in _ENGINE_SET if k in given)
         if both:

@@ -95,7 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def scenario(quick: bool, port: int, engine_name: str = SEED_ENGINE, work: Path | None = None) -> str:
+def scenario(quick: bool, port: int, engine_name: str, work: Path) -> str:
     """The demo's experiment spec (TOML), written next to its results: the engine's own baseline and
     EAGLE-3 command lines (its example, gpuslate.engines), run by stand-ins written into ``work``
     (the files the commands name too) that play the engine on gpuslate's simulated server.
@@ -104,7 +104,6 @@ def scenario(quick: bool, port: int, engine_name: str = SEED_ENGINE, work: Path 
     64 tokens, at 5x, take about 3 minutes on a 2-core machine (was 72 points of 128 tokens at 2x,
     about 25 minutes); --quick 36 points of 32 requests of 32 tokens, about 40 s."""
     scale = 5
-    work = work or Path(tempfile.gettempdir())
     played = BACKENDS[engine_name]
     ex = played.example(model=MODEL, draft=DRAFT, port=port, gpus=8, steps=STEPS, folder=str(work))
     assert ex is not None  # the --engine choices are the engines with an example
