@@ -64,9 +64,10 @@ async def resolve_model(session: aiohttp.ClientSession, base: str, model: str | 
 async def server_facts(session: aiohttp.ClientSession, base: str,
                        headers: Mapping[str, str]) -> dict[str, Any]:
     """Engine and version where the server reports them, with the settings its engine module
-    records (``gpuslate.engines``: each engine's ``probes`` and ``identify``): the engines whose
-    ``owned_by`` the server's ``GET /v1/models`` names are asked first. The simulator playing an
-    engine (``sim serve --emulate``) is recorded as that engine, flagged ``simulated``."""
+    records (``gpuslate.engines``: each engine's ``probes`` and ``identify``): the simulator first
+    (it may play another engine), then the engines whose ``owned_by`` the server's ``GET /v1/models``
+    names. The simulator playing an engine (``sim serve --emulate``) is recorded as that engine,
+    flagged ``simulated``."""
     answers: dict[str, Any] = {}
 
     async def get(path: str) -> Any:
@@ -80,7 +81,8 @@ async def server_facts(session: aiohttp.ClientSession, base: str,
         data = models.get("data") if isinstance(models, dict) else None
         first = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
         owned = first.get("owned_by") if isinstance(first.get("owned_by"), str) else None
-        for e in sorted(BACKENDS.values(), key=lambda e: e.owned_by != owned):
+        # a simulated server says so, whomever it plays; then the engines its owned_by names
+        for e in sorted(BACKENDS.values(), key=lambda e: (not e.plays_others, e.owned_by != owned)):
             for path in e.probes:
                 await get(path)
             facts = e.identify(Answers(answers, owned))

@@ -367,6 +367,11 @@ class Engine(Protocol):
         ...
 
     @property
+    def plays_others(self) -> bool:
+        """Its servers may answer as another engine does (the simulator's --emulate): asked first."""
+        ...
+
+    @property
     def facts(self) -> tuple[str, ...]:
         """The keys of its info document worth recording with every point."""
         ...

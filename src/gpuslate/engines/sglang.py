@@ -128,6 +128,7 @@ class SGLang:
     counters = Counters(info_path="/get_server_info")
     continuous_usage = True
     probes = INFO_PATHS
+    plays_others = False
     reported = NAME
     facts = FACTS
     files = (CONFIG_FILE, ARGS_FILE)

@@ -48,6 +48,7 @@ class Sim:
     continuous_usage = True
     probes = ("/get_server_info", "/server_info")
     files = ()
+    plays_others = True
     reported = REPORTED
     facts = FACTS
 

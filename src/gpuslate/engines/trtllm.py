@@ -232,6 +232,7 @@ class TensorRTLLM:
     counters = Counters()
     continuous_usage = True  # its StreamOptions has continuous_usage_stats (openai_protocol.py)
     probes = ("/version",)
+    plays_others = False
     reported = NAME
     facts = ()
     files = (OPTIONS_FILE,)

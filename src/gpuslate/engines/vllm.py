@@ -111,6 +111,7 @@ class VLLM:
     counters = Counters(prometheus=("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total"))
     continuous_usage = True
     probes = ("/version",)
+    plays_others = False
     reported = NAME
     facts = ()
     files = (CONFIG_FILE,)
