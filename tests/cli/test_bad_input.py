@@ -77,7 +77,7 @@ def test_bad_unit_options_start_nothing(sim_host, cli, tmp_path, args, needle):
     ('command = "sleep 5"\nready_host = "999.1.1.1"', 4, "invalid address"),
     ('command = "sleep 5"\nready_url = "http://[::1"', 4, "invalid URL"),
     ('command = "sleep 5"\ngpus = "\uff10"', 4, "invalid GPU list"),
-    ('command = "sleep 5"\nengine = "tgi"', 4, "must be one of sglang, vllm"),
+    ('command = "sleep 5"\nengine = "tgi"', 4, "must be one of vllm, sglang, trtllm, sim"),
     ('command = "sleep 5"\ncwd = "/etc/passwd"', 4, "it is not a folder"),
 ])
 def test_bad_unit_file_names_file_and_line(sim_host, cli, tmp_path, body, line, needle):

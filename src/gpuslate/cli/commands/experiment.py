@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
                            "report.md, summary.json and summary.csv, the speculation recommendation and, when "
                            "its engine can apply it, the files and command line that do (read from the "
-                           "speculative deployment's own command: vllm-speculative-config.json or "
-                           "sglang-adaptive-config.json, recommended-command.txt).",
+                           "speculative deployment's own command by its engine's rules: the engine's own "
+                           "files, and recommended-command.txt).",
                            epilog=exit_epilog({0: "report written",
                                                2: "DIR is not an experiment folder, or the bench extra not installed"},
                                               backend=False))
