@@ -92,11 +92,13 @@ def test_vllm_command(exp_host, cli, tmp_path):
     i = measured.index("--speculative-config")
     assert line[:i] == measured[:i] and json.loads(line[i + 1]) == cfg and line[i + 2:] == measured[i + 2:]
     assert not (out / "vllm-config.json").exists() and not (out / "sim-args.txt").exists()
-    # ... and that command line ran as its own deployment, level by level against the better of the two
+    # ... and that command line ran as its own deployment, level by level against the better of the two, and
+    # across its switch (1, 2 and 4: T, T+1 though not a measured level, the level above) with both
     ver = doc["verification"]
-    assert ver["command"] == line and ver["threshold"] == 1 and [v["concurrency"] for v in ver["levels"]] == [1, 4]
-    assert [v["compared_with"] for v in ver["levels"]] == [["speculative"], ["baseline"]]
+    assert ver["command"] == line and ver["threshold"] == 1 and [v["concurrency"] for v in ver["levels"]] == [1, 2, 4]
+    assert [v["compared_with"] for v in ver["levels"]] == [["baseline", "speculative"]] * 3
     assert applied(ver), ver["levels"]
+    assert [r["concurrency"] for r in ver["switch"]] == [1, 2, 4] and ver["collapsed_at"] == [], ver["switch"]
     assert ver["engine"]["spec_disable_threshold"] == 1  # what the running server made of the schedule
     md = (out / "report.md").read_text()
     assert "### Applying it (vLLM)" in md and "Measured: vLLM with a fixed K = 3" in md and "Unproven:" in md
