@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", metavar="NAME", help="GPU model name")
     init.add_argument("--release-delay", type=nonnegative_float, default=0.2, metavar="SECONDS",
                       help="time the simulated driver takes to release a dead holder's memory (default 0.2)")
+    init.add_argument("--host-memory", type=size, default="2TiB", metavar="SIZE",
+                      help="the host's memory, where a sleeping engine's weights and the driver's checkpoints go "
+                      "(default 2TiB, an 8-GPU H200 node)")
     init.set_defaults(handler=run_init)
 
     hold = ss.add_parser("hold", help="hold simulated GPU memory until killed",
@@ -82,6 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     hold.add_argument("--mps", action="store_true",
                       help="hold the memory as CUDA MPS clients (listed as MPS contexts, kind mps); needs a "
                       "simulated MPS server of this user on each GPU ('gpuslate sim mps')")
+    hold.add_argument("--ipc", action="store_true",
+                      help="the memory is shared with other processes through CUDA IPC, as tensor-parallel ranks "
+                      "share buffers: the driver's checkpoint refuses such a process")
     hold.add_argument("--main-thread-exits", action="store_true",
                       help="once it holds, each holder's main thread exits (pthread_exit) and another thread "
                       "keeps the memory: /proc says Z for a process that lives")
@@ -174,7 +180,8 @@ def run_init(args: argparse.Namespace) -> int:
         raise UsageError(f"sim init creates the host in DIR ({args.dir}); --sim names another folder "
                          f"({args.sim}): drop --sim or pass the same folder")
     host = SimHost.init(args.dir, gpus=args.count, memory=args.memory, name=args.name,
-                        release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api)
+                        release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api,
+                        host_memory=args.host_memory)
     result = SimInitResult.of(host)
     return present(args, result)
 
@@ -190,7 +197,7 @@ def run_hold(args: argparse.Namespace) -> int:
     gpus = gpus if gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
-         reap=not args.no_reap, mps=args.mps, main_thread_exits=args.main_thread_exits)
+         reap=not args.no_reap, mps=args.mps, main_thread_exits=args.main_thread_exits, ipc=args.ipc)
 
 
 def run_mps(args: argparse.Namespace) -> int:

@@ -97,7 +97,7 @@ def shown_pid() -> int:
         return os.getpid()
 
 
-def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute") -> list[int]:
+def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute", ipc: bool = False) -> list[int]:
     """Open the device files like a CUDA context does, then allocate the memory.
 
     Returns the open fds, which the caller keeps for its whole life: closing
@@ -107,7 +107,7 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute"
     with host.dev_dir() as dev:  # walked: never another user's link, never a FIFO that would hang
         fds = [dev.open(name, os.O_RDONLY) for name in ("nvidiactl", "nvidia-uvm")]
         fds += [dev.open(host.device_path(gpu).name, os.O_RDONLY) for gpu, _ in held]
-    return fds + host.allocate(held, kind=kind)
+    return fds + host.allocate(held, kind=kind, ipc=ipc)
 
 
 def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] = sys.stdout) -> None:
@@ -225,6 +225,7 @@ def hold(
     reap: bool = True,
     mps: bool = False,
     main_thread_exits: bool = False,
+    ipc: bool = False,
     out: IO[str] = sys.stdout,
 ) -> NoReturn:
     """Hold ``memory`` bytes on each GPU in ``gpus`` until killed; with ``mps``, as MPS clients
@@ -233,7 +234,8 @@ def hold(
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
     all memory is held: the pids as this process's /proc shows them (see
     :func:`shown_pid`; ``status`` shows host pids, as a driver does).
-    ``title`` may contain ``{rank}`` (the worker number). With ``main_thread_exits``
+    ``title`` may contain ``{rank}`` (the worker number). ``ipc``: the memory is shared through CUDA
+    IPC (what the driver's checkpoint refuses). With ``main_thread_exits``
     each process holding memory ends its main thread once it holds (see :func:`_sleep_forever`).
     Raises ServerFailed, holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
     """
@@ -263,7 +265,7 @@ def hold(
     if not workers:
         # like CUDA, which opens every device node: handles on the other GPUs, memory where it computes
         extra = [(g, 0) for g in handles or [] if g not in gpus]
-        _hold_here(host, assign(gpus, memory, 1)[0] + extra, kind)  # the fds stay open for the process's life
+        _hold_here(host, assign(gpus, memory, 1)[0] + extra, kind, ipc)  # the fds stay open for the process's life
         _announce(out, [])
         _sleep_forever(main_thread_exits)
 
@@ -271,14 +273,14 @@ def hold(
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
     pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title, kind=kind,
-                         main_thread_exits=main_thread_exits)
+                         main_thread_exits=main_thread_exits, ipc=ipc)
     _announce(out, [w.shown for w in pids])
     _sleep_forever()
 
 
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
                   orphan: bool = False, title: str | None = None, kind: str = "compute",
-                  main_thread_exits: bool = False) -> list[WorkerPid]:
+                  main_thread_exits: bool = False, ipc: bool = False) -> list[WorkerPid]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
     their pids once every one of them holds its memory (like TP ranks loading).
 
@@ -297,7 +299,7 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
             pid = os.fork()
             if pid == 0:
                 os.close(go_w)
-                _worker(host, held, rank, (r, w), go_r, orphan, title, kind, main_thread_exits)
+                _worker(host, held, rank, (r, w), go_r, orphan, title, kind, main_thread_exits, ipc)
             if orphan:
                 intermediates.append(pid)
         os.close(w)
@@ -334,7 +336,7 @@ def _reports(r: int, workers: int) -> tuple[list[WorkerPid], list[str]]:
 
 
 def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple[int, int], go: int,
-            orphan: bool, title: str | None, kind: str, main_thread_exits: bool) -> NoReturn:
+            orphan: bool, title: str | None, kind: str, main_thread_exits: bool, ipc: bool = False) -> NoReturn:
     """Runs in the forked child; never returns into the launcher's code."""
     r, w = report
     try:
@@ -344,7 +346,7 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
             os._exit(0)  # the grandchild lives on under PID 1 (or a subreaper)
         if title:
             set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
-        fds = _hold_here(host, held, kind)
+        fds = _hold_here(host, held, kind, ipc)
         os.write(w, f"{os.getpid()} {shown_pid()}\n".encode())
         os.close(w)
         started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file
