@@ -111,11 +111,14 @@ def _vllm(argv: list[str], version: str | None, max_batch: int) -> EngineSetting
     p.add_argument("--speculative-config")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--enable-sleep-mode", action="store_true")  # the park endpoints (simserver/park.py)
+    p.add_argument("--enforce-eager", action="store_true")  # no CUDA graphs
     a, _ = p.parse_known_args(argv)
     model = (a.served_model_name or [None])[0] or a.model_tag or a.model or "sim-model"
     values = _served(a, model, a.max_num_seqs)
     max_batch = a.max_num_seqs if a.max_num_seqs is not None else max_batch
-    info: dict[str, Any] = {"data_parallel_size": a.data_parallel_size}
+    info: dict[str, Any] = {"data_parallel_size": a.data_parallel_size, "enable_sleep_mode": a.enable_sleep_mode,
+                            "enforce_eager": a.enforce_eager}
     warnings: list[str] = []
     if a.speculative_config is None:
         return EngineSettings(values, info)
@@ -206,6 +209,8 @@ def _sglang(argv: list[str], max_batch: int, read_file: Callable[[str], str]) ->
     p.add_argument("--speculative-adaptive-config")
     p.add_argument("--enable-dp-attention", action="store_true")
     p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--enable-memory-saver", action="store_true")  # the park endpoints (simserver/park.py)
+    p.add_argument("--enable-weights-cpu-backup", action="store_true")  # released weights kept in CPU memory
     a, _ = p.parse_known_args(argv)
     model = a.served_model_name or a.model_path or "sim-model"
     values = _served(a, model, a.max_running_requests)
@@ -217,7 +222,9 @@ def _sglang(argv: list[str], max_batch: int, read_file: Callable[[str], str]) ->
                             "speculative_eagle_topk": a.speculative_eagle_topk,
                             "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
                             "speculative_adaptive": False, "speculative_adaptive_config": a.speculative_adaptive_config,
-                            "enable_dp_attention": a.enable_dp_attention, "model_path": a.model_path}
+                            "enable_dp_attention": a.enable_dp_attention, "model_path": a.model_path,
+                            "enable_memory_saver": a.enable_memory_saver,
+                            "enable_weights_cpu_backup": a.enable_weights_cpu_backup}
     warnings: list[str] = []
     if algorithm is None:
         return EngineSettings(values, info)

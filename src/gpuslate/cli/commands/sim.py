@@ -229,6 +229,11 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     root = getattr(args, "sim", None) or sim_root_from_env()
     workers: list[int] = []  # in this process's PID namespace: what it may signal
+    started: list = []  # the workers (WorkerPid), with their control lines when the engine parks
+    shown: list[int] = []  # their pids as the host shows them: what the driver's checkpoint names
+    # an engine that parks holds its memory as the engine's tagged regions (simserver/parkmodel.py)
+    parks = (config.emulate == "vllm" and bool(config.engine_info.get("enable_sleep_mode"))) or \
+        (config.emulate == "sglang" and bool(config.engine_info.get("enable_memory_saver")))
 
     def start() -> list[int]:
         if not root:
@@ -244,8 +249,13 @@ def run_serve(args: argparse.Namespace) -> int:
         n = len(gpus) if args.workers is None else args.workers
         if n < 0 or n > 256:
             raise UsageError(f"invalid --workers {n}: 0 to 256")
-        started = start_workers(host, gpus, args.memory, n, title=args.title) if n else []
+        from ...simserver.parkmodel import REGIONS  # lazy: startup
+
+        # several ranks share buffers through CUDA IPC (custom all-reduce), as a tensor-parallel server's do
+        started.extend(start_workers(host, gpus, args.memory, n, title=args.title, ipc=n > 1,
+                                     regions=REGIONS if parks else None) if n else [])
         workers.extend(w.own for w in started)
+        shown.extend(w.shown for w in started)
         # said once, on stderr like every log line: a bare `sim serve` takes every GPU of the host
         where = ("--gpus" if args.gpus is not None else "CUDA_VISIBLE_DEVICES" if visible
                  else "no --gpus and no CUDA_VISIBLE_DEVICES: every GPU of the host")
@@ -255,8 +265,22 @@ def run_serve(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         return [w.shown for w in started]
 
+    def memory():  # -> WorkerControls | None, once the workers run
+        if not parks or not started:
+            return None
+        from ...gpu.simhost.holder import WorkerControls  # lazy: startup
+
+        return WorkerControls(started)
+
+    def gpu_locked() -> bool:  # the driver holds a worker locked or checkpointed: its GPU work waits
+        if not shown:
+            return False
+        entries = _host(args).checkpoint_entries()
+        return any(pid in entries for pid in shown)
+
     try:
-        return ExitStatus(run_server(config, start_workers=start))
+        return ExitStatus(run_server(config, start_workers=start, memory=memory,
+                                     gpu_locked=gpu_locked if root else None))
     finally:
         # like a real server's shutdown: its ranks go with it (a SIGKILLed
         # launcher cannot do this, which is how orphaned workers happen). They are

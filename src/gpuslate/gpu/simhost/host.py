@@ -457,6 +457,21 @@ class SimHost:
         self.wait_running(os.getpid())
         return [fd for _, fd in self._allocate(held, kind, identity(os.getpid()), ipc)]
 
+    def allocate_named(self, held: Sequence[tuple[int, int]], *, kind: str = "compute",
+                       ipc: bool = False) -> list[tuple[str, int]]:
+        """:meth:`allocate`, returning each record's (name, fd): what :meth:`free` takes back, for a
+        holder that lets part of its memory go while it lives (an engine's sleep)."""
+        self.wait_running(os.getpid())
+        return self._allocate(held, kind, identity(os.getpid()), ipc)
+
+    def free(self, held: Sequence[tuple[str, int]]) -> None:
+        """Let records of this process go now, as ``cuMemRelease`` does while the process lives: the
+        record leaves the folder before its fd closes, so no reader sees it being torn down."""
+        with self.alloc_dir() as alloc:
+            for name, fd in held:
+                _unlink_quietly(alloc, name)
+                os.close(fd)
+
     def _allocate(self, held: Sequence[tuple[int, int]], kind: str,
                   claim_of: ProcessId | None, ipc: bool = False) -> list[tuple[str, int]]:
         """:meth:`allocate`, returning each record's (name, fd); ``claim_of`` is what the
