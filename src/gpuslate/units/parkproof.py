@@ -85,10 +85,10 @@ def prove_parked(before: Sequence[GpuReading], after: Sequence[GpuReading], pids
     baseline = baseline or {}
     problems: list[str] = []
     held_before: dict[tuple[int, int], int | None] = {}
-    for r in before:
-        for p in r.processes or []:
+    for b in before:
+        for p in b.processes or []:
             if p.pid in unit and p.kind != "handle":
-                held_before[(p.pid, r.index)] = (held_before.get((p.pid, r.index)) or 0) + (p.used_memory or 0)
+                held_before[(p.pid, b.index)] = (held_before.get((p.pid, b.index)) or 0) + (p.used_memory or 0)
     wanted = set(gpus) | {g for _, g in held_before}
     readings = {r.index: r for r in after}
     procs: list[ProcessFigure] = []
