@@ -112,7 +112,7 @@ class Parking:
         """The simulator's own view, in ``/get_server_info`` (no engine reports this: for tests)."""
         s = self.state
         return {"sleeping": s.is_sleeping, "released": sorted(s.released), "offloaded": s.offloaded,
-                "weights": s.weights.value, "level": s.level}
+                "weights": s.weights.value, "level": s.level, "gpu_locked": self.sim.scheduler.gpu_locked}
 
     def text_seed(self) -> int:
         return self.state.text_seed()

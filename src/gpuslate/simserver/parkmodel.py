@@ -123,6 +123,7 @@ def vllm_sleep(state: ParkState, level: int, *, frees: bool, leak: bool) -> Memo
         return MemoryPlan()
     release = ("weights",) if leak else VLLM_TAGS
     state.released |= set(release)
+    state.offloaded = level == 1
     return MemoryPlan(release=release, offload=level == 1)
 
 

@@ -155,6 +155,10 @@ class BatchScheduler:
         self._admit_paused = self._frozen = False
         self._wake.set()
 
+    @property
+    def gpu_locked(self) -> bool:
+        return self._gpu_locked
+
     def set_gpu_locked(self, locked: bool) -> None:
         """The driver holds a worker locked (or checkpointed): its GPU work waits, so does every step."""
         if locked != self._gpu_locked:
