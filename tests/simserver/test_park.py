@@ -8,6 +8,7 @@ hold simulated memory that ``status``'s backend reads.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -118,10 +119,24 @@ def used(host: SimHost) -> list[int]:
     return [r.memory.used for r in SimBackend(host.root).read(None, full=False)]
 
 
-def in_flight(s: Served, body: dict[str, Any]) -> tuple[threading.Thread, list[Any]]:
+def in_background(s: Served, path: str, body: Any) -> tuple[threading.Thread, list[Any]]:
+    """Send a request from a thread; ``out`` gets its (status, document), or the error of a server that
+    went away under it."""
     out: list[Any] = []
-    t = threading.Thread(target=lambda: out.append(s.call("POST", "/v1/completions", body, timeout=60)), daemon=True)
+
+    def send() -> None:
+        try:
+            out.append(s.call("POST", path, body, timeout=60))
+        except (OSError, http.client.HTTPException) as exc:  # the connection dropped: the server died
+            out.append(exc)
+
+    t = threading.Thread(target=send, daemon=True)
     t.start()
+    return t, out
+
+
+def in_flight(s: Served, body: dict[str, Any]) -> tuple[threading.Thread, list[Any]]:
+    t, out = in_background(s, "/v1/completions", body)
     wait_for(lambda: s.info()["counters"]["requests_submitted"] >= 2)  # the one sent (and the reference)
     return t, out
 
@@ -236,8 +251,10 @@ def test_sglang_dies_on_its_assertion_and_its_key_error(host: SimHost, serve, ca
         path, want = "/release_memory_occupation", "AssertionError: release_memory_occupation should be called only"
     else:
         path, want = "/resume_memory_occupation", "KeyError: 'kv_cache'"
-    threading.Thread(target=lambda: s.call("POST", path, {}), daemon=True).start()
+    t, out = in_background(s, path, {})
     assert s.proc.wait(30) == 1
+    t.join(30)
+    assert isinstance(out[0], (OSError, http.client.HTTPException)), out  # no answer: the server died under it
     assert any(want in line for line in s.log), s.log
     wait_for(lambda: used(host) == [0, 0])
 
