@@ -272,10 +272,14 @@ def run_serve(args: argparse.Namespace) -> int:
 
         return WorkerControls(started)
 
+    seen: list = []  # the host, opened once for the look every LOCK_POLL_SECONDS
+
     def gpu_locked() -> bool:  # the driver holds a worker locked or checkpointed: its GPU work waits
         if not shown:
             return False
-        entries = _host(args).checkpoint_entries()
+        if not seen:
+            seen.append(_host(args))
+        entries = seen[0].checkpoint_entries()
         return any(pid in entries for pid in shown)
 
     try:
