@@ -299,7 +299,7 @@ def test_a_driver_checkpoint_of_a_one_worker_server(host: SimHost, serve) -> Non
     (worker,) = s.info()["worker_pids"]
     be = SimBackend(host.root)
     be.checkpoint_lock(worker)
-    wait_for(lambda: s.info()["park"]["gpu_locked"])  # the server sees it (it looks every 20 ms)
+    wait_for(lambda: s.info()["park"]["gpu_locked"])  # the server sees it (it looks every 50 ms)
     t, out = in_flight(s, PROMPT)  # its GPU work waits for the unlock
     assert s.info()["counters"]["requests_finished"] == 1 and not out
     be.checkpoint(worker)

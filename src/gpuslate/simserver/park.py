@@ -15,8 +15,8 @@ import asyncio
 import copy
 import json
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -32,12 +32,28 @@ from .parkmodel import (
     vllm_sleep,
     vllm_wake,
 )
+from .scheduler import BatchScheduler
+from .serverconfig import ServerConfig
 
-if TYPE_CHECKING:
-    from .server import SimServer
 
-#: how often the server looks whether the driver holds a worker locked
-LOCK_POLL_SECONDS = 0.02
+class Server(Protocol):
+    """What parking needs of the server (``server.SimServer``; a Protocol: the server imports this module)."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def scheduler(self) -> BatchScheduler: ...
+
+    @property
+    def worker_pids(self) -> list[int]: ...
+
+    def log(self, message: str) -> None: ...
+
+    def crash(self, lines: Sequence[str]) -> None: ...
+
+#: how often the server looks whether the driver holds a worker locked (a listing of DIR/ckpt: cheap)
+LOCK_POLL_SECONDS = 0.05
 #: with early-return, the memory goes this long after the answer (time-scaled)
 EARLY_RETURN_SECONDS = 1.0
 _MIXIN = "sglang/srt/managers/scheduler_update_weights_mixin.py"
@@ -52,7 +68,7 @@ class Memory(Protocol):
 class Parking:
     """One server's park endpoints and state (module docstring)."""
 
-    def __init__(self, sim: SimServer, memory: Memory | None, gpu_locked: Callable[[], bool] | None) -> None:
+    def __init__(self, sim: Server, memory: Memory | None, gpu_locked: Callable[[], bool] | None) -> None:
         self.sim = sim
         self.config = c = sim.config
         self.memory = memory
@@ -310,7 +326,7 @@ class Parking:
     async def _watch_lock(self) -> None:
         assert self.gpu_locked is not None
         while True:
-            self.sim.scheduler.set_gpu_locked(await asyncio.to_thread(self.gpu_locked))
+            self.sim.scheduler.set_gpu_locked(self.gpu_locked())
             await asyncio.sleep(LOCK_POLL_SECONDS)
 
 
