@@ -61,6 +61,23 @@ class GpuQueryError(GpuslateError):
     code = "gpu_query"
 
 
+class CheckpointError(GpuQueryError):
+    """The driver refused a checkpoint operation on a process (``cuCheckpointProcess*``).
+
+    ``driver_code`` is the driver's error name (``CUDA_ERROR_ILLEGAL_STATE``: the process is not
+    in the state the call needs; ``CUDA_ERROR_NOT_SUPPORTED``: IPC or UVM memory, or a driver
+    without the API; ``CUDA_ERROR_NOT_PERMITTED``; ``CUDA_ERROR_OUT_OF_MEMORY``: no room to restore,
+    or no host memory to checkpoint into; ``CUDA_ERROR_TIMEOUT``: a lock that timed out), so a
+    caller decides on the name, never on the wording. ``pid`` is the process asked about."""
+
+    code = "checkpoint"
+
+    def __init__(self, message: str, *, driver_code: str, pid: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.driver_code = driver_code
+        self.pid = pid
+
+
 class NotDoneError(GpuslateError):
     """A wait or a verification did not succeed within its timeout."""
 

@@ -9,6 +9,8 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
+- ``park``: cuda-core and cuda-bindings, NVIDIA's binding of the driver's checkpoint API, for parking
+  a server on a real host by the driver's checkpoint (:mod:`gpuslate.gpu.checkpoint`);
 - ``all``: every extra.
 
 A command checks for its extras before it starts anything (:func:`require`),
@@ -36,6 +38,7 @@ class Extra(Enum):
     PLOTS = "plots"
     EXPORTER = "exporter"
     TOKENIZERS = "tokenizers"
+    PARK = "park"
 
 
 #: the top-level modules each extra provides (keep in step with pyproject.toml)
@@ -44,6 +47,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.PLOTS: ("matplotlib",),
     Extra.EXPORTER: ("prometheus_client",),
     Extra.TOKENIZERS: ("tokenizers",),
+    Extra.PARK: ("cuda.core", "cuda.bindings"),
 }
 
 

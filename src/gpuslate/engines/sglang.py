@@ -246,7 +246,8 @@ class SGLang:
             "speculative_num_draft_tokens": int_arg(s, "--speculative-num-draft-tokens", None),
             "speculative_adaptive": False, "speculative_adaptive_config": s.value("--speculative-adaptive-config"),
             "enable_dp_attention": s.has("--enable-dp-attention"), "model_path": s.value("--model-path"),
-            "enable_memory_saver": s.has("--enable-memory-saver")}
+            "enable_memory_saver": s.has("--enable-memory-saver"),
+            "enable_weights_cpu_backup": s.has("--enable-weights-cpu-backup")}
         plain = Emulated(port or 30000, model, s.value("--host"), s.value("--api-key"), running, info=info)
         if algorithm is None:
             return plain

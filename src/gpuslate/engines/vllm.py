@@ -72,8 +72,8 @@ OPTIONS = OptionTable(
             ("--data-parallel-rpc-port",), ("--data-parallel-backend",), ("--max-num-seqs",),
             ("--max-num-batched-tokens",), ("--max-model-len",), ("--config",), ("--tensor-parallel-size",),
             ("--pipeline-parallel-size",), *((flag,) for flag in OLD_FLAGS)),
-    flags=(("--enable-sleep-mode",), ("--data-parallel-hybrid-lb",), ("--data-parallel-external-lb",),
-           ("--headless",)),
+    flags=(("--enable-sleep-mode",), ("--enforce-eager",), ("--data-parallel-hybrid-lb",),
+           ("--data-parallel-external-lb",), ("--headless",)),
     short=(("-dp", "--data-parallel-size"), ("-dpl", "--data-parallel-size-local"),
            ("-tp", "--tensor-parallel-size"), ("-pp", "--pipeline-parallel-size")),
     underscores=True, dotted=True)
@@ -262,7 +262,10 @@ class VLLM:
         model = s.value("--served-model-name") or tag or s.value("--model") or "sim-model"
         dp = int_arg(s, "--data-parallel-size", 1) or 1
         plain = Emulated(port, model, s.value("--host"), s.value("--api-key"), running,
-                         info={"data_parallel_size": dp})
+                         info={"data_parallel_size": dp,
+                               # the park endpoints (simserver/park.py) and CUDA graphs (none when eager)
+                               "enable_sleep_mode": s.has("--enable-sleep-mode"),
+                               "enforce_eager": s.has("--enforce-eager")})
         raw = s.value("--speculative-config")
         if raw is None:
             return plain

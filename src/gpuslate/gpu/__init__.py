@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
-from .types import GpuBackend, GpuProcess, GpuReading, MemoryInfo
+from .types import CheckpointState, GpuBackend, GpuProcess, GpuReading, HostMemory, MemoryInfo
 
-__all__ = ["SIM_VAR", "GpuBackend", "GpuProcess", "GpuReading", "MemoryInfo", "open_backend", "sim_root_from_env"]
+__all__ = ["SIM_VAR", "CheckpointState", "GpuBackend", "GpuProcess", "GpuReading", "HostMemory", "MemoryInfo",
+           "open_backend", "sim_root_from_env"]
 
 #: the environment variable that names a simulated host (the CLI's --sim sets it for what it starts)
 SIM_VAR = "GPUSLATE_SIM"

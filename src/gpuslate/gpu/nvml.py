@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import BackendUnavailable, GpuQueryError, PermissionDenied
+from ..proc.procfs import read_meminfo
 from .libnvml import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
@@ -25,7 +26,7 @@ from .libnvml import (
     Nvml,
     NvmlError,
 )
-from .types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
+from .types import CheckpointState, GpuProcess, GpuReading, HostMemory, MemoryApi, MemoryInfo
 
 # PIDs that some drivers report for contexts they cannot attribute
 _INVALID_PIDS = frozenset({0, 4294967295})
@@ -158,6 +159,7 @@ class NvmlBackend:
         self._missing: set[str] = set()
         self._memory_api: MemoryApi | None = None
         self._prefetched: list[GpuReading] | None = None
+        self._ckpt: Any = None  # the checkpoint API's choke point, made on first use
 
     def prefetch(self) -> None:
         """Take the full reading of every GPU now; the next full read of all or
@@ -361,6 +363,35 @@ class NvmlBackend:
                 self._missing.add(key)
                 last = exc
         raise last if last is not None else NvmlError(ERROR_FUNCTION_NOT_FOUND, method)
+
+    def host_memory(self) -> HostMemory | None:
+        info = read_meminfo()
+        return HostMemory(*info) if info is not None else None
+
+    # the driver's checkpoint API is not NVML's: it goes through its own choke point, gpu/checkpoint.py
+    # (cuda-core, the park extra), made on first use so that no other command imports it
+    def _checkpoint_api(self) -> Any:
+        if self._ckpt is None:
+            from .checkpoint import CudaCheckpoint  # lazy: startup (only a park imports it)
+
+            self._ckpt = CudaCheckpoint()
+        return self._ckpt
+
+    def checkpoint_state(self, pid: int) -> CheckpointState:
+        state: CheckpointState = self._checkpoint_api().state(pid)
+        return state
+
+    def checkpoint_lock(self, pid: int, *, timeout_ms: int = 0) -> None:
+        self._checkpoint_api().lock(pid, timeout_ms)
+
+    def checkpoint(self, pid: int) -> None:
+        self._checkpoint_api().checkpoint(pid)
+
+    def checkpoint_restore(self, pid: int) -> None:
+        self._checkpoint_api().restore(pid)
+
+    def checkpoint_unlock(self, pid: int) -> None:
+        self._checkpoint_api().unlock(pid)
 
     def close(self) -> None:
         try:

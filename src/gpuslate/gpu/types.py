@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import Any, Literal, NamedTuple, Protocol
 
 #: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
@@ -81,6 +82,32 @@ def memory_from_json(d: dict[str, Any]) -> GpuReading:
                       d["error"])
 
 
+class CheckpointState(Enum):
+    """A process's state under the driver's checkpoint API (``CUprocessState``; cuda-core's
+    ``Process.state`` names them so). The driver's rules, which every backend follows:
+    ``lock`` needs RUNNING and leaves LOCKED (further CUDA calls of the process block);
+    ``checkpoint`` needs LOCKED and leaves CHECKPOINTED (its device memory copied into host
+    memory, its GPU allocations and handles released: the driver no longer lists it on any GPU);
+    ``restore`` needs CHECKPOINTED and leaves LOCKED (memory back at the same addresses, on the
+    same GPUs); ``unlock`` needs LOCKED and leaves RUNNING. Any other call is refused
+    (``CUDA_ERROR_ILLEGAL_STATE``). FAILED: an error the driver could not undo (IPC or UVM memory
+    met while checkpointing): the process can no longer use CUDA; only its end frees what it held."""
+
+    RUNNING = "running"
+    LOCKED = "locked"
+    CHECKPOINTED = "checkpointed"
+    FAILED = "failed"
+
+
+class HostMemory(NamedTuple):
+    """Bytes of host memory (``/proc/meminfo``'s MemTotal and MemAvailable; on a simulated host,
+    its own): what a park that offloads (an engine's level-1 sleep, the driver's checkpoint)
+    moves there must fit in ``available``."""
+
+    total: int
+    available: int
+
+
 class GpuBackend(Protocol):
     """What every GPU backend provides (NVML on real hosts, ``sim`` on simulated ones)."""
 
@@ -105,5 +132,25 @@ class GpuBackend(Protocol):
     def gpu_for_path(self, path: str) -> int | None:
         """GPU index of a device file path, ``None`` for control devices (ctl, uvm...)."""
         ...
+
+    def host_memory(self) -> HostMemory | None:
+        """The host's memory now; None when it cannot be read (never taken for plenty)."""
+        ...
+
+    # -- the driver's checkpoint API (see CheckpointState for its rules). ``pid`` is a process
+    # (a thread-group id): the driver acts on the process of any thread id it is given, so callers
+    # pass only identities they have checked. Refusals raise CheckpointError with the driver's code.
+    def checkpoint_state(self, pid: int) -> CheckpointState: ...
+
+    def checkpoint_lock(self, pid: int, *, timeout_ms: int = 0) -> None:
+        """``timeout_ms`` 0: wait as long as the process's submitted work takes; else give up after
+        it (CUDA_ERROR_TIMEOUT), the process left RUNNING."""
+        ...
+
+    def checkpoint(self, pid: int) -> None: ...
+
+    def checkpoint_restore(self, pid: int) -> None: ...
+
+    def checkpoint_unlock(self, pid: int) -> None: ...
 
     def close(self) -> None: ...

@@ -437,6 +437,23 @@ def read_info(pid: int) -> ProcessInfo | None:
     )
 
 
+def read_meminfo() -> tuple[int, int] | None:
+    """``(MemTotal, MemAvailable)`` of ``/proc/meminfo`` in bytes, or None when either cannot be
+    read: the one reader of the host's memory (a park's host-memory guard, a swap's prefetch)."""
+    found: dict[str, int] = {}
+    try:
+        with open(f"{PROC}/meminfo", "rb") as f:
+            for line in f.read(1 << 16).decode("ascii", "replace").splitlines():
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    found[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(found) != 2:
+        return None
+    return found["MemTotal"], found["MemAvailable"]
+
+
 def list_pids() -> list[int]:
     return [int(n) for n in os.listdir(PROC) if n.isdigit()]
 

@@ -55,13 +55,30 @@ def count_prompt_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
-def filler_text(start: int, count: int) -> str:
-    """Text of generated tokens ``start .. start+count-1``: one word per token."""
+def filler_text(start: int, count: int, seed: int = 0) -> str:
+    """Text of generated tokens ``start .. start+count-1``: one word per token, the same for the
+    same request every time (greedy decoding of a fixed model). ``seed`` is the state of the
+    weights (simserver/parkmodel.py): 0, the model's own words; -1, weights that are zeros (the
+    same word at every position, as an argmax over zero logits); any other, weights that are
+    garbage: other words, drawn from the same vocabulary (so token counts hold)."""
     words = []
     for i in range(start, start + count):
-        word = _FILLER[i % len(_FILLER)]
+        if seed == 0:
+            word = _FILLER[i % len(_FILLER)]
+        elif seed == -1:
+            word = _FILLER[0]
+        else:
+            word = _FILLER[_mix(seed, i) % len(_FILLER)]
         words.append(word if i == 0 else " " + word)
     return "".join(words)
+
+
+def _mix(seed: int, i: int) -> int:
+    """splitmix64 of (seed, position): a cheap, well-spread word choice per position."""
+    z = (seed * 0x9E3779B97F4A7C15 + i * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
 
 
 def error_body(message: str, *, type_: str = "invalid_request_error",

@@ -49,6 +49,7 @@ class SimRequest:
     generated: int = 0
     pending: int = 0  # tokens generated and not yet handed to the request (see BatchScheduler._flush)
     cancelled: bool = False
+    aborted: bool = False  # ended by the engine (a vLLM sleep in mode abort): finish_reason "abort"
     # Token counts per step, then None when finished (or on shutdown).
     events: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     stopped: bool = False
@@ -116,6 +117,13 @@ class BatchScheduler:
         self._pending_since = 0.0  # loop time of the oldest tokens not yet handed out
         self._wake = asyncio.Event()
         self._closed = False
+        # a park: no new request admitted (vLLM's PAUSED_NEW), or no step at all (PAUSED_ALL, and while
+        # the driver has a worker locked); _idle is set whenever no request is running
+        self._admit_paused = False
+        self._frozen = False
+        self._gpu_locked = False
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def running(self) -> int:
@@ -134,6 +142,52 @@ class BatchScheduler:
         self._wake.set()
         return req
 
+    @property
+    def busy(self) -> int:
+        """Requests running or waiting: what SGLang's release asserts is 0."""
+        return len(self._running) + len(self._waiting)
+
+    def pause(self, *, freeze: bool) -> None:
+        """Admit nothing new (running requests go on), or with ``freeze`` run no step at all."""
+        self._admit_paused = True
+        self._frozen = self._frozen or freeze
+        self._wake.set()
+
+    def unpause(self) -> None:
+        self._admit_paused = self._frozen = False
+        self._wake.set()
+
+    @property
+    def gpu_locked(self) -> bool:
+        return self._gpu_locked
+
+    def set_gpu_locked(self, locked: bool) -> None:
+        """The driver holds a worker locked (or checkpointed): its GPU work waits, so does every step."""
+        if locked != self._gpu_locked:
+            self._gpu_locked = locked
+            self._wake.set()
+
+    async def drained(self) -> None:
+        """Return once no request is running (waiting ones may stay: vLLM's sleep in mode wait)."""
+        await self._idle.wait()
+
+    def abort_all(self) -> int:
+        """End every request running or waiting, as aborted (its tokens so far kept); how many."""
+        ended = [*self._running, *self._waiting]
+        for req in ended:
+            if not req.cancelled:
+                req.aborted = True
+                self.counters.requests_aborted += 1
+                if req.pending:
+                    req.events.put_nowait(req.pending)
+                    req.pending = 0
+                req.events.put_nowait(None)
+        self._running.clear()
+        self._waiting.clear()
+        self._pending.clear()
+        self._idle.set()
+        return len(ended)
+
     def cancel(self, req: SimRequest) -> None:
         """Drop a request whose client went away; it still counts in its current step."""
         if req.cancelled or req.finished:
@@ -150,12 +204,18 @@ class BatchScheduler:
         clock: float | None = None  # modelled end of the previous step, None when idle
         try:
             while True:
-                if not self._running and not self._waiting:
+                if not self._running:
+                    self._idle.set()
+                if (self._frozen or self._gpu_locked
+                        or (not self._running and (not self._waiting or self._admit_paused))):
                     clock = None  # an idle gap must not be "caught up" afterwards
+                    self._flush()
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                prompt_tokens = self._admit()
+                prompt_tokens = 0 if self._admit_paused else self._admit()
+                if self._running:
+                    self._idle.clear()
                 batch = len(self._running)
                 kind = step_kind(self.mode, batch, self.spec_disable_threshold)
                 model_seconds = step_seconds(kind, batch, self.params)

@@ -38,6 +38,7 @@ from .openai_api import (
     parse_request,
     requested_model,
 )
+from .park import Memory, Parking
 from .scheduler import BatchScheduler, SchedulerStopped, SimRequest
 
 # Re-exported: the CLI wires `sim serve` through this module.
@@ -65,7 +66,8 @@ class SimServer:
     """State and HTTP handlers of one simulated server."""
 
     def __init__(self, config: ServerConfig, *, worker_pids: Sequence[int] = (),
-                 log: Log | None = None) -> None:
+                 log: Log | None = None, memory: Memory | None = None,
+                 gpu_locked: Callable[[], bool] | None = None) -> None:
         self.config = config
         self.worker_pids = list(worker_pids)
         self._log_line = log or _stderr_log
@@ -78,6 +80,16 @@ class SimServer:
         self.startup_done = asyncio.Event()
         self.url = ""
         self._tasks: list[asyncio.Task[None]] = []
+        self.crashed = asyncio.Event()  # the engine died (a fault the simulator plays): the server exits 1
+        self.parking = Parking(self, memory, gpu_locked)
+
+    def crash(self, lines: Sequence[str]) -> None:
+        """Die as an engine whose GPU work faulted: the lines logged, the server gone (exit 1)."""
+        for line in lines:
+            self._log_line(line)
+        self.log("ERROR the engine died; exiting with code 1")
+        self.status = "failed"
+        self.crashed.set()
 
     def log(self, message: str) -> None:
         self._log_line(f"{LOG_PREFIX} {message}")
@@ -87,9 +99,11 @@ class SimServer:
     async def _on_startup(self, app: web.Application) -> None:
         self.started_at = time.time()
         self._tasks = [asyncio.create_task(self.scheduler.run()), asyncio.create_task(self._load())]
+        self.parking.start()
 
     async def _on_shutdown(self, app: web.Application) -> None:
         # Before aiohttp waits for open handlers: stopping the scheduler wakes them.
+        await self.parking.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -146,6 +160,8 @@ class SimServer:
     async def health_generate(self, request: web.Request) -> web.Response:
         if (resp := self._not_ready()) is not None:
             return resp
+        if (resp := self._faulted()) is not None:
+            return resp
         req = self.scheduler.submit(prompt_tokens=1, max_tokens=1)
 
         async def drain() -> None:
@@ -159,6 +175,14 @@ class SimServer:
         finally:
             self.scheduler.cancel(req)
         return web.Response(status=200)
+
+    def _faulted(self) -> web.Response | None:
+        """A generation that would fault on the GPU now (parking.generate_fault): the engine dies."""
+        fault = self.parking.generate_fault()
+        if fault is None:
+            return None
+        self.crash([fault])
+        return web.json_response(error_body(fault, type_="server_error", code=500), status=500)
 
     def _model_card(self) -> dict[str, Any]:
         c = self.config
@@ -206,7 +230,7 @@ class SimServer:
             "eos_after_tokens": c.eos_after_tokens, "startup_seconds": c.startup_seconds,
             "perf": c.perf.as_dict(), "pid": os.getpid(), "worker_pids": self.worker_pids,
             "started_at": self.started_at, "ready_at": self.ready_at,
-            "counters": counters, "internal_states": [internal],
+            "counters": counters, "internal_states": [internal], "park": self.parking.info(),
             "model_path": c.model,
             "speculative_algorithm": "EAGLE3" if c.mode == "speculative" else None,
             **emulated,  # the emulated engine's own facts (SGLang's server args) win
@@ -237,6 +261,8 @@ class SimServer:
                                  eos_after_tokens=self.config.eos_after_tokens)
         except BadRequest as exc:
             return web.json_response(error_body(exc.message, param=exc.param, code=400), status=400)
+        if (resp := self._faulted()) is not None:
+            return resp
         try:
             req = self.scheduler.submit(spec.prompt_tokens, spec.tokens)
         except SchedulerStopped:
@@ -252,12 +278,12 @@ class SimServer:
                     pass
             except SchedulerStopped:
                 return self._shutting_down()
-            text = filler_text(0, req.generated)
+            text = filler_text(0, req.generated, self.parking.text_seed())
+            finish = "abort" if req.aborted else spec.finish_reason
             if kind == "generate":
-                return web.json_response(builder.native(text, spec.prompt_tokens, req.generated,
-                                                        spec.finish_reason))
+                return web.json_response(builder.native(text, spec.prompt_tokens, req.generated, finish))
             usage = builder.usage(spec.prompt_tokens, req.generated)
-            return web.json_response(builder.full(text, spec.finish_reason, usage))
+            return web.json_response(builder.full(text, finish, usage))
         finally:
             self.scheduler.cancel(req)
 
@@ -288,22 +314,24 @@ class SimServer:
         sent = 0
         try:
             while (n := await req.next_tokens()) is not None:
+                seed = self.parking.text_seed()
                 if builder.kind == "generate":
                     # SGLang streams the text so far; the last token chunk says why it ended.
                     done = spec.finish_reason if sent + n >= req.max_tokens else None
-                    await send(builder.native(filler_text(0, sent + n), spec.prompt_tokens,
+                    await send(builder.native(filler_text(0, sent + n, seed), spec.prompt_tokens,
                                               sent + n, done))
                 else:
                     so_far = builder.usage(spec.prompt_tokens, sent + n) \
                         if usage_field and spec.continuous_usage else None
-                    await send(builder.chunk(text=filler_text(sent, n), with_usage_field=usage_field,
+                    await send(builder.chunk(text=filler_text(sent, n, seed), with_usage_field=usage_field,
                                              usage=so_far))
                 sent += n
         except SchedulerStopped:
             await send(error_body("the server is shutting down", type_="service_unavailable", code=503))
             return
         if builder.kind != "generate":
-            await send(builder.chunk(finish_reason=spec.finish_reason, with_usage_field=usage_field))
+            await send(builder.chunk(finish_reason="abort" if req.aborted else spec.finish_reason,
+                                     with_usage_field=usage_field))
         if usage_field:
             await send(builder.usage_chunk(builder.usage(spec.prompt_tokens, sent)))
         await send("[DONE]")
@@ -351,10 +379,12 @@ async def _openai_errors(request: web.Request, handler: Callable[[web.Request], 
 
 
 def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
-               log: Log | None = None) -> web.Application:
-    """The aiohttp application; its startup hook starts the scheduler and the load."""
+               log: Log | None = None, memory: Memory | None = None,
+               gpu_locked: Callable[[], bool] | None = None) -> web.Application:
+    """The aiohttp application; its startup hook starts the scheduler and the load. ``memory``: the
+    workers' memory a park moves; ``gpu_locked``: whether the driver holds a worker locked now."""
     config.validate()
-    sim = SimServer(config, worker_pids=worker_pids, log=log)
+    sim = SimServer(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_openai_errors, _api_key])
     app[SIM_KEY] = sim
     app.on_startup.append(sim._on_startup)
@@ -371,6 +401,7 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/chat/completions", sim.chat_completions)
     app.router.add_post("/generate", sim.native_generate)
+    sim.parking.routes(app)
     return app
 
 
@@ -383,9 +414,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 @asynccontextmanager
 async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log: Log | None = None,
-                  sock: socket.socket | None = None) -> AsyncIterator[SimServer]:
+                  sock: socket.socket | None = None, memory: Memory | None = None,
+                  gpu_locked: Callable[[], bool] | None = None) -> AsyncIterator[SimServer]:
     """Serve ``config`` on ``sock`` (bound from the config if None) until the block exits."""
-    app = create_app(config, worker_pids=worker_pids, log=log)
+    app = create_app(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked)
     sim = app[SIM_KEY]
     sock = sock or bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
@@ -402,7 +434,8 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
         sock.close()
 
 
-async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
+async def _serve(config: ServerConfig, worker_pids: list[int], memory: Memory | None = None,
+                 gpu_locked: Callable[[], bool] | None = None) -> int:
     log = _stderr_log
     try:
         sock = bind_socket(config.host, config.port)
@@ -426,25 +459,35 @@ async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
         + (f" emulating {config.emulate} {config.engine_version or ''}".rstrip() if config.emulate else ""))
     for warning in config.engine_warnings:  # what the emulated engine logs about its arguments
         log(f"{LOG_PREFIX} WARNING {warning}")
-    async with serving(config, worker_pids=worker_pids, log=log, sock=sock) as sim:
+    async with serving(config, worker_pids=worker_pids, log=log, sock=sock, memory=memory,
+                       gpu_locked=gpu_locked) as sim:
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(sim.startup_done.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         if sim.status == "failed" and not stop.is_set():
             waiters[0].cancel()
             return 1
-        await stop.wait()
+        crashed = asyncio.create_task(sim.crashed.wait())
+        await asyncio.wait([waiters[0], crashed], return_when=asyncio.FIRST_COMPLETED)
         waiters[1].cancel()
+        if sim.crashed.is_set():
+            waiters[0].cancel()
+            return 1
+        crashed.cancel()
         sim.log(f"received {stopped_by[0].name if stopped_by else 'shutdown signal'}, stopping")
     log(f"{LOG_PREFIX} server stopped")
     # Ctrl-C: 130, as every gpuslate command interrupted; SIGTERM (a service manager, gpuslate down): 0
     return 130 if stopped_by[:1] == [signal.SIGINT] else 0
 
 
-def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None) -> int:
-    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails or the port is taken."""
+def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None,
+               memory: Callable[[], Memory | None] | None = None,
+               gpu_locked: Callable[[], bool] | None = None) -> int:
+    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails, the port is taken, or the
+    emulated engine dies (a fault it plays). ``memory``: called once the workers run, the memory a park
+    moves (docs/sim-server.md, Parking); ``gpu_locked``: whether the driver holds a worker locked."""
     config.validate()
     worker_pids = list(start_workers()) if start_workers is not None else []
     try:
-        return asyncio.run(_serve(config, worker_pids))
+        return asyncio.run(_serve(config, worker_pids, memory() if memory is not None else None, gpu_locked))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .engineargs import EMULATED, settings
+from .parkmodel import MISBEHAVIOURS
 from .perfmodel import MODES, PerfParams
 
 
@@ -44,6 +45,13 @@ class ServerConfig:
     patched_flag: str | None = None  # with --emulate: the engine is patched to take this flag (speculate while <= T)
     engine_info: dict[str, Any] = field(default_factory=dict)
     engine_warnings: tuple[str, ...] = ()
+    # parking (--emulate vllm with --enable-sleep-mode, --emulate sglang with --enable-memory-saver; park.py):
+    # how long the engine takes to let its memory go, to take it back, to reload its weights (None: the
+    # weight-loading share of the startup, half of it), and the misbehaviours switched on
+    sleep_seconds: float = 0.5
+    wake_seconds: float = 0.5
+    reload_seconds: float | None = None
+    misbehave: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raise ValueError with a one-line message on the first bad value."""
@@ -76,6 +84,15 @@ class ServerConfig:
             raise ValueError(f"startup seconds must be >= 0, got {self.startup_seconds}")
         if not math.isfinite(self.time_scale) or self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale}")
+        for name in ("sleep_seconds", "wake_seconds", "reload_seconds"):
+            v = getattr(self, name)
+            if v is not None and (not math.isfinite(v) or v < 0):
+                raise ValueError(f"{name.replace('_', ' ')} must be >= 0, got {v}")
+        bad = [m for m in self.misbehave if m not in MISBEHAVIOURS]
+        if bad:
+            raise ValueError(f"--misbehave must be one of {', '.join(MISBEHAVIOURS)}, got {bad[0]!r}")
+        if self.misbehave and self.emulate is None:
+            raise ValueError("--misbehave plays an engine's park endpoints: it needs --emulate vllm|sglang")
         for name, minimum in (("max_running_requests", 1), ("context_length", 2),
                               ("eos_after_tokens", 1), ("max_body_bytes", 1024)):
             if getattr(self, name) < minimum:
@@ -129,6 +146,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, attr, text in _PERF_FLAGS:
         parser.add_argument(flag, type=float, metavar="TOKENS" if attr == "accept_length" else "MS",
                             help=f"{text} (default: {getattr(d.perf, attr)})")
+    parser.add_argument("--sleep-seconds", type=float, metavar="SECONDS",
+                        help=f"time the emulated engine takes to park (a vLLM sleep, an SGLang release; default "
+                        f"{d.sleep_seconds})")
+    parser.add_argument("--wake-seconds", type=float, metavar="SECONDS",
+                        help=f"time it takes to take its memory back (a wake, a resume; default {d.wake_seconds})")
+    parser.add_argument("--reload-seconds", type=float, metavar="SECONDS",
+                        help="time a weight reload takes (vLLM's reload_weights, SGLang's update_weights_from_disk; "
+                        "default: half of --startup-seconds, the loading share)")
+    parser.add_argument("--misbehave", action="append", choices=MISBEHAVIOURS, metavar="NAME",
+                        help="switch on a misbehaviour of the emulated engine's park endpoints (repeatable): "
+                        f"{', '.join(MISBEHAVIOURS)}; see docs/sim-server.md")
     parser.add_argument("--emulate", choices=EMULATED,
                         help="take an engine's own arguments, after '--', read by that engine's rules (its "
                         "--port, model, speculative settings); see docs/sim-server.md")
@@ -151,6 +179,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build and validate a :class:`ServerConfig`; ValueError on a bad value."""
     given = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
              if f.name not in ("perf", "engine_info", "engine_warnings") and getattr(args, f.name, None) is not None}
+    if "misbehave" in given:
+        given["misbehave"] = tuple(dict.fromkeys(given["misbehave"]))
     perf = {attr: getattr(args, attr) for _, attr, _ in _PERF_FLAGS
             if getattr(args, attr, None) is not None}
     engine_args = list(getattr(args, "engine_args", None) or [])

@@ -29,6 +29,7 @@ from typing import Any
 
 from .._parse import format_size
 from .._time import iso_time, parse_iso_time
+from ..proc.procfs import read_meminfo
 
 #: options whose value names the model (SGLang, vLLM, TGI, llama.cpp-style servers)
 MODEL_OPTIONS = ("--model-path", "--model", "--model-dir", "--model-id", "--weights")
@@ -154,14 +155,8 @@ def _files_of(paths: Iterable[str]) -> list[tuple[str, int]]:
 
 def mem_available() -> int | None:
     """``MemAvailable`` of /proc/meminfo in bytes: what can be cached without swapping."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    info = read_meminfo()
+    return info[1] if info is not None else None
 
 
 def decide(paths: list[str], files: list[tuple[str, int]], available: int | None) -> PrefetchPlan:

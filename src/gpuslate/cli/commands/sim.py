@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", metavar="NAME", help="GPU model name")
     init.add_argument("--release-delay", type=nonnegative_float, default=0.2, metavar="SECONDS",
                       help="time the simulated driver takes to release a dead holder's memory (default 0.2)")
+    init.add_argument("--host-memory", type=size, default="2TiB", metavar="SIZE",
+                      help="the host's memory, where a sleeping engine's weights and the driver's checkpoints go "
+                      "(default 2TiB, an 8-GPU H200 node)")
     init.set_defaults(handler=run_init)
 
     hold = ss.add_parser("hold", help="hold simulated GPU memory until killed",
@@ -82,6 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     hold.add_argument("--mps", action="store_true",
                       help="hold the memory as CUDA MPS clients (listed as MPS contexts, kind mps); needs a "
                       "simulated MPS server of this user on each GPU ('gpuslate sim mps')")
+    hold.add_argument("--ipc", action="store_true",
+                      help="the memory is shared with other processes through CUDA IPC, as tensor-parallel ranks "
+                      "share buffers: the driver's checkpoint refuses such a process")
     hold.add_argument("--main-thread-exits", action="store_true",
                       help="once it holds, each holder's main thread exits (pthread_exit) and another thread "
                       "keeps the memory: /proc says Z for a process that lives")
@@ -174,7 +180,8 @@ def run_init(args: argparse.Namespace) -> int:
         raise UsageError(f"sim init creates the host in DIR ({args.dir}); --sim names another folder "
                          f"({args.sim}): drop --sim or pass the same folder")
     host = SimHost.init(args.dir, gpus=args.count, memory=args.memory, name=args.name,
-                        release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api)
+                        release_delay=args.release_delay, reserved=args.reserved, memory_api=args.memory_api,
+                        host_memory=args.host_memory)
     result = SimInitResult.of(host)
     return present(args, result)
 
@@ -190,7 +197,7 @@ def run_hold(args: argparse.Namespace) -> int:
     gpus = gpus if gpus is not None else list(range(host.gpu_count))
     hold(host, gpus, args.memory, workers=args.workers, orphan_workers=args.orphan_workers,
          ignore_term=args.ignore_term, survive_term=args.survive_term, handles=args.handles, title=args.title,
-         reap=not args.no_reap, mps=args.mps, main_thread_exits=args.main_thread_exits)
+         reap=not args.no_reap, mps=args.mps, main_thread_exits=args.main_thread_exits, ipc=args.ipc)
 
 
 def run_mps(args: argparse.Namespace) -> int:
@@ -222,6 +229,11 @@ def run_serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     root = getattr(args, "sim", None) or sim_root_from_env()
     workers: list[int] = []  # in this process's PID namespace: what it may signal
+    started: list = []  # the workers (WorkerPid), with their control lines when the engine parks
+    shown: list[int] = []  # their pids as the host shows them: what the driver's checkpoint names
+    # an engine that parks holds its memory as the engine's tagged regions (simserver/parkmodel.py)
+    parks = (config.emulate == "vllm" and bool(config.engine_info.get("enable_sleep_mode"))) or \
+        (config.emulate == "sglang" and bool(config.engine_info.get("enable_memory_saver")))
 
     def start() -> list[int]:
         if not root:
@@ -237,8 +249,13 @@ def run_serve(args: argparse.Namespace) -> int:
         n = len(gpus) if args.workers is None else args.workers
         if n < 0 or n > 256:
             raise UsageError(f"invalid --workers {n}: 0 to 256")
-        started = start_workers(host, gpus, args.memory, n, title=args.title) if n else []
+        from ...simserver.parkmodel import REGIONS  # lazy: startup
+
+        # several ranks share buffers through CUDA IPC (custom all-reduce), as a tensor-parallel server's do
+        started.extend(start_workers(host, gpus, args.memory, n, title=args.title, ipc=n > 1,
+                                     regions=REGIONS if parks else None) if n else [])
         workers.extend(w.own for w in started)
+        shown.extend(w.shown for w in started)
         # said once, on stderr like every log line: a bare `sim serve` takes every GPU of the host
         where = ("--gpus" if args.gpus is not None else "CUDA_VISIBLE_DEVICES" if visible
                  else "no --gpus and no CUDA_VISIBLE_DEVICES: every GPU of the host")
@@ -248,8 +265,26 @@ def run_serve(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         return [w.shown for w in started]
 
+    def memory():  # -> WorkerControls | None, once the workers run
+        if not parks or not started:
+            return None
+        from ...gpu.simhost.holder import WorkerControls  # lazy: startup
+
+        return WorkerControls(started)
+
+    seen: list = []  # the host, opened once for the look every LOCK_POLL_SECONDS
+
+    def gpu_locked() -> bool:  # the driver holds a worker locked or checkpointed: its GPU work waits
+        if not shown:
+            return False
+        if not seen:
+            seen.append(_host(args))
+        entries = seen[0].checkpoint_entries()
+        return any(pid in entries for pid in shown)
+
     try:
-        return ExitStatus(run_server(config, start_workers=start))
+        return ExitStatus(run_server(config, start_workers=start, memory=memory,
+                                     gpu_locked=gpu_locked if root else None))
     finally:
         # like a real server's shutdown: its ranks go with it (a SIGKILLed
         # launcher cannot do this, which is how orphaned workers happen). They are

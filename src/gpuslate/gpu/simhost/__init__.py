@@ -22,7 +22,8 @@ import os
 import re
 from collections.abc import Sequence
 
-from ..types import GpuProcess, GpuReading, MemoryApi, MemoryInfo
+from ..types import CheckpointState, GpuProcess, GpuReading, HostMemory, MemoryApi, MemoryInfo
+from .checkpoint import SimCheckpoint
 from .host import SimHost
 
 
@@ -105,6 +106,26 @@ class SimBackend:
                 error=None,
             ))
         return out
+
+    def host_memory(self) -> HostMemory | None:
+        total, available = self.host.host_memory()
+        return HostMemory(total, available)
+
+    # the simulated driver's checkpoint API: gpuslate.gpu.simhost.checkpoint
+    def checkpoint_state(self, pid: int) -> CheckpointState:
+        return SimCheckpoint(self.host).state(pid)
+
+    def checkpoint_lock(self, pid: int, *, timeout_ms: int = 0) -> None:
+        SimCheckpoint(self.host).lock(pid, timeout_ms)
+
+    def checkpoint(self, pid: int) -> None:
+        SimCheckpoint(self.host).checkpoint(pid)
+
+    def checkpoint_restore(self, pid: int) -> None:
+        SimCheckpoint(self.host).restore(pid)
+
+    def checkpoint_unlock(self, pid: int) -> None:
+        SimCheckpoint(self.host).unlock(pid)
 
     def close(self) -> None:
         pass

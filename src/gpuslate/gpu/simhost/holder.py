@@ -27,8 +27,10 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import sys
 import threading
+from collections.abc import Sequence
 from typing import IO, NamedTuple, NoReturn
 
 from ..._parse import format_gpu_list
@@ -84,6 +86,56 @@ class WorkerPid(NamedTuple):
 
     own: int  # in the launcher's PID namespace (os.getpid()): what the launcher may signal
     shown: int  # as /proc shows it: the host's pid, unless the namespace mounted its own /proc
+    control: socket.socket | None = None  # with regions: the launcher's end of the worker's control line
+
+
+def split(nbytes: int, shares: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
+    """``nbytes`` cut into named regions by their shares (the last takes what rounding leaves)."""
+    out: list[tuple[str, int]] = []
+    left = nbytes
+    for i, (tag, share) in enumerate(shares):
+        part = left if i == len(shares) - 1 else min(left, int(nbytes * share))
+        out.append((tag, part))
+        left -= part
+    return out
+
+
+class WorkerControls:
+    """The launcher's end of workers that hold their memory in named regions (``start_workers`` with
+    ``regions``): each command goes to every worker, which answers once it is done, so a caller knows
+    the memory left (or came back) on every GPU before it answers anyone. Commands (one line):
+
+    * ``release TAG...``: the regions let go (``cuMemRelease``: at once, not at exit);
+    * ``acquire TAG...``: taken again (room checked: a GPU without it is a CUDA out-of-memory error,
+      and the worker keeps what it had); blocks while the driver has the worker locked;
+    * ``offload TAG...`` / ``drop``: take (or free) host memory as large as those regions, as a copy
+      of the weights kept in CPU memory.
+
+    Blocking: call it from a thread. Returns one error line per worker that failed (empty: all did it).
+    """
+
+    def __init__(self, workers: Sequence[WorkerPid]) -> None:
+        self.workers = [w for w in workers if w.control is not None]
+        self._files = [w.control.makefile("rwb") for w in self.workers if w.control is not None]
+
+    def command(self, line: str) -> list[str]:
+        errors: list[str] = []
+        sent: list[int] = []
+        for rank, f in enumerate(self._files):
+            try:
+                f.write(line.encode() + b"\n")
+                f.flush()
+                sent.append(rank)
+            except OSError:
+                errors.append(f"worker {rank} is gone")
+        for rank in sent:
+            try:
+                reply = self._files[rank].readline(4096).decode("utf-8", "replace").strip()
+            except OSError:
+                reply = ""
+            if reply != "ok":
+                errors.append(reply[6:] if reply.startswith("error ") else f"worker {rank} is gone")
+        return errors
 
 
 def shown_pid() -> int:
@@ -97,7 +149,7 @@ def shown_pid() -> int:
         return os.getpid()
 
 
-def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute") -> list[int]:
+def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute", ipc: bool = False) -> list[int]:
     """Open the device files like a CUDA context does, then allocate the memory.
 
     Returns the open fds, which the caller keeps for its whole life: closing
@@ -107,7 +159,7 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute"
     with host.dev_dir() as dev:  # walked: never another user's link, never a FIFO that would hang
         fds = [dev.open(name, os.O_RDONLY) for name in ("nvidiactl", "nvidia-uvm")]
         fds += [dev.open(host.device_path(gpu).name, os.O_RDONLY) for gpu, _ in held]
-    return fds + host.allocate(held, kind=kind)
+    return fds + host.allocate(held, kind=kind, ipc=ipc)
 
 
 def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] = sys.stdout) -> None:
@@ -225,6 +277,7 @@ def hold(
     reap: bool = True,
     mps: bool = False,
     main_thread_exits: bool = False,
+    ipc: bool = False,
     out: IO[str] = sys.stdout,
 ) -> NoReturn:
     """Hold ``memory`` bytes on each GPU in ``gpus`` until killed; with ``mps``, as MPS clients
@@ -233,7 +286,8 @@ def hold(
     Prints one JSON line ``{"ready": true, "pid": ..., "workers": [...]}`` once
     all memory is held: the pids as this process's /proc shows them (see
     :func:`shown_pid`; ``status`` shows host pids, as a driver does).
-    ``title`` may contain ``{rank}`` (the worker number). With ``main_thread_exits``
+    ``title`` may contain ``{rank}`` (the worker number). ``ipc``: the memory is shared through CUDA
+    IPC (what the driver's checkpoint refuses). With ``main_thread_exits``
     each process holding memory ends its main thread once it holds (see :func:`_sleep_forever`).
     Raises ServerFailed, holding nothing, when a GPU lacks the room (simulated CUDA out of memory).
     """
@@ -263,7 +317,7 @@ def hold(
     if not workers:
         # like CUDA, which opens every device node: handles on the other GPUs, memory where it computes
         extra = [(g, 0) for g in handles or [] if g not in gpus]
-        _hold_here(host, assign(gpus, memory, 1)[0] + extra, kind)  # the fds stay open for the process's life
+        _hold_here(host, assign(gpus, memory, 1)[0] + extra, kind, ipc)  # the fds stay open for the process's life
         _announce(out, [])
         _sleep_forever(main_thread_exits)
 
@@ -271,16 +325,19 @@ def hold(
         signal.signal(signal.SIGCHLD, _reap)
     out.flush()
     pids = start_workers(host, gpus, memory, workers, orphan=orphan_workers, title=title, kind=kind,
-                         main_thread_exits=main_thread_exits)
+                         main_thread_exits=main_thread_exits, ipc=ipc)
     _announce(out, [w.shown for w in pids])
     _sleep_forever()
 
 
 def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
                   orphan: bool = False, title: str | None = None, kind: str = "compute",
-                  main_thread_exits: bool = False) -> list[WorkerPid]:
+                  main_thread_exits: bool = False, ipc: bool = False,
+                  regions: Sequence[tuple[str, float]] | None = None) -> list[WorkerPid]:
     """Fork ``workers`` processes holding ``memory`` per GPU round-robin; return
     their pids once every one of them holds its memory (like TP ranks loading).
+    With ``regions`` (name, share of the memory), each worker holds its memory as those regions
+    and obeys its control line (:class:`WorkerControls`): an engine that parks.
 
     All or nothing: when one fails (out of memory), the others end themselves
     before the error is raised; they wait at a barrier (a pipe) that only says
@@ -292,12 +349,22 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
     r, w = os.pipe()
     go_r, go_w = os.pipe()
     intermediates: list[int] = []
+    controls: dict[int, socket.socket] = {}  # rank -> the launcher's end
     try:
         for rank, held in enumerate(assign(gpus, memory, workers)):
+            pair = socket.socketpair() if regions else None
             pid = os.fork()
             if pid == 0:
                 os.close(go_w)
-                _worker(host, held, rank, (r, w), go_r, orphan, title, kind, main_thread_exits)
+                for mine in controls.values():  # the other workers' lines are the launcher's, not ours
+                    mine.close()
+                if pair is not None:
+                    pair[0].close()
+                _worker(host, held, rank, (r, w), go_r, orphan, title, kind, main_thread_exits, ipc,
+                        regions, pair[1] if pair else None)
+            if pair is not None:
+                pair[1].close()
+                controls[rank] = pair[0]
             if orphan:
                 intermediates.append(pid)
         os.close(w)
@@ -309,10 +376,12 @@ def start_workers(host: SimHost, gpus: list[int], memory: int, workers: int, *,
                 pass
         pids, errors = _reports(r, workers)
         if errors or len(pids) != workers:
+            for mine in controls.values():
+                mine.close()
             raise ServerFailed(f"simulated worker failed: {errors[0]}" if errors
                                else "a simulated worker died before holding its memory")
         os.write(go_w, b"g" * workers)  # at most 256 bytes: never blocks on a pipe
-        return pids
+        return [p._replace(control=controls.get(rank)) for rank, p in enumerate(pids)]
     finally:
         os.close(go_w)  # without "go", an end of file: every worker that held memory exits
 
@@ -334,9 +403,12 @@ def _reports(r: int, workers: int) -> tuple[list[WorkerPid], list[str]]:
 
 
 def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple[int, int], go: int,
-            orphan: bool, title: str | None, kind: str, main_thread_exits: bool) -> NoReturn:
+            orphan: bool, title: str | None, kind: str, main_thread_exits: bool, ipc: bool = False,
+            regions: Sequence[tuple[str, float]] | None = None, control: socket.socket | None = None) -> NoReturn:
     """Runs in the forked child; never returns into the launcher's code."""
     r, w = report
+    tagged: dict[str, list[tuple[int, int]]] = {}  # region -> its (gpu, bytes), with ``regions``
+    named: dict[str, list[tuple[str, int]]] = {}  # region -> its records, while held
     try:
         os.close(r)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -344,7 +416,14 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
             os._exit(0)  # the grandchild lives on under PID 1 (or a subreaper)
         if title:
             set_title(title.replace("{rank}", str(rank)) if "{rank}" in title else title)
-        fds = _hold_here(host, held, kind)
+        if regions:
+            for gpu, nbytes in held:
+                for tag, part in split(nbytes, regions):
+                    tagged.setdefault(tag, []).append((gpu, part))
+            fds = _hold_here(host, [(g, 0) for g, _ in held], kind, ipc)  # the devices, as CUDA opens them
+            named = {tag: host.allocate_named(parts, kind=kind, ipc=ipc) for tag, parts in tagged.items()}
+        else:
+            fds = _hold_here(host, held, kind, ipc)
         os.write(w, f"{os.getpid()} {shown_pid()}\n".encode())
         os.close(w)
         started = os.read(go, 1) == b"g"  # the other ranks failed (or the launcher died): end of file
@@ -358,9 +437,40 @@ def _worker(host: SimHost, held: list[tuple[int, int]], rank: int, report: tuple
         os._exit(1)
     del fds
     try:
+        if control is not None:
+            _obey(host, control, tagged, named, kind, ipc)
         _sleep_forever(main_thread_exits)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole foreground group: a rank ends quietly, its
         os._exit(130)  # launcher (or server) says so once
+
+
+def _obey(host: SimHost, control: socket.socket, tagged: dict[str, list[tuple[int, int]]],
+          named: dict[str, list[tuple[str, int]]], kind: str, ipc: bool) -> None:
+    """A parkable worker's control loop (:class:`WorkerControls`); returns when the launcher's end
+    closes (the launcher died: the worker lives on with what it holds, as orphaned ranks do)."""
+    offloaded: list[int] = []
+    with control.makefile("rwb") as f:
+        for raw in f:
+            cmd, *args = raw.decode("utf-8", "replace").split()
+            try:
+                if cmd == "release":
+                    for tag in args:
+                        host.free(named.pop(tag, []))
+                elif cmd == "acquire":
+                    for tag in args:
+                        if tag not in named and tag in tagged:
+                            named[tag] = host.allocate_named(tagged[tag], kind=kind, ipc=ipc)
+                elif cmd == "offload":  # a copy of these regions in host memory
+                    nbytes = sum(part for tag in args for _, part in tagged.get(tag, []))
+                    offloaded.append(host.hold_host(nbytes))
+                elif cmd == "drop":
+                    while offloaded:
+                        os.close(offloaded.pop())
+                reply = "ok"
+            except (ServerFailed, PermissionDenied, OSError, ValueError, IndexError) as exc:
+                reply = "error " + " ".join(str(exc).split())
+            f.write(reply.encode()[:4000] + b"\n")
+            f.flush()
 
 
 def _announce(out: IO[str], workers: list[int]) -> None:

@@ -14,6 +14,11 @@ Layout of ``DIR``::
     alloc/*.json        one record per (process, GPU) holding memory, kept
                         open and flock'ed by its holder; or per leaked context
     alloc/*.dead        when a holder was first seen dead (driver teardown start)
+    hostmem/*.json      host memory a holder took (an engine's weights offloaded to CPU memory by a
+                        sleep), recorded and locked like alloc/ (``gpu`` unused); freed at its exit
+    ckpt/PID.json       the driver's checkpoint state of process PID (:mod:`.checkpoint`): locked,
+                        checkpointed (its records then count in host memory, not on their GPUs)
+                        or failed; honoured only while that process lives
     bin/NAME            (made by ``sim mps``) a copy of the system's ``sleep`` under a
                         GPU daemon's name, which the simulated MPS server runs as
 
@@ -56,7 +61,7 @@ from ..._parse import format_size
 from ..._walk import StateDir, Trust, open_dir
 from ...errors import BackendUnavailable, BadDocument, PermissionDenied, ServerFailed, UsageError
 from ...proc.fdscan import FdScan, read_fd_targets, scan_device_holders
-from ...proc.procfs import ProcessId, identity, read_stat, ticks_to_epoch
+from ...proc.procfs import PROC, ProcessId, identity, read_stat, ticks_to_epoch
 from .records import (
     SUFFIX,
     Claim,
@@ -79,6 +84,11 @@ V1_DEFAULT_RESERVED = 645 * 1024**2
 MEMORY_APIS = ("v2", "v1")
 #: the allocation lock: every holder takes it to check for room and record its memory
 LOCK_NAME = "memory.lock"
+#: what a simulated host has as host memory unless ``sim init --host-memory`` says otherwise: 2 TiB,
+#: as an 8-GPU H200 node (HGX H200 systems ship with 2 TB)
+DEFAULT_HOST_MEMORY = 2048 * 1024**3
+HOSTMEM_DIR = "hostmem"
+CKPT_DIR = "ckpt"
 STUCK_NAME = "stuck"
 DEAD_SUFFIX = ".dead"
 #: 64 GPUs x 256 workers; more records than that is no host's bookkeeping
@@ -99,6 +109,7 @@ class AllocRecord(NamedTuple):
     bytes: int
     kind: str
     path: Path
+    ipc: bool = False  # shared with other processes (CUDA IPC): see Claim.ipc
 
 
 class HeldMemory(NamedTuple):
@@ -113,6 +124,26 @@ class Survey(NamedTuple):
 
     held: list[HeldMemory]
     problems: dict[int | None, list[str]]  # GPU (None: every GPU) -> records that could not be read
+    #: bytes of records the driver checkpointed (left out of ``held``: they are in host memory now)
+    checkpointed: int = 0
+
+
+class CkptEntry(NamedTuple):
+    """A process's state under the simulated driver's checkpoint API (``DIR/ckpt/PID.json``),
+    as :meth:`SimHost.checkpoint_entries` found it valid: its process lives (same start), and the
+    file is that process's user's (or root's)."""
+
+    pid: int
+    start_ticks: int
+    state: str  # locked | checkpointed | failed (running: no file)
+    records: tuple[str, ...]  # the alloc/ records the driver moved to host memory (checkpointed)
+    bytes: int  # what they hold
+    uid: int  # the file's owner: only records of this user are moved by it
+
+
+#: a checkpoint state file is a few hundred bytes per record it names
+MAX_CKPT_BYTES = 1 << 20
+CKPT_STATES = ("locked", "checkpointed", "failed")
 
 
 class SimHost:
@@ -138,6 +169,7 @@ class SimHost:
         release_delay: float = 0.2,
         reserved: int | None = None,
         memory_api: str = "v2",
+        host_memory: int = DEFAULT_HOST_MEMORY,
     ) -> SimHost:
         """``memory_api="v1"`` simulates a driver before R510: reserved memory
         (default then 645 MiB, like an idle H200) is reported inside 'used'."""
@@ -153,11 +185,14 @@ class SimHost:
             raise UsageError("invalid --reserved: must be at least 0 and less than --memory")
         if release_delay < 0:
             raise UsageError(f"invalid --release-delay {release_delay}: must not be negative")
+        if host_memory <= 0:
+            raise UsageError("invalid --host-memory: must be more than 0")
         host = cls(root)
         seed = uuidlib.uuid4().hex[:8]
         config = {
             "schema": SCHEMA, "name": name, "gpus": gpus, "memory": memory, "reserved": reserved,
             "release_delay": release_delay, "driver_version": DRIVER_VERSION, "memory_api": memory_api,
+            "host_memory": host_memory,
             "uuids": [f"GPU-{seed}-5141-4d00-8000-{i:012x}" for i in range(gpus)],
             "created_at": time.time(),
         }
@@ -181,11 +216,14 @@ class SimHost:
                 raise UsageError(f"refusing to initialise {self.root}: it is not empty and not a simulated host")
             _own(root)
             with root.subdir("dev", create=True, mode=0o755) as dev, \
-                    root.subdir("alloc", create=True, mode=0o755) as alloc:
-                _own(dev)
-                _own(alloc)
-                for name in alloc.names():  # a new host forgets leaks and records
-                    alloc.unlink(name)
+                    root.subdir("alloc", create=True, mode=0o755) as alloc, \
+                    root.subdir(HOSTMEM_DIR, create=True, mode=0o755) as hostmem, \
+                    root.subdir(CKPT_DIR, create=True, mode=0o755) as ckpt:
+                for folder in (dev, alloc, hostmem, ckpt):
+                    _own(folder)
+                for folder in (alloc, hostmem, ckpt):  # a new host forgets leaks, records and checkpoints
+                    for name in folder.names():
+                        folder.unlink(name)
                 # existing device files are kept: a process holding one keeps holding it
                 wanted = {f"nvidia{i}" for i in range(gpus)} | {"nvidiactl", "nvidia-uvm"}
                 for name in dev.names():
@@ -236,6 +274,7 @@ class SimHost:
                 raise BackendUnavailable(f"{self.root}/host.json is not a valid gpuslate simulated host: {problem}",
                                          hint=f"recreate it with 'gpuslate sim init {self.root}'")
             cfg.setdefault("memory_api", "v2")  # hosts made before the option existed
+            cfg.setdefault("host_memory", DEFAULT_HOST_MEMORY)
             self._config = cfg
         return self._config
 
@@ -274,6 +313,14 @@ class SimHost:
         """The records' folder, walked like :meth:`dev_dir`."""
         return self._open(self.alloc)
 
+    def subdir(self, name: str, *, create: bool = False) -> StateDir:
+        """``DIR/NAME`` (``hostmem``, ``ckpt``), walked like :meth:`dev_dir`; made (as the host's
+        other folders) when ``create`` and missing, for hosts made before it existed."""
+        return self._open(self.root / name, create=create)
+
+    @property
+    def host_memory_total(self) -> int:
+        return int(self.config["host_memory"])
     def root_dir(self) -> StateDir:
         """The host's folder, walked like :meth:`dev_dir` (one walk for :meth:`stall` and :meth:`survey`)."""
         return self._open(self.root)
@@ -395,7 +442,7 @@ class SimHost:
             os.close(fd)
 
     # -- memory -------------------------------------------------------------
-    def allocate(self, held: Sequence[tuple[int, int]], *, kind: str = "compute") -> list[int]:
+    def allocate(self, held: Sequence[tuple[int, int]], *, kind: str = "compute", ipc: bool = False) -> list[int]:
         """Hold memory for the calling process: ``(gpu, bytes)`` each, one context per GPU.
 
         Like a driver, and atomically against every other holder of this host (a
@@ -403,12 +450,30 @@ class SimHost:
         :class:`~gpuslate.errors.ServerFailed` says which, like CUDA's
         out-of-memory error. The caller must already hold each GPU's
         device file open. Returns the fds that keep the memory held: it is released
-        when they close (at exit at the latest), after the release delay.
+        when they close (at exit at the latest), after the release delay. ``ipc``: the memory is
+        shared with other processes through CUDA IPC (see :attr:`Claim.ipc`). Like any CUDA call of
+        a process the driver locked, it waits until the process is unlocked.
         """
-        return [fd for _, fd in self._allocate(held, kind, identity(os.getpid()))]
+        self.wait_running(os.getpid())
+        return [fd for _, fd in self._allocate(held, kind, identity(os.getpid()), ipc)]
+
+    def allocate_named(self, held: Sequence[tuple[int, int]], *, kind: str = "compute",
+                       ipc: bool = False) -> list[tuple[str, int]]:
+        """:meth:`allocate`, returning each record's (name, fd): what :meth:`free` takes back, for a
+        holder that lets part of its memory go while it lives (an engine's sleep)."""
+        self.wait_running(os.getpid())
+        return self._allocate(held, kind, identity(os.getpid()), ipc)
+
+    def free(self, held: Sequence[tuple[str, int]]) -> None:
+        """Let records of this process go now, as ``cuMemRelease`` does while the process lives: the
+        record leaves the folder before its fd closes, so no reader sees it being torn down."""
+        with self.alloc_dir() as alloc:
+            for name, fd in held:
+                _unlink_quietly(alloc, name)
+                os.close(fd)
 
     def _allocate(self, held: Sequence[tuple[int, int]], kind: str,
-                  claim_of: ProcessId | None) -> list[tuple[str, int]]:
+                  claim_of: ProcessId | None, ipc: bool = False) -> list[tuple[str, int]]:
         """:meth:`allocate`, returning each record's (name, fd); ``claim_of`` is what the
         record says about its holder (a claim: see :mod:`gpuslate.gpu.simhost.records`)."""
         wanted = [(g, n) for g, n in held if n > 0]
@@ -419,7 +484,7 @@ class SimHost:
             try:
                 for gpu, nbytes in wanted:
                     claim = Claim(gpu, claim_of.pid if claim_of else os.getpid(),
-                                  claim_of.start_ticks if claim_of else None, nbytes, kind)
+                                  claim_of.start_ticks if claim_of else None, nbytes, kind, ipc)
                     name = f"g{gpu}.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
                     made.append((name, self._create(name, claim)))
             except BaseException:
@@ -530,10 +595,13 @@ class SimHost:
             problems[None] = [f"{self.alloc} cannot be read: {exc}"]
             return Survey([], problems)
         with alloc:
-            return self._survey(alloc, now, owners, problems)
+            return self._survey(alloc, now, owners, problems, self.checkpoint_entries(root))
 
-    def _survey(self, alloc: StateDir, now: float, owners: bool, problems: dict[int | None, list[str]]) -> Survey:
+    def _survey(self, alloc: StateDir, now: float, owners: bool, problems: dict[int | None, list[str]],
+                ckpt: dict[int, CkptEntry]) -> Survey:
         files = self._read_records(alloc, problems)
+        moved = {name: e.uid for e in ckpt.values() if e.state == "checkpointed" for name in e.records}
+        checkpointed = 0
         live = [f for f in files if f.locked]
         resolved: dict[str, Owner] = {}
         if owners and live:
@@ -544,22 +612,141 @@ class SimHost:
         for f in files:
             c = f.claim
             path = self.alloc / f.name
+            if f.locked and moved.get(f.name, -2) == f.uid:  # the driver holds it in host memory now
+                checkpointed += c.bytes
+                continue
             if c.is_leak or f.locked:
                 owner = resolved.get(f.path)
                 out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
-                                                  owner.start_ticks if owner else None, c.bytes, c.kind, path), True))
+                                                  owner.start_ticks if owner else None, c.bytes, c.kind, path,
+                                                  c.ipc), True))
                 continue
             if now < self._dead_since(alloc, f.name, now) + self.release_delay:
                 owner = self._dead_owner(f)
                 out.append(HeldMemory(AllocRecord(c.gpu, owner.pid if owner else None,
-                                                  owner.start_ticks if owner else None, c.bytes, c.kind, path), False))
+                                                  owner.start_ticks if owner else None, c.bytes, c.kind, path,
+                                                  c.ipc), False))
             elif _unlink_quietly(alloc, f.name):  # released: collected, with its marker, when we may
                 _unlink_quietly(alloc, f.name[: -len(SUFFIX)] + DEAD_SUFFIX)
                 self._dead_seen.pop(f.name, None)
                 self._resolved.pop(f.path, None)
             # else another user's record in a shared folder: its marker stays, so every
             # reader agrees it is released, until its owner's next read collects it
-        return Survey(out, problems)
+        return Survey(out, problems, checkpointed)
+
+    # -- the driver's checkpoint state and host memory ----------------------------
+    def checkpoint_entries(self, root: StateDir | None = None) -> dict[int, CkptEntry]:
+        """The valid ``ckpt/`` entries by pid (see :class:`CkptEntry`); a stale one (its process gone
+        or another one under its pid) is removed when this user may. Never raises: an entry that
+        cannot be read is no entry (its process then reads as running, its memory as on its GPUs,
+        where the records still are: never hidden on a doubt)."""
+        try:
+            folder = root.subdir(CKPT_DIR) if root is not None else self.subdir(CKPT_DIR)
+        except OSError:  # none yet (a host made before checkpoints), or not ours to read
+            return {}
+        out: dict[int, CkptEntry] = {}
+        with folder:
+            try:
+                names = folder.names()
+            except OSError:
+                return {}
+            for name in names:
+                entry = _read_ckpt(folder, name)
+                if entry is None:
+                    continue
+                st = read_stat(entry.pid)
+                if st is None or st.has_exited or st.start_ticks != entry.start_ticks:
+                    _unlink_quietly(folder, name)  # its process is gone: so is its CUDA state
+                    continue
+                try:
+                    proc_uid = os.stat(f"{PROC}/{entry.pid}").st_uid
+                except OSError:
+                    continue
+                if entry.uid in (proc_uid, 0):
+                    out[entry.pid] = entry
+        return out
+
+    def write_checkpoint_entry(self, entry: CkptEntry | None, pid: int) -> None:
+        """Record (or, ``None``: forget, the process running again) ``pid``'s checkpoint state."""
+        with self.subdir(CKPT_DIR, create=True) as folder:
+            if entry is None:
+                _unlink_quietly(folder, f"{pid}.json")
+                return
+            folder.write_atomic(f"{pid}.json", json.dumps({
+                "pid": entry.pid, "start_ticks": entry.start_ticks, "state": entry.state,
+                "records": list(entry.records), "bytes": entry.bytes}).encode(), mode=0o644)
+
+    def restore_records(self, entry: CkptEntry) -> None:
+        """Bring a checkpointed process's records back onto their GPUs (the entry then says locked):
+        under the allocation lock, like any allocation, and only when every GPU has the room
+        (ServerFailed, nothing changed, otherwise)."""
+        with self._memory_lock():
+            wanted: list[tuple[int, int]] = []
+            with self.alloc_dir() as alloc:
+                real = alloc.real_path()
+                for name in entry.records:
+                    got = read_record(alloc, name, real, self.gpu_count)
+                    if isinstance(got, RecordFile) and got.locked:
+                        wanted.append((got.claim.gpu, got.claim.bytes))
+            self._check_room(wanted)
+            self.write_checkpoint_entry(entry._replace(state="locked", records=(), bytes=0), entry.pid)
+
+    def wait_running(self, pid: int, poll: float = 0.01) -> None:
+        """Block while ``pid`` is locked or checkpointed, as a CUDA call of a locked process blocks
+        until it is unlocked; ServerFailed once its CUDA state failed."""
+        while True:
+            entry = self.checkpoint_entries().get(pid)
+            if entry is None:
+                return
+            if entry.state == "failed":
+                raise ServerFailed("CUDA error: the process's CUDA state failed in a checkpoint "
+                                   "(CU_PROCESS_STATE_FAILED): it can no longer use the GPU")
+            time.sleep(poll)
+
+    def host_memory(self) -> tuple[int, int]:
+        """``(total, available)`` bytes of the simulated host's memory: its ``host_memory`` less what
+        holders took (``hostmem/``) and what the driver checkpointed."""
+        total = self.host_memory_total
+        used = self._host_held() + self.survey(owners=False).checkpointed
+        return total, max(0, total - used)
+
+    def _host_held(self) -> int:
+        try:
+            folder = self.subdir(HOSTMEM_DIR)
+        except OSError:
+            return 0
+        held = 0
+        with folder:
+            try:
+                real = folder.real_path()
+                names = [n for n in folder.names() if not n.startswith(".") and n.endswith(SUFFIX)]
+            except OSError:
+                return 0
+            for name in names:
+                got = read_record(folder, name, real, 1)
+                if isinstance(got, str) or got is None:
+                    continue
+                if got.locked:
+                    held += got.claim.bytes
+                else:  # its holder exited: host memory is freed at once
+                    _unlink_quietly(folder, name)
+        return held
+
+    def hold_host(self, nbytes: int) -> int:
+        """Take ``nbytes`` of host memory for the calling process (an engine's weights offloaded by a
+        sleep); returns the fd that keeps it: closing it (or exiting) frees it. ServerFailed when the
+        host lacks the room."""
+        with self._memory_lock():
+            total, available = self.host_memory()
+            if nbytes > available:
+                raise ServerFailed(f"simulated host is out of memory: tried to allocate {format_size(nbytes)} of "
+                                   f"host memory; {format_size(total)} total, {format_size(available)} available")
+            name = f"h.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
+            try:
+                with self.subdir(HOSTMEM_DIR, create=True) as folder:
+                    return create_record(folder, name, Claim(0, os.getpid(), None, nbytes, "compute"))
+            except OSError as exc:
+                raise _os_failure(f"cannot record host memory in {self.root / HOSTMEM_DIR}", exc) from None
 
     def _read_records(self, alloc: StateDir, problems: dict[int | None, list[str]]) -> list[RecordFile]:
         try:
@@ -647,6 +834,38 @@ class SimHost:
         return seen
 
 
+def _read_ckpt(folder: StateDir, name: str) -> CkptEntry | None:
+    """One ``ckpt/`` file, or None when it is not one (bounded, never through a link)."""
+    if not name.endswith(".json") or name.startswith("."):
+        return None
+    try:
+        fd = folder.open(name, os.O_RDONLY)
+    except OSError:  # gone, a link, a FIFO: no entry
+        return None
+    try:
+        uid = os.fstat(fd).st_uid
+        data = os.read(fd, MAX_CKPT_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CKPT_BYTES:
+        return None
+    try:
+        d = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    pid, start, state, records, nbytes = (d.get(k) for k in ("pid", "start_ticks", "state", "records", "bytes"))
+    if (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or name != f"{pid}.json"
+            or not isinstance(start, int) or isinstance(start, bool) or state not in CKPT_STATES
+            or not isinstance(records, list) or not all(isinstance(r, str) for r in records)
+            or not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0):
+        return None
+    return CkptEntry(pid, start, state, tuple(records), nbytes, uid)
+
+
 def _config_problem(cfg: object) -> str | None:
     """What is wrong with a parsed ``host.json``, or ``None``: every field is
     checked here so that no later read can fail on a hand-edited or torn file."""
@@ -674,6 +893,8 @@ def _config_problem(cfg: object) -> str | None:
         return "uuids must list one string per GPU"
     if cfg.get("memory_api", "v2") not in MEMORY_APIS:
         return "memory_api must be v2 or v1"
+    if "host_memory" in cfg and not whole("host_memory", 1):
+        return "host_memory must be a positive number of bytes"
     return None
 
 

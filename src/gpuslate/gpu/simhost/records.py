@@ -70,6 +70,9 @@ class Claim(NamedTuple):
     claimed_start: int | None
     bytes: int
     kind: str
+    #: shared with other processes through CUDA IPC (tensor-parallel ranks' buffers): memory the
+    #: driver's checkpoint refuses (see :mod:`gpuslate.gpu.simhost.checkpoint`)
+    ipc: bool = False
 
     @property
     def is_leak(self) -> bool:
@@ -85,6 +88,7 @@ class RecordFile(NamedTuple):
     locked: bool  # some process still holds the record open (its flock)
     inode: tuple[int, int]  # (st_dev, st_ino), to find its lock in /proc/locks
     created: float  # its mtime: when its holder wrote it, before it locked it
+    uid: int = -1  # who wrote it (the file's owner)
 
 
 class Owner(NamedTuple):
@@ -136,7 +140,9 @@ def parse_claim(data: bytes, gpus: int) -> Claim | str:
         return "no valid pid"
     if rec.get("kind") not in PROCESS_KINDS or rec.get("kind") == "handle":
         return "no valid kind"
-    return Claim(rec["gpu"], rec.get("pid"), rec.get("start_ticks"), rec["bytes"], rec["kind"])
+    if not isinstance(rec.get("ipc", False), bool):
+        return "no valid ipc"
+    return Claim(rec["gpu"], rec.get("pid"), rec.get("start_ticks"), rec["bytes"], rec["kind"], rec.get("ipc", False))
 
 
 def read_record(alloc: StateDir, name: str, real_dir: str, gpus: int) -> RecordFile | str | None:
@@ -170,7 +176,8 @@ def read_record(alloc: StateDir, name: str, real_dir: str, gpus: int) -> RecordF
             except OSError as exc:
                 return f"record {name!r}: its holder cannot be checked: {os.strerror(exc.errno or 0)}"
             # else: nobody holds it; our own shared lock ends when we close the fd
-        return RecordFile(name, os.path.join(real_dir, name), claim, locked, (st.st_dev, st.st_ino), st.st_mtime)
+        return RecordFile(name, os.path.join(real_dir, name), claim, locked, (st.st_dev, st.st_ino), st.st_mtime,
+                          st.st_uid)
     except OSError as exc:
         return f"record {name!r} cannot be read: {os.strerror(exc.errno or 0) or exc}"
     finally:
@@ -244,8 +251,11 @@ def create_record(alloc: StateDir, name: str, claim: Claim) -> int:
     ever sees a record of a living holder unlocked.
     """
     tmp = f".{name}.{os.getpid()}.tmp"
-    body = json.dumps({"gpu": claim.gpu, "pid": claim.claimed_pid, "start_ticks": claim.claimed_start,
-                       "bytes": claim.bytes, "kind": claim.kind}).encode()
+    fields: dict[str, Any] = {"gpu": claim.gpu, "pid": claim.claimed_pid, "start_ticks": claim.claimed_start,
+                              "bytes": claim.bytes, "kind": claim.kind}
+    if claim.ipc:
+        fields["ipc"] = True
+    body = json.dumps(fields).encode()
     fd = alloc.create(tmp, os.O_RDWR, 0o644)  # whatever the umask: every user's status reads it
     if fd is None:
         raise FileExistsError(errno.EEXIST, f"a file {tmp} is in the way", str(alloc.path / tmp))

@@ -27,6 +27,7 @@ class SimInitResult(NamedTuple):
     name: str
     release_delay: float
     memory_api: str
+    host_memory: int | None = None  # None: a document from before host memory was simulated
 
     @property
     def status(self) -> SimStatus:
@@ -36,19 +37,20 @@ class SimInitResult(NamedTuple):
     def of(cls, host: SimHost) -> SimInitResult:
         cfg = host.config
         return cls(str(host.root), cfg["gpus"], cfg["memory"], cfg["reserved"], cfg["name"], cfg["release_delay"],
-                   cfg["memory_api"])
+                   cfg["memory_api"], cfg["host_memory"])
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": INIT_SCHEMA, "root": self.root, "gpus": self.gpus, "memory": self.memory,
                 "reserved": self.reserved, "name": self.name, "release_delay": self.release_delay,
-                "memory_api": self.memory_api}
+                "memory_api": self.memory_api, "host_memory": self.host_memory}
 
     @classmethod
     def from_json(cls, doc: object) -> SimInitResult:
         d = checked(doc, INIT_SCHEMA)
         with reading(INIT_SCHEMA):
             return cls(_str(d["root"]), _int(d["gpus"]), _int(d["memory"]), _int(d["reserved"]), _str(d["name"]),
-                       _number(d["release_delay"]), _str(d["memory_api"]))
+                       _number(d["release_delay"]), _str(d["memory_api"]),
+                       _int(d["host_memory"]) if d.get("host_memory") is not None else None)
 
 
 class SimLeakResult(NamedTuple):
