@@ -35,7 +35,7 @@ class Req:
 class StreamLoad:
     """``concurrency`` workers streaming completions to ``url`` (a base URL) until :meth:`stop`."""
 
-    def __init__(self, url: str, *, concurrency: int = 8, max_tokens: int = 16, timeout: float = 120.0) -> None:
+    def __init__(self, url: str, *, concurrency: int = 8, max_tokens: int = 16, timeout: float = 60.0) -> None:
         self.url = url.rstrip("/") + "/v1/completions"
         self.concurrency, self.max_tokens, self.timeout = concurrency, max_tokens, timeout
         self.records: list[Req] = []

@@ -23,7 +23,7 @@ from gpuslate.api import Host
 from gpuslate.errors import UsageError
 from gpuslate.front.caddy import find_caddy
 from gpuslate.gpu.simhost.host import SimHost
-from gpuslate.units.front import Front, FrontPhase, front_store
+from gpuslate.units.front import Front, front_store
 from gpuslate.units.unit import load_units
 from helpers import gpuslate_env, kill_leftovers, unavailable, unit_records, wait_for
 from unitkit import free_port, run_units, serve_cmd
@@ -170,7 +170,7 @@ def _kill_swap_at(phase: str, port: int, fport: int) -> subprocess.Popen[str]:
                             start_new_session=True)
     try:
         if phase == "draining":
-            wait_for(lambda: front_of("a").record.phase == FrontPhase.HOLDING, timeout=30)
+            wait_for(lambda: front_of("a").live()[0].value == "holding", timeout=30)  # the route closed
         elif phase == "stopping":
             wait_for(lambda: "SIGTERM" in _audit(), timeout=30)
         else:  # starting: b's record says it is starting

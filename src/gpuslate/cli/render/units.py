@@ -239,6 +239,8 @@ def show_ps(result: PsResult) -> None:
     if result.hidden:
         n = result.hidden
         _out(f"({n} unit{'s' if n != 1 else ''} stopped more than an hour ago not shown: gpuslate ps -a)")
+    for f in result.fronts:
+        _out(safe(str(f.get("line") or f.get("address"))))
     for w in result.warnings:
         _out(f"warning: {safe(w)}")
 
