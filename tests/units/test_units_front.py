@@ -199,8 +199,7 @@ def test_gpuslate_killed_in_each_phase_leaves_a_named_front_that_a_command_route
         f = front_of("a")
         assert f.live()[0].value == "stranded"
         # the remedy ps names: the unit that is left runs again behind it
-        with Host.open() as host:
-            runs = {u.name for u in load_units(unit_records()) if u.running()}
+        runs = {u.name for u in load_units(unit_records()) if u.running()}
         remedy = ("restart", "a") if "a" in runs else ("restart", "b") if "b" in runs else ("up", "b")
         rr = run_units(*remedy, timeout=120)
         assert rr.returncode == 0, rr.stderr

@@ -75,5 +75,6 @@ def find_caddy() -> tuple[Path, tuple[int, int, int]]:
             return p, v
         found.append(f"{p} ({'.'.join(map(str, v)) if v else 'no version'})")
     want = ".".join(map(str, MIN_VERSION))
+    other = f" (or point {CADDY_VAR} at a newer caddy)" if not named else ""
     raise UsageError(f"the front needs Caddy {want} or later; found {', '.join(found)}",
-                     hint=install_hint(Extra.FRONT) + (f" (or point {CADDY_VAR} at a newer caddy)" if not named else ""))
+                     hint=install_hint(Extra.FRONT) + other)

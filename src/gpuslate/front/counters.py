@@ -142,7 +142,7 @@ class HoldMeter:
         self._read()
         end = time.monotonic()
         arrived = self.last.arrived - self.first.arrived
-        return HoldReport(held=max(0, arrived), most_held=self.most_held,
-                          longest_hold_s=end - self.first_arrival if self.first_arrival is not None and arrived else 0.0,
+        longest = end - self.first_arrival if self.first_arrival is not None and arrived else 0.0
+        return HoldReport(held=max(0, arrived), most_held=self.most_held, longest_hold_s=longest,
                           failed=max(0, self.last.errors - self.first.errors), seconds=end - self.started,
                           resolution_s=self.interval)

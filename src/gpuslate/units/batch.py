@@ -29,6 +29,7 @@ from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, Parted, PartedStatus
+from .front import up_behind_front
 from .lifecycle import (
     DOWN_SCHEMA,
     UP_SCHEMA,
@@ -38,12 +39,11 @@ from .lifecycle import (
     UpResult,
     check_startable,
 )
-from .front import up_behind_front
-from .updown import down
 from .restart import RESTART_SCHEMA, RestartOptions, RestartResult, restart
 from .spec import UnitSpec
 from .store import UnitStore
 from .unit import Unit
+from .updown import down
 
 BATCH_SCHEMA = "gpuslate.batch.v1"
 Result = UpResult | DownResult | RestartResult

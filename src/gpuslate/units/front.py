@@ -246,8 +246,8 @@ class Front:
             return f"front {rec.address}: holding requests ({rec.reason})"
         if state == FrontState.STRANDED:
             nxt = rec.next or name
-            return (f"front {rec.address}: holding requests for {rec.reason or 'a swap'}, and the gpuslate that held it "
-                    f"is gone; they wait, then fail: 'gpuslate restart {nxt}' (if it runs) or 'gpuslate up {nxt}' "
+            return (f"front {rec.address}: holding requests for {rec.reason or 'a swap'}, and the gpuslate that held "
+                    f"it is gone; they wait, then fail: 'gpuslate restart {nxt}' (if it runs) or 'gpuslate up {nxt}' "
                     f"routes it, 'gpuslate down {name}' ends it")
         if state == FrontState.REFUSING:
             return f"front {rec.address}: answers 503, no unit serves it ({what}); 'gpuslate up {rec.next or name}'"

@@ -21,10 +21,10 @@ from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
+from .front import Front
 from .state import Phase, UnitState, unit_state
 from .store import UnitRecord, UnitStore, Unreadable
 from .strays import Stray
-from .front import Front
 from .unit import Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
@@ -155,7 +155,7 @@ class PsResult(NamedTuple):
     warnings: list[str]
     hidden: int = 0  # units left out: stopped longer ago than PsOptions.recent_s (ps -a lists them)
     # the fronts (units/front.py): {name, address, state, unit, next, upstream, reason, pid, last_swap, line}
-    fronts: list[dict[str, Any]] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    fronts: list[dict[str, Any]] = []
 
     def get(self, name: str) -> UnitStatus | None:
         return next((u for u in self.units if u.unit.name == name), None)
