@@ -87,10 +87,11 @@ class Host(HostContext):
         return wait_free(self, gpus, options if options is not None else WaitOptions())
 
     def up(self, unit: str | UnitSpec, options: UpOptions | None = None) -> UpResult:
-        """Start a unit, return once it serves: see :func:`gpuslate.units.lifecycle.up`. ``unit``: a
+        """Start a unit, return once it serves: see :func:`gpuslate.units.updown.up`. ``unit``: a
         spec, or a name resolved as ``gpuslate up NAME`` does (its table in the unit file, else the
         spec it last ran with: :func:`gpuslate.units.resolving.spec_for`)."""
-        from .units.lifecycle import UpOptions, up  # lazy: startup
+        from .units.lifecycle import UpOptions  # lazy: startup
+        from .units.updown import up  # lazy: startup
 
         if isinstance(unit, str):
             from .units.resolving import spec_for  # lazy: startup
@@ -99,8 +100,9 @@ class Host(HostContext):
         return up(self, unit, options if options is not None else UpOptions())
 
     def down(self, name: str, options: DownOptions | None = None) -> DownResult:
-        """Stop a unit, verify its GPUs: see :func:`gpuslate.units.lifecycle.down`."""
-        from .units.lifecycle import DownOptions, down  # lazy: startup
+        """Stop a unit, verify its GPUs: see :func:`gpuslate.units.updown.down`."""
+        from .units.lifecycle import DownOptions  # lazy: startup
+        from .units.updown import down  # lazy: startup
 
         return down(self, name, options if options is not None else DownOptions())
 

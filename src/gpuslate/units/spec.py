@@ -60,6 +60,14 @@ class UnitSpec:
     # weight files to read into the page cache before a swap stops the old unit;
     # None: detected from the command (--model-path, --model, a model folder); []: none
     prefetch: list[str] | None = None
+    # the front clients use ("HOST:PORT"; a port alone is 127.0.0.1's): a real proxy that holds
+    # requests while the unit behind it changes (units/front.py); None: no front
+    front: str | None = None
+    front_hold: float = 900.0  # the most seconds the front holds one request (then it answers 502/503)
+
+    @property
+    def front_address(self) -> tuple[str, int] | None:
+        return parse_front(self.front) if self.front is not None else None
 
     @property
     def readiness(self) -> tuple[str, str]:
@@ -99,7 +107,12 @@ class UnitSpec:
                 re.compile(self.ready_log)
             except re.error as exc:
                 raise UsageError(f"invalid --ready-log pattern {self.ready_log!r}: {exc}") from None
-        for name in ("start_timeout", "grace", "stop_timeout"):
+        if self.front is not None:
+            host, fport = parse_front(self.front)
+            self.front = f"[{host}]:{fport}" if ":" in host else f"{host}:{fport}"
+            if fport == self.port:
+                raise UsageError(f"unit {self.name!r}: its front cannot listen on the unit's own port {fport}")
+        for name in ("start_timeout", "grace", "stop_timeout", "front_hold"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise UsageError(f"invalid {name} {v!r}: a number of seconds, at least 0")
@@ -139,7 +152,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
     "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
-    "containment": (str,), "prefetch": (list,),
+    "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float),
 }
 
 
@@ -266,7 +279,10 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         return out
     if key == "cwd":  # relative to the file, not to wherever gpuslate runs
         return _check_cwd(str((path.parent / value).resolve()))
-    if key in ("start_timeout", "grace", "stop_timeout"):
+    if key == "front":
+        host, port = parse_front(value)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if key in ("start_timeout", "grace", "stop_timeout", "front_hold"):
         return parse_seconds(value, what=key)
     if key == "port":
         return parse_int(str(value), low=1, high=65535, what="port")
@@ -284,6 +300,21 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         except re.error as exc:
             raise UsageError(f"invalid pattern: {exc}") from None
     return value
+
+
+def parse_front(value: object) -> tuple[str, int]:
+    """A front's address: ``PORT`` (on 127.0.0.1: never reachable from another host unless
+    asked for) or ``HOST:PORT`` (``[::1]:PORT``); :class:`UsageError` otherwise."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text:
+        raise UsageError(f"invalid front {value!r}: PORT or HOST:PORT")
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host = "127.0.0.1"
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host:
+        raise UsageError(f"invalid front {value!r}: PORT or HOST:PORT")
+    return parse_host(host), parse_int(port, low=1, high=65535, what="front port")
 
 
 def _check_cwd(cwd: str) -> str:

@@ -136,7 +136,7 @@ _SPEC_CHECKS: dict[str, Callable[[Any], bool]] = {
     "gpus": _opt(lambda v: isinstance(v, list) and all(_int(g) for g in v)), "port": _opt(_int), "ready_host": _str,
     "engine": _opt(_str), "ready_url": _opt(_str), "ready_log": _opt(_str), "smoke": lambda v: isinstance(v, bool),
     "model": _opt(_str), "start_timeout": _num, "grace": _num, "stop_timeout": _num, "cwd": _opt(_str),
-    "containment": _str,
+    "containment": _str, "front": _opt(_str), "front_hold": _num,
 }
 
 
@@ -217,8 +217,9 @@ class UnitStore:
     (host/statedir.py), so a folder swapped meanwhile is refused, never followed.
     """
 
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, folder: str = "units") -> None:
         self.state = state
+        self.folder = folder  # "units"; "fronts" for the processes of the fronts (units/front.py)
 
     @classmethod
     def of(cls, host: HostContext) -> UnitStore:
@@ -226,9 +227,9 @@ class UnitStore:
         return cls(host.state_dir())
 
     def _units(self) -> StateDir:
-        """``state/units``, walked from ``/`` and checked (host/statedir.py), held open."""
+        """``state/units`` (or the store's folder), walked from ``/`` and checked (host/statedir.py), held open."""
         with open_dir(self.state, create=True) as state:
-            return state.subdir("units", create=True)
+            return state.subdir(self.folder, create=True)
 
     def units_dir(self) -> Path:
         with self._units() as units:
@@ -290,6 +291,27 @@ class UnitStore:
         if rec.name != name:
             return Unreadable(path, f"names unit {rec.name!r}, not {name!r}", {})
         return rec
+
+    def write_file(self, file: str, data: bytes) -> Path:
+        """Write ``file`` (a plain name) in the store's folder atomically, never through a link."""
+        with self._units() as units:
+            try:
+                units.write_atomic(file, data)
+            except PermissionDenied:
+                raise
+            except OSError as exc:
+                raise PermissionDenied(f"cannot write {units.path / file}: {exc.strerror or exc}") from None
+            return units.path / file
+
+    def read_file(self, file: str, limit: int = 1 << 20) -> bytes | None:
+        """``file`` of the store's folder (at most ``limit`` bytes); None when there is none."""
+        with self._units() as units:
+            try:
+                fd = units.open(file, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit)
 
     def load(self, name: str) -> UnitRecord | None:
         """Unit ``name``'s record if it is valid (see :meth:`read` for why it is not)."""

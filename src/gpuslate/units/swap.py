@@ -27,10 +27,14 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_size
 from .._time import iso_time, parse_iso_time
-from ..errors import UsageError
+from ..errors import NotDoneError, UsageError
+from ..front.admin import AdminError
+from ..front.counters import HoldMeter, HoldReport
 from ..host.session import HostContext
 from ..outcome import Outcome, Parted, PartedStatus
 from . import store
+from .front import Front, check_front, start_front
+from .frontreport import DrainReport, FrontReport, FrontState
 from .lifecycle import (
     DownOptions,
     DownResult,
@@ -81,6 +85,7 @@ class SwapResult(Parted):
     prefetch: PrefetchReport | None = None
     stop_old_at: float | None = None  # epoch: the old server was told to stop
     overhead: float | None = None  # as a document gave it (else computed: see overhead_s)
+    front: FrontReport | None = None  # what the clients of OLD's front saw (units/front.py)
 
     @property
     def ok(self) -> bool:
@@ -88,12 +93,14 @@ class SwapResult(Parted):
 
     @property
     def overhead_s(self) -> float | None:
-        """Total minus the old server's teardown, the new server's startup and the prefetch
-        (done while the old server serves): what gpuslate adds."""
+        """Total minus the old server's teardown, the new server's startup, the prefetch (done while
+        the old server serves) and the drain behind a front (the old server finishing its requests):
+        what gpuslate adds."""
         if self.overhead is not None or not self.ok:
             return self.overhead
         p = self.phases
-        return (self.total_s - p.get("prefetch_wait_s", 0.0) - p["stop_old_s"] - p["verify_clean_s"]
+        return (self.total_s - p.get("prefetch_wait_s", 0.0) - p.get("drain_old_s", 0.0) - p["stop_old_s"]
+                - p["verify_clean_s"]
                 - p["ready_new_s"] - p.get("smoke_new_s", 0.0))
 
     def deciding_parts(self) -> list[DownResult | UpResult]:
@@ -112,6 +119,7 @@ class SwapResult(Parted):
             "prefetch": self.prefetch.to_json() if self.prefetch else None,
             "down": self.down.to_json(), "up": self.up.to_json() if self.up else None,
             "rollback": self.rollback.to_json() if self.rollback else None,
+            "front": self.front.to_json() if self.front else None,
         }
 
     @classmethod
@@ -127,7 +135,8 @@ class SwapResult(Parted):
                        downtime=dict(d["downtime"]) if d["downtime"] is not None else None,
                        prefetch=PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
                        stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
-                       overhead=d["overhead_s"])
+                       overhead=d["overhead_s"],
+                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
 
 
 class SwapOptions(NamedTuple):
@@ -138,9 +147,11 @@ class SwapOptions(NamedTuple):
     prefetch: bool = True  # read NEW's weight files into the page cache before OLD is stopped
     prefetch_memory: int | None = None  # bound for the prefetch instead of the host's MemAvailable
     prefetch_timeout: float = 600.0  # most seconds OLD keeps serving while NEW's weights are read
+    drain_timeout: float = 60.0  # behind a front: most seconds the requests in flight on OLD may take
 
     def validate(self) -> SwapOptions:
         check_seconds("prefetch timeout", self.prefetch_timeout)
+        check_seconds("--drain-timeout", self.drain_timeout)
         check_size("prefetch memory", self.prefetch_memory)
         return self
 
@@ -190,6 +201,9 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
     if old_spec is None:
         raise ValueError(f"unit {old}'s record is corrupt: swap_loaded needs the spec it last ran with")
     pf: Prefetch | None = None
+    # OLD's front moves to NEW: checked before anything changes (NEW may not be behind another one)
+    front = check_front(host, new_spec, replacing=old)
+    steer = _Steer(host, front, old, new_spec) if front is not None or new_spec.front is not None else None
     try:
         phases: dict[str, float] = {"lock_wait_s": lock_wait}
         pf_report = None
@@ -203,15 +217,25 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
                      "the rest is read in the background")
             elif pf_report.status == "failed":
                 note(f"prefetch failed ({pf_report.error}); going on without it")
+        t_hold = time.monotonic()
+        if steer is not None:
+            steer.hold(opts.drain_timeout)  # new requests wait; those on OLD finish there (bounded)
+            phases["drain_old_s"] = time.monotonic() - t_hold
         stop_at = time.time()
         t_stop = time.monotonic()
         d = stop_loaded(host, old_unit, DownOptions())  # OLD as loaded above, under this hold of the lock
         phases["stop_old_s"] = d.report.timings["stop_s"]
         phases["verify_clean_s"] = d.report.timings["verify_s"]
+
+        def result(status: SwapStatus, **kw: Any) -> SwapResult:
+            fr = steer.report() if steer is not None else None
+            return SwapResult(old=old, new=new_spec.name, status=status, down=d, phases=phases,
+                              total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at, front=fr, **kw)
+
         if not d.ok:
-            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.DOWN_FAILED, down=d, up=None,
-                              rollback=None, phases=phases, total_s=time.monotonic() - t0, prefetch=pf_report,
-                              stop_old_at=stop_at)
+            if steer is not None:
+                steer.refuse(f"swap {old} -> {new_spec.name}: {old} was not stopped cleanly; nothing serves")
+            return result(SwapStatus.DOWN_FAILED, up=None, rollback=None)
         t_up = time.monotonic()
         watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
         try:
@@ -227,25 +251,127 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
         if "smoke_s" in u.timings:
             phases["smoke_new_s"] = u.timings["smoke_s"]
         if u.ok:
+            if steer is not None:
+                steer.route(new_spec)
             parts = _downtime_parts(phases, t_stop, t_up, t_ready, u, watch)
-            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.SWAPPED, down=d, up=u, rollback=None,
-                              phases=phases, total_s=time.monotonic() - t0, downtime_s=t_ready - t_stop,
-                              downtime=parts, prefetch=pf_report, stop_old_at=stop_at)
+            return result(SwapStatus.SWAPPED, up=u, rollback=None, downtime_s=t_ready - t_stop, downtime=parts)
         if not opts.rollback:
-            return SwapResult(old=old, new=new_spec.name, status=SwapStatus.UP_FAILED, down=d, up=u, rollback=None,
-                              phases=phases, total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
+            if steer is not None:
+                steer.refuse(f"{new_spec.name} did not start ({u.record.failure})", next_unit=new_spec.name)
+            return result(SwapStatus.UP_FAILED, up=u, rollback=None)
         note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
         t_rb = time.monotonic()
         # OLD's spec as loaded above; no guard read of its record: stop_loaded has just stopped it
         # (d.ok: nothing of it runs) and written the record itself, under this same hold of the lock
         rb = start_checked(host, old_spec, UpOptions())
         phases["rollback_s"] = time.monotonic() - t_rb
+        if steer is not None:
+            if rb.ok:
+                steer.route(old_spec)
+            else:
+                steer.refuse(f"{new_spec.name} did not start, and {old} did not come back ({rb.record.failure})",
+                             next_unit=old)
         status = SwapStatus.ROLLED_BACK if rb.ok else SwapStatus.ROLLBACK_FAILED
-        return SwapResult(old=old, new=new_spec.name, status=status, down=d, up=u, rollback=rb, phases=phases,
-                          total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at)
+        return result(status, up=u, rollback=rb)
+    except BaseException:
+        if steer is not None:
+            steer.abandon()
+        raise
     finally:
         if pf is not None:
             pf.cancel()  # a failed or interrupted swap leaves no reader behind
+
+
+class _Steer:
+    """The front's part of one swap: hold and drain before OLD stops, route to whichever unit
+    serves after (NEW, or OLD rolled back), or refuse saying why; and what the clients saw.
+    A NEW declaring a front that OLD did not have gets it started once it is ready, as ``up`` does."""
+
+    def __init__(self, host: HostContext, front: Front | None, old: str, new: UnitSpec) -> None:
+        self.host, self.front, self.old, self.new = host, front, old, new
+        self.meter: HoldMeter | None = None
+        self.drain: DrainReport | None = None
+        self.hold_report: HoldReport | None = None
+        self.state: FrontState | None = None
+        self.unit: str | None = None
+        self.note: str | None = None
+        self.started = False
+        self.stopped_old = False
+
+    def hold(self, drain_timeout: float) -> None:
+        f = self.front
+        if f is None:
+            return
+        if not f.running() or not f.admin.alive():
+            self.note = f"the front on {f.record.address} was not running: started again once {self.new.name} is ready"
+            self.host.note(self.note)
+            return
+        self.meter = f.hold(f"swap {self.old} -> {self.new.name}", self.new.name)
+        self.drain = f.drain(drain_timeout)
+
+    def _front_for(self, spec: UnitSpec) -> Front | None:
+        f = self.front
+        if f is not None and f.running() and f.admin.alive():
+            return f
+        if f is not None or spec.front is not None:  # gone meanwhile, or never there: start it, holding
+            if f is not None and f.running():
+                f.stop()
+            target = spec if spec.front is not None else replace(spec, front=f.record.address)  # type: ignore[union-attr]
+            try:
+                self.front = start_front(self.host, target, unit=spec.name, next_unit=spec.name)
+            except (UsageError, NotDoneError, OSError) as exc:
+                self.note = f"the front could not be started: {exc}"
+                self.host.note(self.note)
+                self.state = FrontState.DOWN
+                return None
+            self.started = True
+            if self.meter is not None:
+                self.note = (self.note or "") + " (it died during the swap: the requests it held were lost)"
+                self.meter = None
+            return self.front
+        return None
+
+    def route(self, spec: UnitSpec) -> None:
+        f = self._front_for(spec)
+        if f is None:
+            return
+        try:
+            self.hold_report = f.route(spec, self.meter)
+        except AdminError as exc:
+            self.note = f"the front could not be routed to {spec.name}: {exc}"
+            self.state = FrontState.NO_ROUTE
+            return
+        self.meter = None
+        self.state, self.unit = FrontState.SERVING, spec.name
+
+    def refuse(self, reason: str, next_unit: str | None = None) -> None:
+        f = self.front
+        if f is None or not f.running():
+            return
+        self.hold_report = f.refuse(reason, self.meter, next_unit)
+        self.meter = None
+        self.state, self.unit, self.note = FrontState.REFUSING, next_unit, reason
+        self.host.note(f"front {f.record.address}: {reason}: it answers 503 until a unit serves it")
+
+    def abandon(self) -> None:
+        """The swap was interrupted: the front answers 503 rather than hold for nothing."""
+        if self.meter is not None:
+            try:
+                self.refuse(f"swap {self.old} -> {self.new.name} was interrupted", self.new.name)
+            except (AdminError, OSError):
+                pass
+
+    def report(self) -> FrontReport | None:
+        f = self.front
+        if f is None:
+            return None
+        r = FrontReport(address=f.record.address, state=self.state or f.live()[0], unit=self.unit or f.record.unit,
+                        started=self.started, hold=self.hold_report, drain=self.drain, note=self.note)
+        try:
+            f.remember(r)
+        except OSError:
+            pass
+        return r
 
 
 def _start_prefetch(spec: UnitSpec, memory: int | None, note: Callable[[str], None]) -> Prefetch | None:

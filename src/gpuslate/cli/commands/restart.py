@@ -7,7 +7,7 @@ import argparse
 
 from ..exits import exit_epilog
 from . import present
-from .common import add_common, note
+from .common import add_common, nonnegative_float, note
 from .up import file_units, unit_name
 
 
@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefetch", action="store_true",
                    help="read its weight files into the page cache before stopping it, as swap does "
                    "(off: the server that just ran them has them cached)")
+    p.add_argument("--drain-timeout", type=nonnegative_float, metavar="SECONDS", default=60.0,
+                   help="behind a front: the most the requests in flight on it may take to finish before "
+                   "it is stopped (what still runs then is cut, and counted; default 60)")
     p.add_argument("--config", metavar="PATH",
                    help="with no NAME: the unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or above)")
     p.set_defaults(handler=run)
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from ...units import RestartOptions, UnitStore, restart_many  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
 
-    opts = RestartOptions(prefetch=args.prefetch)
+    opts = RestartOptions(prefetch=args.prefetch, drain_timeout=args.drain_timeout)
     with stop_signals_interrupt(), Host.open(getattr(args, "sim", None), on_event=note) as host:
         if len(args.names) == 1:
             result = host.restart(args.names[0], opts)

@@ -7,7 +7,7 @@ import argparse
 from ..exits import exit_epilog
 from ..render.live import LiveLine
 from . import present
-from .common import add_common
+from .common import add_common, nonnegative_float
 from .up import unit_name
 
 
@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)")
     p.add_argument("--no-prefetch", action="store_true",
                    help="do not read NEW's weight files into the page cache before stopping OLD")
+    p.add_argument("--drain-timeout", type=nonnegative_float, metavar="SECONDS", default=60.0,
+                   help="behind a front: the most the requests in flight on OLD may take to finish before "
+                   "it is stopped (what still runs then is cut, and counted; default 60)")
     p.set_defaults(handler=run)
 
 
@@ -36,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from ...units import SwapOptions  # lazy: startup
     from ...units.interrupts import stop_signals_interrupt  # lazy: startup
 
-    opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch)
+    opts = SwapOptions(rollback=args.rollback, config=args.config, prefetch=not args.no_prefetch,
+                       drain_timeout=args.drain_timeout)
     # a SIGTERM or SIGHUP cleans up NEW's start like Ctrl-C (exit 130)
     with stop_signals_interrupt(), LiveLine.of(args) as live, \
             Host.open(getattr(args, "sim", None), on_event=live.note, on_progress=live.sink) as host:

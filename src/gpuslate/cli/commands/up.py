@@ -98,6 +98,9 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cwd", metavar="DIR", help="working directory of the server")
     p.add_argument("--containment", choices=("auto", "cgroup", "scope", "session"),
                    help="how the unit is fenced in (default auto: cgroup, else systemd scope, else session)")
+    p.add_argument("--front", metavar="[HOST:]PORT",
+                   help="clients use PORT (on 127.0.0.1 unless HOST is given): a proxy (Caddy, the front "
+                   "extra) that holds their requests while swap or restart replaces the unit")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -112,7 +115,14 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"gpus": args.gpus, "port": args.port, "ready_host": args.ready_host, "engine": args.engine,
             "ready_url": args.ready_url, "ready_log": args.ready_log, "smoke": args.smoke, "model": args.model,
             "start_timeout": args.start_timeout, "grace": args.grace, "stop_timeout": args.stop_timeout,
-            "env": env, "cwd": args.cwd, "containment": args.containment}
+            "env": env, "cwd": args.cwd, "containment": args.containment,
+            "front": front_arg(args.front) if args.front is not None else None}
+
+
+def front_arg(value: str) -> str:
+    from ...units.front import parse_front_option  # lazy: startup
+
+    return parse_front_option(value)
 
 
 def file_units(config: str | None, verb: str) -> list[str]:

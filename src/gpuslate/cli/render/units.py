@@ -16,6 +16,7 @@ from typing import IO
 from ..._parse import format_gpu_list, format_size, gpus_phrase
 from ..._time import format_duration
 from ...units.batch import BatchResult
+from ...units.frontreport import FrontReport, FrontState
 from ...units.lifecycle import DownResult, UpResult
 from ...units.listing import PsResult
 from ...units.remove import RmResult
@@ -27,6 +28,7 @@ from .plain import Cell, Column, safe, table, use_color, width_of
 _PS_COLUMNS = (Column("Name"), Column("State"), Column("PID", "right"), Column("Uptime", "right"),
                Column("Port", "right"), Column("GPUs"), Column("GPU memory", "right"), Column("Ready in", "right"))
 _PHASES = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
+           ("drain_old_s", "drain {old} (front holds)"),
            ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
            ("preflight_new_s", "pre-flight {new}"),
            ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
@@ -82,6 +84,7 @@ def show_up(result: UpResult) -> None:
         print_up(result)
     else:
         report_up_failure(result)
+    print_front(result.front)
 
 
 # -- down ----------------------------------------------------------------------------------------
@@ -143,6 +146,7 @@ def report_down_failure(result: DownResult) -> None:
 
 
 def show_down(result: DownResult) -> None:
+    print_front(result.front)
     print_down(result)
     if not result.ok:
         report_down_failure(result)
@@ -172,6 +176,28 @@ def print_swap(result: SwapResult) -> None:
          (f"  (gpuslate overhead {overhead:.3f} s)" if overhead is not None else ""))
     _print_prefetch(result)
     _print_downtime(result)
+    print_front(result.front)
+
+
+def print_front(front: FrontReport | None) -> None:
+    """What the clients of a front saw, and where the front was left (one or two lines)."""
+    if front is None:
+        return
+    parts = []
+    if front.hold is not None:
+        h = front.hold
+        parts.append(f"{h.held} request{'s' if h.held != 1 else ''} held (longest {h.longest_hold_s:.3f} s)")
+        if h.failed:
+            parts.append(f"{h.failed} failed by the front")
+    if front.drain is not None:
+        d = front.drain
+        cut = f", {d.cut} CUT at the {d.timeout_s:g} s drain timeout" if d.cut else ""
+        parts.append(f"{d.drained} drained{cut}")
+    where = {FrontState.SERVING: f"serving {safe(front.unit or '?')}",
+             FrontState.STOPPED: "stopped"}.get(front.state, f"{front.state.value.upper()}")
+    _out(f"Front {safe(front.address)}: " + "; ".join([*parts, where]))
+    if front.note and front.state not in (FrontState.SERVING, FrontState.STOPPED):
+        sys.stderr.write(f"gpuslate: front {safe(front.address)}: {safe(front.note)}\n")
 
 
 def report_swap_failure(result: SwapResult) -> None:
@@ -239,6 +265,8 @@ def show_ps(result: PsResult) -> None:
     if result.hidden:
         n = result.hidden
         _out(f"({n} unit{'s' if n != 1 else ''} stopped more than an hour ago not shown: gpuslate ps -a)")
+    for f in result.fronts:
+        _out(safe(str(f.get("line") or f.get("address"))))
     for w in result.warnings:
         _out(f"warning: {safe(w)}")
 
@@ -254,6 +282,7 @@ def show_restart(result: RestartResult) -> None:
     if result.ok:
         _out(f"Unit {safe(result.name)} restarted ({result.previous_state.value} before) in {result.total_s:.2f} s"
              + (f"; downtime {result.downtime_s:.3f} s" if result.downtime_s is not None else ""))
+    print_front(result.front)
     report_restart_failure(result)
 
 

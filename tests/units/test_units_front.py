@@ -1,0 +1,257 @@
+"""A unit's front, with a real proxy (Caddy, from the front extra) and real servers: swaps and
+restarts behind it lose no request; without it, every swap fails requests; a drain that times
+out, a NEW that fails (with and without --rollback), gpuslate killed in each phase and the
+front's own process dying each end as docs/units.md ("Front") says."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from frontkit import StreamLoad, summary
+from gpuslate.api import Host
+from gpuslate.errors import UsageError
+from gpuslate.front.caddy import find_caddy
+from gpuslate.gpu.simhost.host import SimHost
+from gpuslate.units.front import Front, front_store
+from gpuslate.units.unit import load_units
+from helpers import gpuslate_env, kill_leftovers, unavailable, unit_records, wait_for
+from unitkit import free_port, run_units, serve_cmd
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _caddy() -> None:
+    try:
+        find_caddy()
+    except UsageError as exc:
+        unavailable(f"the front tests need Caddy (the front extra): {exc}")
+
+
+@pytest.fixture
+def fronts_host(units_host: SimHost) -> Iterator[SimHost]:
+    """The units' host; every front process the test started is killed too, also on failure."""
+    yield units_host
+    with Host.open() as host:
+        kill_leftovers(units_host, load_units(front_store(host)))
+
+
+def up(name: str, port: int, front: int | None, *extra: str, startup: float = 0.3) -> None:
+    args = ["up", name, "--gpus", "0", "--port", str(port), "--engine", "sglang", "--grace", "2"]
+    if front is not None:
+        args += ["--front", str(front)]
+    r = run_units(*args, "--", *serve_cmd(port, *extra, startup=startup, memory="1GiB"))
+    assert r.returncode == 0, r.stderr
+
+
+def unit_file(**units: list[str]) -> None:
+    """gpuslate.toml in the test's folder (its working folder): each unit on GPU 0, its command given."""
+    lines = []
+    for name, command in units.items():
+        port = command[command.index("--port") + 1]
+        lines += [f"[units.{name}]", f"command = {json.dumps(command)}", 'gpus = "0"', f"port = {port}",
+                  'engine = "sglang"', "grace = 2", ""]
+    Path("gpuslate.toml").write_text("\n".join(lines))
+
+
+def front_of(name: str) -> Front:
+    with Host.open() as host:
+        f = Front.of_unit(host, name)
+    assert f is not None
+    return f
+
+
+def swap_json(*args: str, timeout: float = 120) -> tuple[int, dict]:
+    r = run_units(*args, "--json", timeout=timeout)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_restarts_and_swaps_behind_a_front_lose_nothing(fronts_host: SimHost) -> None:
+    port, fport = free_port(), free_port()
+    unit_file(b=serve_cmd(port, "--mode", "speculative", startup=0.3, memory="1GiB"))
+    up("a", port, fport)
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=8, max_tokens=24) as load:
+        load.wait_done(16)
+        reports = []
+        for verb in (["restart", "a"], ["swap", "a", "b"], ["swap", "b", "a"]):
+            rc, doc = swap_json(*verb)
+            assert rc == 0, doc
+            fr = doc["front"]
+            assert fr["state"] == "serving" and fr["unit"] == verb[-1], fr
+            reports.append(fr)
+            load.wait_done(16)
+        records = load.stop()
+    failed = [r for r in records if not r.ok]
+    assert not failed, summary(records)
+    # each swap held requests (the load never stops), drained what was in flight on the old unit
+    assert all(fr["hold"]["held"] > 0 and fr["drain"]["in_flight"] >= 0 and fr["drain"]["cut"] == 0
+               for fr in reports), reports
+    # a request waited at most the hold (drain + stop + start + route) plus the retry interval and its own time
+    longest = max(fr["hold"]["seconds"] for fr in reports)
+    assert max(r.latency for r in records) < longest + 2.0
+
+
+def test_without_the_front_every_restart_fails_requests(fronts_host: SimHost) -> None:
+    port = free_port()
+    up("a", port, None)
+    windows = []
+    with StreamLoad(f"http://127.0.0.1:{port}", concurrency=8, max_tokens=24) as load:
+        load.wait_done(16)
+        for _ in range(2):
+            t0 = time.monotonic()
+            rc, doc = swap_json("restart", "a")
+            assert rc == 0 and doc["front"] is None, doc
+            windows.append((t0, time.monotonic()))
+            load.wait_done(16)
+        records = load.stop()
+    for t0, t1 in windows:  # the same client, the same restarts: requests fail at each one
+        assert any(not r.ok and t0 <= r.end <= t1 + 1 for r in records), (windows, summary(records))
+
+
+def test_a_drain_that_times_out_cuts_what_runs_and_counts_it(fronts_host: SimHost) -> None:
+    port, fport = free_port(), free_port()
+    up("a", port, fport, "--base-step-ms", "40")  # 25 tokens a second: a long answer takes seconds
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=2000) as slow:
+        wait_for(lambda: any(r.first for r in slow.records), timeout=20)
+        rc, doc = swap_json("restart", "a", "--drain-timeout", "0.5")
+        records = slow.stop()
+    assert rc == 0, doc
+    drain = doc["front"]["drain"]
+    assert drain["in_flight"] == 2 and drain["cut"] == 2 and drain["drained"] == 0, drain
+    assert 0.5 <= drain["seconds"] < 3, drain
+    cut = [r for r in records if not r.ok]
+    assert len(cut) == 2, summary(records)  # the two long streams, cut when the unit stopped: counted above
+
+
+@pytest.mark.parametrize("rollback", [False, True])
+def test_a_new_unit_that_fails(fronts_host: SimHost, rollback: bool) -> None:
+    port, fport = free_port(), free_port()
+    unit_file(bad=serve_cmd(port, "--fail-startup", startup=0.4, memory="1GiB"))
+    up("a", port, fport)
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=4, max_tokens=8) as load:
+        load.wait_done(8)
+        rc, doc = swap_json("swap", "a", "bad", *(["--rollback"] if rollback else []))
+        if rollback:
+            load.wait_done(8)
+        records = load.stop()
+    fr = doc["front"]
+    if rollback:
+        assert rc == 6 and doc["status"] == "rolled_back", doc
+        assert fr["state"] == "serving" and fr["unit"] == "a", fr
+        assert all(r.ok for r in records), summary(records)  # held through the failure, served by a again
+    else:
+        assert rc == 6 and doc["status"] == "up_failed", doc
+        assert fr["state"] == "refusing" and "bad did not start" in fr["note"], fr
+        failed = [r for r in records if not r.ok]
+        assert failed and all("503" in (r.error or "") for r in failed), summary(records)
+        ps = run_units("ps")
+        assert "answers 503" in ps.stdout + ps.stderr, ps
+        # and the next up of the unit it waits for makes it serve
+        up_again = run_units("up", "a")
+        assert up_again.returncode == 0, up_again.stderr
+        assert front_of("a").live()[0].value == "serving"
+
+
+def _kill_swap_at(phase: str, port: int, fport: int) -> subprocess.Popen[str]:
+    """A swap a -> b, SIGKILLed once it is in ``phase``."""
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "swap", "a", "b", "--drain-timeout", "30"],
+                            env=gpuslate_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        if phase == "draining":
+            wait_for(lambda: front_of("a").live()[0].value == "holding", timeout=30)  # the route closed
+        elif phase == "stopping":
+            wait_for(lambda: "SIGTERM" in _audit(), timeout=30)
+        else:  # starting: b's record says it is starting
+            wait_for(lambda: (r := unit_records().load("b")) is not None and r.phase == "starting", timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    return proc
+
+
+def _audit() -> str:
+    return run_units("audit", "--json").stdout
+
+
+@pytest.mark.parametrize("phase", ["draining", "stopping", "starting"])
+def test_gpuslate_killed_in_each_phase_leaves_a_named_front_that_a_command_routes(
+        fronts_host: SimHost, phase: str) -> None:
+    port, fport = free_port(), free_port()
+    unit_file(b=serve_cmd(port, startup=3.0, memory="1GiB"))  # slow to start: killed while it does
+    up("a", port, fport, "--base-step-ms", "40")
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=60) as load:
+        wait_for(lambda: any(r.first for r in load.records), timeout=20)
+        _kill_swap_at(phase, port, fport)
+        ps = run_units("ps")
+        assert "the gpuslate that held it is gone" in ps.stdout + ps.stderr, ps.stdout + ps.stderr
+        f = front_of("a")
+        assert f.live()[0].value == "stranded"
+        # the remedy ps names: the unit that is left runs again behind it
+        runs = {u.name for u in load_units(unit_records()) if u.running()}
+        remedy = ("restart", "a") if "a" in runs else ("restart", "b") if "b" in runs else ("up", "b")
+        rr = run_units(*remedy, timeout=120)
+        assert rr.returncode == 0, rr.stderr
+        load.wait_done(4, timeout=60)
+        records = load.stop()
+    assert front_of(remedy[1]).live()[0].value == "serving"
+    # the requests held across the crash were served once it was routed (only those in flight on
+    # a when it was stopped, in the stopping phase, were cut)
+    held_after = [r for r in records if r.start > records[0].start + 0.1 and r.first is not None]
+    assert held_after, summary(records)
+
+
+def test_the_front_process_dying_is_named_and_a_restart_brings_it_back(fronts_host: SimHost) -> None:
+    port, fport = free_port(), free_port()
+    up("a", port, fport)
+    f = front_of("a")
+    assert f.procs is not None and f.procs.record is not None
+    os.kill(f.procs.record.pid, signal.SIGKILL)
+    wait_for(lambda: front_of("a").live()[0].value == "down", timeout=10)
+    ps = run_units("ps")
+    assert "its process is gone" in ps.stdout + ps.stderr
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", fport), timeout=1).close()
+    rc, doc = swap_json("restart", "a")
+    assert rc == 0 and doc["front"]["state"] == "serving" and doc["front"]["started"], doc
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=4) as load:
+        load.wait_done(4)
+        assert all(r.ok for r in load.stop())
+
+
+def test_down_ends_the_front_and_the_defaults_are_safe(fronts_host: SimHost) -> None:
+    port, fport = free_port(), free_port()
+    up("a", port, fport)
+    f = front_of("a")
+    # 127.0.0.1 only; the admin and route sockets are the owner's alone
+    assert f.record.host == "127.0.0.1"
+    for sock in (f.paths.admin, f.paths.route_admin, f.paths.route):
+        st = os.stat(sock)
+        assert stat.S_ISSOCK(st.st_mode) and st.st_mode & 0o077 == 0, (sock, oct(st.st_mode))
+    # no open proxy: an absolute URI or another Host header still reaches the unit, nothing else
+    with socket.create_connection(("127.0.0.1", fport), timeout=5) as s:
+        s.sendall(b"GET http://example.invalid:1/v1/models HTTP/1.1\r\nHost: example.invalid:1\r\n"
+                  b"Connection: close\r\n\r\n")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert b"sim-model" in answer, answer[:300]
+    pids = [st.pid for st in f.procs.members()] if f.procs else []
+    assert len(pids) == 2  # the front and its route
+    d = run_units("down", "a", "--json")
+    assert d.returncode == 0, d.stderr
+    assert json.loads(d.stdout)["front"]["state"] == "stopped"
+    assert all(not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text().lower()
+               for p in pids)
+    assert "front-" in _audit()  # its signals were audited like a unit's
