@@ -28,7 +28,7 @@ from typing import Any
 from .._parse import ALL_GPUS, parse_gpu_selection, parse_host, parse_http_url, parse_int, parse_seconds, selected_gpus
 from .._toml import line_of, read_toml
 from ..errors import PermissionDenied, UsageError
-from .names import UnitName
+from ..unitname import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
 #: names the unit file, as COMPOSE_FILE names docker compose's (one file here)

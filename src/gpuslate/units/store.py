@@ -13,7 +13,7 @@ cgroup, and the processes seen in it once it was ready.
 
 Every file here is reached through the state folder's checked walk
 (host/statedir.py: from ``/``, one component at a time, never through another
-user's link, regular files only) and named only by a :class:`~.names.UnitName`,
+user's link, regular files only) and named only by a :class:`~gpuslate.unitname.UnitName`,
 so no name or planted file leads a record read or write outside ``units/``.
 """
 
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..errors import PermissionDenied
 from ..host.statedir import StateDir, open_dir
 from ..proc.procfs import ProcessId
-from .names import UnitName, is_unit_name
+from ..unitname import UnitName, is_unit_name
 from .state import Phase
 
 if TYPE_CHECKING:

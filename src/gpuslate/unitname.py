@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import UsageError
+from .errors import UsageError
 
 MAX_LENGTH = 64
 #: ASCII letters and digits, then also '.', '_', '-': never '/', '..', NUL, a control
