@@ -110,3 +110,28 @@ def test_the_check_finds_a_bare_number(tmp_path):
 def test_cli_holds_only_its_layout():
     entries = {p.name for p in CLI.iterdir() if p.name != "__pycache__"}
     assert entries == {"__init__.py", "main.py", "exits.py", "fleet.py", "commands", "render"}
+
+
+def _modules_after(*argv: str) -> set[str]:
+    """The gpuslate modules a fresh ``gpuslate ARGV`` imported (its output thrown away)."""
+    code = ("import sys, io, contextlib\nfrom gpuslate.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(sys.argv[1:])\n    except SystemExit:\n        pass\n"
+            "print(' '.join(m for m in sys.modules if m.startswith('gpuslate.')))")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=gpuslate_env(),
+                       timeout=60, check=True)
+    return set(r.stdout.split())
+
+
+def test_help_and_completion_import_no_command_module():
+    """The summaries are in the table and a verb's options in its declaration (pip's commands_dict):
+    ``--help``, a verb's ``--help`` and completion import no command's module (completion imports the
+    modules of the commands that are no verb, which build their own options, and its own)."""
+    verb_modules = {f"gpuslate.cli.commands.{row.module}" for row in COMMANDS.values() if row.verb is not None}
+    shared = {"gpuslate.cli.commands", "gpuslate.cli.commands.common"}
+    for argv in (["--help"], ["clear", "--help"], ["up", "--help"], ["log", "--help"]):
+        loaded = {m for m in _modules_after(*argv) if m.startswith("gpuslate.cli.commands")}
+        assert loaded == shared, (argv, loaded)
+    loaded = _modules_after("completion", "bash")
+    assert not loaded & verb_modules, loaded & verb_modules
+    assert not any(m.startswith(("gpuslate.clearing", "gpuslate.api")) for m in loaded), sorted(loaded)

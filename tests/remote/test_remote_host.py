@@ -19,9 +19,9 @@ from gpuslate.clearing.clear import ClearResult, ClearStatus
 from gpuslate.errors import GpuslateError
 from gpuslate.options import ClearLine, UpLine
 from gpuslate.remote.host import unit_flags
-from gpuslate.verbs import CLEAR, UP
 from gpuslate.units.lifecycle import DownStatus, UpStatus
 from gpuslate.units.listing import PsResult
+from gpuslate.verbs import CLEAR, UP
 from helpers import gpuslate_env, is_gone, wait_for
 from sshd_hosts import free_port
 

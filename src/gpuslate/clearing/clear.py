@@ -23,7 +23,7 @@ from .._parse import format_gpu_list
 from .._record import Record
 from .._time import iso_time, parse_iso_time
 from ..errors import NotConfirmed, NotDoneError
-from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
+from ..gpu.types import GpuBackend, GpuReading, ProcessKind, memory_from_json, memory_json
 from ..host.audit import new_run_id
 from ..host.daemons import DaemonHold
 from ..host.session import HostContext, Ticker
@@ -400,7 +400,7 @@ def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:
     table = ProcTable()
     for g in snap.gpus:
         for p in g.processes:
-            if p.pid in planned or not p.visible or p.kind == "handle" or any(r.pid == p.pid for r in out):
+            if p.pid in planned or not p.visible or p.kind == ProcessKind.HANDLE or any(r.pid == p.pid for r in out):
                 continue
             cg = read_cgroup(p.pid)
             old = by_cmd.get(p.command or "") or (by_cgroup.get(cg) if cg else None)

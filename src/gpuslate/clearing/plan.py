@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
-from ..gpu.types import GpuBackend
+from ..gpu.types import GpuBackend, ProcessKind
 from ..host.daemons import sharing
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
 from ..options import Selection
@@ -169,7 +169,7 @@ def _decide(facts: Facts, res: Resolved, held: Mapping[int, str]) -> Decision:
     memory: dict[int, dict[int, int]] = {}  # pid -> gpu -> bytes, for processes with a GPU context
     handles: dict[int, set[int]] = {}
     for h in facts.holds:
-        if h.kind == "handle":
+        if h.kind == ProcessKind.HANDLE:
             handles.setdefault(h.pid, set()).add(h.gpu)
         else:
             per = memory.setdefault(h.pid, {})

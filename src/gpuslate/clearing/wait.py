@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from .._parse import format_size, gpus_phrase
 from .._record import Record
-from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
+from ..gpu.types import GpuBackend, GpuReading, ProcessKind, held_by_no_process, memory_from_json, memory_json
 from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
@@ -317,7 +317,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
                                     f"the GPU could not be queried ({r.error}): its state is unknown, not free",
                                     f"check the driver (nvidia-smi -q -i {r.index}) and the kernel log"))
         for p in g.processes:
-            if p.kind == "handle":
+            if p.kind == ProcessKind.HANDLE:
                 continue  # holds no memory and no context: never what keeps a GPU busy
             if p.pid in daemons:
                 continue  # a spared daemon's baseline: the host's, not what keeps the GPU busy

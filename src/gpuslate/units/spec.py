@@ -28,13 +28,14 @@ from typing import Any
 from .._parse import ALL_GPUS, parse_gpu_selection, parse_host, parse_http_url, parse_int, parse_seconds, selected_gpus
 from .._toml import line_of, read_toml
 from ..errors import PermissionDenied, UsageError
+from ..options import Containment
 from ..unitname import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
 #: names the unit file, as COMPOSE_FILE names docker compose's (one file here)
 CONFIG_VAR = "GPUSLATE_CONFIG"
 ENGINES = ("sglang", "vllm")
-CONTAINMENTS = ("auto", "cgroup", "scope", "session")
+CONTAINMENTS = tuple(c.value for c in Containment)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class UnitSpec:
     grace: float = 10.0  # SIGTERM -> SIGKILL when stopping
     stop_timeout: float = 60.0  # stopping, including the GPU memory release
     cwd: str | None = None
-    containment: str = "auto"
+    containment: Containment = Containment.AUTO
     # weight files to read into the page cache before a swap stops the old unit;
     # None: detected from the command (--model-path, --model, a model folder); []: none
     prefetch: list[str] | None = None
@@ -86,6 +87,7 @@ class UnitSpec:
             raise UsageError(f"invalid engine {self.engine!r}: one of {', '.join(ENGINES)}")
         if self.containment not in CONTAINMENTS:
             raise UsageError(f"invalid containment {self.containment!r}: one of {', '.join(CONTAINMENTS)}")
+        self.containment = Containment(self.containment)
         kind, _ = self.readiness
         if self.port is None and (kind in ("tcp", "sglang", "vllm") or self.smoke
                                   or (kind == "http" and "://" not in (self.ready_url or ""))):
