@@ -72,6 +72,10 @@ for n, f in list(vars(libnvml.Nvml).items()):
     if callable(f) and not n.startswith("_"):
         setattr(libnvml.Nvml, n, mk(f, f"Nvml.{n}"))
 spans.append(("import NVML binding (ctypes)", s, now()))
+if os.environ.get("GPUSLATE_SIM"):  # the simulator's own modules, apart from gpuslate's (a real host has none)
+    s = now()
+    import gpuslate.gpu.simhost
+    spans.append(("import the simulated host (simulator)", s, now()))
 s = now()
 import gpuslate.cli.main as cm
 cmd = sys.argv[1]

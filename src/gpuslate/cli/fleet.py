@@ -19,8 +19,9 @@ import argparse
 import sys
 import threading
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any
 
+from .._record import Record
 from ..errors import BadDocument, NotConfirmed, UsageError
 from ..verbs import CLEAR, STATUS
 from .commands import COMMANDS, Command, Remote, document_for, show_document
@@ -38,7 +39,7 @@ _VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group":
 _FLAGS = {"--keep-going": "keep_going", "--slurm": "slurm"}
 
 
-class FleetArgs(NamedTuple):
+class FleetArgs(Record):
     hosts: list[str]
     hosts_file: str | None
     group: str | None
@@ -109,10 +110,10 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
         if extra:
             raise UsageError(f"{extra[0]} needs --host or --hosts FILE")
         return None, rest
-    return FleetArgs(found["hosts"], found["hosts_file"], found["group"],
-                     _number(found["parallel"], "--parallel", 32, int),
-                     _number(found["connect_timeout"], "--connect-timeout", 10.0, float),
-                     found["keep_going"], found["slurm"]), rest
+    return FleetArgs(hosts=found["hosts"], hosts_file=found["hosts_file"], group=found["group"],
+                     parallel=_number(found["parallel"], "--parallel", 32, int),
+                     connect_timeout=_number(found["connect_timeout"], "--connect-timeout", 10.0, float),
+                     keep_going=found["keep_going"], slurm=found["slurm"]), rest
 
 
 def _number(text: str | None, option: str, default: Any, kind: type) -> Any:

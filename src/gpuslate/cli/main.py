@@ -39,10 +39,34 @@ class _LazySubParsers(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help, as wide as ``shutil.get_terminal_size`` says, without importing shutil (and
+    its bz2 and lzma) at every start: argparse makes a formatter for every option it adds."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width if width is not None else _columns() - 2)
+
+
+def _columns() -> int:
+    """$COLUMNS, else the terminal's width on stdout, else 80: as ``shutil.get_terminal_size``."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
+            columns = 80
+    return columns
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         # only whole option names: a prefix (`--all` for --all-users) is an error, in every sub-parser too
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _LazySubParsers)
 
