@@ -54,7 +54,7 @@ VALUES: dict[Any, st.SearchStrategy[Any]] = {
     options.tail: st.integers(0, 10**9),
     # a time since 1970: 0, or a moment written in the few dozen characters --since takes
     options.since: st.one_of(st.just(0.0), st.floats(1e-3, 4e9, allow_nan=False)),
-    options.Containment: st.sampled_from(list(options.Containment)),
+    options.containment: st.sampled_from(list(options.Containment)),
 }
 
 

@@ -47,7 +47,10 @@ def parse_size(text: str | int) -> int:
                 f"invalid size {shown}: expected a number with an optional unit "
                 "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 40GiB"
             )
-        number = float(m.group(1)) * _UNITS[unit]  # inf for 400 digits: caught below
+        digits = m.group(1)
+        # a whole number exactly (a float is exact to 2**53 only); one of 400 digits is inf, caught below
+        number = int(digits) * _UNITS[unit] if "." not in digits and len(digits) <= 24 else \
+            float(digits) * _UNITS[unit]
         if not number <= MAX_SIZE:
             raise UsageError(f"invalid size {shown}: at most 1 EiB")
         value = round(number)

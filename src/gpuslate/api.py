@@ -86,13 +86,13 @@ class Host(HostContext):
 
     def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
         """Plan, act, verify: see :func:`gpuslate.clearing.clear.clear`."""
-        from .clearing.clear import clear  # lazy: startup
+        from .clearing.clear import clear  # lazy: startup (status needs none of it)
 
         return clear(self, selection or Selection(), options or ClearOptions())
 
     def wait(self, gpus: Sequence[int] | None = None, options: WaitOptions | None = None) -> WaitResult:
         """Wait until the GPUs are free; signals nothing: see :func:`gpuslate.clearing.wait.wait_free`."""
-        from .clearing.wait import wait_free  # lazy: startup
+        from .clearing.wait import wait_free  # lazy: startup (status needs none of it)
 
         return wait_free(self, gpus, options or WaitOptions())
 
@@ -100,53 +100,53 @@ class Host(HostContext):
         """Start a unit, return once it serves: see :func:`gpuslate.units.lifecycle.up`. ``unit``: a
         spec, or a name resolved as ``gpuslate up NAME`` does (its table in the unit file, else the
         spec it last ran with: :func:`gpuslate.units.resolving.spec_for`)."""
-        from .units.lifecycle import up  # lazy: startup
-        from .units.resolving import spec_for  # lazy: startup
+        from .units.lifecycle import up  # lazy: startup (status needs none of it)
+        from .units.resolving import spec_for  # lazy: startup (status needs none of it)
 
         return up(self, spec_for(self, unit) if isinstance(unit, str) else unit, options or UpOptions())
 
     def down(self, name: str, options: DownOptions | None = None) -> DownResult:
         """Stop a unit, verify its GPUs: see :func:`gpuslate.units.lifecycle.down`."""
-        from .units.lifecycle import down  # lazy: startup
+        from .units.lifecycle import down  # lazy: startup (status needs none of it)
 
         return down(self, name, options or DownOptions())
 
     def swap(self, old: str, new: str | UnitSpec, options: SwapOptions | None = None) -> SwapResult:
         """Replace unit ``old`` by ``new`` under one lock: see :func:`gpuslate.units.swap.swap`."""
-        from .units.swap import swap  # lazy: startup
+        from .units.swap import swap  # lazy: startup (status needs none of it)
 
         return swap(self, old, new, options or SwapOptions())
 
     def restart(self, name: str, options: RestartOptions | None = None) -> RestartResult:
         """Stop a unit and start it with the spec it last ran with: see :func:`gpuslate.units.restart.restart`."""
-        from .units.restart import restart  # lazy: startup
+        from .units.restart import restart  # lazy: startup (status needs none of it)
 
         return restart(self, name, options or RestartOptions())
 
     def rm(self, names: Sequence[str]) -> RmResult:
         """Remove the records and logs of units nothing of which runs: see :func:`gpuslate.units.remove.rm`."""
-        from .units.remove import rm  # lazy: startup
+        from .units.remove import rm  # lazy: startup (status needs none of it)
 
         return rm(self, [names] if isinstance(names, str) else names)
 
     def ps(self, options: PsOptions | None = None) -> PsResult:
         """Every unit with its live state (``PsOptions(all=False)``: as ``ps`` without ``-a``):
         see :func:`gpuslate.units.listing.list_units`."""
-        from .units.listing import list_units  # lazy: startup
+        from .units.listing import list_units  # lazy: startup (status needs none of it)
 
         return list_units(self, options or PsOptions())
 
     def audit(self, options: AuditOptions | None = None) -> AuditListing:
         """The newest entries of this host's audit log (``AuditOptions(limit=50)``; 0: all), read
         without opening the backend: see :func:`gpuslate.host.auditlist.list_entries`."""
-        from .host.auditlist import list_entries  # lazy: startup
+        from .host.auditlist import list_entries  # lazy: startup (status needs none of it)
 
         return list_entries(self.audit_for_reading(), options or AuditOptions())
 
     def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:
         """Unit ``name``'s last lines (a snapshot; no GPU is needed): see
         :class:`gpuslate.units.logfile.UnitLog`."""
-        from .units.logfile import UnitLog  # lazy: startup
+        from .units.logfile import UnitLog  # lazy: startup (status needs none of it)
 
         return UnitLog(self, name).read(options or LogsOptions())
 

@@ -160,6 +160,12 @@ class Containment(str, Enum):
         return self.value
 
 
+def containment(value: str) -> Containment:
+    """``--containment``: one of :class:`Containment`'s values (another is refused by argparse's choices,
+    with the list; a library caller's, by the enum)."""
+    return Containment(value) if value in Containment._value2member_map_ else value  # type: ignore[return-value]
+
+
 MAX_USED_HELP = "most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)"
 CONFIG_HELP = "unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)"
 NAMELESS_CONFIG_HELP = ("with no NAME: the unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or "
@@ -291,7 +297,7 @@ class UnitFlags(Record):
                                    help="set in the server's environment (repeatable)")
     cwd: str | None = option("--cwd", parse=text, default=None, metavar="DIR", help="working directory of the server")
     containment: Containment | None = option(
-        "--containment", parse=Containment, default=None, choices=tuple(c.value for c in Containment),
+        "--containment", parse=containment, default=None, choices=tuple(c.value for c in Containment),
         help="how the unit is fenced in (default auto: cgroup, else systemd scope, else session)")
 
     def overrides(self) -> dict[str, Any]:

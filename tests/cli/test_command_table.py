@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,19 @@ def test_help_and_completion_import_no_command_module():
     loaded = _modules_after("completion", "bash")
     assert not loaded & verb_modules, loaded & verb_modules
     assert not any(m.startswith(("gpuslate.clearing", "gpuslate.api")) for m in loaded), sorted(loaded)
+
+
+def test_each_verbs_help_lists_the_exit_code_of_every_status_it_can_end_with():
+    """The help's exit codes (the row's ``exits`` and the common ones) name the code of every member of
+    the verb's status enum (its outcome's, cli/exits.py): a member added with a new outcome, or a
+    code dropped from the help, fails here, not in a user's script."""
+    from gpuslate.cli.exits import _BY_OUTCOME, exit_epilog
+
+    for word, row in COMMANDS.items():
+        if row.verb is None:
+            continue
+        result = load(row.verb.result)  # ClearResult -> ClearStatus, AuditListing -> AuditStatus, Snapshot -> ...
+        enum = load(f"{result.__module__}:{result.__name__.removesuffix('Result').removesuffix('Listing')}Status")
+        listed = {int(c) for c in re.findall(r"(?:: |; )(\d+) ", exit_epilog(row.exits, backend=row.backend))}
+        codes = {int(_BY_OUTCOME[m.outcome]) for m in enum}
+        assert codes <= listed, (word, sorted(codes - listed))

@@ -203,14 +203,14 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
 def _transport(fleet: FleetArgs, row: Command, args: argparse.Namespace) -> Transport:
     """How the hosts are reached (remote/transport.py): srun with ``--slurm``, else ssh; ``install``
     (run here, not there) pushes its zipapp over ssh."""
-    from ..remote.ssh import SshOptions  # lazy: startup
-    from ..remote.transport import Srun, Ssh, read_inventory  # lazy: startup
+    from ..remote.ssh import SshOptions  # lazy: startup (--host only)
+    from ..remote.transport import Srun, Ssh, read_inventory  # lazy: startup (--host only)
 
     if row.remote is Remote.HERE:  # install: builds the zipapp once here and pushes it to each host
         if fleet.slurm:
             raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
-        from ..remote.hosts import select_hosts  # lazy: startup
-        from .commands.install import push  # lazy: startup
+        from ..remote.hosts import select_hosts  # lazy: startup (--host only)
+        from .commands.install import push  # lazy: startup (--host only)
 
         inventory = read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
         return push(args, select_hosts(fleet.hosts, inventory, fleet.group),
@@ -235,14 +235,14 @@ def answer_limit(row: Command, args: argparse.Namespace, connect_timeout: float)
         value = getattr(args, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             own += float(value)
-    from ..remote.ssh import answer_margin  # lazy: startup
+    from ..remote.ssh import answer_margin  # lazy: startup (--host only)
 
     return connect_timeout + own + answer_margin()
 
 
 def _clear_asking_once(transport: Transport, line: ClearLine, sim: str | None, progress: Progress) -> FleetResult:
     """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
-    from ..remote.fleet import FleetResult  # lazy: startup
+    from ..remote.fleet import FleetResult  # lazy: startup (--host only)
 
     dry = line._replace(options=line.options._replace(dry_run=True))
     plans = read_back(transport.fan(transport.hosts, CLEAR.command(dry, sim=sim), progress.done))
@@ -266,7 +266,7 @@ def read_back(result: FleetResult) -> FleetResult:
     """Every host's document read back into its result type: one that cannot be (another schema,
     malformed) makes that host failed (``bad_document``, exit 2), whatever its own exit status was.
     The document stays in the outcome (``--json`` shows what came), but is not rendered."""
-    from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup
+    from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup (--host only)
 
     hosts = []
     for o in result.hosts:
@@ -283,8 +283,8 @@ def read_back(result: FleetResult) -> FleetResult:
 
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
-    from ..clearing.clear import ClearResult  # lazy: startup
-    from .render.clear import print_plan  # lazy: startup
+    from ..clearing.clear import ClearResult  # lazy: startup (--host only)
+    from .render.clear import print_plan  # lazy: startup (--host only)
 
     n = 0
     for o in plans.hosts:

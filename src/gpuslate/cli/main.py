@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last resort: an exit status and one line, never a traceback
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
-            import traceback  # lazy: startup
+            import traceback  # lazy: startup (only for a bug)
 
             traceback.print_exc()
         print_error(exc, status, args.json)
@@ -215,7 +215,7 @@ def _use_sim(args: argparse.Namespace) -> None:
     if not getattr(args, "sim", None):
         sim_root_from_env()
         return
-    from ..gpu.simhost.host import SimHost  # lazy: startup
+    from ..gpu.simhost.host import SimHost  # lazy: startup (only with --sim)
 
     root = os.path.abspath(args.sim)
     SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none

@@ -162,7 +162,7 @@ def note(msg: str) -> None:
     """A progress line for people, on stderr (stdout stays for the result or JSON).
 
     Escaped: progress lines quote process titles and the lock's holder file."""
-    from ..render.styled import safe  # lazy: startup
+    from ..render.styled import safe  # lazy: startup (rich's escaping: only a note or an error shows text)
 
     sys.stderr.write(f"gpuslate: {safe(msg)}\n")
     sys.stderr.flush()
@@ -175,7 +175,7 @@ def print_json(doc: Any) -> None:
 
 def print_error(exc: BaseException, status: int, as_json: bool) -> None:
     """One line on stderr (plus a hint line when there is one); a JSON document with --json."""
-    from ..render.styled import safe  # lazy: startup
+    from ..render.styled import safe  # lazy: startup (rich's escaping: only a note or an error shows text)
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None

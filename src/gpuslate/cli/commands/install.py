@@ -54,7 +54,7 @@ def build(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Without --host: ``--out FILE`` writes the zipapp here."""
-    from ...remote.zipapp import build, write_local  # lazy: startup
+    from ...remote.zipapp import build, write_local  # lazy: startup (completion loads this module)
 
     if not args.out:
         raise UsageError("install copies gpuslate to remote hosts: give --host HOST (or --out FILE to write "
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 def push(args: argparse.Namespace, hosts: Sequence[HostSpec], opts: SshOptions, parallel: int) -> ZipappPush:
     """The transport that installs on ``hosts`` (remote/zipapp.py's ZipappPush): the zipapp built once, here."""
-    from ...remote.zipapp import ZipappPush, build, check_prefix  # lazy: startup
+    from ...remote.zipapp import ZipappPush, build, check_prefix  # lazy: startup (completion loads this module)
 
     if args.out:
         raise UsageError("--out writes the zipapp here: give it without --host")
