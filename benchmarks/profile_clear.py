@@ -97,6 +97,10 @@ if cmd == "clear":
     wrap(pl, "ProcTable", "process table")
     wrap(sc, "terminate", "signals (until every target exited)")
     wrap(sc, "_verify", "verify (poll until free)")
+if os.environ.get("GPUSLATE_SIM"):  # the simulated driver's owner lookup: one read of /proc/locks a survey
+    import gpuslate.gpu.simhost.records as simrec, gpuslate.gpu.simhost.host as simhost
+    wrap(simrec, "lock_owners", "simulator: /proc/locks (holders' owners)")
+    simhost.lock_owners = simrec.lock_owners
 orig_open = g.open_backend
 def open_and_wrap(*a, **k):
     s = now()

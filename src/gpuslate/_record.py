@@ -60,7 +60,7 @@ MISSING: Any = _Missing()
 class Form(Enum):
     """How a field is written on a command line."""
 
-    OPTION = "option"  # --flag=VALUE (one, or repeated: Arg.many)
+    OPTION = "option"  # --flag=VALUE (one, or given again and again: Arg.nargs)
     FLAG = "flag"  # --flag alone: the field takes Arg.set_to
     POSITIONAL = "positional"  # VALUE (one, or several: Arg.nargs)
     GROUP = "group"  # a record of its own, whose fields are options of the same command line
