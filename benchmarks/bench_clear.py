@@ -1,6 +1,7 @@
 """`gpuslate clear` end to end against the anchors, on every visible GPU, both workloads in one run.
 
     python3 benchmarks/bench_clear.py --out DIR [--reps 3] [--script /path/to/gpuslate] [--i-own-this-machine]
+    python3 benchmarks/bench_clear.py --out DIR --sim 1 [--reps 20] [--before OLD_TREE]   # no GPU
 
 Workloads (fresh holders for every measurement; torch processes allocating
 with ``torch.empty(..., device=f"cuda:{i}")``, see ``_gpuhold.py``):
@@ -29,6 +30,12 @@ Methods, side by side in every repetition:
 After every method an independent NVML check (a separate process) says whether
 the GPUs really were free when the method said so. Everything goes to ``--out``:
 ``bench-clear.json`` (every run), ``bench-clear.md`` (tables ready to paste).
+
+With ``--sim N`` it runs without a GPU (``_simhost.py``): one ``sim hold`` process per simulated GPU,
+cleared by ``gpuslate clear --json --yes`` (this tree, and ``--before DIR``'s in the same rounds, in
+turns), ``python -c pass`` timed in every round as the floor. The simulated driver releases a dead
+holder's memory ``--release-delay`` seconds after it first sees it dead (a teardown, as a real
+driver's); what gpuslate itself costs is the clear's wall time less the floor and that delay.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from _gpuhold import (
     visible_gpus,
     wait_all_free,
 )
+from _simhost import SimHost
 from _timing import interpreter_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,9 +228,14 @@ def main() -> int:
     ap.add_argument("--i-own-this-machine", action="store_true",
                     help="allow the seed line (fuser -k /dev/nvidia*) when only this script's processes hold GPUs")
     ap.add_argument("--no-forkserver", action="store_true", help="start every holder as a fresh python process")
+    ap.add_argument("--sim", type=int, metavar="GPUS", help="no GPU: a simulated host of GPUS GPUs (see above)")
+    ap.add_argument("--before", metavar="DIR", help="with --sim: also time the gpuslate source tree in DIR")
+    ap.add_argument("--release-delay", type=float, default=0.2, help="with --sim: the simulated teardown (s)")
     a = ap.parse_args()
     exit_on_sigterm()
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.sim:
+        return sim_main(a)
     t_start = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != "GPUSLATE_SIM"}
     tmp = Path(tempfile.mkdtemp(prefix="bench-clear-"))
@@ -286,6 +299,63 @@ def main() -> int:
     md = markdown(summary, meta)
     print(md)
     (a.out / "bench-clear.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    (a.out / "bench-clear.md").write_text(md + "\n")
+    (a.out / "bench-clear.log").write_text("\n".join(LOG) + "\n")
+    return 0
+
+
+def sim_main(a: argparse.Namespace) -> int:
+    """``clear`` of one holder per simulated GPU, each tree in turn, ``python -c pass`` in every round."""
+    host = SimHost(a.sim, release_delay=a.release_delay, before=a.before)
+    labels = list(host.trees)
+    walls: dict[str, list[float]] = {label: [] for label in labels}
+    floor: list[float] = []
+    runs: list[dict] = []
+    try:
+        for label in labels:  # warm up: bytecode and page cache of each tree
+            subprocess.run(host.command("clear", "--dry-run", "--json"), capture_output=True, env=host.trees[label])
+        for rep in range(a.reps):
+            floor.append(timed([sys.executable, "-c", "pass"], host.env)[0])
+            for label in labels[rep % len(labels):] + labels[:rep % len(labels)]:
+                for gpu in range(a.sim):
+                    host.hold(gpu, a.gib if a.gib <= 8 else 1.0)
+                try:
+                    s, p = timed(host.command("clear", "--json", "--yes"), host.trees[label])
+                finally:
+                    host.kill()
+                doc = json.loads(p.stdout) if p.stdout.strip() else {}
+                if p.returncode != 0 or doc.get("status") != "clean":
+                    raise RuntimeError(f"{label}: clear exited {p.returncode}: {p.stderr[-500:]}")
+                walls[label].append(s)
+                runs.append({"rep": rep, "tree": label, "seconds": s, "timings": doc.get("timings")})
+                log(f"{rep} {label}: {s * 1000:.0f} ms {doc.get('timings')}")
+    finally:
+        host.kill()
+    f = median(floor)
+    rows = []
+    for label in labels:
+        w = median(walls[label])
+        assert w is not None and f is not None
+        rows.append({"tree": label, "clear_ms": round(w * 1000, 1), "python_floor_ms": round(f * 1000, 1),
+                     "release_ms": a.release_delay * 1000,
+                     "beyond_floor_and_release_ms": round((w - f - a.release_delay) * 1000, 1)})
+    lines = ["| tree | clear, median ms | python -c pass | simulated release | beyond floor + release, ms |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['tree']} | {r['clear_ms']} | {r['python_floor_ms']} | {r['release_ms']:.0f} | "
+              f"**{r['beyond_floor_and_release_ms']}** |" for r in rows]
+    if len(rows) == 2:
+        lines.append(f"\nafter / before (clear, median): {rows[1]['clear_ms'] / rows[0]['clear_ms']:.3f}; beyond "
+                     f"floor + release: {rows[1]['beyond_floor_and_release_ms'] / rows[0]['beyond_floor_and_release_ms']:.3f}")
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+            "simulated_gpus": a.sim, "python": platform.python_version(), "reps": a.reps, "before": a.before,
+            "release_delay_s": a.release_delay, "load": os.getloadavg(),
+            "command": "python3 benchmarks/bench_clear.py " + " ".join(sys.argv[1:])}
+    md = "\n".join([f"- {meta['date']}, {meta['host']}, a simulated host of {a.sim} GPU(s) (one holder each), "
+                    f"Python {meta['python']}; {a.reps} rounds, the trees in turns; load average "
+                    f"{', '.join(f'{x:.1f}' for x in meta['load'])}.", f"- Command: `{meta['command']}`", "", *lines])
+    print(md)
+    (a.out / "bench-clear.json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs,
+                                                       "floor_s": floor}, indent=1))
     (a.out / "bench-clear.md").write_text(md + "\n")
     (a.out / "bench-clear.log").write_text("\n".join(LOG) + "\n")
     return 0

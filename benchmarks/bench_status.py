@@ -1,6 +1,7 @@
 """`gpuslate status` (`--json` and the table) against the tools it is compared with, side by side.
 
     python3 benchmarks/bench_status.py --out DIR [--rounds 15] [--hold-gib 8] [--script PATH]
+    python3 benchmarks/bench_status.py --out DIR --sim 2 [--before OLD_TREE]   # no GPU: a simulated host
 
 Run on a GPU host. nvitop and gpustat are used when importable (this script
 installs nothing: put their wheels on PYTHONPATH); a tool that is missing or
@@ -9,6 +10,10 @@ One torch process per visible GPU holds ``--hold-gib`` GiB, so that every tool
 has a process on every GPU to report; they are the only GPU processes this
 script starts. Writes ``bench-status.json``, ``bench-status.md`` (the table,
 ratios to the Python floor and the goals) and ``bench-status.log`` to ``--out``.
+
+With ``--sim N`` it runs without a GPU: a simulated host of N GPUs (``_simhost.py``), each held by a
+``sim hold`` process, and ``python -c pass`` as the floor; ``--before DIR`` times a second source tree
+(the code before a change) in the same rounds, for the after/before ratio of one run.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _gpuhold import GiB, Holders, exit_on_sigterm, visible_gpus
+from _simhost import SimHost
 from _timing import interpreter_of, markdown, summarize, time_commands
 
 FLOOR = "python: import pynvml; nvmlInit() (floor)"
@@ -40,9 +46,14 @@ def main() -> None:
                          "python for its own floor: the set-up 'own venv'")
     ap.add_argument("--as-is-only", action="store_true",
                     help="skip the 'bytecode cached' set-up (see RESULTS.md), halving the run")
+    ap.add_argument("--sim", type=int, metavar="GPUS", help="no GPU: a simulated host of GPUS GPUs (see above)")
+    ap.add_argument("--before", metavar="DIR", help="with --sim: also time the gpuslate source tree in DIR")
     a = ap.parse_args()
     exit_on_sigterm()
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.sim:
+        sim_main(a)
+        return
     logs: list[str] = []
 
     def log(msg: str) -> None:
@@ -133,6 +144,37 @@ def main() -> None:
                                                         "times_ms": times}, indent=1))
     (a.out / "bench-status.md").write_text(md + "\n")
     (a.out / "bench-status.log").write_text("\n".join(logs) + "\n")
+
+
+def sim_main(a: argparse.Namespace) -> None:
+    """``status --json`` and the table on a simulated host, this tree and ``--before``'s, in the same rounds."""
+    host = SimHost(a.sim, before=a.before)
+    try:
+        for gpu in range(a.sim):
+            host.hold(gpu, a.hold_gib)
+        commands: dict[str, list[str]] = {"python -c pass": [sys.executable, "-c", "pass"]}
+        envs: dict[str, dict[str, str]] = {"python -c pass": host.env}
+        for label, env in host.trees.items():
+            for name, words in (("status --json", ("status", "--json")), ("status (table)", ("status",))):
+                commands[f"{name} [{label}]"] = host.command(*words)
+                envs[f"{name} [{label}]"] = env
+        times = time_commands(commands, a.rounds, envs)
+    finally:
+        host.kill()
+    rows = summarize(times, "python -c pass")
+    by = {str(r["command"]): float(r["median_ms"]) for r in rows}
+    ratios = [f"- {name}: after / before = {by[f'{name} [after]'] / by[f'{name} [before]']:.3f}"
+              for name in ("status --json", "status (table)") if f"{name} [before]" in by]
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
+            "python": platform.python_version(), "rounds": a.rounds, "simulated_gpus": a.sim,
+            "held_gib_per_gpu": a.hold_gib, "before": a.before, "load": os.getloadavg(),
+            "command": "python3 benchmarks/bench_status.py " + " ".join(sys.argv[1:])}
+    md = "\n".join([f"- {meta['date']}, {meta['host']}, a simulated host of {a.sim} GPUs, Python {meta['python']}; "
+                    f"{a.rounds} rounds; load average {', '.join(f'{x:.1f}' for x in meta['load'])}.",
+                    f"- Command: `{meta['command']}`", "", markdown(rows), "", *ratios])
+    print(md)
+    (a.out / "bench-status.json").write_text(json.dumps({"meta": meta, "rows": rows, "times_ms": times}, indent=1))
+    (a.out / "bench-status.md").write_text(md + "\n")
 
 
 def _met(ok: bool) -> str:

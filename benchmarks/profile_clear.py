@@ -72,6 +72,10 @@ for n, f in list(vars(libnvml.Nvml).items()):
     if callable(f) and not n.startswith("_"):
         setattr(libnvml.Nvml, n, mk(f, f"Nvml.{n}"))
 spans.append(("import NVML binding (ctypes)", s, now()))
+if os.environ.get("GPUSLATE_SIM"):  # the simulator's own modules, apart from gpuslate's (a real host has none)
+    s = now()
+    import gpuslate.gpu.simhost
+    spans.append(("import the simulated host (simulator)", s, now()))
 s = now()
 import gpuslate.cli.main as cm
 cmd = sys.argv[1]
@@ -93,6 +97,10 @@ if cmd == "clear":
     wrap(pl, "ProcTable", "process table")
     wrap(sc, "terminate", "signals (until every target exited)")
     wrap(sc, "_verify", "verify (poll until free)")
+if os.environ.get("GPUSLATE_SIM"):  # the simulated driver's owner lookup: one read of /proc/locks a survey
+    import gpuslate.gpu.simhost.records as simrec, gpuslate.gpu.simhost.host as simhost
+    wrap(simrec, "lock_owners", "simulator: /proc/locks (holders' owners)")
+    simhost.lock_owners = simrec.lock_owners
 orig_open = g.open_backend
 def open_and_wrap(*a, **k):
     s = now()

@@ -37,9 +37,9 @@ SNIPPETS = {
         host.swap("a", 3)
         """,
     "correct": """
-        from gpuslate import ClearOptions, Host, RemoteHost, Selection, UnitSpec
-        from gpuslate.host.auditlist import AuditListing, AuditOptions
-        from gpuslate.units.logfile import LogsOptions, LogsResult
+        from gpuslate import AuditOptions, ClearOptions, Host, LogsOptions, RemoteHost, Selection, UnitSpec
+        from gpuslate.host.auditlist import AuditListing
+        from gpuslate.units.logfile import LogsResult
         from gpuslate.verbs import Verbs
 
 

@@ -27,7 +27,7 @@ import pytest
 from gpuslate.cli.commands.demo import scenario
 from gpuslate.engines import SEED_ENGINE
 from gpuslate.errors import UsageError
-from gpuslate.extras import MODULES, Extra, install_hint, installed, missing, require
+from gpuslate.extras import HOST_ONLY, MODULES, Extra, install_hint, installed, missing, require
 from helpers import gpuslate_env
 
 ROOT = Path(__file__).resolve().parents[1]  # the clone these tests run from
@@ -187,7 +187,8 @@ def test_require_names_only_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_extras_match_pyproject() -> None:
-    """Every Extra is an optional-dependency group, `all` holds every one, `test` pulls `all`."""
+    """Every Extra is an optional-dependency group, `all` holds every one but those for real GPU hosts
+    only, `test` pulls `all` and those."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -196,8 +197,8 @@ def test_extras_match_pyproject() -> None:
     groups = project["optional-dependencies"]
     assert {e.value for e in Extra} <= set(groups)
     (everything,) = groups["all"]
-    assert everything.startswith("gpuslate[") and set(everything[9:-1].split(",")) == {e.value for e in Extra}
-    assert "gpuslate[all]" in groups["test"]
+    assert everything.startswith("gpuslate[") and set(everything[9:-1].split(",")) == {e.value for e in Extra if e not in HOST_ONLY}
+    assert "gpuslate[all]" in groups["test"] and all(f"gpuslate[{e.value}]" in groups["test"] for e in HOST_ONLY)
     core = " ".join(project["dependencies"])
     assert "aiohttp" not in core and "matplotlib" not in core
     # a package's name, with - for _ and . (cuda-core provides cuda.core)

@@ -33,31 +33,36 @@ _EXPORTS = {
     "take_snapshot": "gpuslate.host.snapshot", "Snapshot": "gpuslate.host.snapshot",
     "GpuState": "gpuslate.host.snapshot", "HolderProcess": "gpuslate.host.snapshot", "open_backend": "gpuslate.gpu",
     "GpuBackend": "gpuslate.gpu", "ProcessId": "gpuslate.proc.procfs",
-    "clear": "gpuslate.api", "ClearResult": "gpuslate.clearing.clear", "ClearOptions": "gpuslate.clearing.clear",
-    "Selection": "gpuslate.clearing.plan",
-    "wait_free": "gpuslate.api", "WaitResult": "gpuslate.clearing.wait", "WaitOptions": "gpuslate.clearing.wait",
-    "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.units.lifecycle",
-    "DownOptions": "gpuslate.units.lifecycle", "SwapOptions": "gpuslate.units.swap",
-    "PsOptions": "gpuslate.units.listing", "RestartOptions": "gpuslate.units.restart",
+    "clear": "gpuslate.api", "ClearResult": "gpuslate.clearing.clear", "ClearOptions": "gpuslate.options",
+    "Selection": "gpuslate.options",
+    "wait_free": "gpuslate.api", "WaitResult": "gpuslate.clearing.wait", "WaitOptions": "gpuslate.options",
+    "UnitSpec": "gpuslate.units.spec", "UpOptions": "gpuslate.options",
+    "DownOptions": "gpuslate.options", "SwapOptions": "gpuslate.options",
+    "PsOptions": "gpuslate.options", "RestartOptions": "gpuslate.options",
     "RemoteHost": "gpuslate.remote.host", "Verbs": "gpuslate.verbs",
-    "AuditOptions": "gpuslate.host.auditlist", "LogsOptions": "gpuslate.units.logfile",
+    "AuditOptions": "gpuslate.options", "LogsOptions": "gpuslate.options",
 }
 
 if TYPE_CHECKING:
     from .api import Host, clear, status, wait_free
-    from .clearing.clear import ClearOptions, ClearResult
-    from .clearing.plan import Selection
-    from .clearing.wait import WaitOptions, WaitResult
+    from .clearing.clear import ClearResult
+    from .clearing.wait import WaitResult
     from .gpu import GpuBackend, open_backend
-    from .host.auditlist import AuditOptions
     from .host.snapshot import GpuState, HolderProcess, Snapshot, take_snapshot
+    from .options import (
+        AuditOptions,
+        ClearOptions,
+        DownOptions,
+        LogsOptions,
+        PsOptions,
+        RestartOptions,
+        Selection,
+        SwapOptions,
+        UpOptions,
+        WaitOptions,
+    )
     from .remote.host import RemoteHost
-    from .units.lifecycle import DownOptions, UpOptions
-    from .units.listing import PsOptions
-    from .units.logfile import LogsOptions
-    from .units.restart import RestartOptions
     from .units.spec import UnitSpec
-    from .units.swap import SwapOptions
     from .verbs import Verbs
 
 

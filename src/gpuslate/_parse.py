@@ -47,7 +47,10 @@ def parse_size(text: str | int) -> int:
                 f"invalid size {shown}: expected a number with an optional unit "
                 "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 40GiB"
             )
-        number = float(m.group(1)) * _UNITS[unit]  # inf for 400 digits: caught below
+        digits = m.group(1)
+        # a whole number exactly (a float is exact to 2**53 only); one of 400 digits is inf, caught below
+        number = int(digits) * _UNITS[unit] if "." not in digits and len(digits) <= 24 else \
+            float(digits) * _UNITS[unit]
         if not number <= MAX_SIZE:
             raise UsageError(f"invalid size {shown}: at most 1 EiB")
         value = round(number)
@@ -210,3 +213,22 @@ def gpus_phrase(gpus: Sequence[int]) -> str:
     (:func:`format_gpu_list`), ``no GPU``. Tables print the bare list under their GPUs column."""
     n = len(set(gpus))
     return "no GPU" if n == 0 else f"GPU{'s' if n > 1 else ''} {format_gpu_list(list(gpus))}"
+
+def parse_front(value: object) -> tuple[str, int]:
+    """A front's address: ``PORT`` (on 127.0.0.1: never reachable from another host unless
+    asked for) or ``HOST:PORT`` (``[::1]:PORT``); :class:`UsageError` otherwise."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text:
+        raise UsageError(f"invalid front {value!r}: PORT or HOST:PORT")
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host = "127.0.0.1"
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host:
+        raise UsageError(f"invalid front {value!r}: PORT or HOST:PORT")
+    return parse_host(host), parse_int(port, low=1, high=65535, what="front port")
+
+
+def format_front(host: str, port: int) -> str:
+    """A front's address as the unit's spec and ``--front`` write it (``[::1]:8080`` for IPv6)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

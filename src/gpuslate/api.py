@@ -10,13 +10,13 @@ folder, event sink) is :class:`~gpuslate.host.session.HostContext`, which
 in those packages, so the facade that calls them must sit above both, or the
 import graph would loop (host -> units -> host).
 
-Why each verb imports its module inside its body (``# lazy: startup``):
-``gpuslate status`` must not pay, at every start, for the modules of ``clear``
-or ``up``; ``status`` needs nothing more than the snapshot module imported
-here. The imports are plain and typed, so a type checker sees every verb's
-real signature, and :class:`Host` is checked against
-:class:`~gpuslate.verbs.Verbs`, the Protocol :class:`~gpuslate.RemoteHost`
-is checked against too (the end of this module).
+Each verb's method is its declaration's local side (gpuslate/verbs.py): the defaults filled in
+(the options records of gpuslate/options.py, light to import), then its implementation, imported
+inside the body (``# lazy: startup``): ``gpuslate status`` must not pay, at every start, for the
+modules of ``clear`` or ``up``; ``status`` needs nothing more than the snapshot module imported
+here. The imports are plain and typed, so a type checker sees every verb's real signature, and
+:class:`Host` is checked against :class:`~gpuslate.verbs.Verbs`, the Protocol
+:class:`~gpuslate.RemoteHost` is checked against too (the end of this module).
 
 A composite verb (``swap``; ``up`` with ``clear_first``; ``down`` with
 ``clear_strays``) calls its siblings on the same context: one backend, one
@@ -35,19 +35,31 @@ from typing import TYPE_CHECKING, Any
 from .gpu import GpuBackend
 from .host.session import HostContext, Note, ProgressSink
 from .host.snapshot import Snapshot, take_snapshot
+from .options import (
+    AuditOptions,
+    ClearOptions,
+    DownOptions,
+    LogsOptions,
+    PsOptions,
+    RestartOptions,
+    Selection,
+    SwapOptions,
+    UpOptions,
+    WaitOptions,
+)
 
 if TYPE_CHECKING:
-    from .clearing.clear import ClearOptions, ClearResult
-    from .clearing.plan import Plan, Selection
-    from .clearing.wait import WaitOptions, WaitResult
-    from .host.auditlist import AuditListing, AuditOptions
-    from .units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
-    from .units.listing import PsOptions, PsResult
-    from .units.logfile import LogsOptions, LogsResult
+    from .clearing.clear import ClearResult
+    from .clearing.plan import Plan
+    from .clearing.wait import WaitResult
+    from .host.auditlist import AuditListing
+    from .units.lifecycle import DownResult, UpResult
+    from .units.listing import PsResult
+    from .units.logfile import LogsResult
     from .units.remove import RmResult
-    from .units.restart import RestartOptions, RestartResult
+    from .units.restart import RestartResult
     from .units.spec import UnitSpec
-    from .units.swap import SwapOptions, SwapResult
+    from .units.swap import SwapResult
     from .verbs import Verbs
 
 
@@ -74,76 +86,69 @@ class Host(HostContext):
 
     def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
         """Plan, act, verify: see :func:`gpuslate.clearing.clear.clear`."""
-        from .clearing.clear import ClearOptions, clear  # lazy: startup
-        from .clearing.plan import Selection  # lazy: startup
+        from .clearing.clear import clear  # lazy: startup (status needs none of it)
 
-        return clear(self, selection if selection is not None else Selection(),
-                     options if options is not None else ClearOptions())
+        return clear(self, selection or Selection(), options or ClearOptions())
 
     def wait(self, gpus: Sequence[int] | None = None, options: WaitOptions | None = None) -> WaitResult:
         """Wait until the GPUs are free; signals nothing: see :func:`gpuslate.clearing.wait.wait_free`."""
-        from .clearing.wait import WaitOptions, wait_free  # lazy: startup
+        from .clearing.wait import wait_free  # lazy: startup (status needs none of it)
 
-        return wait_free(self, gpus, options if options is not None else WaitOptions())
+        return wait_free(self, gpus, options or WaitOptions())
 
     def up(self, unit: str | UnitSpec, options: UpOptions | None = None) -> UpResult:
         """Start a unit, return once it serves: see :func:`gpuslate.units.updown.up`. ``unit``: a
         spec, or a name resolved as ``gpuslate up NAME`` does (its table in the unit file, else the
         spec it last ran with: :func:`gpuslate.units.resolving.spec_for`)."""
-        from .units.lifecycle import UpOptions  # lazy: startup
-        from .units.updown import up  # lazy: startup
+        from .units.resolving import spec_for  # lazy: startup (status needs none of it)
+        from .units.updown import up  # lazy: startup (status needs none of it)
 
-        if isinstance(unit, str):
-            from .units.resolving import spec_for  # lazy: startup
-
-            unit = spec_for(self, unit)
-        return up(self, unit, options if options is not None else UpOptions())
+        return up(self, spec_for(self, unit) if isinstance(unit, str) else unit, options or UpOptions())
 
     def down(self, name: str, options: DownOptions | None = None) -> DownResult:
         """Stop a unit, verify its GPUs: see :func:`gpuslate.units.updown.down`."""
-        from .units.lifecycle import DownOptions  # lazy: startup
-        from .units.updown import down  # lazy: startup
+        from .units.updown import down  # lazy: startup (status needs none of it)
 
-        return down(self, name, options if options is not None else DownOptions())
+        return down(self, name, options or DownOptions())
 
     def swap(self, old: str, new: str | UnitSpec, options: SwapOptions | None = None) -> SwapResult:
         """Replace unit ``old`` by ``new`` under one lock: see :func:`gpuslate.units.swap.swap`."""
-        from .units.swap import SwapOptions, swap  # lazy: startup
+        from .units.swap import swap  # lazy: startup (status needs none of it)
 
-        return swap(self, old, new, options if options is not None else SwapOptions())
+        return swap(self, old, new, options or SwapOptions())
 
     def restart(self, name: str, options: RestartOptions | None = None) -> RestartResult:
         """Stop a unit and start it with the spec it last ran with: see :func:`gpuslate.units.restart.restart`."""
-        from .units.restart import RestartOptions, restart  # lazy: startup
+        from .units.restart import restart  # lazy: startup (status needs none of it)
 
-        return restart(self, name, options if options is not None else RestartOptions())
+        return restart(self, name, options or RestartOptions())
 
     def rm(self, names: Sequence[str]) -> RmResult:
         """Remove the records and logs of units nothing of which runs: see :func:`gpuslate.units.remove.rm`."""
-        from .units.remove import rm  # lazy: startup
+        from .units.remove import rm  # lazy: startup (status needs none of it)
 
         return rm(self, [names] if isinstance(names, str) else names)
 
     def ps(self, options: PsOptions | None = None) -> PsResult:
         """Every unit with its live state (``PsOptions(all=False)``: as ``ps`` without ``-a``):
         see :func:`gpuslate.units.listing.list_units`."""
-        from .units.listing import PsOptions, list_units  # lazy: startup
+        from .units.listing import list_units  # lazy: startup (status needs none of it)
 
-        return list_units(self, options if options is not None else PsOptions())
+        return list_units(self, options or PsOptions())
 
     def audit(self, options: AuditOptions | None = None) -> AuditListing:
         """The newest entries of this host's audit log (``AuditOptions(limit=50)``; 0: all), read
         without opening the backend: see :func:`gpuslate.host.auditlist.list_entries`."""
-        from .host.auditlist import AuditOptions, list_entries  # lazy: startup
+        from .host.auditlist import list_entries  # lazy: startup (status needs none of it)
 
-        return list_entries(self.audit_for_reading(), options if options is not None else AuditOptions())
+        return list_entries(self.audit_for_reading(), options or AuditOptions())
 
     def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:
         """Unit ``name``'s last lines (a snapshot; no GPU is needed): see
         :class:`gpuslate.units.logfile.UnitLog`."""
-        from .units.logfile import LogsOptions, UnitLog  # lazy: startup
+        from .units.logfile import UnitLog  # lazy: startup (status needs none of it)
 
-        return UnitLog(self, name).read(options if options is not None else LogsOptions())
+        return UnitLog(self, name).read(options or LogsOptions())
 
 
 # -- conveniences: one call, one Host ------------------------------------------------
@@ -161,9 +166,6 @@ def clear(gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: 
           dry_run: bool = False, confirm: Callable[[Plan], bool] | None = None, sim: str | None = None,
           backend: GpuBackend | None = None, on_event: Note | None = None) -> ClearResult:
     """``Host.open(sim).clear(Selection(...), ClearOptions(...))`` for one call, with keywords as the CLI's options."""
-    from .clearing.clear import ClearOptions  # lazy: startup
-    from .clearing.plan import Selection  # lazy: startup
-
     sel = Selection(gpus=tuple(gpus) if gpus is not None else None, pids=tuple(pids), user=user, match=match,
                     all_users=all_users, include_handles=include_handles, holders_only=holders_only)
     opts = ClearOptions(grace=grace, timeout=timeout, max_used=max_used, dry_run=dry_run, confirm=confirm)
@@ -174,8 +176,6 @@ def clear(gpus: Sequence[int] | None = None, *, pids: Sequence[int] = (), user: 
 def wait_free(gpus: Sequence[int] | None = None, *, max_used: int | None = None, timeout: float = 60.0,
               sim: str | None = None, backend: GpuBackend | None = None) -> WaitResult:
     """``Host.open(sim).wait(gpus, WaitOptions(...))`` for one call."""
-    from .clearing.wait import WaitOptions  # lazy: startup
-
     with Host.open(sim, backend=backend) as host:
         return host.wait(gpus, WaitOptions(max_used=max_used, timeout=timeout))
 

@@ -43,6 +43,11 @@ class Extra(Enum):
     FRONT = "front"
 
 
+#: extras of use on a real GPU host only, left out of ``all`` (the demo and the quick start run without
+#: them); ``test`` adds them, so the suite exercises every extra
+HOST_ONLY = frozenset({Extra.PARK})
+
+
 #: the top-level modules each extra provides (keep in step with pyproject.toml)
 MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.BENCH: ("aiohttp",),  # and PyYAML, asked for only where an options file is read

@@ -1,44 +1,218 @@
-"""The verbs of a host, as one typed Protocol: what :class:`gpuslate.Host` (this host) and
-:class:`gpuslate.RemoteHost` (another, over ssh) both are.
+"""The verbs of a host, each declared once; and the typed Protocol that :class:`gpuslate.Host` (this
+host) and :class:`gpuslate.RemoteHost` (another, over ssh) both are.
 
-    def drain(host: Verbs, name: str) -> DownResult:
-        return host.down(name, DownOptions(clear_strays=True))
+A declaration names everything about a verb that is not its code:
 
-runs here or there alike, and a type checker holds both classes to these
-signatures: mypy checks each against :class:`Verbs` structurally (api.py and
-remote/host.py say so where they define them), so a verb added to one class,
-or typed differently on one, fails the type check, not a user.
+    CLEAR: Verb[ClearLine, ClearResult] = Verb(
+        "clear", ClearLine, "gpuslate.clearing.clear:ClearResult", signals=True,
+        summary="terminate the jobs holding GPUs ...", description="Plan, act, verify: ...")
 
-Why a module of its own: ``api`` (the local host) sits above ``clearing/`` and
-``units/``, and ``remote/`` beside it; a Protocol both can import without an
-upward import or a cycle is one that imports neither. Every type below is
-imported only for the type checker, so importing this module costs nothing at
-run time (``gpuslate status`` loads it and must stay light).
+its command word; its command line, a record whose fields carry their flags, parsers, help and
+defaults (:mod:`gpuslate.options`: ``ClearLine`` is the selection, the options and ``--yes``); the
+type its document reads back as; whether it signals processes; and its help. From it, generic code
+makes the rest: ``gpuslate clear``'s argparse options and the step from the parsed command line to
+the typed line (cli/commands/common.py), the command line another host is sent
+(:meth:`Verb.command`: ``RemoteHost`` and ``--host`` alike), and the help and completion that list
+it without importing any command's module (the command table, cli/commands/__init__.py).
+
+What stays written per verb is what differs by verb, and is typed: its method on :class:`Verbs`
+(below), ``Host``'s (api.py: a typed import of its implementation, called with the defaults filled
+in) and ``RemoteHost``'s (remote/host.py: the line it sends), each a line or two that mypy checks
+against this Protocol; its implementation; its command module (cli/commands/NAME.py: what the
+command does around the call, a live line, Ctrl-C); its renderer. Adding ``park NAME --method M``
+is a ``ParkOptions`` and ``ParkLine`` in options.py, a ``PARK`` here, those methods, its
+implementation and its row and renderer in cli/.
+
+``signals``: the verb may signal processes. The standard says a command that signals never takes
+silence for consent (without a terminal it needs ``--yes``); ``clear`` has its ``--yes`` in its line,
+and this is where a rule for every signalling verb reads which they are.
+
+Why this module stays light: ``gpuslate status`` imports it (its declaration), so it imports only
+:mod:`gpuslate.options` and the record idiom; the result types are named as ``"module:attr"`` and
+imported when a document is read, and every type the Protocol names is imported for type checkers
+only. ``api`` (the local host) sits above ``clearing/`` and ``units/``, and ``remote/`` beside it: a
+module both can import without an upward import or a cycle is one that imports neither.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from ._record import Record
+from .commandline import alias_of, read, words
+from .options import (
+    AuditLine,
+    ClearLine,
+    DownLine,
+    LogsLine,
+    PsLine,
+    RestartLine,
+    RmLine,
+    StatusLine,
+    SwapLine,
+    UpLine,
+    WaitLine,
+)
 
 if TYPE_CHECKING:
-    from .clearing.clear import ClearOptions, ClearResult
-    from .clearing.plan import Selection
-    from .clearing.wait import WaitOptions, WaitResult
-    from .host.auditlist import AuditListing, AuditOptions
+    from .clearing.clear import ClearResult
+    from .clearing.wait import WaitResult
+    from .host.auditlist import AuditListing
     from .host.snapshot import Snapshot
-    from .units.lifecycle import DownOptions, DownResult, UpOptions, UpResult
-    from .units.listing import PsOptions, PsResult
-    from .units.logfile import LogsOptions, LogsResult
+    from .options import (
+        AuditOptions,
+        ClearOptions,
+        DownOptions,
+        LogsOptions,
+        PsOptions,
+        RestartOptions,
+        Selection,
+        SwapOptions,
+        UpOptions,
+        WaitOptions,
+    )
+    from .units.lifecycle import DownResult, UpResult
+    from .units.listing import PsResult
+    from .units.logfile import LogsResult
     from .units.remove import RmResult
-    from .units.restart import RestartOptions, RestartResult
+    from .units.restart import RestartResult
     from .units.spec import UnitSpec
-    from .units.swap import SwapOptions, SwapResult
+    from .units.swap import SwapResult
+
+L = TypeVar("L", bound=Record)
+R = TypeVar("R")
+
+
+class Verb(Generic[L, R]):
+    """One verb: its command word (``name``), its command line (``line``: a record of its options,
+    see :mod:`gpuslate.options`), the result type its document reads back as (``"module:attr"``),
+    whether it may signal processes, and its help (``summary``: the line in ``gpuslate --help``)."""
+
+    __slots__ = ("description", "line", "name", "result", "signals", "summary", "usage")
+
+    def __init__(self, name: str, line: type[L], result: str, *, summary: str, description: str,
+                 signals: bool = False, usage: str | None = None) -> None:
+        self.name, self.line, self.result, self.signals = name, line, result, signals
+        self.summary, self.description, self.usage = summary, description, usage
+
+    def read(self, values: object) -> L:
+        """The typed line a parsed command line (argparse's Namespace) gives."""
+        return read(self.line, values)
+
+    def command(self, line: L, *, sim: str | None = None) -> list[str]:
+        """The gpuslate command (the words after ``gpuslate``) that runs this verb with ``line`` on
+        another host and prints its document: refused (UsageError) before anything is sent when
+        the line has what a command line cannot carry (see :func:`gpuslate.commandline.words`)."""
+        return [alias_of(line) or self.name, *words(line, before_rest=["--json", *([f"--sim={sim}"] if sim else [])])]
+
+    def read_result(self, doc: object) -> R:
+        """The result type's reading of a document of this verb (BadDocument for one that is not)."""
+        module, _, attr = self.result.partition(":")
+        cls: Any = getattr(importlib.import_module(module), attr)
+        return cls.from_json(doc)
+
+
+_UP_USAGE = "%(prog)s NAME [options] -- COMMAND [ARGS...]\n       %(prog)s [NAME...] [options]"
+
+STATUS: Verb[StatusLine, Snapshot] = Verb(
+    "status", StatusLine, "gpuslate.host.snapshot:Snapshot",
+    summary="show every GPU and every process that holds it",
+    description="Show every GPU (never truncated) with memory, utilization, temperature, power and P-state, "
+    "and its processes grouped under their launcher.")
+
+CLEAR: Verb[ClearLine, ClearResult] = Verb(
+    "clear", ClearLine, "gpuslate.clearing.clear:ClearResult", signals=True,
+    summary="terminate the jobs holding GPUs (SIGTERM, grace, SIGKILL) and verify the memory is free",
+    description="Plan, act, verify: terminate whole jobs holding the selected GPUs (your own processes unless "
+    "--all-users), then wait until every GPU is free. Monitors, GPU daemons, gpuslate and its ancestors are never "
+    "targets. With --pid, --user or --match and no --gpus, only the GPUs the selected jobs held are verified.")
+
+WAIT: Verb[WaitLine, WaitResult] = Verb(
+    "wait", WaitLine, "gpuslate.clearing.wait:WaitResult",
+    summary="wait until GPUs are free; signals nothing",
+    description="Return 0 as soon as the selected GPUs are free (no process with a context, used memory at most "
+    "--max-used), 4 on timeout with a diagnosis. Signals nothing.")
+
+UP: Verb[UpLine, UpResult] = Verb(
+    "up", UpLine, "gpuslate.units.lifecycle:UpResult", signals=True, usage=_UP_USAGE,
+    summary="start a server as a managed unit and wait until it is ready",
+    description="Start COMMAND as the managed unit NAME (its own session, process group and, where the host "
+    "allows, cgroup), with its GPUs verified free and its port unused first, and return once it is ready. Units "
+    "can be declared in gpuslate.toml: 'up A B' starts those, one after another, and 'up' alone every unit of the "
+    "file, in its order, leaving those already running as they are and stopping at the first that fails (as "
+    "'docker compose up'). See docs/units.md.")
+
+DOWN: Verb[DownLine, DownResult] = Verb(
+    "down", DownLine, "gpuslate.units.lifecycle:DownResult", signals=True,
+    summary="stop a managed unit and verify its GPUs are released",
+    description="SIGTERM every process of the unit (cgroup, session, process group), grace, SIGKILL; sweep "
+    "processes of the unit that appeared meanwhile; then verify its GPU memory is released, as 'clear' does. A "
+    "unit with a corrupt record is stopped by what can still be found of it (its cgroup, its instance's marker, "
+    "its port); the record is then set aside. Only this unit instance's processes are reached (never another "
+    "user's or another state folder's unit of the same name). 'down A B' stops those (in the reverse order, each "
+    "even when another fails), 'down' alone every unit of the unit file, as 'docker compose down'.")
+
+RESTART: Verb[RestartLine, RestartResult] = Verb(
+    "restart", RestartLine, "gpuslate.units.restart:RestartResult", signals=True,
+    summary="stop a unit and start it again as it last ran",
+    description="Stop the unit NAME (its GPUs verified free, as 'down') and start it again with the spec it last "
+    "ran with, under one hold of the host lock, the downtime measured as 'swap' measures it; a unit nothing of "
+    "which runs is just started. As 'docker compose restart': the unit file's changes since are not taken "
+    "('down' then 'up' takes them). Several NAMEs: one after another, stopping at the first that fails; none: "
+    "every unit of the unit file that has run. See docs/units.md.")
+
+RM: Verb[RmLine, RmResult] = Verb(
+    "rm", RmLine, "gpuslate.units.remove:RmResult",
+    summary="remove stopped units: their records and logs",
+    description="Remove the record and the logs of each unit NAME, which must be stopped, failed or exited; a "
+    "running unit (starting, ready, or orphaned: processes of it still run) or one whose record is corrupt is "
+    "refused, and then nothing is removed (stop it with 'gpuslate down NAME' first). As 'docker rm'. The audit "
+    "log keeps every signal sent to it. See docs/units.md.")
+
+PS: Verb[PsLine, PsResult] = Verb(
+    "ps", PsLine, "gpuslate.units.listing:PsResult",
+    summary="list managed units: state, pid, uptime, port, GPUs, memory, time to ready",
+    description="List managed units with their state as the host shows it now: starting, ready, exited, failed, "
+    "stopped, orphaned (the main process died while processes of the unit live on, or 'up' vanished before it was "
+    "ready; 'gpuslate down NAME' cleans them up), or corrupt (its record cannot be read). Like 'docker ps', units "
+    "stopped (or failed) more than an hour ago are left out unless -a; a unit that exited by itself is listed "
+    "until 'gpuslate down' or 'gpuslate rm'.")
+
+LOGS: Verb[LogsLine, LogsResult] = Verb(
+    "logs", LogsLine, "gpuslate.units.logfile:LogsResult",
+    summary="show a unit's output (stdout and stderr)",
+    description="Print a unit's log (its stdout and stderr, rotated at every start: older runs are NAME.log.1 ... "
+    ".5 next to it). The server's output is printed as it wrote it, like 'docker logs'; the time of each line is "
+    "recorded as it is written.")
+
+SWAP: Verb[SwapLine, SwapResult] = Verb(
+    "swap", SwapLine, "gpuslate.units.swap:SwapResult", signals=True,
+    summary="down OLD, verify its GPUs clean, up NEW and wait until it serves",
+    description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs are clean, up NEW "
+    "(from gpuslate.toml or its last run) and wait until it is ready; each phase timed. With --rollback, if NEW "
+    "fails, OLD is started again and made ready.")
+
+AUDIT: Verb[AuditLine, AuditListing] = Verb(
+    "audit", AuditLine, "gpuslate.host.auditlist:AuditListing",
+    summary="show the audit log of every signal gpuslate sent",
+    description="Show the audit log (newest last): who sent which signal to which process on which GPUs, and the "
+    "outcome. An entry without an outcome belongs to a run that was interrupted after recording it. With a "
+    "simulated host (--sim or GPUSLATE_SIM), only its entries.")
 
 
 class Verbs(Protocol):
     """Every verb of a host: its input first, a small frozen options object last (None: the
-    defaults), a result value with ``to_json()`` and a status back."""
+    defaults), a result value with ``to_json()`` and a status back.
+
+        def drain(host: Verbs, name: str) -> DownResult:
+            return host.down(name, DownOptions(clear_strays=True))
+
+    runs here or there alike, and a type checker holds both classes to these signatures: mypy
+    checks each against this Protocol structurally (api.py and remote/host.py say so where they
+    define them), so a verb added to one class, or typed differently on one, fails the type
+    check, not a user."""
 
     def status(self, gpus: Sequence[int] | None = None, *, full: bool = True) -> Snapshot:
         """The selected GPUs (all by default) and every process that holds them."""

@@ -16,8 +16,9 @@ MAX_USED = 64 << 20
 
 def reading(gpu: int, used: int | None, procs: list[GpuProcess] | None = None) -> GpuReading:
     memory = MemoryInfo(96 * GiB, used, 0, 96 * GiB - used) if used is not None else None
-    return GpuReading(gpu, None, "H200", gpu, memory, None, None, None, None, None,
-                      [] if procs is None and used is not None else procs, None if used is not None else "lost")
+    return GpuReading(index=gpu, name="H200", minor=gpu, memory=memory,
+                      processes=[] if procs is None and used is not None else procs,
+                      error=None if used is not None else "lost")
 
 
 class Clock:

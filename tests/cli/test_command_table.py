@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +26,11 @@ CLI = Path(__file__).resolve().parents[2] / "src" / "gpuslate" / "cli"
 @pytest.mark.parametrize("word", list(COMMANDS))
 def test_every_row_resolves(word):
     row = COMMANDS[word]
-    module = load(f"gpuslate.cli.commands.{row.module}:register")
-    assert callable(module)
+    # a verb's module runs it (its options are its declaration's); another command's builds its parser too
+    assert callable(load(f"gpuslate.cli.commands.{row.module}:{'run' if row.verb is not None else 'build'}"))
+    assert row.summary or word == "log"  # the line of gpuslate --help (log, the old name, is hidden)
+    if row.verb is not None:  # the verb's document is the row's
+        assert row.verb.result == row.document.result
     shown = ([(word, row.document)] if row.document is not None else []) + list(row.also)
     assert shown or word in ("exporter", "completion")  # the two without a document
     for name, doc in shown:
@@ -107,3 +112,54 @@ def test_the_check_finds_a_bare_number(tmp_path):
 def test_cli_holds_only_its_layout():
     entries = {p.name for p in CLI.iterdir() if p.name != "__pycache__"}
     assert entries == {"__init__.py", "main.py", "exits.py", "fleet.py", "commands", "render"}
+
+
+def _modules_after(*argv: str) -> set[str]:
+    """The gpuslate modules a fresh ``gpuslate ARGV`` imported (its output thrown away)."""
+    code = ("import sys, io, contextlib\nfrom gpuslate.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(sys.argv[1:])\n    except SystemExit:\n        pass\n"
+            "print(' '.join(m for m in sys.modules if m.startswith('gpuslate.')))")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=gpuslate_env(),
+                       timeout=60, check=True)
+    return set(r.stdout.split())
+
+
+def test_help_and_completion_import_no_command_module():
+    """The summaries are in the table and a verb's options in its declaration (pip's commands_dict):
+    ``--help``, a verb's ``--help`` and completion import no command's module (completion imports the
+    modules of the commands that are no verb, which build their own options, and its own)."""
+    verb_modules = {f"gpuslate.cli.commands.{row.module}" for row in COMMANDS.values() if row.verb is not None}
+    shared = {"gpuslate.cli.commands", "gpuslate.cli.commands.common"}
+    for argv in (["--help"], ["clear", "--help"], ["up", "--help"], ["log", "--help"]):
+        loaded = {m for m in _modules_after(*argv) if m.startswith("gpuslate.cli.commands")}
+        assert loaded == shared, (argv, loaded)
+    loaded = _modules_after("completion", "bash")
+    assert not loaded & verb_modules, loaded & verb_modules
+    assert not any(m.startswith(("gpuslate.clearing", "gpuslate.api")) for m in loaded), sorted(loaded)
+
+
+def test_each_commands_help_lists_the_exit_code_of_every_status_it_can_end_with():
+    """The help's exit codes (a verb's row's ``exits``, another command's epilog, and the common ones)
+    name the code of every member of the command's status enum (its outcome's, cli/exits.py): a
+    member added with a new outcome, or a code dropped from the help, fails here, not in a user's
+    script. (``experiment``'s report has several enums, one per subcommand: not checked here.)"""
+    from gpuslate.cli.exits import _BY_OUTCOME
+
+    checked = []
+    for word, row in COMMANDS.items():
+        if row.document is None:
+            continue
+        result = load(row.document.result)  # ClearResult -> ClearStatus, AuditListing -> AuditStatus ...
+        name = f"{result.__name__.removesuffix('Result').removesuffix('Listing')}Status"
+        enum = getattr(importlib.import_module(result.__module__), name, None)
+        if enum is None:
+            continue
+        parser = build_parser([word])
+        p = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+        p.lazy_build(p)
+        listed = {int(c) for c in re.findall(r"(?:: |; )(\d+) ", " ".join(p.epilog.split()))}
+        codes = {int(_BY_OUTCOME[m.outcome]) for m in enum}
+        assert codes <= listed, (word, sorted(codes - listed))
+        checked.append(word)
+    assert {"clear", "up", "swap", "slurm", "bench", "install"} <= set(checked), checked

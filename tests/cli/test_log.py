@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuslate.cli.commands import audit as log_cmd
-from gpuslate.cli.commands.common import add_common
+from gpuslate.cli.main import build_parser
 from gpuslate.host.audit import AuditLog
 from gpuslate.host.auditlist import AuditListing
 
@@ -29,12 +29,8 @@ def audit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AuditLog:
 
 
 def _parse(*argv: str) -> argparse.Namespace:
-    # the way cli/main.py builds its parser, with this command registered
-    parser = argparse.ArgumentParser(prog="gpuslate")
-    add_common(parser, top=True)
-    sub = parser.add_subparsers(dest="command")
-    log_cmd.register(sub)
-    return parser.parse_args(argv)
+    # as cli/main.py parses: the parser made from the command table, this command's options built
+    return build_parser(argv).parse_args(argv)
 
 
 def _fill(log: AuditLog) -> list[str]:
@@ -51,7 +47,9 @@ def _fill(log: AuditLog) -> list[str]:
 
 def test_arguments() -> None:
     args = _parse("log")
-    assert args.limit == 50 and args.json is False and args.handler is log_cmd.run
+    assert args.limit == 50 and args.json is False and args.old_name is True
+    assert args.handler.args == ("audit",)  # run by the audit command's module
+    assert _parse("audit").old_name is False
     args = _parse("log", "--limit", "0", "--json")
     assert args.limit == 0 and args.json is True
     args = _parse("--json", "log")

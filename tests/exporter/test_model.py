@@ -21,8 +21,9 @@ def proc(pid: int, used: int | None, *, kind: str = "compute", pgid: int | None 
 
 def gpu(index: int, used: int | None, procs: list[HolderProcess], error: str | None = None) -> GpuState:
     memory = MemoryInfo(96 * GiB, used, 0, 96 * GiB - used) if used is not None else None
-    return GpuState(GpuReading(index, f"GPU-{index}", "H200", index, memory, 0, 30, 70.0, 700.0, "P0",
-                               procs, error), procs)
+    return GpuState(GpuReading(index=index, uuid=f"GPU-{index}", name="H200", minor=index, memory=memory,
+                               utilization_pct=0, temperature_c=30, power_w=70.0, power_limit_w=700.0, pstate="P0",
+                               processes=procs, error=error), procs)
 
 
 def snap(*gpus: GpuState) -> Snapshot:

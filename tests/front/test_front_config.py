@@ -9,19 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuslate._parse import format_front, parse_front
 from gpuslate.errors import UsageError
 from gpuslate.front.admin import AdminError
 from gpuslate.front.caddy import MIN_VERSION, parse_version
 from gpuslate.front.config import (
     front_config,
     hold_config,
-    listen_address,
     refuse_config,
     route_config,
     routed_upstream,
 )
 from gpuslate.front.counters import FrontCounters, parse_metrics, through
-from gpuslate.units.spec import parse_front
 
 
 def test_a_route_reads_back_as_what_it_does() -> None:
@@ -44,7 +43,7 @@ def test_the_front_holds_on_one_fixed_socket_and_its_admin_is_a_unix_socket() ->
     assert proxy["transport"]["keep_alive"] == {"enabled": False}
     assert proxy["load_balancing"]["try_duration"] == "900s"
     assert "POST" in proxy["load_balancing"]["retry_match"][0]["method"]
-    assert listen_address("::1", 8000) == "[::1]:8000"
+    assert format_front("::1", 8000) == "[::1]:8000"
 
 
 def test_counters_from_caddy_documents() -> None:

@@ -16,8 +16,8 @@ SERVER = "nvidia-cuda-mps-server"
 
 def reading(used: int, procs: list[GpuProcess], error: str | None = None) -> GpuReading:
     total = 140 * 1024 * MiB
-    return GpuReading(0, None, None, 0, MemoryInfo(total, used, 0, total - used), None, None, None, None, None,
-                      procs, error)
+    return GpuReading(index=0, minor=0, memory=MemoryInfo(total, used, 0, total - used), processes=procs,
+                      error=error)
 
 
 def test_an_idle_mps_server_as_measured_on_the_h200_is_free():

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gpuslate.errors import PermissionDenied, UsageError
 from gpuslate.host.statedir import Trust, open_dir
-from gpuslate.units.names import MAX_LENGTH, UnitName, is_unit_name
+from gpuslate.unitname import MAX_LENGTH, UnitName, is_unit_name
 
 OTHER = 54321  # root can chown to any uid; no user needed
 ROOT = os.geteuid() == 0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuslate import errors
 from gpuslate.cli.exits import ExitStatus, exit_status_for, fleet_exit_code
-from gpuslate.cli.fleet import remote_words, split_fleet_options
+from gpuslate.cli.fleet import remote_command, split_fleet_options
 from gpuslate.remote.fleet import interpret, schema_problem
 from gpuslate.remote.hosts import HostSpec
 from gpuslate.remote.smi import SEPARATOR, status_from_smi
@@ -120,10 +120,23 @@ def test_split_fleet_options_before_and_after_the_command():
             split_fleet_options(bad)
 
 
-def test_remote_words():
-    assert remote_words(["clear", "--json", "--gpus", "0"]) == ["clear", "--gpus", "0", "--json"]
-    assert remote_words(["up", "u", "--", "srv", "--json"]) == ["up", "u", "--json", "--", "srv", "--json"]
-    assert remote_words(["logs", "u", "-n", "5"]) == ["logs", "u", "-n", "5", "--json"]
+def test_remote_command():
+    """A verb's words written from its typed line (its declaration); another command's as given, with
+    --json last before a '--' (after which the words are a unit's command)."""
+    from gpuslate.cli.commands import COMMANDS
+    from gpuslate.cli.main import build_parser
+
+    def remote(*argv: str) -> list[str]:
+        return remote_command(COMMANDS[argv[0]], build_parser(list(argv)).parse_args(list(argv)), argv)
+
+    assert remote("clear", "--json", "--gpus", "0") == ["clear", "--gpus=0", "--json"]
+    assert remote("up", "u", "--", "srv", "--json") == ["up", "u", "--json", "--", "srv", "--json"]
+    assert remote("logs", "u", "-n", "5") == ["logs", "u", "--tail=5", "--json"]
+    assert remote("log", "--limit", "3") == ["log", "--limit=3", "--json"]  # the old name asks for its old document
+    assert remote("bench", "http://x", "--json", "-n", "3") == ["bench", "http://x", "-n", "3", "--json"]
+    for refused in (("status", "--watch"), ("logs", "u", "-f")):
+        with pytest.raises(errors.UsageError, match="does not work with --host"):
+            remote(*refused)
 
 
 def test_status_from_nvidia_smi_csv():

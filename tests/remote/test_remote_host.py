@@ -17,9 +17,11 @@ import pytest
 from gpuslate import ClearOptions, Host, RemoteHost, Selection, UnitSpec, UpOptions, UsageError, WaitOptions
 from gpuslate.clearing.clear import ClearResult, ClearStatus
 from gpuslate.errors import GpuslateError
-from gpuslate.remote.host import clear_words, up_words
+from gpuslate.options import ClearLine, UpLine
+from gpuslate.remote.host import unit_flags
 from gpuslate.units.lifecycle import DownStatus, UpStatus
 from gpuslate.units.listing import PsResult
+from gpuslate.verbs import CLEAR, UP
 from helpers import gpuslate_env, is_gone, wait_for
 from sshd_hosts import free_port
 
@@ -98,9 +100,14 @@ def test_a_transport_failure_is_raised_by_name(lab, monkeypatch):
 
 
 def test_the_command_lines_keep_values_that_look_like_options():
-    words = clear_words(Selection(gpus=(0, 2, 3), pids=(7,), user="-bob", match="--yes"), ClearOptions(grace=1))
-    assert "--match=--yes" in words and "--user=-bob" in words and "--gpus" in words
-    assert words[words.index("--gpus") + 1] == "0,2-3"
+    words = CLEAR.command(ClearLine(selection=Selection(gpus=(0, 2, 3), pids=(7,), user="-bob", match="--yes"),
+                                    options=ClearOptions(grace=1), yes=True))
+    assert "--match=--yes" in words and "--user=-bob" in words and "--gpus=0,2-3" in words
+
+    def up_words(spec: UnitSpec, options: UpOptions) -> list[str]:
+        return UP.command(UpLine(names=(spec.name,), unit=unit_flags(spec), options=options,
+                                 command=tuple(spec.command)))
+
     spec = UnitSpec("u", command=["serve", "--port", "1"], port=1, model="-m")
     assert up_words(spec, UpOptions(clear_first=True))[-4:] == ["--", "serve", "--port", "1"]
     assert "--model=-m" in up_words(spec, UpOptions())

@@ -55,8 +55,8 @@ from .._time import iso_time
 from .._walk import write_file
 from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
+from ..unitname import is_unit_name
 from ..units import UnitSpec, UpOptions
-from ..units.names import is_unit_name
 from .plan import LoadPlan
 from .report import ENGINE_FILES, build_summary, plan_verification, recorded_files
 from .result import Progress

@@ -66,7 +66,7 @@ from typing import Any, Literal, get_args
 
 from .._toml import line_of, read_toml
 from ..errors import UsageError
-from ..units.names import MAX_LENGTH, is_unit_name
+from ..unitname import MAX_LENGTH, is_unit_name
 from ..units.spec import UnitSpec, load_config, resolve
 from .plan import LoadPlan
 

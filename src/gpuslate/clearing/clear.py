@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, format_gpu_list
+from .._parse import format_gpu_list
 from .._record import Record
 from .._time import iso_time, parse_iso_time
 from ..errors import NotConfirmed, NotDoneError
-from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
+from ..gpu.types import GpuBackend, GpuReading, ProcessKind, memory_from_json, memory_json
 from ..host.audit import new_run_id
 from ..host.daemons import DaemonHold
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import Snapshot, take_snapshot
+from ..options import ClearOptions, Selection
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import DaemonWatch
 from ..proc.jobs import Protection
@@ -36,7 +36,7 @@ from ..proc.procfs import list_pids, read_cgroup, read_info, read_stat, user_nam
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
 from .gate import ActGate
-from .plan import Plan, Role, Selection, Spared, Target, VerifyMode, make_plan, resolve
+from .plan import Plan, Role, Spared, Target, VerifyMode, make_plan, resolve
 from .wait import (
     GpuDiagnosis,
     LeakWatch,
@@ -89,9 +89,6 @@ class ClearResult(Record):
     a positional call could swap them unseen). A :class:`~gpuslate._record.Record`, not a
     dataclass: see there why."""
 
-    # the fields in their order (repr, _asdict), not sorted
-    __slots__ = ("status", "host", "backend", "plan", "results", "before", "after",  # noqa: RUF023
-                 "diagnosis", "respawned", "timings", "max_used", "started_at", "baseline")
     status: ClearStatus
     host: str
     backend: str
@@ -104,13 +101,7 @@ class ClearResult(Record):
     timings: dict[str, float]
     max_used: int
     started_at: float
-    baseline: tuple[DaemonHold, ...]  # what spared GPU daemons held after, not counted as used
-
-    def __init__(self, *, status: ClearStatus, host: str, backend: str, plan: Plan, results: list[VictimResult],
-                 before: list[GpuReading], after: list[GpuReading], diagnosis: list[GpuDiagnosis],
-                 respawned: list[Respawn], timings: dict[str, float], max_used: int, started_at: float,
-                 baseline: tuple[DaemonHold, ...] = ()) -> None:
-        self._fill(locals())
+    baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held after, not counted as used
 
     @property
     def ok(self) -> bool:
@@ -170,30 +161,6 @@ class ClearResult(Record):
                        respawned=[Respawn.from_json(r) for r in d["respawned"]], timings=dict(d["timings"]),
                        max_used=d["max_used"], started_at=started,
                        baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
-
-
-class ClearOptions(NamedTuple):
-    """How ``clear`` acts (what it acts on is the :class:`~.plan.Selection`).
-
-    Plain data, so that a remote host receives the same options: ``confirm`` is the
-    one callable (a person reading the plan), and a remote run refuses it. Every
-    verb's options are immutable NamedTuples (``_asdict()``, ``_replace()``): a
-    dataclass would make ``gpuslate clear`` import ``dataclasses`` (and ``inspect``,
-    ``ast``...), about 10 ms at every start.
-    """
-
-    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
-    timeout: float = 60.0  # for the whole clear, the wait for the host lock included
-    max_used: int | None = None  # most memory a free GPU may show; None: the host's default
-    dry_run: bool = False  # plan only; the host lock is not taken and nothing is signaled
-    confirm: Callable[[Plan], bool] | None = None  # asked with the plan before any signal
-
-    def validate(self) -> ClearOptions:
-        """:class:`~gpuslate.errors.UsageError` on a value no clear can act on."""
-        check_seconds("--grace", self.grace)
-        check_seconds("--timeout", self.timeout)
-        check_size("--max-used", self.max_used)
-        return self
 
 
 def clear(host: HostContext, selection: Selection, options: ClearOptions = ClearOptions()) -> ClearResult:
@@ -433,7 +400,7 @@ def _respawns(plan: Plan, snap: Snapshot) -> list[Respawn]:
     table = ProcTable()
     for g in snap.gpus:
         for p in g.processes:
-            if p.pid in planned or not p.visible or p.kind == "handle" or any(r.pid == p.pid for r in out):
+            if p.pid in planned or not p.visible or p.kind == ProcessKind.HANDLE or any(r.pid == p.pid for r in out):
                 continue
             cg = read_cgroup(p.pid)
             old = by_cmd.get(p.command or "") or (by_cgroup.get(cg) if cg else None)

@@ -29,9 +29,10 @@ from typing import Any, NamedTuple
 
 from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
-from ..gpu.types import GpuBackend
+from ..gpu.types import GpuBackend, ProcessKind
 from ..host.daemons import sharing
 from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
+from ..options import Selection
 from ..proc.daemons import GPU_DAEMONS
 from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
 from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name, zombie_reason, zombie_remedy
@@ -61,23 +62,6 @@ class Hold(NamedTuple):
     gpu: int
     kind: str  # compute | graphics | mps | handle
     used_memory: int | None
-
-
-class Selection(NamedTuple):
-    """What the user asked for. ``gpus`` None: every GPU."""
-
-    gpus: tuple[int, ...] | None = None
-    pids: tuple[int, ...] = ()
-    user: str | None = None
-    match: str | None = None
-    all_users: bool = False
-    include_handles: bool = False
-    holders_only: bool = False
-
-    @property
-    def narrows(self) -> bool:
-        """A selector other than GPUs: then only the selected jobs' GPUs are verified."""
-        return bool(self.pids) or self.user is not None or self.match is not None
 
 
 class Resolved(NamedTuple):
@@ -185,7 +169,7 @@ def _decide(facts: Facts, res: Resolved, held: Mapping[int, str]) -> Decision:
     memory: dict[int, dict[int, int]] = {}  # pid -> gpu -> bytes, for processes with a GPU context
     handles: dict[int, set[int]] = {}
     for h in facts.holds:
-        if h.kind == "handle":
+        if h.kind == ProcessKind.HANDLE:
             handles.setdefault(h.pid, set()).add(h.gpu)
         else:
             per = memory.setdefault(h.pid, {})

@@ -31,12 +31,13 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, format_size, gpus_phrase
+from .._parse import format_size, gpus_phrase
 from .._record import Record
-from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
+from ..gpu.types import GpuBackend, GpuReading, ProcessKind, held_by_no_process, memory_from_json, memory_json
 from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
+from ..options import WaitOptions
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import MPS_CONTROL, MPS_SERVER, DaemonWatch
 from ..proc.procfs import EXITED_STATES, zombie_reason, zombie_remedy
@@ -143,20 +144,14 @@ class WaitResult(Record):
     """What a ``wait`` found; built by keywords only (``max_used`` and ``elapsed_s`` sit side by
     side, and an int passes for a float). A :class:`~gpuslate._record.Record`: ``clear`` imports it."""
 
-    # the fields in their order (repr, _asdict), not sorted
-    __slots__ = ("ok", "gpus", "max_used", "elapsed_s", "readings", "diagnosis", "baseline", "leaked")  # noqa: RUF023
     ok: bool
     gpus: list[int]
     max_used: int
     elapsed_s: float
     readings: list[GpuReading]
     diagnosis: list[GpuDiagnosis]
-    baseline: tuple[DaemonHold, ...]  # what spared GPU daemons held at the end, not counted as used
-    leaked: bool  # gave up before the timeout: memory held by no process (see LeakWatch)
-
-    def __init__(self, *, ok: bool, gpus: list[int], max_used: int, elapsed_s: float, readings: list[GpuReading],
-                 diagnosis: list[GpuDiagnosis], baseline: tuple[DaemonHold, ...] = (), leaked: bool = False) -> None:
-        self._fill(locals())
+    baseline: tuple[DaemonHold, ...] = ()  # what spared GPU daemons held at the end, not counted as used
+    leaked: bool = False  # gave up before the timeout: memory held by no process (see LeakWatch)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -277,18 +272,6 @@ def still_held(readings: Sequence[GpuReading], done: Callable[[GpuReading], bool
     return ", ".join(parts) + " still used" if parts else ""
 
 
-class WaitOptions(NamedTuple):
-    """How long ``wait`` waits and what counts as free; plain data."""
-
-    max_used: int | None = None  # most memory a free GPU may show; None: the host's default
-    timeout: float = 60.0
-
-    def validate(self) -> WaitOptions:
-        check_seconds("--timeout", self.timeout)
-        check_size("--max-used", self.max_used)
-        return self
-
-
 def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
               options: WaitOptions = WaitOptions()) -> WaitResult:
     """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
@@ -334,7 +317,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
                                     f"the GPU could not be queried ({r.error}): its state is unknown, not free",
                                     f"check the driver (nvidia-smi -q -i {r.index}) and the kernel log"))
         for p in g.processes:
-            if p.kind == "handle":
+            if p.kind == ProcessKind.HANDLE:
                 continue  # holds no memory and no context: never what keeps a GPU busy
             if p.pid in daemons:
                 continue  # a spared daemon's baseline: the host's, not what keeps the GPU busy

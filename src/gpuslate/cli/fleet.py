@@ -4,36 +4,42 @@
 ``main`` takes these options off the command line (before or after the
 command, never after ``--``), checks the rest with the local parser (bad
 input fails here, before any host is contacted), then runs the same command
-on every host as ``gpuslate COMMAND ARGS... --json`` and renders each host's
+on every host as ``gpuslate COMMAND ARGS... --json``: a verb's words written
+from its typed line by its declaration (gpuslate/verbs.py, as ``RemoteHost``
+writes them), another command's as given. How the hosts are reached is a
+transport's (remote/transport.py: ssh, srun, or the zipapp push of
+``install``); this module only fans out through it and renders each host's
 document with the renderers a local run uses, under a heading per host, and
-a summary. This module stays light to import: the heavy parts load on use.
+a summary. It stays light to import: the heavy parts load on use.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from typing import IO, TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING, Any
 
-from ..errors import BadDocument, NotConfirmed, PermissionDenied, UsageError
+from .._record import Record
+from ..errors import BadDocument, NotConfirmed, UsageError
+from ..verbs import CLEAR, STATUS
 from .commands import COMMANDS, Command, Remote, document_for, show_document
 from .commands.common import print_json
 from .exits import exit_code_of, fleet_exit_code
 from .render.plain import Cell, Column, cut, paint, safe, table, use_color, width_of
 
 if TYPE_CHECKING:
+    from ..options import ClearLine
     from ..remote.fleet import FleetResult, HostOutcome
-    from ..remote.hosts import HostSpec
+    from ..remote.transport import Transport
 
 _VALUED = {"-H": "hosts", "--host": "hosts", "--hosts": "hosts_file", "--group": "group",
            "--parallel": "parallel", "--connect-timeout": "connect_timeout"}
 _FLAGS = {"--keep-going": "keep_going", "--slurm": "slurm"}
 
 
-class FleetArgs(NamedTuple):
+class FleetArgs(Record):
     hosts: list[str]
     hosts_file: str | None
     group: str | None
@@ -104,10 +110,10 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
         if extra:
             raise UsageError(f"{extra[0]} needs --host or --hosts FILE")
         return None, rest
-    return FleetArgs(found["hosts"], found["hosts_file"], found["group"],
-                     _number(found["parallel"], "--parallel", 32, int),
-                     _number(found["connect_timeout"], "--connect-timeout", 10.0, float),
-                     found["keep_going"], found["slurm"]), rest
+    return FleetArgs(hosts=found["hosts"], hosts_file=found["hosts_file"], group=found["group"],
+                     parallel=_number(found["parallel"], "--parallel", 32, int),
+                     connect_timeout=_number(found["connect_timeout"], "--connect-timeout", 10.0, float),
+                     keep_going=found["keep_going"], slurm=found["slurm"]), rest
 
 
 def _number(text: str | None, option: str, default: Any, kind: type) -> Any:
@@ -122,9 +128,14 @@ def _number(text: str | None, option: str, default: Any, kind: type) -> Any:
     return v
 
 
-def remote_words(argv: Sequence[str]) -> list[str]:
-    """The command as the remote gpuslate gets it: the local ``--json`` dropped, one
-    added (before a ``--``, after which words belong to the unit's command)."""
+def remote_command(row: Command, args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
+    """The command as the remote gpuslate gets it (its words after ``gpuslate``), printing its
+    document: a verb's written from the typed line the local parser read (its declaration's
+    :meth:`~gpuslate.verbs.Verb.command`); a command that is no verb (bench, sim, experiment) has
+    its options written by hand, and they go as given: the local ``--json`` dropped, one added
+    (before a ``--``, after which words belong to the unit's command)."""
+    if row.verb is not None:
+        return row.verb.command(row.verb.read(args), sim=getattr(args, "sim", None))
     cut = list(argv).index("--") if "--" in argv else len(argv)
     head = [a for a in argv[:cut] if a != "--json"]
     return [*head, "--json", *argv[cut:]]
@@ -164,30 +175,21 @@ class Progress:
 
 def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Namespace) -> int:
     """``gpuslate COMMAND`` (``argv``, already checked into ``args``) on every selected host."""
-    if getattr(args, "watch", None) or getattr(args, "follow", False):
-        raise UsageError(f"{command} --{'watch' if command == 'status' else 'follow'} does not work with "
-                         "--host: run it on the host (ssh -t HOST gpuslate ...)")
     if command == "sim" and getattr(args, "sim_command", None) in ("hold", "mps", "serve"):
         raise UsageError(f"'sim {args.sim_command}' runs until killed: start it on the host itself")
     row = COMMANDS[command]
     if row.remote is Remote.REFUSED:  # the exporter: Prometheus scrapes each host's own
         raise UsageError(f"'{command}' runs until killed: start it on each host (see docs/{command}.md)")
-    words = remote_words(argv)
-    if row.remote is Remote.HERE:  # install: builds the zipapp once here and pushes it to each host
-        if fleet.slurm:
-            raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
-        hosts, fan, sequential = _install_over_ssh(fleet, args)
-    else:
-        limit = answer_limit(row, args, fleet.connect_timeout)
-        hosts, fan, sequential = (_over_srun if fleet.slurm else _over_ssh)(fleet, command, limit)
-    progress = Progress(len(hosts))
+    words = remote_command(row, args, argv)  # what cannot be sent (--watch, --follow) is refused here
+    transport = _transport(fleet, row, args)
+    progress = Progress(len(transport.hosts))
     try:
-        if command == "clear" and not args.dry_run and not args.yes and sys.stdin.isatty():
-            result = _clear_asking_once(hosts, words, fan, progress)
+        if row.verb is CLEAR and not args.dry_run and not args.yes and sys.stdin.isatty():
+            result = _clear_asking_once(transport, CLEAR.read(args), getattr(args, "sim", None), progress)
         elif row.remote is Remote.ROLLING:  # one host at a time: a rolling swap or restart
-            result = sequential(hosts, words, progress)
+            result = transport.roll(transport.hosts, words, progress.done)
         else:
-            result = fan(hosts, words, progress)
+            result = transport.fan(transport.hosts, words, progress.done)
     finally:
         progress.close()
     result = read_back(result)
@@ -196,6 +198,29 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     else:
         print_fleet(result, command)
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
+
+
+def _transport(fleet: FleetArgs, row: Command, args: argparse.Namespace) -> Transport:
+    """How the hosts are reached (remote/transport.py): srun with ``--slurm``, else ssh; ``install``
+    (run here, not there) pushes its zipapp over ssh."""
+    from ..remote.ssh import SshOptions  # lazy: startup (--host only)
+    from ..remote.transport import Srun, Ssh, read_inventory  # lazy: startup (--host only)
+
+    if row.remote is Remote.HERE:  # install: builds the zipapp once here and pushes it to each host
+        if fleet.slurm:
+            raise UsageError("install copies gpuslate over ssh: give --host/--hosts, not --slurm")
+        from ..remote.hosts import select_hosts  # lazy: startup (--host only)
+        from .commands.install import push  # lazy: startup (--host only)
+
+        inventory = read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
+        return push(args, select_hosts(fleet.hosts, inventory, fleet.group),
+                    SshOptions.from_env(fleet.connect_timeout), fleet.parallel)
+    limit = answer_limit(row, args, fleet.connect_timeout)
+    if fleet.slurm:
+        return Srun.from_env(keep_going=fleet.keep_going, timeout=limit)
+    return Ssh.select(fleet.hosts, fleet.hosts_file, fleet.group, connect_timeout=fleet.connect_timeout,
+                      parallel=fleet.parallel, keep_going=fleet.keep_going, timeout=limit,
+                      fallback_status=row.verb is STATUS)
 
 
 def answer_limit(row: Command, args: argparse.Namespace, connect_timeout: float) -> float | None:
@@ -210,98 +235,17 @@ def answer_limit(row: Command, args: argparse.Namespace, connect_timeout: float)
         value = getattr(args, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             own += float(value)
-    from ..remote.ssh import answer_margin  # lazy: startup
+    from ..remote.ssh import answer_margin  # lazy: startup (--host only)
 
     return connect_timeout + own + answer_margin()
 
 
-#: run WORDS on HOSTS, reporting each host to the progress line
-Fan = Callable[["list[HostSpec]", "list[str]", Progress], "FleetResult"]
-
-
-def _over_ssh(fleet: FleetArgs, command: str, limit: float | None) -> tuple[list[HostSpec], Fan, Fan]:
-    """The selected hosts, and how to run a command on them over ssh (in parallel, one by one)."""
-    from ..remote.fleet import run_parallel, run_sequential  # lazy: startup
-    from ..remote.hosts import select_hosts  # lazy: startup
-    from ..remote.ssh import SshOptions  # lazy: startup
-
-    inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
-    hosts = select_hosts(fleet.hosts, inventory, fleet.group)
-    opts = SshOptions.from_env(fleet.connect_timeout)
-
-    def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        return run_parallel(hs, words, opts, parallel=fleet.parallel, on_done=progress.done,
-                            fallback_status=command == "status", timeout=limit)
-
-    def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        return run_sequential(hs, words, opts, keep_going=fleet.keep_going, on_done=progress.done, timeout=limit)
-
-    return hosts, fan, sequential
-
-
-def _install_over_ssh(fleet: FleetArgs, args: argparse.Namespace) -> tuple[list[HostSpec], Fan, Fan]:
-    """The selected hosts, and ``install`` on them (see :mod:`.install`): run here, pushed over ssh."""
-    from ..remote.fleet import run_parallel  # lazy: startup
-    from ..remote.hosts import select_hosts  # lazy: startup
-    from ..remote.ssh import SshOptions  # lazy: startup
-    from .commands.install import host_runner  # lazy: startup
-
-    inventory = _read_inventory(fleet.hosts_file) if fleet.hosts_file is not None else None
-    hosts = select_hosts(fleet.hosts, inventory, fleet.group)
-    opts = SshOptions.from_env(fleet.connect_timeout)
-    shown, one = host_runner(args, opts)
-
-    def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        return run_parallel(hs, shown, opts, parallel=fleet.parallel, on_done=progress.done, run_one=one)
-
-    return hosts, fan, fan
-
-
-def _over_srun(fleet: FleetArgs, command: str, limit: float | None) -> tuple[list[HostSpec], Fan, Fan]:
-    """The nodes of the current Slurm allocation, and how to run a command on them through srun."""
-    from ..remote.fleet import run_sequential  # lazy: startup
-    from ..remote.hosts import HostSpec  # lazy: startup
-    from ..remote.srun import allocation_from_env, run_allocation  # lazy: startup
-    from ..remote.ssh import SshOptions  # lazy: startup
-
-    hosts = [HostSpec(n) for n in allocation_from_env(os.environ).nodes]
-
-    def fan(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        result = run_allocation(hs, words, timeout=limit)
-        for outcome in result.hosts:
-            progress.done(outcome)
-        return result
-
-    def sequential(hs: list[HostSpec], words: list[str], progress: Progress) -> FleetResult:
-        return run_sequential(hs, words, SshOptions(), keep_going=fleet.keep_going, on_done=progress.done,
-                              run_one=lambda h, w: run_allocation([h], w, timeout=limit).hosts[0])
-
-    return hosts, fan, sequential
-
-
-#: an inventory of 10,000 hosts (the most one may hold) is about 0.5 MB
-MAX_INVENTORY_BYTES = 8 << 20
-
-
-def _read_inventory(path: str) -> str:
-    """The walk's read (gpuslate/_walk.py): a regular file, never another user's link, bounded."""
-    from .._walk import read_file  # lazy: startup
-
-    try:
-        return read_file(path, limit=MAX_INVENTORY_BYTES, what="inventory").decode("utf-8")
-    except OSError as exc:
-        why = exc.strerror if exc.strerror and not isinstance(exc, PermissionDenied) else str(exc)
-        raise UsageError(f"cannot read the inventory {path}: {why}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"cannot read the inventory {path}: not UTF-8 text") from None
-
-
-def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progress: Progress) -> FleetResult:
+def _clear_asking_once(transport: Transport, line: ClearLine, sim: str | None, progress: Progress) -> FleetResult:
     """Every host's plan (a dry run there), one question, then ``clear --yes`` where the plan was made."""
-    from ..remote.fleet import FleetResult  # lazy: startup
+    from ..remote.fleet import FleetResult  # lazy: startup (--host only)
 
-    cut = words.index("--json")
-    plans = read_back(fan(hosts, [*words[:cut], "--dry-run", *words[cut:]], progress))
+    dry = line._replace(options=line.options._replace(dry_run=True))
+    plans = read_back(transport.fan(transport.hosts, CLEAR.command(dry, sim=sim), progress.done))
     progress.close()
     planned = [o.host for o in plans.hosts if o.ok]
     n = print_plans(plans)
@@ -313,7 +257,7 @@ def _clear_asking_once(hosts: list[HostSpec], words: list[str], fan: Fan, progre
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
         raise NotConfirmed("not confirmed: nothing was signaled")
     progress.restart(len(planned))
-    done = fan(planned, [*words[:cut], "--yes", *words[cut:]], progress)
+    done = transport.fan(planned, CLEAR.command(line._replace(yes=True), sim=sim), progress.done)
     by_host = {o.host: o for o in done.hosts}
     return FleetResult(done.command, [by_host.get(o.host, o) for o in plans.hosts])
 
@@ -322,7 +266,7 @@ def read_back(result: FleetResult) -> FleetResult:
     """Every host's document read back into its result type: one that cannot be (another schema,
     malformed) makes that host failed (``bad_document``, exit 2), whatever its own exit status was.
     The document stays in the outcome (``--json`` shows what came), but is not rendered."""
-    from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup
+    from ..remote.fleet import FleetResult, HostOutcome  # lazy: startup (--host only)
 
     hosts = []
     for o in result.hosts:
@@ -339,8 +283,8 @@ def read_back(result: FleetResult) -> FleetResult:
 
 def print_plans(plans: FleetResult) -> int:
     """Every host's clear plan (the dry runs), on stderr before the one question; the number of targets."""
-    from ..clearing.clear import ClearResult  # lazy: startup
-    from .render.clear import print_plan  # lazy: startup
+    from ..clearing.clear import ClearResult  # lazy: startup (--host only)
+    from .render.clear import print_plan  # lazy: startup (--host only)
 
     n = 0
     for o in plans.hosts:

@@ -1,21 +1,24 @@
 """Entry point of the ``gpuslate`` command: parse (the parsers of the command table,
-cli/commands/__init__.py: only the chosen command's module is imported), dispatch, map errors to exit codes."""
+cli/commands/__init__.py: each made from its row, only the chosen one's options built), dispatch (the
+chosen command's module, imported now), map errors to exit codes."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .. import __version__
 from ..errors import GpuslateError, UsageError
 from ..gpu import sim_root_from_env
 from . import fleet as fleet_cli
-from .commands import COMMANDS, output_mode
-from .commands.common import add_common, print_error
+from .commands import COMMANDS, Command, output_mode
+from .commands.common import add_common, add_line, print_error
 from .exits import ExitStatus, exit_epilog, exit_status_for
 from .render import output
 
@@ -23,8 +26,9 @@ _GLOBAL_WITH_VALUE = {"--sim"}
 
 
 class _LazySubParsers(argparse._SubParsersAction):
-    """Subcommands whose options need heavy imports build them only when chosen,
-    so that `gpuslate status` does not pay for `gpuslate sim serve`'s options."""
+    """Subcommands build their options only when chosen (``lazy_build``), so that ``gpuslate
+    --help`` imports no command's module and ``gpuslate status`` does not pay for ``gpuslate sim
+    serve``'s options."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         chosen = self._name_parser_map.get(values[0]) if values else None
@@ -35,10 +39,34 @@ class _LazySubParsers(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help, as wide as ``shutil.get_terminal_size`` says, without importing shutil (and
+    its bz2 and lzma) at every start: argparse makes a formatter for every option it adds."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width if width is not None else _columns() - 2)
+
+
+def _columns() -> int:
+    """$COLUMNS, else the terminal's width on stdout, else 80: as ``shutil.get_terminal_size``."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # no stdout, not a terminal
+            columns = 80
+    return columns
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         # only whole option names: a prefix (`--all` for --all-users) is an error, in every sub-parser too
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self.register("action", "parsers", _LazySubParsers)
 
@@ -98,8 +126,9 @@ def _chosen_command(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; given ``argv`` naming a command, only that command's module is
-    imported and registered (start-up time is part of every command's cost)."""
+    """The parser; given ``argv`` naming a command, only that command's parser is made (start-up
+    time is part of every command's cost). Each command's options are built when it is chosen
+    (:func:`build_command`): ``--help`` lists the commands from their rows alone."""
     parser = _Parser(
         prog="gpuslate",
         description="Safe, verified, fast hand-off of NVIDIA GPUs between model-server deployments.",
@@ -112,10 +141,30 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     fleet_cli.add_fleet_help(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = _chosen_command(argv) if argv is not None else None
-    modules = [COMMANDS[chosen].module] if chosen else list(dict.fromkeys(c.module for c in COMMANDS.values()))
-    for name in modules:  # the command table (cli/commands/__init__.py) names each command's module
-        importlib.import_module(f"{__package__}.commands.{name}").register(sub)
+    for word, row in COMMANDS.items():  # the command table (cli/commands/__init__.py), in help order
+        if chosen is None or word == chosen:
+            shown: dict[str, Any] = {"help": row.summary} if row.summary is not None else {}  # none: hidden
+            p = sub.add_parser(word, **shown)
+            p.lazy_build = functools.partial(build_command, word, row)  # type: ignore[attr-defined]
     return parser
+
+
+def build_command(word: str, row: Command, p: argparse.ArgumentParser) -> None:
+    """``gpuslate WORD``'s options: a verb's from its declaration (gpuslate/verbs.py), run by its
+    module's ``run``; another command's by its module's ``build``."""
+    verb = row.verb
+    if verb is None:
+        importlib.import_module(f"{__package__}.commands.{row.module}").build(p)
+        return
+    p.description, p.epilog, p.usage = verb.description, exit_epilog(row.exits, backend=row.backend), verb.usage
+    add_common(p)
+    add_line(p, verb.line, word=word)
+    p.set_defaults(handler=functools.partial(_run, row.module))
+
+
+def _run(module: str, args: argparse.Namespace) -> int:
+    """A verb's command: its module's ``run``, the module imported now (not to list or parse it)."""
+    return int(importlib.import_module(f"{__package__}.commands.{module}").run(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last resort: an exit status and one line, never a traceback
         status = exit_status_for(exc)
         if status == ExitStatus.INTERNAL_ERROR and not _is_gpuslate_error(exc):
-            import traceback  # lazy: startup
+            import traceback  # lazy: startup (only for a bug)
 
             traceback.print_exc()
         print_error(exc, status, args.json)
@@ -166,7 +215,7 @@ def _use_sim(args: argparse.Namespace) -> None:
     if not getattr(args, "sim", None):
         sim_root_from_env()
         return
-    from ..gpu.simhost.host import SimHost  # lazy: startup
+    from ..gpu.simhost.host import SimHost  # lazy: startup (only with --sim)
 
     root = os.path.abspath(args.sim)
     SimHost(root).config  # noqa: B018 - raises BackendUnavailable when DIR is none

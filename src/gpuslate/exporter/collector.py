@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from .. import __version__
+from ..gpu.types import ProcessKind
 from ..host.audit import of_host
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
@@ -149,7 +150,7 @@ def gather_facts(host: HostContext, *, with_units: bool = True) -> tuple[Facts, 
     """One snapshot of ``host`` and the facts :func:`~.model.account` needs; the bool says whether
     the units could be listed (a broken state folder must not hide the GPUs)."""
     snap = take_snapshot(host.backend)
-    holders = [p for g in snap.gpus for p in g.processes if p.kind != "handle" and p.visible]
+    holders = [p for g in snap.gpus for p in g.processes if p.kind != ProcessKind.HANDLE and p.visible]
     leaders: dict[int, bool] = {}
     for p in holders:
         if p.pgid is not None and p.pgid != p.pid and p.pgid not in leaders:

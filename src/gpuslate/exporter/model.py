@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from .._text import clean, cut
 from ..clearing.wait import state_is_free
-from ..gpu.types import held_by_no_process
+from ..gpu.types import ProcessKind, held_by_no_process
 from ..host.snapshot import HolderProcess, Snapshot
 from ..units.state import UnitState
 
@@ -129,7 +129,7 @@ def label(text: str | None) -> str:
 
 def is_orphaned(p: HolderProcess, leaders_alive: Mapping[int, bool]) -> bool:
     """A memory holder whose process group's leader is known to have exited (see the module doc)."""
-    if p.kind == "handle" or not p.visible or p.pgid is None or p.pgid == p.pid:
+    if p.kind == ProcessKind.HANDLE or not p.visible or p.pgid is None or p.pgid == p.pid:
         return False
     return leaders_alive.get(p.pgid) is False
 
@@ -139,7 +139,7 @@ def account(f: Facts) -> Account:
     gpus: list[GpuRow] = []
     rows: list[ProcessRow] = []
     for g in f.snapshot.gpus:
-        holders = [p for p in g.processes if p.kind != "handle"]
+        holders = [p for p in g.processes if p.kind != ProcessKind.HANDLE]
         attributed = sum(p.used_memory or 0 for p in holders)
         orphans = [p for p in holders if is_orphaned(p, f.leaders_alive)]
         gpus.append(GpuRow(

@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .._parse import format_front
+
 #: how often a held request tries the route socket again: held requests are let through in the
 #: order they arrived to within this
 TRY_INTERVAL_S = 0.005
@@ -50,10 +52,6 @@ def _server(listen: str) -> dict[str, Any]:
     return {"listen": [listen], "protocols": ["h1"], "automatic_https": {"disable": True}}
 
 
-def listen_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def front_config(*, host: str, port: int, admin: str, route: str, hold_s: float) -> dict[str, Any]:
     """The front process's configuration: ``host:port`` -> the route socket, holding a request up
     to ``hold_s`` seconds while the route socket refuses it."""
@@ -66,7 +64,7 @@ def front_config(*, host: str, port: int, admin: str, route: str, hold_s: float)
         "load_balancing": {"try_duration": f"{hold_s:g}s", "try_interval": f"{TRY_INTERVAL_S * 1000:g}ms",
                            "retry_match": [{"method": _METHODS}]},
     }
-    server = {**_server(listen_address(host, port)), "routes": [{"handle": [proxy]}]}
+    server = {**_server(format_front(host, port)), "routes": [{"handle": [proxy]}]}
     return {"admin": _admin(admin), "logging": _logging(),
             "apps": {"http": {"metrics": {}, "servers": {"front": server}}}}
 

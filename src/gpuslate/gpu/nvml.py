@@ -26,7 +26,7 @@ from .libnvml import (
     Nvml,
     NvmlError,
 )
-from .types import CheckpointState, GpuProcess, GpuReading, HostMemory, MemoryApi, MemoryInfo
+from .types import CheckpointState, GpuProcess, GpuReading, HostMemory, MemoryApi, MemoryInfo, ProcessKind
 
 # PIDs that some drivers report for contexts they cannot attribute
 _INVALID_PIDS = frozenset({0, 4294967295})
@@ -279,7 +279,7 @@ class NvmlBackend:
         try:
             h = self._handle(index)
         except (GpuQueryError, PermissionDenied) as exc:
-            return GpuReading(index, None, None, None, None, None, None, None, None, None, None, str(exc))
+            return GpuReading(index=index, error=str(exc))
         util: list[int | None] = [None]
         slow = None
         if full:
@@ -325,13 +325,13 @@ class NvmlBackend:
 
     def _processes(self, h: Handle) -> list[GpuProcess]:
         found: dict[int, GpuProcess] = {}
-        for kind in ("compute", "graphics", "mps"):
+        for kind in (ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.MPS):
             try:
                 procs = self._newest("processes", kind, h)
             except NvmlError as exc:
                 # MPS and graphics queries are unsupported on many setups;
                 # a compute query failure is essential and propagates.
-                if kind != "compute" and exc.code == ERROR_NOT_SUPPORTED:
+                if kind != ProcessKind.COMPUTE and exc.code == ERROR_NOT_SUPPORTED:
                     continue
                 raise _error(exc) from exc
             for pid, used in procs:
@@ -344,7 +344,7 @@ class NvmlBackend:
                 # an MPS client is listed as compute and as MPS (nvidia-smi's "M+C"; the
                 # server is compute only): it is an MPS client, with the larger figure
                 figures = [u for u in (prev.used_memory, used) if u is not None]
-                found[pid] = GpuProcess(pid, "mps" if "mps" in (kind, prev.kind) else prev.kind,
+                found[pid] = GpuProcess(pid, ProcessKind.MPS if ProcessKind.MPS in (kind, prev.kind) else prev.kind,
                                         max(figures) if figures else None)
         return sorted(found.values())
 

@@ -6,8 +6,25 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Literal, NamedTuple, Protocol
 
-#: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
-PROCESS_KINDS = ("compute", "graphics", "mps", "handle")
+from .._record import Record
+
+
+class ProcessKind(str, Enum):
+    """How a process holds a GPU: a context the driver lists (compute, graphics, or a client of an MPS
+    server), or only an open device file, which discovery's fd scan adds (``handle``: a monitor, a
+    daemon, a process between contexts). The value is what documents write."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    MPS = "mps"
+    HANDLE = "handle"
+
+    def __str__(self) -> str:  # its value, as documents and tables write it (not "ProcessKind.HANDLE")
+        return self.value
+
+
+#: kinds of GPU-holding processes, as documents write them
+PROCESS_KINDS = tuple(k.value for k in ProcessKind)
 
 
 #: NVML's memory API: "v2" reports driver-reserved memory apart from 'used'
@@ -28,29 +45,30 @@ class GpuProcess(NamedTuple):
     """A process as the driver reports it on one GPU."""
 
     pid: int
-    kind: str  # compute | graphics | mps
+    kind: ProcessKind  # compute | graphics | mps
     used_memory: int | None  # None when the driver does not say
 
 
-class GpuReading(NamedTuple):
-    """One GPU as one backend query saw it.
+class GpuReading(Record):
+    """One GPU as one backend query saw it; built by keywords (a dozen fields, most of them None
+    in a reading that failed: a positional call could put a figure in the wrong place unseen).
 
     ``error`` is set when any essential query (memory, processes) failed; then
     the fields that failed are ``None``: a failed query never reads as clean.
     """
 
-    index: int  # type: ignore[assignment]  # the field shadows tuple.index, which nothing here calls
-    uuid: str | None
-    name: str | None
-    minor: int | None  # /dev/nvidiaN of this GPU
-    memory: MemoryInfo | None
-    utilization_pct: int | None
-    temperature_c: int | None
-    power_w: float | None
-    power_limit_w: float | None
-    pstate: str | None
-    processes: list[GpuProcess] | None
-    error: str | None
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    minor: int | None = None  # /dev/nvidiaN of this GPU
+    memory: MemoryInfo | None = None
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    pstate: str | None = None
+    processes: list[GpuProcess] | None = None
+    error: str | None = None
 
 
 def held_by_no_process(r: GpuReading) -> int | None:
@@ -65,7 +83,7 @@ def held_by_no_process(r: GpuReading) -> int | None:
     compares this with is the host's idle ``--max-used``."""
     if r.memory is None or r.processes is None:
         return None
-    return max(0, r.memory.used - sum(p.used_memory or 0 for p in r.processes if p.kind != "handle"))
+    return max(0, r.memory.used - sum(p.used_memory or 0 for p in r.processes if p.kind != ProcessKind.HANDLE))
 
 
 def memory_json(r: GpuReading) -> dict[str, Any]:
@@ -77,9 +95,9 @@ def memory_json(r: GpuReading) -> dict[str, Any]:
 def memory_from_json(d: dict[str, Any]) -> GpuReading:
     """A reading back from :func:`memory_json` (what it does not keep is unknown: None, 0)."""
     used = d["used"]
-    return GpuReading(d["gpu"], None, None, None, MemoryInfo(0, used, 0, 0) if used is not None else None,
-                      None, None, None, None, None, [GpuProcess(pid, "compute", None) for pid in d["processes"]],
-                      d["error"])
+    return GpuReading(index=d["gpu"], memory=MemoryInfo(0, used, 0, 0) if used is not None else None,
+                      processes=[GpuProcess(pid, ProcessKind.COMPUTE, None) for pid in d["processes"]],
+                      error=d["error"])
 
 
 class CheckpointState(Enum):

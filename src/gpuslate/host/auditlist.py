@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from ..errors import UsageError
+from ..options import AuditOptions
 from ..outcome import Outcome, StatusEnum
 from .audit import AuditLog, of_host
 
@@ -17,14 +18,6 @@ OLD_SCHEMA = "gpuslate.log.v1"  # the same document under the command's old name
 
 class AuditStatus(StatusEnum):
     LISTED = "listed", Outcome.DONE
-
-
-class AuditOptions(NamedTuple):
-    """Which entries ``audit`` lists: the newest ``limit`` (0: all). ``old_name``: asked for as
-    ``gpuslate log``, the command's old name; the document keeps its old schema."""
-
-    limit: int = 50
-    old_name: bool = False
 
 
 class AuditListing(NamedTuple):

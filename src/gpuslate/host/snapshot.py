@@ -23,7 +23,7 @@ from .._document import checked, reading
 from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, held_by_no_process
+from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, ProcessKind, held_by_no_process
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
@@ -99,8 +99,9 @@ class GpuState(NamedTuple):
         """What spared GPU daemons hold here (the daemons in ``exclude``, a clear's targets, are
         not spared): the host's baseline, see :mod:`.daemons`."""
         out = set(exclude)
-        daemons = {p.pid: p.daemon for p in self.processes if p.daemon and p.kind != "handle" and p.pid not in out}
-        return baseline(self.index, [(p.pid, p.used_memory) for p in self.processes if p.kind != "handle"], daemons)
+        held = [p for p in self.processes if p.kind != ProcessKind.HANDLE]
+        daemons = {p.pid: p.daemon for p in held if p.daemon and p.pid not in out}
+        return baseline(self.index, [(p.pid, p.used_memory) for p in held], daemons)
 
     def to_json(self) -> dict[str, Any]:
         r = self.reading
@@ -118,11 +119,13 @@ class GpuState(NamedTuple):
         """The GPU of a status document; the driver's process list is the holders that are not handles."""
         m = d["memory"]
         procs = [HolderProcess.from_json(p) for p in d["processes"]]
-        reading = GpuReading(d["index"], d["uuid"], d["name"], None,
-                             MemoryInfo(m["total"], m["used"], m["reserved"], m["free"]) if m is not None else None,
-                             d["utilization_pct"], d["temperature_c"], d["power_w"], d["power_limit_w"],
-                             d["pstate"], [GpuProcess(p.pid, p.kind, p.used_memory) for p in procs
-                                           if p.kind != "handle"], d["error"])
+        reading = GpuReading(
+            index=d["index"], uuid=d["uuid"], name=d["name"],
+            memory=MemoryInfo(m["total"], m["used"], m["reserved"], m["free"]) if m is not None else None,
+            utilization_pct=d["utilization_pct"], temperature_c=d["temperature_c"], power_w=d["power_w"],
+            power_limit_w=d["power_limit_w"], pstate=d["pstate"],
+            processes=[GpuProcess(p.pid, ProcessKind(p.kind), p.used_memory) for p in procs
+                       if p.kind != ProcessKind.HANDLE], error=d["error"])
         return cls(reading, procs)
 
 
@@ -155,9 +158,9 @@ def holdings(entries: Iterable[tuple[int, int, str, int | None]]) -> dict[int, H
     handles: dict[int, set[int]] = {}
     kinds: dict[int, str] = {}
     for pid, gpu, kind, used in entries:
-        kinds.setdefault(pid, "handle")
+        kinds.setdefault(pid, ProcessKind.HANDLE)
         handles.setdefault(pid, set())
-        if kind == "handle":
+        if kind == ProcessKind.HANDLE:
             handles[pid].add(gpu)
         else:
             kinds[pid] = kind
@@ -304,7 +307,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
     for r in readings:
         procs = [holder(p.pid, p.kind, p.used_memory) for p in (r.processes or [])]
         listed = {p.pid for p in procs}
-        procs += [holder(pid, "handle", None) for pid, g in sorted(handle_gpus.items())
+        procs += [holder(pid, ProcessKind.HANDLE, None) for pid, g in sorted(handle_gpus.items())
                   if r.index in g and pid not in listed]
         states.append(GpuState(r, procs))
     states = _with_mps_servers(states)
@@ -318,7 +321,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
     return Snapshot(
         host=os.uname().nodename, backend=backend.name, driver_version=backend.driver_version(),
         taken_at=taken_at, gpus=states,
-        host_processes=[holder(pid, "handle", None) for pid in sorted(control_only)],
+        host_processes=[holder(pid, ProcessKind.HANDLE, None) for pid in sorted(control_only)],
         warnings=warnings, launchers=_launchers(states),
     )
 
@@ -330,7 +333,7 @@ def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
     seen: dict[int, HolderProcess] = {}
     for g in states:
         for p in g.processes:
-            if not p.visible or p.kind == "handle":
+            if not p.visible or p.kind == ProcessKind.HANDLE:
                 continue
             seen.setdefault(p.pid, p)
             if p.daemon == MPS_SERVER:
@@ -347,7 +350,7 @@ def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
             pipes[client] = read_client_pipe(client)
             pipes.update({s: read_server_pipe(s, seen[s].ppid) for s in options if s not in pipes})
     found = mps_servers(candidates, pipes)
-    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != "handle"
+    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != ProcessKind.HANDLE
                                  else p for p in g.processes]) for g in states]
 
 

@@ -41,9 +41,10 @@ import sys
 import tempfile
 import time
 import zipapp
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._document import checked, parse_json, reading
 from .._version import __version__
@@ -58,8 +59,12 @@ from ..errors import (
     UsageError,
 )
 from ..outcome import Outcome, StatusEnum
+from .fleet import DEFAULT_PARALLEL, FleetResult, HostOutcome, run_parallel
 from .hosts import HostSpec
 from .ssh import SshOptions, SshResult, remote_line, run_ssh, transport_error
+
+if TYPE_CHECKING:
+    from .transport import OnDone
 
 SCHEMA = "gpuslate.install.v1"
 DEFAULT_PREFIX = "~/.local"
@@ -359,3 +364,37 @@ def _status_check(host: HostSpec, launcher: str, opts: SshOptions) -> str:
         return str(error["type"])
     raise RemoteCommandFailed(f"{host.label}: installed, but 'status --json' does not run there "
                               f"({_last(res.stderr) or f'exit {res.returncode}'})", exit_code=res.returncode or 1)
+
+
+class ZipappPush:
+    """``install``: the zipapp ``archive`` (built once, here) written on each host over ssh, its
+    Python checked first and the installed gpuslate run once (:func:`.zipapp.install_on_host`).
+    Every host at once, rolling too (an install changes nothing a later host depends on); the
+    words each result lists are ``install --prefix PREFIX --python PYTHON``."""
+
+    def __init__(self, hosts: Sequence[HostSpec], ssh: SshOptions, archive: Archive, *, prefix: str, python: str,
+                 parallel: int = DEFAULT_PARALLEL) -> None:
+        self._hosts, self.ssh, self.archive, self.parallel = list(hosts), ssh, archive, parallel
+        self.prefix, self.python = prefix, python
+
+    @property
+    def hosts(self) -> list[HostSpec]:
+        return self._hosts
+
+    @property
+    def words(self) -> list[str]:
+        return ["install", "--prefix", self.prefix, "--python", self.python]
+
+    def fan(self, hosts: Sequence[HostSpec], words: Sequence[str], on_done: OnDone) -> FleetResult:
+        return run_parallel(hosts, self.words, self.ssh, parallel=self.parallel, on_done=on_done,
+                            run_one=self._one)
+
+    roll = fan
+
+    def _one(self, host: HostSpec, words: Sequence[str]) -> HostOutcome:
+        start = time.monotonic()
+        try:
+            result = install_on_host(host, self.archive, self.ssh, prefix=self.prefix, python=self.python)
+        except GpuslateError as exc:
+            return HostOutcome(host, None, exc, time.monotonic() - start)
+        return HostOutcome(host, result.to_json(), None, time.monotonic() - start)

@@ -195,12 +195,12 @@ def epilog(host: HostContext, job: SlurmJob, *, grace: float = 5.0, timeout: flo
             break
         # imported here, not at the top, for the clean path's start-up time: only a job that
         # left a GPU holder needs clear's planner
-        from ..clearing.clear import ClearOptions, clear  # lazy: startup
-        from ..clearing.plan import Selection  # lazy: startup
+        from ..clearing.clear import clear  # lazy: startup
+        from ..options import ClearOptions, Selection  # lazy: startup
 
         gate = _Gate(finder)
         try:
-            sel = Selection(None, tuple(p.pid for p in found), all_users=True, include_handles=True)
+            sel = Selection(pids=tuple(p.pid for p in found), all_users=True, include_handles=True)
             cleared = clear(host, sel, ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
                                                     max_used=limit, confirm=gate))
             break

@@ -28,18 +28,17 @@ from typing import Any, NamedTuple
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..options import DownOptions, RestartOptions, UpOptions
 from ..outcome import Outcome, Parted, PartedStatus
 from .front import up_behind_front
 from .lifecycle import (
     DOWN_SCHEMA,
     UP_SCHEMA,
-    DownOptions,
     DownResult,
-    UpOptions,
     UpResult,
     check_startable,
 )
-from .restart import RESTART_SCHEMA, RestartOptions, RestartResult, restart
+from .restart import RESTART_SCHEMA, RestartResult, restart
 from .spec import UnitSpec
 from .store import UnitStore
 from .unit import Unit

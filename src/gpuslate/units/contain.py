@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from ..options import Containment
 from ..proc.procfs import read_cgroup, read_stat
 
 
@@ -49,7 +50,7 @@ CGROUP_ROOT = _cgroup2_mount()
 class LaunchFence(NamedTuple):
     """How to start a unit fenced in; what it becomes afterwards is a :class:`.fence.Fence`."""
 
-    kind: str  # cgroup | scope | session
+    kind: Containment  # cgroup | scope | session
     cgroup: str | None  # for kind cgroup: the path made for the unit (relative to CGROUP_ROOT)
     argv_prefix: list[str]  # for kind scope: systemd-run ...
     preexec: Callable[[], None] | None
@@ -59,20 +60,20 @@ def _cgroup_v2() -> bool:
     return (CGROUP_ROOT / "cgroup.procs").exists() and (CGROUP_ROOT / "cgroup.controllers").exists()
 
 
-def choose_fence(name: str, wanted: str = "auto") -> tuple[LaunchFence, str | None]:
+def choose_fence(name: str, wanted: Containment = Containment.AUTO) -> tuple[LaunchFence, str | None]:
     """The strongest fence this host allows (or ``wanted``); with why a stronger one was not used."""
     notes: list[str] = []
-    if wanted in ("auto", "cgroup"):
+    if wanted in (Containment.AUTO, Containment.CGROUP):
         fence, why = _own_cgroup(name)
         if fence:
             return fence, None
         notes.append(why)
-    if wanted in ("auto", "scope"):
+    if wanted in (Containment.AUTO, Containment.SCOPE):
         fence, why = _systemd_scope(name)
         if fence:
             return fence, None
         notes.append(why)
-    return LaunchFence("session", None, [], None), "; ".join(n for n in notes if n) or None
+    return LaunchFence(Containment.SESSION, None, [], None), "; ".join(n for n in notes if n) or None
 
 
 def _own_cgroup(name: str) -> tuple[LaunchFence | None, str]:
@@ -97,7 +98,7 @@ def _own_cgroup(name: str) -> tuple[LaunchFence | None, str]:
             f.write("0")
 
     rel = "/" + str(child.relative_to(CGROUP_ROOT))
-    return LaunchFence("cgroup", rel, [], join), ""
+    return LaunchFence(Containment.CGROUP, rel, [], join), ""
 
 
 def _systemd_scope(name: str) -> tuple[LaunchFence | None, str]:
@@ -116,7 +117,7 @@ def _systemd_scope(name: str) -> tuple[LaunchFence | None, str]:
     if not ok:
         return None, "systemd-run --user --scope failed"
     prefix = [exe, "--user", "--scope", "--quiet", "--collect", f"--unit=gpuslate-{name}-{uuid.uuid4().hex[:8]}", "--"]
-    return LaunchFence("scope", None, prefix, None), ""
+    return LaunchFence(Containment.SCOPE, None, prefix, None), ""
 
 
 def discard_cgroup(cgroup: str | None, wait: float = 0.0) -> None:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal, NamedTuple, Protocol
 
+from ..options import Containment
 from ..proc.environ import intact
 from ..proc.procfs import ProcessId, ProcStat, open_image_file, read_stat
 from ..proc.tree import ProcTable
@@ -456,8 +457,8 @@ def fence_of(rec: UnitRecord, state: str) -> Fence:
     in, as its units carry it (:meth:`~.store.UnitStore.mark`)."""
     mark = UnitMark(rec.name, rec.instance or None, state)
     session = SessionFence(mark, rec.ident, rec.pgid, rec.sid, tuple(rec.member_ids), scan_marker=rec.cgroup is None)
-    if rec.containment == "cgroup":
+    if rec.containment == Containment.CGROUP:
         return CgroupFence(rec.cgroup, session)
-    if rec.containment == "scope":
+    if rec.containment == Containment.SCOPE:
         return ScopeFence(rec.cgroup, session)
     return session

@@ -37,19 +37,21 @@ from pathlib import Path
 from typing import Any
 
 from .._document import checked, reading
+from .._parse import format_front
 from .._walk import open_dir
 from ..errors import NotDoneError, UsageError
 from ..front.admin import Admin, AdminError
 from ..front.caddy import find_caddy
-from ..front.config import front_config, hold_config, listen_address, refuse_config, route_config, routed_upstream
+from ..front.config import front_config, hold_config, refuse_config, route_config, routed_upstream
 from ..front.counters import HoldMeter, HoldReport, read_counters
 from ..host.session import HostContext
+from ..options import Containment, DownOptions, UpOptions
 from ..proc.procfs import ProcessId, is_alive, read_stat
 from . import store
 from .frontreport import DrainReport, FrontReport, FrontState
-from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, start_checked, stop_loaded
+from .lifecycle import DownResult, UpResult, start_checked, stop_loaded
 from .preflight import check_port
-from .spec import UnitSpec, parse_front
+from .spec import UnitSpec
 from .unit import Unit
 
 FOLDER = "fronts"
@@ -121,7 +123,7 @@ class FrontRecord:
 
     @property
     def address(self) -> str:
-        return listen_address(self.host, self.port)
+        return format_front(self.host, self.port)
 
 
 @dataclass(frozen=True)
@@ -312,7 +314,7 @@ class Front:
         """Open the route to ``spec``'s address (its ``ready_host:port``, and nothing else)."""
         if spec.port is None:
             raise UsageError(f"unit {spec.name} has no port: a front routes to a unit's port")
-        upstream = listen_address(spec.ready_host, spec.port)
+        upstream = format_front(spec.ready_host, spec.port)
         self.route_admin.load(route_config(admin=self.paths.route_admin, route=self.paths.route, upstream=upstream))
         report = meter.stop() if meter is not None else None
         self._save(phase=FrontPhase.SERVING, unit=spec.name, upstream=upstream, next=None, reason=None, by=None)
@@ -364,7 +366,7 @@ def start_front(host: HostContext, spec: UnitSpec, *, unit: str, next_unit: str 
     probe_host = "127.0.0.1" if fhost in ("0.0.0.0", "") else "::1" if fhost == "::" else fhost
     proc_spec = UnitSpec(
         name=front_name(port), gpus=[], port=port, ready_host=probe_host, start_timeout=_READY_S, grace=5.0,
-        stop_timeout=30.0, containment=spec.containment if spec.containment != "scope" else "auto",
+        stop_timeout=30.0, containment=spec.containment if spec.containment != Containment.SCOPE else Containment.AUTO,
         env={"XDG_DATA_HOME": paths.home, "XDG_CONFIG_HOME": paths.home},
         # the route process in the background, the front in the foreground (the unit's main process)
         command=["/bin/sh", "-c", '"$0" run --config "$1" & exec "$0" run --config "$2"',
@@ -454,8 +456,3 @@ def up_behind_front(host: HostContext, spec: UnitSpec, opts: UpOptions, *, start
                              note=why)
     return replace(r, front=report)
 
-
-def parse_front_option(value: str) -> str:
-    """``--front PORT|HOST:PORT`` as the spec keeps it."""
-    host, port = parse_front(value)
-    return listen_address(host, port)

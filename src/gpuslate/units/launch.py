@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..gpu import SIM_VAR, sim_root_from_env
+from ..options import Containment
 from ..proc.environ import KEEP_ENVIRONMENT
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
@@ -38,7 +39,7 @@ class Launched:
 
     proc: subprocess.Popen[bytes]
     ident: ProcessId
-    fence: str  # cgroup | scope | session
+    fence: Containment  # cgroup | scope | session
     cgroup: str | None
     fence_note: str | None  # why a stronger fence was not used
     log: Path
@@ -76,8 +77,8 @@ def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) 
     """Start ``spec.command``, its log in ``units``; raise UsageError if it cannot be executed at all.
     ``sim_root``: the simulated host it starts on (see :func:`unit_env`)."""
     fence, note = choose_fence(spec.name, spec.containment)
-    if spec.containment not in ("auto", "session") and fence.kind != spec.containment:
-        raise UsageError(f"containment {spec.containment!r} is not possible on this host: {note}")
+    if spec.containment not in (Containment.AUTO, Containment.SESSION) and fence.kind != spec.containment:
+        raise UsageError(f"containment {str(spec.containment)!r} is not possible on this host: {note}")
     log = units.log_path(spec.name)
     log_fd, times_fd = logfile.open_for_unit(log)
     instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
@@ -90,10 +91,10 @@ def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) 
             proc, t_spawn, at = _spawn(spec, fence, fd, added)
         except subprocess.SubprocessError as exc:  # joining the cgroup failed in the child
             discard_cgroup(fence.cgroup)
-            if spec.containment == "cgroup":
+            if spec.containment == Containment.CGROUP:
                 raise UsageError(f"cannot move the unit into cgroup {fence.cgroup}: {exc}") from None
             note = f"cgroup {fence.cgroup} refused the process"
-            fence = LaunchFence("session", None, [], None)
+            fence = LaunchFence(Containment.SESSION, None, [], None)
             proc, t_spawn, at = _spawn(spec, fence, fd, added)
         except BaseException:  # e.g. command not found: the new cgroup must not stay behind
             discard_cgroup(fence.cgroup)
@@ -105,7 +106,8 @@ def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) 
     _children[proc.pid] = proc
     st = read_stat(proc.pid)  # a zombie of ours until reaped, so this always succeeds
     assert st is not None
-    cgroup = fence.cgroup if fence.kind == "cgroup" else _scope_cgroup(proc) if fence.kind == "scope" else None
+    cgroup = (fence.cgroup if fence.kind == Containment.CGROUP
+              else _scope_cgroup(proc) if fence.kind == Containment.SCOPE else None)
     return Launched(proc=proc, ident=st.ident, fence=fence.kind, cgroup=cgroup, fence_note=note, log=log,
                     env=added, instance=instance, spawned=t_spawn, spawned_at=at,
                     relay=relayed[0] if relayed is not None else None)

@@ -13,17 +13,17 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, gpus_phrase
+from .._parse import gpus_phrase
 from .._time import iso_time, parse_iso_time
-from ..clearing.clear import ClearOptions, ClearResult, clear
-from ..clearing.plan import Selection
+from ..clearing.clear import ClearResult, clear
 from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus
+from ..options import ClearOptions, DownOptions, Selection, UpOptions
 from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
@@ -64,32 +64,6 @@ class DownStatus(StatusEnum):
     TIMEOUT = "timeout", Outcome.NOT_DONE  # not stopped, or its memory not released, in time
     PERMISSION_DENIED = "permission_denied", Outcome.DENIED  # some process could not be signaled
     NOT_RULED_OUT = "not_ruled_out", Outcome.NOT_DONE  # stopped, but processes not in it hold GPU memory or its port
-
-
-class UpOptions(NamedTuple):
-    """How ``up`` starts a unit (what it starts is the :class:`~.spec.UnitSpec`); plain data."""
-
-    clear_first: bool = False  # clear the unit's GPUs first, with clear's rules
-    max_used: int | None = None  # most memory a free GPU may show; None: the host's default
-
-    def validate(self) -> UpOptions:
-        check_size("--max-used", self.max_used)
-        return self
-
-
-class DownOptions(NamedTuple):
-    """How ``down`` stops a unit; None: the unit's own setting. Plain data."""
-
-    grace: float | None = None  # SIGTERM to SIGKILL
-    timeout: float | None = None  # stopping and memory release together (the wait for the lock too)
-    max_used: int | None = None
-    clear_strays: bool = False  # end what holds the unit's GPUs without being found in it, with clear
-
-    def validate(self) -> DownOptions:
-        check_seconds("--grace", self.grace)
-        check_seconds("--timeout", self.timeout)
-        check_size("--max-used", self.max_used)
-        return self
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -243,7 +217,7 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
         check_port(spec.ready_host, spec.port, for_unit=spec.name, left_by=lambda pid: _left_by(units, pid))
     cleared = None
     if opts.clear_first:
-        cleared = clear(host, Selection(tuple(gpus)),
+        cleared = clear(host, Selection(gpus=tuple(gpus)),
                         ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
         if not cleared.ok:
             raise NotDoneError(f"--clear could not free {gpus_phrase(gpus)} for unit {spec.name}: "
@@ -446,7 +420,7 @@ def _clear_strays(host: HostContext, u: Unit, strays: list[Stray], grace: float,
     ok = True
     if holders:
         gpus = tuple(sorted(set(u.gpus) | {g for s in holders for g in s.gpus}))
-        cleared.append(clear(host, Selection(gpus, tuple(s.pid for s in holders)),
+        cleared.append(clear(host, Selection(gpus=gpus, pids=tuple(s.pid for s in holders)),
                              ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
                                           max_used=limit)))
         ok = cleared[-1].ok

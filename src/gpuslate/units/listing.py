@@ -17,6 +17,7 @@ from .._document import checked, reading
 from .._time import iso_time, parse_iso_time
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
+from ..options import PsOptions
 from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
@@ -29,21 +30,8 @@ from .unit import Unit, load_units
 
 PS_SCHEMA = "gpuslate.ps.v1"
 STATES = tuple(s.value for s in UnitState)
-#: without ``all``, ``ps`` leaves out units stopped (or failed) longer ago than this
-RECENT_S = 3600.0
 #: the states a unit has when nothing of it runs; one stopped long ago is hidden (see PsOptions)
 _DONE = (UnitState.STOPPED, UnitState.FAILED)
-
-
-class PsOptions(NamedTuple):
-    """Which units ``ps`` lists. ``all`` (the library's default; the command's ``-a``): every unit
-    recorded. Else, as ``docker ps`` leaves out stopped containers, the units stopped by ``down`` or
-    failed in ``up`` more than ``recent_s`` ago are left out and counted (a unit stopped just now is
-    still listed, so that a ``down`` shows as ``stopped``). A unit that exited by itself is listed
-    until ``down`` or ``rm``: when it exited is not known, and a crash is news."""
-
-    all: bool = True
-    recent_s: float = RECENT_S
 
 
 def hidden_by(options: PsOptions, state: UnitState, stopped_at: float | None, now: float) -> bool:

@@ -38,6 +38,7 @@ from .._document import checked, reading
 from .._time import iso_time_us, parse_iso_time
 from ..errors import UsageError
 from ..host.statedir import StateDir, open_dir
+from ..options import LogsOptions
 from . import store
 from .unit import Unit
 
@@ -382,15 +383,6 @@ def follow(path: Path, *, since: tuple[int, int] | None, keep_going: Callable[[]
                 f.close()
             return
         time.sleep(interval)
-
-
-class LogsOptions(NamedTuple):
-    """What ``logs`` shows: the last ``tail`` lines (None: all) written at or after ``since`` (epoch
-    seconds; None: from the first), with the time each was written when ``timestamps``."""
-
-    tail: int | None = None
-    since: float | None = None
-    timestamps: bool = False
 
 
 class UnitLog:

@@ -11,7 +11,7 @@ from pathlib import Path
 from .._parse import format_size, gpus_phrase
 from ..clearing.wait import state_is_free
 from ..errors import NotDoneError
-from ..gpu.types import GpuBackend
+from ..gpu.types import GpuBackend, ProcessKind
 from ..host.snapshot import Snapshot, take_snapshot
 from ..proc.fdscan import read_fd_targets
 from ..proc.procfs import read_info
@@ -35,7 +35,7 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
         holders = []
         spared = {h.pid for h in g.baseline()}
         for p in g.processes:
-            if p.kind == "handle" or p.pid in spared:  # a GPU daemon's baseline is the host's
+            if p.kind == ProcessKind.HANDLE or p.pid in spared:  # a GPU daemon's baseline is the host's
                 continue
             unit = owner_of.get(p.pid)
             if unit:

@@ -19,7 +19,7 @@ from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, StatusEnum
 from ..proc.tree import ProcTable
-from .names import UnitName
+from ..unitname import UnitName
 from .state import UnitState
 from .store import UnitStore
 from .unit import Unit

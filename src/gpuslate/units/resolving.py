@@ -14,8 +14,10 @@ import os
 from enum import Enum
 from typing import Any
 
+from ..errors import UsageError
 from ..host.session import HostContext
-from .spec import UnitSpec, resolve
+from ..unitname import UnitName
+from .spec import CONFIG_NAME, CONFIG_VAR, UnitSpec, find_config, load_config, resolve
 from .store import UnitStore
 from .unit import Unit
 
@@ -40,3 +42,20 @@ def spec_for(ctx: HostContext, name: str, *, config: str | os.PathLike[str] | No
         previous = Unit.load(UnitStore.of(ctx), name)
     last = previous.spec.to_json() if previous is not None and previous.spec is not None else None
     return resolve(name, overrides=overrides, command=command, config=config, previous=last)
+
+
+def file_units(config: str | None, verb: str) -> list[str]:
+    """Every unit of the unit file (``config``, else found as :func:`~.spec.find_config` finds it),
+    in its order: what ``up``, ``down`` and ``restart`` without a name act on (``verb`` names the
+    command in the error when there is no file)."""
+    path = find_config(config)
+    if path is None:
+        raise UsageError(f"{verb} without a NAME acts on every unit of the unit file, and there is none "
+                         f"({CONFIG_NAME} here or above, {CONFIG_VAR}, --config)", hint=f"gpuslate {verb} NAME")
+    try:
+        names: list[str] = [UnitName(n) for n in load_config(path)]
+    except UsageError as exc:  # a table whose name no unit can have: the file is at fault
+        raise UsageError(f"{path}: {exc}") from None
+    if not names:
+        raise UsageError(f"{path} defines no [units.NAME] table")
+    return names

@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._document import checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..options import RestartOptions, SwapOptions, UpOptions
 from ..outcome import Outcome, Parted, PartedStatus
+from ..unitname import UnitName
 from .front import up_behind_front
 from .frontreport import FrontReport
-from .lifecycle import DownResult, UpOptions, UpResult
-from .names import UnitName
+from .lifecycle import DownResult, UpResult
 from .state import UnitState
 from .store import UnitStore
-from .swap import SwapOptions, SwapStatus, swap_loaded
+from .swap import SwapStatus, swap_loaded
 from .unit import Unit
 
 RESTART_SCHEMA = "gpuslate.restart.v1"
@@ -37,13 +38,6 @@ class RestartStatus(PartedStatus):
     RESTARTED = "restarted", Outcome.DONE  # ready again
     DOWN_FAILED = "down_failed", Outcome.NOT_DONE  # not stopped cleanly: not started again
     UP_FAILED = "up_failed", Outcome.FAILED  # stopped, then did not come up (cleaned up by up)
-
-
-class RestartOptions(NamedTuple):
-    """How ``restart`` goes; plain data."""
-
-    prefetch: bool = False  # read its weight files into the page cache first, as swap does
-    drain_timeout: float = 60.0  # behind a front: most seconds the requests in flight may take to finish
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -25,18 +25,29 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._parse import ALL_GPUS, parse_gpu_selection, parse_host, parse_http_url, parse_int, parse_seconds, selected_gpus
+from .._parse import (
+    ALL_GPUS,
+    format_front,
+    parse_front,
+    parse_gpu_selection,
+    parse_host,
+    parse_http_url,
+    parse_int,
+    parse_seconds,
+    selected_gpus,
+)
 from .._toml import line_of, read_toml
 from ..engines.registry import BACKENDS
 from ..errors import PermissionDenied, UsageError
-from .names import UnitName
+from ..options import Containment
+from ..unitname import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
 #: names the unit file, as COMPOSE_FILE names docker compose's (one file here)
 CONFIG_VAR = "GPUSLATE_CONFIG"
 #: the engines a unit may name (readiness like the engine): the registry's
 ENGINES = tuple(BACKENDS)
-CONTAINMENTS = ("auto", "cgroup", "scope", "session")
+CONTAINMENTS = tuple(c.value for c in Containment)
 
 
 @dataclass
@@ -56,7 +67,7 @@ class UnitSpec:
     grace: float = 10.0  # SIGTERM -> SIGKILL when stopping
     stop_timeout: float = 60.0  # stopping, including the GPU memory release
     cwd: str | None = None
-    containment: str = "auto"
+    containment: Containment = Containment.AUTO
     # weight files to read into the page cache before a swap stops the old unit;
     # None: detected from the command (--model-path, --model, a model folder); []: none
     prefetch: list[str] | None = None
@@ -97,6 +108,7 @@ class UnitSpec:
             raise UsageError(f"invalid engine {self.engine!r}: one of {', '.join(ENGINES)}")
         if self.containment not in CONTAINMENTS:
             raise UsageError(f"invalid containment {self.containment!r}: one of {', '.join(CONTAINMENTS)}")
+        self.containment = Containment(self.containment)
         kind, _ = self.readiness
         if self.port is None and (kind == "tcp" or kind in BACKENDS or self.smoke
                                   or (kind == "http" and "://" not in (self.ready_url or ""))):
@@ -109,7 +121,7 @@ class UnitSpec:
                 raise UsageError(f"invalid --ready-log pattern {self.ready_log!r}: {exc}") from None
         if self.front is not None:
             host, fport = parse_front(self.front)
-            self.front = f"[{host}]:{fport}" if ":" in host else f"{host}:{fport}"
+            self.front = format_front(host, fport)
             if fport == self.port:
                 raise UsageError(f"unit {self.name!r}: its front cannot listen on the unit's own port {fport}")
         for name in ("start_timeout", "grace", "stop_timeout", "front_hold"):
@@ -281,7 +293,7 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         return _check_cwd(str((path.parent / value).resolve()))
     if key == "front":
         host, port = parse_front(value)
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return format_front(host, port)
     if key in ("start_timeout", "grace", "stop_timeout", "front_hold"):
         return parse_seconds(value, what=key)
     if key == "port":
@@ -302,19 +314,6 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
     return value
 
 
-def parse_front(value: object) -> tuple[str, int]:
-    """A front's address: ``PORT`` (on 127.0.0.1: never reachable from another host unless
-    asked for) or ``HOST:PORT`` (``[::1]:PORT``); :class:`UsageError` otherwise."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text:
-        raise UsageError(f"invalid front {value!r}: PORT or HOST:PORT")
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host = "127.0.0.1"
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host:
-        raise UsageError(f"invalid front {value!r}: PORT or HOST:PORT")
-    return parse_host(host), parse_int(port, low=1, high=65535, what="front port")
 
 
 def _check_cwd(cwd: str) -> str:

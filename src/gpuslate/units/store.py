@@ -13,7 +13,7 @@ cgroup, and the processes seen in it once it was ready.
 
 Every file here is reached through the state folder's checked walk
 (host/statedir.py: from ``/``, one component at a time, never through another
-user's link, regular files only) and named only by a :class:`~.names.UnitName`,
+user's link, regular files only) and named only by a :class:`~gpuslate.unitname.UnitName`,
 so no name or planted file leads a record read or write outside ``units/``.
 """
 
@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import PermissionDenied
 from ..host.statedir import StateDir, open_dir
+from ..options import Containment
 from ..proc.procfs import ProcessId
-from .names import UnitName, is_unit_name
+from ..unitname import UnitName, is_unit_name
 from .state import Phase
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ SCHEMA = "gpuslate.unit.v1"
 
 #: phases recorded by up/down; ``ps`` derives the state from them and what lives (units/state.py)
 STARTING, READY, FAILED, STOPPED = Phase.STARTING, Phase.READY, Phase.FAILED, Phase.STOPPED
-CONTAINMENTS = ("cgroup", "scope", "session")
+CONTAINMENTS = tuple(c.value for c in Containment if c is not Containment.AUTO)  # what a unit got
 INSTANCE_RE = re.compile(r"[0-9a-f]{32}")
 
 
@@ -49,12 +50,12 @@ INSTANCE_RE = re.compile(r"[0-9a-f]{32}")
 class UnitRecord:
     name: str
     spec: dict[str, Any]
-    phase: str
+    phase: Phase
     pid: int
     start_ticks: int
     pgid: int
     sid: int
-    containment: str  # cgroup | scope | session
+    containment: Containment  # cgroup | scope | session
     cgroup: str | None  # cgroup v2 path (relative to the mount) when contained in one
     log: str
     gpus: list[int]
@@ -102,7 +103,7 @@ class UnitRecord:
             if not check(doc[f.name]):
                 raise CorruptRecord(f"field {f.name!r} is invalid: {_short(doc[f.name])}")
         rec = cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
-        rec.phase = Phase(rec.phase)
+        rec.phase, rec.containment = Phase(rec.phase), Containment(rec.containment)
         return rec
 
 

@@ -22,23 +22,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._document import checked, reading
-from .._parse import check_seconds, check_size, format_size
+from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..errors import NotDoneError, UsageError
 from ..front.admin import AdminError
 from ..front.counters import HoldMeter, HoldReport
 from ..host.session import HostContext
+from ..options import DownOptions, SwapOptions, UpOptions
 from ..outcome import Outcome, Parted, PartedStatus
 from . import store
 from .front import Front, check_front, start_front
 from .frontreport import DrainReport, FrontReport, FrontState
 from .lifecycle import (
-    DownOptions,
     DownResult,
-    UpOptions,
     UpResult,
     check_startable,
     phase_start,
@@ -137,23 +136,6 @@ class SwapResult(Parted):
                        stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
                        overhead=d["overhead_s"],
                        front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
-
-
-class SwapOptions(NamedTuple):
-    """How ``swap`` replaces a unit; plain data."""
-
-    rollback: bool = False  # NEW failed: start OLD again with the spec it last ran with
-    config: str | None = None  # the unit file NEW is resolved from (default: found as up finds it)
-    prefetch: bool = True  # read NEW's weight files into the page cache before OLD is stopped
-    prefetch_memory: int | None = None  # bound for the prefetch instead of the host's MemAvailable
-    prefetch_timeout: float = 600.0  # most seconds OLD keeps serving while NEW's weights are read
-    drain_timeout: float = 60.0  # behind a front: most seconds the requests in flight on OLD may take
-
-    def validate(self) -> SwapOptions:
-        check_seconds("prefetch timeout", self.prefetch_timeout)
-        check_seconds("--drain-timeout", self.drain_timeout)
-        check_size("prefetch memory", self.prefetch_memory)
-        return self
 
 
 def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions = SwapOptions()) -> SwapResult:

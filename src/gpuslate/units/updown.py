@@ -13,10 +13,11 @@ from dataclasses import replace
 
 from ..errors import UsageError
 from ..host.session import HostContext
+from ..options import DownOptions, UpOptions
 from . import store
 from .front import Front, up_behind_front
 from .frontreport import FrontReport, FrontState
-from .lifecycle import DownOptions, DownResult, UpOptions, UpResult, check_startable, stop_loaded
+from .lifecycle import DownResult, UpResult, check_startable, stop_loaded
 from .spec import UnitSpec
 from .unit import Unit
 

@@ -1,16 +1,25 @@
-"""A command is one row: :data:`COMMANDS` names, for each command word, the module under
-``gpuslate.cli.commands`` that registers and runs it, and its document: the result type that reads
-it back (``from_json``) and the renderer that shows it (``"module:attr"`` strings, imported when
-used, as pip's ``commands_dict``); and :func:`present` is every command's one tail.
+"""A command is one row: :data:`COMMANDS` names, for each command word, its help summary (the line
+``gpuslate --help`` shows), its declaration when it is a verb of a host (gpuslate/verbs.py: its
+options, its document's type), the module under ``gpuslate.cli.commands`` that runs it, and its
+document: the result type that reads it back (``from_json``) and the renderer that shows it
+(``"module:attr"`` strings, imported when used, as pip's ``commands_dict``); and :func:`present` is
+every command's one tail.
+
+The summary is here so that ``gpuslate --help`` and shell completion import no command's module:
+main.py makes each command's parser from its row, a verb's options from its declaration
+(cli/commands/common.py: ``add_line``) and the others' from their module's ``build(parser)``, when
+that command is the one chosen (or completion asks for every option); a command's module is imported
+to run it. A verb's module (``run(args)``) imports what it needs at the top.
 
 The table lives here, in the package of the command modules, not in main.py: main registers the
 parsers from it, and cli/fleet.py reads remote documents with it (``gpuslate.NAME.v1`` -> the row's
 result type -> its renderer), and neither should import the other. Documents that are no command's
 name (``sim.init``, ``sim.leak``, the ``batch`` of ``up``/``down``/``restart`` with several units) are
 in their command's row, under ``also``; ``log`` (the old name of ``audit``) is a row of its own, a
-hidden command with its own ``gpuslate.log.v1``. Adding a command is one module, one renderer and
-one row; tests/cli/test_command_table.py checks that every string resolves, that each result type's
-document names its row, and that every command word argparse knows has one.
+hidden command with its own ``gpuslate.log.v1``. Adding a command is one row, one module and one
+renderer (and, for a verb, its declaration); tests/cli/test_command_table.py checks that every string
+resolves, that each result type's document names its row, and that every command word argparse knows
+has one.
 
 A command's document is the contract (local output = remote bytes): :func:`present` shows a local
 result as its document gives it back, by the renderer a remote host's document gets (``--host``).
@@ -27,6 +36,7 @@ import importlib
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ...verbs import AUDIT, CLEAR, DOWN, LOGS, PS, RESTART, RM, STATUS, SWAP, UP, WAIT, Verb
 from ..exits import ExitStatus, exit_status_of
 from ..render.output import Mode, mode_of
 from .common import print_json
@@ -70,21 +80,32 @@ class Remote(Enum):
 
 
 class Command:
-    """One command: its module, its own document (``gpuslate.<command>.v1``; None for a command that
-    has none), the documents it also prints (``sim``'s ``sim.init``, ``up``'s ``batch``...), what a
-    lost stdout or stderr does to it (``output``, cli/render/output.py: a command that only prints
-    stops; one that acts finishes its work and exits with its own code; a long run stops as on
-    Ctrl-C), how other hosts run it (``remote``), and whether the host decides how long it takes
-    (``paced``: a unit's timeouts, a spec's load; its answer then has no time limit here, only ssh's
-    keep-alive and the byte and depth limits: docs/remote.md)."""
+    """One command: the line of ``gpuslate --help`` (``summary``; ``hidden``: none), its
+    declaration when it is a verb (``verb``: its options and help), the codes its help lists beside
+    the common ones (``exits``; ``backend``: whether it opens the GPU backend, so that 3 is one of
+    them), its module (a verb's ``run(args)``; another command's ``build(parser)`` too), its own
+    document (``gpuslate.<command>.v1``; None for a command that has none), the documents it also
+    prints (``sim``'s ``sim.init``, ``up``'s ``batch``...), what a lost stdout or stderr does to it
+    (``output``, cli/render/output.py: a command that only prints stops; one that acts finishes its
+    work and exits with its own code; a long run stops as on Ctrl-C), how other hosts run it
+    (``remote``), and whether the host decides how long it takes (``paced``: a unit's timeouts, a
+    spec's load; its answer then has no time limit here, only ssh's keep-alive and the byte and
+    depth limits: docs/remote.md)."""
 
-    __slots__ = ("also", "document", "module", "output", "paced", "remote")
+    __slots__ = ("also", "backend", "document", "exits", "module", "output", "paced", "remote", "summary", "verb")
 
     def __init__(self, module: str, document: Document | None, also: tuple[tuple[str, Document], ...] = (), *,
-                 output: Mode = Mode.PRINT, remote: Remote = Remote.FAN, paced: bool = False) -> None:
-        self.module = module  # under gpuslate.cli.commands: register(subparsers) and the run functions
+                 summary: str | None = None, verb: Verb[Any, Any] | None = None, exits: dict[int, str] | None = None,
+                 backend: bool = True, hidden: bool = False, output: Mode = Mode.PRINT, remote: Remote = Remote.FAN,
+                 paced: bool = False) -> None:
+        self.module = module  # under gpuslate.cli.commands: run(args) (and build(parser), for a command no verb)
         self.document = document
         self.also = also
+        #: the line of ``gpuslate --help`` (a verb's from its declaration); None: hidden from the list
+        self.summary = None if hidden else summary if summary is not None or verb is None else verb.summary
+        self.verb = verb
+        self.exits = exits or {}
+        self.backend = backend
         self.output = output
         self.remote = remote
         self.paced = paced
@@ -93,45 +114,77 @@ class Command:
 _R = "gpuslate.cli.render"
 _BATCH = Document("gpuslate.units.batch:BatchResult", f"{_R}.units:show_batch", f"{_R}.units:report_batch_failures")
 _AUDIT = Document("gpuslate.host.auditlist:AuditListing", f"{_R}.audit:print_log")
-
-#: every command, in help order (the only list of them)
 _ACT, _RUN, _ROLLING = Mode.ACT, Mode.RUN, Remote.ROLLING
+_UP_EXITS = {0: "ready", 4: "not ready within --start-timeout, or its GPUs or port busy at pre-flight",
+             5: "permission denied", 6: "the server failed (exited before ready, failed its smoke test)"}
+_AUDIT_EXITS = {5: "the audit log or its folder is unsafe or unreadable"}
 
 #: every command, in help order (the only list of them)
 COMMANDS: dict[str, Command] = {
-    "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status")),
-    "clear": Command("clear", Document("gpuslate.clearing.clear:ClearResult", f"{_R}.clear:print_clear"), output=_ACT),
-    "wait": Command("wait", Document("gpuslate.clearing.wait:WaitResult", f"{_R}.clear:print_wait")),
+    "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status"),
+                      verb=STATUS, exits={0: "shown (with --watch: ended by Ctrl-C)"}),
+    "clear": Command("clear", Document("gpuslate.clearing.clear:ClearResult", f"{_R}.clear:print_clear"),
+                     verb=CLEAR, output=_ACT, exits={
+                         0: "clean (or --dry-run)", 4: "not free within --timeout, or held by processes that are "
+                         "not targets (at once, with the diagnosis), or the host lock still held",
+                         5: "permission denied on some target (the others were signaled), or an unsafe state folder",
+                         130: "interrupted, or the confirmation answered no"}),
+    "wait": Command("wait", Document("gpuslate.clearing.wait:WaitResult", f"{_R}.clear:print_wait"), verb=WAIT,
+                    exits={0: "free", 4: "not free within --timeout (with a diagnosis)"}),
     "up": Command("up", Document("gpuslate.units.lifecycle:UpResult", f"{_R}.units:show_up",
-                                 f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),), output=_ACT,
-                  paced=True),
+                                f"{_R}.units:report_up_failure"), also=(("batch", _BATCH),), verb=UP, output=_ACT,
+                  paced=True, exits={**_UP_EXITS, 7: "several units: one failed after others were started"}),
     "down": Command("down", Document("gpuslate.units.lifecycle:DownResult", f"{_R}.units:show_down",
-                                     f"{_R}.units:report_down_failure"), output=_ACT, paced=True),
+                                     f"{_R}.units:report_down_failure"), verb=DOWN, output=_ACT, paced=True, exits={
+                        0: "stopped and its GPU memory released", 2: "bad input, or unknown unit",
+                        4: "not released in time (or held by processes not found in the unit: see --clear)",
+                        5: "permission denied on some process", 7: "several units: some stopped, some not"}),
     "restart": Command("restart", Document("gpuslate.units.restart:RestartResult", f"{_R}.units:show_restart",
-                                           f"{_R}.units:report_restart_failure"), output=_ACT,
-                       remote=_ROLLING, paced=True),
-    "rm": Command("rm", Document("gpuslate.units.remove:RmResult", f"{_R}.units:show_rm"), output=_ACT),
-    "ps": Command("ps", Document("gpuslate.units.listing:PsResult", f"{_R}.units:show_ps")),
-    "logs": Command("logs", Document("gpuslate.units.logfile:LogsResult", f"{_R}.logs:show_logs")),
+                                           f"{_R}.units:report_restart_failure"), verb=RESTART, output=_ACT,
+                       remote=_ROLLING, paced=True, exits={
+                           0: "ready again", 2: "bad input, or unknown unit",
+                           4: "not stopped in time (not started again), or not ready in time",
+                           5: "permission denied stopping it", 6: "it failed to start again",
+                           7: "several units: one failed after others were restarted"}),
+    "rm": Command("rm", Document("gpuslate.units.remove:RmResult", f"{_R}.units:show_rm"), verb=RM, output=_ACT,
+                  exits={0: "removed", 2: "bad input, unknown unit, or a unit still running (nothing removed)",
+                         5: "a file could not be removed"}),
+    "ps": Command("ps", Document("gpuslate.units.listing:PsResult", f"{_R}.units:show_ps"), verb=PS,
+                  exits={0: "listed", 5: "unsafe state folder"}),
+    "logs": Command("logs", Document("gpuslate.units.logfile:LogsResult", f"{_R}.logs:show_logs"), verb=LOGS,
+                    backend=False, exits={0: "printed (with --follow: until the unit is gone or Ctrl-C)",
+                                          2: "bad input, unknown unit, --json with --follow, or --since on a log "
+                                          "without line times"}),
     "swap": Command("swap", Document("gpuslate.units.swap:SwapResult", f"{_R}.units:show_swap",
-                                     f"{_R}.units:report_swap_failure"), output=_ACT, remote=_ROLLING,
-                    paced=True),
-    "audit": Command("audit", _AUDIT),
-    "log": Command("audit", _AUDIT),  # the old name of audit: hidden, its document keeps its own schema
+                                     f"{_R}.units:report_swap_failure"), verb=SWAP, output=_ACT, remote=_ROLLING,
+                    paced=True, exits={0: "NEW is ready", 4: "OLD not stopped in time (NEW not started), or NEW not "
+                                       "ready in time", 5: "permission denied stopping OLD",
+                                       6: "NEW failed (with --rollback, OLD is serving again if it could be "
+                                       "restarted)"}),
+    "audit": Command("audit", _AUDIT, verb=AUDIT, backend=False, exits=_AUDIT_EXITS),
+    # the old name of audit: hidden (no summary), its document keeps its own schema
+    "log": Command("audit", _AUDIT, verb=AUDIT, hidden=True, backend=False, exits=_AUDIT_EXITS),
     "sim": Command("sim", None, also=(
         ("sim.init", Document("gpuslate.gpu.simhost.results:SimInitResult", f"{_R}.sim:show_init")),
-        ("sim.leak", Document("gpuslate.gpu.simhost.results:SimLeakResult", f"{_R}.sim:show_leak"))), output=_ACT),
-    "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench"), paced=True),
+        ("sim.leak", Document("gpuslate.gpu.simhost.results:SimLeakResult", f"{_R}.sim:show_leak"))), output=_ACT,
+        summary="simulated GPU hosts: sim init, sim hold, sim mps, sim leak, sim serve"),
+    "bench": Command("bench", Document("gpuslate.bench.result:BenchResult", f"{_R}.bench:print_bench"), paced=True,
+                     summary="load-test an OpenAI-compatible server (SGLang, vLLM, sim serve)"),
     # run: hours of servers and load, stopped as on Ctrl-C when its output goes (report: only prints)
     "experiment": Command("experiment", Document("gpuslate.bench.report:Report", f"{_R}.experiment:print_report"),
-                          output=_RUN, paced=True),
+                          output=_RUN, paced=True,
+                          summary="sweep deployments on a verified clean slate; compare; recommend"),
     "demo": Command("demo", Document("gpuslate.bench.report:DemoResult", f"{_R}.experiment:show_demo"), output=_RUN,
-                    paced=True),
-    "slurm": Command("slurm", Document("gpuslate.slurm.hooks:HookResult", f"{_R}.slurm:show_hook"), output=_ACT),
-    "exporter": Command("exporter", None, output=_ACT, remote=Remote.REFUSED),  # serves until killed: no document
+                    paced=True, summary="the whole loop on a simulated 8-GPU host: clear, swap, sweep, recommend"),
+    "slurm": Command("slurm", Document("gpuslate.slurm.hooks:HookResult", f"{_R}.slurm:show_hook"), output=_ACT,
+                     summary="Slurm node hooks: epilog (end the ended job's leftovers, verify its GPUs free) and "
+                     "prolog (verify the job's GPUs free); drain the node otherwise"),
+    "exporter": Command("exporter", None, output=_ACT, remote=Remote.REFUSED,  # serves until killed: no document
+                        summary="serve Prometheus metrics: GPU memory by process, job, user and unit"),
     "install": Command("install", Document("gpuslate.remote.zipapp:InstallResult", f"{_R}.install:show_install"),
-                       output=_ACT, remote=Remote.HERE),
-    "completion": Command("completion", None),  # prints a shell script
+                       output=_ACT, remote=Remote.HERE,
+                       summary="copy gpuslate to --host hosts over ssh (one file; no package index needed)"),
+    "completion": Command("completion", None, summary="print a shell completion script: bash, zsh or fish"),
 }
 
 

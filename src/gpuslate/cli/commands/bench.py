@@ -23,7 +23,7 @@ from ...errors import BadDocument, UsageError
 from ...extras import Extra, require
 from ..exits import ExitStatus, exit_epilog
 from . import present
-from .common import note
+from .common import describe, note
 
 if TYPE_CHECKING:
     from ...bench import BenchResult, LoadPlan, Progress
@@ -43,10 +43,9 @@ def add_json(p: argparse.ArgumentParser) -> None:
                    help="print the versioned JSON document instead of a table")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench", help="load-test an OpenAI-compatible server (SGLang, vLLM, sim serve)",
-        description="Send streamed completions or chat requests to URL at one closed-loop concurrency "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="Send streamed completions or chat requests to URL at one closed-loop concurrency "
         "level after another (or as Poisson/gamma arrivals), and report throughput, TTFT, TPOT, ITL and "
         "end-to-end latency with the definitions of SGLang's bench_serving and vLLM's bench serve "
         "(docs/bench.md).", epilog=EPILOG)

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._parse import parse_gpu_list, parse_gpu_selection, parse_int, parse_seconds, parse_size
+from ..._record import MISSING, Form, Record
+from ...commandline import arguments
 from ...errors import GpuslateError, NotConfirmed, UsageError
 from ..exits import error_type_for
 from ..render.output import quietly
+
+
+def describe(parser: argparse.ArgumentParser, *, description: str, epilog: str) -> None:
+    """A command's help beyond its summary (which is in its row of the command table)."""
+    parser.description, parser.epilog = description, epilog
 
 
 def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -21,6 +30,74 @@ def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
                         help="use the simulated host in DIR (default: $GPUSLATE_SIM, else the NVIDIA driver)")
     parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
                         help="print the versioned JSON document instead of a table")
+
+
+def add_line(parser: argparse.ArgumentParser, line: type[Record], *, word: str | None = None) -> None:
+    """The options of a verb's command line (its declaration's line: gpuslate/options.py), in their
+    order, each field's dest its name (:meth:`gpuslate.verbs.Verb.read` reads them back). ``word``:
+    the command word it is run by, when that is an old name (``log``): its alias field is set."""
+    for f in arguments(line):
+        arg = f.arg
+        assert arg is not None
+        shown: dict[str, Any] = {"help": arg.help} if arg.help is not None else {}
+        if arg.form is Form.FLAG:
+            parser.add_argument(*arg.flags, dest=f.name, action="store_const", const=arg.set_to, default=arg.absent,
+                                required=arg.required, **shown)
+        elif arg.form is Form.OPTION:
+            assert arg.parse is not None
+            how: dict[str, Any] = ({"action": "append", "default": None} if arg.nargs is not None else
+                                   {"nargs": "?", "const": arg.const, "default": arg.absent}
+                                   if arg.const is not MISSING else {"default": arg.absent})
+            choices = arg.choices
+            if isinstance(choices, str):  # "module:attr": names kept with what they name (the engines)
+                module, _, attr = choices.partition(":")
+                choices = getattr(importlib.import_module(module), attr)
+            parser.add_argument(*arg.flags, dest=f.name, type=argument_type(arg.parse), metavar=arg.metavar,
+                                choices=choices, **how, **shown)
+        elif arg.form is Form.POSITIONAL:
+            assert arg.parse is not None
+            parser.add_argument(f.name, metavar=arg.metavar, type=argument_type(arg.parse), nargs=arg.nargs, **shown)
+        elif arg.form is Form.REST:
+            words_after_dashes(parser, f.name)
+        elif arg.form is Form.ALIAS:
+            parser.set_defaults(**{f.name: word == arg.flags[0]})
+
+
+def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as argparse's ``type``: its UsageError is argparse's one-line error (exit 2)."""
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    read.__name__ = parse.__name__.replace("_", " ")  # argparse names the type in its own messages
+    read.__wrapped__ = parse  # type: ignore[attr-defined]
+    return read
+
+
+def words_after_dashes(p: argparse.ArgumentParser, dest: str) -> None:
+    """Everything after the first ``--`` is ``dest`` (a server's command), verbatim.
+
+    argparse alone cannot do this once NAME was matched before the options
+    (a ``nargs='*'`` positional is then already consumed, empty), so the
+    words after ``--`` are taken off before this subcommand's parser runs.
+    """
+    parse = p.parse_known_args
+
+    def parse_known_args(args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        words = list(sys.argv[1:] if args is None else args)
+        after: list[str] = []
+        if "--" in words:
+            i = words.index("--")
+            words, after = words[:i], words[i + 1:]
+        ns, extras = parse(words, namespace)
+        setattr(ns, dest, after)
+        return ns, extras
+
+    p.parse_known_args = parse_known_args  # type: ignore[method-assign,assignment]
 
 
 def gpu_list(text: str) -> list[int]:
@@ -85,7 +162,7 @@ def note(msg: str) -> None:
     """A progress line for people, on stderr (stdout stays for the result or JSON).
 
     Escaped: progress lines quote process titles and the lock's holder file."""
-    from ..render.styled import safe  # lazy: startup
+    from ..render.styled import safe  # lazy: startup (rich's escaping: only a note or an error shows text)
 
     sys.stderr.write(f"gpuslate: {safe(msg)}\n")
     sys.stderr.flush()
@@ -98,7 +175,7 @@ def print_json(doc: Any) -> None:
 
 def print_error(exc: BaseException, status: int, as_json: bool) -> None:
     """One line on stderr (plus a hint line when there is one); a JSON document with --json."""
-    from ..render.styled import safe  # lazy: startup
+    from ..render.styled import safe  # lazy: startup (rich's escaping: only a note or an error shows text)
 
     msg = str(exc) or exc.__class__.__name__
     hint = exc.hint if isinstance(exc, GpuslateError) else None

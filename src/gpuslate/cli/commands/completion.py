@@ -20,6 +20,7 @@ import sys
 from typing import NamedTuple
 
 from ..exits import ExitStatus, exit_epilog
+from .common import describe
 
 SHELLS = ("bash", "zsh", "fish")
 #: metavars whose values are paths: completed as files
@@ -45,9 +46,9 @@ class Command(NamedTuple):
     choices: tuple[str, ...] = ()  # of a positional argument (completion SHELL)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("completion", help="print a shell completion script: bash, zsh or fish",
-                       description="Print the completion script of SHELL, generated from gpuslate's own options. "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="Print the completion script of SHELL, generated from gpuslate's own options. "
                        "bash: eval \"$(gpuslate completion bash)\" in ~/.bashrc; zsh: eval \"$(gpuslate completion "
                        "zsh)\" in ~/.zshrc after compinit; fish: gpuslate completion fish > "
                        "~/.config/fish/completions/gpuslate.fish.",

@@ -57,7 +57,7 @@ from ...extras import Extra, require
 from ..exits import exit_epilog
 from ..render.output import Mode, set_mode
 from . import present
-from .common import add_common, note
+from .common import add_common, describe, note
 
 if TYPE_CHECKING:
     from ...api import Host
@@ -71,9 +71,9 @@ EMULATED = tuple(name for name, e in BACKENDS.items()
 MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the whole loop on a simulated 8-GPU host: clear, swap, sweep, recommend",
-                       description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
                        "folder, or --sim DIR): a baseline server holding the GPUs is cleared, then baseline and "
                        "speculative servers are swapped in and swept, and the recommendation (where speculation "
                        "stops paying off) is run and compared with the better of the two. Everything is stopped "
@@ -283,7 +283,7 @@ def _await_ready(proc: subprocess.Popen[bytes], work: Path) -> None:
 def _finish(host: Host, hand: subprocess.Popen[bytes] | None, *, interrupted: bool) -> dict[str, Any]:
     """Stop what the demo itself started (the hand-started server, if the experiment did not clear it),
     then verify on ``host``: every GPU free, no unit running."""
-    from ...clearing.wait import WaitOptions  # lazy: startup
+    from ...options import WaitOptions  # lazy: startup
 
     if hand is not None and hand.poll() is None:
         try:

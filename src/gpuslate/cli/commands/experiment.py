@@ -14,7 +14,7 @@ from ...extras import Extra, install_hint, missing, require
 from ..exits import ExitStatus, exit_epilog, exit_status_for_result
 from ..render.output import Mode, OutputLost, set_mode
 from . import present
-from .common import add_common, note, print_error
+from .common import add_common, describe, note, print_error
 
 if TYPE_CHECKING:
     from ...bench.experiment import ExperimentProgress, RunResult
@@ -32,9 +32,9 @@ RUN_EPILOG = exit_epilog({
     143: "terminated by SIGTERM: likewise"})
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("experiment", help="sweep deployments on a verified clean slate; compare; recommend",
-                       description="A/B experiments between deployments (e.g. a baseline and a speculative-"
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="A/B experiments between deployments (e.g. a baseline and a speculative-"
                        "decoding server): each swapped in on a verified clean slate, swept over concurrency "
                        "levels and repeats with the load generator of 'gpuslate bench' in an order that "
                        "exposes drift, compared with intervals, and a speculation disable threshold "

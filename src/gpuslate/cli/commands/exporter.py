@@ -11,13 +11,13 @@ import sys
 from ...exporter import DEFAULT_LISTEN, SCHEMA
 from ...extras import Extra, require
 from ..exits import ExitStatus, exit_epilog
-from .common import add_common, note, positive_float
+from .common import add_common, describe, note, positive_float
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "exporter", help="serve Prometheus metrics: GPU memory by process, job, user and unit",
-        description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(
+        p, description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
         "fresh reading of the GPUs and their holders, as 'status' does, grouped by gpuslate's job rule, with "
         "leaked and orphaned memory per GPU, managed units, and clear runs and signals from the audit log. "
         "Runs until SIGTERM or Ctrl-C. With --json, one gpuslate.exporter.v1 line with the bound address is "

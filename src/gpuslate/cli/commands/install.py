@@ -8,32 +8,31 @@ Python >= 3.10 first, and runs it once to prove it works. Each host's
 Without ``--host``: ``--out FILE`` writes the zipapp here (``python3 FILE``
 runs it); neither is a usage error. See docs/remote.md.
 
-The library modules load on use (in the functions): ``gpuslate --help``
-imports every command module, and this one's need zipapp, tempfile, shutil.
+The library modules load on use (in the functions): shell completion imports
+this module for its options, and they need zipapp, tempfile, shutil.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ... import __version__
-from ...errors import GpuslateError, UsageError
+from ...errors import UsageError
 from ..exits import exit_epilog
 from . import present
-from .common import add_common, note
+from .common import add_common, describe, note
 
 if TYPE_CHECKING:
-    from ...remote.fleet import HostOutcome
     from ...remote.hosts import HostSpec
     from ...remote.ssh import SshOptions
+    from ...remote.zipapp import ZipappPush
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("install", help="copy gpuslate to --host hosts over ssh (one file; no package index needed)",
-                       description="Build a single-file zipapp of this gpuslate and copy it to each --host over ssh: "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="Build a single-file zipapp of this gpuslate and copy it to each --host over ssh: "
                        "PREFIX/share/gpuslate/gpuslate.pyz and the launcher PREFIX/bin/gpuslate (PREFIX "
                        "~/.local). The host's Python (>= 3.10) is checked first; the installed gpuslate is run "
                        "once (--version, status --json) to prove it works. Without --host: --out FILE writes "
@@ -55,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Without --host: ``--out FILE`` writes the zipapp here."""
-    from ...remote.zipapp import build, write_local  # lazy: startup
+    from ...remote.zipapp import build, write_local  # lazy: startup (completion loads this module)
 
     if not args.out:
         raise UsageError("install copies gpuslate to remote hosts: give --host HOST (or --out FILE to write "
@@ -64,11 +63,9 @@ def run(args: argparse.Namespace) -> int:
     return present(args, result)
 
 
-def host_runner(args: argparse.Namespace, opts: SshOptions
-                ) -> tuple[list[str], Callable[[HostSpec, Sequence[str]], HostOutcome]]:
-    """(the words shown as the fleet's command, how to install on one host): the zipapp is built once, here."""
-    from ...remote.fleet import HostOutcome  # lazy: startup
-    from ...remote.zipapp import build, check_prefix, install_on_host  # lazy: startup
+def push(args: argparse.Namespace, hosts: Sequence[HostSpec], opts: SshOptions, parallel: int) -> ZipappPush:
+    """The transport that installs on ``hosts`` (remote/zipapp.py's ZipappPush): the zipapp built once, here."""
+    from ...remote.zipapp import ZipappPush, build, check_prefix  # lazy: startup (completion loads this module)
 
     if args.out:
         raise UsageError("--out writes the zipapp here: give it without --host")
@@ -79,14 +76,4 @@ def host_runner(args: argparse.Namespace, opts: SshOptions
     if not args.json:
         note(f"built the zipapp of gpuslate {__version__}: {len(archive.data) / 1e6:.1f} MB, sha256 "
              f"{archive.sha256[:12]} (bundled: {', '.join(archive.included) or 'nothing'})")
-
-    def one(host: HostSpec, words: Sequence[str]) -> HostOutcome:
-        start = time.monotonic()
-        try:
-            result = install_on_host(host, archive, opts, prefix=prefix, python=args.python)
-        except GpuslateError as exc:
-            return HostOutcome(host, None, exc, time.monotonic() - start)
-        return HostOutcome(host, result.to_json(), None, time.monotonic() - start)
-
-    words = ["install", "--prefix", prefix, "--python", args.python]
-    return words, one
+    return ZipappPush(hosts, opts, archive, prefix=prefix, python=args.python, parallel=parallel)

@@ -12,12 +12,12 @@ from ...extras import Extra, require
 from ...gpu import sim_root_from_env
 from ..exits import ExitStatus, exit_epilog
 from . import present
-from .common import add_common, gpu_list, gpus_arg, nonnegative_float, note, size, whole
+from .common import add_common, describe, gpu_list, gpus_arg, nonnegative_float, note, size, whole
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sim", help="simulated GPU hosts: sim init, sim hold, sim mps, sim leak, sim serve",
-                       description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
                        "Memory is held by real processes and discovered like real devices.",
                        epilog=exit_epilog({2: "bad input, or no SUBCOMMAND"}, backend=False))
     add_common(p)
@@ -122,7 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                               "port is in use, or --fail-startup)",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
-    serve.lazy_build = _serve_options
+    serve.lazy_build = _serve_options  # type: ignore[attr-defined]
     serve.set_defaults(handler=run_serve)
 
     leak = ss.add_parser("leak", help="leave memory held by no process (an orphaned context)",

@@ -16,7 +16,7 @@ import sys
 from ..exits import ExitStatus, exit_epilog
 from ..render.plain import clean
 from . import present
-from .common import add_common, nonnegative_float, size
+from .common import add_common, describe, nonnegative_float, size
 
 _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a GPU that does not exist): "
           "nothing was signaled", 4: "the GPUs were not free in time: the node was drained with the reason "
@@ -24,10 +24,9 @@ _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a 
           8: "the GPUs were not free in time and the node could not be drained (scontrol missing or failing)"}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("slurm", help="Slurm node hooks: epilog (end the ended job's leftovers, verify its GPUs "
-                       "free) and prolog (verify the job's GPUs free); drain the node otherwise",
-                       description="Run as Slurm's Epilog and Prolog (see docs/slurm.md). The job comes from "
+def build(p: argparse.ArgumentParser) -> None:
+    """Its options (the parser is made from its row of the command table, with its summary)."""
+    describe(p, description="Run as Slurm's Epilog and Prolog (see docs/slurm.md). The job comes from "
                        "SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GPUS (else SLURM_STEP_GPUS, "
                        "CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL); the node from SLURMD_NODENAME.",
                        epilog=exit_epilog(_EXITS))

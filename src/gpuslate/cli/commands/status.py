@@ -1,4 +1,4 @@
-"""``gpuslate status``: every GPU and every process that holds it."""
+"""``gpuslate status``: every GPU and every process that holds it (its options: gpuslate/verbs.py's STATUS)."""
 
 from __future__ import annotations
 
@@ -6,55 +6,39 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
 
-from ..._parse import selected_gpus
-from ..exits import ExitStatus, exit_epilog
+from ...api import Host
+from ...options import StatusLine
+from ...verbs import STATUS
+from ..exits import ExitStatus
 from ..render.output import OutputLost
 from . import present
-from .common import add_common, gpus_arg, positive_float
-
-if TYPE_CHECKING:
-    from ...api import Host
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="show every GPU and every process that holds it",
-                       description="Show every GPU (never truncated) with memory, utilization, "
-                       "temperature, power and P-state, and its processes grouped under their launcher.",
-                       epilog=exit_epilog({0: "shown (with --watch: ended by Ctrl-C)"}))
-    add_common(p)
-    p.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="only these GPUs, e.g. 0,2-3 (default: all)")
-    p.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",
-                   help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...api import Host  # lazy: startup
-
+    line = STATUS.read(args)
     host = Host.open(getattr(args, "sim", None))
-    if args.watch:
+    if line.watch:
         with host:
-            return _watch(args, host)
+            return _watch(args, line, host)
     # Not closed for one snapshot: the process exits now and the driver releases
     # everything; nvmlShutdown would add milliseconds to every call.
-    snap = host.status(selected_gpus(args.gpus))
-    return present(args, snap)
+    return present(args, host.status(line.gpus))
 
 
-def _watch(args: argparse.Namespace, host: Host) -> int:
+def _watch(args: argparse.Namespace, line: StatusLine, host: Host) -> int:
+    assert line.watch is not None
     try:
         if args.json:
             while True:
-                sys.stdout.write(json.dumps(host.status(selected_gpus(args.gpus)).to_json()) + "\n")
+                sys.stdout.write(json.dumps(host.status(line.gpus).to_json()) + "\n")
                 sys.stdout.flush()
-                time.sleep(args.watch)
-        from ..render.status import print_status  # lazy: startup
+                time.sleep(line.watch)
+        from ..render.status import print_status  # lazy: startup (status --json shows no table)
 
         while True:
-            print_status(host.status(selected_gpus(args.gpus)), redraw=True)
-            time.sleep(args.watch)
+            print_status(host.status(line.gpus), redraw=True)
+            time.sleep(line.watch)
     except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
         raise
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ import time
 from typing import IO
 
 from ..._parse import format_gpu_list, format_size
+from ...gpu.types import ProcessKind
 from ...host.snapshot import GpuState, HolderProcess, Holding, Snapshot
 from .plain import Cell, Column, Style, clean, paint, table, use_color, width_of
 
@@ -91,11 +92,11 @@ def _process_rows(snap: Snapshot) -> list[list[Cell]]:
             else:
                 text = clean(p.command)
                 cmd = Cell(f"container {clean(p.container)} {text}" if p.container else text)
-            kind = f"mps (server {p.mps_server})" if m.kind == "mps" and p.mps_server is not None else m.kind
-            if p.daemon is not None and m.kind != "handle":
+            kind = f"mps (server {p.mps_server})" if m.kind == ProcessKind.MPS and p.mps_server is not None else m.kind
+            if p.daemon is not None and m.kind != ProcessKind.HANDLE:
                 kind += " (daemon)"
             rows.append([Cell(gpu_cell(m.memory_gpus, list(m.handles))), Cell(f"{branch}{p.pid}"),
-                         Cell(kind, ("dim",) if m.kind == "handle" else ()),
+                         Cell(kind, ("dim",) if m.kind == ProcessKind.HANDLE else ()),
                          Cell(format_size(m.used_memory) if m.used_memory is not None else "-"),
                          Cell(clean(p.user or "-")), cmd])
     return rows

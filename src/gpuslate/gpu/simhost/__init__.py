@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from ..types import CheckpointState, GpuProcess, GpuReading, HostMemory, MemoryApi, MemoryInfo
+from ..types import CheckpointState, GpuProcess, GpuReading, HostMemory, MemoryApi, MemoryInfo, ProcessKind
 from .checkpoint import SimCheckpoint
 from .host import SimHost
 
@@ -79,13 +79,13 @@ class SimBackend:
             if rec.pid is not None:  # the owner as the host sees it; None: no process to name
                 prev = procs[rec.gpu].get(rec.pid)
                 amount = rec.bytes + ((prev.used_memory or 0) if prev else 0)
-                procs[rec.gpu][rec.pid] = GpuProcess(rec.pid, rec.kind, amount)
+                procs[rec.gpu][rec.pid] = GpuProcess(rec.pid, ProcessKind(rec.kind), amount)
         out = []
         for i in indices:
             problems = survey.problems.get(i, []) + survey.problems.get(None, [])
             if problems:  # like a failed NVML query: unknown, never clean
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                out.append(GpuReading(i, cfg["uuids"][i], cfg["name"], i, None, None, None, None, None, None, None,
+                out.append(GpuReading(index=i, uuid=cfg["uuids"][i], name=cfg["name"], minor=i,
                                       error=problems[0] + more))
                 continue
             u = min(used[i], total - reserved)

@@ -47,10 +47,8 @@ import fcntl
 import json
 import math
 import os
-import shutil
 import stat
 import time
-import uuid as uuidlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -188,7 +186,7 @@ class SimHost:
         if host_memory <= 0:
             raise UsageError("invalid --host-memory: must be more than 0")
         host = cls(root)
-        seed = uuidlib.uuid4().hex[:8]
+        seed = os.urandom(4).hex()  # uuid4's randomness, without importing uuid (and platform) at every start
         config = {
             "schema": SCHEMA, "name": name, "gpus": gpus, "memory": memory, "reserved": reserved,
             "release_delay": release_delay, "driver_version": DRIVER_VERSION, "memory_api": memory_api,
@@ -391,6 +389,8 @@ class SimHost:
 
     @staticmethod
     def _copy_sleep(dir_fd: int, name: str) -> None:
+        import shutil  # lazy: startup (with bz2 and lzma, 10 ms of every simulated command; only a daemon needs it)
+
         source = shutil.which("sleep", path="/usr/bin:/bin")
         if source is None:
             raise ServerFailed("no 'sleep' program in /usr/bin or /bin for a simulated daemon to run as")
@@ -485,7 +485,7 @@ class SimHost:
                 for gpu, nbytes in wanted:
                     claim = Claim(gpu, claim_of.pid if claim_of else os.getpid(),
                                   claim_of.start_ticks if claim_of else None, nbytes, kind, ipc)
-                    name = f"g{gpu}.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
+                    name = f"g{gpu}.{os.urandom(8).hex()}{SUFFIX}"
                     made.append((name, self._create(name, claim)))
             except BaseException:
                 with self.alloc_dir() as alloc:
@@ -500,7 +500,7 @@ class SimHost:
         self.check_gpus([gpu])
         with self._memory_lock():
             self._check_room([(gpu, nbytes)])
-            name = f"g{gpu}.leak.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
+            name = f"g{gpu}.leak.{os.urandom(8).hex()}{SUFFIX}"
             os.close(self._create(name, Claim(gpu, None, None, nbytes, "compute")))
         return self.alloc / name
 
@@ -741,7 +741,7 @@ class SimHost:
             if nbytes > available:
                 raise ServerFailed(f"simulated host is out of memory: tried to allocate {format_size(nbytes)} of "
                                    f"host memory; {format_size(total)} total, {format_size(available)} available")
-            name = f"h.{uuidlib.uuid4().hex[:16]}{SUFFIX}"
+            name = f"h.{os.urandom(8).hex()}{SUFFIX}"
             try:
                 with self.subdir(HOSTMEM_DIR, create=True) as folder:
                     return create_record(folder, name, Claim(0, os.getpid(), None, nbytes, "compute"))

@@ -53,7 +53,7 @@ from ..._walk import StateDir
 from ...errors import PermissionDenied
 from ...proc.fdscan import FdScan
 from ...proc.procfs import PROC
-from ..types import PROCESS_KINDS
+from ..types import PROCESS_KINDS, ProcessKind
 
 #: a record is a few dozen bytes; anything larger is not one
 MAX_RECORD_BYTES = 4096
@@ -138,7 +138,7 @@ def parse_claim(data: bytes, gpus: int) -> Claim | str:
         return "no valid bytes"
     if not whole("pid", 1, null=True) or not whole("start_ticks", 0, null=True):
         return "no valid pid"
-    if rec.get("kind") not in PROCESS_KINDS or rec.get("kind") == "handle":
+    if rec.get("kind") not in PROCESS_KINDS or rec.get("kind") == ProcessKind.HANDLE:
         return "no valid kind"
     if not isinstance(rec.get("ipc", False), bool):
         return "no valid ipc"

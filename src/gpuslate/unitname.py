@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import re
 
-from ..errors import UsageError
+from .errors import UsageError
 
 MAX_LENGTH = 64
 #: ASCII letters and digits, then also '.', '_', '-': never '/', '..', NUL, a control
 #: character, a space or a leading '-' (it would read as an option)
-_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_LENGTH - 1}}}")
+_NAME = rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_LENGTH - 1}}}"  # compiled on first use (re caches it), not at import
 RULE = f"1 to {MAX_LENGTH} ASCII letters, digits, '.', '_' or '-', starting with a letter or a digit"
 
 
@@ -29,13 +29,13 @@ class UnitName(str):
     def __new__(cls, text: object) -> UnitName:
         if isinstance(text, UnitName):
             return text
-        if not isinstance(text, str) or not _NAME.fullmatch(text):
+        if not isinstance(text, str) or not re.fullmatch(_NAME, text):
             raise UsageError(f"invalid unit name {shown(text)}: {RULE}")
         return super().__new__(cls, text)
 
 
 def is_unit_name(text: object) -> bool:
-    return isinstance(text, str) and _NAME.fullmatch(text) is not None
+    return isinstance(text, str) and re.fullmatch(_NAME, text) is not None
 
 
 def shown(text: object) -> str:
