@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslate.gpu.types import GpuProcess, GpuReading, HostMemory, MemoryInfo
+from gpuslate.gpu.types import GpuProcess, GpuReading, HostMemory, MemoryInfo, ProcessKind
 from gpuslate.units.parkproof import HOST_MARGIN_BYTES, ParkMethod, host_memory_fits, prove_parked
 
 GiB = 1024**3
@@ -16,10 +16,10 @@ OTHER = 900  # someone else's
 
 def reading(gpu: int, procs: dict[int, int | None], extra: int = 0, error: str | None = None) -> GpuReading:
     if error:
-        return GpuReading(gpu, None, None, None, None, None, None, None, None, None, None, error)
+        return GpuReading(index=gpu, error=error)
     used = sum(v or 0 for v in procs.values()) + extra
-    return GpuReading(gpu, None, None, gpu, MemoryInfo(TOTAL, used, 0, TOTAL - used), None, None, None, None, None,
-                      [GpuProcess(pid, "compute", mem) for pid, mem in sorted(procs.items())], None)
+    return GpuReading(index=gpu, minor=gpu, memory=MemoryInfo(TOTAL, used, 0, TOTAL - used),
+                      processes=[GpuProcess(pid, ProcessKind.COMPUTE, mem) for pid, mem in sorted(procs.items())])
 
 
 held = st.integers(min_value=0, max_value=40 * GiB)
