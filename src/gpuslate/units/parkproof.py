@@ -27,7 +27,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from .._parse import format_size
-from ..gpu.types import GpuReading, HostMemory
+from ..gpu.types import GpuReading, HostMemory, ProcessKind
 
 GiB = 1024**3
 
@@ -87,7 +87,7 @@ def prove_parked(before: Sequence[GpuReading], after: Sequence[GpuReading], pids
     held_before: dict[tuple[int, int], int | None] = {}
     for b in before:
         for p in b.processes or []:
-            if p.pid in unit and p.kind != "handle":
+            if p.pid in unit and p.kind is not ProcessKind.HANDLE:
                 held_before[(p.pid, b.index)] = (held_before.get((p.pid, b.index)) or 0) + (p.used_memory or 0)
     wanted = set(gpus) | {g for _, g in held_before}
     readings = {r.index: r for r in after}
@@ -102,7 +102,7 @@ def prove_parked(before: Sequence[GpuReading], after: Sequence[GpuReading], pids
             continue
         after_of: dict[int, int | None] = {}
         for p in r.processes:
-            if p.pid in unit and p.kind != "handle":
+            if p.pid in unit and p.kind is not ProcessKind.HANDLE:
                 prev = after_of.get(p.pid, 0)
                 after_of[p.pid] = None if prev is None or p.used_memory is None else prev + p.used_memory
         kept = 0
