@@ -338,7 +338,7 @@ def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
             seen.setdefault(p.pid, p)
             if p.daemon == MPS_SERVER:
                 server_gpus.setdefault(p.pid, set()).add(g.index)
-            elif p.kind == "mps":
+            elif p.kind == ProcessKind.MPS:
                 client_gpus.setdefault(p.pid, set()).add(g.index)
     if not client_gpus or not server_gpus:
         return states
