@@ -299,3 +299,54 @@ def test_a_patched_flag_is_set_in_place_or_added():
     # ambiguous: the engine would refuse the command, named
     bad = plan_patched([*SGLANG, "--speculative-d", "4"], flag, 1, version=None)
     assert bad.status is ApplyStatus.BLOCKED and bad.blockers[0].why.startswith("ambiguous option")
+
+
+# -- parking: what a command makes possible, by its engine's own facts ---------------------------
+
+DEV = {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+def test_vllm_park_levels_and_what_a_command_lacks():
+    from gpuslate.engines import read_park
+
+    r = read_park([*VLLM, "--enable-sleep-mode"], DEV)
+    assert r is not None and r.engine == "vllm" and not r.missing and r.method == "eagle3"
+    # level 2 with EAGLE3 and CUDA graphs: the draft's graph replay faults after the wake (vLLM #55013)
+    assert [(lv.level, h.source if h else None) for lv, h in r.levels] == [(1, None), (2, "vLLM #55013")]
+    assert [lv.level for lv in r.usable()] == [1]
+    eager = read_park([*VLLM, "--enable-sleep-mode", "--enforce-eager"], DEV)
+    assert [lv.level for lv in eager.usable()] == [1, 2]
+    assert read_park(VLLM, DEV).missing == ("started without --enable-sleep-mode",)
+    assert read_park([*VLLM, "--enable-sleep-mode"], {}).missing == ("started without VLLM_SERVER_DEV_MODE=1",)
+    # PyTorch's expandable segments: a sleep frees nothing (vLLM PR #11743), at every level
+    exp = read_park([*VLLM, "--enable-sleep", "--enforce-eager"],
+                    {**DEV, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments: True"})
+    assert "--enable-sleep-mode" in exp.flags  # an abbreviation, as vLLM's argparse takes it
+    assert not exp.usable() and all(h is not None and h.source == "vLLM PR #11743" for _, h in exp.levels)
+
+
+def test_sglang_parks_at_the_level_its_cpu_backup_decides():
+    from gpuslate.engines import read_park
+
+    plain = read_park([*SGLANG, "--enable-memory-saver"], {})
+    assert [lv.level for lv in plain.usable()] == [2] and plain.model_path == "org/model"
+    assert plain.usable()[0].resume_reloads_weights and not plain.usable()[0].offloads
+    backed = read_park([*SGLANG, "--enable-memory-saver", "--enable-weights-cpu-backup"], {})
+    assert [lv.level for lv in backed.usable()] == [1] and backed.usable()[0].offloads
+    assert read_park(SGLANG, {}).missing == ("started without --enable-memory-saver",)
+    # the simulator's --emulate carries the engine's arguments: read as the engine's
+    sim = read_park(["gpuslate", "sim", "serve", "--emulate", "sglang", "--", *SGLANG[3:], "--enable-memory-saver"], {})
+    assert sim is not None and sim.engine == "sglang" and [lv.level for lv in sim.usable()] == [2]
+    assert read_park(["trtllm-serve", "m"], {}) is None and read_park(["sleep", "1"], {}) is None
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang", "trtllm"])
+def test_port_zero_is_a_free_port_not_the_default(name):
+    """``--port 0`` binds a free port (the kernel's), as the engines' own servers do: never the default,
+    where another server may already listen."""
+    from gpuslate.engines import BACKENDS
+
+    e = BACKENDS[name]
+    args = {"vllm": ["m"], "sglang": ["--model-path", "m"], "trtllm": ["m"]}[name]
+    assert e.emulate([*args, "--port", "0"], version=None, max_batch=8, read_file=lambda p: "").port == 0
+    assert e.emulate(args, version=None, max_batch=8, read_file=lambda p: "").port != 0

@@ -83,10 +83,18 @@ def test_each_engine_declares_what_the_code_relies_on(name):
     for module, words in e.launch.modules:
         found, start = detect(["python3", "-m", module, *words, "x"])
         assert found is e and start == 3 + len(words)
-    if e.park is not None:  # what issue 34 builds on: a start flag, the routes, the levels
-        assert e.park.flag.startswith("--") and e.park.park.method == "POST" and e.park.resume
-        assert e.park.missing([], {}) and not e.park.missing([e.park.flag], dict(e.park.env))
-        assert any(level.resume_reloads_weights for level in e.park.levels) == (e.park.reload_weights is not None)
+    if e.park is not None:  # what park and resume are built on: a start flag, the calls, the levels
+        p = e.park
+        assert p.flag.startswith("--") and p.levels and p.tags and "weights" in p.tags
+        assert p.missing([], {}) and not p.missing([p.flag], dict(p.env))
+        for lv in p.levels:  # each level parks by POSTs and resumes by POSTs, the weights reloaded by the reload call
+            assert lv.park and lv.resume and all(c.method == "POST" for c in (*lv.park, *lv.resume))
+            assert lv.resume_reloads_weights == (p.reload_weights in lv.resume)
+            assert not (lv.offloads and lv.resume_reloads_weights)
+        # every call of a style has the one route the simulator plays for it
+        assert len({lv.park[0].route for lv in p.levels}) == len({lv.resume[0].route for lv in p.levels}) == 1
+        assert p.running.call.method == "GET" and (p.running.prometheus or p.running.keys)
+        assert 0 < p.residue_fraction < 1 and p.residue_cap > 0
     ex = e.example(model="/m", draft="/d", port=1234, gpus=8, steps=3, folder="/f")
     if ex is not None:  # the demo's story in its form: read back as this engine, speculating with K = 3
         form = ["python3", *ex.form] if ex.form[0] == "-m" else list(ex.form)

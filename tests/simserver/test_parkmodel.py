@@ -1,21 +1,34 @@
-"""The engines' park rules, pure: model tests over random call sequences (the HTTP side: test_park.py)."""
+"""The park styles' rules, pure: model tests over random call sequences (the HTTP side: test_park.py).
+The tags and levels are the engines' own facts (``Engine.park``)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuslate.simserver.parkmodel import (
-    SGLANG_TAGS,
-    VLLM_TAGS,
-    ParkState,
-    Weights,
-    sglang_release,
-    sglang_resume,
-    sglang_tags,
-    vllm_sleep,
-    vllm_wake,
-)
+from gpuslate.engines import BACKENDS
+from gpuslate.simserver.parkmodel import ParkState, Weights, release, release_tags, resume, sleep, wake
+
+VLLM_TAGS = BACKENDS["vllm"].park.tags
+SGLANG_TAGS = BACKENDS["sglang"].park.tags
+
+
+def vllm_sleep(s: ParkState, level: int, *, frees: bool, leak: bool):
+    return sleep(s, level, VLLM_TAGS, offloads=level == 1, frees=frees, leak=leak)
+
+
+vllm_wake = wake
+
+
+def sglang_tags(tags: object):
+    return release_tags(tags, SGLANG_TAGS)
+
+
+def sglang_release(s: ParkState, tags: list[str], *, saver: bool, cpu_backup: bool, leak: bool):
+    return release(s, tags, saver=saver, offloads=cpu_backup, leak=leak)
+
+
+sglang_resume = resume
 
 vllm_calls = st.lists(st.one_of(
     st.tuples(st.just("sleep"), st.sampled_from([0, 1, 2])),

@@ -189,3 +189,11 @@ def int_arg(s: Scan, name: str, default: int | None) -> int | None:
         return int(value)
     except ValueError:
         raise ValueError(f"argument {name}: invalid int value: {value!r}") from None
+
+
+def port_arg(s: Scan, default: int) -> int:
+    """``--port`` as the engine's parser takes it. 0 stays 0: the server binds ``(host, 0)``, which the
+    kernel answers with a free port (vLLM's ``create_server_socket``, uvicorn's bind), so a test's
+    server never collides with another on the default port."""
+    value = int_arg(s, "--port", default)
+    return default if value is None else value

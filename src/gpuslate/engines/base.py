@@ -180,32 +180,127 @@ class Example:
 @dataclass(frozen=True)
 class HttpCall:
     method: str
-    path: str
-    body: Mapping[str, Any] | None = None
+    path: str  # ``{level}`` in it is the level
+    body: Mapping[str, Any] | None = None  # ``"{model_path}"`` in a value is the model's path
+
+    @property
+    def route(self) -> str:
+        """The path without its query (what a server routes on)."""
+        return self.path.partition("?")[0]
+
+    def filled(self, *, level: int, model_path: str | None) -> HttpCall:
+        """This call for ``level`` and ``model_path``."""
+        body = None if self.body is None else {
+            k: (model_path if v == "{model_path}" else v) for k, v in self.body.items()}
+        return HttpCall(self.method, self.path.replace("{level}", str(level)), body)
+
+
+class ParkStyle(str, enum.Enum):
+    """How an engine parks, as a whole (what the simulator plays, and what a resume after an
+    interruption may safely call)."""
+
+    #: the engine sleeps at a level: its scheduler paused from the sleep to the wake (requests that
+    #: arrive wait), every call idempotent (a second sleep, a wake of an awake engine: 200, nothing done)
+    SLEEP = "sleep"
+    #: tagged memory is released and resumed; a release with a request running, or a resume of a tag
+    #: that was not released, kills the server (an assertion, a KeyError in its scheduler)
+    RELEASE = "release"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class HazardEffect(str, enum.Enum):
+    """What a known park failure does."""
+
+    FREES_NOTHING = "frees_nothing"  # the park answers 200 and frees nothing
+    FAULTS_AFTER_RESUME = "faults_after_resume"  # the first generation after the resume kills the engine
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ParkHazard:
+    """A known way the engine's park fails under some settings of its command (an upstream report):
+    at ``levels`` (empty: every level), for speculative ``methods`` (lower case; empty: whatever the
+    command runs), unless ``unless_flag`` is given, when ``env`` (a variable and a setting its value
+    holds, lower case without spaces) is set so."""
+
+    effect: HazardEffect
+    why: str
+    source: str
+    levels: tuple[int, ...] = ()
+    methods: tuple[str, ...] = ()
+    unless_flag: str | None = None
+    env: tuple[str, str] | None = None
+
+    def applies(self, level: int, *, method: str | None, flags: Sequence[str], env: Mapping[str, str]) -> bool:
+        if self.levels and level not in self.levels:
+            return False
+        if self.methods and (method or "").lower() not in self.methods:
+            return False
+        if self.unless_flag is not None and self.unless_flag in flags:
+            return False
+        if self.env is not None:
+            name, setting = self.env
+            return setting in env.get(name, "").replace(" ", "").lower()
+        return True
 
 
 @dataclass(frozen=True)
 class ParkLevel:
-    """One way of parking: what it frees, what resuming needs."""
+    """One way of parking: what it frees, the calls that park and resume it, what resuming needs."""
 
     level: int
     frees: str
-    resume_reloads_weights: bool  # the weights are gone: resuming loads them again
+    park: tuple[HttpCall, ...]
+    resume: tuple[HttpCall, ...]  # in order
+    offloads: bool  # the weights are copied into host memory (what must fit there)
+    resume_reloads_weights: bool  # the weights are gone: resuming loads them again (from disk)
     needs_flag: str | None = None  # a start flag this level needs besides Park.flag
+    not_with: str | None = None  # a start flag under which the engine parks at another level instead
+
+    def usable(self, flags: Sequence[str]) -> bool:
+        return (self.needs_flag is None or self.needs_flag in flags) and \
+            (self.not_with is None or self.not_with not in flags)
+
+
+@dataclass(frozen=True)
+class RunningCheck:
+    """How a running server says how many requests it has (a drain waits until none): a GET whose
+    answer is Prometheus text (the ``prometheus`` gauges summed) or JSON (the ``keys`` summed over
+    the document, one object or a list of one per rank)."""
+
+    call: HttpCall
+    prometheus: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+
+
+#: the most a parked process may keep on a GPU, at most (the CUDA context, what the engine keeps: its
+#: CUDA graphs outside the pools): vLLM's docs say about 1 GB per GPU; #32714 saw 16 GB stay
+PARK_RESIDUE_CAP = 4 * 1024**3
+#: and at most this share of what it held before the park
+PARK_RESIDUE_FRACTION = 0.10
 
 
 @dataclass(frozen=True)
 class Park:
-    """How a running server gives its GPU memory back without exiting, and takes it again
-    (issue 34 builds park/resume on these). Every fact is from the engine's sources (docs/experiment.md)."""
+    """How a running server gives its GPU memory back without exiting, and takes it again. Every
+    fact is from the engine's sources (docs/units.md, "Park and resume")."""
 
+    style: ParkStyle
     flag: str  # the command-line flag the server must have been started with
     env: Mapping[str, str]  # environment the server must have been started with (the routes exist only then)
-    park: HttpCall  # ``{level}`` in its path or body is the level
-    resume: tuple[HttpCall, ...]  # in order
-    levels: tuple[ParkLevel, ...]
+    levels: tuple[ParkLevel, ...]  # the best first (``auto`` takes the first the command allows)
+    tags: tuple[str, ...]  # the memory the engine parks, by its own names
+    running: RunningCheck
     status: HttpCall | None = None  # asks whether it is parked
-    reload_weights: HttpCall | None = None  # after a level whose weights are gone (``{model_path}``)
+    reload_weights: HttpCall | None = None  # after a level whose weights are gone
+    hazards: tuple[ParkHazard, ...] = ()
+    model_option: str | None = None  # the option whose value a reload from disk reads
+    residue_cap: int = PARK_RESIDUE_CAP
+    residue_fraction: float = PARK_RESIDUE_FRACTION
     source: str = ""
 
     def missing(self, given: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
@@ -214,6 +309,42 @@ class Park:
         out = [] if self.flag in given else [f"started without {self.flag}"]
         out += [f"started without {k}={v}" for k, v in self.env.items() if env.get(k) != v]
         return tuple(out)
+
+    def level(self, n: int) -> ParkLevel | None:
+        return next((lv for lv in self.levels if lv.level == n), None)
+
+    def calls(self) -> tuple[HttpCall, ...]:
+        """Every call of every level, the status and the reload (the routes a server of this engine has)."""
+        found = [c for lv in self.levels for c in (*lv.park, *lv.resume)]
+        found += [c for c in (self.status, self.reload_weights, self.running.call) if c is not None]
+        return tuple(found)
+
+    def hazard(self, level: int, effect: HazardEffect, *, method: str | None, flags: Sequence[str],
+               env: Mapping[str, str]) -> ParkHazard | None:
+        """The first hazard of ``effect`` that a park at ``level`` meets under these settings."""
+        return next((h for h in self.hazards if h.effect is effect
+                     and h.applies(level, method=method, flags=flags, env=env)), None)
+
+
+@dataclass(frozen=True)
+class ParkReading:
+    """What a deployment's own command makes possible for its engine's park: read by the engine's
+    own rules (:func:`~gpuslate.engines.commands.read_park`). ``levels``: those the command allows,
+    the best first, each with the hazard that rules it out (None: none)."""
+
+    engine: str
+    park: Park
+    missing: tuple[str, ...]  # why the engine cannot park it at all (a start flag, its environment)
+    levels: tuple[tuple[ParkLevel, ParkHazard | None], ...]
+    method: str | None  # the speculative method the command runs (lower case), None: none
+    flags: tuple[str, ...]  # the flags given (canonical names)
+    model_path: str | None  # what a reload from disk reads
+
+    def usable(self) -> list[ParkLevel]:
+        """The levels a park may take, the best first (none when something is missing)."""
+        if self.missing:
+            return []
+        return [lv for lv, h in self.levels if h is None]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ this module only dispatches through :mod:`.registry`:
   does nothing is worse than none;
 * :func:`plan_patched`: the same through a patched engine's own flag
   (``--speculative-disable-batch-threshold T``), which no upstream release has;
-* :func:`plan_as_measured`: always off / never disable, a measured deployment as it ran.
+* :func:`plan_as_measured`: always off / never disable, a measured deployment as it ran;
+* :func:`read_park`: what a deployment's command makes possible for its engine's park (the levels
+  its flags allow, what it lacks, the known hazards its settings meet).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .base import (
     ApplyPlan,
     ApplyStatus,
     Engine,
+    HazardEffect,
+    ParkReading,
     ReadFile,
     SpecCommand,
     VersionStatus,
@@ -200,3 +204,40 @@ def plan_as_measured(decision: str, argv: Sequence[str], engine_name: str | None
 def reference_forms(k: int, threshold: int | None, top: int) -> dict[str, Any]:
     """The threshold in every engine's form with K (``threshold`` 0: always off; None: never disable)."""
     return dict(e.reference(k, threshold, top) for e in BACKENDS.values())
+
+
+def engine_of(argv: Sequence[str]) -> tuple[Engine | None, int]:
+    """The engine whose arguments a command carries, and where they start: the simulator's
+    ``--emulate ENGINE -- ARGS`` is that engine's."""
+    argv = tuple(argv)
+    e, start = detect(argv)
+    if e is not None and (inner := e.delegate(argv, start)) is not None and inner[0] in BACKENDS \
+            and inner[0] != e.name and inner[1] <= len(argv):
+        return BACKENDS[inner[0]], inner[1]
+    return e, start
+
+
+def read_park(argv: Sequence[str], env: Mapping[str, str]) -> ParkReading | None:
+    """What ``argv`` (run with environment ``env``) makes possible for its engine's park; None when
+    its engine cannot park (or is none gpuslate reads)."""
+    e, start = engine_of(argv)
+    return park_reading(e, tuple(argv), start, env) if e is not None else None
+
+
+def park_reading(e: Engine, argv: tuple[str, ...], start: int, env: Mapping[str, str]) -> ParkReading | None:
+    """:func:`read_park` for an engine's arguments starting at ``start``: the levels its flags allow,
+    the best first, each with the first known hazard it meets (a generation that faults after the
+    resume, a park that frees nothing), by the engine's own facts (``Engine.park``)."""
+    park = e.park
+    if park is None:
+        return None
+    s = scan(argv, start, e.options)
+    flags = tuple(dict.fromkeys(o.name for o in s.found))
+    cmd = e.read(argv, start, {}, None)
+    method = cmd.method.lower() if cmd.method else None
+    levels = tuple(
+        (lv, park.hazard(lv.level, HazardEffect.FAULTS_AFTER_RESUME, method=method, flags=flags, env=env)
+         or park.hazard(lv.level, HazardEffect.FREES_NOTHING, method=method, flags=flags, env=env))
+        for lv in park.levels if lv.usable(flags))
+    model_path = s.value(park.model_option) if park.model_option is not None else None
+    return ParkReading(e.name, park, park.missing(flags, env), levels, method, flags, model_path)

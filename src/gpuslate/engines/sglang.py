@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .args import OptionTable, Style, int_arg, int_or_none, scan
+from .args import OptionTable, Style, int_arg, int_or_none, port_arg, scan
 from .base import (
     Answers,
     Blocker,
@@ -37,8 +37,10 @@ from .base import (
     Launch,
     Park,
     ParkLevel,
+    ParkStyle,
     ReadFile,
     Readiness,
+    RunningCheck,
     SpecCommand,
     VersionStatus,
     Written,
@@ -105,6 +107,28 @@ def adaptive_config(steps: int, threshold: int) -> dict[str, Any]:
             str(threshold + 1): {"candidate_steps": [0]}}
 
 
+_SAVER = ("python/sglang/srt/entrypoints/http_server.py (release_memory_occupation, resume_memory_occupation, "
+          "update_weights_from_disk, get_load); managers/scheduler_update_weights_mixin.py")
+_RELEASE = HttpCall("POST", "/release_memory_occupation", {})
+_RESUME = HttpCall("POST", "/resume_memory_occupation", {})
+# torch_memory_saver: no tags release (and resume) kv_cache, weights and cuda_graph. The weights are
+# released, not offloaded (#19442): without --enable-weights-cpu-backup (SGLang >= 0.5.3, PR #10873)
+# they are loaded again from disk after the resume
+PARK = Park(
+    style=ParkStyle.RELEASE, flag="--enable-memory-saver", env={},
+    levels=(ParkLevel(1, "the weights (kept in CPU memory), the KV cache and the CUDA graphs", park=(_RELEASE,),
+                      resume=(_RESUME,), offloads=True, resume_reloads_weights=False,
+                      needs_flag="--enable-weights-cpu-backup"),
+            ParkLevel(2, "the weights (their content lost), the KV cache and the CUDA graphs", park=(_RELEASE,),
+                      resume=(_RESUME, HttpCall("POST", "/update_weights_from_disk", {"model_path": "{model_path}"})),
+                      offloads=False, resume_reloads_weights=True, not_with="--enable-weights-cpu-backup")),
+    tags=("kv_cache", "weights", "cuda_graph"),
+    running=RunningCheck(HttpCall("GET", "/get_load"), keys=("num_reqs",)),
+    reload_weights=HttpCall("POST", "/update_weights_from_disk", {"model_path": "{model_path}"}),
+    model_option="--model-path",
+    source=_SAVER)
+
+
 class SGLang:
     name = NAME
     title = "SGLang"
@@ -114,17 +138,7 @@ class SGLang:
     readiness = Readiness(("/health_generate",), "GET /health_generate answers 200 (it runs a 1-token generation)")
     knobs = (Knob("--speculative-adaptive with batch-size keys in --speculative-adaptive-config",
                   "sgl-project/sglang PR #24055 (2026); the flag itself: PR #21599", None, SOURCE),)
-    # torch_memory_saver: /release_memory_occupation and /resume_memory_occupation (http_server.py);
-    # --enable-weights-cpu-backup keeps the weights in CPU memory (SGLang >= 0.5.3)
-    park = Park(flag="--enable-memory-saver", env={},
-                park=HttpCall("POST", "/release_memory_occupation", {}),
-                resume=(HttpCall("POST", "/resume_memory_occupation", {}),),
-                levels=(ParkLevel(1, "the weights (kept in CPU memory) and the KV cache", False,
-                                  "--enable-weights-cpu-backup"),
-                        ParkLevel(2, "the weights and the KV cache (the weights' content is lost)", True)),
-                reload_weights=HttpCall("POST", "/update_weights_from_disk", {"model_path": "{model_path}"}),
-                source="python/sglang/srt/entrypoints/http_server.py (release_memory_occupation, "
-                       "resume_memory_occupation, update_weights_from_disk)")
+    park = PARK
     counters = Counters(info_path="/get_server_info")
     continuous_usage = True
     probes = INFO_PATHS
@@ -232,7 +246,7 @@ class SGLang:
         if s.ambiguous:
             written, matches = s.ambiguous[0]
             raise ValueError(f"ambiguous option: {written} could match {', '.join(matches)}")
-        port = int_arg(s, "--port", 30000)
+        port = port_arg(s, 30000)
         running = int_arg(s, "--max-running-requests", None)
         max_batch = running if running is not None else max_batch
         model = s.value("--served-model-name") or s.value("--model-path") or "sim-model"
@@ -248,7 +262,7 @@ class SGLang:
             "enable_dp_attention": s.has("--enable-dp-attention"), "model_path": s.value("--model-path"),
             "enable_memory_saver": s.has("--enable-memory-saver"),
             "enable_weights_cpu_backup": s.has("--enable-weights-cpu-backup")}
-        plain = Emulated(port or 30000, model, s.value("--host"), s.value("--api-key"), running, info=info)
+        plain = Emulated(port, model, s.value("--host"), s.value("--api-key"), running, info=info)
         if algorithm is None:
             return plain
         if not s.has("--speculative-adaptive"):

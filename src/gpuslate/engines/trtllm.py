@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .args import OptionTable, Style, int_arg, scan
+from .args import OptionTable, Style, int_arg, port_arg, scan
 from .base import (
     Answers,
     Blocker,
@@ -361,7 +361,7 @@ class TensorRTLLM:
         model = args[0] if args and not args[0].startswith("-") else None
         if model is None:
             raise ValueError("Missing argument 'MODEL'.")
-        port = int_arg(s, "--port", 8000) or 8000
+        port = port_arg(s, 8000)
         running = int_arg(s, "--max_batch_size", None)
         max_batch = running if running is not None else max_batch
         backend = s.value("--backend") or "pytorch"

@@ -22,20 +22,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .args import OptionTable, Style, int_arg, int_or_none, scan
+from .args import OptionTable, Style, int_arg, int_or_none, port_arg, scan
 from .base import (
     Answers,
     Blocker,
     Counters,
     Emulated,
     Example,
+    HazardEffect,
     HttpCall,
     Knob,
     Launch,
     Park,
+    ParkHazard,
     ParkLevel,
+    ParkStyle,
     ReadFile,
     Readiness,
+    RunningCheck,
     SpecCommand,
     VersionStatus,
     Written,
@@ -87,6 +91,39 @@ def schedule(k: int, threshold: int, top: int) -> list[list[int]]:
     return [[1, threshold, k], [threshold + 1, max(threshold + 1, top), 0]]
 
 
+_SLEEP = "vllm/entrypoints/serve/sleep/api_router.py; v1/worker/gpu_worker.py; docs/features/sleep_mode.md"
+# the routes exist only with VLLM_SERVER_DEV_MODE=1. A sleep pauses the scheduler first by ``mode``
+# (vLLM 0.26; ``wait``: what runs finishes, what arrives waits; older releases ignore the parameter);
+# level 1 copies the weights into CPU memory, level 2 drops them: its wake maps the weights back empty,
+# reloads them (collective_rpc reload_weights), then wakes the KV cache
+PARK = Park(
+    style=ParkStyle.SLEEP, flag="--enable-sleep-mode", env={"VLLM_SERVER_DEV_MODE": "1"},
+    levels=(ParkLevel(1, "the weights (offloaded to CPU memory) and the KV cache",
+                      park=(HttpCall("POST", "/sleep?level=1&mode=wait"),), resume=(HttpCall("POST", "/wake_up"),),
+                      offloads=True, resume_reloads_weights=False),
+            ParkLevel(2, "the weights and the KV cache (the weights' content is lost)",
+                      park=(HttpCall("POST", "/sleep?level=2&mode=wait"),),
+                      resume=(HttpCall("POST", "/wake_up?tags=weights"),
+                              HttpCall("POST", "/collective_rpc", {"method": "reload_weights"}),
+                              HttpCall("POST", "/wake_up?tags=kv_cache")),
+                      offloads=False, resume_reloads_weights=True)),
+    tags=("weights", "kv_cache"),
+    running=RunningCheck(HttpCall("GET", "/metrics"),
+                         prometheus=("vllm:num_requests_running", "vllm:num_requests_waiting")),
+    status=HttpCall("GET", "/is_sleeping"),
+    reload_weights=HttpCall("POST", "/collective_rpc", {"method": "reload_weights"}),
+    hazards=(
+        ParkHazard(HazardEffect.FAULTS_AFTER_RESUME,
+                   "EAGLE/EAGLE3 with CUDA graphs: the draft's multi-step CUDA graph replays into freed memory after "
+                   "a level-2 wake (illegal memory access)", "vLLM #55013", levels=(2,), methods=("eagle", "eagle3"),
+                   unless_flag="--enforce-eager"),
+        ParkHazard(HazardEffect.FREES_NOTHING,
+                   "with PyTorch's expandable segments the sleep allocator's pools track nothing: a sleep answers 200 "
+                   "and frees nothing (\"freed 0.00 GiB\")", "vLLM PR #11743",
+                   env=("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:true"))),
+    source=_SLEEP)
+
+
 class VLLM:
     name = NAME
     title = "vLLM"
@@ -98,16 +135,7 @@ class VLLM:
     readiness = Readiness(("/health", "/v1/models"), "GET /health, then GET /v1/models, answer 200")
     knobs = (Knob("num_speculative_tokens_per_batch_size", "Dynamic speculative decoding (2026)", FIRST_SCHEDULE,
                   SOURCE),)
-    # vllm/entrypoints/serve/sleep/api_router.py: the routes exist only with VLLM_SERVER_DEV_MODE=1; level 2
-    # wakes the weights, reloads them (collective_rpc reload_weights), then wakes the KV cache
-    park = Park(flag="--enable-sleep-mode", env={"VLLM_SERVER_DEV_MODE": "1"},
-                park=HttpCall("POST", "/sleep?level={level}"),
-                resume=(HttpCall("POST", "/wake_up"),),
-                levels=(ParkLevel(1, "the weights (offloaded to CPU memory) and the KV cache", False),
-                        ParkLevel(2, "the weights and the KV cache (the weights' content is lost)", True)),
-                status=HttpCall("GET", "/is_sleeping"),
-                reload_weights=HttpCall("POST", "/collective_rpc", {"method": "reload_weights"}),
-                source="vllm/entrypoints/serve/sleep/api_router.py; docs/features/sleep_mode.md")
+    park = PARK
     counters = Counters(prometheus=("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total"))
     continuous_usage = True
     probes = ("/version",)
@@ -255,7 +283,7 @@ class VLLM:
         if s.ambiguous:
             written, matches = s.ambiguous[0]
             raise ValueError(f"ambiguous option: {written} could match {', '.join(matches)}")
-        port = int_arg(s, "--port", 8000) or 8000
+        port = port_arg(s, 8000)
         running = int_arg(s, "--max-num-seqs", None)
         max_batch = running if running is not None else max_batch
         tag = args[0] if args and not args[0].startswith("-") else None

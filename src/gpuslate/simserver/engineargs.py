@@ -20,11 +20,12 @@ engine's own schedule, as the seed's patch skipped drafting by itself.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engines import BACKENDS, engine, scan
+from ..engines import BACKENDS, ParkReading, engine, park_reading, scan
 from ..engines.args import int_arg
 
 #: the engines the simulator can play (all but itself)
@@ -39,6 +40,7 @@ class EngineSettings:
     values: dict[str, Any]  # ServerConfig fields: host, port, model, mode, spec_disable_threshold, api_key, ...
     info: dict[str, Any] = field(default_factory=dict)  # the engine's own facts for /get_server_info
     warnings: tuple[str, ...] = ()  # the engine's log lines about what it ignored or disabled
+    park: ParkReading | None = None  # how the engine parks under these arguments (None: it cannot)
 
 
 def settings(name: str, argv: Sequence[str], *, version: str | None, max_batch: int,
@@ -73,4 +75,4 @@ def settings(name: str, argv: Sequence[str], *, version: str | None, max_batch: 
             info["patched_flag"] = flag
         if threshold is not None:
             values["spec_disable_threshold"] = threshold
-    return EngineSettings(values, info, em.warnings)
+    return EngineSettings(values, info, em.warnings, park_reading(e, tuple(args), 0, os.environ))

@@ -1,7 +1,10 @@
 """The emulated engines' park endpoints: vLLM's sleep mode and SGLang's memory saver, over HTTP.
 
-The semantics are :mod:`.parkmodel`'s (the engines' own, with their sources); this module answers
-the requests as the engines do, moves the simulated GPU memory (the workers' regions, through
+The semantics are :mod:`.parkmodel`'s (each park style's, with their sources); what an engine has
+(its style, routes, tags, levels, the start flag and environment it needs, the hazards its settings
+meet) is its module's ``Engine.park``, read for the server's own command
+(:func:`~gpuslate.engines.commands.park_reading`). This module answers the requests as the engine
+does, moves the simulated GPU memory (the workers' regions, through
 :class:`~gpuslate.gpu.simhost.holder.WorkerControls`), takes the time the engine takes
 (``--sleep-seconds``, ``--wake-seconds``, ``--reload-seconds``, divided by ``--time-scale``), and
 plays the misbehaviours switched on (``--misbehave``). It also makes the server stall while the
@@ -20,17 +23,18 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from ..engines.base import HazardEffect, ParkStyle
 from .openai_api import error_body
 from .parkmodel import (
     MemoryPlan,
     Misbehaviour,
     ParkState,
     Weights,
-    sglang_release,
-    sglang_resume,
-    sglang_tags,
-    vllm_sleep,
-    vllm_wake,
+    release,
+    release_tags,
+    resume,
+    sleep,
+    wake,
 )
 from .scheduler import BatchScheduler
 from .serverconfig import ServerConfig
@@ -74,23 +78,29 @@ class Parking:
         self.memory = memory
         self.gpu_locked = gpu_locked
         self.state = ParkState()
-        self.engine = c.emulate
+        self.reading = r = c.engine_park
+        self.facts = r.park if r is not None else None
+        self.style = self.facts.style if self.facts is not None else None
         self.misbehave = {Misbehaviour(m) for m in c.misbehave}
-        info = c.engine_info
-        alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
-        expandable = "expandable_segments:true" in alloc_conf
-        frees_nothing = Misbehaviour.FREES_NOTHING in self.misbehave
-        self.vllm_frees = bool(info.get("enable_sleep_mode")) and not expandable and not frees_nothing
-        self.sglang_saver = bool(info.get("enable_memory_saver")) and not frees_nothing
-        self.cpu_backup = bool(info.get("enable_weights_cpu_backup"))
-        spec = info.get("speculative_config") or {}
-        self.eagle3_graphs = (isinstance(spec, dict) and str(spec.get("method", "")).lower() == "eagle3"
-                              and not info.get("enforce_eager"))
-        try:  # vLLM's envs: bool(int(os.getenv("VLLM_SERVER_DEV_MODE", "0")))
-            self.dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or "0"))
-        except ValueError:
-            self.dev_mode = False
+        self.env = dict(os.environ)
+        # the engine's start flag given (its pools, or its memory saver, track the memory)
+        self.flag = r is not None and r.park.flag in r.flags
+        # the routes exist only in the environment the engine needs (vLLM's dev mode)
+        self.routed = r is not None and all(self.env.get(k) == v for k, v in r.park.env.items())
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _frees(self, level: int) -> bool:
+        """A park at ``level`` frees memory: the flag given, no hazard of the engine's that frees
+        nothing under these settings (expandable segments), no misbehaviour that does."""
+        r = self.reading
+        return (r is not None and self.flag and Misbehaviour.FREES_NOTHING not in self.misbehave
+                and r.park.hazard(level, HazardEffect.FREES_NOTHING, method=r.method, flags=r.flags,
+                                  env=self.env) is None)
+
+    def _offloads(self, level: int) -> bool:
+        """The level copies the weights into host memory (of those the command allows)."""
+        r = self.reading
+        return r is not None and any(lv.level == level and lv.offloads for lv, _ in r.levels)
 
     @property
     def wrong(self) -> Weights | None:
@@ -99,17 +109,25 @@ class Parking:
         return Weights.GARBAGE if Misbehaviour.WRONG_WEIGHTS in self.misbehave else None
 
     def routes(self, app: web.Application) -> None:
-        if self.engine == "vllm" and self.dev_mode:  # vLLM mounts them only in dev mode
-            app.router.add_post("/sleep", self.sleep)
-            app.router.add_post("/wake_up", self.wake_up)
-            app.router.add_get("/is_sleeping", self.is_sleeping)
-            app.router.add_post("/collective_rpc", self.collective_rpc)
-        elif self.engine == "sglang":
-            for path, handler in (("/release_memory_occupation", self.release),
-                                  ("/resume_memory_occupation", self.resume)):
+        f = self.facts
+        if f is None or not self.routed:
+            return
+        first = f.levels[0]
+        park, back = first.park[0].route, first.resume[0].route
+        if f.style is ParkStyle.SLEEP:
+            app.router.add_post(park, self.sleep)
+            app.router.add_post(back, self.wake_up)
+            if f.status is not None:
+                app.router.add_get(f.status.route, self.is_sleeping)
+            if f.reload_weights is not None:
+                app.router.add_post(f.reload_weights.route, self.collective_rpc)
+        else:
+            for path, handler in ((park, self.release), (back, self.resume)):
                 app.router.add_get(path, handler)
                 app.router.add_post(path, handler)
-            app.router.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+            if f.reload_weights is not None:
+                app.router.add_post(f.reload_weights.route, self.update_weights_from_disk)
+        app.router.add_get(f.running.call.route, self.running)
 
     def start(self) -> None:
         if self.gpu_locked is not None:
@@ -135,20 +153,39 @@ class Parking:
 
     def generate_fault(self) -> str | None:
         """Why a generation now faults on the GPU (the server then dies), or None: memory that is
-        released and not paused behind a scheduler (SGLang after a release; vLLM woken in part),
-        or EAGLE-3's draft graphs replayed after a level-2 wake (vLLM #55013)."""
-        s = self.state
-        if self.engine == "vllm" and s.paused:
+        released and not paused behind a scheduler (a release; a sleep woken in part), or a hazard
+        of the engine's that faults after the wake from the level it slept at (vLLM #55013: EAGLE-3's
+        draft graphs replayed after a level-2 wake)."""
+        s, r = self.state, self.reading
+        if self.style is ParkStyle.SLEEP and s.paused:
             return None  # it waits in the paused scheduler
         if s.released:
             return ("CUDA error: an illegal memory access was encountered (simulated: the "
                     f"{', '.join(sorted(s.released))} memory is released)")
-        if self.engine == "vllm" and s.woke_from_level2 and self.eagle3_graphs:
-            return ("torch.AcceleratorError: CUDA error: an illegal memory access was encountered (simulated: EAGLE3 "
-                    "draft multi-step CUDA graph replay after a level-2 sleep, vLLM #55013)")
+        if r is not None and s.woke_from is not None:
+            h = r.park.hazard(s.woke_from, HazardEffect.FAULTS_AFTER_RESUME, method=r.method, flags=r.flags,
+                              env=self.env)
+            if h is not None:
+                return (f"torch.AcceleratorError: CUDA error: an illegal memory access was encountered (simulated: "
+                        f"{h.why}, {h.source})")
         return None
 
-    # -- vLLM -------------------------------------------------------------------
+    async def running(self, request: web.Request) -> web.StreamResponse:
+        """How many requests run and wait, as the engine says it (its running check's form)."""
+        f = self.facts
+        assert f is not None
+        sched = self.sim.scheduler
+        check = f.running
+        if check.prometheus:
+            running, waiting = sched.running, sched.waiting
+            values = [running, waiting] + [0] * max(0, len(check.prometheus) - 2)
+            text = "".join(f"# TYPE {name} gauge\n{name}{{model_name=\"{self.config.model}\"}} {float(v)}\n"
+                           for name, v in zip(check.prometheus, values))
+            return web.Response(text=text, content_type="text/plain")
+        return web.json_response([{"dp_rank": 0, **dict.fromkeys(check.keys, sched.busy),
+                                   "num_waiting_reqs": sched.waiting}])
+
+    # -- the sleep style (vLLM's) -------------------------------------------------------------------
     async def sleep(self, request: web.Request) -> web.StreamResponse:
         try:
             level = int(request.query.get("level", "1"))
@@ -171,7 +208,9 @@ class Parking:
         if mode == "wait":
             await sched.drained()
         before = copy.deepcopy(self.state)
-        plan = vllm_sleep(self.state, level, frees=self.vllm_frees, leak=Misbehaviour.LEAK in self.misbehave)
+        assert self.facts is not None
+        plan = sleep(self.state, level, self.facts.tags, offloads=self._offloads(level), frees=self._frees(level),
+                     leak=Misbehaviour.LEAK in self.misbehave)
         if plan is None:
             self.sim.log("WARNING Executor is already sleeping.")
             return web.Response(status=200)
@@ -186,7 +225,7 @@ class Parking:
     async def wake_up(self, request: web.Request) -> web.StreamResponse:
         tags = request.query.getall("tags", []) or None
         before = copy.deepcopy(self.state)
-        plan = vllm_wake(self.state, tags, wrong=self.wrong)
+        plan = wake(self.state, tags, wrong=self.wrong)
         self.sim.log(f"wake up the engine with tags: {tags}")
         if plan is None:
             self.sim.log("WARNING Executor is not sleeping." if not before.sleeping
@@ -219,11 +258,10 @@ class Parking:
             return _error(500, "CUDA error: an illegal memory access was encountered (simulated: reload_weights into "
                           "sleeping weights: wake_up?tags=weights first)")
         await asyncio.sleep(self._reload_seconds() / self.config.time_scale)
-        self.state.come_back(self.wrong or Weights.LOADED)
-        self.state.woke_from_level2 = self.state.woke_from_level2 and self.eagle3_graphs
+        self.state.come_back(self.wrong or Weights.LOADED)  # the graphs stay as captured (a hazard's)
         return web.json_response({"results": [None] * max(1, len(self.sim.worker_pids))})
 
-    # -- SGLang -----------------------------------------------------------------
+    # -- the release style (SGLang's) -----------------------------------------------------------------
     async def _sglang_tags(self, request: web.Request) -> list[str] | web.Response:
         body: Any = {}
         if request.can_read_body:
@@ -231,7 +269,8 @@ class Parking:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
                 return _sglang_error("invalid JSON body")
-        tags = sglang_tags(body.get("tags") if isinstance(body, dict) else None)
+        assert self.facts is not None
+        tags = release_tags(body.get("tags") if isinstance(body, dict) else None, self.facts.tags)
         return _sglang_error(tags) if isinstance(tags, str) else tags
 
     async def release(self, request: web.Request) -> web.StreamResponse:
@@ -243,8 +282,8 @@ class Parking:
                             f'  File "{_MIXIN}", in release_memory_occupation',
                             "AssertionError: release_memory_occupation should be called only when no ongoing request."])
             await asyncio.Event().wait()  # the server dies under this request: no answer
-        plan = sglang_release(self.state, tags, saver=self.sglang_saver, cpu_backup=self.cpu_backup,
-                              leak=Misbehaviour.LEAK in self.misbehave)
+        plan = release(self.state, tags, saver=self._frees(1), offloads=any(self._offloads(lv) for lv in (1, 2)),
+                       leak=Misbehaviour.LEAK in self.misbehave)
         failed = await self._move(plan, self.config.sleep_seconds)
         return _sglang_error(failed) if failed else web.json_response(None)
 
@@ -253,7 +292,7 @@ class Parking:
         if isinstance(tags, web.Response):
             return tags
         before = copy.deepcopy(self.state)
-        plan = sglang_resume(self.state, tags, wrong=self.wrong)
+        plan = resume(self.state, tags, wrong=self.wrong)
         if plan is None:
             missing = next(t for t in tags if t not in self.state.sleeping)
             self.sim.crash(["Scheduler hit an exception: Traceback (most recent call last):",

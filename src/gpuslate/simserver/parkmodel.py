@@ -1,8 +1,10 @@
-"""How the emulated engines park, as pure facts and decisions (the HTTP side is :mod:`.park`).
+"""How the emulated engines park, as pure decisions (the HTTP side is :mod:`.park`).
 
-The engines' own behaviour, read in their sources (cited in docs/units.md, "Park and resume"):
+Two styles (:class:`~gpuslate.engines.base.ParkStyle`), each an engine's behaviour read in its sources
+(cited in docs/units.md, "Park and resume"); which engine parks in which style, with which tags,
+levels, routes and known hazards, is the engine module's (``Engine.park``), never this module's:
 
-* **vLLM** (``--enable-sleep-mode``; the endpoints only with ``VLLM_SERVER_DEV_MODE=1``):
+* **sleep** (vLLM's) (``--enable-sleep-mode``; the endpoints only with ``VLLM_SERVER_DEV_MODE=1``):
   ``POST /sleep?level=1`` copies the weights to CPU memory and discards the KV cache; ``level=2``
   discards both (the model's buffers kept on the CPU); ``level=0`` only pauses scheduling. Before
   it sleeps the engine pauses its scheduler by ``mode``: ``abort`` (the default: requests in flight
@@ -17,7 +19,7 @@ The engines' own behaviour, read in their sources (cited in docs/units.md, "Park
   ``--enable-sleep-mode`` (or with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, vLLM PR
   #11743) a sleep answers 200 and frees nothing; the CUDA context and the CUDA graphs (captured
   outside the pools) stay as the residue.
-* **SGLang** (``--enable-memory-saver``): ``POST /release_memory_occupation`` and
+* **release** (SGLang's, ``--enable-memory-saver``): ``POST /release_memory_occupation`` and
   ``/resume_memory_occupation`` with ``tags`` among ``kv_cache``, ``weights``, ``cuda_graph`` (none:
   all). Release asserts that no request is running: with requests in flight the assertion kills
   the scheduler and the server with it. Resuming a tag that was not released is a ``KeyError`` in
@@ -42,8 +44,9 @@ from enum import Enum
 #: 1.14 GB of a 4x3090 vLLM 0.13 of vLLM #32714.
 REGIONS: tuple[tuple[str, float], ...] = (("context", 0.03), ("cuda_graph", 0.02), ("weights", 0.40),
                                           ("kv_cache", 0.55))
-VLLM_TAGS = ("weights", "kv_cache")
-SGLANG_TAGS = ("kv_cache", "weights", "cuda_graph")
+#: the tags every parking engine has: its weights (what a copy in host memory keeps, what a reload
+#: loads) and its KV cache (what a leaking park keeps on the GPU)
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
 
 
 class Misbehaviour(Enum):
@@ -74,12 +77,12 @@ class ParkState:
 
     released: set[str] = field(default_factory=set)  # tags whose memory is off the GPU
     sleeping: set[str] = field(default_factory=set)  # vLLM's sleeping tags / SGLang's offload_tags
-    paused: bool = False  # vLLM: scheduling paused (from the sleep to the wake)
+    paused: bool = False  # sleep: scheduling paused (from the sleep to the wake)
     offloaded: bool = False  # the weights' copy in host memory
-    level: int | None = None  # vLLM: the level of the current sleep
+    level: int | None = None  # sleep: the level of the current sleep
     weights: Weights = Weights.LOADED
     garbage_seed: int = 0  # the garbage the weights hold (for the text)
-    woke_from_level2: bool = False  # vLLM: woken from a level-2 sleep (EAGLE-3 + graphs: #55013)
+    woke_from: int | None = None  # sleep: the level of the last sleep whose weights were woken (a hazard's)
 
     @property
     def is_sleeping(self) -> bool:
@@ -107,10 +110,12 @@ class MemoryPlan:
     drop_offload: bool = False  # free that copy (after it was copied back)
 
 
-def vllm_sleep(state: ParkState, level: int, *, frees: bool, leak: bool) -> MemoryPlan | None:
-    """vLLM's sleep at ``level`` (0, 1, 2): the memory plan, None when it is a no-op (already
-    asleep). ``frees``: the pools track the memory (``--enable-sleep-mode``, no expandable segments);
-    ``leak``: the KV cache stays (#32714). Updates ``state``."""
+def sleep(state: ParkState, level: int, tags: tuple[str, ...], *, offloads: bool, frees: bool,
+          leak: bool) -> MemoryPlan | None:
+    """The sleep style's sleep at ``level`` (0 only pauses): the memory plan, None when it is a no-op
+    (already asleep). ``tags``: the engine's; ``offloads``: the level copies the weights into host
+    memory; ``frees``: the pools track the memory (the engine's flag given, no hazard that frees
+    nothing); ``leak``: the KV cache stays (#32714). Updates ``state``."""
     if state.sleeping:  # "Executor is already sleeping."
         state.paused = True
         return None
@@ -118,17 +123,17 @@ def vllm_sleep(state: ParkState, level: int, *, frees: bool, leak: bool) -> Memo
     if level == 0:
         return MemoryPlan()
     state.level = level
-    state.sleeping = set(VLLM_TAGS)
+    state.sleeping = set(tags)
     if not frees:
         return MemoryPlan()
-    release = ("weights",) if leak else VLLM_TAGS
+    release = tuple(t for t in tags if not (leak and t == KV_CACHE))
     state.released |= set(release)
-    state.offloaded = level == 1
-    return MemoryPlan(release=release, offload=level == 1)
+    state.offloaded = offloads
+    return MemoryPlan(release=release, offload=offloads)
 
 
-def vllm_wake(state: ParkState, tags: list[str] | None, *, wrong: Weights | None) -> MemoryPlan | None:
-    """vLLM's wake_up: None when it is a no-op (not sleeping, or a tag that is not sleeping).
+def wake(state: ParkState, tags: list[str] | None, *, wrong: Weights | None) -> MemoryPlan | None:
+    """The sleep style's wake: None when it is a no-op (not sleeping, or a tag that is not sleeping).
     ``wrong``: the weights come back so (a misbehaviour). Updates ``state``; the scheduler resumes."""
     if not state.sleeping:  # "Executor is not sleeping."; the scheduler still resumes
         state.paused = False
@@ -141,14 +146,14 @@ def vllm_wake(state: ParkState, tags: list[str] | None, *, wrong: Weights | None
     state.sleeping -= set(wanted)
     state.paused = False
     plan = MemoryPlan(acquire=acquire)
-    if "weights" in wanted:
-        if state.level == 1 and state.offloaded:
+    if WEIGHTS in wanted:
+        if state.offloaded:
             state.come_back(wrong or Weights.LOADED)
             plan = MemoryPlan(acquire=acquire, drop_offload=True)
             state.offloaded = False
-        elif state.level == 2 and "weights" in acquire:
-            state.come_back(wrong or Weights.EMPTY)  # remapped empty: reload_weights must follow
-            state.woke_from_level2 = True
+        elif WEIGHTS in acquire:
+            state.come_back(wrong or Weights.EMPTY)  # remapped empty: the weights must be reloaded
+            state.woke_from = state.level
         elif wrong is not None:
             state.come_back(wrong)
     if not state.sleeping:
@@ -156,47 +161,47 @@ def vllm_wake(state: ParkState, tags: list[str] | None, *, wrong: Weights | None
     return plan
 
 
-def sglang_tags(tags: object) -> list[str] | str:
-    """SGLang's ``tags`` field: the tags (none or empty: all), or what is wrong with it."""
+def release_tags(tags: object, known: tuple[str, ...]) -> list[str] | str:
+    """The release style's ``tags`` field: the tags (none or empty: all ``known``), or what is wrong with it."""
     if tags is None or tags == []:
-        return list(SGLANG_TAGS)
+        return list(known)
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         return "tags must be a list of strings"
-    unknown = [t for t in tags if t not in SGLANG_TAGS]
+    unknown = [t for t in tags if t not in known]
     if unknown:
-        return f"unknown tag {unknown[0]!r}: {', '.join(SGLANG_TAGS)}"
+        return f"unknown tag {unknown[0]!r}: {', '.join(known)}"
     return list(dict.fromkeys(tags))
 
 
-def sglang_release(state: ParkState, tags: list[str], *, saver: bool, cpu_backup: bool, leak: bool) -> MemoryPlan:
-    """SGLang's release (requests checked by the caller: the assertion). ``saver``:
-    ``--enable-memory-saver`` (else nothing is freed); ``cpu_backup``: the weights kept in host memory."""
+def release(state: ParkState, tags: list[str], *, saver: bool, offloads: bool, leak: bool) -> MemoryPlan:
+    """The release style's release (requests checked by the caller: the assertion). ``saver``: the
+    engine's flag given (else nothing is freed); ``offloads``: the weights kept in host memory."""
     state.sleeping |= set(tags)
     if not saver:
         return MemoryPlan()
-    release = tuple(t for t in tags if t not in state.released and not (leak and t == "kv_cache"))
+    release = tuple(t for t in tags if t not in state.released and not (leak and t == KV_CACHE))
     state.released |= set(release)
-    offload = "weights" in release and cpu_backup
+    offload = WEIGHTS in release and offloads
     state.offloaded = state.offloaded or offload
     return MemoryPlan(release=release, offload=offload)
 
 
-def sglang_resume(state: ParkState, tags: list[str], *, wrong: Weights | None) -> MemoryPlan | None:
-    """SGLang's resume; None when a tag was not released: ``offload_tags.remove`` raises KeyError in
-    the scheduler, which dies with the server."""
+def resume(state: ParkState, tags: list[str], *, wrong: Weights | None) -> MemoryPlan | None:
+    """The release style's resume; None when a tag was not released: ``offload_tags.remove`` raises
+    KeyError in the scheduler, which dies with the server."""
     if any(t not in state.sleeping for t in tags):
         return None
     acquire = tuple(t for t in tags if t in state.released)
     state.sleeping -= set(tags)
     state.released -= set(acquire)
     plan = MemoryPlan(acquire=acquire)
-    if "weights" in acquire:
+    if WEIGHTS in acquire:
         if state.offloaded:
             state.come_back(wrong or Weights.LOADED)
             state.offloaded = False
             plan = MemoryPlan(acquire=acquire, drop_offload=True)
-        else:  # released, not offloaded (#19442): a random tensor until update_weights_from_disk
+        else:  # released, not offloaded (#19442): a random tensor until the weights are loaded from disk
             state.come_back(wrong or Weights.GARBAGE)
-    elif "weights" in tags and wrong is not None:
+    elif WEIGHTS in tags and wrong is not None:
         state.come_back(wrong)
     return plan

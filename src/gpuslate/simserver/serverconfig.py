@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..engines import ParkReading
 from .engineargs import EMULATED, settings
 from .parkmodel import MISBEHAVIOURS
 from .perfmodel import MODES, PerfParams
@@ -45,6 +46,7 @@ class ServerConfig:
     patched_flag: str | None = None  # with --emulate: the engine is patched to take this flag (speculate while <= T)
     engine_info: dict[str, Any] = field(default_factory=dict)
     engine_warnings: tuple[str, ...] = ()
+    engine_park: ParkReading | None = None  # how the emulated engine parks under its arguments (engines' Park)
     # parking (--emulate vllm with --enable-sleep-mode, --emulate sglang with --enable-memory-saver; park.py):
     # how long the engine takes to let its memory go, to take it back, to reload its weights (None: the
     # weight-loading share of the startup, half of it), and the misbehaviours switched on
@@ -178,7 +180,8 @@ _ENGINE_SET = ("host", "port", "model", "mode", "spec_disable_threshold", "api_k
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build and validate a :class:`ServerConfig`; ValueError on a bad value."""
     given = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
-             if f.name not in ("perf", "engine_info", "engine_warnings") and getattr(args, f.name, None) is not None}
+             if f.name not in ("perf", "engine_info", "engine_warnings", "engine_park")
+             and getattr(args, f.name, None) is not None}
     if "misbehave" in given:
         given["misbehave"] = tuple(dict.fromkeys(given["misbehave"]))
     perf = {attr: getattr(args, attr) for _, attr, _ in _PERF_FLAGS
@@ -199,7 +202,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         engine = settings(emulate, engine_args, version=given.get("engine_version"),
                           max_batch=ServerConfig.max_running_requests, read_file=_read_text,
                           patched_flag=given.get("patched_flag"))
-        given.update(engine.values, engine_info=engine.info, engine_warnings=engine.warnings)
+        given.update(engine.values, engine_info=engine.info, engine_warnings=engine.warnings,
+                     engine_park=engine.park)
     config = ServerConfig(**given, perf=PerfParams(**perf))
     config.validate()
     return config

@@ -232,8 +232,8 @@ def run_serve(args: argparse.Namespace) -> int:
     started: list = []  # the workers (WorkerPid), with their control lines when the engine parks
     shown: list[int] = []  # their pids as the host shows them: what the driver's checkpoint names
     # an engine that parks holds its memory as the engine's tagged regions (simserver/parkmodel.py)
-    parks = (config.emulate == "vllm" and bool(config.engine_info.get("enable_sleep_mode"))) or \
-        (config.emulate == "sglang" and bool(config.engine_info.get("enable_memory_saver")))
+    park = config.engine_park
+    parks = park is not None and park.park.flag in park.flags
 
     def start() -> list[int]:
         if not root:
