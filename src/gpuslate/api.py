@@ -40,8 +40,10 @@ from .options import (
     ClearOptions,
     DownOptions,
     LogsOptions,
+    ParkOptions,
     PsOptions,
     RestartOptions,
+    ResumeOptions,
     Selection,
     SwapOptions,
     UpOptions,
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from .units.lifecycle import DownResult, UpResult
     from .units.listing import PsResult
     from .units.logfile import LogsResult
+    from .units.park import ParkResult, ResumeResult
     from .units.remove import RmResult
     from .units.restart import RestartResult
     from .units.spec import UnitSpec
@@ -149,6 +152,19 @@ class Host(HostContext):
         from .units.logfile import UnitLog  # lazy: startup (status needs none of it)
 
         return UnitLog(self, name).read(options or LogsOptions())
+
+
+    def park(self, name: str, options: ParkOptions | None = None) -> ParkResult:
+        """Release unit ``name``'s GPU memory while it lives, proven: see :func:`gpuslate.units.park.park`."""
+        from .units.park import park  # lazy: startup (status needs none of it)
+
+        return park(self, name, options or ParkOptions())
+
+    def resume(self, name: str, options: ResumeOptions | None = None) -> ResumeResult:
+        """Bring parked unit ``name`` back, proven: see :func:`gpuslate.units.park.resume`."""
+        from .units.park import resume  # lazy: startup (status needs none of it)
+
+        return resume(self, name, options or ResumeOptions())
 
 
 # -- conveniences: one call, one Host ------------------------------------------------

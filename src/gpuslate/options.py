@@ -174,6 +174,32 @@ def containment(value: str) -> Containment:
     return Containment(value) if value in Containment._value2member_map_ else value  # type: ignore[return-value]
 
 
+class ParkWay(str, Enum):
+    """How a unit parks (a unit file's ``park``, ``up --park-method``, ``park --method``): its engine's
+    own park with the weights kept in host memory (``level1``: vLLM's sleep level 1, SGLang's release
+    with ``--enable-weights-cpu-backup``) or dropped and loaded again from disk on resume (``level2``:
+    vLLM's sleep level 2 and ``reload_weights``, SGLang's release and ``update_weights_from_disk``);
+    the driver's checkpoint (``checkpoint``: every byte into host memory, any one-process CUDA
+    server); ``none`` (never parked: ``swap --park`` stops and starts it); ``auto``: the first of
+    level1, level2, checkpoint that the unit's own command and processes make possible."""
+
+    AUTO = "auto"
+    LEVEL1 = "level1"
+    LEVEL2 = "level2"
+    CHECKPOINT = "checkpoint"
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def park_way(value: str) -> ParkWay:
+    """``--method``/``--park-method``: one of :class:`ParkWay`'s values (another is refused by argparse's
+    choices; a library caller's, by the enum)."""
+    return ParkWay(value) if value in ParkWay._value2member_map_ else value  # type: ignore[return-value]
+
+
+PARK_WAYS = tuple(w.value for w in ParkWay)
 MAX_USED_HELP = "most memory a free GPU may show (default 64MiB; 1GiB on drivers without NVML's v2 memory API)"
 CONFIG_HELP = "unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or in a folder above)"
 NAMELESS_CONFIG_HELP = ("with no NAME: the unit file (default: $GPUSLATE_CONFIG, else gpuslate.toml here or "
@@ -310,6 +336,9 @@ class UnitFlags(Record):
         "--front", parse=front_address, default=None, metavar="[HOST:]PORT",
         help="clients use PORT (on 127.0.0.1 unless HOST is given): a proxy (Caddy, the front extra) that "
         "holds their requests while swap or restart replaces the unit")
+    park: ParkWay | None = option(
+        "--park-method", parse=park_way, default=None, choices=PARK_WAYS,
+        help="how 'park' and 'swap --park' park it (default auto: what its command makes possible; docs/units.md)")
 
     def overrides(self) -> dict[str, Any]:
         """The fields given, as the unit spec's (``env`` as a mapping): what ``spec_for`` lays over a unit."""
@@ -390,6 +419,11 @@ class SwapOptions(Record):
         "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
         help="behind a front: the most the requests in flight on OLD may take to finish before it is stopped "
         "(what still runs then is cut, and counted; default 60)")
+    park: bool = flag("--park", help="park OLD instead of stopping it, and resume NEW if it is parked (else start "
+                      "it): a switch in seconds between resident deployments on distinct ports (docs/units.md)")
+    fallback: bool = flag("--no-fallback", default=True, set_to=False,
+                          help="with --park: when OLD cannot be parked (or NEW resumed), stop there and say why, "
+                          "instead of the cold stop and start")
 
     def validate(self) -> SwapOptions:
         check_seconds("prefetch timeout", self.prefetch_timeout)
@@ -402,6 +436,55 @@ class SwapLine(Record):
     old: str = positional("OLD", parse=unit_name)
     new: str = positional("NEW", parse=unit_name)
     options: SwapOptions = group(SwapOptions)
+
+
+class ParkOptions(Record):
+    """How ``park`` parks a unit (``method`` None: the unit's own ``park`` setting, auto by default)."""
+
+    method: ParkWay | None = option(
+        "--method", parse=park_way, default=None, choices=tuple(w.value for w in ParkWay if w is not ParkWay.NONE),
+        help="level1, level2 (the engine's own park), checkpoint (the driver's) or auto (default: the unit's "
+        "park setting, else the first its command and processes make possible)")
+    drain_timeout: float = option(
+        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
+        help="the most the requests in flight may take to finish first (default 60)")
+    timeout: float = option(
+        "--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
+        help="the most the engine (or the driver) may take to release the memory, proven by NVML (default 60)")
+    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
+                                  help="most memory a parked unit's GPU may show besides its residue (default: as "
+                                  "clear)")
+
+    def validate(self) -> ParkOptions:
+        check_seconds("--drain-timeout", self.drain_timeout)
+        check_seconds("--timeout", self.timeout)
+        check_size("--max-used", self.max_used)
+        return self
+
+
+class ParkLine(Record):
+    name: str = positional("NAME", parse=unit_name)
+    options: ParkOptions = group(ParkOptions)
+
+
+class ResumeOptions(Record):
+    """How ``resume`` brings a parked unit back (``timeout`` None: the unit's start timeout)."""
+
+    timeout: float | None = option(
+        "--timeout", parse=positive_seconds, show=seconds_text, default=None, metavar="SECONDS",
+        help="the most the memory may take to come back and the unit to serve again (default: its start timeout)")
+    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
+                                  help="most memory a free GPU may show (default: as clear)")
+
+    def validate(self) -> ResumeOptions:
+        check_seconds("--timeout", self.timeout)
+        check_size("--max-used", self.max_used)
+        return self
+
+
+class ResumeLine(Record):
+    name: str = positional("NAME", parse=unit_name)
+    options: ResumeOptions = group(ResumeOptions)
 
 
 class RestartOptions(Record):

@@ -47,8 +47,10 @@ from .options import (
     ClearLine,
     DownLine,
     LogsLine,
+    ParkLine,
     PsLine,
     RestartLine,
+    ResumeLine,
     RmLine,
     StatusLine,
     SwapLine,
@@ -66,8 +68,10 @@ if TYPE_CHECKING:
         ClearOptions,
         DownOptions,
         LogsOptions,
+        ParkOptions,
         PsOptions,
         RestartOptions,
+        ResumeOptions,
         Selection,
         SwapOptions,
         UpOptions,
@@ -76,6 +80,7 @@ if TYPE_CHECKING:
     from .units.lifecycle import DownResult, UpResult
     from .units.listing import PsResult
     from .units.logfile import LogsResult
+    from .units.park import ParkResult, ResumeResult
     from .units.remove import RmResult
     from .units.restart import RestartResult
     from .units.spec import UnitSpec
@@ -194,6 +199,25 @@ SWAP: Verb[SwapLine, SwapResult] = Verb(
     "(from gpuslate.toml or its last run) and wait until it is ready; each phase timed. With --rollback, if NEW "
     "fails, OLD is started again and made ready.")
 
+PARK: Verb[ParkLine, ParkResult] = Verb(
+    "park", ParkLine, "gpuslate.units.park:ParkResult",
+    summary="release a unit's GPU memory while it lives (its engine's sleep, or the driver's checkpoint), proven",
+    description="Park unit NAME: its new requests held (behind a front) and those in flight drained, then its "
+    "engine's own park (vLLM's sleep, SGLang's release; started with the engine's flag) or the driver's "
+    "checkpoint of its one CUDA process, and NVML's proof that every process of it let go of its GPU memory down to "
+    "its method's residue. A park that did not free the memory is undone. Guards refuse first: host memory for "
+    "what moves there, one process for the checkpoint, a level a known fault rules out. 'gpuslate resume NAME' "
+    "brings it back. Signals nothing. See docs/units.md, Park and resume.")
+
+RESUME: Verb[ResumeLine, ResumeResult] = Verb(
+    "resume", ResumeLine, "gpuslate.units.park:ResumeResult",
+    summary="bring a parked unit back: memory proven back, serving, and the same answer as before",
+    description="Resume unit NAME: room on its GPUs checked first, then its engine's resume (or the driver's "
+    "restore and unlock), its memory proven back on the same GPUs, its readiness, a warm-up completion, and a fixed "
+    "prompt at temperature 0 answered with the same tokens as when it first became ready (else it fails, loudly, "
+    "and the unit is named broken). Also ends a park or resume that was cut short (ps: interrupted). Signals "
+    "nothing.")
+
 AUDIT: Verb[AuditLine, AuditListing] = Verb(
     "audit", AuditLine, "gpuslate.host.auditlist:AuditListing",
     summary="show the audit log of every signal gpuslate sent",
@@ -252,6 +276,14 @@ class Verbs(Protocol):
 
     def audit(self, options: AuditOptions | None = None) -> AuditListing:
         """The newest entries of the audit log (every signal sent, and what became of it)."""
+        ...
+
+    def park(self, name: str, options: ParkOptions | None = None) -> ParkResult:
+        """Release a unit's GPU memory while it lives, proven by NVML."""
+        ...
+
+    def resume(self, name: str, options: ResumeOptions | None = None) -> ResumeResult:
+        """Bring a parked unit back, proven back and answering as before."""
         ...
 
     def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:

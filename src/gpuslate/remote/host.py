@@ -53,10 +53,15 @@ from ..options import (
     DownOptions,
     LogsLine,
     LogsOptions,
+    ParkLine,
+    ParkOptions,
+    ParkWay,
     PsLine,
     PsOptions,
     RestartLine,
     RestartOptions,
+    ResumeLine,
+    ResumeOptions,
     RmLine,
     Selection,
     StatusLine,
@@ -68,7 +73,7 @@ from ..options import (
     WaitLine,
     WaitOptions,
 )
-from ..verbs import AUDIT, CLEAR, DOWN, LOGS, PS, RESTART, RM, STATUS, SWAP, UP, WAIT, Verb
+from ..verbs import AUDIT, CLEAR, DOWN, LOGS, PARK, PS, RESTART, RESUME, RM, STATUS, SWAP, UP, WAIT, Verb
 from .fleet import run_on_host
 from .hosts import HostSpec, parse_host
 from .ssh import SshOptions
@@ -81,6 +86,7 @@ if TYPE_CHECKING:
     from ..units.lifecycle import DownResult, UpResult
     from ..units.listing import PsResult
     from ..units.logfile import LogsResult
+    from ..units.park import ParkResult, ResumeResult
     from ..units.remove import RmResult
     from ..units.restart import RestartResult
     from ..units.spec import UnitSpec
@@ -105,7 +111,7 @@ def unit_flags(spec: UnitSpec) -> UnitFlags:
                      ready_url=spec.ready_url, ready_log=spec.ready_log, smoke=spec.smoke or None, model=spec.model,
                      start_timeout=spec.start_timeout, grace=spec.grace, stop_timeout=spec.stop_timeout,
                      env=tuple(f"{k}={v}" for k, v in spec.env.items()), cwd=spec.cwd,
-                     containment=Containment(spec.containment), front=spec.front)
+                     containment=Containment(spec.containment), front=spec.front, park=ParkWay(spec.park))
 
 
 class RemoteHost:
@@ -192,6 +198,14 @@ class RemoteHost:
     def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:
         """Unit ``name``'s last lines there (a snapshot)."""
         return self.run(LOGS, LogsLine(name=name, options=options or LogsOptions()))
+
+    def park(self, name: str, options: ParkOptions | None = None) -> ParkResult:
+        """Park unit ``name`` there."""
+        return self.run(PARK, ParkLine(name=name, options=options or ParkOptions()))
+
+    def resume(self, name: str, options: ResumeOptions | None = None) -> ResumeResult:
+        """Resume parked unit ``name`` there."""
+        return self.run(RESUME, ResumeLine(name=name, options=options or ResumeOptions()))
 
     def __enter__(self) -> RemoteHost:
         return self

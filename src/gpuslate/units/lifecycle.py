@@ -28,7 +28,7 @@ from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
-from . import logfile, store
+from . import logfile, reference, store
 from .contain import collect_stale_cgroups
 from .fence import fence_of
 from .frontreport import FrontReport
@@ -40,7 +40,7 @@ from .spec import UnitSpec
 from .state import Phase, UnitState, unit_state
 from .stop import Leftovers, StopReport, Verification, end_strays, stop_unit
 from .strays import Stray
-from .unit import Unit, load_units, unit_of_pids
+from .unit import Unit, load_units, parked_allowance, unit_of_pids
 
 UP_SCHEMA = "gpuslate.up.v1"
 DOWN_SCHEMA = "gpuslate.down.v1"
@@ -186,6 +186,10 @@ def check_startable(unit: Unit | None, name: str) -> None:
         raise UsageError(unit.describe_problem() + (f"; processes of it still run: {found}" if found else
                          "; it may describe a live server"),
                          hint=f"'gpuslate down {name}' stops what is left of it and sets the record aside")
+    if unit.running() and unit.record is not None and unit.record.park is not None:
+        raise UsageError(f"unit {name} is parked (pid {unit.record.pid}, {unit.record.park.method}): 'gpuslate "
+                         f"resume {name}' brings it back, 'gpuslate swap OLD {name} --park' switches to it",
+                         hint=f"'gpuslate down {name}' stops it")
     if unit.running():
         raise UsageError(f"unit {name} is already running (pid {unit.record.pid}): "  # type: ignore[union-attr]
                          f"stop it first with 'gpuslate down {name}'")
@@ -224,8 +228,10 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
                                + "; ".join(d.summary() for d in cleared.diagnosis),
                                hint="see 'gpuslate clear --gpus ... --json' for the whole story")
     collect_stale_cgroups()  # under the host lock
-    check_gpus(be, gpus, limit, for_unit=spec.name,
-               owners=lambda: unit_of_pids([u for u in load_units(units) if u.name != spec.name], ProcTable()))
+    others = [u for u in load_units(units) if u.name != spec.name]
+    # parked units keep their residue on the GPUs (units/park.py): free beside it, as beside a daemon's
+    check_gpus(be, gpus, limit, for_unit=spec.name, owners=lambda: unit_of_pids(others, ProcTable()),
+               parked=parked_allowance(others, ProcTable()))
     t_pre = time.monotonic()
     # from the fork until the record is on disk, an interrupt would leave a server no record
     # names: it is held back and acted on once the unit can be found (and stopped)
@@ -255,6 +261,15 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
                 sm = smoke(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
                 timings["smoke_s"] = sm["latency_s"]
                 status = UpStatus.READY if sm["ok"] else UpStatus.SMOKE_FAILED
+            if status == UpStatus.READY and reference.wanted(spec, {**os.environ, **spec.env}):
+                # the answer a resume must give again (units/park.py), asked once it serves
+                t_ref = time.monotonic()
+                got = reference.take(spec, timeout=max(1.0, min(60.0, spec.start_timeout)))
+                timings["reference_s"] = time.monotonic() - t_ref
+                if isinstance(got, dict):
+                    rec.reference = got
+                else:
+                    note(f"{spec.name}: {got}; its first park asks again")
     except BaseException as exc:  # Ctrl-C, SIGTERM (see cli/commands/up.py), a bug: leave nothing half-started
         _stop_interrupted(host, units, current, spec, limit, str(exc) or type(exc).__name__)
         raise
@@ -397,6 +412,7 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
     else:
         if rec.phase != Phase.FAILED:
             rec.phase = Phase.STOPPED
+        rec.park = None  # parked or not, it is stopped: a next up starts it cold
         if previous not in (UnitState.FAILED, UnitState.STOPPED, UnitState.EXITED) or rec.stopped_at is None:
             rec.stopped_at = time.time()
         if rec.exit_code is None:

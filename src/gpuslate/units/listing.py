@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._document import checked, reading
+from .._parse import format_size
 from .._time import iso_time, parse_iso_time
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
@@ -23,7 +24,7 @@ from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
 from .front import Front
-from .state import Phase, UnitState, unit_state
+from .state import ParkPhase, Phase, UnitState, unit_state
 from .store import UnitRecord, UnitStore, Unreadable
 from .strays import Stray
 from .unit import Unit, load_units
@@ -69,6 +70,8 @@ class UnitStatus(NamedTuple):
     gpu_memory: int | None  # bytes the unit's processes (and strays) hold on its GPUs; None if unknown
     uptime_s: float | None
     strays: list[Stray] = []
+    #: parked, or being parked or resumed: {method, phase, since, host_bytes, reason, line}
+    park: dict[str, Any] | None = None
 
     @property
     def record(self) -> UnitRecord | None:  # None: corrupt
@@ -88,6 +91,7 @@ class UnitStatus(NamedTuple):
             "uptime_s": round(self.uptime_s, 3) if self.uptime_s is not None else None,
             "strays": [s.to_json() for s in self.strays],
             "record_file": str(self.unit.path), "corrupt_reason": p.reason if p else None,
+            "park": self.park,
         }
         if r is None:
             salvage = p.salvage if p else {}
@@ -128,8 +132,11 @@ class UnitStatus(NamedTuple):
                 stopped_at=parse_iso_time(d["stopped_at"]) if d["stopped_at"] else None,
                 exit_code=d["exit_code"], failure=d["failure"], instance=d["instance"] or "")
             unit = Unit(d["name"], path, rec, None, None, ReadBackFence(d["cgroup"]))
+        park = d.get("park")  # absent in documents from before parking
+        if park is not None and not isinstance(park, dict):
+            raise TypeError("park: expected an object or null")
         return cls(unit, UnitState(d["state"]), list(d["processes"]), d["gpu_memory"], d["uptime_s"],
-                   [Stray.from_json(s) for s in d["strays"]])
+                   [Stray.from_json(s) for s in d["strays"]], park)
 
 
 class PsStatus(StatusEnum):
@@ -168,6 +175,22 @@ class PsResult(NamedTuple):
                 raise TypeError("fronts: expected a list of objects")
             return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]], hidden,
                        fronts)
+
+
+def describe_park(name: str, pr: Any, state: UnitState) -> str:
+    """One line for ``ps`` about a parked unit (or one being parked or resumed): its method, the host
+    memory it holds, and for a park or resume cut short, what ends it."""
+    held = f", {format_size(pr.host_bytes)} of host memory" if pr.host_bytes else ""
+    if state is UnitState.PARKED:
+        return (f"unit {name}: parked by {pr.method} since {iso_time(pr.since)}{held}"
+                + (f" (its last resume: {pr.reason})" if pr.reason else "") + f"; 'gpuslate resume {name}'")
+    if state is UnitState.BROKEN:
+        return f"unit {name}: broken ({pr.reason}); 'gpuslate restart {name}' or 'gpuslate down {name}'"
+    what = "resume" if pr.phase is ParkPhase.RESUMING else "park"
+    if state is UnitState.INTERRUPTED:
+        return (f"unit {name}: its {what} by {pr.method} was cut short while {pr.phase.value} (the gpuslate doing it "
+                f"is gone); 'gpuslate resume {name}' ends it and serves again, 'gpuslate down {name}' stops it")
+    return f"unit {name}: {pr.phase.value} by {pr.method} since {iso_time(pr.since)}"
 
 
 def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
@@ -210,8 +233,14 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
         if hidden_by(options, state, rec.stopped_at if rec else None, now):
             hidden += 1
             continue
+        pr = rec.park if rec is not None else None
+        park = None
+        if pr is not None and state in (UnitState.PARKING, UnitState.PARKED, UnitState.RESUMING,
+                                        UnitState.INTERRUPTED, UnitState.BROKEN):
+            park = {"method": pr.method, "phase": pr.phase.value, "since": iso_time(pr.since),
+                    "host_bytes": pr.host_bytes, "reason": pr.reason, "line": describe_park(u.name, pr, state)}
         out.append(UnitStatus(unit=u, state=state, processes=sorted(pids), gpu_memory=mem, uptime_s=uptime,
-                              strays=strays))
+                              strays=strays, park=park))
     fronts = []
     for f in Front.all(host):
         doc = f.to_json()

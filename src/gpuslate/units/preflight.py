@@ -5,24 +5,25 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .._parse import format_size, gpus_phrase
 from ..clearing.wait import state_is_free
 from ..errors import NotDoneError
-from ..gpu.types import GpuBackend, ProcessKind
-from ..host.snapshot import Snapshot, take_snapshot
+from ..gpu.types import GpuBackend, GpuReading, ProcessKind
+from ..host.snapshot import GpuState, Snapshot, take_snapshot
 from ..proc.fdscan import read_fd_targets
 from ..proc.procfs import read_info
 
 
 def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit: str,
-               owners: Callable[[], dict[int, str]]) -> Snapshot:
+               owners: Callable[[], dict[int, str]], parked: Mapping[tuple[int, int], int] | None = None) -> Snapshot:
     """Raise NotDoneError naming every holder (and its unit: ``owners()`` maps pid -> unit,
-    asked only when a GPU is busy) unless all ``gpus`` are free."""
+    asked only when a GPU is busy) unless all ``gpus`` are free. ``parked``: (pid, gpu) -> the
+    residue a parked unit's process may keep there (units/park.py), which is no holder within it."""
     snap = take_snapshot(backend, gpus)
-    busy = [g for g in snap.gpus if not state_is_free(g, max_used)]
+    busy = [g for g in snap.gpus if not state_is_free(g, max_used) and not free_beside(g, max_used, parked or {})]
     if not busy:
         return snap
     owner_of = owners()
@@ -52,6 +53,28 @@ def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit:
             "stop them first ('gpuslate down NAME', 'gpuslate clear'), or pass --clear to clear them")
     raise NotDoneError(f"{gpus_phrase([g.index for g in busy])} not free for unit {for_unit}: " + "; ".join(parts),
                        hint=hint)
+
+
+def free_beside(g: GpuState, max_used: int, parked: Mapping[tuple[int, int], int]) -> bool:
+    """Free but for the residues of parked units' processes (each within what it may keep there),
+    as ``wait --free`` calls a GPU free but for its daemons' baseline (pure)."""
+    return reading_free_beside(g.reading, max_used, {h.pid: h.bytes for h in g.baseline()}, parked)
+
+
+def reading_free_beside(r: GpuReading, max_used: int, spared: Mapping[int, int],
+                        parked: Mapping[tuple[int, int], int]) -> bool:
+    """:func:`free_beside` for a reading, ``spared`` the GPU daemons' baseline (pid -> bytes)."""
+    if not parked or r.error is not None or r.memory is None or r.processes is None:
+        return False
+    kept = 0
+    for p in r.processes:
+        if p.pid in spared:
+            continue
+        allowed = parked.get((p.pid, r.index))
+        if allowed is None or p.used_memory is None or p.used_memory > allowed:
+            return False
+        kept += p.used_memory
+    return r.memory.used - sum(spared.values()) - kept <= max_used
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -39,7 +39,7 @@ from .._parse import (
 from .._toml import line_of, read_toml
 from ..engines.registry import BACKENDS
 from ..errors import PermissionDenied, UsageError
-from ..options import Containment
+from ..options import PARK_WAYS, Containment, ParkWay
 from ..unitname import UnitName
 
 CONFIG_NAME = "gpuslate.toml"
@@ -75,6 +75,8 @@ class UnitSpec:
     # requests while the unit behind it changes (units/front.py); None: no front
     front: str | None = None
     front_hold: float = 900.0  # the most seconds the front holds one request (then it answers 502/503)
+    # how park and swap --park park it (options.ParkWay; auto: what its command and processes make possible)
+    park: ParkWay = ParkWay.AUTO
 
     @property
     def front_address(self) -> tuple[str, int] | None:
@@ -109,6 +111,9 @@ class UnitSpec:
         if self.containment not in CONTAINMENTS:
             raise UsageError(f"invalid containment {self.containment!r}: one of {', '.join(CONTAINMENTS)}")
         self.containment = Containment(self.containment)
+        if self.park not in PARK_WAYS:
+            raise UsageError(f"invalid park {self.park!r}: one of {', '.join(PARK_WAYS)}")
+        self.park = ParkWay(self.park)
         kind, _ = self.readiness
         if self.port is None and (kind == "tcp" or kind in BACKENDS or self.smoke
                                   or (kind == "http" and "://" not in (self.ready_url or ""))):
@@ -164,7 +169,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
     "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
-    "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float),
+    "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float), "park": (str,),
 }
 
 
@@ -304,6 +309,8 @@ def _normalize(key: str, value: Any, path: Path) -> Any:
         raise UsageError(f"must be one of {', '.join(ENGINES)}")
     if key == "containment" and value not in CONTAINMENTS:
         raise UsageError(f"must be one of {', '.join(CONTAINMENTS)}")
+    if key == "park" and value not in PARK_WAYS:
+        raise UsageError(f"must be one of {', '.join(PARK_WAYS)}")
     if key == "ready_url" and "://" in value:
         parse_http_url(value)
     if key == "ready_log":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
-from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
+from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, is_free, poll_until_free, reading_baseline
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
@@ -34,8 +34,10 @@ from ..proc.procfs import ProcStat, read_info, read_stat
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
+from .preflight import reading_free_beside
+from .store import UnitStore
 from .strays import Stray
-from .unit import Unit
+from .unit import Unit, load_units, parked_allowance
 
 _SWEEPS = 3
 
@@ -211,10 +213,21 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     if gpus:
         if left.can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
             mine = DaemonWatch(exclude={r.victim.ident.pid for r in results + swept})
+            # parked units keep their residue on GPUs they share with this one (units/park.py)
+            parked = parked_allowance(load_units(UnitStore.of(host)),
+                                      ProcTable(), but=unit.name)
+
+            def free(r: GpuReading) -> bool:
+                daemons = mine([p.pid for p in r.processes or []]) if r.processes else None
+                if is_free(r, limit, daemons):
+                    return True
+                spared = {h.pid: h.bytes for h in reading_baseline(r, daemons)}
+                return reading_free_beside(r, limit, spared, parked)
+
             with host.ticker(f"stopping {unit.name}: waiting for its GPU memory to be released",
                              max(0.0, deadline - time.monotonic())) as tick:
                 released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit),
-                                                     tick=tick, daemons=mine)
+                                                     tick=tick, daemons=mine, done=free if parked else None)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:

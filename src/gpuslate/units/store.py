@@ -33,7 +33,7 @@ from ..host.statedir import StateDir, open_dir
 from ..options import Containment
 from ..proc.procfs import ProcessId
 from ..unitname import UnitName, is_unit_name
-from .state import Phase
+from .state import ParkPhase, Phase
 
 if TYPE_CHECKING:
     from ..host.session import HostContext
@@ -44,6 +44,59 @@ SCHEMA = "gpuslate.unit.v1"
 STARTING, READY, FAILED, STOPPED = Phase.STARTING, Phase.READY, Phase.FAILED, Phase.STOPPED
 CONTAINMENTS = tuple(c.value for c in Containment if c is not Containment.AUTO)  # what a unit got
 INSTANCE_RE = re.compile(r"[0-9a-f]{32}")
+
+
+PARK_METHODS = ("level1", "level2", "checkpoint")  # how a unit was parked (options.ParkWay, less auto/none)
+
+
+@dataclass
+class ParkRecord:
+    """How a unit is parked, or is being parked or resumed (``park`` in its record), each phase
+    written before its step (units/park.py): what a later gpuslate needs to end it, whatever
+    killed the one that wrote it."""
+
+    method: str  # level1, level2 (the engine's own park at that level), checkpoint (the driver's)
+    phase: ParkPhase
+    since: float  # epoch seconds of the last phase
+    by: list[int] | None  # [pid, start_ticks] of the gpuslate doing it now (None: nobody)
+    pids: list[list[int]]  # [pid, start_ticks] of the processes parked (those holding GPU memory)
+    held: list[list[int]]  # [pid, gpu, bytes] each held before the park
+    residue: list[list[int]]  # [pid, gpu, bytes] each may keep once parked
+    host_bytes: int | None = None  # what it keeps in host memory once parked (None: not known yet)
+    front: str | None = None  # the front held or refusing for it (its address)
+    reason: str | None = None  # why it is broken, or why its last resume failed
+    started_at: float | None = None  # when the park began (epoch seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "phase": self.phase.value}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ParkRecord:
+        return cls(**{**doc, "phase": ParkPhase(doc["phase"])})
+
+
+def _triples(v: Any, n: int) -> bool:
+    return isinstance(v, list) and all(isinstance(m, list) and len(m) == n and all(_int(x) for x in m) for m in v)
+
+
+def _park(v: Any) -> bool:
+    """A park record names processes the driver's restore and unlock act on: every field checked."""
+    if v is None:
+        return True
+    if not isinstance(v, dict):
+        return False
+    checks: dict[str, Callable[[Any], bool]] = {
+        "method": lambda x: x in PARK_METHODS, "phase": lambda x: x in {p.value for p in ParkPhase},
+        "since": _num, "by": _opt(lambda x: _triples([x], 2)), "pids": lambda x: _triples(x, 2),
+        "held": lambda x: _triples(x, 3), "residue": lambda x: _triples(x, 3), "host_bytes": _opt(_int),
+        "front": _opt(_str), "reason": _opt(_str), "started_at": _opt(_num)}
+    required = ("method", "phase", "since", "by", "pids", "held", "residue")
+    return (all(k in v for k in required) and set(v) <= set(checks)
+            and all(check(v[k]) for k, check in checks.items() if k in v))
+
+
+def _reference(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and isinstance(v.get("text"), str) and isinstance(v.get("prompt"), str))
 
 
 @dataclass
@@ -73,6 +126,11 @@ class UnitRecord:
     #: what tells this unit's processes from those of a unit of the same name of another user or
     #: state folder. "" in records from before instance ids (their processes carry none).
     instance: str = ""
+    #: how it is parked, or being parked or resumed (None: it is not)
+    park: ParkRecord | None = None
+    #: the answer to a fixed prompt at temperature 0 when it first became ready, which a resume
+    #: must give again (units/reference.py): {prompt, model, max_tokens, text, tokens, taken_at}
+    reference: dict[str, Any] | None = None
 
     @property
     def ident(self) -> ProcessId:
@@ -84,7 +142,8 @@ class UnitRecord:
 
     def to_json(self) -> dict[str, Any]:
         # the instance right after the name: a record torn by a crash still shows it
-        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, **asdict(self)}
+        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, **asdict(self),
+                "park": self.park.to_json() if self.park is not None else None}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> UnitRecord:
@@ -104,6 +163,8 @@ class UnitRecord:
                 raise CorruptRecord(f"field {f.name!r} is invalid: {_short(doc[f.name])}")
         rec = cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
         rec.phase, rec.containment = Phase(rec.phase), Containment(rec.containment)
+        if isinstance(rec.park, dict):
+            rec.park = ParkRecord.from_json(rec.park)
         return rec
 
 
@@ -137,7 +198,7 @@ _SPEC_CHECKS: dict[str, Callable[[Any], bool]] = {
     "gpus": _opt(lambda v: isinstance(v, list) and all(_int(g) for g in v)), "port": _opt(_int), "ready_host": _str,
     "engine": _opt(_str), "ready_url": _opt(_str), "ready_log": _opt(_str), "smoke": lambda v: isinstance(v, bool),
     "model": _opt(_str), "start_timeout": _num, "grace": _num, "stop_timeout": _num, "cwd": _opt(_str),
-    "containment": _str, "front": _opt(_str), "front_hold": _num,
+    "containment": _str, "front": _opt(_str), "front_hold": _num, "park": _str,
 }
 
 
@@ -166,6 +227,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
         isinstance(m, list) and len(m) == 2 and _int(m[0], 1) and _int(m[1]) for m in v),
     "launched_by": lambda v: isinstance(v, dict),
     "instance": lambda v: isinstance(v, str) and (v == "" or INSTANCE_RE.fullmatch(v) is not None),
+    "park": _park, "reference": _reference,
 }
 
 

@@ -2,6 +2,13 @@
 each phase timed. With ``rollback``, a NEW that fails is followed by OLD started
 again (with the spec it last ran with) and made ready.
 
+With ``park`` (``swap --park``), OLD is parked instead of stopped and NEW resumed if it is parked
+(else started): a switch between two resident deployments in the engines' own park and wake time
+(units/park.py). When OLD cannot be parked (a guard, a park that did not free its memory, the
+engine's failure) the swap falls back to a cold stop of OLD, and when NEW cannot be resumed (no
+room, its memory not back, another answer than before its park) to a cold stop and start of NEW,
+each saying why; ``fallback=False`` (``--no-fallback``) stops there instead (OLD serves again).
+
 The figure that matters to the people using the servers is the *downtime*:
 from the moment the old server is told to stop until the new one is ready (and
 has answered its smoke completion, when it has one). To shorten it, NEW's
@@ -31,7 +38,7 @@ from ..errors import NotDoneError, UsageError
 from ..front.admin import AdminError
 from ..front.counters import HoldMeter, HoldReport
 from ..host.session import HostContext
-from ..options import DownOptions, SwapOptions, UpOptions
+from ..options import DownOptions, ParkOptions, ResumeOptions, SwapOptions, UpOptions
 from ..outcome import Outcome, Parted, PartedStatus
 from . import store
 from .front import Front, check_front, start_front
@@ -44,6 +51,7 @@ from .lifecycle import (
     start_checked,
     stop_loaded,
 )
+from .park import ParkResult, ResumeResult, park_loaded, resume_loaded
 from .prefetch import Prefetch, PrefetchReport, plan_prefetch
 from .readiness import Probe
 from .resolving import spec_for
@@ -59,6 +67,8 @@ class SwapStatus(PartedStatus):
     UP_FAILED = "up_failed", Outcome.FAILED
     ROLLED_BACK = "rolled_back", Outcome.FAILED  # NEW failed, OLD serves again
     ROLLBACK_FAILED = "rollback_failed", Outcome.FAILED
+    PARK_FAILED = "park_failed", Outcome.NOT_DONE  # --park --no-fallback: OLD not parked (it serves again)
+    RESUME_FAILED = "resume_failed", Outcome.FAILED  # --park --no-fallback: NEW not resumed
 
 SWAP_SCHEMA = "gpuslate.swap.v1"
 #: the downtime's parts, in order: they add up to downtime_s. start_to_ready_s is split
@@ -72,7 +82,7 @@ class SwapResult(Parted):
     old: str
     new: str
     status: SwapStatus
-    down: DownResult
+    down: DownResult | None  # None: OLD was parked, not stopped
     up: UpResult | None
     rollback: UpResult | None
     phases: dict[str, float]  # lock_wait_s, stop_old_s, verify_clean_s, preflight_new_s, launch_new_s,
@@ -85,6 +95,17 @@ class SwapResult(Parted):
     stop_old_at: float | None = None  # epoch: the old server was told to stop
     overhead: float | None = None  # as a document gave it (else computed: see overhead_s)
     front: FrontReport | None = None  # what the clients of OLD's front saw (units/front.py)
+    parked: ParkResult | None = None  # --park: OLD's park
+    resumed: ResumeResult | None = None  # --park: NEW's resume (None: NEW was started)
+    fallback: str | None = None  # --park: why a part went the cold way instead
+
+    @property
+    def switch(self) -> str:
+        """How OLD left and NEW came: "park" (parked and resumed or started), "restart" (stopped and
+        started), or "park+restart" (one of each)."""
+        old = "park" if self.parked is not None and self.parked.ok else "restart"
+        new = "park" if self.resumed is not None and self.resumed.ok else "restart"
+        return old if old == new else "park+restart"
 
     @property
     def ok(self) -> bool:
@@ -98,13 +119,17 @@ class SwapResult(Parted):
         if self.overhead is not None or not self.ok:
             return self.overhead
         p = self.phases
-        return (self.total_s - p.get("prefetch_wait_s", 0.0) - p.get("drain_old_s", 0.0) - p["stop_old_s"]
-                - p["verify_clean_s"]
-                - p["ready_new_s"] - p.get("smoke_new_s", 0.0))
+        # the engines' own time: OLD's teardown or its park calls, NEW's startup or its resume calls
+        return (self.total_s - p.get("prefetch_wait_s", 0.0) - p.get("drain_old_s", 0.0) - p.get("stop_old_s", 0.0)
+                - p.get("verify_clean_s", 0.0) - p.get("park_old_s", 0.0) - p.get("resume_new_s", 0.0)
+                - p.get("ready_new_s", 0.0) - p.get("smoke_new_s", 0.0))
 
-    def deciding_parts(self) -> list[DownResult | UpResult]:
-        """The part whose failure decides this one's exit status (stopping OLD, else starting NEW)."""
-        return [part for part in (self.down, self.up) if part is not None and not part.ok][:1]
+    def deciding_parts(self) -> list[DownResult | UpResult | ParkResult | ResumeResult]:
+        """The part whose failure decides this one's exit status (stopping or parking OLD, else
+        starting or resuming NEW)."""
+        old = self.down if self.down is not None else self.parked
+        new = self.up if self.up is not None else self.resumed
+        return [part for part in (old, new) if part is not None and not part.ok][:1]
 
     def to_json(self) -> dict[str, Any]:
         ov = self.overhead_s
@@ -116,9 +141,11 @@ class SwapResult(Parted):
             "downtime": {k: round(v, 4) for k, v in self.downtime.items()} if self.downtime else None,
             "stop_old_at": iso_time(self.stop_old_at) if self.stop_old_at is not None else None,
             "prefetch": self.prefetch.to_json() if self.prefetch else None,
-            "down": self.down.to_json(), "up": self.up.to_json() if self.up else None,
+            "down": self.down.to_json() if self.down else None, "up": self.up.to_json() if self.up else None,
             "rollback": self.rollback.to_json() if self.rollback else None,
             "front": self.front.to_json() if self.front else None,
+            "switch": self.switch, "parked": self.parked.to_json() if self.parked else None,
+            "resumed": self.resumed.to_json() if self.resumed else None, "fallback": self.fallback,
         }
 
     @classmethod
@@ -127,7 +154,7 @@ class SwapResult(Parted):
         d = checked(doc, SWAP_SCHEMA)
         with reading(SWAP_SCHEMA):
             return cls(old=d["old"], new=d["new"], status=SwapStatus(d["status"]),
-                       down=DownResult.from_json(d["down"]),
+                       down=DownResult.from_json(d["down"]) if d["down"] is not None else None,
                        up=UpResult.from_json(d["up"]) if d["up"] is not None else None,
                        rollback=UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
                        phases=dict(d["phases"]), total_s=float(d["total_s"]), downtime_s=d["downtime_s"],
@@ -135,7 +162,10 @@ class SwapResult(Parted):
                        prefetch=PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
                        stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
                        overhead=d["overhead_s"],
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None,
+                       parked=ParkResult.from_json(d["parked"]) if d.get("parked") is not None else None,
+                       resumed=ResumeResult.from_json(d["resumed"]) if d.get("resumed") is not None else None,
+                       fallback=d.get("fallback"))
 
 
 def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions = SwapOptions()) -> SwapResult:
@@ -159,13 +189,26 @@ def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions 
             raise UsageError(f"unknown unit {old!r}: see 'gpuslate ps'")
         if old_unit.spec is None:
             raise UsageError(old_unit.describe_problem(), hint=f"'gpuslate down {old}' stops what is left of it")
+        parked = None
         if new_name != old:  # NEW as it is now, under the lock: read once, for the guards and its spec
             new_unit = Unit.load(units, new_name)
-            check_startable(new_unit, new_name)
+            if opts.park and new_unit is not None and new_unit.record is not None and new_unit.record.park is not None \
+                    and new_unit.spec is not None and new_unit.running():
+                parked = new_unit  # resumed, as it runs: its spec is the one it runs with
+            else:
+                check_startable(new_unit, new_name)
         else:  # swapped to itself (restart): the record just loaded, not corrupt (it has a spec)
+            if opts.park:
+                raise UsageError(f"swap {old} {old} --park: a unit cannot be parked for itself")
             new_unit = old_unit
-        new_spec = new.validate() if isinstance(new, UnitSpec) else \
-            spec_for(host, new, config=opts.config, previous=new_unit)
+        if parked is not None:
+            assert parked.spec is not None
+            new_spec = parked.spec
+        else:
+            new_spec = new.validate() if isinstance(new, UnitSpec) else \
+                spec_for(host, new, config=opts.config, previous=new_unit)
+        if opts.park:
+            return park_swap(host, old_unit, new_spec, parked, opts, lock_wait=waited, started=t0)
         return swap_loaded(host, old_unit, new_spec, opts, lock_wait=waited, started=t0)
 
 
@@ -262,6 +305,132 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
     finally:
         if pf is not None:
             pf.cancel()  # a failed or interrupted swap leaves no reader behind
+
+
+def park_swap(host: HostContext, old_unit: Unit, new_spec: UnitSpec, parked: Unit | None, opts: SwapOptions, *,
+              lock_wait: float = 0.0, started: float | None = None) -> SwapResult:
+    """``swap --park``'s phases, under the host lock of ``host``, which the caller holds: OLD parked
+    (else stopped, with ``opts.fallback``), then NEW resumed (``parked``: NEW's unit, parked) or
+    started (else stopped and started cold, with ``opts.fallback``); each part's result kept, and
+    why a part went the cold way. Behind a front, clients are held from before OLD's park until NEW
+    serves, as a swap holds them (:class:`_Steer`)."""
+    t0 = phase_start(host, "park_swap", started)
+    note = host.note
+    old = old_unit.name
+    old_spec = old_unit.spec
+    if old_spec is None:
+        raise ValueError(f"unit {old}'s record is corrupt: park_swap needs the spec it last ran with")
+    front = check_front(host, new_spec, replacing=old)
+    steer = _Steer(host, front, old, new_spec) if front is not None or new_spec.front is not None else None
+    pf: Prefetch | None = None
+    try:
+        phases: dict[str, float] = {"lock_wait_s": lock_wait}
+        pf_report = None
+        pf = _start_prefetch(new_spec, opts.prefetch_memory, note) if opts.prefetch and parked is None else None
+        if pf is not None:
+            t_pf = time.monotonic()
+            pf_report = pf.wait(opts.prefetch_timeout)
+            phases["prefetch_wait_s"] = time.monotonic() - t_pf
+        if steer is not None:
+            t_hold = time.monotonic()
+            steer.hold(opts.drain_timeout)
+            phases["drain_old_s"] = time.monotonic() - t_hold
+        stop_at = time.time()
+        t_stop = time.monotonic()
+        p = park_loaded(host, old_unit, ParkOptions(drain_timeout=opts.drain_timeout), steer_front=False,
+                        undo=not opts.fallback)
+        for key, into in (("park_s", "park_old_s"), ("prove_s", "prove_old_s")):
+            if key in p.timings:
+                phases[into] = p.timings[key]
+        d: DownResult | None = None
+        why: list[str] = []
+
+        def result(status: SwapStatus, **kw: Any) -> SwapResult:
+            fr = steer.report() if steer is not None else None
+            return SwapResult(old=old, new=new_spec.name, status=status, down=d, phases=phases,
+                              total_s=time.monotonic() - t0, prefetch=pf_report, stop_old_at=stop_at, front=fr,
+                              parked=p, fallback="; ".join(why) or None, **kw)
+
+        if not p.ok:
+            if not opts.fallback:
+                if steer is not None:
+                    steer.route(old_spec)  # undone: OLD serves again
+                return result(SwapStatus.PARK_FAILED, up=None, rollback=None)
+            why.append(f"{old} was not parked ({p.status.value}: {p.reason or p.why}): stopped instead")
+            note(why[-1])
+            t_down = time.monotonic()
+            d = stop_loaded(host, old_unit, DownOptions())
+            phases["stop_old_s"] = d.report.timings["stop_s"]
+            phases["verify_clean_s"] = max(0.0, time.monotonic() - t_down - phases["stop_old_s"])
+            if not d.ok:
+                if steer is not None:
+                    steer.refuse(f"swap {old} -> {new_spec.name}: {old} was not stopped cleanly; nothing serves")
+                return result(SwapStatus.DOWN_FAILED, up=None, rollback=None)
+        u: UpResult | None = None
+        rr: ResumeResult | None = None
+        if parked is not None:
+            rr = resume_loaded(host, parked, ResumeOptions(), steer_front=False)
+            for key, into in (("resume_s", "resume_new_s"), ("back_s", "back_new_s"), ("ready_s", "serve_new_s"),
+                              ("warmup_s", "warmup_new_s"), ("reference_s", "reference_new_s")):
+                if key in rr.timings:
+                    phases[into] = rr.timings[key]
+            if not rr.ok and not opts.fallback:
+                if steer is not None:
+                    steer.refuse(f"{new_spec.name} was not resumed ({rr.status.value}: {rr.reason})",
+                                 next_unit=new_spec.name)
+                return result(SwapStatus.RESUME_FAILED, up=None, rollback=None, resumed=rr)
+            if not rr.ok:
+                why.append(f"{new_spec.name} was not resumed ({rr.status.value}: {rr.reason}): restarted cold")
+                note(why[-1])
+                gone = stop_loaded(host, parked, DownOptions())
+                if not gone.ok:
+                    if steer is not None:
+                        steer.refuse(f"{new_spec.name} was not resumed, nor stopped cleanly", next_unit=new_spec.name)
+                    return result(SwapStatus.UP_FAILED, up=None, rollback=None, resumed=rr)
+        if rr is None or not rr.ok:
+            u = start_checked(host, new_spec, UpOptions())
+            phases["preflight_new_s"] = u.timings["preflight_s"]
+            phases["launch_new_s"] = u.timings["launch_s"]
+            if u.time_to_ready is not None:
+                phases["ready_new_s"] = u.time_to_ready
+            if "smoke_s" in u.timings:
+                phases["smoke_new_s"] = u.timings["smoke_s"]
+        t_ready = time.monotonic()
+        if u is None or u.ok:
+            if steer is not None:
+                steer.route(new_spec)
+            downtime = {k: phases[k] for k in ("park_old_s", "prove_old_s", "stop_old_s", "verify_clean_s",
+                                               "resume_new_s", "back_new_s", "serve_new_s", "warmup_new_s",
+                                               "reference_new_s", "ready_new_s", "smoke_new_s") if k in phases}
+            return result(SwapStatus.SWAPPED, up=u, rollback=None, resumed=rr, downtime_s=t_ready - t_stop,
+                          downtime=downtime)
+        if not opts.rollback:
+            if steer is not None:
+                steer.refuse(f"{new_spec.name} did not start ({u.record.failure})", next_unit=new_spec.name)
+            return result(SwapStatus.UP_FAILED, up=u, rollback=None, resumed=rr)
+        note(f"{new_spec.name} failed ({u.record.failure}); rolling back to {old}")
+        t_rb = time.monotonic()
+        if d is None:  # parked: brought back as it was
+            back = resume_loaded(host, old_unit, ResumeOptions(), steer_front=False)
+            ok = back.ok
+            rb = None
+        else:
+            rb = start_checked(host, old_spec, UpOptions())
+            ok = rb.ok
+        phases["rollback_s"] = time.monotonic() - t_rb
+        if steer is not None:
+            if ok:
+                steer.route(old_spec)
+            else:
+                steer.refuse(f"{new_spec.name} did not start, and {old} did not come back", next_unit=old)
+        return result(SwapStatus.ROLLED_BACK if ok else SwapStatus.ROLLBACK_FAILED, up=u, rollback=rb, resumed=rr)
+    except BaseException:
+        if steer is not None:
+            steer.abandon()
+        raise
+    finally:
+        if pf is not None:
+            pf.cancel()
 
 
 class _Steer:

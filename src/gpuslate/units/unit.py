@@ -23,7 +23,7 @@ from .fence import Fence, Marker, MarkerFence, UnitMark, classify, fence_of, rea
 from .preflight import port_listener
 from .readiness import Probe
 from .spec import UnitSpec
-from .state import Phase, UnitFacts, UnitState, needs_readiness_answer, unit_state
+from .state import ParkPhase, Phase, UnitFacts, UnitState, needs_readiness_answer, unit_state
 from .strays import Candidate, Stray, decide, reason
 from .strays import Rule as StrayRule
 
@@ -132,8 +132,12 @@ class Unit:
         answer = None
         if ask and self.spec is not None and needs_readiness_answer(Phase(rec.phase), main_alive, up_alive):
             answer = Probe(self.spec, Path(rec.log)).check(timeout=0.5)
+        pr = rec.park
+        by = pr.by if pr is not None else None
+        by_alive = by is not None and (st := table.get(by[0])) is not None and st.start_ticks == by[1] \
+            and not st.has_exited
         return UnitFacts(Phase(rec.phase), main_alive, bool(members), up_alive, answer,
-                         tuple(s.pid for s in strays))
+                         tuple(s.pid for s in strays), pr.phase if pr is not None else None, by_alive)
 
     def state(self, table: ProcTable | None = None) -> UnitState:
         table = table or ProcTable()
@@ -177,4 +181,22 @@ def unit_of_pids(units: Sequence[Unit], table: ProcTable) -> dict[int, str]:
     for u in units:
         for st in u.members(table):
             out.setdefault(st.pid, u.name)
+    return out
+
+
+def parked_allowance(units: Sequence[Unit], table: ProcTable, *,
+                     but: str | None = None) -> dict[tuple[int, int], int]:
+    """(pid, gpu) -> bytes: what the processes of the parked units (but ``but``) may hold on each
+    GPU, their residue: what a GPU's other users (``up``'s pre-flight, another unit's park proof)
+    take for theirs, as a GPU daemon's baseline. Only live processes, by their recorded identity."""
+    out: dict[tuple[int, int], int] = {}
+    for u in units:
+        rec = u.record
+        if rec is None or u.name == but or rec.park is None or rec.park.phase is not ParkPhase.PARKED:
+            continue
+        live = {pid for pid, ticks in rec.park.pids if (st := table.get(pid)) is not None
+                and st.start_ticks == ticks and not st.has_exited}
+        for pid, gpu, allowed in rec.park.residue:
+            if pid in live:
+                out[(pid, gpu)] = allowed
     return out

@@ -36,7 +36,7 @@ import importlib
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ...verbs import AUDIT, CLEAR, DOWN, LOGS, PS, RESTART, RM, STATUS, SWAP, UP, WAIT, Verb
+from ...verbs import AUDIT, CLEAR, DOWN, LOGS, PARK, PS, RESTART, RESUME, RM, STATUS, SWAP, UP, WAIT, Verb
 from ..exits import ExitStatus, exit_status_of
 from ..render.output import Mode, mode_of
 from .common import print_json
@@ -161,6 +161,19 @@ COMMANDS: dict[str, Command] = {
                                        "ready in time", 5: "permission denied stopping OLD",
                                        6: "NEW failed (with --rollback, OLD is serving again if it could be "
                                        "restarted)"}),
+    "park": Command("park", Document("gpuslate.units.park:ParkResult", f"{_R}.units:show_park",
+                                     f"{_R}.units:report_park_failure"), verb=PARK, output=_ACT, paced=True, exits={
+                        0: "parked and proven (or already parked)", 2: "bad input, unknown unit, or a unit not ready",
+                        4: "refused by a guard (nothing changed), or its memory did not leave (undone)",
+                        6: "the engine or the driver failed it, or the server died (a unit it left broken is named "
+                        "so)"}),
+    "resume": Command("resume", Document("gpuslate.units.park:ResumeResult", f"{_R}.units:show_resume",
+                                         f"{_R}.units:report_resume_failure"), verb=RESUME, output=_ACT, paced=True,
+                      exits={0: "serving again, with the same answer as before (or it was not parked)",
+                             2: "bad input, unknown unit, or a unit not parked",
+                             4: "no room on its GPUs (still parked), or not back or not serving in time",
+                             6: "the engine or the driver failed it, the server died, or another answer than before "
+                             "the park (named broken)"}),
     "audit": Command("audit", _AUDIT, verb=AUDIT, backend=False, exits=_AUDIT_EXITS),
     # the old name of audit: hidden (no summary), its document keeps its own schema
     "log": Command("audit", _AUDIT, verb=AUDIT, hidden=True, backend=False, exits=_AUDIT_EXITS),

@@ -19,6 +19,7 @@ from ...units.batch import BatchResult
 from ...units.frontreport import FrontReport, FrontState
 from ...units.lifecycle import DownResult, UpResult
 from ...units.listing import PsResult
+from ...units.park import ParkResult, ResumeResult
 from ...units.remove import RmResult
 from ...units.restart import RestartResult
 from ...units.stop import StopReport, Verification
@@ -29,11 +30,18 @@ _PS_COLUMNS = (Column("Name"), Column("State"), Column("PID", "right"), Column("
                Column("Port", "right"), Column("GPUs"), Column("GPU memory", "right"), Column("Ready in", "right"))
 _PHASES = (("lock_wait_s", "wait for the host lock"), ("prefetch_wait_s", "prefetch {new} (old serves)"),
            ("drain_old_s", "drain {old} (front holds)"),
+           ("park_old_s", "park {old}"), ("prove_old_s", "prove {old} parked (NVML)"),
            ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+           ("resume_new_s", "resume {new}"), ("back_new_s", "{new}'s memory back (NVML)"),
+           ("serve_new_s", "{new} serves again"), ("warmup_new_s", "warm-up completion"),
+           ("reference_new_s", "{new}'s reference answer"),
            ("preflight_new_s", "pre-flight {new}"),
            ("launch_new_s", "launch {new}"), ("ready_new_s", "{new} ready"), ("smoke_new_s", "smoke completion"),
            ("rollback_s", "rollback to {old}"))
-_DOWNTIME = (("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+_DOWNTIME = (("park_old_s", "park {old}"), ("prove_old_s", "prove {old} parked"),
+             ("stop_old_s", "stop {old}"), ("verify_clean_s", "verify GPUs clean"),
+             ("resume_new_s", "resume {new}"), ("back_new_s", "memory back"), ("serve_new_s", "serves again"),
+             ("warmup_new_s", "warm-up"), ("reference_new_s", "reference answer"),
              ("preflight_new_s", "pre-flight {new}"), ("spawn_new_s", "spawn {new}"),
              ("start_to_port_open_s", "process start -> port open"), ("port_open_to_ready_s", "port open -> ready"),
              ("smoke_new_s", "smoke completion"))
@@ -160,10 +168,17 @@ def show_swap(result: SwapResult) -> None:
 
 
 def print_swap(result: SwapResult) -> None:
-    """What was stopped and started, each phase timed, the prefetch and the downtime."""
-    print_down(result.down)
+    """What was stopped and started (or parked and resumed), each phase timed, the prefetch and the downtime."""
+    if result.parked is not None and (result.parked.ok or result.down is None):
+        print_park(result.parked)
+    if result.down is not None:
+        print_down(result.down)
+    if result.resumed is not None and result.resumed.ok:
+        print_resume(result.resumed)
     if result.up is not None and result.up.ok:
         print_up(result.up)
+    if result.fallback:
+        sys.stderr.write(f"gpuslate: fell back to a cold switch: {safe(result.fallback)}\n")
     if result.rollback is not None and result.rollback.ok:
         _out(f"Rolled back: {safe(result.old)} is serving again.")
         print_up(result.rollback)
@@ -205,6 +220,11 @@ def report_swap_failure(result: SwapResult) -> None:
     old, new = safe(result.old), safe(result.new)
     if result.status == SwapStatus.DOWN_FAILED:
         sys.stderr.write(f"gpuslate: error: could not stop {old} cleanly; {new} was not started\n")
+    elif result.status == SwapStatus.PARK_FAILED and result.parked is not None:
+        report_park_failure(result.parked)
+        sys.stderr.write(f"gpuslate: error: {old} was not parked (--no-fallback); {new} was not started\n")
+    elif result.status == SwapStatus.RESUME_FAILED and result.resumed is not None:
+        report_resume_failure(result.resumed)
     elif result.up is not None and not result.up.ok:
         report_up_failure(result.up)
         if result.rollback is not None:
@@ -238,8 +258,80 @@ def _print_downtime(result: SwapResult) -> None:
     for key, label in _DOWNTIME:
         if key in parts:
             _out(f"    {label.format(old=old, new=new):<26} {parts[key]:8.3f} s")
-    if "start_to_port_open_s" not in parts:
+    if "start_to_port_open_s" not in parts and "start_to_ready_s" in parts:
         _out(f"    {'process start -> ready':<26} {parts['start_to_ready_s']:8.3f} s")
+
+
+# -- park, resume ------------------------------------------------------------------------------
+
+def print_park(result: ParkResult) -> None:
+    """What was parked, how, what the proof shows, and where the memory went (stdout)."""
+    name = safe(result.name)
+    t = result.timings
+    if result.status.value == "already_parked":
+        _out(f"Unit {name} is already parked ({safe(result.method or '?')})")
+        return
+    if result.ok:
+        held = f"; {format_size(result.host_bytes)} now in host memory" if result.host_bytes else ""
+        kept = sum(g.kept for g in result.proof.gpus) if result.proof else 0
+        gpus = [g.gpu for g in result.proof.gpus] if result.proof else []
+        _out(f"Unit {name} parked by {safe(result.method or '?')} in {t.get('total_s', 0):.2f} s: GPU memory released "
+             f"on {gpus_phrase(gpus)}, proven (residue {format_size(kept)}){held}")
+        _out(f"  how: {safe(result.why)}")
+        for key, label in (("drain_s", "drain"), ("park_s", "park calls"), ("prove_s", "proof (NVML)")):
+            if key in t:
+                _out(f"  {label:<28} {t[key]:8.3f} s")
+    print_front(result.front)
+
+
+def report_park_failure(result: ParkResult) -> None:
+    """Why it was not parked, the figures that failed, and where the unit was left (stderr)."""
+    if result.ok:
+        return
+    err = sys.stderr
+    if result.proof is not None:
+        for line in result.proof.problems:
+            err.write(f"gpuslate: {safe(line)}\n")
+    left = {True: "; it was undone: the unit serves again", False: "; it was NOT undone"}.get(result.undone, "") \
+        if result.undone is not None else ""
+    err.write(f"gpuslate: error: unit {safe(result.name)} not parked ({result.status.value}): "
+              f"{safe(result.reason or result.why)}{left}\n")
+
+
+def show_park(result: ParkResult) -> None:
+    print_park(result)
+    report_park_failure(result)
+
+
+def print_resume(result: ResumeResult) -> None:
+    name = safe(result.name)
+    t = result.timings
+    if result.status.value == "not_parked":
+        _out(f"Unit {name} is not parked: it serves")
+        return
+    if result.ok:
+        answer = result.answer or {}
+        _out(f"Unit {name} resumed ({safe(result.method or '?')}) in {t.get('total_s', 0):.2f} s: memory back, "
+             f"serving, {safe(str(answer.get('detail') or 'answer not compared'))}")
+        for key, label in (("resume_s", "resume calls"), ("back_s", "memory back (NVML)"), ("ready_s", "ready"),
+                           ("warmup_s", "warm-up completion"), ("reference_s", "reference answer")):
+            if key in t:
+                _out(f"  {label:<28} {t[key]:8.3f} s")
+        if result.reason:
+            _out(f"  note: {safe(result.reason)}")
+    print_front(result.front)
+
+
+def report_resume_failure(result: ResumeResult) -> None:
+    if result.ok:
+        return
+    sys.stderr.write(f"gpuslate: error: unit {safe(result.name)} not resumed ({result.status.value}): "
+                     f"{safe(result.reason or '')}\n")
+
+
+def show_resume(result: ResumeResult) -> None:
+    print_resume(result)
+    report_resume_failure(result)
 
 
 # -- ps ------------------------------------------------------------------------------------------
@@ -265,6 +357,9 @@ def show_ps(result: PsResult) -> None:
     if result.hidden:
         n = result.hidden
         _out(f"({n} unit{'s' if n != 1 else ''} stopped more than an hour ago not shown: gpuslate ps -a)")
+    for u in result.units:
+        if u.park is not None:
+            _out(safe(str(u.park.get("line") or u.park.get("phase"))))
     for f in result.fronts:
         _out(safe(str(f.get("line") or f.get("address"))))
     for w in result.warnings:
