@@ -213,21 +213,27 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     if gpus:
         if left.can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
             mine = DaemonWatch(exclude={r.victim.ident.pid for r in results + swept})
-            # parked units keep their residue on GPUs they share with this one (units/park.py)
-            parked = parked_allowance(load_units(UnitStore.of(host)),
-                                      ProcTable(), but=unit.name)
+            # units that park share GPUs (units/park.py): a parked one keeps its residue there, and the one
+            # that took its place holds what it holds; neither is this unit's to release
+            every = load_units(UnitStore.of(host)) if unit.record is not None else []
+            table = ProcTable()
+            parked = parked_allowance(every, table, but=unit.name)
+            sharing = any(o.record is not None and o.record.park is not None for o in every)
+            beside = {st.pid for o in every if o.name != unit.name and sharing for st in o.members(table)}
 
             def free(r: GpuReading) -> bool:
                 daemons = mine([p.pid for p in r.processes or []]) if r.processes else None
                 if is_free(r, limit, daemons):
                     return True
                 spared = {h.pid: h.bytes for h in reading_baseline(r, daemons)}
-                return reading_free_beside(r, limit, spared, parked)
+                allowed = {**parked, **{(p.pid, r.index): p.used_memory or 0 for p in r.processes or []
+                                        if p.pid in beside and (p.pid, r.index) not in parked}}
+                return reading_free_beside(r, limit, spared, allowed)
 
             with host.ticker(f"stopping {unit.name}: waiting for its GPU memory to be released",
                              max(0.0, deadline - time.monotonic())) as tick:
                 released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit),
-                                                     tick=tick, daemons=mine, done=free if parked else None)
+                                                     tick=tick, daemons=mine, done=free if sharing else None)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:
