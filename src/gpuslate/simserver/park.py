@@ -110,7 +110,10 @@ class Parking:
 
     def routes(self, app: web.Application) -> None:
         f = self.facts
-        if f is None or not self.routed:
+        if f is None:
+            return
+        app.router.add_get(f.running.call.route, self.running)  # the engine's own, in every mode
+        if not self.routed:
             return
         first = f.levels[0]
         park, back = first.park[0].route, first.resume[0].route
@@ -127,7 +130,6 @@ class Parking:
                 app.router.add_post(path, handler)
             if f.reload_weights is not None:
                 app.router.add_post(f.reload_weights.route, self.update_weights_from_disk)
-        app.router.add_get(f.running.call.route, self.running)
 
     def start(self) -> None:
         if self.gpu_locked is not None:

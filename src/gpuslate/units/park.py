@@ -519,7 +519,8 @@ def park_loaded(host: HostContext, u: Unit, opts: ParkOptions, *, lock_wait: flo
         return FrontReport(address=front.record.address, state=FrontState.SERVING, unit=name, hold=hold,
                            drain=_drain_of(drain_doc), note=why)
 
-    if park_facts is not None and running != 0:
+    # an engine's park with requests in flight faults; the driver's lock waits for the work submitted
+    if park_facts is not None and (running is None and choice.level is not None or (running or 0) > 0):
         rec.park = None
         units.save(rec)
         why = (f"{running} request{'s' if running != 1 else ''} still running after the {opts.drain_timeout:g} s "
@@ -642,7 +643,7 @@ def _drain_engine(spec: UnitSpec, park: Park, deadline: float) -> int | None:
             n = count_running(check, status, body)
         except OSError:
             n = None
-        if n == 0 or time.monotonic() >= deadline:
+        if n is None or n == 0 or time.monotonic() >= deadline:  # None: it does not say (and will not)
             return n
         poll.sleep(deadline)
 
