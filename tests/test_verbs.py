@@ -55,6 +55,7 @@ VALUES: dict[Any, st.SearchStrategy[Any]] = {
     # a time since 1970: 0, or a moment written in the few dozen characters --since takes
     options.since: st.one_of(st.just(0.0), st.floats(1e-3, 4e9, allow_nan=False)),
     options.containment: st.sampled_from(list(options.Containment)),
+    options.park_way: st.sampled_from(list(options.ParkWay)),
     # a front's address as --front writes it back (HOST:PORT; [::1]:PORT)
     options.front_address: st.tuples(st.sampled_from(["127.0.0.1", "0.0.0.0", "::1", "localhost"]),
                                      st.integers(1, 65535)).map(lambda hp: format_front(*hp)),
@@ -101,7 +102,8 @@ def _parsed(argv: list[str]) -> Any:
 
 
 def test_every_declared_verb_has_its_row():
-    assert set(VERBS) == {"status", "clear", "wait", "up", "down", "restart", "rm", "ps", "logs", "swap", "audit"}
+    assert set(VERBS) == {"status", "clear", "wait", "up", "down", "restart", "rm", "ps", "logs", "swap", "audit",
+                          "park", "resume"}
     for name, verb in VERBS.items():
         assert COMMANDS[name].verb is verb
     assert COMMANDS["log"].verb is verbs.AUDIT  # the old name

@@ -84,8 +84,20 @@ class Host(HostContext):
         return cls(sim, backend=backend, on_event=on_event, audit_context=audit_context, on_progress=on_progress)
 
     def status(self, gpus: Sequence[int] | None = None, *, full: bool = True) -> Snapshot:
-        """Snapshot of the selected GPUs (all by default) and every process that holds them."""
-        return take_snapshot(self.backend, gpus, full=full)
+        """Snapshot of the selected GPUs (all by default) and every process that holds them, and
+        (``full``) the units parked here, with the host memory they hold."""
+        snap = take_snapshot(self.backend, gpus, full=full)
+        if not full:
+            return snap
+        from .host.statedir import configured_dir  # lazy: startup
+
+        units = (self._state or configured_dir(self.sim_root)) / "units"
+        if not units.is_dir():  # no unit ever ran here: nothing to read (and nothing created to find out)
+            return snap
+        from .units.parked import parked_units  # lazy: startup (only a state folder with units reads records)
+
+        parked = parked_units(units.parent)
+        return snap._replace(parked=tuple(parked)) if parked else snap
 
     def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
         """Plan, act, verify: see :func:`gpuslate.clearing.clear.clear`."""

@@ -197,6 +197,16 @@ class SnapshotStatus(StatusEnum):
     SHOWN = "shown", Outcome.DONE
 
 
+def _parked(x: object) -> dict[str, Any]:
+    """One parked unit of a document, its fields type-checked (a peer's document is never trusted)."""
+    if not isinstance(x, dict) or not isinstance(x.get("unit"), str) or not isinstance(x.get("method"), str) \
+            or not isinstance(x.get("pid"), int) or not isinstance(x.get("gpus"), list) \
+            or not all(isinstance(g, int) for g in x["gpus"]) \
+            or not (x.get("host_bytes") is None or isinstance(x.get("host_bytes"), int)):
+        raise TypeError(f"parked: not a parked unit: {str(x)[:80]}")
+    return dict(x)
+
+
 class Snapshot(NamedTuple):
     host: str
     backend: str
@@ -207,6 +217,9 @@ class Snapshot(NamedTuple):
     warnings: list[str]
     #: the jobs' launchers that hold no GPU themselves; None: not known (a document from before them)
     launchers: tuple[Launcher, ...] | None = None
+    #: the units parked on this host (units/park.py): their GPU memory released, what they keep in host
+    #: memory: {unit, method, pid, pids, gpus, host_bytes, residue, since}; None: not looked at
+    parked: tuple[dict[str, Any], ...] | None = None
 
     @property
     def status(self) -> SnapshotStatus:
@@ -222,6 +235,8 @@ class Snapshot(NamedTuple):
         }
         if self.launchers is not None:
             doc["launchers"] = [launcher.to_json() for launcher in self.launchers]
+        if self.parked:
+            doc["parked"] = [dict(p) for p in self.parked]
         return doc
 
     def launcher(self, pid: int) -> Launcher | None:
@@ -235,7 +250,8 @@ class Snapshot(NamedTuple):
             return cls(str(d["host"]), str(d["backend"]), d["driver_version"], parse_iso_time(d["taken_at"]),
                        [GpuState.from_json(g) for g in d["gpus"]],
                        [HolderProcess.from_json(p) for p in d["host_processes"]], [str(w) for w in d["warnings"]],
-                       tuple(Launcher.from_json(x) for x in d["launchers"]) if "launchers" in d else None)
+                       tuple(Launcher.from_json(x) for x in d["launchers"]) if "launchers" in d else None,
+                       tuple(_parked(x) for x in d["parked"]) if "parked" in d else None)
 
     def holders(self) -> dict[int, Holding]:
         """Every process holding one of the snapshot's GPUs, its holds together."""

@@ -520,7 +520,7 @@ def park_loaded(host: HostContext, u: Unit, opts: ParkOptions, *, lock_wait: flo
                            drain=_drain_of(drain_doc), note=why)
 
     # an engine's park with requests in flight faults; the driver's lock waits for the work submitted
-    if park_facts is not None and (running is None and choice.level is not None or (running or 0) > 0):
+    if park_facts is not None and ((running is None and choice.level is not None) or (running or 0) > 0):
         rec.park = None
         units.save(rec)
         why = (f"{running} request{'s' if running != 1 else ''} still running after the {opts.drain_timeout:g} s "

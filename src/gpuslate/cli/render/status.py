@@ -118,6 +118,11 @@ def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]
     for h in (h for g in snap.gpus for h in g.baseline()):
         lines.append(paint(f"GPU {h.gpu}: {format_size(h.bytes)} held by {clean(h.program)} (PID {h.pid}), spared: "
                            "a GPU daemon's baseline, not counted as used by wait, clear and up", ("dim",), color))
+    for u in snap.parked or ():
+        held = f", {format_size(u['host_bytes'])} in host memory" if u.get("host_bytes") else ""
+        where = ",".join(str(g) for g in u["gpus"]) or "-"
+        lines.append(paint(f"Parked: unit {clean(u['unit'])} (pid {u['pid']}, by {clean(u['method'])}) on GPU {where}: "
+                           f"its GPU memory released{held}; 'gpuslate resume {clean(u['unit'])}'", ("cyan",), color))
     if snap.host_processes:
         others = ", ".join(f"{p.pid} ({clean(p.name)})" for p in snap.host_processes)
         lines.append(paint(f"Holding only control devices (nvidiactl/uvm): {others}", ("dim",), color))
