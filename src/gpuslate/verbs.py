@@ -197,7 +197,9 @@ SWAP: Verb[SwapLine, SwapResult] = Verb(
     summary="down OLD, verify its GPUs clean, up NEW and wait until it serves",
     description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs are clean, up NEW "
     "(from gpuslate.toml or its last run) and wait until it is ready; each phase timed. With --rollback, if NEW "
-    "fails, OLD is started again and made ready.")
+    "fails, OLD is started again and made ready. With --park, OLD is parked instead of stopped and NEW resumed if "
+    "it is parked (a switch in seconds between resident deployments on distinct ports), falling back to the cold "
+    "way, saying why, where a park or a resume fails (unless --no-fallback).")
 
 PARK: Verb[ParkLine, ParkResult] = Verb(
     "park", ParkLine, "gpuslate.units.park:ParkResult",

@@ -158,9 +158,10 @@ COMMANDS: dict[str, Command] = {
     "swap": Command("swap", Document("gpuslate.units.swap:SwapResult", f"{_R}.units:show_swap",
                                      f"{_R}.units:report_swap_failure"), verb=SWAP, output=_ACT, remote=_ROLLING,
                     paced=True, exits={0: "NEW is ready", 4: "OLD not stopped in time (NEW not started), or NEW not "
-                                       "ready in time", 5: "permission denied stopping OLD",
+                                       "ready in time, or (--park --no-fallback) OLD not parked: it serves again",
+                                       5: "permission denied stopping OLD",
                                        6: "NEW failed (with --rollback, OLD is serving again if it could be "
-                                       "restarted)"}),
+                                       "restarted), or (--park --no-fallback) NEW not resumed"}),
     "park": Command("park", Document("gpuslate.units.park:ParkResult", f"{_R}.units:show_park",
                                      f"{_R}.units:report_park_failure"), verb=PARK, output=_ACT, paced=True, exits={
                         0: "parked and proven (or already parked)", 2: "bad input, unknown unit, or a unit not ready",
