@@ -8,9 +8,11 @@ with the blocked order, each deployment's repeats back to back and then a
 control block re-measuring the first deployment at one level. For each block:
 
 1. bring its deployment up through the units API: ``swap`` from the one
-   serving (down, verify its GPUs released, up, ready), or ``up`` for the
-   first one (``clear`` first when the spec says so); the result is recorded
-   in ``DIR/transitions/``;
+   serving (down, verify its GPUs released, up, ready; with ``switch = "park"``,
+   ``swap --park``: the one serving parked, the next resumed if it is parked,
+   both kept resident), or ``up`` for the first one (``clear`` first when the
+   spec says so); the result is recorded in ``DIR/transitions/``, and how the
+   switch went (its method and time) in every point of the block;
 2. sweep the block's levels with :func:`run_bench`, one single-level plan per
    *point*, each warmed up at its own concurrency (requests not counted);
 3. write every finished point at once to ``DIR/points/`` (temp file + rename):
@@ -55,6 +57,7 @@ from .._time import iso_time
 from .._walk import write_file
 from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
+from ..options import SwapOptions
 from ..unitname import is_unit_name
 from ..units import UnitSpec, UpOptions
 from .plan import LoadPlan
@@ -216,6 +219,9 @@ class _Runner:
         self.t0 = time.monotonic()
         self.running: str | None = None  # the unit (NAMESPACE.DEPLOYMENT) this run started and that serves now
         self.touched: list[str] = []  # units this run started: the ones an interrupt may stop
+        self.parked: list[str] = []  # units this run parked (switch = "park"): resident, stopped at the end
+        self.ports: dict[str, int | None] = {}  # each unit's port, as brought up
+        self.switch: dict[str, Any] | None = None  # how the serving deployment came (recorded in its points)
         self.blocks = schedule(spec)
         all_keys = [k for b in self.blocks for k in b.keys]
         self.seq = {k: i for i, k in enumerate(all_keys)}
@@ -233,6 +239,8 @@ class _Runner:
                 self._verify()
             if self.running is not None:
                 self._stop(self.running, "end of the experiment")
+            for name in list(self.parked):
+                self._stop(name, "end of the experiment (parked)")
         except BaseException as exc:
             stopped = self._cleanup()
             if isinstance(exc, KeyboardInterrupt):
@@ -292,12 +300,26 @@ class _Runner:
 
     def _bring_up(self, dep: Deployment) -> None:
         t = time.time()
+        for name in [n for n in self.parked if n != dep.unit.name and self.ports.get(n) == dep.unit.port]:
+            self._stop(name, f"{dep.unit.name} serves on its port")
+        port_of_old = self.ports.get(self.running) if self.running is not None else None
+        self.ports[dep.unit.name] = dep.unit.port
         if self.running is not None:
-            self.note(f"swap {self.running} -> {dep.unit.name}")
-            r = self.host.swap(self.running, dep.unit)
+            old = self.running
+            # a parked server keeps its port: one that the next deployment takes (the recommendation's own run
+            # serves on the speculative deployment's) is stopped instead
+            park = self.spec.parks and port_of_old != dep.unit.port
+            self.note(f"swap {old} -> {dep.unit.name}" + (" (park)" if park else ""))
+            r = self.host.swap(old, dep.unit, SwapOptions(park=park))
             doc = r.to_json()
+            if r.parked is not None and r.parked.ok and old not in self.parked:
+                self.parked.append(old)
+            if r.ok and dep.unit.name in self.parked:
+                self.parked.remove(dep.unit.name)
             if r.status != "down_failed":
                 self.running = dep.unit.name if r.ok else None  # a failed NEW was stopped by up itself
+            self.switch = {"from": old, "method": r.switch if r.ok else None, "seconds": round(r.total_s, 4),
+                           "downtime_s": r.downtime_s, "fallback": r.fallback}
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
             self.note(f"up {dep.unit.name}" + (" (clearing its GPUs first)" if first_clear else ""))
@@ -305,6 +327,8 @@ class _Runner:
             doc = u.to_json()
             if u.ok:
                 self.running = dep.unit.name
+            self.switch = {"from": None, "method": "start", "seconds": round(u.timings.get("total_s", 0.0), 4),
+                           "downtime_s": None, "fallback": None}
         # up/swap clean up a NEW they were interrupted starting; from here on it is ours to stop
         self.touched.append(dep.unit.name)
         self._record({"deployment": dep.name, "action": doc["schema"].split(".")[1], "at": iso_time(t),
@@ -325,7 +349,10 @@ class _Runner:
         deployment = next((d.name for d in self.spec.deployments if d.unit.name == name), name)
         self._record({"deployment": deployment, "action": "down", "at": iso_time(t), "ok": d.ok, "result": doc})
         if d.ok:
-            self.running = None
+            if name == self.running:
+                self.running = None
+            if name in self.parked:
+                self.parked.remove(name)
             return doc
         raise NotDoneError(f"could not stop {name} cleanly: GPUs not verified free",
                            hint=f"see {self.out}/transitions/ and 'gpuslate status'")
@@ -345,6 +372,7 @@ class _Runner:
                 except BaseException as exc:  # noqa: BLE001 - reported, never masking the original error
                     failed.append(f"stopping {name} failed: {exc}")
         self.running = None
+        self.parked.clear()
         if failed:
             return "; ".join(failed)
         return (f"{', '.join(stopped)} stopped and GPUs verified free" if stopped else "nothing was running")
@@ -383,6 +411,8 @@ class _Runner:
             "gpu_state_before": before, "level": doc["levels"][0], "bench": doc,
             # the files its command names (an options file), as they were: the report reads what ran
             "engine_files": recorded_files(dep.unit.command, dep.unit.cwd),
+            # how this deployment came to serve before its block: started, restarted, or resumed from a park
+            "switch": self.switch,
         }
         write_json_atomic(self.points / key.filename, point)
         self.point_seconds.append(time.monotonic() - t_start)

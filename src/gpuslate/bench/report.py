@@ -57,7 +57,7 @@ from ..engines import (
 from ..errors import GpuslateError
 from ..extras import Extra, install_hint
 from ..outcome import Outcome, StatusEnum
-from .rundir import VERIFY_SCHEMA, load_run, load_verification, write_json_atomic
+from .rundir import VERIFY_SCHEMA, load_run, load_verification, read_json, write_json_atomic
 from .threshold import MIN_REPEATS, Recommendation, ratio_interval, recommend
 
 SCHEMA = "gpuslate.experiment.v1"
@@ -326,6 +326,7 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
         "recommendation": rec_doc, "recommendation_note": rec_note,
         "threshold_check": _threshold_check(rows, widen),
     }
+    summary["switches"] = switches(out, spec)
     summary["verification"], summary["verification_note"] = _verification(summary, spec, points, out)
     if rec_doc is not None and summary["verification"] is not None:
         _withdraw_on_collapse(rec_doc, summary["verification"])
@@ -334,6 +335,71 @@ def build_summary(out: str | Path) -> tuple[dict[str, Any], Recommendation | Non
         apply["unproven"].insert(0, "its own run: set [experiment] verify = 1 in the spec and --resume, which "
                                  "runs it against the better of baseline and speculative")
     return summary, rec, rows
+
+
+def switches(out: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """How the deployments gave way to one another (``DIR/transitions/``): each switch's method
+    (park: parked and resumed; restart: stopped and started cold; park+restart: one of each) and
+    time, the figures per method, and what a restart costs: the cold switches measured in this run,
+    and each deployment's cold start (its time to ready when it first started). None: no switch."""
+    folder = out / "transitions"
+    names = {(d.get("unit") or {}).get("name"): d.get("name") for d in spec.get("deployments", [])}
+    items: list[dict[str, Any]] = []
+    cold: dict[str, float] = {}
+    for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            doc = read_json(f)
+        except (OSError, ValueError):
+            continue
+        res = doc.get("result") if isinstance(doc, dict) else None
+        if not isinstance(res, dict):
+            continue
+        name = str(doc.get("deployment"))
+        started = res if doc.get("action") == "up" else res.get("up") if doc.get("action") == "swap" else None
+        if isinstance(started, dict) and started.get("ok") and isinstance(started.get("time_to_ready_s"),
+                                                                         (int, float)):
+            cold.setdefault(name, float(started["time_to_ready_s"]))
+        if doc.get("action") == "swap" and res.get("ok"):
+            old = res.get("old")
+            items.append({"to": name, "from": names.get(old) or (str(old).split(".", 1)[-1] if old else None),
+                          "method": res.get("switch") or "restart",
+                          "seconds": _num(res.get("total_s")), "downtime_s": res.get("downtime_s"),
+                          "fallback": res.get("fallback")})
+    if not items:
+        return None
+    by: dict[str, dict[str, Any]] = {}
+    for method in dict.fromkeys(i["method"] for i in items):
+        secs = sorted(i["seconds"] for i in items if i["method"] == method)
+        by[method] = {"count": len(secs), "median_s": _round(secs[len(secs) // 2], 3), "max_s": _round(secs[-1], 3)}
+    restart = by.get("restart", {}).get("median_s")
+    if restart is None and cold:  # none measured: a restart costs at least a cold start
+        restart = _round(sorted(cold.values())[len(cold) // 2], 3)
+    park = by.get("park", {}).get("median_s")
+    return {"switch": spec.get("switch", "restart"), "list": items, "by_method": by, "cold_start_s": cold,
+            "restart_s": restart, "restart_measured": "restart" in by,
+            "park_speedup": _round(restart / park, 1) if restart and park else None}
+
+
+def switches_lines(sw: dict[str, Any]) -> list[str]:
+    """The report's section on the switches (markdown lines)."""
+    lines = ["", "## Switches between deployments", ""]
+    by = sw["by_method"]
+    parts = [f"{m}: {v['count']} switch{'es' if v['count'] != 1 else ''}, median {v['median_s']} s, "
+             f"longest {v['max_s']} s" for m, v in by.items()]
+    lines.append(f"`switch = \"{sw['switch']}\"`; " + "; ".join(parts) + ".")
+    if sw.get("restart_s") is not None:
+        how = ("the cold switches measured in this run (median)" if sw["restart_measured"] else
+               "at least a deployment's cold start, as measured at its first start in this run (median)")
+        lines.append(f"A restart costs {sw['restart_s']} s: {how}"
+                     + (f"; switching by park is {sw['park_speedup']}x faster." if sw.get("park_speedup") else "."))
+    lines += ["", "| # | from | to | method | seconds | nothing served for | note |",
+              "| ---: | --- | --- | --- | ---: | ---: | --- |"]
+    for n, i in enumerate(sw["list"], 1):
+        down = f"{i['downtime_s']:.3f}" if isinstance(i.get("downtime_s"), (int, float)) else "-"
+        note = (i.get("fallback") or "").replace("|", "\\|")
+        lines.append(f"| {n} | {i.get('from') or '-'} | {i['to']} | {i['method']} | {i['seconds']:.3f} | {down} "
+                     f"| {note} |")
+    return lines
 
 
 def write_report(out: str | Path) -> Report:
@@ -800,6 +866,8 @@ def to_markdown(summary: dict[str, Any], rec: Recommendation | None, plots: list
         lines += [f"- note: {n}" for n in ver.get("notes", [])]
     elif summary.get("verification_note"):
         lines += ["", "## The recommendation's own run", "", f"_{summary['verification_note']}_"]
+    if summary.get("switches"):
+        lines += switches_lines(summary["switches"])
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots]
     elif note:

@@ -14,6 +14,7 @@
     allow_estimated = false                        # recommend from estimated token counts (no usage, no tokenizer)
     num_speculative_tokens = 3                     # K of the reference forms, where the command names none
     verify = 1                                     # then run the recommendation: this many repeats (0: not)
+    switch = "restart"                             # or "park", "auto": how one deployment gives way to the next
 
     [roles]                                        # default: deployments named after a role take it
     baseline = "baseline"
@@ -51,6 +52,13 @@ repeats, alongside the deployment that won at each level (both where they
 tied), and the report says per level whether it matches the better of the two.
 ``--resume`` may raise ``[load] repeats`` and ``verify``; nothing else may change.
 
+``switch``: how one deployment gives way to the next between blocks. ``restart`` (the default)
+stops it and starts the next cold (``swap``); ``park`` keeps every deployment resident and switches
+by parking the one serving and resuming the next (``swap --park``: docs/units.md, Park and resume),
+falling back to a cold stop and start where a park or a resume fails, which needs every deployment
+on its own port (a parked server keeps its port); ``auto`` parks when the ports allow it, else
+restarts. Each switch's method and time is in the points and the report, beside what a restart costs.
+
 Every error is a UsageError naming ``FILE:LINE``. Nothing here starts anything.
 """
 
@@ -73,6 +81,14 @@ from .plan import LoadPlan
 Role = Literal["baseline", "speculative", "speculative+threshold", "recommended"]
 #: the role of the recommendation's own run (experiment run's verification), never declared in [roles]
 RECOMMENDED: Role = "recommended"
+
+
+class Switch(str, enum.Enum):
+    """How an experiment switches deployments (see the module docstring)."""
+
+    RESTART = "restart"
+    PARK = "park"
+    AUTO = "auto"
 
 
 class Order(str, enum.Enum):
@@ -99,7 +115,7 @@ _LOAD_TYPES: dict[str, tuple[type, ...]] = {
 _EXPERIMENT_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "deployments": (list,), "config": (str,), "clear": (bool,), "time_scale": (int, float),
     "min_margin": (int, float), "num_speculative_tokens": (int,), "order": (str,), "control_level": (int,),
-    "allow_estimated": (bool,), "verify": (int,),
+    "allow_estimated": (bool,), "verify": (int,), "switch": (str,),
 }
 _TOP = ("experiment", "roles", "load", "units")
 MAX_LEVEL = 100_000
@@ -137,6 +153,12 @@ class ExperimentSpec:
     allow_estimated: bool = False
     verify: int = 0  # repeats of the recommendation's own run after the sweep (0: none)
     text: str = field(default="", repr=False, compare=False)
+    switch: Switch = Switch.RESTART
+
+    @property
+    def parks(self) -> bool:
+        """Whether deployments switch by parking (``park``, or ``auto`` with a port each)."""
+        return self.switch is Switch.PARK or (self.switch is Switch.AUTO and distinct_ports(self.deployments))
 
     def by_role(self, role: Role) -> Deployment | None:
         return next((d for d in self.deployments if d.role == role), None)
@@ -154,7 +176,12 @@ class ExperimentSpec:
                 "clear_first": self.clear_first, "time_scale": self.time_scale, "min_margin": self.min_margin,
                 "num_speculative_tokens": self.num_speculative_tokens, "order": self.order.value,
                 "control_level": self.control_level, "allow_estimated": self.allow_estimated,
-                "verify": self.verify}
+                "verify": self.verify, "switch": self.switch.value, "parks": self.parks}
+
+
+def distinct_ports(deployments: tuple[Deployment, ...] | list[Deployment]) -> bool:
+    ports = [d.unit.port for d in deployments]
+    return len(set(ports)) == len(ports)
 
 
 def same_experiment(spec: ExperimentSpec, identity: object, previous: dict[str, Any]) -> str | None:
@@ -272,13 +299,22 @@ def load_spec(path: str | Path) -> ExperimentSpec:
                    f"got {verify}")
     if verify and not {"baseline", "speculative"} <= {d.role for d in deployments}:
         raise fail("experiment", "verify", "verify needs a baseline and a speculative deployment (see [roles])")
+    try:
+        switch = Switch(exp.get("switch", Switch.RESTART.value))
+    except ValueError:
+        raise fail("experiment", "switch", f"switch must be one of {', '.join(s.value for s in Switch)}, "
+                   f"got {exp['switch']!r}") from None
+    if switch is Switch.PARK and not distinct_ports(deployments):
+        ports = ", ".join(f"{d.name} {d.unit.port}" for d in deployments)
+        raise fail("experiment", "switch", f"switch = \"park\" keeps every deployment resident, and a parked server "
+                   f"keeps its port: each deployment needs its own ({ports}); or switch = \"auto\" (restarts then)")
     name = exp.get("name", p.stem)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}", name):
         raise fail("experiment", "name", f"invalid experiment name {name!r}: letters, digits, '.', '_', '+', '-'")
     deployments = _in_namespace(deployments, unit_namespace(name), fail)
     return ExperimentSpec(str(p), name, tuple(deployments), levels, repeats, plan, exp.get("clear", False),
                           time_scale, min_margin, nst, order, control if order is Order.BLOCKED else None,
-                          exp.get("allow_estimated", False), verify, text)
+                          exp.get("allow_estimated", False), verify, text, switch)
 
 
 def unit_namespace(experiment: str) -> str:

@@ -69,6 +69,7 @@ EMULATED = tuple(name for name, e in BACKENDS.items()
                  if e.example(model=MODEL, draft=DRAFT, port=1, gpus=8, steps=STEPS, folder="/") is not None)
 
 MEMORY = "80GiB"  # of the simulated host's 96 GiB per GPU
+SWITCHES = ("restart", "park", "auto")  # [experiment] switch (bench/spec.py's Switch)
 
 
 def build(p: argparse.ArgumentParser) -> None:
@@ -92,17 +93,25 @@ def build(p: argparse.ArgumentParser) -> None:
                    help=f"the engine whose command lines and files the story is told in (emulated; default "
                    f"{SEED_ENGINE}, the seed's)")
     p.add_argument("--out", metavar="DIR", help="where the experiment and its report go (default: ./gpuslate-demo)")
+    p.add_argument("--switch", choices=SWITCHES, default=SWITCHES[0],
+                   help="how the deployments give way to one another: restart (default), park (both resident, each "
+                   "on its own port, started with its engine's park flag; docs/units.md, Park and resume) or auto")
     p.set_defaults(handler=run)
 
 
-def scenario(quick: bool, port: int, engine_name: str, work: Path) -> str:
+def scenario(quick: bool, port: int, engine_name: str, work: Path, switch: str = "restart",
+             park_port: int | None = None) -> str:
     """The demo's experiment spec (TOML), written next to its results: the engine's own baseline and
     EAGLE-3 command lines (its example, gpuslate.engines), run by stand-ins written into ``work``
     (the files the commands name too) that play the engine on gpuslate's simulated server.
 
     The whole demo's length is set here: 8 levels x 3 deployments x 2 repeats of 128 requests of
     64 tokens, at 5x, take about 3 minutes on a 2-core machine (was 72 points of 128 tokens at 2x,
-    about 25 minutes); --quick 36 points of 32 requests of 32 tokens, about 40 s."""
+    about 25 minutes); --quick 36 points of 32 requests of 32 tokens, about 40 s.
+
+    ``switch`` other than restart: the deployments stay resident and switch by parking, so the
+    speculative one serves on ``park_port`` (a parked server keeps its port) and both are started
+    with the flag and environment their engine parks with, at its best level (``Engine.park``)."""
     scale = 5
     played = BACKENDS[engine_name]
     ex = played.example(model=MODEL, draft=DRAFT, port=port, gpus=8, steps=STEPS, folder=str(work))
@@ -115,9 +124,21 @@ def scenario(quick: bool, port: int, engine_name: str, work: Path) -> str:
     form = [sys.executable, *ex.form] if ex.form[:1] == ("-m",) else list(ex.form)
     env_toml = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }"
 
-    def unit(name: str, args: tuple[str, ...]) -> str:
-        return (f"[units.{json.dumps(name)}]\ncommand = {json.dumps(form + list(args))}\ngpus = \"0-7\"\n"
-                f"port = {port}\nengine = {json.dumps(played.name)}\nstart_timeout = 60\ngrace = 5\n"
+    parks = switch != "restart" and played.park is not None
+    if parks and played.park is not None:
+        best = played.park.levels[0]
+        park_args = (played.park.flag, *((best.needs_flag,) if best.needs_flag else ()))
+        env = {**env, **played.park.env}
+        env_toml = "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items()) + " }"
+    else:
+        park_args = ()
+
+    def unit(name: str, args: tuple[str, ...], on: int) -> str:
+        argv = [*form, *args, *park_args]
+        if on != port:  # its own port: the engine's --port, as it reads it
+            argv[len(form) + args.index("--port") + 1] = str(on)
+        return (f"[units.{json.dumps(name)}]\ncommand = {json.dumps(argv)}\ngpus = \"0-7\"\n"
+                f"port = {on}\nengine = {json.dumps(played.name)}\nstart_timeout = 60\ngrace = 5\n"
                 f"stop_timeout = 30\nprefetch = []\nenv = {env_toml}\n")
 
     levels = [1, 2, 4, 8, 16, 32] if quick else [1, 2, 4, 8, 16, 32, 64, 128]
@@ -129,10 +150,13 @@ def scenario(quick: bool, port: int, engine_name: str, work: Path) -> str:
             "deployments = [\"baseline\", \"speculative\"]\n"
             "clear = true            # the GPUs are held by a server started by hand: clear them first\n"
             f"time_scale = {scale}          # the simulated servers run {scale}x faster: reports unscale\n"
-            "verify = 1              # then run the recommendation itself against the better of the two\n\n"
+            "verify = 1              # then run the recommendation itself against the better of the two\n"
+            + (f"switch = {json.dumps(switch)}       # both resident, each on its own port: switched by park and "
+               "resume\n" if switch != "restart" else "") + "\n"
             "[roles]\nbaseline = \"baseline\"\nspeculative = \"speculative\"\n\n"
             f"[load]\n{load}\n"
-            + unit("baseline", ex.baseline) + "\n" + unit("speculative", ex.speculative))
+            + unit("baseline", ex.baseline, port) + "\n"
+            + unit("speculative", ex.speculative, park_port if switch != "restart" and park_port else port))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +214,7 @@ def _demo(args: argparse.Namespace, out: Path, work: Path, t0: float, checked: A
     out.mkdir(parents=True)
     port, hand_port = _free_port(), _free_port()
     spec_path = work / "demo.toml"  # the results folder keeps a copy (spec.toml)
-    spec_path.write_text(scenario(args.quick, port, args.engine, work))
+    spec_path.write_text(scenario(args.quick, port, args.engine, work, args.switch, _free_port()))
     spec = load_spec(spec_path)
     hand = None
     display = ProgressDisplay(spec.time_scale)
