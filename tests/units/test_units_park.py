@@ -150,6 +150,19 @@ def test_the_drivers_checkpoint_of_a_one_process_server(host, units_host):
     assert used(units_host.root, 2) == 10 * GiB
 
 
+def test_a_unit_without_a_port_is_proven_by_its_memory_alone(host, units_host):
+    """A torch process holding memory (here ``sim hold``) has no answer to compare: its checkpoint and
+    restore are proven by NVML and its own readiness check."""
+    spec = UnitSpec("hold", command=[sys.executable, "-m", "gpuslate", "sim", "hold", "--memory", "6GiB"], gpus=[5],
+                    ready_log='"ready": true')
+    assert host.up(spec).ok and record(host, "hold").reference is None
+    p = host.park("hold")
+    assert p.status is ParkStatus.PARKED and p.method == "checkpoint" and used(units_host.root, 5) == 0, p.to_json()
+    r = host.resume("hold")
+    assert r.ok and r.answer["same"] is None and "without a port" in r.answer["detail"], r.to_json()
+    assert used(units_host.root, 5) == 6 * GiB
+
+
 # -- the guards --------------------------------------------------------------------------------
 
 

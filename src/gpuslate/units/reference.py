@@ -53,26 +53,53 @@ def _model(spec: UnitSpec, timeout: float) -> str:
     return str(models[0]["id"])
 
 
-def ask(spec: UnitSpec, timeout: float = 30.0, model: str | None = None) -> dict[str, Any]:
-    """The unit's answer to :data:`PROMPT` at temperature 0: ``{prompt, model, max_tokens, text,
-    tokens, taken_at, latency_s}``. Raises ValueError (or OSError) when it gives none."""
+#: the OpenAI APIs asked, in order: the completions API (the prompt as it is), else the chat API (a
+#: server without the first: ``transformers serve`` has only ``/v1/chat/completions``)
+APIS = ("completions", "chat")
+
+
+def ask(spec: UnitSpec, timeout: float = 30.0, model: str | None = None, api: str | None = None,
+        max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    """The unit's answer to :data:`PROMPT` at temperature 0: ``{prompt, model, api, max_tokens, text,
+    tokens, taken_at, latency_s}``, through ``api`` (None: the first of :data:`APIS` the server has).
+    Raises ValueError (or OSError) when it gives none."""
     t0 = time.monotonic()
     model = model or _model(spec, timeout)
-    status, body = http("POST", spec.url("/v1/completions"), timeout=max(0.1, timeout - (time.monotonic() - t0)),
-                        body={"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0,
-                              "seed": 0})
-    if status != 200:
-        raise ValueError(f"/v1/completions answered HTTP {status}: {body[:200].decode('utf-8', 'replace')}")
-    doc = parse_json(body)
-    choices = doc.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-            or not isinstance(choices[0].get("text"), str):
-        raise ValueError("/v1/completions returned no text")
-    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
-    tokens = usage.get("completion_tokens")
-    return {"prompt": PROMPT, "model": model, "max_tokens": MAX_TOKENS, "text": choices[0]["text"],
-            "tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
-            "taken_at": time.time(), "latency_s": round(time.monotonic() - t0, 4)}
+    for which in (api,) if api is not None else APIS:
+        chat = which == "chat"
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0, "seed": 0}
+        body.update({"messages": [{"role": "user", "content": PROMPT}]} if chat else {"prompt": PROMPT})
+        status, raw = http("POST", spec.url(path), timeout=max(0.1, timeout - (time.monotonic() - t0)), body=body)
+        if status in (404, 405) and api is None and not chat:
+            continue  # no completions API here: the chat one
+        if status != 200:
+            raise ValueError(f"{path} answered HTTP {status}: {raw[:200].decode('utf-8', 'replace')}")
+        doc = parse_json(raw)
+        choices = doc.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        text = (first.get("message") or {}).get("content") if chat and isinstance(first.get("message"), dict) \
+            else first.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"{path} returned no text")
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+        tokens = usage.get("completion_tokens")
+        return {"prompt": PROMPT, "model": model, "api": which, "max_tokens": max_tokens, "text": text,
+                "tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
+                "taken_at": time.time(), "latency_s": round(time.monotonic() - t0, 4)}
+    raise ValueError("the server has neither /v1/completions nor /v1/chat/completions")
+
+
+def warm_up(spec: UnitSpec, ref: Mapping[str, Any] | None, timeout: float = 30.0) -> dict[str, Any]:
+    """One 1-token completion through the API the reference was asked through (the first request
+    after a wake is several times slower without one: vLLM's blog): ``{ok, latency_s, error}``."""
+    t0 = time.monotonic()
+    try:
+        ask(spec, timeout, model=str(ref.get("model") or "") or None if ref else None,
+            api=str(ref.get("api") or "") or None if ref else None, max_tokens=1)
+        return {"ok": True, "latency_s": round(time.monotonic() - t0, 4), "error": None}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"ok": False, "latency_s": round(time.monotonic() - t0, 4), "error": str(exc)}
 
 
 def take(spec: UnitSpec, timeout: float = 30.0) -> dict[str, Any] | str:
@@ -86,7 +113,7 @@ def take(spec: UnitSpec, timeout: float = 30.0) -> dict[str, Any] | str:
 def compare(spec: UnitSpec, ref: Mapping[str, Any], timeout: float = 30.0) -> tuple[bool, str, dict[str, Any] | None]:
     """Ask again and compare with ``ref``: (same answer, a sentence, the answer got or None)."""
     try:
-        got = ask(spec, timeout, model=str(ref.get("model") or "") or None)
+        got = ask(spec, timeout, model=str(ref.get("model") or "") or None, api=str(ref.get("api") or "") or None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return False, f"the reference completion failed after the resume: {exc}", None
     if got["text"] == ref.get("text"):
