@@ -46,6 +46,8 @@ _BY_ERROR: tuple[tuple[type[BaseException], ExitStatus], ...] = (
     (errors.Interrupted, ExitStatus.INTERRUPTED),
     (OutputLost, ExitStatus.OUTPUT_LOST),
     (KeyboardInterrupt, ExitStatus.INTERRUPTED),
+    # the driver refused a checkpoint call outside a park's own handling (its driver_code says which)
+    (errors.CheckpointError, ExitStatus.SERVER_FAILED),
     (errors.GpuQueryError, ExitStatus.INTERNAL_ERROR),
 )
 
