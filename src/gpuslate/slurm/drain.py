@@ -15,6 +15,7 @@ hook then exits with its own code and Slurm drains the node itself
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -24,6 +25,9 @@ from . import scontrol
 from .scontrol import printable
 
 MAX_REASON = 250
+#: the least time a drain is given (its two scontrol calls together), even when the hook's time is spent:
+#: draining is what keeps the next job off GPUs that are not free
+DRAIN_MIN_S = 5.0
 
 
 class DrainOutcome(NamedTuple):
@@ -81,9 +85,11 @@ def drain_node(node: str, reason: str, *, timeout: float = scontrol.TIMEOUT_S) -
     epilog of the job it refused)."""
     if scontrol.find() is None:
         return DrainOutcome(node, reason, False, scontrol.not_found())
+    deadline = time.monotonic() + timeout  # both calls within ``timeout``, each from its start to its exit
     shown, error = scontrol.run(["-o", "show", "node", node], timeout=timeout)
     before = drained_reason(shown) if error is None else None
     if before is not None:
         return DrainOutcome(node, before, True, None, already=True)
-    _, error = scontrol.run(["update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout=timeout)
+    _, error = scontrol.run(["update", f"nodename={node}", "state=drain", f"reason={reason}"],
+                            timeout=max(DRAIN_MIN_S / 2, deadline - time.monotonic()))
     return DrainOutcome(node, reason, error is None, error)

@@ -42,7 +42,8 @@ from ..host.snapshot import resolve_gpus, take_snapshot
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
-from .drain import DrainOutcome, drain_node, drain_reason
+from . import scontrol
+from .drain import DRAIN_MIN_S, DrainOutcome, drain_node, drain_reason
 from .find import FoundBy, JobProcess, find_job_processes, own_lineage
 from .job import SlurmJob
 from .leftover import Slurm, Unproven, candidates, decide, gather_holders, gather_slurm
@@ -274,7 +275,8 @@ def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: i
         status = HookStatus.NOT_FREE
     else:
         when = "after" if hook == Hook.EPILOG else "before"
-        outcome = drain_node(job.node, drain_reason(when, job.job_id, diagnosis))
+        outcome = drain_node(job.node, drain_reason(when, job.job_id, diagnosis),
+                             timeout=max(DRAIN_MIN_S, min(scontrol.TIMEOUT_S, deadline - time.monotonic())))
         status = HookStatus.DRAINED if outcome.ok else HookStatus.DRAIN_FAILED
     timings["total_s"] = time.monotonic() - t0
     return HookResult(hook, status, job, found, cleared, refused, diagnosis, outcome, timings)
