@@ -18,7 +18,7 @@ import pytest
 
 import gpuslate
 from gpuslate.host.daemons import BASELINE_MAX
-from helpers import GiB, is_gone
+from helpers import GiB, is_gone, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
 MiB = 1024**2
@@ -195,3 +195,31 @@ def test_include_handles_never_ends_a_server_under_clients_it_does_not_end(sim_h
     code, doc = json_of(cli, "clear", "--yes", "--include-handles", "--timeout", "10")  # every client: the server too
     assert code == 0 and {b.pid, server.pid} <= {t["pid"] for t in doc["targets"]}, doc
     assert is_gone(b.pid) and is_gone(server.pid)
+
+
+def test_a_renamed_client_whose_pipe_is_unknown_keeps_every_server_it_could_use(sim_host, hold, cli):
+    """Issue 32: two servers (pipe folders /pa and /pb); a client of the first renamed itself, its
+    title written over its environment, so its pipe folder is unknown (it was read as the default,
+    matched neither, and the client was dropped: both servers were SIGTERMed under it). It could be
+    either's client: `clear --gpus 0 --include-handles` ends neither while it lives."""
+    a = hold("--gpus", "0,1", verb="mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pa"})
+    b = hold("--gpus", "0,1", verb="mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pb"})
+    client = hold("--gpus", "1", "--memory", "1GiB", "--mps", "--title", "sglang::scheduler_TP0",
+                  env={"CUDA_MPS_PIPE_DIRECTORY": "/pa", "SPT_NOENV": None, "GPUSLATE_SIM": None})
+    with open(f"/proc/{client.pid}/environ", "rb") as f:
+        assert b"CUDA_MPS_PIPE_DIRECTORY" not in f.read()  # written over: the pipe folder is unknown
+    code, doc = json_of(cli, "clear", "--yes", "--gpus", "0", "--include-handles", "--timeout", "5")
+    assert [t["pid"] for t in doc["targets"]] == [], doc
+    spared = {s["pid"]: s["reason"] for s in doc["spared"]}
+    for server in (a, b):
+        assert spared[server.pid].startswith(f"an MPS server whose other clients are not targets (PID {client.pid})")
+        assert alive(server.pid)
+    assert alive(client.pid)
+    # the client's pipe read (a client started plainly, of server b): it protects b alone, and a is ended
+    client.kill()
+    wait_for(lambda: is_gone(client.pid))
+    other = hold("--gpus", "1", "--memory", "1GiB", "--mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pb"})
+    code, doc = json_of(cli, "clear", "--yes", "--gpus", "0", "--include-handles", "--timeout", "10")
+    assert code == 0 and a.pid in {t["pid"] for t in doc["targets"]} and b.pid not in {t["pid"] for t in doc["targets"]}, doc
+    wait_for(lambda: is_gone(a.pid))
+    assert alive(b.pid) and alive(other.pid)

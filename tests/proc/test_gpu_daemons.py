@@ -19,6 +19,8 @@ from gpuslate.proc.daemons import (
     read_daemon,
     read_server_pipe,
 )
+from gpuslate.proc.procfs import read_exe
+from helpers import wait_for
 
 
 def test_a_daemon_is_a_system_program_of_a_daemons_name():
@@ -35,13 +37,19 @@ def test_environment_values_and_pipe_folders():
     assert pipe_of(env, default=False) == "/run/mps"
     assert pipe_of(b"A=1", default=True) == MPS_DEFAULT_PIPE and pipe_of(b"A=1", default=False) is None
     assert pipe_of(None, default=True) is None
+    # written over by a title (its tail and NUL padding): a missing variable is no sign of the default
+    assert pipe_of(b"duler_TP0\0\0\0\0B=2\0", default=True) is None
+    assert pipe_of(b"app.config=1\0", default=True) == MPS_DEFAULT_PIPE
 
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 
 
 def _sleeper(env: dict[str, str], exe: str = SLEEP) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([exe, "60"], env=env, start_new_session=True)
+    """``exe 60`` with ``env``, once it runs it (before its exec, /proc shows this process's environment)."""
+    p = subprocess.Popen([exe, "60"], env=env, start_new_session=True)
+    wait_for(lambda: read_exe(p.pid) == os.path.realpath(exe), timeout=10)
+    return p
 
 
 def test_pipe_folders_of_real_processes(tmp_path):

@@ -31,7 +31,7 @@ from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
 from ..host.daemons import sharing
-from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
+from ..host.snapshot import Snapshot, holdings, mps_links, resolve_gpus, take_snapshot
 from ..proc.daemons import GPU_DAEMONS
 from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
 from ..proc.procfs import ProcessId, read_cgroups, read_signal_facts, user_name, zombie_reason, zombie_remedy
@@ -121,7 +121,8 @@ class Facts(NamedTuple):
     gpu_count: int
     caller_pid: int | None
     caller_uid: int
-    mps: Mapping[int, int] = {}  # MPS client pid -> its server's pid, where it can be told (never written)
+    #: MPS client pid -> every server it could be a client of (host.daemons.mps_possible; never written)
+    mps: Mapping[int, tuple[int, ...]] = {}
 
 
 class TargetDecision(NamedTuple):
@@ -156,20 +157,25 @@ MPS_SHARED = "an MPS server whose other clients are not targets"
 def decide(facts: Facts, res: Resolved) -> Decision:
     """The plan, as a pure function of the facts and the selection (see the module doc).
 
-    An MPS server (a target only with ``--include-handles``) is spared while a live client of
-    it is not a target: ending the server ends its clients' GPU work, so the run would reach a
-    job it did not select. Sparing a server can only take targets away, so the plan is made
-    again until no targeted server has such a client (at most once per server)."""
+    An MPS server (a target only with ``--include-handles``) is spared while a live process that
+    could be its client (``facts.mps``: its pipe folder read and the server's, or unknown) is not
+    a target: ending the server ends its clients' GPU work, so the run would reach a job it did not
+    select. Sparing a server can only take targets away, so the plan is made again until no
+    targeted server has such a client (at most once per server)."""
     held: dict[int, str] = {}
+    servers = {s for options in facts.mps.values() for s in options}
     while True:
         d = _decide(facts, res, held)
         targets = {t.pid for t in d.targets}
         more: dict[int, list[int]] = {}
-        for client, server in sorted(facts.mps.items()):
+        for client, options in sorted(facts.mps.items()):
             st = facts.view.get(client)
-            if server in targets and client not in targets and st is not None and not st.has_exited:
-                more.setdefault(server, []).append(client)
-        if not more or len(held) >= len(set(facts.mps.values())):
+            if client in targets or st is None or st.has_exited:
+                continue
+            for server in options:
+                if server in targets:
+                    more.setdefault(server, []).append(client)
+        if not more or len(held) >= len(servers):
             return d
         for server, clients in more.items():
             held[server] = (f"{MPS_SHARED} (PID{'s' if len(clients) > 1 else ''} {', '.join(map(str, clients))}): "
@@ -457,7 +463,7 @@ def make_plan(backend: GpuBackend, res: Resolved) -> Plan:
     reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
     holds = attribute(reported, lambda pid: table.get(pid) is not None, _tgid)
     servers = {p.pid: p.mps_server for g in snap.gpus for p in g.processes if p.mps_server is not None}
-    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid(), servers)
+    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid(), mps_links(snap.gpus)[1])
     decision = decide(facts, res)
 
     held = holdings(holds)

@@ -99,6 +99,25 @@ def mps_servers(candidates: Mapping[int, list[int]], pipes: Mapping[int, str | N
     return out
 
 
+def mps_possible(clients: Mapping[int, MpsEnd], servers: Mapping[int, MpsEnd],
+                 pipes: Mapping[int, str | None]) -> dict[int, tuple[int, ...]]:
+    """Client pid -> every server it could be a client of (module doc): each server but those a
+    known fact rules out: another uid (both known), no GPU in common (the client's GPUs known),
+    two pipe folders both known and different (``pipes``: absent or ``None``, unknown). Unknown
+    never rules a server out. Pure."""
+    out: dict[int, tuple[int, ...]] = {}
+    for pid, c in clients.items():
+        mine = pipes.get(pid)
+        found = tuple(s for s, e in sorted(servers.items())
+                      if s != pid
+                      and (c.uid is None or e.uid is None or c.uid == e.uid)
+                      and (not c.gpus or not e.gpus or bool(c.gpus & e.gpus))
+                      and (mine is None or pipes.get(s) is None or pipes.get(s) == mine))
+        if found:
+            out[pid] = found
+    return out
+
+
 def sharing(servers: Mapping[int, int]) -> dict[int, list[int]]:
     """Server pid -> its clients, from :func:`mps_servers`'s answer."""
     out: dict[int, list[int]] = {}

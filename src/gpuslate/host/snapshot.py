@@ -29,7 +29,7 @@ from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
-from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers
+from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_possible, mps_servers
 from .session import default_max_used
 
 SCHEMA = "gpuslate.status.v1"
@@ -325,6 +325,19 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
 
 def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
     """The states with each MPS client's server named, where it can be told (see :mod:`.daemons`)."""
+    found = mps_links(states, every=False)[0]
+    if not found:
+        return states
+    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != "handle"
+                                 else p for p in g.processes]) for g in states]
+
+
+def mps_links(states: Sequence[GpuState], *, every: bool = True) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+    """(client pid -> its server, where it can be told; client pid -> every server it could be a client
+    of, see :func:`.daemons.mps_possible`). A client is a process the driver lists as an MPS client
+    (kind ``mps``), a server one running the MPS server's system program. Environments are read only
+    where they can decide: with ``every`` (the plan: which servers each client protects), those of
+    every client and server; without it (naming only), of the clients with several candidates."""
     client_gpus: dict[int, set[int]] = {}
     server_gpus: dict[int, set[int]] = {}
     seen: dict[int, HolderProcess] = {}
@@ -338,17 +351,17 @@ def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
             elif p.kind == "mps":
                 client_gpus.setdefault(p.pid, set()).add(g.index)
     if not client_gpus or not server_gpus:
-        return states
-    candidates = mps_candidates({pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()},
-                                {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()})
+        return {}, {}
+    clients = {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()}
+    servers = {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()}
+    candidates = mps_candidates(clients, servers)
     pipes: dict[int, str | None] = {}
-    for client, options in candidates.items():  # environments are read only where servers must be told apart
-        if len(options) > 1:
-            pipes[client] = read_client_pipe(client)
-            pipes.update({s: read_server_pipe(s, seen[s].ppid) for s in options if s not in pipes})
-    found = mps_servers(candidates, pipes)
-    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != "handle"
-                                 else p for p in g.processes]) for g in states]
+    for client in clients if every else [c for c, options in candidates.items() if len(options) > 1]:
+        pipes[client] = read_client_pipe(client)
+        for s in servers if every else candidates[client]:
+            if s not in pipes:
+                pipes[s] = read_server_pipe(s, seen[s].ppid)
+    return mps_servers(candidates, pipes), mps_possible(clients, servers, pipes) if every else {}
 
 
 def _launchers(states: list[GpuState]) -> tuple[Launcher, ...]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable
 
+from .environ import intact
 from .procfs import PROC, image_dir, open_image_file, read_exe, read_exe_is_system, read_stat
 
 #: GPU daemons spared unless --include-handles, whatever they hold
@@ -116,8 +117,10 @@ def read_environ(pid: int) -> bytes | None:
 
 def pipe_of(environ: bytes | None, *, default: bool) -> str | None:
     """The MPS pipe folder an environment names (normalised); with ``default``, the one an
-    environment without it uses. ``None``: unknown."""
-    if environ is None:
+    environment without it uses. ``None``: unknown: the environment cannot be read, or it is not
+    as ``execve`` left it (a title written over it: :func:`~gpuslate.proc.environ.intact`), where a
+    missing variable is no evidence of the default folder."""
+    if environ is None or not intact(environ):
         return None
     value = env_value(environ, MPS_PIPE_VAR)
     if value:
