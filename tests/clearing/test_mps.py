@@ -220,6 +220,7 @@ def test_a_renamed_client_whose_pipe_is_unknown_keeps_every_server_it_could_use(
     wait_for(lambda: is_gone(client.pid))
     other = hold("--gpus", "1", "--memory", "1GiB", "--mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pb"})
     code, doc = json_of(cli, "clear", "--yes", "--gpus", "0", "--include-handles", "--timeout", "10")
-    assert code == 0 and a.pid in {t["pid"] for t in doc["targets"]} and b.pid not in {t["pid"] for t in doc["targets"]}, doc
+    targets = {t["pid"] for t in doc["targets"]}
+    assert code == 0 and a.pid in targets and b.pid not in targets, doc
     wait_for(lambda: is_gone(a.pid))
     assert alive(b.pid) and alive(other.pid)
