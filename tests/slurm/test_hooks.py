@@ -177,7 +177,7 @@ def test_an_mps_server_the_job_started_is_the_jobs_leftover(sim_host, slurm_env,
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(p.stdout)
     assert doc["status"] == "clean" and server["pid"] in {f["pid"] for f in doc["found"]}
-    assert {t["pid"] for t in doc["clear"]["targets"]} == {server["pid"], server["popen"].pid}
+    assert {t["pid"] for t in doc["clear"]["targets"]} == {server["pid"], server["control"]}
     assert is_gone(server["pid"]) and doc["clear"]["baseline"] == []
 
 

@@ -34,7 +34,7 @@ from .._document import checked, reading
 from .._parse import check_seconds, check_size, format_size, gpus_phrase
 from .._record import Record
 from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
-from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
+from ..host.daemons import BASELINE_CAP, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
 from ..outcome import Outcome, StatusEnum
@@ -387,10 +387,14 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
                        "see 'respawned' in the report; stop its supervisor first")
     if p.daemon is not None:  # clear spares it: "run clear" would be no remedy
         held = format_size(p.used_memory) if p.used_memory is not None else "memory the driver does not report"
-        why = (f"more than a daemon's baseline ({format_size(BASELINE_MAX)})" if p.used_memory is not None
-               else "so its baseline is unknown")
         stop = f"stop MPS at its source ('echo quit | {MPS_CONTROL}' as its user)" if p.daemon == MPS_SERVER \
             else "stop it at its source (its service)"
+        if p.daemon_unproven is not None:
+            return problem(f"runs a GPU daemon's program ({p.daemon}) holding {held}, not proven that daemon "
+                           f"({p.daemon_unproven}): its memory is held; 'gpuslate clear' spares it",
+                           f"{stop}, or end it with 'gpuslate clear --pid {p.pid} --include-handles'")
+        why = (f"more than GPU daemons may hold together on a GPU ({format_size(BASELINE_CAP)})"
+               if p.used_memory is not None else "so its baseline is unknown")
         return problem(f"a GPU daemon ({p.daemon}) holding {held}, {why}: 'gpuslate clear' spares it",
                        f"{stop}, or end it with 'gpuslate clear --include-handles'")
     return problem(f"holds {format_size(p.used_memory)} ({p.kind})", "end it, or run 'gpuslate clear'")

@@ -25,7 +25,7 @@ from .._time import iso_time, parse_iso_time
 from ..errors import UsageError
 from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, held_by_no_process
 from ..outcome import Outcome, StatusEnum
-from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server_pipe
+from ..proc.daemons import MPS_SERVER, Prover, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
@@ -33,6 +33,8 @@ from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_possible,
 from .session import default_max_used
 
 SCHEMA = "gpuslate.status.v1"
+#: why a daemon of a status document from a gpuslate before daemons were proven is not: it was never asked
+OLD_DOCUMENT = "not proven by the gpuslate that wrote this document (it did not prove daemons)"
 
 
 class HolderProcess(NamedTuple):
@@ -56,6 +58,9 @@ class HolderProcess(NamedTuple):
     cgroup: str | None = None
     daemon: str | None = None  # the GPU daemon it runs (a system program named as one), e.g. nvidia-cuda-mps-server
     mps_server: int | None = None  # an MPS client's server, where it can be told (see .daemons)
+    #: why a process that runs a GPU daemon is not proven the daemon (None: proven, or no daemon): its
+    #: memory is then held, never the host's baseline (gpuslate.proc.daemons)
+    daemon_unproven: str | None = None
 
     @property
     def started(self) -> float | None:
@@ -69,14 +74,16 @@ class HolderProcess(NamedTuple):
             "started": iso_time(self.started) if self.started is not None else None,
             "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
-            "daemon": self.daemon, "mps_server": self.mps_server,
+            "daemon": self.daemon, "daemon_unproven": self.daemon_unproven, "mps_server": self.mps_server,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HolderProcess:
+        daemon = d.get("daemon")
         return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
                    d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
-                   bool(d["visible"]), d.get("cgroup"), d.get("daemon"), d.get("mps_server"))
+                   bool(d["visible"]), d.get("cgroup"), daemon, d.get("mps_server"),
+                   d.get("daemon_unproven", OLD_DOCUMENT if daemon else None))
 
 
 class GpuState(NamedTuple):
@@ -99,7 +106,8 @@ class GpuState(NamedTuple):
         """What spared GPU daemons hold here (the daemons in ``exclude``, a clear's targets, are
         not spared): the host's baseline, see :mod:`.daemons`."""
         out = set(exclude)
-        daemons = {p.pid: p.daemon for p in self.processes if p.daemon and p.kind != "handle" and p.pid not in out}
+        daemons = {p.pid: p.daemon for p in self.processes
+                   if p.daemon and p.daemon_unproven is None and p.kind != "handle" and p.pid not in out}
         return baseline(self.index, [(p.pid, p.used_memory) for p in self.processes if p.kind != "handle"], daemons)
 
     def to_json(self) -> dict[str, Any]:
@@ -273,21 +281,28 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         scans.append(scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()})))
     scan = scans[0]
     table = ProcTable()
-    infos: dict[int, tuple[ProcessInfo, str | None] | None] = {}
+    infos: dict[int, tuple[ProcessInfo, str | None, str | None] | None] = {}
+    prover: Prover | None = None
 
     def holder(pid: int, kind: str, used: int | None) -> HolderProcess:
+        nonlocal prover
         if pid not in infos:
             info = read_info(pid)
-            infos[pid] = (info, exe_daemon(pid)) if info else None
+            daemon = exe_daemon(pid) if info else None
+            if daemon is not None:  # proven only where a daemon runs: the check reads its environment and maps
+                prover = prover or Prover()
+                infos[pid] = (info, daemon, prover.unproven(pid, daemon)) if info else None
+            else:
+                infos[pid] = (info, None, None) if info else None
         known = infos[pid]
         if known is None:
             return HolderProcess(pid, kind, used, None, None, None, None, None, None, None, None,
                                  pid, None, None, False)
-        info, daemon = known
+        info, daemon, unproven = known
         return HolderProcess(
             pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
             info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
-            info.cgroup, daemon,
+            info.cgroup, daemon, None, unproven,
         )
 
     # which GPUs each fd holder holds; holders of control devices only are host-level
