@@ -25,7 +25,7 @@ from ..host.audit import new_run_id
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus
 from ..outcome import Outcome, StatusEnum
-from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
+from ..proc.procfs import read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from . import logfile, store
@@ -37,7 +37,7 @@ from .preflight import check_gpus, check_port
 from .readiness import Probe, smoke
 from .spec import UnitSpec
 from .state import Phase, UnitState, unit_state
-from .stop import Leftovers, StopReport, Verification, end_strays, stop_unit
+from .stop import Leftovers, StopReport, Verification, stop_unit
 from .strays import Stray
 from .unit import Unit, load_units, unit_of_pids
 
@@ -82,7 +82,9 @@ class DownOptions(NamedTuple):
     grace: float | None = None  # SIGTERM to SIGKILL
     timeout: float | None = None  # stopping and memory release together (the wait for the lock too)
     max_used: int | None = None
-    clear_strays: bool = False  # end what holds the unit's GPUs without being found in it, with clear
+    #: ``down --clear``: kept for scripts; since issue 32 it ends nothing ``down`` does not (every process proven
+    #: the unit's is ended by the stop itself; a stray, proven by nothing, is never signaled: it is named)
+    clear_strays: bool = False
 
     def validate(self) -> DownOptions:
         check_seconds("--grace", self.grace)
@@ -157,9 +159,13 @@ class DownResult:
     report: StopReport
     timings: dict[str, float]
     strays: list[Stray] = field(default_factory=list)  # GPU holders started while the unit ran, not found in it
-    cleared: ClearResult | None = None  # --clear: how the strays were ended
+    #: always None since issue 32 (down --clear signals nothing down does not: strays are never signaled); a
+    #: document of an older gpuslate may carry the clear it ran on its strays
+    cleared: ClearResult | None = None
     corrupt: str | None = None  # why the unit's record was unreadable
     set_aside: str | None = None  # where the corrupt record was moved once the unit was stopped
+    #: what down left alone and says so: strays on GPUs the unit was not given (released all the same)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -181,7 +187,7 @@ class DownResult:
                 **self.report.to_json(), "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "strays": [s.to_json() for s in self.strays],
                 "cleared": self.cleared.to_json() if self.cleared is not None else None,
-                "corrupt": self.corrupt, "record_set_aside": self.set_aside}
+                "corrupt": self.corrupt, "record_set_aside": self.set_aside, "warnings": self.warnings}
 
     @classmethod
     def from_json(cls, doc: object) -> DownResult:
@@ -191,7 +197,8 @@ class DownResult:
             cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
             return cls(name=d["name"], previous_state=UnitState(d["previous_state"]), report=StopReport.from_json(d),
                        timings=dict(d["timings"]), strays=[Stray.from_json(x) for x in d["strays"]], cleared=cleared,
-                       corrupt=d["corrupt"], set_aside=d["record_set_aside"])
+                       corrupt=d["corrupt"], set_aside=d["record_set_aside"],
+                       warnings=[str(w) for w in d.get("warnings", [])])
 
 
 def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:
@@ -293,7 +300,9 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
     teardown, tail = None, []
     if status == UpStatus.READY:
         rec.phase = Phase.READY
-        rec.members = [[st.pid, st.start_ticks] for st in current.members()]
+        found = current.members()
+        rec.members = [[st.pid, st.start_ticks] for st in found]
+        current.record_seen(units, found)  # the instance's own file: an earlier instance's is replaced
     else:
         rec.failure = _failure(status, spec, probe, sm, rec)
         rec.exit_code = exit_status(rec.pid)
@@ -380,9 +389,11 @@ def _me() -> dict[str, Any]:
 def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> DownResult:
     """Stop every process of unit ``name`` and verify its GPUs are released.
 
-    Processes that hold memory on the unit's GPUs, started while it ran but not found in it
-    (a late fork that left the session and renamed itself, without a cgroup) keep the GPUs
-    busy: ``down`` names them (not ok); with ``clear_strays`` it ends them with ``clear``.
+    Processes that hold memory on the unit's GPUs or its port, started while it ran but not found
+    in it (a late fork that left the session and renamed itself before any scan recorded it,
+    without a cgroup), keep the GPUs busy: ``down`` names them with the command that ends them
+    (not ok), and never signals them, ``clear_strays`` or not: only what a tie proves the unit's
+    is signaled. One on another GPU only is a warning.
     A unit whose record is corrupt is stopped by what can still be found of it (its cgroup,
     its ``GPUSLATE_UNIT`` marker, its port), and the record is then set aside.
     Under the host lock of ``host`` (re-entrant: ``swap`` holds it already)."""
@@ -413,11 +424,13 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
     limit = host.max_used(opts.max_used)
     collect_stale_cgroups()  # under the host lock
     table = ProcTable()
-    previous = unit_state(u.facts(table, u.members(table)))
+    found = u.members(table)
+    previous = unit_state(u.facts(table, found))
+    u.record_seen(units, found)  # proven now: proven still if this stop is cut short and a rename follows
     if u.corrupt:
         note(u.describe_problem() + "; stopping what is found of it")
     strays: list[Stray] = []
-    cleared: list[ClearResult] = []
+    warnings: list[str] = []
 
     def leftovers(deadline: float) -> Leftovers:
         table = ProcTable()
@@ -427,17 +440,19 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
             return Leftovers(True)
         claimed = unit_of_pids([o for o in load_units(units) if o.name != name], table)
         strays[:] = u.strays(readings, table, mine, claimed)
-        if not strays:
+        for s in strays:  # never signaled, with or without --clear: nothing proves them the unit's
+            if not s.blocking:
+                warnings.append(f"{s.describe()}: it started while unit {name} ran and holds another GPU, but "
+                                f"nothing proves it the unit's, so it was left alone; '{s.remedy()}' ends it")
+                note(f"unit {name} may have left a process on another GPU: {warnings[-1]}")
+        blocking = [s for s in strays if s.blocking]
+        if not blocking:
             return Leftovers(True)
-        gpus = tuple(sorted({g for s in strays for g in s.gpus}))
-        who = "; ".join(s.describe() for s in strays)
-        if not opts.clear_strays:
-            note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran "
-                 f"and cannot be ruled out; 'gpuslate down {name} --clear' ends them")
-            return Leftovers(False, gpus, f"not ruled out, started while the unit ran: {who}")
-        note(f"clearing what unit {name} left: {who}")
-        ok = _clear_strays(host, u, strays, grace_s, deadline, limit, cleared)
-        return Leftovers(ok, gpus, None if ok else f"could not end what the unit left: {who}")
+        gpus = tuple(sorted({g for s in blocking for g in s.gpus}))
+        who = "; ".join(f"{s.describe()} ('{s.remedy()}' ends it)" for s in blocking)
+        note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran and "
+             "hold its GPUs or port, but nothing proves them its own, so gpuslate does not signal them")
+        return Leftovers(False, gpus, f"not ruled out, started while the unit ran, not proven its own: {who}")
 
     stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
     report = stop_unit(host, u, grace=grace_s, timeout=stop_timeout, run_id=new_run_id(), action="down",
@@ -457,28 +472,5 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
         units.save(rec)
     return DownResult(name=name, previous_state=previous, report=report,
                       timings={"lock_wait_s": lock_wait, **report.timings, "total_s": time.monotonic() - t0},
-                      strays=strays, cleared=cleared[-1] if cleared else None,
-                      corrupt=u.problem.reason if u.problem else None, set_aside=aside)
-
-
-def _clear_strays(host: HostContext, u: Unit, strays: list[Stray], grace: float, deadline: float, limit: int,
-                  cleared: list[ClearResult]) -> bool:
-    """``down --clear``: end the strays, each checked to still be the process seen (its start time)
-    right before. Those holding GPU memory with ``clear`` (whole jobs, the caller's only, audited;
-    clear plans and signals by identity); one that only listens on the unit's port holds no GPU
-    clear could select, so it is ended by identity as the unit's own processes are (audited,
-    pidfd). True when every one of them is gone."""
-    live = [s for s in strays if is_alive(ProcessId(s.pid, s.start_ticks))]
-    holders = [s for s in live if s.gpus]
-    ok = True
-    if holders:
-        gpus = tuple(sorted(set(u.gpus) | {g for s in holders for g in s.gpus}))
-        cleared.append(clear(host, Selection(gpus, tuple(s.pid for s in holders)),
-                             ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
-                                          max_used=limit)))
-        ok = cleared[-1].ok
-    listeners = [s for s in live if not s.gpus]
-    if listeners:
-        res = end_strays(host, u, listeners, grace=grace, deadline=deadline, run_id=new_run_id())
-        ok = ok and not any(r.alive or r.permission_denied for r in res)
-    return ok
+                      strays=strays, corrupt=u.problem.reason if u.problem else None, set_aside=aside,
+                      warnings=warnings)

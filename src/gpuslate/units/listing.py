@@ -2,8 +2,13 @@
 
 The state is :func:`~.state.unit_state` of facts gathered here once for all
 units: their live processes, the GPU memory on their GPUs, the processes
-started while a unit ran that hold its GPUs without being found in it, and,
-for a unit whose ``up`` vanished while it was starting, one readiness probe.
+started while a unit ran that hold its GPUs or port without being found in it
+(its blocking strays; one on another GPU is a warning), and, for a unit whose
+``up`` vanished while it was starting, one readiness probe.
+
+Each ``ps`` records the identities it found in each unit (the unit's instance's
+``seen`` file, :meth:`~.store.UnitStore.record_seen`): what a tie proves now
+stays proven after a rename or a ``setsid``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any, NamedTuple
 
 from .._document import checked, reading
 from .._time import iso_time, parse_iso_time
+from ..errors import PermissionDenied
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
 from ..outcome import Outcome, StatusEnum
@@ -180,10 +186,16 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
     ``options.all``, those stopped long ago left out (counted in ``hidden``).
 
     Takes no lock: what it reports is a look, as ``status`` is."""
-    units = load_units(UnitStore.of(host))
+    store = UnitStore.of(host)
+    units = load_units(store)
     table = ProcTable()
     warnings: list[str] = []
     members = {u.name: u.members(table) for u in units}
+    for u in units:  # what a tie proves now stays proven (a later setsid or rename cannot hide it)
+        try:
+            u.record_seen(store, members[u.name])
+        except PermissionDenied as exc:  # a look still lists: the next scan records them
+            warnings.append(f"unit {u.name}: its processes could not be recorded: {exc}")
     readings: list[GpuReading] = []
     known = False
     if units:  # every GPU: a unit's stray may hold one the unit was not given (see .strays)
@@ -200,7 +212,7 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
         procs = members[u.name]
         pids = {st.pid for st in procs}
         strays = u.strays(readings, table, pids, (p for p, n in owner.items() if n != u.name))
-        state = unit_state(u.facts(table, procs, strays))
+        state = unit_state(u.facts(table, procs, [s for s in strays if s.blocking]))
         mem = sum(p.used_memory or 0 for r in readings if r.index in u.gpus for p in r.processes or []
                   if p.pid in pids) + sum(s.used_memory for s in strays) if known else None
         rec = u.record
@@ -210,8 +222,8 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
             warnings.append(f"{u.describe_problem()}; 'gpuslate down {u.name}' stops what is found of it "
                             f"({len(procs)} process{'es' if len(procs) != 1 else ''}) and sets the record aside")
         for s in strays:
-            warnings.append(f"unit {u.name}: {s.describe()}; it started while the unit ran and is not found in "
-                            f"it: 'gpuslate down {u.name} --clear' ends it")
+            warnings.append(f"unit {u.name}: {s.describe()}; it started while the unit ran, is not found in it "
+                            f"and not proven its own, so gpuslate never signals it: '{s.remedy()}' ends it")
         if hidden_by(options, state, rec.stopped_at if rec else None, now):
             hidden += 1
             continue

@@ -30,11 +30,10 @@ from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.daemons import DaemonWatch
-from ..proc.procfs import ProcStat, read_info, read_stat
+from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from .strays import Stray
 from .unit import Unit
 
 _SWEEPS = 3
@@ -159,7 +158,7 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     to be free; every signal in ``host``'s audit log, progress lines to its event sink.
 
     ``before_verify(deadline)`` runs once the unit's processes are gone, before the GPUs are
-    polled (``down`` looks for strays there, and ``down --clear`` ends them): the GPUs its
+    polled (``down`` looks for strays there, and names them): the GPUs its
     :class:`Leftovers` names are verified too; ``can_free`` False means they cannot come free,
     so the diagnosis is taken at once instead of polling until the deadline."""
     t0 = time.monotonic()
@@ -231,16 +230,3 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     return StopReport(results=results, swept=swept, cgroup_killed=killed, released=released, readings=readings,
                       diagnosis=diagnosis, timings=timings, verified_gpus=gpus, held=held, unverified=unverified,
                       held_unknown=bool(unread), not_ruled_out=left.not_ruled_out is not None)
-
-
-def end_strays(host: HostContext, unit: Unit, strays: list[Stray], *, grace: float, deadline: float,
-               run_id: str, action: str = "down-clear") -> list[VictimResult]:
-    """End ``strays`` (``down --clear`` of those that hold no GPU ``clear`` could select: a port)
-    as the unit's own processes are ended: by identity (pid and start time, checked again at each
-    signal), every signal audited first. A stray that is gone, or whose pid now names another
-    process, is left alone."""
-    victims = [_victim(st, unit, s.gpus) for s in strays
-               if (st := read_stat(s.pid)) is not None and st.start_ticks == s.start_ticks and not st.has_exited]
-    return terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
-                     kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
-                     audit=host.audit_log, on_event=host.note)

@@ -28,8 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "order, each even when another fails), 'down' alone every unit of the unit file, as "
                        "'docker compose down'.",
                        epilog=exit_epilog({0: "stopped and its GPU memory released", 2: "bad input, or unknown unit",
-                                           4: "not released in time (or held by processes not found in the "
-                                           "unit: see --clear)", 5: "permission denied on some process",
+                                           4: "not released in time (or its GPUs or port held by processes not "
+                                           "found in the unit, never signaled: each named with the command "
+                                           "that ends it)", 5: "permission denied on some process",
                                            7: "several units: some stopped, some not"}))
     add_common(p)
     p.add_argument("names", metavar="NAME", type=unit_name, nargs="*",
@@ -41,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="for stopping and memory release together (default: the unit's stop timeout, 60)")
     p.add_argument("--max-used", type=size, metavar="SIZE", help="most memory a free GPU may show (default: as clear)")
     p.add_argument("--clear", action="store_true",
-                   help="also end processes holding the unit's GPUs that started while it ran but are not found "
-                   "in it (a late fork that left the session and renamed itself), with 'clear' rules")
+                   help="kept for scripts: ends nothing down does not (a process not proven the unit's is never "
+                   "signaled; it is named with the 'gpuslate clear --pid N' that ends it)")
     p.set_defaults(handler=run)
 
 
