@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import MAX_ID, Fields, Malformed
 from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
 from ..gpu.types import GpuBackend
@@ -390,13 +391,15 @@ class Target(NamedTuple):
                 "cgroup": self.cgroup}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Target:
-        """A target of a clear document (``waits_for`` is not in it: () )."""
-        return cls(ident=ProcessId(d["pid"], d["start_ticks"]), user=d["user"], uid=d["uid"], command=d["command"],
-                   name=d["name"], gpus=list(d["gpus"]), used_memory=d["used_memory"], role=Role(d["role"]),
-                   reason=d["reason"], job=d["job"], ignores_sigterm=d["ignores_sigterm"], waits_for=(),
-                   container=d["container"], cgroup=d["cgroup"], kind=d.get("kind", "process"),
-                   mps_server=d.get("mps_server"))
+    def from_json(cls, d: object) -> Target:
+        """A target of a clear document (``waits_for`` is not in it: () ); every field checked."""
+        f = Fields(d)
+        return cls(ident=ProcessId(f.pid("pid"), f.integer("start_ticks", 0)), user=f.opt_text("user"),
+                   uid=f.opt_integer("uid", 0, MAX_ID), command=f.text("command"), name=f.text("name"),
+                   gpus=f.gpus("gpus"), used_memory=f.opt_size("used_memory"), role=f.choice("role", Role),
+                   reason=f.text("reason"), job=f.pid("job"), ignores_sigterm=f.opt_text("ignores_sigterm"),
+                   waits_for=(), container=f.opt_text("container"), cgroup=f.opt_text("cgroup"),
+                   kind=_kind(f, "kind", default="process"), mps_server=f.opt_pid("mps_server", default=None))
 
 
 #: how the reason of a process the selection did not choose begins (and only such a reason)
@@ -424,9 +427,22 @@ class Spared(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Spared:
-        return cls(pid=d["pid"], user=d["user"], command=d["command"], gpus=list(d["gpus"]), kind=d["kind"],
-                   reason=d["reason"], job=d["job"], mps_server=d.get("mps_server"))
+    def from_json(cls, d: object) -> Spared:
+        f = Fields(d)
+        return cls(pid=f.pid("pid"), user=f.opt_text("user"), command=f.opt_text("command"), gpus=f.gpus("gpus"),
+                   kind=_kind(f, "kind"), reason=f.text("reason"), job=f.opt_pid("job"),
+                   mps_server=f.opt_pid("mps_server", default=None))
+
+
+#: what a plan's process holds: its kind of GPU context, a handle only, or no GPU (a launcher)
+TARGET_KINDS = frozenset({"compute", "graphics", "mps", "handle", "process"})
+
+
+def _kind(f: Fields, key: str, default: Any = None) -> str:
+    kind = f.text(key) if default is None else f.text(key, default=default)
+    if kind not in TARGET_KINDS:
+        raise Malformed(f"{key}: expected one of {', '.join(sorted(TARGET_KINDS))}, got {kind[:30]!r}")
+    return kind
 
 
 class Plan(NamedTuple):

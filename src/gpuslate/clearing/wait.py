@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from .._parse import check_seconds, check_size, format_size, gpus_phrase
 from .._record import Record
 from ..gpu.types import GpuBackend, GpuReading, held_by_no_process, memory_from_json, memory_json
@@ -107,8 +107,10 @@ class Problem(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Problem:
-        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"], d.get("parent"))
+    def from_json(cls, d: object) -> Problem:
+        f = Fields(d)
+        return cls(f.opt_pid("pid"), f.opt_text("user"), f.opt_text("command"), f.opt_size("used_memory"),
+                   f.text("reason"), f.opt_text("remedy"), f.opt_pid("parent", default=None))
 
 
 class GpuDiagnosis(NamedTuple):
@@ -123,8 +125,10 @@ class GpuDiagnosis(NamedTuple):
                 "problems": [p.to_json() for p in self.problems]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GpuDiagnosis:
-        return cls(d["gpu"], d["used"], d["max_used"], d["error"], [Problem.from_json(p) for p in d["problems"]])
+    def from_json(cls, d: object) -> GpuDiagnosis:
+        f = Fields(d)
+        return cls(f.gpu("gpu"), f.opt_size("used"), f.size("max_used"), f.opt_text("error"),
+                   f.items("problems", Problem.from_json))
 
     def summary(self) -> str:
         head = f"GPU {self.gpu}: " + (f"{format_size(self.used)} used" if self.used is not None else "state unknown")
@@ -173,13 +177,14 @@ class WaitResult(Record):
 
     @classmethod
     def from_json(cls, doc: object) -> WaitResult:
-        d = checked(doc, WAIT_SCHEMA)
+        f = Fields(checked(doc, WAIT_SCHEMA))
         with reading(WAIT_SCHEMA):
-            return cls(ok=bool(d["ok"]), gpus=list(d["gpus"]), max_used=d["max_used"], elapsed_s=float(d["elapsed_s"]),
-                       readings=[memory_from_json(m) for m in d["memory"]],
-                       diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])),
-                       leaked=d.get("status") == WaitStatus.LEAKED.value)  # absent: a gpuslate before the status
+            status = f.choice("status", WaitStatus, default=None)  # absent: a gpuslate before the status
+            return cls(ok=f.flag("ok"), gpus=f.gpus("gpus"), max_used=f.size("max_used"),
+                       elapsed_s=f.seconds("elapsed_s"), readings=f.items("memory", memory_from_json),
+                       diagnosis=f.items("diagnosis", GpuDiagnosis.from_json),
+                       baseline=tuple(f.items("baseline", DaemonHold.from_json, default=[])),
+                       leaked=status == WaitStatus.LEAKED)
 
 
 #: how long memory held by no process must stay, not going down, before ``wait`` and ``clear`` call

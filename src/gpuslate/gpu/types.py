@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
+from .._document import Fields
+
 #: kinds of GPU-holding processes; ``handle`` is added by discovery (fd scan)
 PROCESS_KINDS = ("compute", "graphics", "mps", "handle")
 
@@ -73,12 +75,21 @@ def memory_json(r: GpuReading) -> dict[str, Any]:
             "processes": [p.pid for p in r.processes or []], "error": r.error}
 
 
-def memory_from_json(d: dict[str, Any]) -> GpuReading:
-    """A reading back from :func:`memory_json` (what it does not keep is unknown: None, 0)."""
-    used = d["used"]
-    return GpuReading(d["gpu"], None, None, None, MemoryInfo(0, used, 0, 0) if used is not None else None,
-                      None, None, None, None, None, [GpuProcess(pid, "compute", None) for pid in d["processes"]],
-                      d["error"])
+def memory_from_json(d: object) -> GpuReading:
+    """A reading back from :func:`memory_json` (what it does not keep is unknown: None, 0); every
+    field checked (:class:`~gpuslate._document.Fields`)."""
+    f = Fields(d)
+    used = f.opt_size("used")
+    return GpuReading(f.gpu("gpu"), None, None, None, MemoryInfo(0, used, 0, 0) if used is not None else None,
+                      None, None, None, None, None,
+                      [GpuProcess(pid, "compute", None) for pid in f.pids("processes")],
+                      f.opt_text("error"))
+
+
+def memory_info_from_json(d: object) -> MemoryInfo:
+    """A GPU's ``memory`` of a status document: four sizes."""
+    f = Fields(d)
+    return MemoryInfo(f.size("total"), f.size("used"), f.size("reserved"), f.size("free"))
 
 
 class GpuBackend(Protocol):

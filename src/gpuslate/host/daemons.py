@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from .._parse import format_size
 
 #: the most memory spared, proven daemons together may hold on one GPU and have it called the host's
@@ -59,8 +60,9 @@ class DaemonHold(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> DaemonHold:
-        return cls(int(d["gpu"]), int(d["pid"]), str(d["program"]), int(d["bytes"]))
+    def from_json(cls, d: object) -> DaemonHold:
+        f = Fields(d)
+        return cls(f.gpu("gpu"), f.pid("pid"), f.text("program"), f.size("bytes"))
 
     def describe(self) -> str:
         """``66.0 MiB held by nvidia-cuda-mps-server (PID 42) on GPU 0, spared``"""

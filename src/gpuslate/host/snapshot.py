@@ -19,11 +19,19 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import MAX_ID, MAX_PID, Fields, Malformed, checked, reading
 from .._parse import format_size
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, held_by_no_process
+from ..gpu.types import (
+    PROCESS_KINDS,
+    GpuBackend,
+    GpuProcess,
+    GpuReading,
+    MemoryInfo,
+    held_by_no_process,
+    memory_info_from_json,
+)
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import MPS_SERVER, Prover, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
@@ -78,12 +86,18 @@ class HolderProcess(NamedTuple):
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HolderProcess:
-        daemon = d.get("daemon")
-        return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
-                   d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
-                   bool(d["visible"]), d.get("cgroup"), daemon, d.get("mps_server"),
-                   d.get("daemon_unproven", OLD_DOCUMENT if daemon else None))
+    def from_json(cls, d: object) -> HolderProcess:
+        f = Fields(d)
+        kind = f.text("kind")
+        if kind not in PROCESS_KINDS:
+            raise Malformed(f"kind: expected one of {', '.join(PROCESS_KINDS)}, got {kind!r}"[:120])
+        daemon = f.opt_text("daemon", default=None)
+        return cls(f.pid("pid"), kind, f.opt_size("used_memory"), f.opt_integer("start_ticks", 0), f.opt_text("user"),
+                   f.opt_integer("uid", 0, MAX_ID), f.opt_text("name"), f.opt_text("command"),
+                   f.opt_integer("ppid", 0, MAX_PID), f.opt_integer("pgid", 0, MAX_PID),
+                   f.opt_integer("sid", 0, MAX_PID), f.pid("root_pid"), f.opt_text("state"), f.opt_text("container"),
+                   f.flag("visible"), f.opt_text("cgroup", default=None), daemon, f.opt_pid("mps_server", default=None),
+                   f.opt_text("daemon_unproven", default=OLD_DOCUMENT if daemon else None))
 
 
 class GpuState(NamedTuple):
@@ -122,15 +136,16 @@ class GpuState(NamedTuple):
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GpuState:
+    def from_json(cls, d: object) -> GpuState:
         """The GPU of a status document; the driver's process list is the holders that are not handles."""
-        m = d["memory"]
-        procs = [HolderProcess.from_json(p) for p in d["processes"]]
-        reading = GpuReading(d["index"], d["uuid"], d["name"], None,
-                             MemoryInfo(m["total"], m["used"], m["reserved"], m["free"]) if m is not None else None,
-                             d["utilization_pct"], d["temperature_c"], d["power_w"], d["power_limit_w"],
-                             d["pstate"], [GpuProcess(p.pid, p.kind, p.used_memory) for p in procs
-                                           if p.kind != "handle"], d["error"])
+        f = Fields(d)
+        procs = f.items("processes", HolderProcess.from_json)
+        reading = GpuReading(f.gpu("index"), f.opt_text("uuid"), f.opt_text("name"), None,
+                             f.opt_record("memory", memory_info_from_json),
+                             f.opt_integer("utilization_pct", 0, 100), f.opt_integer("temperature_c", -300, 1000),
+                             f.opt_number("power_w", 0, 1e6), f.opt_number("power_limit_w", 0, 1e6),
+                             f.opt_text("pstate"), [GpuProcess(p.pid, p.kind, p.used_memory) for p in procs
+                                                    if p.kind != "handle"], f.opt_text("error"))
         return cls(reading, procs)
 
 
@@ -192,8 +207,9 @@ class Launcher(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Launcher:
-        return cls(d["pid"], d["user"], d["command"])
+    def from_json(cls, d: object) -> Launcher:
+        f = Fields(d)
+        return cls(f.pid("pid"), f.opt_text("user"), f.opt_text("command"))
 
 
 class SnapshotStatus(StatusEnum):
@@ -235,12 +251,12 @@ class Snapshot(NamedTuple):
     @classmethod
     def from_json(cls, doc: object) -> Snapshot:
         """A ``gpuslate.status.v1`` document (this host's or another's) as the Snapshot it was."""
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            return cls(str(d["host"]), str(d["backend"]), d["driver_version"], parse_iso_time(d["taken_at"]),
-                       [GpuState.from_json(g) for g in d["gpus"]],
-                       [HolderProcess.from_json(p) for p in d["host_processes"]], [str(w) for w in d["warnings"]],
-                       tuple(Launcher.from_json(x) for x in d["launchers"]) if "launchers" in d else None)
+            launchers = f.items("launchers", Launcher.from_json, default=None)
+            return cls(f.text("host"), f.text("backend"), f.opt_text("driver_version"), f.time("taken_at"),
+                       f.items("gpus", GpuState.from_json), f.items("host_processes", HolderProcess.from_json),
+                       f.texts("warnings"), tuple(launchers) if launchers is not None else None)
 
     def holders(self) -> dict[int, Holding]:
         """Every process holding one of the snapshot's GPUs, its holds together."""

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from .._parse import format_size
 from ..clearing.wait import GpuDiagnosis
 from . import scontrol
@@ -41,10 +42,9 @@ class DrainOutcome(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> DrainOutcome:
-        error = d["error"]
-        return cls(str(d["node"]), str(d["reason"]), bool(d["ok"]), None if error is None else str(error),
-                   bool(d["already"]))
+    def from_json(cls, d: object) -> DrainOutcome:
+        f = Fields(d)
+        return cls(f.text("node"), f.text("reason"), f.flag("ok"), f.opt_text("error"), f.flag("already"))
 
 
 def _who(d: GpuDiagnosis) -> str:

@@ -33,7 +33,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
@@ -102,18 +102,13 @@ class HookResult(NamedTuple):
         :meth:`ClearResult.from_json` reads one)."""
         from ..clearing.clear import ClearResult  # lazy: startup (the prolog never loads clear)
 
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            timings = d["timings"]
-            if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) for v in timings.values()):
-                raise TypeError(f"timings: expected seconds by name, got {timings!r}")
-            return cls(Hook(d["hook"]), HookStatus(d["status"]), SlurmJob.from_json(d["job"]),
-                       [JobProcess.from_json(p) for p in d["found"]],
-                       None if d["clear"] is None else ClearResult.from_json(d["clear"]),
-                       None if d["refused"] is None else str(d["refused"]),
-                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       None if d["drain"] is None else DrainOutcome.from_json(d["drain"]), dict(timings),
-                       [Unproven.from_json(u) for u in d["unproven"]])
+            return cls(f.choice("hook", Hook), f.choice("status", HookStatus), f.record("job", SlurmJob.from_json),
+                       f.items("found", JobProcess.from_json), f.opt_record("clear", ClearResult.from_json),
+                       f.opt_text("refused"), f.items("diagnosis", GpuDiagnosis.from_json),
+                       f.opt_record("drain", DrainOutcome.from_json), f.timings("timings"),
+                       f.items("unproven", Unproven.from_json))
 
 
 class _Finder:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, Malformed, checked, reading
 from .._parse import check_seconds, check_size, gpus_phrase
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..clearing.clear import ClearOptions, ClearResult, clear
 from ..clearing.plan import Selection
 from ..errors import NotDoneError, UsageError
@@ -132,24 +132,26 @@ class UpResult:
     def from_json(cls, doc: object) -> UpResult:
         """A ``gpuslate.up.v1`` document as the UpResult it was (its record as far as the document
         shows it: the spec's command only, no members, the phase its status implies)."""
-        d = checked(doc, UP_SCHEMA)
+        f = Fields(checked(doc, UP_SCHEMA))
         with reading(UP_SCHEMA):
-            status = UpStatus(d["status"])
+            status = f.choice("status", UpStatus)
+            containment = f.text("containment")
+            if containment not in store.CONTAINMENTS:
+                raise Malformed(f"containment: expected one of {', '.join(store.CONTAINMENTS)}")
             rec = store.UnitRecord(
-                name=d["name"], spec={"command": d["command"]},
-                phase=Phase.READY if status == UpStatus.READY else Phase.FAILED, pid=d["pid"],
-                start_ticks=d["start_ticks"], pgid=d["pgid"], sid=d["sid"], containment=d["containment"],
-                cgroup=d["cgroup"], log=d["log"], gpus=list(d["gpus"]), port=d["port"], env=dict(d["env"]),
-                launched_at=parse_iso_time(d["launched_at"]),
-                ready_at=parse_iso_time(d["ready_at"]) if d["ready_at"] else None,
-                time_to_ready_s=d["time_to_ready_s"], exit_code=d["exit_code"], failure=d["failure"],
-                instance=d["instance"] or "")
-            teardown = d["teardown"]
-            return cls(status=status, record=rec, readiness=d["readiness"], smoke=d["smoke"],
-                       timings=dict(d["timings"]), log_tail=list(d["log_tail"]),
-                       teardown=StopReport.from_json(teardown) if teardown is not None else None,
-                       cleared=ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
-                       fence_note=d["containment_note"])
+                name=f.text("name"), spec={"command": f.texts("command")},
+                phase=Phase.READY if status == UpStatus.READY else Phase.FAILED, pid=f.pid("pid"),
+                start_ticks=f.integer("start_ticks", 0), pgid=f.pid("pgid"), sid=f.pid("sid"),
+                containment=containment, cgroup=f.opt_text("cgroup"), log=f.text("log"), gpus=f.gpus("gpus"),
+                port=f.opt_integer("port", 1, 65535),
+                env=f.record("env", _env), launched_at=f.time("launched_at"), ready_at=f.opt_time("ready_at"),
+                time_to_ready_s=f.opt_seconds("time_to_ready_s"), exit_code=f.opt_integer("exit_code", -255, 255),
+                failure=f.opt_text("failure"), instance=f.opt_text("instance") or "")
+            return cls(status=status, record=rec, readiness=f.record("readiness", _readiness),
+                       smoke=f.opt_record("smoke", _smoke), timings=f.timings("timings"),
+                       log_tail=f.texts("log_tail"), teardown=f.opt_record("teardown", StopReport.from_json),
+                       cleared=f.opt_record("cleared", ClearResult.from_json),
+                       fence_note=f.opt_text("containment_note"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -192,13 +194,32 @@ class DownResult:
     @classmethod
     def from_json(cls, doc: object) -> DownResult:
         """A ``gpuslate.down.v1`` document as the DownResult it was."""
-        d = checked(doc, DOWN_SCHEMA)
+        f = Fields(checked(doc, DOWN_SCHEMA))
         with reading(DOWN_SCHEMA):
-            cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
-            return cls(name=d["name"], previous_state=UnitState(d["previous_state"]), report=StopReport.from_json(d),
-                       timings=dict(d["timings"]), strays=[Stray.from_json(x) for x in d["strays"]], cleared=cleared,
-                       corrupt=d["corrupt"], set_aside=d["record_set_aside"],
-                       warnings=[str(w) for w in d.get("warnings", [])])
+            return cls(name=f.text("name"), previous_state=f.choice("previous_state", UnitState),
+                       report=StopReport.from_json(f.d), timings=f.timings("timings"),
+                       strays=f.items("strays", Stray.from_json),
+                       cleared=f.opt_record("cleared", ClearResult.from_json),
+                       corrupt=f.opt_text("corrupt"), set_aside=f.opt_text("record_set_aside"),
+                       warnings=f.texts("warnings", default=[]))
+
+
+def _env(d: object) -> dict[str, str]:
+    f = Fields(d)
+    return {str(k): f.text(k) for k in f.d}
+
+
+def _readiness(d: object) -> dict[str, Any]:
+    """How readiness was checked (up's document): its kind, what it probed, what it last said."""
+    f = Fields(d)
+    return {"kind": f.text("kind"), "target": f.opt_text("target"), "detail": f.text("detail")}
+
+
+def _smoke(d: object) -> dict[str, Any]:
+    """The smoke completion's outcome (up's document)."""
+    f = Fields(d)
+    return {"ok": f.flag("ok"), "model": f.opt_text("model"), "status": f.opt_integer("status", 0, 999),
+            "latency_s": f.opt_seconds("latency_s"), "error": f.opt_text("error")}
 
 
 def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> UpResult:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
-from .._time import iso_time, parse_iso_time
+from .._document import Fields, Malformed, checked, reading
+from .._time import iso_time
 from ..errors import PermissionDenied
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
@@ -28,7 +28,7 @@ from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
 from .state import Phase, UnitState, unit_state
-from .store import UnitRecord, UnitStore, Unreadable
+from .store import CONTAINMENTS, UnitRecord, UnitStore, Unreadable
 from .strays import Stray
 from .unit import Unit, load_units
 
@@ -126,27 +126,33 @@ class UnitStatus(NamedTuple):
         return doc
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> UnitStatus:
-        """A unit of a ``ps`` document, detached from any host (see :class:`ReadBackFence`)."""
-        path = Path(d["record_file"])
-        if d["corrupt_reason"] is not None:
-            salvage = {k: d[k] for k in ("pid", "start_ticks", "port", "instance") if d[k] is not None}
-            salvage["gpus"] = list(d["gpus"])
-            unit = Unit(d["name"], path, None, Unreadable(path, d["corrupt_reason"], salvage), None,
-                        ReadBackFence(d["cgroup"]))
+    def from_json(cls, d: object) -> UnitStatus:
+        """A unit of a ``ps`` document, detached from any host (see :class:`ReadBackFence`); every
+        field checked."""
+        f = Fields(d)
+        path = Path(f.text("record_file"))
+        name, cgroup, corrupt = f.text("name"), f.opt_text("cgroup"), f.opt_text("corrupt_reason")
+        if corrupt is not None:
+            salvage: dict[str, Any] = {k: v for k, v in (
+                ("pid", f.opt_pid("pid")), ("start_ticks", f.opt_integer("start_ticks", 0)),
+                ("port", f.opt_integer("port", 1, 65535)), ("instance", f.opt_text("instance"))) if v is not None}
+            salvage["gpus"] = f.gpus("gpus")
+            unit = Unit(name, path, None, Unreadable(path, corrupt, salvage), None, ReadBackFence(cgroup))
         else:
+            containment = f.text("containment")
+            if containment not in CONTAINMENTS:
+                raise Malformed(f"containment: expected one of {', '.join(CONTAINMENTS)}")
             rec = UnitRecord(
-                name=d["name"], spec={"command": d["command"]}, phase=Phase.STARTING, pid=d["pid"],
-                start_ticks=d["start_ticks"], pgid=d["pgid"], sid=d["sid"], containment=d["containment"],
-                cgroup=d["cgroup"], log=d["log"], gpus=list(d["gpus"]), port=d["port"], env={},
-                launched_at=parse_iso_time(d["launched_at"]),
-                ready_at=parse_iso_time(d["ready_at"]) if d["ready_at"] else None,
-                time_to_ready_s=d["time_to_ready_s"],
-                stopped_at=parse_iso_time(d["stopped_at"]) if d["stopped_at"] else None,
-                exit_code=d["exit_code"], failure=d["failure"], instance=d["instance"] or "")
-            unit = Unit(d["name"], path, rec, None, None, ReadBackFence(d["cgroup"]))
-        return cls(unit, UnitState(d["state"]), list(d["processes"]), d["gpu_memory"], d["uptime_s"],
-                   [Stray.from_json(s) for s in d["strays"]])
+                name=name, spec={"command": f.texts("command")}, phase=Phase.STARTING, pid=f.pid("pid"),
+                start_ticks=f.integer("start_ticks", 0), pgid=f.pid("pgid"), sid=f.pid("sid"), containment=containment,
+                cgroup=cgroup, log=f.text("log"), gpus=f.gpus("gpus"), port=f.opt_integer("port", 1, 65535), env={},
+                launched_at=f.time("launched_at"), ready_at=f.opt_time("ready_at"),
+                time_to_ready_s=f.opt_seconds("time_to_ready_s"), stopped_at=f.opt_time("stopped_at"),
+                exit_code=f.opt_integer("exit_code", -255, 255), failure=f.opt_text("failure"),
+                instance=f.opt_text("instance") or "")
+            unit = Unit(name, path, rec, None, None, ReadBackFence(cgroup))
+        return cls(unit, f.choice("state", UnitState), f.pids("processes"), f.opt_size("gpu_memory"),
+                   f.opt_seconds("uptime_s"), f.items("strays", Stray.from_json))
 
 
 class PsStatus(StatusEnum):
@@ -173,12 +179,10 @@ class PsResult(NamedTuple):
 
     @classmethod
     def from_json(cls, doc: object) -> PsResult:
-        d = checked(doc, PS_SCHEMA)
-        with reading(PS_SCHEMA):
-            hidden = d.get("hidden", 0)  # absent in documents from before ps -a
-            if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
-                raise TypeError(f"hidden: expected a count, got {hidden!r}")
-            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]], hidden)
+        f = Fields(checked(doc, PS_SCHEMA))
+        with reading(PS_SCHEMA):  # hidden: absent in documents from before ps -a
+            return cls(f.items("units", UnitStatus.from_json), f.texts("warnings"),
+                       f.integer("hidden", 0, default=0, what="a count"))
 
 
 def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:

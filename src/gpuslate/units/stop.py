@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import MAX_PID, Fields, Malformed
 from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
@@ -114,16 +115,32 @@ class StopReport:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> StopReport:
-        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document."""
-        verification = Verification(d["verification"])
-        return cls(results=[VictimResult.from_json(p) for p in d["processes"]],
-                   swept=[VictimResult.from_json(p) for p in d["swept"]], cgroup_killed=bool(d["cgroup_killed"]),
-                   released=d["memory_released"], readings=[memory_from_json(m) for m in d["memory"]],
-                   diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]], timings=dict(d["timings"]),
-                   verified_gpus=list(d["verified_gpus"]), held={int(p): g for p, g in d["held_before"].items()},
-                   unverified=d["unverified"], held_unknown=verification == Verification.UNREAD,
+    def from_json(cls, d: object) -> StopReport:
+        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document; every field checked."""
+        f = Fields(d)
+        verification = f.choice("verification", Verification)
+        released = f.raw("memory_released")
+        if released is not None and not isinstance(released, bool):
+            raise Malformed(f"memory_released: expected true, false or null, got {str(released)[:30]!r}")
+        return cls(results=f.items("processes", VictimResult.from_json),
+                   swept=f.items("swept", VictimResult.from_json), cgroup_killed=f.flag("cgroup_killed"),
+                   released=released, readings=f.items("memory", memory_from_json),
+                   diagnosis=f.items("diagnosis", GpuDiagnosis.from_json), timings=f.timings("timings"),
+                   verified_gpus=f.gpus("verified_gpus"), held=f.record("held_before", _held),
+                   unverified=f.opt_text("unverified"), held_unknown=verification == Verification.UNREAD,
                    not_ruled_out=verification == Verification.NOT_RULED_OUT)
+
+
+def _held(d: object) -> dict[int, list[int]]:
+    """``held_before``: pid (a JSON key) -> the GPUs it held."""
+    f = Fields(d)
+    out: dict[int, list[int]] = {}
+    for key in f.d:
+        pid = int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else 0
+        if not 1 <= pid <= MAX_PID:
+            raise Malformed(f"{key[:20]!r}: expected a process id")
+        out[pid] = f.gpus(key)
+    return out
 
 
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:

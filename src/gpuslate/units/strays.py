@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from .._parse import format_size, gpus_phrase
 from .fence import Marker
 
@@ -107,11 +108,11 @@ class Stray:
                 "used_memory": self.used_memory, "reason": self.reason.value, "port": self.port}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Stray:
-        port = d["port"]
-        return cls(pid=int(d["pid"]), start_ticks=int(d["start_ticks"]), name=str(d["name"]),
-                   gpus=[int(g) for g in d["gpus"]], used_memory=int(d["used_memory"]),
-                   reason=StrayReason(d["reason"]), port=None if port is None else int(port))
+    def from_json(cls, d: object) -> Stray:
+        f = Fields(d)
+        return cls(pid=f.pid("pid"), start_ticks=f.integer("start_ticks", 0), name=f.text("name"), gpus=f.gpus("gpus"),
+                   used_memory=f.size("used_memory"), reason=f.choice("reason", StrayReason),
+                   port=f.opt_integer("port", 1, 65535))
 
 
 class Rule(NamedTuple):
