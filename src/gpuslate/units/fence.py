@@ -55,7 +55,7 @@ from enum import Enum
 from typing import Literal, NamedTuple, Protocol
 
 from ..proc.environ import intact
-from ..proc.procfs import ProcessId, ProcStat, open_image_file, read_stat
+from ..proc.procfs import ProcessId, ProcStat, boot_id, open_image_file, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
@@ -464,8 +464,13 @@ def fence_of(rec: UnitRecord, state: str, seen: Iterable[ProcessId] = ()) -> Fen
     in, as its units carry it (:meth:`~.store.UnitStore.mark`); ``seen``: the identities recorded as
     its instance's since (:meth:`~.store.UnitStore.seen`)."""
     mark = UnitMark(rec.name, rec.instance or None, state)
-    recorded = tuple(sorted({*rec.member_ids, *seen}))
-    session = SessionFence(mark, rec.ident, rec.pgid, rec.sid, recorded, scan_marker=rec.cgroup is None)
+    if rec.boot and rec.boot != boot_id():
+        # launched in another boot: pids and start ticks began again since, its identities may name strangers
+        # now; only its instance's marker (128 random bits) can still find a process of it
+        main, recorded = ProcessId(rec.pid, -1), tuple[ProcessId, ...]()
+    else:
+        main, recorded = rec.ident, tuple(sorted({*rec.member_ids, *seen}))
+    session = SessionFence(mark, main, rec.pgid, rec.sid, recorded, scan_marker=rec.cgroup is None)
     if rec.containment == "cgroup":
         return CgroupFence(rec.cgroup, session)
     if rec.containment == "scope":

@@ -25,7 +25,7 @@ from ..host.audit import new_run_id
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus
 from ..outcome import Outcome, StatusEnum
-from ..proc.procfs import read_stat, user_name
+from ..proc.procfs import boot_id, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from . import logfile, store
@@ -296,7 +296,7 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
             start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
             containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
             port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
-            instance=launched.instance)
+            instance=launched.instance, boot=boot_id())
         units.save(rec)
     current = Unit(spec.name, units.record_path(spec.name), rec, None, spec, fence_of(rec, units.mark()))
     t_launch = time.monotonic()

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import PermissionDenied
 from ..host.statedir import StateDir, open_dir
-from ..proc.procfs import ProcessId, is_alive
+from ..proc.procfs import ProcessId, boot_id, is_alive
 from .names import UnitName, is_unit_name
 from .state import Phase
 
@@ -84,6 +84,9 @@ class UnitRecord:
     #: what tells this unit's processes from those of a unit of the same name of another user or
     #: state folder. "" in records from before instance ids (their processes carry none).
     instance: str = ""
+    #: the boot it was launched in (procfs.boot_id): its identities (main, members) mean nothing in another; ""
+    #: in records from before it (trusted as before)
+    boot: str = ""
 
     @property
     def ident(self) -> ProcessId:
@@ -94,8 +97,8 @@ class UnitRecord:
         return [ProcessId(p, t) for p, t in self.members]
 
     def to_json(self) -> dict[str, Any]:
-        # the instance right after the name: a record torn by a crash still shows it
-        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, **asdict(self)}
+        # the instance and the boot right after the name: a record torn by a crash still shows them
+        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, "boot": self.boot, **asdict(self)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> UnitRecord:
@@ -177,6 +180,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
         isinstance(m, list) and len(m) == 2 and _int(m[0], 1) and _int(m[1]) for m in v),
     "launched_by": lambda v: isinstance(v, dict),
     "instance": lambda v: isinstance(v, str) and (v == "" or INSTANCE_RE.fullmatch(v) is not None),
+    "boot": lambda v: isinstance(v, str) and len(v) <= 64,
 }
 
 
@@ -195,7 +199,8 @@ class Unreadable(NamedTuple):
 
 _SALVAGE = {"pid": r'"pid"\s*:\s*(\d+)', "start_ticks": r'"start_ticks"\s*:\s*(\d+)',
             "port": r'"port"\s*:\s*(\d+)', "cgroup": r'"cgroup"\s*:\s*"(/[^"\\]*)"',
-            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)', "instance": r'"instance"\s*:\s*"([0-9a-f]{32})"'}
+            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)', "instance": r'"instance"\s*:\s*"([0-9a-f]{32})"',
+            "boot": r'"boot"\s*:\s*"([0-9a-f-]{36})"'}
 
 
 def salvage(text: str) -> dict[str, Any]:
@@ -210,7 +215,7 @@ def salvage(text: str) -> dict[str, Any]:
         m = re.search(pattern, text)
         if m:
             v = m.group(1)
-            out[key] = v if key in ("cgroup", "instance") else float(v) if key == "launched_at" else int(v)
+            out[key] = v if key in ("cgroup", "instance", "boot") else float(v) if key == "launched_at" else int(v)
     if "cgroup" in out and ".." in out["cgroup"].split("/"):
         del out["cgroup"]
     return out
@@ -218,7 +223,7 @@ def salvage(text: str) -> dict[str, Any]:
 
 def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The fields of a record that parses but is invalid that are still valid one by one."""
-    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance")
+    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance", "boot")
     return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 
@@ -364,7 +369,7 @@ class UnitStore:
     def seen(self, name: str, instance: str) -> frozenset[ProcessId]:
         """The identities recorded as unit ``name``'s instance ``instance`` (none for another instance's
         file, a file that does not read, or an unknown instance ``""``)."""
-        if not instance:
+        if not instance or not boot_id():
             return frozenset()
         try:
             with self._units() as units, units.subdir(SEEN_DIR, create=True) as seen:
@@ -376,7 +381,7 @@ class UnitStore:
     def record_seen(self, name: str, instance: str, idents: Iterable[ProcessId]) -> None:
         """Add ``idents`` (found in unit ``name``'s instance ``instance`` by a tie that proves it) to
         what is recorded, less the identities no longer alive; written only when that changes it."""
-        if not instance:
+        if not instance or not boot_id():
             return
         new = set(idents)
         file = _file(name)
@@ -390,7 +395,8 @@ class UnitStore:
             if keep == before:
                 return
             kept = sorted(keep, key=lambda i: (i.start_ticks, i.pid))[-SEEN_MAX:]
-            doc = {"schema": SEEN_SCHEMA, "instance": instance, "seen": [[i.pid, i.start_ticks] for i in kept]}
+            doc = {"schema": SEEN_SCHEMA, "instance": instance, "boot": boot_id(),
+                   "seen": [[i.pid, i.start_ticks] for i in kept]}
             try:
                 seen.write_atomic(file, json.dumps(doc).encode())
             except OSError as exc:
@@ -413,7 +419,8 @@ def _parse_seen(raw: bytes | None, instance: str) -> frozenset[ProcessId]:
         doc = json.loads(raw)
     except ValueError:
         return frozenset()
-    if not isinstance(doc, dict) or doc.get("schema") != SEEN_SCHEMA or doc.get("instance") != instance:
+    if not isinstance(doc, dict) or doc.get("schema") != SEEN_SCHEMA or doc.get("instance") != instance \
+            or doc.get("boot") != boot_id():  # another boot's identities name other processes now
         return frozenset()
     seen = doc.get("seen")
     if not isinstance(seen, list):

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..gpu.types import GpuReading
-from ..proc.procfs import ProcessId, ProcStat, epoch_to_ticks
+from ..proc.procfs import ProcessId, ProcStat, boot_id, epoch_to_ticks
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
@@ -53,7 +53,7 @@ class Unit:
                 rec = store.Unreadable(units.record_path(name), f"its spec is invalid: {exc}",
                                        {"pid": rec.pid, "start_ticks": rec.start_ticks, "port": rec.port,
                                         "cgroup": rec.cgroup, "launched_at": rec.launched_at, "gpus": rec.gpus,
-                                        "instance": rec.instance})
+                                        "instance": rec.instance, "boot": rec.boot})
             else:
                 fence = fence_of(rec, mark, units.seen(name, rec.instance))
                 return cls(name, units.record_path(name), rec, None, spec, fence,
@@ -107,7 +107,7 @@ class Unit:
         processes, ``claimed``: other units'. The port is looked at only while the main process is
         gone (a live one holds it), environments only of processes the other facts leave in."""
         rec = self.record
-        if rec is None:
+        if rec is None or (rec.boot and rec.boot != boot_id()):  # its life was in another boot: nothing of now
             return []
         mine = set(members)
         skip = {*mine, *claimed, os.getpid(), *table.ancestors(os.getpid())}
@@ -168,6 +168,8 @@ def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str,
     candidates = tuple(c for c in gpuslate_cgroups(name) if c not in trusted)
     pid, ticks = salvage.get("pid"), salvage.get("start_ticks")
     main = ProcessId(pid, ticks) if isinstance(pid, int) and isinstance(ticks, int) else None
+    if salvage.get("boot") and salvage["boot"] != boot_id():  # another boot's numbers name strangers now
+        main, ticks, seen = None, None, ()
     try:
         written = epoch_to_ticks(os.stat(path, follow_symlinks=False).st_mtime)
     except OSError:
