@@ -358,6 +358,6 @@ def iso(v: object) -> float:
     """An ISO-8601 time string as epoch seconds; else Malformed."""
     text = string(v)
     epoch = parse_iso_time(text)  # 0.0 for what does not read
-    if epoch == 0.0 and not text.startswith("1970-01-01T00:00:00"):
-        raise _bad("an ISO-8601 time", v)
+    if (epoch == 0.0 and not text.startswith("1970-01-01T00:00:00")) or not 0.0 <= epoch <= MAX_SECONDS:
+        raise _bad("an ISO-8601 time (from 1970 to 5138)", v)
     return epoch

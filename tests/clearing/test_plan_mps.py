@@ -137,3 +137,33 @@ def test_unknown_never_narrows_the_servers_a_client_could_use(clients, servers, 
                          {**pipes, forget: None})
     for c, could in got.items():
         assert set(could) <= set(wider.get(c, ()))
+
+
+def test_a_client_this_proc_does_not_show_protects_the_servers_on_its_gpus() -> None:
+    """Found attacking issue 32: the driver lists an MPS client whose pid this /proc does not show (a
+    container's). Its user and pipe folder are unknown, it is alive for the driver: it could be the client
+    of every server on its GPUs, which are then no targets."""
+    from gpuslate.proc.procfs import ProcStat
+
+    procs = {1: ProcStat(1, "systemd", "S", 0, 1, 1, 1, 0), 10: ProcStat(10, "nvidia-cuda-mps", "S", 1, 10, 10, 10, 0)}
+    f = Forest(procs, {}, dict.fromkeys(procs, ME), {1: "/usr/lib/systemd/systemd", 10: SERVER_EXE})
+    holds = (Hold(10, 0, "compute", 66 << 20),)
+    sel = Resolved(Selection(include_handles=True), None, None)
+    assert [t.pid for t in decide(Facts(f, holds, 1, 99, ME, {}), sel).targets] == [10]
+    d = decide(Facts(f, holds, 1, 99, ME, {4242: (10,)}), sel)  # 4242: listed by the driver, not in /proc
+    assert d.targets == () and next(s for s in d.spared if s.pid == 10).reason.startswith(f"{MPS_SHARED} (PID 4242)")
+
+
+def test_the_snapshot_counts_a_client_it_cannot_see_as_every_servers() -> None:
+    from gpuslate.gpu.types import GpuReading, MemoryInfo
+    from gpuslate.host.snapshot import GpuState, HolderProcess, mps_links
+
+    def proc(pid: int, kind: str, visible: bool, daemon: str | None = None) -> HolderProcess:
+        return HolderProcess(pid, kind, 1 << 20, 1 if visible else None, None, 1000 if visible else None, None, None,
+                             None, None, None, pid, None, None, visible, daemon=daemon)
+
+    reading = GpuReading(0, None, None, None, MemoryInfo(1, 1, 0, 0), None, None, None, None, None, [], None)
+    states = [GpuState(reading, [proc(10, "compute", True, "nvidia-cuda-mps-server"),
+                                 proc(11, "compute", True, "nvidia-cuda-mps-server"), proc(4242, "mps", False)])]
+    named, possible = mps_links(states)
+    assert named == {} and possible == {4242: (10, 11)}

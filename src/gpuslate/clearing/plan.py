@@ -170,8 +170,8 @@ def decide(facts: Facts, res: Resolved) -> Decision:
         targets = {t.pid for t in d.targets}
         more: dict[int, list[int]] = {}
         for client, options in sorted(facts.mps.items()):
-            st = facts.view.get(client)
-            if client in targets or st is None or st.has_exited:
+            st = facts.view.get(client)  # None: the driver lists it, this /proc does not show it (a container's)
+            if client in targets or (st is not None and st.has_exited):
                 continue
             for server in options:
                 if server in targets:

@@ -374,12 +374,12 @@ def mps_links(states: Sequence[GpuState], *, every: bool = True) -> tuple[dict[i
     seen: dict[int, HolderProcess] = {}
     for g in states:
         for p in g.processes:
-            if not p.visible or p.kind == "handle":
+            if p.kind == "handle":
                 continue
             seen.setdefault(p.pid, p)
-            if p.daemon == MPS_SERVER:
+            if p.daemon == MPS_SERVER and p.visible:
                 server_gpus.setdefault(p.pid, set()).add(g.index)
-            elif p.kind == "mps":
+            elif p.kind == "mps":  # one this /proc does not show (a container's) is a client all the same
                 client_gpus.setdefault(p.pid, set()).add(g.index)
     if not client_gpus or not server_gpus:
         return {}, {}
@@ -388,7 +388,7 @@ def mps_links(states: Sequence[GpuState], *, every: bool = True) -> tuple[dict[i
     candidates = mps_candidates(clients, servers)
     pipes: dict[int, str | None] = {}
     for client in clients if every else [c for c, options in candidates.items() if len(options) > 1]:
-        pipes[client] = read_client_pipe(client)
+        pipes[client] = read_client_pipe(client) if seen[client].visible else None  # not ours to read: unknown
         for s in servers if every else candidates[client]:
             if s not in pipes:
                 pipes[s] = read_server_pipe(s, seen[s].ppid)
