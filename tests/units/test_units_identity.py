@@ -79,9 +79,9 @@ def test_a_record_from_another_boot_names_nobody_by_its_numbers(units_host, unit
         wait_for(lambda: read_stat(p.pid) is not None)
         st = read_stat(p.pid)
         rec = UnitRecord(name="old", spec=UnitSpec("old", command=["x"], ready_log="x").to_json(), phase="ready",
-                         pid=p.pid, start_ticks=st.start_ticks, pgid=p.pid, sid=p.pid, containment="session", cgroup=None, log="/dev/null", gpus=[0],
-                         port=None, env={}, launched_at=time.time() - 100, instance=secrets.token_hex(16),
-                         boot="00000000-0000-4000-8000-000000000000")
+                         pid=p.pid, start_ticks=st.start_ticks, pgid=p.pid, sid=p.pid, containment="session",
+                         cgroup=None, log="/dev/null", gpus=[0], port=None, env={}, launched_at=time.time() - 100,
+                         instance=secrets.token_hex(16), boot="00000000-0000-4000-8000-000000000000")
         store = unit_records()
         store.save(rec)
         ps_doc = json.loads(units("ps", "--json").stdout)
