@@ -166,7 +166,8 @@ def test_a_server_started_by_its_control_daemon_from_root_programs_is_proven(tmp
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a system program")
-@pytest.mark.parametrize("attack", ["preload", "audit", "library", "parent", "replaced", "folder", "written over"])
+@pytest.mark.parametrize("attack", ["preload", "audit", "library", "parent", "replaced", "folder", "written over",
+                                    "hard link"])
 def test_a_daemon_look_alike_is_never_proven(tmp_path, attack):
     """Issue 32: root's program run with code of someone else's in it (LD_PRELOAD, LD_AUDIT, a library
     found first through LD_LIBRARY_PATH in a folder another user owns), not started by the control
@@ -188,6 +189,12 @@ def test_a_daemon_look_alike_is_never_proven(tmp_path, attack):
         os.chown(lib, 65534, -1)
         os.chown(lib / "libc.so.6", 65534, -1)
         env["LD_LIBRARY_PATH"] = str(lib)
+    if attack == "hard link":  # root's very file, linked from a folder another user owns, run from there
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        os.link(server, theirs / "nvidia-cuda-mps-server")
+        os.chown(theirs, 65534, -1)
+        server = str(theirs / "nvidia-cuda-mps-server")
     p: subprocess.Popen[Any]
     if attack == "parent":  # started by someone else than the control daemon
         p = subprocess.Popen([server, "60"], env={"PATH": "/usr/bin"})
@@ -213,7 +220,8 @@ def test_a_daemon_look_alike_is_never_proven(tmp_path, attack):
                     "library": f"it runs code from {tmp_path / 'lib' / 'libc.so.6'}, no system file",
                     "parent": "its parent is not the nvidia-cuda-mps-control",
                     "replaced": "its program file was replaced or deleted", "folder": "not root's in a folder",
-                    "written over": "its environment is written over"}[attack]
+                    "written over": "its environment is written over",
+                    "hard link": "not root's in a folder"}[attack]
         assert why is not None and expected in why, why
         assert DaemonWatch()([pid]) == {}
     finally:
