@@ -16,7 +16,9 @@ with the same interpreter and the same host:
 
 Both trees are byte-compiled first (``compileall``: as ``pip install`` leaves a package; a tree
 without bytecode, say under ``PYTHONDONTWRITEBYTECODE``, would pay for compiling at every start).
-Rounds alternate which tree goes first. Writes ``bench-sim-ab.json`` and ``.md`` to ``--out``
+Rounds alternate which tree goes first. Each command's CPU time (user + system, of the command
+and what it waits for) is kept beside its wall time: on a machine that others load, wall times
+move with their load, CPU times much less. Writes ``bench-sim-ab.json`` and ``.md`` to ``--out``
 (default: ``benchmarks/results``): medians, p10/p90, and after / before.
 """
 
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import select
 import shutil
 import statistics
@@ -56,13 +59,16 @@ def start(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], 
     return p, json.loads(p.stdout.readline())
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one run of ``argv``."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     dt = (time.perf_counter() - t0) * 1000
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode not in (0, 4):  # 4: the dry run's GPUs are not free (it plans, signals nothing)
         raise RuntimeError(f"{' '.join(argv[3:])} failed ({p.returncode}): {p.stderr.decode()[-400:]}")
-    return dt
+    return dt, (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) * 1000
 
 
 def _spread(ts: list[float]) -> list[float]:
@@ -95,36 +101,45 @@ def main() -> None:
         reads = {"status --json": [*py, "status", "--json"], "status (table)": [*py, "status"],
                  "clear --dry-run --json": [*py, "clear", "--dry-run", "--json"]}
         samples: dict[tuple[str, str], list[float]] = {(c, t): [] for c in [*reads, "clear --yes --pid"] for t in trees}
+        cpu: dict[tuple[str, str], list[float]] = {k: [] for k in samples}
         names = list(trees)
         for r in range(a.rounds + 2):  # two warm-up rounds
             order = names if r % 2 == 0 else names[::-1]
             for tree in order:
                 env = env_of(trees[tree], sim)
                 for cmd, argv in reads.items():
-                    dt = timed(argv, env)
+                    dt, ct = timed(argv, env)
                     if r >= 2:
                         samples[(cmd, tree)].append(dt)
+                        cpu[(cmd, tree)].append(ct)
                 p, ready = start(["hold", "--gpus", "7", "--memory", "1GiB"], host_env)
                 started.append(p)
-                dt = timed([*py, "clear", "--yes", "--pid", str(ready["pid"]), "--json", "--grace", "5"], env)
+                dt, ct = timed([*py, "clear", "--yes", "--pid", str(ready["pid"]), "--json", "--grace", "5"], env)
                 p.wait(10)
                 if r >= 2:
                     samples[("clear --yes --pid", tree)].append(dt)
+                    cpu[("clear --yes --pid", tree)].append(ct)
         rows = []
         for cmd in [*reads, "clear --yes --pid"]:
             b, af = samples[(cmd, "before")], samples[(cmd, "after")]
             rows.append({"command": cmd, "before_ms": round(statistics.median(b), 1),
                          "after_ms": round(statistics.median(af), 1),
                          "after_p10_p90_ms": _spread(af), "before_p10_p90_ms": _spread(b),
-                         "after_over_before": round(statistics.median(af) / statistics.median(b), 3)})
+                         "after_over_before": round(statistics.median(af) / statistics.median(b), 3),
+                         "before_cpu_ms": round(statistics.median(cpu[(cmd, "before")]), 1),
+                         "after_cpu_ms": round(statistics.median(cpu[(cmd, "after")]), 1),
+                         "cpu_after_over_before": round(statistics.median(cpu[(cmd, "after")])
+                                                        / statistics.median(cpu[(cmd, "before")]), 3)})
         meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": platform.node(),
                 "cpus": os.cpu_count(), "python": platform.python_version(), "rounds": a.rounds,
                 "command": " ".join(sys.argv), "before": trees["before"], "after": trees["after"]}
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "bench-sim-ab.json").write_text(json.dumps({"meta": meta, "rows": rows, "samples": {
             f"{c} [{t}]": v for (c, t), v in samples.items()}}, indent=1))
-        lines = ["| command | before ms | after ms | after / before |", "| --- | ---: | ---: | ---: |"]
-        lines += [f"| `{r['command']}` | {r['before_ms']} | {r['after_ms']} | {r['after_over_before']} |" for r in rows]
+        lines = ["| command | wall before ms | wall after ms | after / before | CPU before ms | CPU after ms "
+                 "| after / before |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| `{r['command']}` | {r['before_ms']} | {r['after_ms']} | {r['after_over_before']} | "
+                  f"{r['before_cpu_ms']} | {r['after_cpu_ms']} | {r['cpu_after_over_before']} |" for r in rows]
         text = (f"{meta['date_utc']} UTC, {meta['machine']} ({meta['cpus']} CPUs), {a.rounds} rounds\n\n"
                 + "\n".join(lines))
         (a.out / "bench-sim-ab.md").write_text(text + "\n")
