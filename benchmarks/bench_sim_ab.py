@@ -1,13 +1,13 @@
 """`status` and `clear` on a simulated host: this tree against another, in one run, rounds interleaved.
 
-    python3 benchmarks/bench_sim_ab.py --before SRC [--rounds 30] [--out DIR]
+    python3 benchmarks/bench_sim_ab.py --before SRC [--rounds 30] [--no-mps] [--out DIR]
 
 ``SRC`` is the ``src`` folder of the tree to compare with (``git archive BASE src | tar -x -C
 /tmp/before`` makes one: ``--before /tmp/before/src``). No GPU: a simulated host of 8 GPUs in a
 temporary folder, with what makes the daemon and MPS rules work on every reading: a simulated MPS
 server on GPUs 0-3 with two MPS clients (its daemon proof, its clients' pipe folders), a launcher
-with 8 workers on GPUs 0-7 (started with ``--orphan-workers``). Timed, whole commands, each tree
-with the same interpreter and the same host:
+with 8 workers on GPUs 0-7 (started with ``--orphan-workers``); ``--no-mps``: the launcher alone.
+Timed, whole commands, each tree with the same interpreter and the same host:
 
 * ``status --json`` and ``status`` (the table);
 * ``clear --dry-run --json`` (the plan over every GPU);
@@ -18,8 +18,9 @@ Both trees are byte-compiled first (``compileall``: as ``pip install`` leaves a 
 without bytecode, say under ``PYTHONDONTWRITEBYTECODE``, would pay for compiling at every start).
 Rounds alternate which tree goes first. Each command's CPU time (user + system, of the command
 and what it waits for) is kept beside its wall time: on a machine that others load, wall times
-move with their load, CPU times much less. Writes ``bench-sim-ab.json`` and ``.md`` to ``--out``
-(default: ``benchmarks/results``): medians, p10/p90, and after / before.
+move with their load, CPU times much less. Writes ``bench-sim-ab.json`` and ``.md``
+(``bench-sim-ab-no-mps.*`` with ``--no-mps``) to ``--out`` (default: ``benchmarks/results``):
+medians, p10/p90, and after / before.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", required=True, help="the src folder of the tree to compare with")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--no-mps", action="store_true", help="no MPS server and clients on the host")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     a = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="gpuslate-ab-"))
@@ -93,9 +95,10 @@ def main() -> None:
                    check=True, env=host_env, stdout=subprocess.DEVNULL)
     started: list[subprocess.Popen[str]] = []
     try:
-        for args in (["mps", "--gpus", "0-3"], ["hold", "--mps", "--gpus", "0", "--memory", "2GiB"],
-                     ["hold", "--mps", "--gpus", "1", "--memory", "2GiB", "--title", "sglang::scheduler_TP0"],
-                     ["hold", "--gpus", "0-7", "--workers", "8", "--memory", "8GiB", "--orphan-workers"]):
+        mps = [] if a.no_mps else [
+            ["mps", "--gpus", "0-3"], ["hold", "--mps", "--gpus", "0", "--memory", "2GiB"],
+            ["hold", "--mps", "--gpus", "1", "--memory", "2GiB", "--title", "sglang::scheduler_TP0"]]
+        for args in [*mps, ["hold", "--gpus", "0-7", "--workers", "8", "--memory", "8GiB", "--orphan-workers"]]:
             started.append(start(args, host_env)[0])
         py = [sys.executable, "-m", "gpuslate"]
         reads = {"status --json": [*py, "status", "--json"], "status (table)": [*py, "status"],
@@ -130,11 +133,12 @@ def main() -> None:
                          "after_cpu_ms": round(statistics.median(cpu[(cmd, "after")]), 1),
                          "cpu_after_over_before": round(statistics.median(cpu[(cmd, "after")])
                                                         / statistics.median(cpu[(cmd, "before")]), 3)})
-        meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": platform.node(),
+        meta = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": platform.node(), "mps": not a.no_mps,
                 "cpus": os.cpu_count(), "python": platform.python_version(), "rounds": a.rounds,
                 "command": " ".join(sys.argv), "before": trees["before"], "after": trees["after"]}
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "bench-sim-ab.json").write_text(json.dumps({"meta": meta, "rows": rows, "samples": {
+        name = "bench-sim-ab" + ("-no-mps" if a.no_mps else "")
+        (a.out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows, "samples": {
             f"{c} [{t}]": v for (c, t), v in samples.items()}}, indent=1))
         lines = ["| command | wall before ms | wall after ms | after / before | CPU before ms | CPU after ms "
                  "| after / before |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -142,7 +146,7 @@ def main() -> None:
                   f"{r['before_cpu_ms']} | {r['after_cpu_ms']} | {r['cpu_after_over_before']} |" for r in rows]
         text = (f"{meta['date_utc']} UTC, {meta['machine']} ({meta['cpus']} CPUs), {a.rounds} rounds\n\n"
                 + "\n".join(lines))
-        (a.out / "bench-sim-ab.md").write_text(text + "\n")
+        (a.out / f"{name}.md").write_text(text + "\n")
         print(text)
     finally:
         for p in started:  # SIGTERM first: `sim mps` then ends its server and control daemon (their own session)

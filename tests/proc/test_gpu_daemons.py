@@ -138,11 +138,15 @@ def test_read_daemon_checks_the_program_file_and_watch_remembers_only_non_daemon
         os.chmod(server, 0o755)
         watch = DaemonWatch(exclude=[1])
         assert watch([pid, os.getpid(), 1]) == {pid: "nvidia-cuda-mps-server"}
-        calls: list[int] = []
-        real = daemons.read_daemon
-        monkeypatch.setattr(daemons, "read_daemon", lambda x: calls.append(x) or real(x))
+        reads: list[int] = []
+        proofs: list[int] = []
+        real_read, real_prove = daemons.exe_daemon, daemons.Prover.unproven
+        monkeypatch.setattr(daemons, "exe_daemon", lambda x: reads.append(x) or real_read(x))
+        monkeypatch.setattr(daemons.Prover, "unproven",
+                            lambda self, x, prog: proofs.append(x) or real_prove(self, x, prog))
         assert watch([pid, os.getpid()]) == {pid: "nvidia-cuda-mps-server"}
-        assert calls == [pid]  # the daemon is read again, the ordinary process is not
+        assert reads == [] and proofs == []  # its identity read again, its proof kept; the other not read again
+        assert DaemonWatch()([pid]) == {pid: "nvidia-cuda-mps-server"} and proofs == [pid]  # a new wait proves again
     finally:
         _end(p, pid)
     wait_for(lambda: read_daemon(pid) is None)  # gone (SIGKILL takes a moment)

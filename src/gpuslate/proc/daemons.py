@@ -336,23 +336,37 @@ class DaemonWatch:
     ``/proc`` each time it is asked, for the polls of a wait; ``exclude`` are never daemons here
     (the targets of a clear: a daemon that is a target is no spared baseline).
 
-    Only "not a daemon" is remembered (by pid, for the watch's life): a pid reused since
-    by a daemon is then counted as an ordinary holder, the safe side; a daemon is read
-    again every time (and proven again), so a reused daemon pid is never taken for one."""
+    "Not a daemon" is remembered by pid, for the watch's life: a pid reused since by a daemon
+    is then counted as an ordinary holder, the safe side. A daemon is proven once per identity
+    (pid and start time, read again at every call: a reused pid is never taken for it) for the
+    watch's life, one wait: the polls of a wait come every few milliseconds, and what a proof
+    reads (its environment, its memory map, its parent) does not change under a daemon in that
+    time unless the daemon itself loads code, which the cap per GPU bounds."""
 
     def __init__(self, exclude: Iterable[int] = ()) -> None:
         self._not = set(exclude)
         self._prover = Prover()
+        self._proven: dict[tuple[int, int], str | None] = {}  # identity -> program, None: not proven
 
     def __call__(self, pids: Collection[int]) -> dict[int, str]:
         out: dict[int, str] = {}
         for pid in pids:
             if pid in self._not:
                 continue
-            prog = read_daemon(pid)
+            st = read_stat(pid)
+            ident = (pid, st.start_ticks) if st is not None and not st.has_exited else None
+            if ident is not None and ident in self._proven:
+                prog = self._proven[ident]
+                if prog is not None:
+                    out[pid] = prog
+                continue
+            prog = exe_daemon(pid) if ident is not None else None
             if prog is None:
                 self._not.add(pid)
-            elif self._prover.unproven(pid, prog) is None:
+                continue
+            proven = self._prover.unproven(pid, prog) is None
+            self._proven[ident] = prog if proven else None  # type: ignore[index]
+            if proven:
                 out[pid] = prog
         return out
 
