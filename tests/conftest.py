@@ -35,15 +35,19 @@ def hold(sim_host: SimHost) -> Iterator[Callable[..., Holder]]:
     started: list[Holder] = []
 
     def start(*args: str, new_session: bool = True, host: SimHost | None = None,
-              program: str | None = None, verb: str = "hold") -> Holder:
+              program: str | None = None, verb: str = "hold", env: dict[str, str | None] | None = None) -> Holder:
         """``program``: run the holder as that program (its /proc/PID/exe), not only titled so;
-        ``verb="mps"``: ``gpuslate sim mps ARGS``, a simulated MPS server."""
+        ``verb="mps"``: ``gpuslate sim mps ARGS``, a simulated MPS server; ``env``: variables set
+        first in its environment (``None``: left out)."""
         root = (host or sim_host).root
         exe = program_named(program, sim_host.root.parent / "programs") if program else sys.executable
+        environ = gpuslate_env()
+        first = {k: v for k, v in (env or {}).items() if v is not None}
+        environ = {**first, **{k: v for k, v in environ.items() if k not in (env or {})}}
         proc = subprocess.Popen(
             [exe, "-m", "gpuslate", "--sim", str(root), "sim", verb, *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=gpuslate_env(), start_new_session=new_session,
+            env=environ, start_new_session=new_session,
         )
         ready, _, _ = select.select([proc.stdout], [], [], 20)
         line = proc.stdout.readline() if ready else ""

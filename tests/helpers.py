@@ -168,6 +168,7 @@ class Holder:
         self.proc = proc
         self.pid: int = ready["pid"]
         self.workers: list[int] = ready["workers"]
+        self.ready = ready  # the whole ready line (``sim mps``: its ``control`` daemon's pid too)
         self.pgid = os.getpgid(self.pid)
 
     @property

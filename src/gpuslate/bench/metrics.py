@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from .._document import Fields
+
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 PEAK_BUCKET_S = 1.0  # vLLM buckets tokens per whole second
 
@@ -369,20 +371,18 @@ class LevelResult:
         def summary(x: Any) -> Summary:
             return Summary.from_json(x)
 
+        f = Fields(d)
         errors = d["errors"]
-        if not isinstance(errors, dict) or not all(isinstance(v, int) for v in errors.values()):
-            raise TypeError(f"errors: expected counts by message, got {errors!r}")
+        if not isinstance(errors, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                   for v in errors.values()):
+            raise TypeError(f"errors: expected counts by message, got {str(errors)[:60]}")
         for key in _COUNTS:
-            if isinstance(d[key], bool) or not isinstance(d[key], int):
-                raise TypeError(f"{key}: expected a count, got {d[key]!r}")
-        for key in _FIGURES:
-            if _number(d[key]) is None and key in _REQUIRED_FIGURES:
-                raise TypeError(f"{key}: expected a number, got null")
+            f.integer(key, 0, what="a count")
+        for key in _FIGURES:  # a figure is a number from 0 (a rate, a duration, a share), or null where it may be
+            (f.number if key in _REQUIRED_FIGURES else f.opt_number)(key, 0.0)
         for key in _NULLABLE_COUNTS:
-            if d[key] is not None and (isinstance(d[key], bool) or not isinstance(d[key], int)):
-                raise TypeError(f"{key}: expected a count or null, got {d[key]!r}")
-        if d["request_rate"] is not None:
-            _number(d["request_rate"])
+            f.opt_integer(key, 0, what="a count")
+        f.opt_number("request_rate", 0.0)
         if d["stopped_early"] is not None and not isinstance(d["stopped_early"], str):
             raise TypeError(f"stopped_early: expected a reason or null, got {d['stopped_early']!r}")
         return cls(

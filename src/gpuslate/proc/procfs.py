@@ -143,6 +143,24 @@ def boot_time() -> float:
     return _boot_time
 
 
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``, random at every boot); "" when it cannot be
+    read. A process identity (pid, start ticks) means this process only within one boot: after a
+    reboot, pids and ticks start again, and a recorded identity may name a stranger."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open(f"{PROC}/sys/kernel/random/boot_id", "rb") as f:
+                text = f.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            text = ""
+        _boot_id = text if len(text) == 36 else ""
+    return _boot_id
+
+
+_boot_id: str | None = None
+
+
 def ticks_to_epoch(ticks: int) -> float:
     return boot_time() + ticks / CLK_TCK
 

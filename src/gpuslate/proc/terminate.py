@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+from .._document import MAX_ID, Fields
 from ..errors import PermissionDenied
 from .procfs import ProcessId
 from .signals import (
@@ -75,8 +76,26 @@ class SignalRecord(NamedTuple):
         return {"signal": self.signal, "at_s": round(self.at, 4), "outcome": self.outcome}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SignalRecord:
-        return cls(d["signal"], float(d["at_s"]), d["outcome"])
+    def from_json(cls, d: object) -> SignalRecord:
+        f = Fields(d)
+        return cls(f.text("signal"), f.seconds("at_s"), f.text("outcome"))
+
+
+#: the fields of a victim's ``info`` that reports read back from a document, and how each is checked
+_INFO = {"pid": "pid", "start_ticks": "ticks", "user": "text", "uid": "id", "command": "text", "name": "text",
+         "gpus": "gpus", "used_memory": "size", "role": "text", "job": "pid", "container": "text", "unit": "text",
+         "pgid": "id", "sid": "id", "cgroup": "text"}
+
+
+def victim_info(d: dict[str, Any]) -> dict[str, Any]:
+    """A victim's ``info`` read back from a document: its known fields checked (each may be null),
+    the others (a newer gpuslate's) kept as they are, never read."""
+    f = Fields(d)
+    read: dict[str, Callable[[str], Any]] = {
+        "pid": f.opt_pid, "ticks": lambda k: f.opt_integer(k, 0), "text": f.opt_text,
+        "id": lambda k: f.opt_integer(k, 0, MAX_ID), "size": f.opt_size,
+        "gpus": lambda k: None if f.raw(k) is None else f.gpus(k)}
+    return {k: (read[_INFO[k]](k) if k in _INFO else v) for k, v in d.items()}
 
 
 class VictimResult:
@@ -105,16 +124,18 @@ class VictimResult:
         return {**self.victim.info, **self.outcome_json()}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], info: dict[str, Any] | None = None) -> VictimResult:
+    def from_json(cls, d: object, info: dict[str, Any] | None = None) -> VictimResult:
         """A victim's result from its document (:meth:`to_json`, or :meth:`outcome_json` with the
-        victim's ``info`` apart)."""
+        victim's ``info`` apart); every field it is read for checked (the info's too: what reports
+        show of it)."""
+        f = Fields(d)
         outcome = ("signals", "exited_at_s", "ended_by", "permission_denied", "refused")
         if info is None:
-            info = {k: v for k, v in d.items() if k not in outcome}
-        r = cls(Victim(ident=ProcessId(d["pid"], d.get("start_ticks") or 0), info=info))
-        r.signals = [SignalRecord.from_json(s) for s in d["signals"]]
-        r.exited_at, r.ended_by = d["exited_at_s"], d["ended_by"]
-        r.permission_denied, r.refused = bool(d["permission_denied"]), d["refused"]
+            info = victim_info({k: v for k, v in f.d.items() if k not in outcome})
+        r = cls(Victim(ident=ProcessId(f.pid("pid"), f.opt_integer("start_ticks", 0, default=None) or 0), info=info))
+        r.signals = f.items("signals", SignalRecord.from_json)
+        r.exited_at, r.ended_by = f.opt_seconds("exited_at_s"), f.opt_text("ended_by")
+        r.permission_denied, r.refused = f.flag("permission_denied"), f.opt_text("refused")
         return r
 
     def __eq__(self, other: object) -> bool:

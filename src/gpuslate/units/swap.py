@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._document import checked, reading
+from .._document import MAX_SECONDS, Fields, checked, reading
 from .._parse import format_size
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..errors import NotDoneError, UsageError
 from ..front.admin import AdminError
 from ..front.counters import HoldMeter, HoldReport
@@ -124,18 +124,18 @@ class SwapResult(Parted):
     @classmethod
     def from_json(cls, doc: object) -> SwapResult:
         """A ``gpuslate.swap.v1`` document as the SwapResult it was."""
-        d = checked(doc, SWAP_SCHEMA)
+        f = Fields(checked(doc, SWAP_SCHEMA))
         with reading(SWAP_SCHEMA):
-            return cls(old=d["old"], new=d["new"], status=SwapStatus(d["status"]),
-                       down=DownResult.from_json(d["down"]),
-                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None,
-                       rollback=UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
-                       phases=dict(d["phases"]), total_s=float(d["total_s"]), downtime_s=d["downtime_s"],
-                       downtime=dict(d["downtime"]) if d["downtime"] is not None else None,
-                       prefetch=PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
-                       stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
-                       overhead=d["overhead_s"],
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+            return cls(old=f.text("old"), new=f.text("new"), status=f.choice("status", SwapStatus),
+                       down=f.record("down", DownResult.from_json), up=f.opt_record("up", UpResult.from_json),
+                       rollback=f.opt_record("rollback", UpResult.from_json), phases=f.timings("phases"),
+                       total_s=f.seconds("total_s"), downtime_s=f.opt_seconds("downtime_s"),
+                       downtime=f.timings("downtime") if f.raw("downtime") is not None else None,
+                       prefetch=f.opt_record("prefetch", PrefetchReport.from_json),
+                       stop_old_at=f.opt_time("stop_old_at"),
+                       overhead=f.opt_number("overhead_s", -MAX_SECONDS, MAX_SECONDS),
+                       front=f.opt_record("front", FrontReport.from_json, default=None))
+
 
 
 def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions = SwapOptions()) -> SwapResult:

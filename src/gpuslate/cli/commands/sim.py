@@ -97,10 +97,11 @@ def build(p: argparse.ArgumentParser) -> None:
                         description="Run a simulated CUDA MPS server (nvidia-cuda-mps-server) until killed: it "
                         "holds FOOTPRINT on each listed GPU as a compute context, as a real idle server does "
                         "(66 MiB on an H200), and runs as DIR/bin/nvidia-cuda-mps-server, a copy of the "
-                        "system's sleep. It is a GPU daemon (spared by clear, its memory a baseline that wait "
-                        "and clear do not count) when that copy is root's, as when root runs this; for another "
-                        "user it is an ordinary process of theirs. 'sim hold --mps' starts its clients. "
-                        "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": []} when held.",
+                        "system's sleep, started by a simulated control daemon (DIR/bin/nvidia-cuda-mps-control). "
+                        "It is a GPU daemon (spared by clear, its memory a baseline that wait and clear do not "
+                        "count) when those copies are root's, as when root runs this; for another user it is an "
+                        "ordinary process of theirs. 'sim hold --mps' starts its clients. Prints one JSON line "
+                        "{\"ready\": true, \"pid\": ..., \"control\": ..., \"workers\": []} when held.",
                         epilog=exit_epilog({0: "the server ended (SIGTERM or SIGINT to this command ends it)",
                                             2: "bad input, or no simulated host",
                                             5: "this user may not record memory in the host's folder, or "

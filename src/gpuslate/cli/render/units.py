@@ -113,6 +113,7 @@ def print_down(result: DownResult) -> None:
         _out(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
              + (f" ({t['verify_s']:.2f} s)" if rep.verification in (Verification.RELEASED,
                                                                     Verification.NOT_RELEASED) else ""))
+        _warnings(result)
         return
     verdict = "stopped" if rep.verification != Verification.NOT_RULED_OUT else "NOT verified stopped"
     _out(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
@@ -121,6 +122,12 @@ def print_down(result: DownResult) -> None:
                                                                         Verification.NOT_RELEASED) else ""))
     if rep.verification in (Verification.RELEASED, Verification.NOT_RELEASED) and rep.unverified:
         _out(f"  not verified: {safe(rep.unverified)}")
+    _warnings(result)
+
+
+def _warnings(result: DownResult) -> None:
+    for w in result.warnings:
+        _out(f"  warning: {safe(w)}")
 
 
 def report_down_failure(result: DownResult) -> None:
@@ -134,10 +141,10 @@ def report_down_failure(result: DownResult) -> None:
     for p in leaks:
         err.write(f"gpuslate: remedy: {safe(p.remedy)}\n")
     alive = [r.victim.ident.pid for r in rep.results + rep.swept if r.alive]
-    strays = [s.pid for s in result.strays]
+    strays = [s for s in result.strays if s.blocking]
     why = (f"processes still running: {alive}" if alive else
-           f"processes not found in it, which cannot be ruled out, hold its GPU memory or port: {strays} "
-           "(add --clear to end them)"
+           "processes not found in it and not proven its own, which gpuslate therefore never signals, hold its "
+           "GPU memory or port: " + "; ".join(f"pid {s.pid} ('{s.remedy()}' ends it)" for s in strays)
            if strays and result.cleared is None else
            f"its GPU memory could not be verified: {rep.unverified}" if rep.released is None
            else "memory on its GPUs is held by no process (a leak; see above)" if leaks
