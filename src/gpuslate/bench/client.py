@@ -15,7 +15,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import pairwise
 from typing import Any
 
@@ -27,12 +27,42 @@ from .prompts import Prompt
 from .tokens import TokenCounter
 
 _ERROR_CHARS = 200  # an error message is cut to this before it is grouped
-_decode = json.JSONDecoder().decode  # str in: json.loads would sniff each bytes chunk's encoding
 CHARS_PER_TOKEN = 4  # the estimate without usage or tokenizer (the simulator's and OpenAI's rule of thumb)
 #: a whole (not streamed) response, or one event of a stream, is at most this: a server that sends more
 #: (or a line without end) fails that request, never the memory of the load generator
 MAX_BODY_BYTES = MAX_DOCUMENT_BYTES
 MAX_EVENT_BYTES = 4 << 20
+#: asyncio's selector transport reads with ``recv(256 KiB)``, and glibc serves an allocation that large
+#: with ``mmap``, then ``mremap`` and ``munmap`` it: four system calls for every small SSE chunk
+#: (python/cpython#85451), a third of the client's CPU per request at concurrency 64. 64 KiB comes
+#: from the heap; a chunk is a few hundred bytes, and a larger buffer is read in several calls.
+READ_BYTES = 64 << 10
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _event_decoder() -> tuple[str, Callable[[bytes], Any]]:
+    """(name, decode) of the JSON decoder for stream events: orjson where the ``fast`` extra installed
+    it (from bytes, about a quarter of the json module's time per event), else the json module,
+    refusing NaN and Infinity as orjson does, so that both accept the same events."""
+    try:
+        import orjson
+    except ImportError:
+        decode = json.JSONDecoder(parse_constant=_no_constant).decode
+
+        def stdlib(payload: bytes) -> Any:
+            try:
+                return decode(payload.decode())  # str in: json.loads would sniff each chunk's encoding
+            except RecursionError:  # nested deeper than the parser recurses (orjson: a ValueError)
+                raise ValueError("an event nested too deep") from None
+
+        return "json", stdlib
+    return "orjson", orjson.loads
+
+
+JSON_DECODER, decode_event = _event_decoder()
 
 
 async def read_body(resp: aiohttp.ClientResponse, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -68,15 +98,23 @@ def error_message(body: bytes) -> str:
 
 
 def chunk_text(obj: dict[str, Any]) -> str:
+    """The generated text of a chunk's (or a whole response's) first choice; "" if none."""
     choices = obj.get("choices")
-    if not choices or not isinstance(choices[0], dict):
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
-    choice = choices[0]
-    if "text" in choice:
-        return choice["text"] or ""
-    delta = choice.get("delta") or choice.get("message") or {}
-    # Reasoning models stream their thinking first: it is generated text too.
-    return delta.get("content") or delta.get("reasoning_content") or ""
+    return choice_text(choices[0])
+
+
+def choice_text(choice: dict[str, Any]) -> str:
+    """Completions' ``text``, chat's ``delta`` (streamed) or ``message`` ``content``; "" if none or not text."""
+    text = choice.get("text")
+    if text is None:
+        delta = choice.get("delta") or choice.get("message")
+        if not isinstance(delta, dict):
+            return ""
+        # Reasoning models stream their thinking first: it is generated text too.
+        text = delta.get("content") or delta.get("reasoning_content")
+    return text if isinstance(text, str) else ""
 
 
 def connect_failure(exc: aiohttp.ClientConnectorError) -> str:
@@ -112,14 +150,17 @@ class StreamParser:
         self.usage: dict[str, Any] | None = None
         self.finished = False
         self.done = False
+        self.ended: float | None = None  # when the buffer that ended the stream arrived
         self.error: str | None = None
 
     def feed(self, now: float, data: bytes) -> bool:
         """Parse a network buffer that arrived at ``now``; True once the stream is over
-        (``[DONE]`` or an error event)."""
-        lines = (self.pending + data).split(b"\n")
+        (``[DONE]`` or an error event). Called for every buffer of every stream: kept lean."""
+        buf = self.pending + data if self.pending else data
+        lines = buf.split(b"\n")
         self.pending = lines.pop()  # an incomplete last line waits for the next buffer
-        if len(self.pending) > MAX_EVENT_BYTES or any(len(line) > MAX_EVENT_BYTES for line in lines):
+        if len(buf) > MAX_EVENT_BYTES and (len(self.pending) > MAX_EVENT_BYTES
+                                           or max(map(len, lines), default=0) > MAX_EVENT_BYTES):
             self.error = f"malformed response: an event line of more than {MAX_EVENT_BYTES} bytes"
             return True
         for line in lines:
@@ -128,11 +169,9 @@ class StreamParser:
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 self.finished = self.done = True
+                self.ended = now
                 return True
-            try:
-                obj = _decode(payload.decode())
-            except RecursionError:  # nested deeper than the parser recurses: checked while parsing
-                raise ValueError("an event nested too deep") from None
+            obj = decode_event(payload)
             if not isinstance(obj, dict):
                 continue
             if "error" in obj and "choices" not in obj:
@@ -142,22 +181,25 @@ class StreamParser:
         return False
 
     def _event(self, now: float, obj: dict[str, Any]) -> None:
-        choices = obj.get("choices")
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-        if not choices:
-            return
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return  # a usage-only chunk, or a malformed one
         if self.first_choice is None:
             self.first_choice = now
-        text = chunk_text(obj)
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return
+        text = choice_text(choice)
         if text:
             self.times.append(now)
             self.chars.append(len(text))
             self.text.append(text)
             cum = usage.get("completion_tokens") if isinstance(usage, dict) else None
             self.cumulative.append(cum if isinstance(cum, int) else None)
-        if isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        if choice.get("finish_reason"):
             self.finished = True
 
     def finish(self, rec: RequestRecord, prompt: Prompt, tokenizer: TokenCounter | None) -> None:
@@ -206,6 +248,16 @@ def count_tokens(rec: RequestRecord, prompt: Prompt, usage: Any, text: str, chun
     rec.prompt_tokens = prompt.input_len or math.ceil(len(prompt.text) / CHARS_PER_TOKEN)
 
 
+def small_reads(resp: aiohttp.ClientResponse) -> None:
+    """Read the response's connection :data:`READ_BYTES` at a time where asyncio's selector transport
+    would ask ``recv()`` for 256 KiB (uvloop's and TLS transports have no such knob: left as they are)."""
+    conn = resp.connection
+    transport = conn.transport if conn is not None else None
+    size = getattr(transport, "max_size", None)
+    if isinstance(size, int) and size > READ_BYTES:
+        setattr(transport, "max_size", READ_BYTES)  # noqa: B010 - not in asyncio.Transport's type
+
+
 class Client:
     """Sends one request and records it, the way the reference tools time it."""
 
@@ -247,9 +299,11 @@ class Client:
         rec.start = st = time.perf_counter()
         key = id(rec)
         self.in_flight[key] = (st, None)
+        ended: float | None = None
         try:
             async with self.session.post(self.url, data=payload, timeout=self.timeout,
                                          headers=self.headers) as resp:
+                small_reads(resp)
                 if resp.status != 200:
                     rec.error = short(f"HTTP {resp.status}: {error_message(await resp.content.read(65536))}")
                 elif self.plan.stream:
@@ -259,6 +313,7 @@ class Client:
                         if parser.feed(time.perf_counter() - st, data):
                             break
                     parser.finish(rec, prompt, self.tokenizer)
+                    ended = parser.ended
                 else:
                     await self._read_whole(resp, rec, prompt, st)
         except asyncio.TimeoutError:
@@ -275,7 +330,9 @@ class Client:
             rec.error = short(f"malformed response: {exc}")
         finally:
             self.in_flight.pop(key, None)
-        rec.latency = time.perf_counter() - st
+        # E2E ends where the stream did (the buffer with [DONE]), as SGLang's client stamps that line: not
+        # after the parsing and the connection's release (its close, with --connection per-request)
+        rec.latency = ended if ended is not None and rec.error is None else time.perf_counter() - st
         rec.ok = rec.error is None
         return rec
 
