@@ -8,6 +8,7 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
+- ``fast``: uvloop and orjson, a lighter ``bench`` client where installed (required by no command);
 - ``all``: every extra.
 
 A command checks for its extras before it starts anything (:func:`require`),
@@ -35,6 +36,7 @@ class Extra(Enum):
     PLOTS = "plots"
     EXPORTER = "exporter"
     TOKENIZERS = "tokenizers"
+    FAST = "fast"  # optional everywhere: bench uses it where installed, never requires it
 
 
 #: the top-level modules each extra provides (keep in step with pyproject.toml)
@@ -43,6 +45,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.PLOTS: ("matplotlib",),
     Extra.EXPORTER: ("prometheus_client",),
     Extra.TOKENIZERS: ("tokenizers",),
+    Extra.FAST: ("uvloop", "orjson"),
 }
 
 

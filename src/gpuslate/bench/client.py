@@ -59,7 +59,16 @@ def _event_decoder() -> tuple[str, Callable[[bytes], Any]]:
                 raise ValueError("an event nested too deep") from None
 
         return "json", stdlib
-    return "orjson", orjson.loads
+
+    def fast(payload: bytes) -> Any:
+        try:
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:  # a ValueError: the same as the json module's, by its message
+            if str(exc).startswith("depth limit"):
+                raise ValueError("an event nested too deep") from None
+            raise
+
+    return "orjson", fast
 
 
 JSON_DECODER, decode_event = _event_decoder()
@@ -142,10 +151,8 @@ class StreamParser:
 
     def __init__(self) -> None:
         self.pending = b""
-        self.times: list[float] = []
-        self.chars: list[int] = []
-        self.cumulative: list[int | None] = []  # usage.completion_tokens carried by each text chunk
-        self.text: list[str] = []
+        #: each text chunk: (arrival, its text, the usage object it carried); figures are made in finish()
+        self.chunks: list[tuple[float, str, Any]] = []
         self.first_choice: float | None = None
         self.usage: dict[str, Any] | None = None
         self.finished = False
@@ -155,12 +162,14 @@ class StreamParser:
 
     def feed(self, now: float, data: bytes) -> bool:
         """Parse a network buffer that arrived at ``now``; True once the stream is over
-        (``[DONE]`` or an error event). Called for every buffer of every stream: kept lean."""
-        buf = self.pending + data if self.pending else data
-        lines = buf.split(b"\n")
+        (``[DONE]`` or an error event). Called for every buffer of every stream, so it does the
+        least it can: split, decode, keep what finish() needs."""
+        if self.pending:
+            data = self.pending + data
+        lines = data.split(b"\n")
         self.pending = lines.pop()  # an incomplete last line waits for the next buffer
-        if len(buf) > MAX_EVENT_BYTES and (len(self.pending) > MAX_EVENT_BYTES
-                                           or max(map(len, lines), default=0) > MAX_EVENT_BYTES):
+        if len(data) > MAX_EVENT_BYTES and (len(self.pending) > MAX_EVENT_BYTES
+                                            or max(map(len, lines), default=0) > MAX_EVENT_BYTES):
             self.error = f"malformed response: an event line of more than {MAX_EVENT_BYTES} bytes"
             return True
         for line in lines:
@@ -172,35 +181,33 @@ class StreamParser:
                 self.ended = now
                 return True
             obj = decode_event(payload)
-            if not isinstance(obj, dict):
+            if type(obj) is not dict:
                 continue
-            if "error" in obj and "choices" not in obj:
-                self.error = short(f"error in stream: {error_message(payload)}")
-                return True
-            self._event(now, obj)
+            usage = obj.get("usage")
+            if usage is not None and type(usage) is dict:
+                self.usage = usage
+            choices = obj.get("choices")
+            if not choices or type(choices) is not list:
+                if "error" in obj and "choices" not in obj:
+                    self.error = short(f"error in stream: {error_message(payload)}")
+                    return True
+                continue  # a usage-only chunk, or a malformed one
+            if self.first_choice is None:
+                self.first_choice = now
+            choice = choices[0]
+            if type(choice) is not dict:
+                continue
+            text = choice_text(choice)
+            if text:
+                self.chunks.append((now, text, usage))
+            if choice.get("finish_reason"):
+                self.finished = True
         return False
 
-    def _event(self, now: float, obj: dict[str, Any]) -> None:
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices:
-            return  # a usage-only chunk, or a malformed one
-        if self.first_choice is None:
-            self.first_choice = now
-        choice = choices[0]
-        if not isinstance(choice, dict):
-            return
-        text = choice_text(choice)
-        if text:
-            self.times.append(now)
-            self.chars.append(len(text))
-            self.text.append(text)
-            cum = usage.get("completion_tokens") if isinstance(usage, dict) else None
-            self.cumulative.append(cum if isinstance(cum, int) else None)
-        if choice.get("finish_reason"):
-            self.finished = True
+    @property
+    def times(self) -> list[float]:
+        """Arrival of each text chunk, from the request's start."""
+        return [c[0] for c in self.chunks]
 
     def finish(self, rec: RequestRecord, prompt: Prompt, tokenizer: TokenCounter | None) -> None:
         """Fill ``rec`` from what was parsed (error, TTFTs, chunk times and tokens)."""
@@ -210,16 +217,20 @@ class StreamParser:
         if not self.finished:
             rec.error = "stream ended before [DONE]"
             return
-        rec.ttft = self.times[0] if self.times else None
+        times = self.times
+        texts = [c[1] for c in self.chunks]
+        rec.ttft = times[0] if times else None
         rec.ttft_vllm = self.first_choice
-        rec.chunk_times = self.times
-        count_tokens(rec, prompt, self.usage, "".join(self.text), len(self.times), tokenizer)
-        cum = [c for c in self.cumulative if c is not None]
-        if cum and len(cum) == len(self.cumulative) and cum[-1] == rec.output_tokens \
+        rec.chunk_times = times
+        count_tokens(rec, prompt, self.usage, "".join(texts), len(times), tokenizer)
+        # usage.completion_tokens each text chunk carried (vLLM's continuous_usage_stats): the count so far
+        carried = [u.get("completion_tokens") if type(u) is dict else None for _, _, u in self.chunks]
+        cum = [c for c in carried if type(c) is int]
+        if cum and len(cum) == len(carried) and cum[-1] == rec.output_tokens \
                 and all(b >= a for a, b in pairwise(cum)):
             rec.chunk_tokens = _diffs(cum)
         else:
-            rec.chunk_tokens = split_tokens(rec.output_tokens, self.chars)
+            rec.chunk_tokens = split_tokens(rec.output_tokens, [len(t) for t in texts])
 
 
 def _diffs(cum: list[int]) -> list[int]:
@@ -349,5 +360,5 @@ class Client:
     def in_flight_now(self) -> list[dict[str, Any]]:
         """The requests still waiting for their end: how long, and what arrived so far."""
         now = time.perf_counter()
-        return [{"elapsed_s": round(now - st, 3), "chunks_received": len(p.times) if p else 0}
+        return [{"elapsed_s": round(now - st, 3), "chunks_received": len(p.chunks) if p else 0}
                 for st, p in self.in_flight.values()]

@@ -196,18 +196,20 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """``numpy.percentile(values, q)`` with its default linear interpolation."""
+def percentile(values: Sequence[float], q: float, *, ordered: bool = False) -> float:
+    """``numpy.percentile(values, q)`` with its default linear interpolation (``ordered``: the
+    values are sorted already, as :func:`summarize` sorts them once for all its percentiles)."""
     if not values:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be within 0..100, got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
+    if not ordered:
+        values = sorted(values)
+    rank = (len(values) - 1) * q / 100.0
     lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
+    hi = min(lo + 1, len(values) - 1)
     frac = rank - lo
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * frac
+    return values[lo] + (values[hi] - values[lo]) * frac
 
 
 def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
@@ -216,10 +218,10 @@ def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_P
     qs = tuple(dict.fromkeys([50.0, 90.0, 99.0, *(float(q) for q in percentiles)]))
     if not seconds:
         return Summary(None, None, None, tuple((q, None) for q in qs))  # type: ignore[misc]
-    ms = [s * 1000.0 for s in seconds]
+    ms = sorted(s * 1000.0 for s in seconds)
     mean = math.fsum(ms) / len(ms)
     std = math.sqrt(math.fsum((x - mean) ** 2 for x in ms) / len(ms))
-    return Summary(mean, std, max(ms), tuple((q, percentile(ms, q)) for q in qs))
+    return Summary(mean, std, ms[-1], tuple((q, percentile(ms, q, ordered=True)) for q in qs))
 
 
 def tpot(latency: float, ttft: float | None, output_tokens: int) -> float | None:
