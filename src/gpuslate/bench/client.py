@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from .._document import MAX_DOCUMENT_BYTES, parse_json
+from ..extras import installed
 from .metrics import RequestRecord, TokenSource, split_tokens
 from .prompts import Prompt
 from .tokens import TokenCounter
@@ -72,6 +73,18 @@ def _event_decoder() -> tuple[str, Callable[[bytes], Any]]:
 
 
 JSON_DECODER, decode_event = _event_decoder()
+
+
+def _body_encoder() -> Callable[[Any], bytes]:
+    """A request body's JSON: orjson's where installed (the fast extra), else the json module's."""
+    try:
+        import orjson
+    except ImportError:
+        return lambda doc: json.dumps(doc).encode()
+    return orjson.dumps
+
+
+encode_body = _body_encoder()
 
 
 async def read_body(resp: aiohttp.ClientResponse, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -159,11 +172,13 @@ class StreamParser:
         self.done = False
         self.ended: float | None = None  # when the buffer that ended the stream arrived
         self.error: str | None = None
+        self.origin = 0.0  # subtracted from the times fed: the request's start, where they are clock readings
 
     def feed(self, now: float, data: bytes) -> bool:
         """Parse a network buffer that arrived at ``now``; True once the stream is over
         (``[DONE]`` or an error event). Called for every buffer of every stream, so it does the
         least it can: split, decode, keep what finish() needs."""
+        now -= self.origin
         if self.pending:
             data = self.pending + data
         lines = data.split(b"\n")
@@ -259,6 +274,16 @@ def count_tokens(rec: RequestRecord, prompt: Prompt, usage: Any, text: str, chun
     rec.prompt_tokens = prompt.input_len or math.ceil(len(prompt.text) / CHARS_PER_TOKEN)
 
 
+def streaming_connections(base: str, connection: str) -> Any:
+    """The :class:`~.http1.Http1` the streamed requests go over where the ``fast`` extra installed
+    httptools; None (aiohttp carries them) where not."""
+    if not installed("httptools"):
+        return None
+    from .http1 import Http1  # lazy: the fast extra, optional
+
+    return Http1(base, pooled=connection == "pooled")
+
+
 def small_reads(resp: aiohttp.ClientResponse) -> None:
     """Read the response's connection :data:`READ_BYTES` at a time where asyncio's selector transport
     would ask ``recv()`` for 256 KiB (uvloop's and TLS transports have no such knob: left as they are)."""
@@ -285,6 +310,13 @@ class Client:
         self.continuous_usage = continuous_usage
         self.tokenizer = tokenizer
         self.in_flight: dict[int, tuple[float, StreamParser | None]] = {}
+        self.path = path
+        self.http1 = streaming_connections(base, plan.connection) if plan.stream else None
+
+    def close(self) -> None:
+        """Close the idle connections of the streamed requests (aiohttp's session closes its own)."""
+        if self.http1 is not None:
+            self.http1.close()
 
     def body(self, prompt: Prompt) -> dict[str, Any]:
         p = self.plan
@@ -305,8 +337,10 @@ class Client:
         return body
 
     async def send(self, prompt: Prompt) -> RequestRecord:
+        if self.http1 is not None:
+            return await self._send_http1(prompt)
         rec = RequestRecord()
-        payload = json.dumps(self.body(prompt)).encode()
+        payload = encode_body(self.body(prompt))
         rec.start = st = time.perf_counter()
         key = id(rec)
         self.in_flight[key] = (st, None)
@@ -343,6 +377,37 @@ class Client:
             self.in_flight.pop(key, None)
         # E2E ends where the stream did (the buffer with [DONE]), as SGLang's client stamps that line: not
         # after the parsing and the connection's release (its close, with --connection per-request)
+        rec.latency = ended if ended is not None and rec.error is None else time.perf_counter() - st
+        rec.ok = rec.error is None
+        return rec
+
+    async def _send_http1(self, prompt: Prompt) -> RequestRecord:
+        """:meth:`send` of a streamed request over :mod:`.http1`: the same record, timed the same way."""
+        from .http1 import HttpFailure  # lazy: only where the fast extra installed httptools
+
+        assert self.http1 is not None
+        rec = RequestRecord()
+        payload = encode_body(self.body(prompt))
+        head = self.http1.request_head(self.path, self.headers, len(payload))
+        parser = StreamParser()
+        rec.start = st = time.perf_counter()
+        key = id(rec)
+        self.in_flight[key] = (st, parser)
+
+        parser.origin = st  # the connection stamps each buffer with perf_counter(): the parser subtracts st
+        try:
+            status, body = await self.http1.post(head, payload, parser.feed, self.plan.timeout_s)
+            if status != 200:
+                rec.error = short(f"HTTP {status}: {error_message(body)}")
+            else:
+                parser.finish(rec, prompt, self.tokenizer)
+        except asyncio.TimeoutError:
+            rec.error = f"timeout after {self.plan.timeout_s:g} s"
+        except HttpFailure as exc:
+            rec.error = short(str(exc))
+        finally:
+            self.in_flight.pop(key, None)
+        ended = parser.ended
         rec.latency = ended if ended is not None and rec.error is None else time.perf_counter() - st
         rec.ok = rec.error is None
         return rec

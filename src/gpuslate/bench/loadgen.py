@@ -105,41 +105,51 @@ async def run_bench_async(url: str, plan: LoadPlan, *,
             result.warnings.append(warning)
         client = Client(session, base, plan, model or "", headers=headers, tokenizer=tokenizer,
                         continuous_usage=result.server.get("engine") in CONTINUOUS_USAGE_ENGINES)
-        run = Scheduler(client, plan, prompts, on_progress, stop)
-        levels: list[int | None] = [None] if plan.request_rate is not None else list(plan.concurrency)
-        for index, concurrency in enumerate(levels):
-            if plan.warmup and (plan.warmup_each_level or index == 0):
-                width = concurrency if concurrency is not None else (plan.max_concurrency or plan.warmup)
-                warm = await run.warm(index, width)
-                if warm.cut:
-                    result.interrupted = True
-                    result.in_flight = [{"level": index, "warmup": True, **r} for r in warm.in_flight]
-                    break
-            before, cut = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
-            if cut:
+        try:
+            return await _levels(session, base, headers, plan, result, client, prompts, on_progress, stop)
+        finally:
+            client.close()
+
+
+async def _levels(session: aiohttp.ClientSession, base: str, headers: dict[str, str], plan: LoadPlan,
+                  result: BenchResult, client: Client, prompts: PromptSource,
+                  on_progress: Callable[[Progress], None] | None, stop: asyncio.Event | None) -> BenchResult:
+    """The plan's levels in order (each warmed up as asked), the speculative counters read around each."""
+    run = Scheduler(client, plan, prompts, on_progress, stop)
+    levels: list[int | None] = [None] if plan.request_rate is not None else list(plan.concurrency)
+    for index, concurrency in enumerate(levels):
+        if plan.warmup and (plan.warmup_each_level or index == 0):
+            width = concurrency if concurrency is not None else (plan.max_concurrency or plan.warmup)
+            warm = await run.warm(index, width)
+            if warm.cut:
                 result.interrupted = True
+                result.in_flight = [{"level": index, "warmup": True, **r} for r in warm.in_flight]
                 break
-            lv = await (run.arrivals(index) if concurrency is None
-                        else run.closed_loop(index, concurrency, plan.requests, plan.duration_s))
-            after = None
-            if not lv.cut:
-                after, _ = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
-            acc = acceptance_between(before, after)
-            if lv.records or not lv.cut:
-                result.levels.append(level_result(
-                    lv.records, concurrency=concurrency, request_rate=plan.request_rate,
-                    max_concurrency=plan.max_concurrency, interrupted=lv.cut,
-                    accept_length=acc.all_steps, accept_length_spec=acc.spec_steps,
-                    spec_step_share=acc.spec_share, percentiles=plan.percentiles,
-                    slo=dict(plan.goodput) or None, in_flight=len(lv.in_flight), not_sent=lv.not_sent,
-                    stopped_early=lv.stopped_early))
-            if lv.cut:
-                result.interrupted = True
-                result.in_flight = [{"level": index, "concurrency": concurrency, **r} for r in lv.in_flight]
-                break
-            if lv.stopped_early:
-                break  # the server is gone: the next levels would only fail the same way
-        return result
+        before, cut = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
+        if cut:
+            result.interrupted = True
+            break
+        lv = await (run.arrivals(index) if concurrency is None
+                    else run.closed_loop(index, concurrency, plan.requests, plan.duration_s))
+        after = None
+        if not lv.cut:
+            after, _ = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
+        acc = acceptance_between(before, after)
+        if lv.records or not lv.cut:
+            result.levels.append(level_result(
+                lv.records, concurrency=concurrency, request_rate=plan.request_rate,
+                max_concurrency=plan.max_concurrency, interrupted=lv.cut,
+                accept_length=acc.all_steps, accept_length_spec=acc.spec_steps,
+                spec_step_share=acc.spec_share, percentiles=plan.percentiles,
+                slo=dict(plan.goodput) or None, in_flight=len(lv.in_flight), not_sent=lv.not_sent,
+                stopped_early=lv.stopped_early))
+        if lv.cut:
+            result.interrupted = True
+            result.in_flight = [{"level": index, "concurrency": concurrency, **r} for r in lv.in_flight]
+            break
+        if lv.stopped_early:
+            break  # the server is gone: the next levels would only fail the same way
+    return result
 
 
 def run_bench(url: str, plan: LoadPlan, *,

@@ -218,9 +218,10 @@ def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_P
     qs = tuple(dict.fromkeys([50.0, 90.0, 99.0, *(float(q) for q in percentiles)]))
     if not seconds:
         return Summary(None, None, None, tuple((q, None) for q in qs))  # type: ignore[misc]
-    ms = sorted(s * 1000.0 for s in seconds)
+    ms = [s * 1000.0 for s in seconds]
+    ms.sort()
     mean = math.fsum(ms) / len(ms)
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in ms) / len(ms))
+    std = math.sqrt(math.fsum([(x - mean) ** 2 for x in ms]) / len(ms))
     return Summary(mean, std, ms[-1], tuple((q, percentile(ms, q, ordered=True)) for q in qs))
 
 
@@ -266,11 +267,14 @@ def peak_output_throughput(records: Sequence[RequestRecord], t0: float, duration
         return 0.0
     n = max(1, int(duration_s // PEAK_BUCKET_S))
     width = duration_s / n
-    buckets: Counter[int] = Counter()
+    buckets = [0] * n
+    last = n - 1
     for r in records:
+        start = r.start
         for t, k in zip(r.chunk_times, r.chunk_tokens):
-            buckets[min(n - 1, max(0, int((r.start + t - t0) // width)))] += k
-    return max(buckets.values(), default=0) / width
+            i = int((start + t - t0) // width)
+            buckets[i if 0 <= i <= last else (0 if i < 0 else last)] += k
+    return max(buckets) / width
 
 
 def warming_tail(records: Sequence[RequestRecord], *, factor: float = 2.0) -> bool:
