@@ -17,8 +17,8 @@ rotated every round (interleaved: drift on this shared machine falls on all of t
 2. **CPU per request.** Baseline server, concurrency 64: each client's user+sys CPU seconds (``wait4``)
    for a short run and a long one in the same round; the marginal CPU per request is their
    difference over the difference in requests (interpreter start-up, imports and the warm-up cancel).
-   Clients: `gpuslate bench` as installed (with the ``fast`` extra where it is there: uvloop and
-   orjson), the same with uvloop and orjson hidden (the core install's path), and SGLang's client.
+   Clients: `gpuslate bench` as installed (with the ``fast`` extra where it is there: uvloop, orjson
+   and httptools), the same with those hidden (the path without the extra), and SGLang's client.
 
 SGLang's client runs unmodified through ``benchmarks/sglang_bench_serving.py`` in a virtual environment
 with ``sglang`` installed without its GPU dependencies; ``--make-sglang-venv DIR`` makes one
@@ -52,8 +52,8 @@ from bench_loadgen import ROOT, SRC, Server, run_client, write_tokenizer
 #: what SGLang's client imports besides sglang itself (installed with --no-deps: no torch, no CUDA)
 SGLANG_CLIENT_DEPS = ("aiohttp", "numpy", "requests", "tqdm", "transformers", "tokenizers", "msgspec", "orjson",
                       "pyzmq", "psutil", "pybase64", "pillow")
-#: gpuslate without the fast extra: uvloop and orjson blocked as if not installed (as tests/test_extras.py does)
-PURE = ("import sys\nfor name in ('uvloop', 'orjson'):\n    sys.modules[name] = None\n"
+#: gpuslate without the fast extra: its packages blocked as if not installed (as tests/test_extras.py does)
+PURE = ("import sys\nfor name in ('uvloop', 'orjson', 'httptools'):\n    sys.modules[name] = None\n"
         "from gpuslate.cli import run\nsys.argv[0] = 'gpuslate'\nrun()\n")
 #: (name in the table, gpuslate's level key, SGLang's key); summaries are {mean, p50} in gpuslate's JSON
 FIGURES = (("output_throughput", "output_token_throughput", "output_throughput"),

@@ -8,7 +8,7 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
-- ``fast``: uvloop and orjson, a lighter ``bench`` client where installed (required by no command);
+- ``fast``: uvloop, orjson and httptools, a lighter ``bench`` client where installed (required by no command);
 - ``all``: every extra.
 
 A command checks for its extras before it starts anything (:func:`require`),
@@ -45,7 +45,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.PLOTS: ("matplotlib",),
     Extra.EXPORTER: ("prometheus_client",),
     Extra.TOKENIZERS: ("tokenizers",),
-    Extra.FAST: ("uvloop", "orjson"),
+    Extra.FAST: ("uvloop", "orjson", "httptools"),
 }
 
 
