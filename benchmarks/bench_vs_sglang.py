@@ -12,8 +12,9 @@ rotated every round (interleaved: drift on this shared machine falls on all of t
    warm-up request; gpuslate gets ``--warmup 1`` likewise). Each metric's ratio gpuslate / SGLang is
    taken per round and the median over rounds reported: output and request throughput, and the mean
    and median of TTFT, ITL, TPOT and E2E. SGLang's ITL is per token where the server reports an accept
-   length (the speculative mode: it re-tokenizes each chunk), else the chunk gap, as gpuslate's
-   ``itl_ms``.
+   length (the speculative mode: it re-tokenizes each chunk), compared with gpuslate's ``itl_ms``;
+   else (the baseline mode) the gap between text chunks, compared with gpuslate's ``chunk_gap_ms``
+   (they differ where a busy server puts two tokens in one chunk).
 2. **CPU per request.** Baseline server, concurrency 64: each client's user+sys CPU seconds (``wait4``)
    for a short run and a long one in the same round; the marginal CPU per request is their
    difference over the difference in requests (interpreter start-up, imports and the warm-up cancel).
@@ -101,6 +102,8 @@ def figures_gpuslate(stdout: str) -> dict[str, float]:
     out = {}
     for name, key, _ in FIGURES:
         out[name] = lv[key[0]][key[1]] if isinstance(key, tuple) else lv[key]
+    # SGLang's ITL is the chunk gap where the server reports no accept length (the baseline mode)
+    out["chunk_gap_mean"], out["chunk_gap_median"] = lv["chunk_gap_ms"]["mean"], lv["chunk_gap_ms"]["p50"]
     out["completed"] = lv["completed"]
     return out
 
@@ -192,13 +195,16 @@ def summarize_figures(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                      "sglang": {}, "gpuslate_per_request": {}, "gpuslate_pooled": {}}
             ok = True
             for name, _, _ in FIGURES:
-                per = [of("gpuslate-per-request", r)[name] / of("sglang", r)[name] for r in rounds]
-                pooled = [of("gpuslate", r)[name] / of("sglang", r)[name] for r in rounds]
+                # baseline: SGLang's ITL is the chunk gap (no accept length reported), gpuslate's chunk_gap_ms
+                mine = name.replace("itl", "chunk_gap") if mode == "baseline" else name
+                per = [of("gpuslate-per-request", r)[mine] / of("sglang", r)[name] for r in rounds]
+                pooled = [of("gpuslate", r)[mine] / of("sglang", r)[name] for r in rounds]
                 entry["ratios"][name] = _q(per)
                 entry["ratios_pooled"][name] = _q(pooled)
                 for client, key in (("sglang", "sglang"), ("gpuslate-per-request", "gpuslate_per_request"),
                                     ("gpuslate", "gpuslate_pooled")):
-                    entry[key][name] = round(statistics.median(of(client, r)[name] for r in rounds), 3)
+                    entry[key][name] = round(statistics.median(
+                        of(client, r)[name if client == "sglang" else mine] for r in rounds), 3)
                 if "median" in name and name != "ttft_median":
                     continue  # the done-when is on the means (SGLang's and vLLM's headline figures) and TTFT
                 bound = BOUNDS.get(name.split("_")[0], DEFAULT_BOUND)

@@ -64,8 +64,11 @@ async def _run_against_recording_server(plan: LoadPlan) -> tuple[BenchResult, li
     return result, peers
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["http1", "aiohttp"])
 @pytest.mark.parametrize("connection", ["pooled", "per-request"])
-def test_the_connection_convention_is_what_the_server_sees(connection: str) -> None:
+def test_the_connection_convention_is_what_the_server_sees(connection: str, fast: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_mod, "installed", lambda name: fast if name == "httptools" else True)
     plan = LoadPlan(concurrency=(2,), requests=8, input_len=4, output_len=2, model="m", connection=connection)
     result, peers = asyncio.run(_run_against_recording_server(plan))  # type: ignore[arg-type]
     (lv,) = result.levels
@@ -176,15 +179,17 @@ def test_reads_are_cut_to_64_kib_where_asyncio_would_ask_for_256() -> None:
     small_reads(resp)
 
 
-def test_without_the_fast_extra_bench_runs_on_asyncio_and_the_json_module(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_fast_extra_bench_runs_on_asyncio_the_json_module_and_aiohttp(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "uvloop", None)
     assert loadgen.event_loop_name() == "asyncio"
     monkeypatch.delitem(sys.modules, "uvloop")
     if pytest.importorskip("uvloop"):
         assert loadgen.event_loop_name() == "uvloop"
-    hide = "import sys\nfor m in ('uvloop', 'orjson'):\n    sys.modules[m] = None\n"
+    hide = "import sys\nfor m in ('uvloop', 'orjson', 'httptools'):\n    sys.modules[m] = None\n"
     probe = ("from gpuslate.bench import client, loadgen\n"
-             "print(client.JSON_DECODER, loadgen.event_loop_name())\n"
+             "print(client.JSON_DECODER, loadgen.event_loop_name(),\n"
+             "      client.streaming_connections('http://h', 'pooled'))\n"
              "from gpuslate.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
     with sim_serve("--time-scale", "50") as sim:
         proc = subprocess.run([sys.executable, "-c", hide + probe, "bench", sim.url, "-n", "4", "--input-len", "8",
@@ -192,6 +197,6 @@ def test_without_the_fast_extra_bench_runs_on_asyncio_and_the_json_module(monkey
                               timeout=60)
     assert proc.returncode == 0, proc.stderr
     first, doc = proc.stdout.split("\n", 1)
-    assert first == "json asyncio"
+    assert first == "json asyncio None"  # and the streamed requests over aiohttp
     (lv,) = json.loads(doc)["levels"]
     assert lv["completed"] == 4 and lv["output_tokens"] == 16 and lv["failed"] == 0

@@ -49,7 +49,7 @@ def _event_decoder() -> tuple[str, Callable[[bytes], Any]]:
     it (from bytes, about a quarter of the json module's time per event), else the json module,
     refusing NaN and Infinity as orjson does, so that both accept the same events."""
     try:
-        import orjson
+        import orjson  # lazy: optional (the fast extra)
     except ImportError:
         decode = json.JSONDecoder(parse_constant=_no_constant).decode
 
@@ -78,7 +78,7 @@ JSON_DECODER, decode_event = _event_decoder()
 def _body_encoder() -> Callable[[Any], bytes]:
     """A request body's JSON: orjson's where installed (the fast extra), else the json module's."""
     try:
-        import orjson
+        import orjson  # lazy: optional (the fast extra)
     except ImportError:
         return lambda doc: json.dumps(doc).encode()
     return orjson.dumps
@@ -279,7 +279,7 @@ def streaming_connections(base: str, connection: str) -> Any:
     httptools; None (aiohttp carries them) where not."""
     if not installed("httptools"):
         return None
-    from .http1 import Http1  # lazy: the fast extra, optional
+    from .http1 import Http1  # lazy: optional (the fast extra's httptools)
 
     return Http1(base, pooled=connection == "pooled")
 
@@ -383,7 +383,7 @@ class Client:
 
     async def _send_http1(self, prompt: Prompt) -> RequestRecord:
         """:meth:`send` of a streamed request over :mod:`.http1`: the same record, timed the same way."""
-        from .http1 import HttpFailure  # lazy: only where the fast extra installed httptools
+        from .http1 import HttpFailure  # lazy: optional (http1 needs the fast extra's httptools)
 
         assert self.http1 is not None
         rec = RequestRecord()

@@ -168,7 +168,7 @@ def run_loop(main: Coroutine[Any, Any, _T]) -> _T:
     about a third less CPU per streamed chunk than asyncio's (benchmarks/RESULTS.md); the figures are
     the same, every time stamp being ``time.perf_counter()``."""
     if event_loop_name() == "uvloop":
-        import uvloop  # lazy: the fast extra, optional
+        import uvloop  # lazy: optional (the fast extra)
 
         return uvloop.run(main)
     return asyncio.run(main)
