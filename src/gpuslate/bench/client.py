@@ -275,13 +275,16 @@ def count_tokens(rec: RequestRecord, prompt: Prompt, usage: Any, text: str, chun
 
 
 def streaming_connections(base: str, connection: str) -> Any:
-    """The :class:`~.http1.Http1` the streamed requests go over where the ``fast`` extra installed
-    httptools; None (aiohttp carries them) where not."""
-    if not installed("httptools"):
+    """The :class:`~.http1.Http1` the streamed requests go over with pooled connections where the
+    ``fast`` extra installed httptools; None (aiohttp carries them) where not, and with
+    ``--connection per-request``: that convention is SGLang's client's, whose TTFT holds what a new
+    aiohttp connection costs its event loop (at concurrency 64, the set-up of the whole wave's
+    connections one after another), so it takes the same path (benchmarks/RESULTS.md, issue 38)."""
+    if connection != "pooled" or not installed("httptools"):
         return None
     from .http1 import Http1  # lazy: optional (the fast extra's httptools)
 
-    return Http1(base, pooled=connection == "pooled")
+    return Http1(base)
 
 
 def small_reads(resp: aiohttp.ClientResponse) -> None:

@@ -9,9 +9,9 @@ in ``data_received``: no task wakes until the stream has ended. What it does not
 which serves everything else (the model probe, server facts, whole responses), and the streamed
 request too where httptools is not installed: the figures are the same either way.
 
-Connections follow the plan's convention: ``pooled`` keeps each idle connection the server let live
-for the next request (vLLM's shared keep-alive session), ``per-request`` opens one inside the
-request's clock and closes it after (SGLang's session per request). Every byte is bounded: the
+Connections are pooled (the plan's default convention, vLLM's shared keep-alive session): each one the
+server let live waits for the next request. ``--connection per-request`` stays on aiohttp, as SGLang's
+client does (see :func:`~.client.streaming_connections`). Every byte is bounded: the
 status line and headers (:data:`MAX_HEAD_BYTES`), an error body (64 KiB read), an event line
 (:data:`~.client.MAX_EVENT_BYTES`); malformed HTTP fails the request, never the run.
 """
@@ -130,28 +130,28 @@ class _Connection(asyncio.Protocol):
 
 
 class Http1:
-    """Streamed POSTs to one server over pooled or per-request connections (see the module's doc)."""
+    """Streamed POSTs to one server over pooled keep-alive connections (see the module's doc)."""
 
-    def __init__(self, base: str, *, pooled: bool) -> None:
+    def __init__(self, base: str) -> None:
         parts = urlsplit(base)
         self.host = parts.hostname or "127.0.0.1"
         self.tls = parts.scheme == "https"
         self.port = parts.port or (443 if self.tls else 80)
         self.netloc = parts.netloc
         self.prefix = parts.path
-        self.pooled = pooled
         self.idle: list[_Connection] = []
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
 
     def request_head(self, path: str, headers: dict[str, str], length: int) -> bytes:
         """The request line and headers of a POST with a body of ``length`` bytes (the values are one
         line each: the plan refused any with CR, LF or NUL)."""
-        lines = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.netloc}", f"User-Agent: gpuslate/{__version__}",
-                 "Accept: */*", f"Content-Length: {length}"]
-        if not self.pooled:
-            lines.append("Connection: close")
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        given = {k.lower() for k in headers}
+        lines = [f"POST {self.prefix}{path} HTTP/1.1"]
+        lines += [f"{k}: {v}" for k, v in (("Host", self.netloc), ("User-Agent", f"gpuslate/{__version__}"),
+                                           ("Accept", "*/*")) if k.lower() not in given]  # --header wins
+        lines.append(f"Content-Length: {length}")
+        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("content-length", "connection")]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8")
 
     async def _connect(self) -> _Connection:
         while self.idle:
@@ -204,9 +204,9 @@ class Http1:
             await waiter
         finally:
             conn.waiter = None
-            if self.pooled and conn.reusable:
+            if conn.reusable:
                 self.idle.append(conn)
-            elif self.pooled and conn.ended and conn.status == 200 and not conn.lost:
+            elif conn.ended and conn.status == 200 and not conn.lost:
                 conn.park = self.idle  # the stream is over, the message's last chunk still to come
             elif conn.transport is not None:
                 if conn.complete or conn.lost:
