@@ -18,8 +18,8 @@ here. The imports are plain and typed, so a type checker sees every verb's real 
 :class:`Host` is checked against :class:`~gpuslate.verbs.Verbs`, the Protocol
 :class:`~gpuslate.RemoteHost` is checked against too (the end of this module).
 
-A composite verb (``swap``, ``restart``; ``up`` with ``clear_first``) calls its siblings on the same context: one backend, one
-audit log, and the host lock taken once (re-entrant), with no ``lock=`` flag.
+A composite verb (``swap``, ``restart``; ``up`` with ``clear_first``) calls its siblings on the same
+context: one backend, one audit log, and the host lock taken once (re-entrant), with no ``lock=`` flag.
 
 ``status()``, ``clear()`` and ``wait_free()`` at the bottom are conveniences
 for one call with keyword arguments (re-exported by ``gpuslate``); each opens

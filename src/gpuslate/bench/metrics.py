@@ -198,18 +198,20 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """``numpy.percentile(values, q)`` with its default linear interpolation."""
+def percentile(values: Sequence[float], q: float, *, ordered: bool = False) -> float:
+    """``numpy.percentile(values, q)`` with its default linear interpolation (``ordered``: the
+    values are sorted already, as :func:`summarize` sorts them once for all its percentiles)."""
     if not values:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be within 0..100, got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
+    if not ordered:
+        values = sorted(values)
+    rank = (len(values) - 1) * q / 100.0
     lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
+    hi = min(lo + 1, len(values) - 1)
     frac = rank - lo
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * frac
+    return values[lo] + (values[hi] - values[lo]) * frac
 
 
 def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
@@ -219,9 +221,10 @@ def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_P
     if not seconds:
         return Summary(None, None, None, tuple((q, None) for q in qs))  # type: ignore[misc]
     ms = [s * 1000.0 for s in seconds]
+    ms.sort()
     mean = math.fsum(ms) / len(ms)
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in ms) / len(ms))
-    return Summary(mean, std, max(ms), tuple((q, percentile(ms, q)) for q in qs))
+    std = math.sqrt(math.fsum([(x - mean) ** 2 for x in ms]) / len(ms))
+    return Summary(mean, std, ms[-1], tuple((q, percentile(ms, q, ordered=True)) for q in qs))
 
 
 def tpot(latency: float, ttft: float | None, output_tokens: int) -> float | None:
@@ -266,11 +269,14 @@ def peak_output_throughput(records: Sequence[RequestRecord], t0: float, duration
         return 0.0
     n = max(1, int(duration_s // PEAK_BUCKET_S))
     width = duration_s / n
-    buckets: Counter[int] = Counter()
+    buckets = [0] * n
+    last = n - 1
     for r in records:
+        start = r.start
         for t, k in zip(r.chunk_times, r.chunk_tokens):
-            buckets[min(n - 1, max(0, int((r.start + t - t0) // width)))] += k
-    return max(buckets.values(), default=0) / width
+            i = int((start + t - t0) // width)
+            buckets[i if 0 <= i <= last else (0 if i < 0 else last)] += k
+    return max(buckets) / width
 
 
 def warming_tail(records: Sequence[RequestRecord], *, factor: float = 2.0) -> bool:
