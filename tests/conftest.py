@@ -1,13 +1,17 @@
 """Shared fixtures: simulated hosts, real holder processes, the CLI as a subprocess.
 
 Every process a test starts is its own session, so teardown can kill exactly
-what the test started (and nothing else) by process group.
+what the test started (and nothing else) by process group; what a test leaves running anyway is
+found, ended and named by the plugin in leakcheck.py, which fails the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import select
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,6 +22,8 @@ import pytest
 from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB, Holder, gpuslate_env, program_named, run_cli
 from otheruser import other_user, shared_host  # noqa: F401  (fixtures for the tests across users)
+
+pytest_plugins = ["leakcheck"]  # every process a test starts is ended: see leakcheck.py
 
 
 @pytest.fixture
@@ -48,7 +54,9 @@ def hold(sim_host: SimHost) -> Iterator[Callable[..., Holder]]:
         ready, _, _ = select.select([proc.stdout], [], [], 20)
         line = proc.stdout.readline() if ready else ""
         if not line:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL) if new_session else proc.kill()
+            proc.wait()
             raise AssertionError(f"holder did not become ready: {proc.stderr.read()}")
         h = Holder(proc, json.loads(line))
         started.append(h)
