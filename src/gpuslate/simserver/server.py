@@ -10,6 +10,7 @@ and the model are documented in ``docs/sim-server.md``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import os
@@ -24,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
+from ..errors import UsageError
 from .openai_api import (
     BadRequest,
     GenerationSpec,
@@ -97,7 +99,8 @@ class SimServer:
         c = self.config
         total = c.startup_seconds / c.time_scale
         phases = (
-            (0.10, "initializing distributed environment (tp=1, simulated)"),
+            # one rank per worker holding a GPU, as a tensor-parallel server starts one per GPU
+            (0.10, f"initializing distributed environment (tp={max(1, len(self.worker_pids))}, simulated)"),
             (0.50, f"loading weights of {c.model} ..."),
             (0.25, "capturing cuda graphs (simulated) ..."),
             (0.15, "warming up ..."),
@@ -394,13 +397,8 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
         sock.close()
 
 
-async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
+async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.socket) -> int:
     log = _stderr_log
-    try:
-        sock = bind_socket(config.host, config.port)
-    except OSError as exc:
-        log(f"{LOG_PREFIX} ERROR: cannot bind {config.host}:{config.port}: {exc.strerror or exc}")
-        return 1
     stop = asyncio.Event()
     stopped_by: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
@@ -433,10 +431,21 @@ async def _serve(config: ServerConfig, worker_pids: list[int]) -> int:
 
 
 def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None) -> int:
-    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails or the port is taken."""
+    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails. The port is taken
+    first, before any worker holds memory: one that cannot be (in use, not this host's address) is a
+    :class:`~gpuslate.errors.UsageError`, nothing started."""
     config.validate()
-    worker_pids = list(start_workers()) if start_workers is not None else []
     try:
-        return asyncio.run(_serve(config, worker_pids))
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UsageError(f"cannot listen on {config.host}:{config.port}: {why.lower()}"
+                         + (" (another server listens there: pick another --port)"
+                            if exc.errno == errno.EADDRINUSE else "")) from None
+    try:
+        worker_pids = list(start_workers()) if start_workers is not None else []
+        return asyncio.run(_serve(config, worker_pids, sock))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130
+    finally:
+        sock.close()
