@@ -62,6 +62,8 @@ def test_table_for_people(sim: SimProc) -> None:
     header = next(line for line in r.stdout.splitlines() if "Out tok/s" in line)
     assert "TTFT ms" in header and "ITL ms" in header
     assert "Traceback" not in r.stderr
+    # a simulator at --time-scale 50 says that its figures are scaled (its /get_server_info tells)
+    assert "scaled figures: the server simulates its model 50x faster than modelled" in " ".join(r.stdout.split())
 
 
 BAD = [
@@ -160,14 +162,16 @@ def test_ctrl_c_prints_partial_results_and_exits_130(tmp_path: Path) -> None:
         wait_for(lambda: sim.counters()["running"] == 0, timeout=10)
 
 
-def test_progress_bar_on_a_terminal(sim: SimProc) -> None:
-    # a pseudo-terminal on stderr: the bar is drawn there, stdout keeps the table
+@pytest.mark.parametrize("bound", [["-n", "40"], ["--duration", "1"]], ids=["requests", "duration"])
+def test_progress_bar_on_a_terminal(sim: SimProc, bound: list[str]) -> None:
+    # a pseudo-terminal on stderr: the bar is drawn there, stdout keeps the table; a level bounded
+    # by time counts what is done, never "36/?"
     import os
     import pty
 
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "bench", sim.url, "-c", "1", "-n", "40",
+        proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "bench", sim.url, "-c", "1", *bound,
                                  "--input-len", "4", "--output-len", "40"],
                                 stdout=subprocess.PIPE, stderr=slave, text=True, env=gpuslate_env())
         os.close(slave)
@@ -186,3 +190,4 @@ def test_progress_bar_on_a_terminal(sim: SimProc) -> None:
     assert proc.returncode == 0
     assert b"level 1/1 c=1" in seen
     assert "Out tok/s" in out
+    assert b"/?" not in seen and (b"/40" in seen if bound[0] == "-n" else b" done" in seen), seen[-400:]

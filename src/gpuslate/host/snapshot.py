@@ -56,10 +56,22 @@ class HolderProcess(NamedTuple):
     cgroup: str | None = None
     daemon: str | None = None  # the GPU daemon it runs (a system program named as one), e.g. nvidia-cuda-mps-server
     mps_server: int | None = None  # an MPS client's server, where it can be told (see .daemons)
+    cpu_time_s: float | None = None  # CPU time used so far (user + system), as ps's TIME; None: not known
+    host_memory: int | None = None  # resident host memory in bytes, as ps's RSS; None: not known
 
     @property
     def started(self) -> float | None:
         return ticks_to_epoch(self.start_ticks) if self.start_ticks is not None else None
+
+    def elapsed_s(self, at: float) -> float | None:
+        """How long it had run at ``at`` (epoch seconds: the snapshot's time)."""
+        return max(0.0, at - self.started) if self.started is not None else None
+
+    def cpu_pct(self, at: float) -> float | None:
+        """Its CPU time over its life, in percent of one core, as ``ps`` computes %CPU (one
+        snapshot: no second sample, so that ``status`` waits for nothing)."""
+        life = self.elapsed_s(at)
+        return None if self.cpu_time_s is None or not life else 100.0 * self.cpu_time_s / life
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,13 +82,23 @@ class HolderProcess(NamedTuple):
             "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
             "daemon": self.daemon, "mps_server": self.mps_server,
+            "cpu_time_s": round(self.cpu_time_s, 2) if self.cpu_time_s is not None else None,
+            "host_memory": self.host_memory,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HolderProcess:
         return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
                    d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
-                   bool(d["visible"]), d.get("cgroup"), d.get("daemon"), d.get("mps_server"))
+                   bool(d["visible"]), d.get("cgroup"), d.get("daemon"), d.get("mps_server"),
+                   _amount(d.get("cpu_time_s"), float), _amount(d.get("host_memory"), int))
+
+
+def _amount(v: object, kind: type[float] | type[int]) -> Any:
+    """A figure from a peer's document when it is one (a number >= 0 of ``kind``), else None: absent
+    from the documents of a gpuslate before it, and never trusted beyond what it is."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+    return v if ok and 0 <= v < float("inf") else None  # type: ignore[operator]
 
 
 class GpuState(NamedTuple):
@@ -287,7 +309,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         return HolderProcess(
             pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
             info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
-            info.cgroup, daemon,
+            info.cgroup, daemon, cpu_time_s=info.cpu_time_s, host_memory=info.host_memory,
         )
 
     # which GPUs each fd holder holds; holders of control devices only are host-level

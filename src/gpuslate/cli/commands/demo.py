@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                            130: "interrupted by Ctrl-C (everything stopped and verified)",
                                            141: "stdout or stderr went away (a closed pipe): likewise",
                                            143: "terminated by SIGTERM (likewise)"}))
-    add_common(p)
+    add_common(p, sim_help="run on the simulated host in DIR (default: a new one in a temporary folder, never "
+                           "$GPUSLATE_SIM: the demo clears and takes every GPU of its host)")
     p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
     p.add_argument("--out", metavar="DIR", help="where the experiment and its report go (default: ./gpuslate-demo)")
     p.set_defaults(handler=run)

@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="only these GPUs, e.g. 0,2-3 (default: all)")
     p.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",
                    help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line")
+    p.add_argument("--compact", action="store_true",
+                   help="one line per GPU: a memory bar, used/total, utilization, temperature and its holders "
+                        "(PID, user, memory), as gpustat shows them (--json: the same document)")
     p.set_defaults(handler=run)
 
 
@@ -40,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
     # Not closed for one snapshot: the process exits now and the driver releases
     # everything; nvmlShutdown would add milliseconds to every call.
     snap = host.status(selected_gpus(args.gpus))
+    if args.compact and not args.json:
+        from ..render.status import print_compact  # lazy: startup
+
+        print_compact(snap)
+        return ExitStatus.OK
     return present(args, snap)
 
 
@@ -50,10 +58,11 @@ def _watch(args: argparse.Namespace, host: Host) -> int:
                 sys.stdout.write(json.dumps(host.status(selected_gpus(args.gpus)).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(args.watch)
-        from ..render.status import print_status  # lazy: startup
+        from ..render.status import print_compact, print_status  # lazy: startup
 
+        show = print_compact if args.compact else print_status
         while True:
-            print_status(host.status(selected_gpus(args.gpus)), redraw=True)
+            show(host.status(selected_gpus(args.gpus)), redraw=True)
             time.sleep(args.watch)
     except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
         raise

@@ -62,7 +62,7 @@ def print_up(result: UpResult) -> None:
     if result.smoke:
         line += f", smoke completion {result.smoke['latency_s']:.3f} s"
     _say(line)
-    _out(f"  readiness: {safe(result.readiness['kind'])} ({safe(result.readiness['detail'])})")
+    _say(f"  readiness: {safe(result.readiness['kind'])} ({safe(result.readiness['detail'])})")
     _out(f"  log: {safe(r.log)}")
 
 
@@ -174,8 +174,9 @@ def print_swap(result: SwapResult) -> None:
         if key in result.phases:
             _out(f"  {label.format(old=old, new=new):<28} {result.phases[key]:8.3f} s")
     overhead = result.overhead_s
-    _out(f"  {'total':<28} {result.total_s:8.3f} s" +
-         (f"  (gpuslate overhead {overhead:.3f} s)" if overhead is not None else ""))
+    _out(f"  {'total':<28} {result.total_s:8.3f} s")
+    if overhead is not None:  # a line of its own: the phases' column fits a 60-column terminal
+        _out(f"  {'of which gpuslate overhead':<28} {overhead:8.3f} s")
     _print_prefetch(result)
     _print_downtime(result)
 
