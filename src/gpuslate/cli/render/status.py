@@ -94,7 +94,8 @@ def _process_rows(snap: Snapshot) -> tuple[list[list[Cell]], dict[int, tuple[str
         launcher = _launcher(root, [procs[pid] for pid in members], snap)
         if launcher:
             launchers[len(rows)] = launcher
-            rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), *(Cell("") for _ in range(6))])
+            rows.append([Cell(""), Cell(str(root)), Cell("launcher", ("dim",)), Cell(""), Cell(launcher[0]),
+                         *(Cell("") for _ in range(4))])
         for m in sorted(members.values(), key=lambda m: (m.pid != root, m.first_gpu, m.pid)):
             p = procs[m.pid]
             branch = "" if p.pid == root else "└ "
@@ -119,7 +120,7 @@ def _process_rows(snap: Snapshot) -> tuple[list[list[Cell]], dict[int, tuple[str
 def _process_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]:
     """The processes' table: PIDs, users and GPUs whole; CPU, host memory and time running where the
     command keeps :data:`_EXTRAS_MIN_COMMAND` columns with them (always when piped); a launcher's row
-    (the one that names the job) takes the width its empty cells leave for its user and command."""
+    (the one that names the job) gives its command the width of the cells it leaves empty."""
     rows, launchers = _process_rows(snap)
     columns = list(_PROC_COLUMNS)
     if width is not None:
@@ -129,17 +130,18 @@ def _process_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[st
             columns = [columns[i] for i in keep]
             rows = [[r[i] for i in keep] for r in rows]
     lines = table(columns, rows, color=color, width=width, shrink=len(columns) - 1)
-    for i, (user, command) in launchers.items():
-        lines[1 + i] = _launcher_line(lines[1 + i], user, command, color=color, width=width)
+    user_end = len(_SGR.sub("", lines[0]).split("User", 1)[0]) + max(len("User"), *(len(r[4].text) for r in rows))
+    for i, (_, command) in launchers.items():
+        lines[1 + i] = _launcher_line(lines[1 + i], user_end, command, color=color, width=width)
     return lines
 
 
-def _launcher_line(start: str, user: str, command: str, *, color: bool, width: int | None) -> str:
-    """A launcher's row: its PID and role in their columns, then its user and its command in all the
-    width left (it holds no GPU: its memory and the columns after are empty)."""
-    shown = len(_SGR.sub("", start))
-    room = None if width is None else max(8, width - shown - len(user) - 2)
-    return f"{start} {user} {paint(short_command(command, room), ('dim',), color)}"
+def _launcher_line(start: str, user_end: int, command: str, *, color: bool, width: int | None) -> str:
+    """A launcher's row: its PID, role and user in their columns, then its command in all the width
+    after the User column (it holds no GPU: its CPU, memory and time columns would be empty)."""
+    pad = " " * max(0, user_end - len(_SGR.sub("", start)))
+    room = None if width is None else max(8, width - user_end - 1)
+    return f"{start}{pad} {paint(short_command(command, room), ('dim',), color)}"
 
 
 def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]:
@@ -213,8 +215,8 @@ def compact_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str
     if width is not None:
         first = max((len(_holder_text(h[0])) + (len(f" +{len(h) - 1}") if len(h) > 1 else 0)
                      for h in holders if h), default=0)
-        room = width - (idx_w + mem_w + 15) - (first + 1 if first else 0)  # name and bar share what is left
-        name_w = max(4, min(name_w, room - 10))
+        room = width - (idx_w + mem_w + 14) - (first + 1 if first else 0)  # name and bar share what is left
+        name_w = max(3, min(name_w, room - 10))
         bar_w = max(5, min(20, room - name_w))
     lines = [head]
     for g, name, mem, held in zip(snap.gpus, names, mems, holders):
@@ -224,7 +226,7 @@ def compact_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str
             ("yellow",) if pct < 90 else ("red",)
         bar = paint(memory_bar(m.used, m.total, bar_w) if m else "?" * bar_w, style, color)
         start = (f"{r.index:>{idx_w}} {cut(name, name_w):<{name_w}} ▕{bar}▏ {mem:>{mem_w}} "
-                 f"{_na(r.utilization_pct, '{}%'):>4} {_na(r.temperature_c, '{}°C'):>4}")
+                 f"{_na(r.utilization_pct, '{}%'):>3} {_na(r.temperature_c, '{}°C'):>4}")
         if r.error:
             lines.append(f"{start} {paint(f'error: {clean(r.error)}', ('red',), color)}")
             continue
