@@ -18,12 +18,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from gpuslate.gpu.simhost.host import SimHost
 from helpers import GiB, Holder, gpuslate_env, program_named, run_cli
 from otheruser import other_user, shared_host  # noqa: F401  (fixtures for the tests across users)
 
 pytest_plugins = ["leakcheck"]  # every process a test starts is ended: see leakcheck.py
+
+# The properties are of logic, not of speed: an example that took 269 ms on a loaded machine is no
+# failure (hypothesis's default deadline, 200 ms, made the suite fail beside other work).
+settings.register_profile("gpuslate", deadline=None)
+settings.load_profile("gpuslate")
 
 
 @pytest.fixture

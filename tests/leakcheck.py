@@ -185,6 +185,9 @@ def describe(left: list[Leftover]) -> list[str]:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller, or the one process: before any worker
         os.environ[RUN] = uuid.uuid4().hex
+        # a pytest started by a test of another run: that test is not this run's, and the workers
+        # this run starts (before any test of its own) must not pass for that test's processes
+        os.environ.pop(NODE, None)
 
 
 @contextlib.contextmanager

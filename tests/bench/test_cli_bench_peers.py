@@ -86,6 +86,7 @@ def test_goodput_percentiles_peak_and_median_in_the_table() -> None:
         assert "latencies: median / p99" in r.stdout
 
 
+@pytest.mark.timing  # the measured step time (under 1 ms): alone, after the parallel part
 def test_itl_at_time_scale_10_is_the_scaled_step_not_zero() -> None:
     """A step of 0.48 ms (4.78 / 10) is shorter than the event loop's timer: steps due together are
     streamed as one chunk of several tokens, so ITL per token stays the step time, never 0."""

@@ -203,9 +203,10 @@ def test_progress_on_a_terminal(exp_host, tmp_path):
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
+        # 120 columns: the whole live line (a narrower one is said shorter: tests/cli/test_width.py)
         proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "experiment", "run", str(spec), "--out",
                                  str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=slave, text=True,
-                                env=gpuslate_env())
+                                env=gpuslate_env({"COLUMNS": "120"}))
         os.close(slave)
         out, _ = proc.communicate(timeout=100)
         reader.join(10)

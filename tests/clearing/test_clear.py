@@ -261,7 +261,8 @@ def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
     log = AuditLog(tmp_path / "state" / "audit.jsonl")
     wait_for(lambda: log.path.exists() and [e for e in log.read() if e["outcome"] == "delivered"], timeout=20)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(10) == 130
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
     (entry,) = log.read()
     assert entry["signal"] == "SIGTERM" and entry["target"]["pid"] == h.pid
     assert entry["target"]["start_ticks"] == identity(h.pid).start_ticks

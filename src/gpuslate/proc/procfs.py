@@ -185,7 +185,7 @@ def read_stat(pid: int) -> ProcStat | None:
     st = ProcStat(
         pid=pid, name=name, state=fields[0].decode(), ppid=int(fields[1]), pgid=int(fields[2]),
         sid=int(fields[3]), tty_nr=int(fields[4]), flags=int(fields[6]), start_ticks=int(fields[19]),
-        cpu_ticks=int(fields[11]) + int(fields[12]), rss_pages=int(fields[21]),
+        cpu_ticks=int(fields[11]) + int(fields[12]), rss_pages=int(fields[21]) if len(fields) > 21 else 0,
     )
     if st.state in EXITED_STATES:  # only an exited leader pays for a look at its threads
         live = live_task(pid)
