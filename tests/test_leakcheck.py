@@ -60,7 +60,7 @@ def test_ended(server):
 
 def sub_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (folder / "pytest.ini").write_text("[pytest]\n")
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "GPUSLATE_TEST_SETTLE": "3", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "GPUSLATE_TEST_SETTLE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-q",
                            "--rootdir", str(folder), "-c", str(folder / "pytest.ini"), *args],
                           cwd=folder, capture_output=True, text=True, env=env, timeout=120)
