@@ -26,6 +26,13 @@ from otheruser import other_user, shared_host  # noqa: F401  (fixtures for the t
 
 pytest_plugins = ["leakcheck"]  # every process a test starts is ended: see leakcheck.py
 
+# Started in the background by a shell without job control (`pytest ... &` in a script, CI runners),
+# pytest inherits SIGINT ignored, and so would every process a test starts: the tests of Ctrl-C
+# would send it to processes that never see it. Python's own handler here: a child starts with the
+# default, as under a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # The properties are of logic, not of speed: an example that took 269 ms on a loaded machine is no
 # failure (hypothesis's default deadline, 200 ms, made the suite fail beside other work).
 settings.register_profile("gpuslate", deadline=None)

@@ -117,10 +117,11 @@ def parse_directive(body: str, line: int) -> Directive:
     return Directive(words[0] if words else "", words[1:], why, line)
 
 
-def blocks(page: Path) -> list[Block]:
-    """The fenced blocks of a page, each with the docs-test directives just above it."""
+def blocks(page: Path, text: str | None = None) -> list[Block]:
+    """The fenced blocks of a page (``text``: the page as it is run), each with the docs-test
+    directives just above it."""
     out: list[Block] = []
-    lines = page.read_text().splitlines()
+    lines = (page.read_text() if text is None else text).splitlines()
     pending: list[Directive] = []
     i = 0
     while i < len(lines):
@@ -505,11 +506,33 @@ class Page:
             os.close(self.py_done)
 
 
+#: the ports the pages use, as servers' own defaults (SGLang's, vLLM's)
+PAGE_PORTS = ("30000", "8000")
+
+
+def on_free_ports(text: str) -> str:
+    """The page with each of :data:`PAGE_PORTS` replaced by a free port, the same one wherever it
+    occurs: two runs of the suite on one machine (or another program listening there) never meet on
+    a port. A port is a whole number: 30000 inside 1730000000 is no port."""
+    for port in PAGE_PORTS:
+        text = re.sub(rf"(?<![\d.]){port}(?![\d.])", str(free_port()), text)
+    return text
+
+
+def free_port() -> int:
+    import socket  # lazy: only the pages that run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_page(page: Path, tmp: Path) -> Page:
-    todo = [b for b in blocks(page) if b.runs]
+    text = on_free_ports(page.read_text())
+    todo = [b for b in blocks(page, text) if b.runs]
     p = Page(page, tmp)
     try:
-        for b in blocks(page):
+        for b in blocks(page, text):
             f = b.first("file")
             if f is not None:
                 (p.work / f.args[0]).write_text(b.source())
