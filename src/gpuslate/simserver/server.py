@@ -369,11 +369,23 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     return app
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind and listen now, so the port is taken before the (simulated) load starts."""
+def bind_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """Bind (and listen, unless ``listen`` is False) now, so the port is taken before the
+    (simulated) load starts. Bound but not listening, it is the server's alone and still refuses
+    connections: nothing probing it takes the server for up before it serves (the server listens
+    when it starts serving)."""
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                flags=socket.AI_PASSIVE)[0]
-    return socket.create_server(addr[:2], family=family, backlog=1024)
+    if listen:
+        return socket.create_server(addr[:2], family=family, backlog=1024)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as create_server does
+        sock.bind(addr[:2])
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 @asynccontextmanager
@@ -388,9 +400,9 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
     # handler_cancellation: a client that disconnects aborts its request.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
     try:
-        sim.log(f"listening on {sim.url} (503 until ready)")  # the socket is already bound
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock).start()  # listens now (run_server bound it earlier)
+        sim.log(f"listening on {sim.url} (503 until ready)")
         yield sim
     finally:
         await runner.cleanup()
@@ -436,7 +448,9 @@ def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] |
     :class:`~gpuslate.errors.UsageError`, nothing started."""
     config.validate()
     try:
-        sock = bind_socket(config.host, config.port)
+        # the port taken first, not yet listening: its workers hold their memory before anything
+        # that probes the port (a readiness check) can connect
+        sock = bind_socket(config.host, config.port, listen=False)
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise UsageError(f"cannot listen on {config.host}:{config.port}: {why.lower()}"
