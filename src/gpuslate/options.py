@@ -193,6 +193,9 @@ class StatusLine(Record):
         "--watch", parse=positive_seconds, show=seconds_text, default=None, const=1.0, metavar="SECONDS",
         help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line",
         why_here="status --watch does not work with --host: run it on the host (ssh -t HOST gpuslate ...)")
+    compact: bool = flag(
+        "--compact", help="one line per GPU: a memory bar, used/total, utilization, temperature and its holders "
+        "(PID, user, memory), as gpustat shows them (--json: the same document)")
 
 
 class Selection(Record):

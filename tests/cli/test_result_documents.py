@@ -198,7 +198,8 @@ _holder = st.fixed_dictionaries({
     "root_pid": st.integers(1, 2**22), "state": st.none() | st.sampled_from(["S", "R", "Z"]),
     "container": st.none() | _text, "cgroup": st.none() | _text, "visible": st.booleans(),
     "daemon": st.none() | st.just("nvidia-cuda-mps-server"), "mps_server": st.none() | st.integers(1, 2**22),
-    "daemon_unproven": st.none() | _text})
+    "daemon_unproven": st.none() | _text,
+    "cpu_time_s": st.none() | st.integers(0, 10**8).map(lambda n: n / 100), "host_memory": _opt_int})
 _gpu = st.fixed_dictionaries({
     "index": st.integers(0, 7), "uuid": st.none() | _text, "name": st.none() | _text,
     "memory": st.none() | st.fixed_dictionaries({"total": st.integers(0, 2**40), "used": st.integers(0, 2**40),

@@ -365,16 +365,16 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
     def hopeless(readings: list[GpuReading]) -> bool:
         nonlocal held
         listed = {p.pid for r in readings for p in (r.processes or [])}
+        new = listed - planned - checked
+        if new:  # looked at first: a supervisor restarts a target while the driver still tears its context down
+            checked.update(new)
+            respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
+        if respawned:
+            return True
         if listed & targets:
             return False  # a target's context is still being torn down: its memory is not free yet
         if listed & refused:  # a target the gate refused still holds memory: nothing will end it
             held = True
-            return True
-        new = listed - planned - checked
-        if new:
-            checked.update(new)
-            respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
-        if respawned:
             return True
         if released:
             return settled(readings)  # other jobs may hold these GPUs: that is theirs, not a failure

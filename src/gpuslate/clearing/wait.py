@@ -278,8 +278,11 @@ def still_held(readings: Sequence[GpuReading], done: Callable[[GpuReading], bool
 
 
 def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
-              options: WaitOptions = WaitOptions()) -> WaitResult:
-    """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
+              options: WaitOptions = WaitOptions(), *,
+              owners: Callable[[], Mapping[int, str]] | None = None) -> WaitResult:
+    """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis.
+    ``owners()``, asked only then: pid -> the managed unit it belongs to, whose remedy is to stop
+    that unit (``gpuslate down NAME``, as ``up``'s pre-flight says), not to clear."""
     opts = options.validate()
     be = host.backend
     sel = resolve_gpus(be, list(gpus) if gpus is not None else None)
@@ -291,14 +294,14 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
                      opts.timeout) as tick:
         ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked, tick=tick, daemons=watch)
     elapsed = time.monotonic() - t0
-    diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
+    diag = [] if ok else diagnose(take_snapshot(be, sel), limit, owners=owners() if owners is not None else None)
     return WaitResult(ok=ok, gpus=sel, max_used=limit, elapsed_s=elapsed, readings=readings, diagnosis=diag,
                       baseline=tuple(readings_baseline(readings, watch)), leaked=leaked.verdict and not ok)
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
              spared: dict[int, str] | None = None, planned: set[int] | None = None,
-             only: set[int] | None = None) -> list[GpuDiagnosis]:
+             only: set[int] | None = None, owners: Mapping[int, str] | None = None) -> list[GpuDiagnosis]:
     """Explain every GPU of ``snap`` that is not free.
 
     ``victims``/``spared``/``planned`` come from ``clear``: what it tried to end,
@@ -327,7 +330,8 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
             if p.pid in daemons:
                 continue  # a spared daemon's baseline: the host's, not what keeps the GPU busy
             if only is None or p.pid in only:
-                problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
+                problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned,
+                                         (owners or {}).get(p.pid)))
         used = r.memory.used if r.memory else None
         orphan = held_by_no_process(r)
         if (orphan is not None and orphan > max_used and used is not None
@@ -338,7 +342,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
 
 
 def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
-             planned: set[int] | None) -> Problem:
+             planned: set[int] | None, unit: str | None = None) -> Problem:
     def problem(reason: str, remedy: str | None, parent: int | None = None) -> Problem:
         return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy, parent)
 
@@ -385,4 +389,7 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
                if p.used_memory is not None else "so its baseline is unknown")
         return problem(f"a GPU daemon ({p.daemon}) holding {held}, {why}: 'gpuslate clear' spares it",
                        f"{stop}, or end it with 'gpuslate clear --include-handles'")
+    if unit is not None:  # a managed unit's: stopped as a unit, its GPUs verified released
+        return problem(f"holds {format_size(p.used_memory)} ({p.kind}) for unit {unit}",
+                       f"stop the unit: gpuslate down {unit}")
     return problem(f"holds {format_size(p.used_memory)} ({p.kind})", "end it, or run 'gpuslate clear'")

@@ -70,10 +70,22 @@ class HolderProcess(NamedTuple):
     #: why a process that runs a GPU daemon is not proven the daemon (None: proven, or no daemon): its
     #: memory is then held, never the host's baseline (gpuslate.proc.daemons)
     daemon_unproven: str | None = None
+    cpu_time_s: float | None = None  # CPU time used so far (user + system), as ps's TIME; None: not known
+    host_memory: int | None = None  # resident host memory in bytes, as ps's RSS; None: not known
 
     @property
     def started(self) -> float | None:
         return ticks_to_epoch(self.start_ticks) if self.start_ticks is not None else None
+
+    def elapsed_s(self, at: float) -> float | None:
+        """How long it had run at ``at`` (epoch seconds: the snapshot's time)."""
+        return max(0.0, at - self.started) if self.started is not None else None
+
+    def cpu_pct(self, at: float) -> float | None:
+        """Its CPU time over its life, in percent of one core, as ``ps`` computes %CPU (one
+        snapshot: no second sample, so that ``status`` waits for nothing)."""
+        life = self.elapsed_s(at)
+        return None if self.cpu_time_s is None or not life else 100.0 * self.cpu_time_s / life
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +96,8 @@ class HolderProcess(NamedTuple):
             "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
             "daemon": self.daemon, "daemon_unproven": self.daemon_unproven, "mps_server": self.mps_server,
+            "cpu_time_s": round(self.cpu_time_s, 2) if self.cpu_time_s is not None else None,
+            "host_memory": self.host_memory,
         }
 
     @classmethod
@@ -98,7 +112,9 @@ class HolderProcess(NamedTuple):
                    f.opt_integer("ppid", 0, MAX_PID), f.opt_integer("pgid", 0, MAX_PID),
                    f.opt_integer("sid", 0, MAX_PID), f.pid("root_pid"), f.opt_text("state"), f.opt_text("container"),
                    f.flag("visible"), f.opt_text("cgroup", default=None), daemon, f.opt_pid("mps_server", default=None),
-                   f.opt_text("daemon_unproven", default=OLD_DOCUMENT if daemon else None))
+                   f.opt_text("daemon_unproven", default=OLD_DOCUMENT if daemon else None),
+                   # absent from the documents of a gpuslate before them
+                   f.opt_number("cpu_time_s", 0, 1e12, default=None), f.opt_size("host_memory", default=None))
 
 
 class GpuState(NamedTuple):
@@ -321,7 +337,7 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         return HolderProcess(
             pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
             info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
-            info.cgroup, daemon, None, unproven,
+            info.cgroup, daemon, None, unproven, cpu_time_s=info.cpu_time_s, host_memory=info.host_memory,
         )
 
     # which GPUs each fd holder holds; holders of control devices only are host-level

@@ -181,7 +181,7 @@ def terminate(
     victims: list[Victim], *, grace: float, kill_wait: float, action: str, run_id: str,
     audit: SignalAudit | None, on_event: Callable[[str], None] | None = None,
     clock_start: float | None = None, discover: Callable[[list[Victim]], list[Victim]] | None = None,
-    discover_every: float = 0.05, gate: Gate | None = None,
+    discover_every: float = 0.05, gate: Gate | None = None, more: bool = False,
 ) -> list[VictimResult]:
     """Terminate every victim: SIGTERM to all at once, wait up to ``grace`` seconds,
     SIGKILL the survivors, wait up to ``kill_wait`` seconds more.
@@ -194,6 +194,8 @@ def terminate(
     (permission) are recorded and skipped; the others proceed. Returns one result
     per victim, in order, then the discovered ones. ``gate``, when given, is asked
     before each phase which of its victims must not be signaled (see the module doc).
+    ``more``: a later round of the same stop (what a unit started meanwhile), said as such in the
+    progress line ("SIGTERM sent to 2 more processes"), so that the counts add up to the report's.
     """
     t0 = clock_start if clock_start is not None else time.monotonic()
     results = [VictimResult(v) for v in victims]
@@ -204,7 +206,8 @@ def terminate(
                discover=discover, discover_every=discover_every, gate=gate)
     try:
         _, alive = send(run, signal.SIGTERM, alive)
-        run.note(f"SIGTERM sent to {_processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED))}")
+        sent = _processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED), more=more)
+        run.note(f"SIGTERM sent to {sent}")
         _, survivors = wait_phase(run, alive, time.monotonic() + grace, signal.SIGTERM)
         survivors += [r for r in adopt(run, signal.SIGTERM) if r not in survivors]
         if survivors:
@@ -365,8 +368,8 @@ def kill_phase(run: _Run, survivors: list[VictimResult], *, grace: float, kill_w
     return wait_phase(run, survivors, time.monotonic() + kill_wait, signal.SIGKILL)
 
 
-def _processes(n: int) -> str:
-    return f"{n} process" if n == 1 else f"{n} processes"
+def _processes(n: int, *, more: bool = False) -> str:
+    return f"{n}{' more' if more else ''} process{'' if n == 1 else 'es'}"
 
 
 def _sent(r: VictimResult) -> bool:

@@ -199,7 +199,7 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
         res = terminate([_victim(st, unit, found.get(st.pid)) for st in procs],
                         grace=min(grace_s, max(0.0, deadline - time.monotonic())),
                         kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
-                        audit=log, on_event=on_event, clock_start=t0)
+                        audit=log, on_event=on_event, clock_start=t0, more=bool(done))
         done.update((r.victim.ident.pid, r.victim.ident.start_ticks) for r in res)
         return res
 

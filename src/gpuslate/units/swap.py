@@ -219,6 +219,9 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
                 steer.refuse(f"swap {old} -> {new_spec.name}: {old} was not stopped cleanly; nothing serves")
             return result(SwapStatus.DOWN_FAILED, up=None, rollback=None)
         t_up = time.monotonic()
+        # the verification as the swap's clock saw it (down's own bookkeeping after its poll
+        # included), so that the phase and the downtime's part of the same name are one figure
+        phases["verify_clean_s"] = max(0.0, t_up - t_stop - phases["stop_old_s"])
         watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
         try:
             u = start_checked(host, new_spec, UpOptions())  # NEW passed check_startable above
@@ -408,8 +411,7 @@ def _downtime_parts(phases: dict[str, float], t_stop: float, t_up: float, t_read
     to_mono = time.monotonic() - time.time()  # the unit record keeps epoch times
     spawned = u.record.launched_at + to_mono
     ready = (u.record.ready_at + to_mono) if u.record.ready_at else t_ready
-    parts = {"stop_old_s": phases["stop_old_s"]}
-    parts["verify_clean_s"] = max(0.0, t_up - t_stop - parts["stop_old_s"])
+    parts = {"stop_old_s": phases["stop_old_s"], "verify_clean_s": phases["verify_clean_s"]}
     parts["preflight_new_s"] = max(0.0, min(phases["preflight_new_s"], spawned - t_up))
     parts["spawn_new_s"] = max(0.0, spawned - t_up - parts["preflight_new_s"])
     parts["start_to_ready_s"] = max(0.0, ready - spawned)

@@ -286,6 +286,11 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     write_file(path, (json.dumps(doc, indent=2) + "\n").encode(), what="--out directory")
 
 
+def _count(done: int, total: int | None) -> str:
+    """Requests done, of how many where that is known (a level bounded by time has no total)."""
+    return f"{done}/{total}" if total is not None else f"{done} done"
+
+
 class _ProgressBar:
     """A rich progress bar on stderr, one task per level."""
 
@@ -293,13 +298,14 @@ class _ProgressBar:
         from rich.console import Console  # lazy: startup
         from rich.progress import (  # lazy: startup
             BarColumn,
-            MofNCompleteColumn,
             Progress,
             TextColumn,
             TimeElapsedColumn,
         )
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        # "12/64" of a level of -n requests; "36 done" of one bounded by --duration, whose total no one
+        # knows (never "36/?")
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                                  TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
         self.progress.start()
         self.task: Any = None
@@ -312,9 +318,9 @@ class _ProgressBar:
                 self.progress.remove_task(self.task)
             what = f"level {p.level_index + 1}/{p.levels} " + (
                 f"c={p.concurrency}" if p.concurrency else "arrivals") + (" warm-up" if p.warmup else "")
-            self.task = self.progress.add_task(what, total=p.total)
+            self.task = self.progress.add_task(what, total=p.total, count="")
             self.key = key
-        self.progress.update(self.task, completed=p.done)
+        self.progress.update(self.task, completed=p.done, count=_count(p.done, p.total))
 
     def close(self) -> None:
         self.progress.stop()

@@ -118,9 +118,10 @@ def build(p: argparse.ArgumentParser) -> None:
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
                           epilog=exit_epilog({0: "ended by SIGTERM", 130: "ended by SIGINT (Ctrl-C)",
-                                              2: "bad input, or the bench extra (aiohttp) not installed",
-                                              1: "failed to start (e.g. its "
-                                              "port is in use, or --fail-startup)",
+                                              2: "bad input (its port in use), or the bench extra (aiohttp) "
+                                              "not installed: nothing started",
+                                              1: "its simulated startup failed (--fail-startup), as an "
+                                              "engine's crash exits",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
     serve.lazy_build = _serve_options  # type: ignore[attr-defined]

@@ -64,6 +64,11 @@ def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[
             + (", interrupted: levels marked * were cut short" if result.interrupted else ""))
     lines = wrapped([head], width)
     lines[0] = paint(model, ("bold",), color) + lines[0][len(model):]
+    scale = server.get("time_scale")  # a simulated server says it (sim serve --time-scale)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
+        lines += [paint(x, ("yellow",), color) for x in wrapped([
+            f"scaled figures: the server simulates its model {scale:g}x faster than modelled (--time-scale "
+            f"{scale:g}): throughputs are {scale:g}x, latencies 1/{scale:g} of the model's"], width)]
     goodput = bool(result.plan.goodput)
     # the one table style of every command: bold Title Case headers, no borders (units stay as written)
     names = ["Conc", "Done", "Fail", "Req/s", "Out tok/s", "Peak tok/s", "In flight", "Accept", "Spec steps"] \
