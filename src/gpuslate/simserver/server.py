@@ -10,6 +10,7 @@ and the model are documented in ``docs/sim-server.md``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import os
@@ -26,6 +27,7 @@ from aiohttp import web
 from .. import __version__
 from ..engines import engine
 from ..engines.sim import ENGINE as SIM
+from ..errors import UsageError
 from .openai_api import (
     BadRequest,
     GenerationSpec,
@@ -114,7 +116,8 @@ class SimServer:
         c = self.config
         total = c.startup_seconds / c.time_scale
         phases = (
-            (0.10, "initializing distributed environment (tp=1, simulated)"),
+            # one rank per worker holding a GPU, as a tensor-parallel server starts one per GPU
+            (0.10, f"initializing distributed environment (tp={max(1, len(self.worker_pids))}, simulated)"),
             (0.50, f"loading weights of {c.model} ..."),
             (0.25, "capturing cuda graphs (simulated) ..."),
             (0.15, "warming up ..."),
@@ -405,11 +408,23 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
     return app
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind and listen now, so the port is taken before the (simulated) load starts."""
+def bind_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """Bind (and listen, unless ``listen`` is False) now, so the port is taken before the
+    (simulated) load starts. Bound but not listening, it is the server's alone and still refuses
+    connections: nothing probing it takes the server for up before it serves (the server listens
+    when it starts serving)."""
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                flags=socket.AI_PASSIVE)[0]
-    return socket.create_server(addr[:2], family=family, backlog=1024)
+    if listen:
+        return socket.create_server(addr[:2], family=family, backlog=1024)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as create_server does
+        sock.bind(addr[:2])
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 @asynccontextmanager
@@ -425,23 +440,18 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
     # handler_cancellation: a client that disconnects aborts its request.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
     try:
-        sim.log(f"listening on {sim.url} (503 until ready)")  # the socket is already bound
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        await web.SockSite(runner, sock).start()  # listens now (run_server bound it earlier)
+        sim.log(f"listening on {sim.url} (503 until ready)")
         yield sim
     finally:
         await runner.cleanup()
         sock.close()
 
 
-async def _serve(config: ServerConfig, worker_pids: list[int], memory: Memory | None = None,
-                 gpu_locked: Callable[[], bool] | None = None) -> int:
+async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.socket,
+                 memory: Memory | None = None, gpu_locked: Callable[[], bool] | None = None) -> int:
     log = _stderr_log
-    try:
-        sock = bind_socket(config.host, config.port)
-    except OSError as exc:
-        log(f"{LOG_PREFIX} ERROR: cannot bind {config.host}:{config.port}: {exc.strerror or exc}")
-        return 1
     stop = asyncio.Event()
     stopped_by: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
@@ -482,12 +492,26 @@ async def _serve(config: ServerConfig, worker_pids: list[int], memory: Memory | 
 def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None,
                memory: Callable[[], Memory | None] | None = None,
                gpu_locked: Callable[[], bool] | None = None) -> int:
-    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails, the port is taken, or the
-    emulated engine dies (a fault it plays). ``memory``: called once the workers run, the memory a park
-    moves (docs/sim-server.md, Parking); ``gpu_locked``: whether the driver holds a worker locked."""
+    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails or the emulated engine dies
+    (a fault it plays). The port is taken first, before any worker holds memory: one that cannot be
+    (in use, not this host's address) is a :class:`~gpuslate.errors.UsageError`, nothing started.
+    ``memory``: called once the workers run, the memory a park moves (docs/sim-server.md, Parking);
+    ``gpu_locked``: whether the driver holds a worker locked."""
     config.validate()
-    worker_pids = list(start_workers()) if start_workers is not None else []
     try:
-        return asyncio.run(_serve(config, worker_pids, memory() if memory is not None else None, gpu_locked))
+        # the port taken first, not yet listening: its workers hold their memory before anything
+        # that probes the port (a readiness check) can connect
+        sock = bind_socket(config.host, config.port, listen=False)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UsageError(f"cannot listen on {config.host}:{config.port}: {why.lower()}"
+                         + (" (another server listens there: pick another --port)"
+                            if exc.errno == errno.EADDRINUSE else "")) from None
+    try:
+        worker_pids = list(start_workers()) if start_workers is not None else []
+        return asyncio.run(_serve(config, worker_pids, sock, memory() if memory is not None else None,
+                                  gpu_locked))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130
+    finally:
+        sock.close()
