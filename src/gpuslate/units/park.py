@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .._document import checked, parse_json, reading
+from .._document import Fields, Malformed, checked, parse_json, reading
 from .._parse import format_size
 from ..engines.base import Park, ParkLevel, ParkReading, ParkStyle, RunningCheck
 from ..engines.commands import read_park
@@ -222,9 +222,32 @@ def proof_json(p: ParkProof) -> dict[str, Any]:
             "processes": [f._asdict() for f in p.processes], "gpus": [g._asdict() for g in p.gpus]}
 
 
-def proof_from_json(d: dict[str, Any]) -> ParkProof:
-    return ParkProof(bool(d["parked"]), tuple(ProcessFigure(**f) for f in d["processes"]),
-                     tuple(GpuFigure(**g) for g in d["gpus"]), tuple(str(x) for x in d["problems"]))
+def proof_from_json(d: object) -> ParkProof:
+    """A proof of a document, field by field (a peer's document is never trusted)."""
+    f = Fields(d)
+
+    def process(x: object) -> ProcessFigure:
+        g = Fields(x)
+        return ProcessFigure(g.pid("pid"), g.gpu("gpu"), g.opt_size("before"), g.opt_size("after"), g.flag("listed"),
+                             g.size("allowed"), g.flag("ok"))
+
+    def gpu(x: object) -> GpuFigure:
+        g = Fields(x)
+        return GpuFigure(g.gpu("gpu"), g.opt_size("used"), g.size("kept"), g.size("max_used"), g.flag("ok"))
+
+    return ParkProof(f.flag("parked"), tuple(f.items("processes", process)), tuple(f.items("gpus", gpu)),
+                     tuple(f.texts("problems")))
+
+
+def _object(v: object) -> dict[str, Any]:
+    """An object kept as it is (figures shown, never acted on)."""
+    return Fields(v).d
+
+
+def _list(v: object, read: Callable[[object], dict[str, Any]]) -> list[dict[str, Any]]:
+    if not isinstance(v, list):
+        raise Malformed(f"expected a list, not {type(v).__name__}")
+    return [read(x) for x in v]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -257,13 +280,19 @@ class ParkResult:
     @classmethod
     def from_json(cls, doc: object) -> ParkResult:
         """A ``gpuslate.park.v1`` document as the ParkResult it was."""
-        d = checked(doc, PARK_SCHEMA)
+        f = Fields(checked(doc, PARK_SCHEMA))
         with reading(PARK_SCHEMA):
-            return cls(name=d["name"], status=ParkStatus(d["status"]), method=d["method"], why=str(d["why"]),
-                       reason=d["reason"], proof=proof_from_json(d["proof"]) if d["proof"] is not None else None,
-                       host_bytes=d["host_bytes"], host=d["host"], drain=d["drain"], undone=d["undone"],
-                       timings={k: float(v) for k, v in d["timings"].items()},
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+            method = f.opt_text("method")
+            if method is not None and method not in store.PARK_METHODS:
+                raise Malformed(f"method: expected one of {', '.join(store.PARK_METHODS)}")
+            undone = f.raw("undone")
+            if undone is not None and not isinstance(undone, bool):
+                raise Malformed("undone: expected true, false or null")
+            return cls(name=f.text("name"), status=f.choice("status", ParkStatus), method=method, why=f.text("why"),
+                       reason=f.opt_text("reason"), proof=f.opt_record("proof", proof_from_json),
+                       host_bytes=f.opt_size("host_bytes"), host=f.read("host", _object, optional=True),
+                       drain=f.read("drain", _object, optional=True), undone=undone, timings=f.timings("timings"),
+                       front=f.opt_record("front", FrontReport.from_json, default=None))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -294,12 +323,33 @@ class ResumeResult:
     @classmethod
     def from_json(cls, doc: object) -> ResumeResult:
         """A ``gpuslate.resume.v1`` document as the ResumeResult it was."""
-        d = checked(doc, RESUME_SCHEMA)
+        f = Fields(checked(doc, RESUME_SCHEMA))
         with reading(RESUME_SCHEMA):
-            return cls(name=d["name"], status=ResumeStatus(d["status"]), method=d["method"], reason=d["reason"],
-                       room=d["room"], back=d["back"], readiness=d["readiness"], warmup=d["warmup"],
-                       answer=d["answer"], timings={k: float(v) for k, v in d["timings"].items()},
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+            method = f.opt_text("method")
+            if method is not None and method not in store.PARK_METHODS:
+                raise Malformed(f"method: expected one of {', '.join(store.PARK_METHODS)}")
+
+            def room(x: object) -> dict[str, Any]:
+                g = Fields(x)
+                return {"gpu": g.gpu("gpu"), "need": g.size("need"), "free": g.opt_size("free")}
+
+            def back(x: object) -> dict[str, Any]:
+                g = Fields(x)
+                return {"pid": g.pid("pid"), "gpu": g.gpu("gpu"), "before": g.size("before"), "now": g.size("now")}
+
+            def answer(x: object) -> dict[str, Any]:
+                g = Fields(x)
+                same = g.raw("same")
+                if same is not None and not isinstance(same, bool):
+                    raise Malformed("same: expected true, false or null")
+                return {"same": same, "detail": g.text("detail"), "text": g.opt_text("text")}
+
+            return cls(name=f.text("name"), status=f.choice("status", ResumeStatus), method=method,
+                       reason=f.opt_text("reason"), room=f.read("room", lambda v: _list(v, room), optional=True),
+                       back=f.read("back", lambda v: _list(v, back), optional=True),
+                       readiness=f.read("readiness", _object, optional=True),
+                       warmup=f.read("warmup", _object, optional=True), answer=f.opt_record("answer", answer),
+                       timings=f.timings("timings"), front=f.opt_record("front", FrontReport.from_json, default=None))
 
 
 # -- the verbs --------------------------------------------------------------------------------
