@@ -88,6 +88,15 @@ class Parking:
         # the routes exist only in the environment the engine needs (vLLM's dev mode)
         self.routed = r is not None and all(self.env.get(k) == v for k, v in r.park.env.items())
         self._tasks: list[asyncio.Task[None]] = []
+        # the engines run these calls one at a time (vLLM through its engine core's RPC queue, SGLang
+        # through its scheduler's): a wake that arrives during a sleep waits for it
+        self._calls = asyncio.Lock()
+
+    def _serial(self, handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
+        async def one_at_a_time(request: web.Request) -> web.StreamResponse:
+            async with self._calls:
+                return await handler(request)
+        return one_at_a_time
 
     def _frees(self, level: int) -> bool:
         """A park at ``level`` frees memory: the flag given, no hazard of the engine's that frees
@@ -118,18 +127,18 @@ class Parking:
         first = f.levels[0]
         park, back = first.park[0].route, first.resume[0].route
         if f.style is ParkStyle.SLEEP:
-            app.router.add_post(park, self.sleep)
-            app.router.add_post(back, self.wake_up)
+            app.router.add_post(park, self._serial(self.sleep))
+            app.router.add_post(back, self._serial(self.wake_up))
             if f.status is not None:
                 app.router.add_get(f.status.route, self.is_sleeping)
             if f.reload_weights is not None:
-                app.router.add_post(f.reload_weights.route, self.collective_rpc)
+                app.router.add_post(f.reload_weights.route, self._serial(self.collective_rpc))
         else:
             for path, handler in ((park, self.release), (back, self.resume)):
-                app.router.add_get(path, handler)
-                app.router.add_post(path, handler)
+                app.router.add_get(path, self._serial(handler))
+                app.router.add_post(path, self._serial(handler))
             if f.reload_weights is not None:
-                app.router.add_post(f.reload_weights.route, self.update_weights_from_disk)
+                app.router.add_post(f.reload_weights.route, self._serial(self.update_weights_from_disk))
 
     def start(self) -> None:
         if self.gpu_locked is not None:

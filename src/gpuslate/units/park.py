@@ -873,10 +873,13 @@ def resume_loaded(host: HostContext, u: Unit, opts: ResumeOptions, *, lock_wait:
         level = r.park.level(1 if way is ParkWay.LEVEL1 else 2) if r is not None else None
         if level is None:
             error = f"its command no longer reads as one its engine parks at {way.value}"
-        elif r is not None and r.park.style is ParkStyle.RELEASE and not _released(host, u):
-            pass  # nothing was released (a park cut short before its call): a resume would kill it (KeyError)
         else:
-            for call in level.resume:
+            calls = level.resume
+            if r is not None and r.park.style is ParkStyle.RELEASE and not _released(host, u):
+                # nothing is released (a park cut short before its release, or a resume after its resume
+                # call): resuming a tag not released would kill it (KeyError); the weights still loaded again
+                calls = tuple(c for c in calls if c.route != level.resume[0].route)
+            for call in calls:
                 error = _call(u, spec, audit, call.filled(level=level.level, model_path=model_path),
                               opts.timeout or spec.start_timeout)
                 if error:
