@@ -255,10 +255,10 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
                                + "; ".join(d.summary() for d in cleared.diagnosis),
                                hint="see 'gpuslate clear --gpus ... --json' for the whole story")
     collect_stale_cgroups()  # under the host lock
-    others = [u for u in load_units(units) if u.name != spec.name]
     # parked units keep their residue on the GPUs (units/park.py): free beside it, as beside a daemon's
-    check_gpus(be, gpus, limit, for_unit=spec.name, owners=lambda: unit_of_pids(others, ProcTable()),
-               parked=parked_allowance(others, ProcTable()))
+    check_gpus(be, gpus, limit, for_unit=spec.name,
+               owners=lambda: unit_of_pids([u for u in load_units(units) if u.name != spec.name], ProcTable()),
+               parked=lambda: parked_allowance(load_units(units), ProcTable(), but=spec.name))
     t_pre = time.monotonic()
     # from the fork until the record is on disk, an interrupt would leave a server no record
     # names: it is held back and acted on once the unit can be found (and stopped)

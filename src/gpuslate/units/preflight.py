@@ -18,12 +18,17 @@ from ..proc.procfs import read_info
 
 
 def check_gpus(backend: GpuBackend, gpus: list[int], max_used: int, *, for_unit: str,
-               owners: Callable[[], dict[int, str]], parked: Mapping[tuple[int, int], int] | None = None) -> Snapshot:
+               owners: Callable[[], dict[int, str]],
+               parked: Callable[[], Mapping[tuple[int, int], int]] | None = None) -> Snapshot:
     """Raise NotDoneError naming every holder (and its unit: ``owners()`` maps pid -> unit,
-    asked only when a GPU is busy) unless all ``gpus`` are free. ``parked``: (pid, gpu) -> the
-    residue a parked unit's process may keep there (units/park.py), which is no holder within it."""
+    asked only when a GPU is busy) unless all ``gpus`` are free. ``parked()``: (pid, gpu) -> the
+    residue a parked unit's process may keep there (units/park.py), which is no holder within it
+    (asked only when a GPU is busy)."""
     snap = take_snapshot(backend, gpus)
-    busy = [g for g in snap.gpus if not state_is_free(g, max_used) and not free_beside(g, max_used, parked or {})]
+    busy = [g for g in snap.gpus if not state_is_free(g, max_used)]
+    if busy and parked is not None:
+        allowance = parked()
+        busy = [g for g in busy if not free_beside(g, max_used, allowance)]
     if not busy:
         return snap
     owner_of = owners()

@@ -31,7 +31,7 @@ from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.daemons import DaemonWatch
-from ..proc.procfs import ProcStat, read_info
+from ..proc.procfs import ProcStat, read_info, read_stat
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
@@ -229,27 +229,26 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     if gpus:
         if left.can_free:  # a GPU daemon of the unit's own is no spared baseline: it must be gone
             mine = DaemonWatch(exclude={r.victim.ident.pid for r in results + swept})
-            # units that park share GPUs (units/park.py): a parked one keeps its residue there, and the one
-            # that took its place holds what it holds; neither is this unit's to release
-            every = load_units(UnitStore.of(host)) if unit.record is not None else []
-            table = ProcTable()
-            parked = parked_allowance(every, table, but=unit.name)
-            sharing = any(o.record is not None and o.record.park is not None for o in every)
-            beside = {st.pid for o in every if o.name != unit.name and sharing for st in o.members(table)}
+            beside = _Sharing(host, unit)
 
             def free(r: GpuReading) -> bool:
-                daemons = mine([p.pid for p in r.processes or []]) if r.processes else None
+                if not (r.processes and r.error is None):
+                    return is_free(r, limit)
+                daemons = mine([p.pid for p in r.processes])  # a list: as poll_until_free's own check
                 if is_free(r, limit, daemons):
                     return True
                 spared = {h.pid: h.bytes for h in reading_baseline(r, daemons)}
-                allowed = {**parked, **{(p.pid, r.index): p.used_memory or 0 for p in r.processes or []
-                                        if p.pid in beside and (p.pid, r.index) not in parked}}
-                return reading_free_beside(r, limit, spared, allowed)
+                live = [p for p in r.processes if p.pid not in spared and (st := read_stat(p.pid)) is not None
+                        and not st.has_exited]
+                if not live:  # what the unit's own processes held, not yet let go by the driver
+                    return False
+                # someone else lives there: a unit that shares the GPU by parking is no holder of this one's
+                return reading_free_beside(r, limit, spared, beside.allowed(r))
 
             with host.ticker(f"stopping {unit.name}: waiting for its GPU memory to be released",
                              max(0.0, deadline - time.monotonic())) as tick:
                 released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit),
-                                                     tick=tick, daemons=mine, done=free if sharing else None)
+                                                     tick=tick, daemons=mine, done=free)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:
@@ -266,3 +265,24 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     return StopReport(results=results, swept=swept, cgroup_killed=killed, released=released, readings=readings,
                       diagnosis=diagnosis, timings=timings, verified_gpus=gpus, held=held, unverified=unverified,
                       held_unknown=bool(unread), not_ruled_out=left.not_ruled_out is not None)
+
+
+class _Sharing:
+    """The units that share a stopping unit's GPUs because units park (units/park.py): a parked one
+    keeps its residue there, and the one that took its place holds what it holds; neither is this
+    unit's to release. The records are read only when a GPU lists someone else, once."""
+
+    def __init__(self, host: HostContext, unit: Unit) -> None:
+        self.host, self.unit = host, unit
+        self._parked: dict[tuple[int, int], int] | None = None
+        self._beside: set[int] = set()
+
+    def allowed(self, r: GpuReading) -> dict[tuple[int, int], int]:
+        if self._parked is None:
+            every = load_units(UnitStore.of(self.host)) if self.unit.record is not None else []
+            table = ProcTable()
+            self._parked = parked_allowance(every, table, but=self.unit.name)
+            if any(o.record is not None and o.record.park is not None for o in every):
+                self._beside = {st.pid for o in every if o.name != self.unit.name for st in o.members(table)}
+        return {**self._parked, **{(p.pid, r.index): p.used_memory or 0 for p in r.processes or []
+                                   if p.pid in self._beside and (p.pid, r.index) not in self._parked}}
