@@ -398,6 +398,12 @@ def test_the_commands_documents_match_their_schemas_and_exit_codes(units_host, t
     assert text.returncode == 0 and "Unit j parked by level1" in text.stdout
     ps = run_units("ps", cwd=str(tmp_path))
     assert "parked" in ps.stdout and "unit j: parked by level1" in ps.stdout
+    for view in ((), ("--compact",)):  # status says where the memory went, in both views
+        status = run_units("status", *view, cwd=str(tmp_path))
+        assert "Parked: unit j (pid" in status.stdout and "by level1) on GPU 0,1" in status.stdout, status.stdout
+    doc = json.loads(run_units("status", "--json", cwd=str(tmp_path)).stdout)
+    assert [u["unit"] for u in doc["parked"]] == ["j"] and doc["parked"][0]["host_bytes"] > 0
+    jsonschema.Draft202012Validator(json.loads((SCHEMAS / "status.v1.json").read_text())).validate(doc)
     assert run_units("down", "j", cwd=str(tmp_path)).returncode == 0
     assert run_units("resume", "nosuch", cwd=str(tmp_path)).returncode == 2
 

@@ -160,11 +160,7 @@ def status_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str]
     for h in (h for g in snap.gpus for h in g.baseline()):
         lines.append(paint(f"GPU {h.gpu}: {format_size(h.bytes)} held by {clean(h.program)} (PID {h.pid}), spared: "
                            "a GPU daemon's baseline, not counted as used by wait, clear and up", ("dim",), color))
-    for u in snap.parked or ():
-        held = f", {format_size(u['host_bytes'])} in host memory" if u.get("host_bytes") else ""
-        where = ",".join(str(g) for g in u["gpus"]) or "-"
-        lines.append(paint(f"Parked: unit {clean(u['unit'])} (pid {u['pid']}, by {clean(u['method'])}) on GPU {where}: "
-                           f"its GPU memory released{held}; 'gpuslate resume {clean(u['unit'])}'", ("cyan",), color))
+    lines += _parked_lines(snap, color)
     if snap.host_processes:
         others = ", ".join(f"{p.pid} ({clean(p.name)})" for p in snap.host_processes)
         lines.append(paint(f"Holding only control devices (nvidiactl/uvm): {others}", ("dim",), color))
@@ -247,8 +243,20 @@ def compact_lines(snap: Snapshot, *, color: bool, width: int | None) -> list[str
                 break
             shown = f"{shown}, {part}" if shown else part
         lines.append(f"{start} {shown}".rstrip())
+    lines += _parked_lines(snap, color)
     lines += [paint(f"warning: {clean(w)}", ("yellow",), color) for w in snap.warnings]
     return lines
+
+
+def _parked_lines(snap: Snapshot, color: bool) -> list[str]:
+    """One line per parked unit: its GPU memory released, what it keeps in host memory."""
+    out = []
+    for u in snap.parked or ():
+        held = f", {format_size(u['host_bytes'])} in host memory" if u.get("host_bytes") else ""
+        where = ",".join(str(g) for g in u["gpus"]) or "-"
+        out.append(paint(f"Parked: unit {clean(u['unit'])} (pid {u['pid']}, by {clean(u['method'])}) on GPU {where}: "
+                         f"its GPU memory released{held}; 'gpuslate resume {clean(u['unit'])}'", ("cyan",), color))
+    return out
 
 
 def print_compact(snap: Snapshot, out: IO[str] | None = None, *, redraw: bool = False) -> None:
