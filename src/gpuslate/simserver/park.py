@@ -87,15 +87,24 @@ class Parking:
         self.flag = r is not None and r.park.flag in r.flags
         # the routes exist only in the environment the engine needs (vLLM's dev mode)
         self.routed = r is not None and all(self.env.get(k) == v for k, v in r.park.env.items())
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         # the engines run these calls one at a time (vLLM through its engine core's RPC queue, SGLang
         # through its scheduler's): a wake that arrives during a sleep waits for it
         self._calls = asyncio.Lock()
 
     def _serial(self, handler: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-        async def one_at_a_time(request: web.Request) -> web.StreamResponse:
+        """``handler`` one call at a time, run to its end even when its client goes away: the engine
+        finishes what it started (its engine core's work is not the HTTP request's), as a park
+        cut short by a killed gpuslate leaves it."""
+        async def locked(request: web.Request) -> web.StreamResponse:
             async with self._calls:
                 return await handler(request)
+
+        async def one_at_a_time(request: web.Request) -> web.StreamResponse:
+            task = asyncio.ensure_future(locked(request))
+            self._tasks.append(task)
+            task.add_done_callback(lambda done: self._tasks.remove(done) if done in self._tasks else None)
+            return await asyncio.shield(task)
         return one_at_a_time
 
     def _frees(self, level: int) -> bool:
@@ -145,9 +154,10 @@ class Parking:
             self._tasks.append(asyncio.create_task(self._watch_lock()))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             try:
                 await task
             except asyncio.CancelledError:

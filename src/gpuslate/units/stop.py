@@ -238,17 +238,15 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
                 if is_free(r, limit, daemons):
                     return True
                 spared = {h.pid: h.bytes for h in reading_baseline(r, daemons)}
-                live = [p for p in r.processes if p.pid not in spared and (st := read_stat(p.pid)) is not None
-                        and not st.has_exited]
-                if not live:  # what the unit's own processes held, not yet let go by the driver
-                    return False
-                # someone else lives there: a unit that shares the GPU by parking is no holder of this one's
                 return reading_free_beside(r, limit, spared, beside.allowed(r))
 
+            # units that park share GPUs: only when one lives on them now are the records read, and the
+            # GPUs called free beside what the others hold (else the check every down makes)
+            sharing = beside.applies(backend.read(gpus, full=False))
             with host.ticker(f"stopping {unit.name}: waiting for its GPU memory to be released",
                              max(0.0, deadline - time.monotonic())) as tick:
                 released, readings = poll_until_free(backend, gpus, limit, deadline, give_up=LeakStop(limit),
-                                                     tick=tick, daemons=mine, done=free)
+                                                     tick=tick, daemons=mine, done=free if sharing else None)
         else:
             released, readings = False, backend.read(gpus, full=False)
         if not released:
@@ -277,12 +275,21 @@ class _Sharing:
         self._parked: dict[tuple[int, int], int] | None = None
         self._beside: set[int] = set()
 
+    def applies(self, readings: list[GpuReading]) -> bool:
+        """Whether another process lives on these GPUs (the unit's own are gone) and some unit parks:
+        the records are read only then."""
+        listed = {p.pid for r in readings for p in r.processes or []}
+        if not any((st := read_stat(pid)) is not None and not st.has_exited for pid in listed):
+            return False
+        every = load_units(UnitStore.of(self.host)) if self.unit.record is not None else []
+        table = ProcTable()
+        self._parked = parked_allowance(every, table, but=self.unit.name)
+        if not any(o.record is not None and o.record.park is not None for o in every):
+            return False
+        self._beside = {st.pid for o in every if o.name != self.unit.name for st in o.members(table)}
+        return True
+
     def allowed(self, r: GpuReading) -> dict[tuple[int, int], int]:
-        if self._parked is None:
-            every = load_units(UnitStore.of(self.host)) if self.unit.record is not None else []
-            table = ProcTable()
-            self._parked = parked_allowance(every, table, but=self.unit.name)
-            if any(o.record is not None and o.record.park is not None for o in every):
-                self._beside = {st.pid for o in every if o.name != self.unit.name for st in o.members(table)}
-        return {**self._parked, **{(p.pid, r.index): p.used_memory or 0 for p in r.processes or []
-                                   if p.pid in self._beside and (p.pid, r.index) not in self._parked}}
+        parked = self._parked or {}
+        return {**parked, **{(p.pid, r.index): p.used_memory or 0 for p in r.processes or []
+                             if p.pid in self._beside and (p.pid, r.index) not in parked}}
