@@ -26,6 +26,7 @@ from typing import Any
 
 from ..engines import BACKENDS, engine, scan
 from ..engines.args import int_arg
+from ..engines.base import Shutdown
 
 #: the engines the simulator can play (all but itself)
 EMULATED = tuple(name for name, e in BACKENDS.items()
@@ -39,6 +40,7 @@ class EngineSettings:
     values: dict[str, Any]  # ServerConfig fields: host, port, model, mode, spec_disable_threshold, api_key, ...
     info: dict[str, Any] = field(default_factory=dict)  # the engine's own facts for /get_server_info
     warnings: tuple[str, ...] = ()  # the engine's log lines about what it ignored or disabled
+    shutdown: Shutdown | None = None  # what SIGTERM does under these arguments (None: as the engine does)
 
 
 def settings(name: str, argv: Sequence[str], *, version: str | None, max_batch: int,
@@ -73,4 +75,4 @@ def settings(name: str, argv: Sequence[str], *, version: str | None, max_batch: 
             info["patched_flag"] = flag
         if threshold is not None:
             values["spec_disable_threshold"] = threshold
-    return EngineSettings(values, info, em.warnings)
+    return EngineSettings(values, info, em.warnings, em.shutdown)
