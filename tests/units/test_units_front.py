@@ -255,3 +255,77 @@ def test_down_ends_the_front_and_the_defaults_are_safe(fronts_host: SimHost) -> 
     assert all(not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text().lower()
                for p in pids)
     assert "front-" in _audit()  # its signals were audited like a unit's
+
+
+def _up_json(name: str) -> tuple[int, dict]:
+    r = run_units("up", name, "--json", timeout=120)
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {"stderr": r.stderr}
+
+
+def test_up_of_a_running_unit_routes_its_stranded_front(fronts_host: SimHost) -> None:
+    """A swap killed while it drains leaves the front holding for nobody (stranded) and OLD running:
+    ``up OLD`` routes the front to it again, says so, and the requests it held go through."""
+    port, fport = free_port(), free_port()
+    unit_file(b=serve_cmd(port, startup=3.0, memory="1GiB"))
+    up("a", port, fport, "--base-step-ms", "40")
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=60) as load:
+        wait_for(lambda: any(r.first for r in load.records), timeout=20)
+        _kill_swap_at("draining", port, fport)
+        assert front_of("a").live()[0].value == "stranded"
+        rc, doc = _up_json("a")
+        assert rc == 0 and doc["status"] == "ready", doc
+        fr = doc["front"]
+        assert fr["state"] == "serving" and fr["unit"] == "a" and not fr["started"], fr
+        assert "it was stranded" in fr["note"] and "routed to a" in fr["note"], fr
+        load.wait_done(4, timeout=60)
+        records = load.stop()
+    assert front_of("a").live()[0].value == "serving"
+    # the requests held while it was stranded were served once it was routed
+    assert not [r for r in records if r.error], summary(records)
+    plain = run_units("up", "a")  # and it says so: routed, no second server started
+    assert plain.returncode == 2 and "already running" in plain.stderr, plain
+
+
+@pytest.mark.parametrize("gone", ["route", "front"])
+def test_up_of_a_running_unit_starts_its_front_again_when_a_process_of_it_is_gone(
+        fronts_host: SimHost, gone: str) -> None:
+    port, fport = free_port(), free_port()
+    up("a", port, fport)
+    f = front_of("a")
+    assert f.procs is not None and f.procs.record is not None
+    main = f.procs.record.pid
+    pids = [st.pid for st in f.procs.members()]
+    victim = main if gone == "front" else next(p for p in pids if p != main)
+    os.kill(victim, signal.SIGKILL)
+    want = "down" if gone == "front" else "no_route"
+    wait_for(lambda: front_of("a").live()[0].value == want, timeout=10)
+    ps = run_units("ps")
+    assert "'gpuslate up a' starts it again and routes it" in ps.stdout + ps.stderr, ps
+    r = run_units("up", "a", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "was gone: started again and routed to a" in r.stdout, r.stdout
+    assert front_of("a").live()[0].value == "serving"
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=4) as load:
+        load.wait_done(4)
+        assert all(r.ok for r in load.stop())
+
+
+def test_up_routes_nothing_to_a_unit_that_does_not_answer(fronts_host: SimHost) -> None:
+    port, fport = free_port(), free_port()
+    unit_file(b=serve_cmd(port, startup=3.0, memory="1GiB"))
+    up("a", port, fport, "--base-step-ms", "40")
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=1, max_tokens=60) as load:
+        wait_for(lambda: any(r.first for r in load.records), timeout=20)
+        _kill_swap_at("draining", port, fport)
+        load.stop()
+    unit = next(u for u in load_units(unit_records()) if u.name == "a")
+    assert unit.record is not None
+    os.kill(unit.record.pid, signal.SIGSTOP)  # it runs, and answers nothing
+    try:
+        r = run_units("up", "a", timeout=120)
+        assert r.returncode == 2 and "does not answer its readiness check" in r.stderr, r
+        assert front_of("a").live()[0].value == "stranded"  # nothing changed
+    finally:
+        os.kill(unit.record.pid, signal.SIGCONT)
+    assert run_units("up", "a", timeout=120).returncode == 0
+    assert front_of("a").live()[0].value == "serving"
