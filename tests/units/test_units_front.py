@@ -5,6 +5,7 @@ front's own process dying each end as docs/units.md ("Front") says."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -102,6 +103,40 @@ def test_restarts_and_swaps_behind_a_front_lose_nothing(fronts_host: SimHost) ->
     assert max(r.latency for r in records) < longest + 2.0
 
 
+def emulated_cmd(engine: str, port: int, *extra: str, startup: float = 0.3) -> list[str]:
+    """``sim serve --emulate ENGINE``: the engine's own arguments, serving sim-model on ``port``."""
+    head = {"vllm": ["serve", "sim-model", "--served-model-name", "sim-model"],
+            "sglang": ["--model-path", "sim-model"], "trtllm": ["sim-model", "--host", "127.0.0.1"]}[engine]
+    return [sys.executable, "-m", "gpuslate", "sim", "serve", "--startup-seconds", str(startup), "--memory", "1GiB",
+            *extra, "--emulate", engine, "--", *head, "--port", str(port)]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_swaps_behind_a_front_lose_nothing_with_each_engines_own_start_and_stop(
+        fronts_host: SimHost, engine: str) -> None:
+    """Each engine as it starts and stops (vLLM refuses connections while it loads, SGLang binds
+    only once loaded and warms up, TensorRT-LLM closes its port at SIGTERM; a worker that dies ends
+    the server): restarts and swaps behind the front still lose nothing."""
+    port, fport = free_port(), free_port()
+    lines = [f"[units.{name}]\ncommand = {json.dumps(emulated_cmd(engine, port, *extra))}\ngpus = \"0\"\n"
+             f"port = {port}\nengine = \"{engine}\"\ngrace = 2\nfront = {fport}\n"
+             for name, extra in (("a", ()), ("b", ("--base-step-ms", "5")))]
+    Path("gpuslate.toml").write_text("\n".join(lines))
+    r = run_units("up", "a", timeout=120)
+    assert r.returncode == 0, r.stderr
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=8, max_tokens=24) as load:
+        load.wait_done(16)
+        for verb in (["restart", "a"], ["swap", "a", "b"], ["swap", "b", "a"]):
+            rc, doc = swap_json(*verb)
+            assert rc == 0, doc
+            fr = doc["front"]
+            assert fr["state"] == "serving" and fr["unit"] == verb[-1] and fr["drain"]["cut"] == 0, fr
+            load.wait_done(16)
+        records = load.stop()
+    assert all(r.ok for r in records), summary(records)
+    assert run_units("down", "a").returncode == 0
+
+
 def test_without_the_front_every_restart_fails_requests(fronts_host: SimHost) -> None:
     port = free_port()
     up("a", port, None)
@@ -132,6 +167,8 @@ def test_a_drain_that_times_out_cuts_what_runs_and_counts_it(fronts_host: SimHos
     assert 0.5 <= drain["seconds"] < 3, drain
     cut = [r for r in records if not r.ok]
     assert len(cut) == 2, summary(records)  # the two long streams, cut when the unit stopped: counted above
+    if importlib.util.find_spec("prometheus_client"):  # and the exporter counts them
+        assert _one(_front_figures(), "gpuslate_front_last_swap_cut_requests") == 2
 
 
 @pytest.mark.parametrize("rollback", [False, True])
@@ -329,3 +366,68 @@ def test_up_routes_nothing_to_a_unit_that_does_not_answer(fronts_host: SimHost) 
         os.kill(unit.record.pid, signal.SIGCONT)
     assert run_units("up", "a", timeout=120).returncode == 0
     assert front_of("a").live()[0].value == "serving"
+
+
+def _front_figures() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """One scrape of the exporter's collector (as ``gpuslate exporter`` serves it): the front's figures."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuslate.exporter.collector import registry_for
+
+    with Host.open() as host:
+        text = generate_latest(registry_for(host, audit=False)).decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("gpuslate_front_"):
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _one(figures: dict, name: str) -> float | None:
+    values = list(figures.get(name, {}).values())
+    return values[0] if values else None
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_the_exporters_front_figures_follow_a_swap_with_each_engine(fronts_host: SimHost, engine: str) -> None:
+    """While NEW loads (vLLM refusing, SGLang not yet bound then warming up, TensorRT-LLM refusing)
+    the front holds every request, and the exporter counts them; after the swap it shows what the
+    swap held, the longest hold, no cut, and the front serving NEW."""
+    pytest.importorskip("prometheus_client")
+    port, fport = free_port(), free_port()
+    lines = [f"[units.{name}]\ncommand = {json.dumps(emulated_cmd(engine, port, startup=startup))}\ngpus = \"0\"\n"
+             f"port = {port}\nengine = \"{engine}\"\ngrace = 2\nfront = {fport}\n"
+             for name, startup in (("a", 0.3), ("b", 2.0))]
+    Path("gpuslate.toml").write_text("\n".join(lines))
+    assert run_units("up", "a", timeout=120).returncode == 0
+    figures = _front_figures()
+    assert figures["gpuslate_front_serving"] == {(("front", f"127.0.0.1:{fport}"), ("unit", "a")): 1.0}
+    assert _one(figures, "gpuslate_front_held_requests") == 0
+    swap = subprocess.Popen([sys.executable, "-m", "gpuslate", "swap", "a", "b", "--json"], env=gpuslate_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: (r := unit_records().load("b")) is not None and r.phase == "starting", timeout=60)
+        with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=3, max_tokens=8) as load:
+            # b loads: all three are held, and the exporter says so
+            wait_for(lambda: _one(_front_figures(), "gpuslate_front_held_requests") == 3, timeout=30)
+            assert _one(_front_figures(), "gpuslate_front_serving") == 0
+            out, err = swap.communicate(timeout=120)
+            load.wait_done(3)
+            records = load.stop()
+    finally:
+        if swap.poll() is None:
+            swap.kill()
+            swap.wait()
+    assert swap.returncode == 0, err
+    hold = json.loads(out)["front"]["hold"]
+    figures = _front_figures()
+    assert figures["gpuslate_front_serving"] == {(("front", f"127.0.0.1:{fport}"), ("unit", "b")): 1.0}
+    assert _one(figures, "gpuslate_front_held_requests") == 0
+    assert _one(figures, "gpuslate_front_last_swap_held_requests") == hold["held"] >= 3
+    longest = _one(figures, "gpuslate_front_last_swap_longest_hold_seconds")
+    assert longest == hold["longest_hold_s"] and 0 < longest <= hold["seconds"] + hold["resolution_s"]
+    assert _one(figures, "gpuslate_front_last_swap_cut_requests") == 0
+    assert all(r.ok for r in records), summary(records)
+    assert run_units("down", "b").returncode == 0
