@@ -90,6 +90,17 @@ def kill_leftovers(host: SimHost, units: Sequence[Unit]) -> None:
 USER_MARKER = "gpuslate test user, removed by the tests"
 
 
+def end_what_this_test_started() -> None:
+    """SIGKILL every process this test started that still runs, found by the markers it inherited
+    (leakcheck.py): for a finalizer of processes that leave the test's process groups (what a
+    supervisor loop starts with ``setsid``), one of which may be starting as the loop is killed."""
+    import leakcheck  # lazy: startup (a plugin module, imported by conftest.py before any test)
+
+    run, node = os.environ.get(leakcheck.RUN), os.environ.get(leakcheck.NODE)
+    if run and node:
+        leakcheck.end(leakcheck.find(run, node), run)
+
+
 def per_worker(name: str) -> str:
     """``name`` for this test process: under pytest-xdist each worker has its own (``name-gw0``),
     so that one worker removing its user at the end of a module never pulls it from under another
@@ -168,6 +179,7 @@ class Holder:
         self.proc = proc
         self.pid: int = ready["pid"]
         self.workers: list[int] = ready["workers"]
+        self.ready = ready  # the whole ready line (``sim mps``: its ``control`` daemon's pid too)
         self.pgid = os.getpgid(self.pid)
 
     @property

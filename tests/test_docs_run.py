@@ -34,8 +34,10 @@ A block that cannot run here says so, visibly, in an HTML comment on the line(s)
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import pwd
 import re
 import selectors
 import shlex
@@ -115,10 +117,11 @@ def parse_directive(body: str, line: int) -> Directive:
     return Directive(words[0] if words else "", words[1:], why, line)
 
 
-def blocks(page: Path) -> list[Block]:
-    """The fenced blocks of a page, each with the docs-test directives just above it."""
+def blocks(page: Path, text: str | None = None) -> list[Block]:
+    """The fenced blocks of a page (``text``: the page as it is run), each with the docs-test
+    directives just above it."""
     out: list[Block] = []
-    lines = page.read_text().splitlines()
+    lines = (page.read_text() if text is None else text).splitlines()
     pending: list[Directive] = []
     i = 0
     while i < len(lines):
@@ -290,9 +293,38 @@ def shell_source(block: Block, n: int) -> str:
         m = BG.match(ln)
         if m and not ln.lstrip().startswith("#"):
             out = f'"$__docs/bg-{n}-{k}.out"'
-            ln = f"{m['indent']}{{ {m['cmd']} ; }} > {out} 2>&1 & __docs_await $! {out}"
+            # as a terminal's shell starts a job: in a process group of its own, led by the command
+            # itself where it is one (what `status` shows as the job's launcher)
+            cmd = m["cmd"] if not re.search(r"[;|]|&&", m["cmd"]) else f"{{ {m['cmd']} ; }}"
+            ln = f"{m['indent']}set -m; {cmd} > {out} 2>&1 & set +m; __docs_await $! {out}"
         lines.append(ln)
     return "\n".join(lines) + "\n"
+
+
+def console_output(block: Block) -> str:
+    """What a ```console block shows its commands printing: its lines that are not ``$ `` commands."""
+    return "\n".join(ln for ln in logical_lines(block.source()) if not ln.startswith("$ "))
+
+
+_DIGITS = re.compile(r"\d+")
+_PATH = re.compile(r"(?<!\S)\S*/(?=[^/\s]+)")
+_SPACES = re.compile(r" {2,}")
+
+
+def shown(text: str) -> list[str]:
+    """Output as a page shows it and as a run printed it, made comparable: what differs between two
+    runs of the same thing, or between the page's machine and this one, is made the same (every
+    number, so PIDs, sizes, times and dates; this host's name, ``gpu-host`` on the page; this user,
+    ``alice``; a path, by its last component: ``…/python``; ``python3`` is ``python``), and the
+    padding those change is one space. The rest (columns, rows, words) must be as the page shows."""
+    host, user = os.uname().nodename, pwd.getpwuid(os.getuid()).pw_name
+    out = []
+    for line in text.strip("\n").splitlines():
+        line = re.sub(rf"(?<![\w-]){re.escape(host)}(?![\w-])", "gpu-host", line)
+        line = re.sub(rf"(?<![\w-]){re.escape(user)}(?![\w-])", "alice", line)
+        line = re.sub(r"\bpython3\b", "python", _PATH.sub("…/", line))
+        out.append(_SPACES.sub(" ", _DIGITS.sub("0", line)).strip())
+    return out
 
 
 def _sessions_kill(sids: set[int]) -> None:
@@ -316,7 +348,8 @@ class Page:
         for d in (self.dir, self.work, tmp / "tmp", tmp / "home", tmp / "bin"):
             d.mkdir(parents=True)
         sim = SimHost.init(tmp / "sim", gpus=8, memory=96 * GiB, release_delay=0.1)
-        wrapper = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m gpuslate "$@"\n'
+        # as pip writes a console script: what a reader's `gpuslate` runs as (a process's command line)
+        wrapper = f"#!{sys.executable}\nimport sys\nfrom gpuslate.cli import run\nsys.exit(run())\n"
         python = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n'
         venv = self.work / ".venv" / "bin"
         venv.mkdir(parents=True)
@@ -423,6 +456,13 @@ class Page:
             self.timings.append((b.where, time.monotonic() - t0))
             if status:
                 self.failures.append(f"{b.where} failed:\n{textwrap.indent(self.output(n), '    ')}")
+            elif b.lang == "console" and (wanted := console_output(b)):
+                got = (self.dir / f"{n}.out").read_text(errors="replace")
+                if shown(got) != shown(wanted):
+                    diff = "\n".join(difflib.unified_diff(shown(wanted), shown(got), "the page", "the run",
+                                                         lineterm=""))
+                    self.failures.append(f"{b.where}: the output shown is not what it prints (compared as "
+                                         f"tests/test_docs_run.py's shown() does):\n{textwrap.indent(diff, '    ')}")
 
     def close(self) -> None:
         """Stop what the page left running (units, background commands, simulated holders)."""
@@ -466,11 +506,33 @@ class Page:
             os.close(self.py_done)
 
 
+#: the ports the pages use, as servers' own defaults (SGLang's, vLLM's)
+PAGE_PORTS = ("30000", "8000")
+
+
+def on_free_ports(text: str) -> str:
+    """The page with each of :data:`PAGE_PORTS` replaced by a free port, the same one wherever it
+    occurs: two runs of the suite on one machine (or another program listening there) never meet on
+    a port. A port is a whole number: 30000 inside 1730000000 is no port."""
+    for port in PAGE_PORTS:
+        text = re.sub(rf"(?<![\d.]){port}(?![\d.])", str(free_port()), text)
+    return text
+
+
+def free_port() -> int:
+    import socket  # lazy: only the pages that run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_page(page: Path, tmp: Path) -> Page:
-    todo = [b for b in blocks(page) if b.runs]
+    text = on_free_ports(page.read_text())
+    todo = [b for b in blocks(page, text) if b.runs]
     p = Page(page, tmp)
     try:
-        for b in blocks(page):
+        for b in blocks(page, text):
             f = b.first("file")
             if f is not None:
                 (p.work / f.args[0]).write_text(b.source())

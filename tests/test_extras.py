@@ -224,3 +224,28 @@ def test_the_hint_never_names_a_package_gpuslate_has_not_published(tmp_path: Pat
     assert hint.startswith("gpuslate: hint: install the bench extra: this is the zipapp of gpuslate") and \
         "install gpuslate from a clone" in hint and "not on PyPI" in hint, hint
     assert "'gpuslate[" not in r.stderr
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_after_a_plain_install_the_hint_names_this_interpreter_and_the_clone(tmp_path: Path, recorded: bool) -> None:
+    """``pip install /path/to/clone`` (not editable): the package is copied, so the clone is what pip
+    recorded (PEP 610 direct_url.json); the hint names it, and this interpreter's pip (a bare ``pip``
+    may be another Python's). Without a record: this interpreter, and '.' in the clone."""
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "src" / "gpuslate", site / "gpuslate", ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / "gpuslate-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpuslate\nVersion: 0.1.0\n")
+    if recorded:
+        (info / "direct_url.json").write_text(json.dumps({"url": ROOT.as_uri(), "dir_info": {}}))
+    code = ("import sys; sys.modules['aiohttp'] = None; from gpuslate.cli.main import main; "
+            "sys.exit(main(['bench', 'x']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(site)})
+    assert r.returncode == 2, r.stderr
+    hint = r.stderr.splitlines()[-1]
+    where = f"'{ROOT}[bench]' (the clone it came from)" if recorded else \
+        "'.[bench]' in the clone gpuslate was installed"
+    assert hint.startswith(f"gpuslate: hint: install the bench extra: {sys.executable} -m pip install {where}"), hint

@@ -23,8 +23,9 @@ PACKAGE = ROOT / "src" / "gpuslate"
 
 #: test folders that hold helpers shared by several folders, not the tests of one package
 KITS = {"fuzzkit"}
-#: root test files that check the whole package, not one module (test_docs_run.py: README.md and docs/ run as written)
-PACKAGE_WIDE = {"test_import_graph.py", "test_suite_rules.py", "test_docs_run.py"}
+#: root test files that check the whole package or the suite, not one module (test_docs_run.py: README.md and docs/ run
+#: as written; test_leakcheck.py: the check that every test ends the processes it starts)
+PACKAGE_WIDE = {"test_import_graph.py", "test_suite_rules.py", "test_docs_run.py", "test_leakcheck.py"}
 #: files whose every test is slow (daemons, fuzzers, whole runs): each must carry the marker
 SLOW_FILES = {
     "tests/clearing/test_fuzz_forests.py", "tests/slurm/test_slurm_cluster.py", "tests/exporter/test_prometheus.py",

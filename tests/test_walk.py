@@ -118,3 +118,15 @@ def test_open_file_dir_gives_the_folder_and_a_name_to_open_in_it(tmp_path):
         assert isinstance(folder, StateDir) and name == "x" and folder.read(name, 10) == b"1"
     with pytest.raises(PermissionDenied, match="names a folder"):
         open_file_dir(tmp_path / "sub" / "..")
+
+
+@pytest.mark.parametrize("path", ["\0", "/tmp/a\0b", "relative\0"])
+def test_a_path_holding_a_nul_byte_is_bad_input(path: str) -> None:
+    """Found by the CLI fuzzer (``status --sim '\\0'`` was a ValueError, exit 1): one line, exit 2."""
+    from gpuslate.cli.main import main
+    from gpuslate.errors import UsageError
+
+    for walk in (open_dir, open_file_dir):
+        with pytest.raises(UsageError, match="cannot hold a NUL byte"):
+            walk(path)
+    assert main(["status", "--sim", path]) == 2

@@ -115,5 +115,18 @@ def short_command(text: str, limit: int | None) -> str:
             tail.insert(0, w)
         if len(tail) == len(rest):
             return " ".join([*h, *rest])
-        return shown + " …" + (" " + " ".join(tail) if tail else "")
-    return cut(" ".join(heads[-1]), limit)
+        # the width left goes to the first arguments (a path among them as its last component,
+        # ``--model-path …/Llama-3.1-405B``), so that no column is left empty beside a cut command
+        lead: list[str] = []
+        middle = rest[:len(rest) - len(tail)]
+        for w in middle:
+            done = len(lead) + 1 == len(middle)  # the last one missing: no "…" once it is in
+            fits = [v for v in (w, base(w)) if
+                    len(" ".join([*h, *lead, v, *([] if done else ["…"]), *tail])) <= limit]
+            if not fits:
+                break
+            lead.append(fits[0])
+        if len(lead) == len(middle):
+            return " ".join([*h, *lead, *tail])
+        return " ".join([*h, *lead, "…", *tail])
+    return cut(" ".join([*heads[-1], *rest]), limit)  # cut at its end, so that it never reads as whole

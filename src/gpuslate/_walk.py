@@ -50,7 +50,7 @@ import stat
 from enum import Enum
 from pathlib import Path
 
-from .errors import FileTooLarge, PermissionDenied
+from .errors import FileTooLarge, PermissionDenied, UsageError
 
 #: flags for every state file: never through a symlink, never blocking (a FIFO), never inherited by a child
 FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -259,7 +259,7 @@ def open_dir(path: str | os.PathLike[str], *, trust: Trust = Trust.PRIVATE, crea
     rules (what is above it is not checked: the user's home on an automounted ``/home``) and is
     then itself the first folder ``trust`` checks."""
     uid = os.geteuid() if uid is None else uid
-    path = Path(path)
+    path = _no_nul(Path(path), what)
     if below is not None:
         with open_dir(below, trust=Trust.SHARED, uid=uid, what=what, hint=hint) as base:
             start = (os.dup(base.fd), str(base.path), os.fstat(base.fd))
@@ -282,7 +282,7 @@ def open_file_dir(path: str | os.PathLike[str], *, trust: Trust = Trust.SHARED, 
     folder (:meth:`StateDir.open`, :meth:`StateDir.read`), never through a link.
     ``what`` names the file in messages ("inventory", "unit file"...)."""
     uid = os.geteuid() if uid is None else uid
-    path = Path(path)
+    path = _no_nul(Path(path), what)
     if not path.is_absolute():
         path = Path(os.getcwd(), path)
     shown = path
@@ -459,6 +459,14 @@ def _check_dir(path: Path, here: str, st: os.stat_result, trust: Trust, uid: int
         raise PermissionDenied(
             f"refusing {what} {path}: {here} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})",
             hint=f"chmod go-w {here}, or {fix}")
+
+
+def _no_nul(path: Path, what: str) -> Path:
+    """``path``, unless it holds a NUL byte, which no path can (the kernel would never see what follows
+    it): bad input, said in one line, as every other path gpuslate is given is checked."""
+    if "\0" in str(path):
+        raise UsageError(f"invalid {what} path {str(path)!r}: a path cannot hold a NUL byte")
+    return path
 
 
 def _check_name(name: str) -> None:

@@ -18,9 +18,8 @@ here. The imports are plain and typed, so a type checker sees every verb's real 
 :class:`Host` is checked against :class:`~gpuslate.verbs.Verbs`, the Protocol
 :class:`~gpuslate.RemoteHost` is checked against too (the end of this module).
 
-A composite verb (``swap``; ``up`` with ``clear_first``; ``down`` with
-``clear_strays``) calls its siblings on the same context: one backend, one
-audit log, and the host lock taken once (re-entrant), with no ``lock=`` flag.
+A composite verb (``swap``, ``restart``; ``up`` with ``clear_first``) calls its siblings on the same
+context: one backend, one audit log, and the host lock taken once (re-entrant), with no ``lock=`` flag.
 
 ``status()``, ``clear()`` and ``wait_free()`` at the bottom are conveniences
 for one call with keyword arguments (re-exported by ``gpuslate``); each opens
@@ -32,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .errors import GpuslateError
 from .gpu import GpuBackend
 from .host.session import HostContext, Note, ProgressSink
 from .host.snapshot import Snapshot, take_snapshot
@@ -94,7 +94,19 @@ class Host(HostContext):
         """Wait until the GPUs are free; signals nothing: see :func:`gpuslate.clearing.wait.wait_free`."""
         from .clearing.wait import wait_free  # lazy: startup (status needs none of it)
 
-        return wait_free(self, gpus, options or WaitOptions())
+        return wait_free(self, gpus, options or WaitOptions(), owners=self._unit_owners)
+
+    def _unit_owners(self) -> dict[int, str]:
+        """pid -> the unit of this state folder it belongs to (for a remedy's wording only: a state
+        folder that cannot be read names none)."""
+        from .proc.tree import ProcTable  # lazy: startup
+        from .units.store import UnitStore  # lazy: startup
+        from .units.unit import load_units, unit_of_pids  # lazy: startup
+
+        try:
+            return unit_of_pids(load_units(UnitStore.of(self)), ProcTable())
+        except (GpuslateError, OSError):
+            return {}
 
     def up(self, unit: str | UnitSpec, options: UpOptions | None = None) -> UpResult:
         """Start a unit, return once it serves: see :func:`gpuslate.units.updown.up`. ``unit``: a

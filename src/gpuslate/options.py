@@ -193,6 +193,9 @@ class StatusLine(Record):
         "--watch", parse=positive_seconds, show=seconds_text, default=None, const=1.0, metavar="SECONDS",
         help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line",
         why_here="status --watch does not work with --host: run it on the host (ssh -t HOST gpuslate ...)")
+    compact: bool = flag(
+        "--compact", help="one line per GPU: a memory bar, used/total, utilization, temperature and its holders "
+        "(PID, user, memory), as gpustat shows them (--json: the same document)")
 
 
 class Selection(Record):
@@ -355,8 +358,8 @@ class DownOptions(Record):
     max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
                                   help="most memory a free GPU may show (default: as clear)")
     clear_strays: bool = flag(
-        "--clear", help="also end processes holding the unit's GPUs that started while it ran but are not found "
-        "in it (a late fork that left the session and renamed itself), with 'clear' rules")
+        "--clear", help="kept for scripts: ends nothing down does not (a process not proven the unit's is never "
+        "signaled; it is named with the 'gpuslate clear --pid N' that ends it)")
 
     def validate(self) -> DownOptions:
         check_seconds("--grace", self.grace)

@@ -16,7 +16,17 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from expkit import LEVELS, deterministic, free_port, kill_leftovers, popen_cli, write_spec
+from expkit import (
+    LEVELS,
+    abstains,
+    deterministic,
+    free_port,
+    kill_leftovers,
+    located,
+    popen_cli,
+    until_located,
+    write_spec,
+)
 from gpuslate.cli.main import main
 from gpuslate.simserver.perfmodel import throughput
 from helpers import count_host_opens, gpuslate_env, unit_records, wait_for
@@ -41,9 +51,13 @@ def implied_threshold() -> int:
 @pytest.mark.timing  # the recommendation of both runs is measured: alone, not beside other tests
 def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     spec = write_spec(tmp_path / "exp.toml", free_port())
-    full = cli("experiment", "run", str(spec), "--out", str(tmp_path / "full"), "--json", timeout=110)
-    assert full.returncode == 0, full.stderr
-    whole = json.loads(full.stdout)
+
+    def measure(attempt: int) -> dict:
+        full = cli("experiment", "run", str(spec), "--out", str(tmp_path / f"full{attempt}"), "--json", timeout=110)
+        assert full.returncode == 0, full.stderr
+        return json.loads(full.stdout)
+
+    whole = until_located(measure)
     jsonschema.validate(whole, SCHEMA)
     assert whole["schema"] == "gpuslate.experiment.v1" and whole["complete"]
     assert whole["run"]["points_run"] == 2 * len(LEVELS) * 2 and whole["run"]["points_skipped"] == 0
@@ -83,6 +97,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     assert actions[0] == "up" and actions[-1] == "down"
     assert resumed["run"]["transitions"][0]["deployment"] == "speculative"  # baseline's first sweep not redone
     assert deterministic(resumed) == deterministic(whole)
+    # what it decides from the measured figures: the same crossover, or an abstention where the
+    # machine's load hid it (see expkit.until_located); never another threshold
+    assert located(resumed) or abstains(resumed), resumed["recommendation"]
 
     # the report alone gives the same summary, and its files are there
     rep = cli("experiment", "report", str(out), "--json")
@@ -90,6 +107,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(exp_host, cli, tmp_path):
     report_doc = json.loads(rep.stdout)
     jsonschema.validate(report_doc, SCHEMA)
     assert deterministic(report_doc) == deterministic(whole)
+    assert report_doc["recommendation"] == resumed["recommendation"]  # the report decides as the run did
     assert json.loads((out / "summary.json").read_text())["levels"] == report_doc["levels"]
     for name in ("report.md", "summary.json", "summary.csv", "throughput_vs_concurrency.png"):
         assert (out / name).is_file(), name
@@ -203,9 +221,10 @@ def test_progress_on_a_terminal(exp_host, tmp_path):
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
+        # 120 columns: the whole live line (a narrower one is said shorter: tests/cli/test_width.py)
         proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "experiment", "run", str(spec), "--out",
                                  str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=slave, text=True,
-                                env=gpuslate_env())
+                                env=gpuslate_env({"COLUMNS": "120"}))
         os.close(slave)
         out, _ = proc.communicate(timeout=100)
         reader.join(10)

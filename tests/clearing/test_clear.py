@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,7 +16,7 @@ from gpuslate.host.audit import AuditLog
 from gpuslate.proc.procfs import ProcessId, identity, read_stat
 from gpuslate.proc.signals import PID_REUSED, send_signal
 from gpuslate.proc.terminate import Victim, terminate
-from helpers import GiB, gpuslate_env, is_gone, wait_for
+from helpers import GiB, end_what_this_test_started, gpuslate_env, is_gone, wait_for
 
 
 def alive(pid: int) -> bool:
@@ -262,7 +261,8 @@ def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
     log = AuditLog(tmp_path / "state" / "audit.jsonl")
     wait_for(lambda: log.path.exists() and [e for e in log.read() if e["outcome"] == "delivered"], timeout=20)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(10) == 130
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
     (entry,) = log.read()
     assert entry["signal"] == "SIGTERM" and entry["target"]["pid"] == h.pid
     assert entry["target"]["start_ticks"] == identity(h.pid).start_ticks
@@ -283,24 +283,45 @@ def test_every_signal_is_audited(sim_host, hold, tmp_path):
 
 
 def test_two_clears_serialize_on_the_host_lock(sim_host, hold, tmp_path, monkeypatch):
+    """The second clear waits while the first holds the lock. The first's target ignores SIGTERM
+    and its grace is long, so the first holds the lock until the test ends the target, which it does
+    only once the second said it waits: however slowly the second starts, it finds the lock held."""
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
     a = hold("--gpus", "0", "--memory", "2GiB", "--survive-term")
     b = hold("--gpus", "1", "--memory", "2GiB")
-    first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "1.0", "--json"],
+    first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "60", "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
-    log = AuditLog(tmp_path / "state" / "audit.jsonl")
-    wait_for(lambda: log.path.exists() and log.read(), timeout=20)  # the first holds the lock now
-    second = subprocess.run([sys.executable, "-m", "gpuslate", "clear", "--gpus", "1", "--json"],
-                            capture_output=True, text=True, env=gpuslate_env(), timeout=60)
-    out1, _ = first.communicate(timeout=30)
-    assert first.returncode == 0 and second.returncode == 0, second.stderr
-    assert "waiting for the host lock" in second.stderr and "clear --gpus 0" in second.stderr
-    kill_a = json.loads(out1)["targets"][0]["signals"][-1]
-    assert kill_a["signal"] == "SIGKILL"
-    assert is_gone(a.pid) and is_gone(b.pid)
+    second = None
+    try:
+        log = AuditLog(tmp_path / "state" / "audit.jsonl")
+        wait_for(lambda: log.path.exists() and log.read(), timeout=20)  # the first holds the lock now
+        second = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "1", "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
+        said = []
+        wait_for(lambda: said.append(second.stderr.readline()) or "waiting for the host lock" in said[-1] or
+                 not said[-1], timeout=30)
+        assert "waiting for the host lock" in said[-1] and "clear --gpus 0" in said[-1], said
+        assert first.poll() is None  # still in its grace: the second waits for it
+        a.kill()  # the first's target goes; the first verifies, lets go of the lock, and the second runs
+        out1, _ = first.communicate(timeout=60)
+        out2, err2 = second.communicate(timeout=60)
+        assert first.returncode == 0 and second.returncode == 0, err2
+        target = json.loads(out1)["targets"][0]
+        assert target["pid"] == a.pid and [s["signal"] for s in target["signals"]] == ["SIGTERM"]
+        assert json.loads(out2)["status"] == "clean" and is_gone(a.pid) and is_gone(b.pid)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def test_respawned_target_is_named_not_fought(sim_host, cli):
+    """A loop restarts the holder. The simulated driver takes 10 minutes to tear the killed
+    holder's context down, longer than the clear may take, so GPU 0 cannot be free before the
+    replacement holds it, however slowly the machine starts it: clear names the restart as soon as
+    it appears, instead of waiting out its timeout or calling the GPU clean in between."""
+    SimHost.init(sim_host.root, gpus=8, memory=96 * GiB, release_delay=600)
     # like a service manager, the loop starts each instance in a session of its own, so the
     # loop is not part of the job it restarts (a loop in the job's own group would be ended with it)
     loop = (f"while true; do setsid {sys.executable} -m gpuslate sim hold --gpus 0 --memory 2GiB "
@@ -317,9 +338,7 @@ def test_respawned_target_is_named_not_fought(sim_host, cli):
     finally:
         os.killpg(sup.pid, signal.SIGKILL)
         sup.wait()
-        for p in gpuslate.status([0]).gpus[0].processes:  # the instances it started, in their own sessions
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGKILL)
+        end_what_this_test_started()  # the instances it started, in sessions of their own
 
 
 def test_zombie_target_is_tolerated(sim_host):

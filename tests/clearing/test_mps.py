@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import gpuslate
-from gpuslate.host.daemons import BASELINE_MAX
-from helpers import GiB, is_gone
+from gpuslate.host.daemons import BASELINE_CAP
+from helpers import GiB, is_gone, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a simulated MPS server is a GPU daemon when root's")
 MiB = 1024**2
@@ -106,7 +109,7 @@ def test_a_daemon_above_its_baseline_is_a_holder_with_a_remedy_that_works(sim_ho
     """An MPS server holding more than a daemon's baseline counts as used: wait says which and how to
     end it (never "run clear", which spares it); clear fails fast, and with --include-handles ends it."""
     server = hold("--gpus", "2", "--footprint", "2GiB", verb="mps")
-    assert 2 * GiB > BASELINE_MAX
+    assert 2 * GiB > BASELINE_CAP
     code, doc = json_of(cli, "wait", "--free", "--gpus", "2", "--timeout", "0")
     assert code == 4 and doc["baseline"] == [], doc
     (p,) = doc["diagnosis"][0]["problems"]
@@ -119,9 +122,9 @@ def test_a_daemon_above_its_baseline_is_a_holder_with_a_remedy_that_works(sim_ho
     assert p["pid"] == server.pid and p["remedy"] == "add --include-handles"
     code, doc = json_of(cli, "clear", "--yes", "--gpus", "2", "--include-handles", "--timeout", "10")
     assert code == 0 and doc["baseline"] == [], doc
-    # the server, and its job's launcher: the process that started it (a real server's is the control daemon)
+    # the server, and its job's launcher: the control daemon that started it, which leads its group
     roles = {t["pid"]: t["role"] for t in doc["targets"]}
-    assert roles == {server.pid: "holder", server.proc.pid: "launcher"}
+    assert roles == {server.pid: "holder", server.ready["control"]: "launcher"}
     assert is_gone(server.pid)
 
 
@@ -195,3 +198,127 @@ def test_include_handles_never_ends_a_server_under_clients_it_does_not_end(sim_h
     code, doc = json_of(cli, "clear", "--yes", "--include-handles", "--timeout", "10")  # every client: the server too
     assert code == 0 and {b.pid, server.pid} <= {t["pid"] for t in doc["targets"]}, doc
     assert is_gone(b.pid) and is_gone(server.pid)
+
+
+def test_a_renamed_client_whose_pipe_is_unknown_keeps_every_server_it_could_use(sim_host, hold, cli):
+    """Issue 32: two servers (pipe folders /pa and /pb); a client of the first renamed itself, its
+    title written over its environment, so its pipe folder is unknown (it was read as the default,
+    matched neither, and the client was dropped: both servers were SIGTERMed under it). It could be
+    either's client: `clear --gpus 0 --include-handles` ends neither while it lives."""
+    a = hold("--gpus", "0,1", verb="mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pa"})
+    b = hold("--gpus", "0,1", verb="mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pb"})
+    client = hold("--gpus", "1", "--memory", "1GiB", "--mps", "--title", "sglang::scheduler_TP0",
+                  env={"CUDA_MPS_PIPE_DIRECTORY": "/pa", "SPT_NOENV": None, "GPUSLATE_SIM": None})
+    with open(f"/proc/{client.pid}/environ", "rb") as f:
+        assert b"CUDA_MPS_PIPE_DIRECTORY" not in f.read()  # written over: the pipe folder is unknown
+    code, doc = json_of(cli, "clear", "--yes", "--gpus", "0", "--include-handles", "--timeout", "5")
+    assert [t["pid"] for t in doc["targets"]] == [], doc
+    spared = {s["pid"]: s["reason"] for s in doc["spared"]}
+    for server in (a, b):
+        assert spared[server.pid].startswith(f"an MPS server whose other clients are not targets (PID {client.pid})")
+        assert alive(server.pid)
+    assert alive(client.pid)
+    # the client's pipe read (a client started plainly, of server b): it protects b alone, and a is ended
+    client.kill()
+    wait_for(lambda: is_gone(client.pid))
+    other = hold("--gpus", "1", "--memory", "1GiB", "--mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/pb"})
+    code, doc = json_of(cli, "clear", "--yes", "--gpus", "0", "--include-handles", "--timeout", "10")
+    targets = {t["pid"] for t in doc["targets"]}
+    assert code == 0 and a.pid in targets and b.pid not in targets, doc
+    wait_for(lambda: is_gone(a.pid))
+    assert alive(b.pid) and alive(other.pid)
+
+
+EXEC_AS_DAEMON = r"""
+import os, sys
+sys.path.insert(0, sys.argv[3])
+from gpuslate.gpu.simhost.host import SimHost
+host = SimHost(sys.argv[1])
+with host.dev_dir() as dev:
+    fds = [dev.open(n, os.O_RDONLY) for n in ("nvidiactl", "nvidia-uvm", host.device_path(int(sys.argv[2])).name)]
+fds += host.allocate([(int(sys.argv[2]), 1 << 30)])
+for fd in fds:
+    os.set_inheritable(fd, True)  # kept across the exec: the memory stays held
+os.execv(sys.argv[4], ["nvidia-cuda-mps-server", "600"])
+"""
+
+
+def test_another_users_process_that_execs_roots_daemon_program_is_no_baseline(shared_host, other_user, cli):
+    """Issue 32: another user allocates 1 GiB, then execs root's nvidia-cuda-mps-server keeping its
+    descriptors. It runs a GPU daemon's system program, so clear spares it; but it is not proven the
+    daemon (no control daemon started it), so its memory is held: root's `wait --free` does not return
+    0 and `clear --all-users` does not say clean."""
+    from gpuslate.gpu.simhost.host import SimHost
+    from gpuslate.proc.procfs import read_exe
+    from helpers import SRC
+    from otheruser import SYSTEM_PYTHON
+
+    SimHost(shared_host.root).daemon_program(SERVER)  # root's program, as the driver's package installs it
+    program = str(shared_host.root / "bin" / SERVER)
+    py = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+    p = subprocess.Popen([py, "-c", EXEC_AS_DAEMON, str(shared_host.root), "3", SRC, program],
+                         user=other_user.pw_uid, group=other_user.pw_gid, extra_groups=[], cwd="/",
+                         start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+    try:
+        wait_for(lambda: read_exe(p.pid) == program and open(f"/proc/{p.pid}/environ", "rb").read(1) != b"")
+        code, doc = json_of(cli, "wait", "--free", "--gpus", "3", "--timeout", "0")
+        assert code == 4 and doc["baseline"] == [], doc
+        (problem,) = doc["diagnosis"][0]["problems"]
+        assert problem["pid"] == p.pid and "not proven that daemon" in problem["reason"]
+        assert "its parent is not the nvidia-cuda-mps-control" in problem["reason"], problem
+        assert f"gpuslate clear --pid {p.pid} --include-handles" in problem["remedy"]
+        code, doc = json_of(cli, "clear", "--yes", "--all-users", "--gpus", "3", "--timeout", "5")
+        assert code == 4 and doc["status"] == "held_by_others" and doc["targets"] == [] and doc["baseline"] == []
+        assert alive(p.pid)
+        status = json_of(cli, "status", "--gpus", "3")[1]
+        (proc,) = status["gpus"][0]["processes"]
+        assert proc["daemon"] == SERVER and "its parent is not" in proc["daemon_unproven"]
+        valid_status(status)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_server_with_ld_preload_is_no_baseline(sim_host, hold, cli):
+    """The real program with code of someone else's preloaded into it (LD_PRELOAD, even naming a system
+    library): spared, never the host's baseline."""
+    libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                            "/lib64/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6") if os.path.exists(p))
+    server = hold("--gpus", "4", verb="mps", env={"LD_PRELOAD": libc})
+    code, doc = json_of(cli, "wait", "--free", "--gpus", "4", "--timeout", "0")
+    assert code == 4 and doc["baseline"] == [], doc
+    (problem,) = doc["diagnosis"][0]["problems"]
+    assert problem["pid"] == server.pid and "LD_PRELOAD or LD_AUDIT in its environment" in problem["reason"]
+    code, doc = json_of(cli, "clear", "--yes", "--gpus", "4", "--timeout", "5")
+    assert code == 4 and doc["status"] == "held_by_others" and alive(server.pid), doc
+
+
+def test_daemons_together_are_allowed_the_cap_per_gpu_not_each(sim_host, hold, cli):
+    """Issue 32: the allowance was per daemon, so four daemons on one GPU hid four times it. Four
+    proven servers of 200 MiB on one GPU: together they are allowed 256 MiB, so one is the baseline and
+    the GPU is not free, each of the others named."""
+    servers = [hold("--gpus", "5", "--footprint", "200MiB", verb="mps") for _ in range(4)]
+    code, doc = json_of(cli, "wait", "--free", "--gpus", "5", "--timeout", "0")
+    assert code == 4, doc
+    assert [h["bytes"] for h in doc["baseline"]] == [200 * MiB] and 200 * MiB <= BASELINE_CAP < 400 * MiB
+    named = {p["pid"] for p in doc["diagnosis"][0]["problems"]}
+    assert named == {s.pid for s in servers} - {doc["baseline"][0]["pid"]}
+    assert all("more than GPU daemons may hold together on a GPU (256.0 MiB)" in p["reason"]
+               for p in doc["diagnosis"][0]["problems"])
+    for s in servers[1:]:
+        s.kill()
+    wait_for(lambda: json_of(cli, "wait", "--free", "--gpus", "5", "--timeout", "0")[0] == 0, timeout=10)
+
+
+def test_a_replaced_program_file_is_no_baseline(sim_host, hold, cli):
+    """A daemon whose program file was replaced since it started (an upgrade, or a swap) runs what is no
+    longer the system's file: not proven."""
+    server = hold("--gpus", "6", verb="mps")
+    exe = sim_host.root / "bin" / SERVER
+    tmp = exe.with_name(".new")
+    shutil.copy(exe, tmp)
+    os.replace(tmp, exe)
+    code, doc = json_of(cli, "wait", "--free", "--gpus", "6", "--timeout", "0")
+    assert code == 4 and doc["baseline"] == [], doc
+    assert "its program file was replaced or deleted" in doc["diagnosis"][0]["problems"][0]["reason"]
+    assert alive(server.pid)

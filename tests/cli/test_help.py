@@ -107,3 +107,12 @@ def test_gpu_lists_print_one_way():
 
     assert (gpus_phrase([3]), gpus_phrase([1, 0]), gpus_phrase([0, 1, 2, 5]), gpus_phrase([])) == (
         "GPU 3", "GPUs 0-1", "GPUs 0-2,5", "no GPU")
+
+
+def test_demo_says_it_runs_on_a_temporary_host_not_gpuslate_sim(capsys):
+    """The demo clears every GPU of its host: it never takes $GPUSLATE_SIM, and its --help says so."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--sim DIR run on the simulated host in DIR (default: a new one in a temporary folder, never " \
+           "$GPUSLATE_SIM" in text

@@ -71,4 +71,39 @@ def test_watch_table_redraws_until_ctrl_c(sim_host, hold):
             heads += line.startswith("GPU Name")
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(5) == 0
+        # read what it wrote meanwhile: a watch blocked on a full pipe cannot exit (its last flush)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+
+
+def test_cpu_host_memory_and_elapsed_where_the_command_keeps_room(sim_host, hold):
+    """Shown where the command keeps 30 columns with them (always when piped), left out where not:
+    PIDs, users, GPUs and the command come first."""
+    h = hold("--gpus", "0,1", "--memory", "3GiB", "--workers", "2", "--title", "sglang::scheduler_TP{rank}")
+    snap = take_snapshot(SimBackend(sim_host.root))
+    for width, shown in ((None, True), (120, True), (80, False), (60, False)):
+        lines = [SGR.sub("", ln) for ln in status_lines(snap, color=False, width=width)]
+        head = next(ln for ln in lines if ln.startswith("GPU ") and "PID" in ln)
+        assert ("CPU Host mem Elapsed Command" in head) == shown, (width, head)
+        row = next(ln for ln in lines if f"└ {h.workers[0]} " in ln)
+        assert bool(re.search(r" \d+% +\d+\.\d MiB +\d+\.\ds sglang::", row)) == shown, (width, row)
+
+
+def test_a_document_without_the_new_figures_or_with_bad_ones_reads_as_unknown(sim_host, hold):
+    """A gpuslate before them (``--host``): absent; a peer's document is never trusted beyond what
+    it is: a negative, a string or a bool reads as unknown too."""
+    from gpuslate.host.snapshot import Snapshot
+
+    hold("--gpus", "0", "--memory", "1GiB")
+    doc = take_snapshot(SimBackend(sim_host.root)).to_json()
+    for bad in ({}, {"cpu_time_s": -1, "host_memory": "9"}, {"cpu_time_s": True, "host_memory": 1.5}):
+        for g in doc["gpus"]:
+            for p in g["processes"]:
+                p.pop("cpu_time_s", None)
+                p.pop("host_memory", None)
+                p.update(bad)
+        snap = Snapshot.from_json(doc)
+        p = snap.gpus[0].processes[0]
+        assert p.cpu_time_s is None and p.host_memory is None and p.cpu_pct(snap.taken_at) is None
+        lines = status_lines(snap, color=False, width=None)
+        assert any(re.search(rf"{p.pid} compute +1\.0 GiB \S+ +- +- +\S+ ", ln) for ln in lines), lines

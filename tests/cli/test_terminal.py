@@ -86,7 +86,8 @@ def test_status_table_fits_and_keeps_numbers_readable(evil_job, cols):
     lines = visible(shown).splitlines()
     assert max(len(line) for line in lines) <= cols, "\n".join(lines)
     header = next(line for line in lines if line.split()[:2] == ["GPU", "PID"])
-    assert header.split() == ["GPU", "PID", "Kind", "GPU", "memory", "User", "Command"]
+    extras = ["CPU", "Host", "mem", "Elapsed"] if cols >= 120 else []  # where the command keeps room with them
+    assert header.split() == ["GPU", "PID", "Kind", "GPU", "memory", "User", *extras, "Command"]
     for w in evil_job.workers:
         row = next(line for line in lines if f"└ {w} " in line)
         # the PID, the memory and the user whole; the command cut from the middle: its program
@@ -108,14 +109,15 @@ def test_clear_plan_fits_80_columns(evil_job):
 
 
 def test_launcher_row_at_200_columns_has_user_under_user(evil_job):
+    """The launcher's user under User; its command in the width of the cells it leaves empty (it holds
+    no GPU: no CPU, host memory or time columns of its own), from the column after User."""
     code, shown, _ = on_pty(["status"], 200)
     assert code == 0
     lines = visible(shown).splitlines()
     header = next(line for line in lines if line.split()[:2] == ["GPU", "PID"])
     row = next(line for line in lines if "launcher" in line)
-    user_col, cmd_col = header.index("User"), header.index("Command")
-    assert row[user_col:user_col + 4] == "root", (header, row)
-    assert row[cmd_col:].startswith("\\x1b[2J")
+    user_col = header.index("User")
+    assert row[user_col:user_col + 5] == "root " and row[user_col + 5:].startswith("\\x1b[2J"), (header, row)
 
 
 def test_piped_output_has_no_padding_and_no_escapes(evil_job, cli):

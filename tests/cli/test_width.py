@@ -1,10 +1,11 @@
-"""Every table the CLI prints, on a terminal of 80 columns: no line wider than the terminal and no
-key column cut (every row still says its PID, GPUs, memory, level or unit); piped, nothing cut.
+"""Every table the CLI prints, on terminals of 60, 80 and 120 columns: no line wider than the
+terminal and no key column cut (every row still says its PID, user, GPUs, memory, level or unit),
+the command given the width that is left; piped, nothing cut.
 
 The commands run in this process, as ``gpuslate`` runs them (``cli.main.main``), against a
-simulated host and real processes, with stdout a terminal of 80 columns (an ``isatty`` stream
-whose size cannot be asked: gpuslate's plain tables and rich both take 80 then, as for a terminal
-that gives no size). bench's and an experiment's tables are rendered from their results."""
+simulated host and real processes, with stdout a terminal (an ``isatty`` stream whose size cannot
+be asked) of ``$COLUMNS`` columns, as gpuslate's plain tables and rich both take it. bench's and an
+experiment's tables are rendered from their results."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ import json
 import os
 import re
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from gpuslate.bench.experiment import ExperimentProgress
 from gpuslate.bench.metrics import RequestRecord, level_result
 from gpuslate.bench.plan import LoadPlan
 from gpuslate.bench.result import BenchResult
+from gpuslate.cli.commands.experiment import ProgressDisplay
 from gpuslate.cli.main import main
 from gpuslate.cli.render.bench import print_bench
 from gpuslate.gpu.simhost.host import SimHost
@@ -28,10 +33,13 @@ from helpers import SRC, experiment_folder, kill_leftovers, run_cli
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 LONG = " --model-path /models/meta-llama/Meta-Llama-3.1-405B-Instruct-FP8 --tensor-parallel-size 8 --port 30000"
+WIDTHS = (60, 80, 120)
+USER = getpass.getuser()
 
 
 class Terminal(io.StringIO):
-    """A terminal that cannot say its size: 80 columns (gpuslate's and rich's default)."""
+    """A terminal that cannot say its size: $COLUMNS columns (80 without it, gpuslate's and rich's
+    default)."""
 
     def isatty(self) -> bool:
         return True
@@ -49,7 +57,8 @@ def term(monkeypatch: pytest.MonkeyPatch, sim_host: SimHost, tmp_path: Path):
     monkeypatch.delenv("NO_COLOR", raising=False)
     screens: list[Terminal] = []
 
-    def run(*argv: str) -> tuple[int, list[str]]:
+    def run(*argv: str, width: int = 80) -> tuple[int, list[str]]:
+        monkeypatch.setenv("COLUMNS", str(width))
         screen = Terminal()
         screens.append(screen)
         monkeypatch.setattr(sys, "stdout", screen)
@@ -79,29 +88,72 @@ def fits(lines: list[str], *whole: str, width: int = 80, prose: tuple[str, ...] 
     return text
 
 
-def test_status(term, hold) -> None:
+def row_of(lines: list[str], pid: int) -> str:
+    """The table row of process ``pid`` (its PID a whole cell: right-aligned, or after a tree branch)."""
+    found = [ln for ln in lines if re.search(rf"(^|\s|└ ){pid}\s", ln)]
+    assert len(found) == 1, (pid, lines)
+    return found[0]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status(term, hold, width: int) -> None:
     h = hold("--gpus", "0-7", "--memory", "3GiB", "--workers", "8", "--orphan-workers",
              "--title", "sglang::scheduler_TP{rank}" + LONG)
-    code, lines = term("status")
+    code, lines = term("status", width=width)
     assert code == 0
-    text = fits(lines, "Memory used/total", "GPU memory", *(str(p) for p in h.workers))
+    text = fits(lines, "Memory used/total", "GPU memory", width=width)
     assert text.count("3.0 GiB") >= 16  # each GPU's used memory and each worker's
+    for pid in h.workers:  # each worker's row: its GPU (its title's rank), PID, memory and user whole
+        row = row_of(lines, pid)
+        extras = r" +\d+% +\d+\.\d MiB +\d+\.\ds" if width >= 120 else ""  # CPU, host memory, elapsed: room for them
+        assert re.match(rf"\s*(\d) └ {pid} +compute +3\.0 GiB {USER}{extras} sglang::scheduler_TP\1", row), row
+    # the launcher's row names the job: its command gets the width the line has left
+    launcher = row_of(lines, h.pid)
+    assert re.match(rf"\s*{h.pid} launcher +{USER} …/python -m gpuslate ", launcher), launcher
+    assert len(launcher) >= width - 12, launcher  # no more free than a word that did not fit
 
 
-def test_clear_plan_result_and_audit(term, hold) -> None:
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_compact(term, hold, width: int) -> None:
+    """One line per GPU: its memory as a bar and in figures, and who holds it: the largest holder's
+    PID, user and memory whole, the others as many as fit, then how many more (+N)."""
+    big = hold("--gpus", "1", "--memory", "60GiB")
+    small = hold("--gpus", "0-1", "--memory", "30GiB", "--workers", "2", "--title", "sglang::scheduler_TP{rank}" + LONG)
+    code, lines = term("status", "--compact", width=width)
+    assert code == 0
+    fits(lines, width=width)
+    rows = {int(ln.split()[0]): ln for ln in lines[1:] if ln.split() and ln.split()[0].isdigit()}
+    assert sorted(rows) == list(range(8))
+    assert "▕" in rows[0] and "█" in rows[0] and "30.0/96.0 GiB" in rows[0] and f" {USER} 30.0 GiB" in rows[0]
+    assert "90.0/96.0 GiB" in rows[1] and f"{big.pid} {USER} 60.0 GiB" in rows[1]  # the largest first
+    assert any(f", {w} {USER} 30.0 GiB" in rows[1] for w in small.workers) or rows[1].endswith(" +1"), rows[1]
+    assert "0 B/96.0 GiB" in rows[7] and rows[7].rstrip().endswith("°C")  # free: no holder
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_clear_plan_result_and_audit(term, hold, width: int) -> None:
     h = hold("--gpus", "0-3", "--memory", "2GiB", "--workers", "4", "--title", "python3 -m sglang.launch_server" + LONG)
-    code, lines = term("clear", "--dry-run")
+    code, lines = term("clear", "--dry-run", width=width)
     assert code == 0
-    text = fits(lines, *(str(p) for p in h.pids), "launcher", "holder", "2.0 GiB", "0-7")
-    assert "python3 -m sglang.launch_server …" in text  # the program named, the command cut in the middle
-    code, lines = term("clear", "--yes", "--grace", "5")
+    fits(lines, "launcher", "holder", "2.0 GiB", "0-7", width=width)
+    assert re.match(rf"\s*{h.pid} launcher +{USER} - +- python3", row_of(lines, h.pid))
+    rows = [row_of(lines, p) for p in h.workers]
+    gpus = [int(re.match(rf"\s*{p} holder +{USER} (\d) +2\.0 GiB python3", r)[1]) for p, r in zip(h.workers, rows)]
+    assert sorted(gpus) == [0, 1, 2, 3]
+    # the launcher first, then its workers by GPU
+    order = [lines.index(row_of(lines, h.pid))] + [lines.index(r) for _, r in sorted(zip(gpus, rows))]
+    assert order == sorted(order), lines
+    code, lines = term("clear", "--yes", "--grace", "5", width=width)
     assert code == 0
-    fits(lines, *(str(p) for p in h.workers), "SIGTERM", "Clean")
-    code, lines = term("audit")
-    assert code == 0
-    fits(lines, *(str(p) for p in h.workers), "delivered")
-
-
+    fits(lines, "Signals", "Ended", "Clean", width=width, prose=("Timings: ",))
+    for pid, gpu in zip(h.workers, gpus):
+        row = row_of(lines, pid)
+        # signals condensed; when it ended; then the command in what is left
+        assert re.match(rf"\s*{pid} holder +{USER} {gpu} +2\.0 GiB TERM +\d+\.\d\ds python3", row), row
+    if width >= 80:  # the audit log's table is shown whole from 80 columns
+        code, lines = term("audit", width=width)
+        assert code == 0
+        fits(lines, *(str(p) for p in h.workers), "delivered", width=width)
 def test_wait_diagnosis(term, hold) -> None:
     h = hold("--gpus", "1", "--memory", "5GiB",
              "--title", "/tmp/x/.venv/bin/python3 /tmp/x/.venv/bin/vllm serve" + LONG)
@@ -112,27 +164,56 @@ def test_wait_diagnosis(term, hold) -> None:
     assert f"PID {h.pid} ({getpass.getuser()}, /tmp/x/.venv/bin/python3 /tmp/x/.venv/bin/vllm serve{LONG})" in r.stdout
 
 
-def test_units_up_ps_logs_swap_down(term, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("width", WIDTHS)
+def test_units_up_ps_logs_swap_down(term, tmp_path, monkeypatch, width: int) -> None:
     hold_cmd = [sys.executable, "-m", "gpuslate", "sim", "hold", "--memory", "1GiB", "--workers", "2",
                 "--title", "sglang::scheduler_TP{rank}" + LONG]
     old, new = "baseline-llama-405b-fp8", "speculative-llama-405b-fp8"
     unit = f'command = {json.dumps(hold_cmd)}\ngpus = "0-1"\nready_log = \'"ready": true\'\n'
     (tmp_path / "gpuslate.toml").write_text(f"[units.{old}]\n{unit}\n[units.{new}]\n{unit}")
     monkeypatch.chdir(tmp_path)
-    code, lines = term("up", old)
+    code, lines = term("up", old, width=width)
     assert code == 0, lines
-    fits(lines, old, "0-1", prose=("Unit ", "  readiness: ", "  log: "))
-    code, lines = term("ps")
+    fits(lines, old, "0-1", width=width, prose=("  log: ",))  # a path: never broken
+    code, lines = term("ps", width=width)
     assert code == 0
-    fits(lines, old, "ready", "0-1", "2.0 GiB")
-    code, lines = term("logs", old)
+    text = fits(lines, "ready", "0-1", "2.0 GiB", width=width)
+    assert sum(ln.split()[:1] == [old] for ln in lines) >= 1 and "Name" in text  # every table names its unit
+    code, lines = term("logs", old, width=width)
     assert code == 0 and any('"ready": true' in ln for ln in lines)
-    code, lines = term("swap", old, new)
+    code, lines = term("swap", old, new, width=width)
     assert code == 0, lines
-    fits(lines, "downtime", "released", prose=("Unit ", "  readiness: ", "  log: "))
-    code, lines = term("down", new)
+    fits(lines, "downtime", "released", width=width, prose=("  log: ",))
+    code, lines = term("down", new, width=width)
     assert code == 0
-    fits(lines, "released", prose=("Unit ",))
+    fits(lines, "released", width=width)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_sim_init(term, width: int) -> None:
+    folder = tempfile.mkdtemp(prefix="g")  # a short path: a long one is a word no terminal breaks
+    try:
+        code, lines = term("sim", "init", folder + "/host", width=width)
+        assert code == 0
+        fits(lines, f"export GPUSLATE_SIM={folder}/host", "8 ×", "release delay", width=width)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_experiment_and_demo_live_line(width: int) -> None:
+    """The live line of ``experiment run`` and the demo: it fits (a line the terminal wraps is drawn
+    again under itself at each refresh), the deployment and its level whole."""
+    display = ProgressDisplay(10)
+    display.current = ExperimentProgress("speculative-llama-405b", 1, 2, "running", 16, 1, 37, 64, 10, 24, 71.0,
+                                         40.0, time.monotonic() + 40)
+    line = display.line(width)
+    assert len(line) < width and re.match(r"speculative-llama-405b( \(2/2\))? c=16 r", line) and "10/24" in line, line
+    display.current = display.current._replace(total=None) if hasattr(display.current, "_replace") else \
+        ExperimentProgress("speculative-llama-405b", 1, 2, "running", 16, 1, 37, None, 10, 24, 71.0, 40.0, None)
+    assert "?" not in display.line(width) and "?" not in display.line(None)  # a level bounded by time
 
 
 def _level(c: int, *, interrupted: bool = False):
@@ -171,7 +252,8 @@ def test_experiment_report(term, tmp_path) -> None:
     out = experiment_folder(tmp_path)
     code, lines = term("experiment", "report", str(out))
     assert code == 0
-    text = fits(lines, "output tok/s", "TTFT p50", "ok/failed", "Recommendation", prose=("  SGLang: ", "  vLLM: "))
+    text = fits(lines, "output tok/s", "TTFT p50 ms", "e2e p50 ms", "ok/failed", "Recommendation",
+                prose=("  SGLang: ", "  vLLM: "))
     # every table names its deployment in each row
     assert text.count("  base ") >= 2 * 2 and text.count("  spec ") >= 2 * 2
 

@@ -11,8 +11,13 @@ Each violation is ``{"cls": CLASS, "msg": ...}``; the classes:
 * ``held-without-reason`` — a holder on a verified GPU is alive after the act, and neither spared
   with a reason, nor a target the result reports as not ended, nor in the diagnosis;
 * ``clean-but-held`` / ``empty-success`` — success claimed without evidence (a spared MPS server's
-  memory within a daemon's baseline, :data:`gpuslate.host.daemons.BASELINE_MAX`, is the host's:
-  free GPUs may carry it);
+  memory is the host's only for a genuine server, one the forest started under its control daemon
+  with nothing preloaded, and only while the genuine servers of a GPU hold at most
+  :data:`gpuslate.host.daemons.BASELINE_CAP` there together: a look-alike's memory, or memory
+  beyond the cap, is never called free);
+* ``mps-server-under-client`` — an MPS server (the program, genuine or not) was signaled while a
+  live MPS client that could be its client (same user, a GPU in common: the forest's clients use
+  the default pipe folder, or one their title wrote over) was not a target;
 * ``wrote-outside`` — files changed outside the state folder and the simulated host;
 * ``unlisted`` — a process the plan considered (a target's descendant, a member of a launcher's
   group, a holder of a selected GPU) is neither a target nor spared with a reason;
@@ -34,14 +39,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuslate.host.daemons import BASELINE_MAX
+from gpuslate.host.daemons import BASELINE_CAP
 
-from .forest import MPS_SERVER
+from .forest import MPS_CONTROL, MPS_SERVER
 
 #: exit codes documented for clear (src/gpuslate/cli/exits.py)
 DOCUMENTED_EXITS = {0, 2, 3, 4, 5, 6, 7, 130}
 #: reasons that come from a name a process chose, never from a kernel fact about one of ours
 NAME_REASONS = ("infrastructure", "interactive shell", "kernel thread", "multiplexer", "PID 1")
+#: one of them as words ("PID 1" is not "PID 1554", which an MPS server's reason names as its client)
+_NAME_REASON = re.compile(r"\b(?:" + "|".join(re.escape(r) for r in NAME_REASONS) + r")\b")
 
 
 @dataclass
@@ -121,12 +128,30 @@ def check_all(o: Observed) -> list[dict[str, str]]:
         out += check_listed(o, act) + check_names(o, act) + check_related(o, act)
     elif o.audit:
         out.append(V("signaled-not-planned", f"the act failed ({o.act.get('error')}) but signals were audited"))
-    out += check_refusal(o)
+    out += check_refusal(o) + check_mps(o, act)
     if o.outside_before != o.outside_after:
         changed = sorted(set(o.outside_before.items()) ^ set(o.outside_after.items()))
         out.append(V("wrote-outside", f"changed outside the state and sim folders: {changed[:5]}"))
     if o.stray_audit:
         out.append(V("wrote-outside", f"an audit log outside the state folder: {o.stray_audit}"))
+    return out
+
+
+def check_mps(o: Observed, act: dict[str, Any] | None) -> list[dict[str, str]]:
+    """An MPS server is signaled only when every live client that could be its own is a target."""
+    targets = {t["pid"] for t in (act or {}).get("targets", [])}
+    signaled = {e["target"]["pid"] for e in o.audit if e["outcome"] != "refused"}
+    out = []
+    for f in o.before.values():
+        if f.get("program") != MPS_SERVER or f["pid"] not in signaled:
+            continue
+        mine = {g for g, _ in f["holds"]}
+        for lab, c in o.before.items():
+            if c.get("mps_gpus") and set(c["mps_gpus"]) & mine and c["uid"] == f["uid"] and c["pid"] not in targets \
+                    and c["state"] not in "ZX":
+                out.append(V("mps-server-under-client", f"MPS server {f['pid']} ({f['spec']}) signaled while {lab} "
+                                                        f"pid {c['pid']}, a client of GPUs {sorted(mine)}, was not "
+                                                        "a target"))
     return out
 
 
@@ -257,14 +282,21 @@ def check_holders(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
     diagnosed = {p["pid"] for d in act.get("diagnosis", []) for p in d.get("problems", [])}
     killed = {p for p, _ in o.killed}
     clean = act["status"] == "clean"
+    genuine = {f["pid"] for lab, f in o.before.items()
+               if f.get("program") == MPS_SERVER and not f.get("hostile") and f.get("parent_program") == MPS_CONTROL
+               and f["pid"] not in targets and f["pid"] in spared and o.after[lab]}
+    genuine_total: dict[int, int] = {}
+    for f in o.before.values():
+        if f["pid"] in genuine:
+            for g, b in f["holds"]:
+                genuine_total[g] = genuine_total.get(g, 0) + b
     for lab, f in o.before.items():
         held = {g for g, _ in f["holds"]} & gpus
         if not held or not o.after[lab] or f["pid"] in killed:
             continue
         t = targets.get(f["pid"])
-        # a spared MPS server within a daemon's baseline (issue 24): the host's, free by definition
-        baseline = (f.get("program") == MPS_SERVER and t is None and f["pid"] in spared
-                    and all(b <= BASELINE_MAX for _, b in f["holds"]))
+        # a spared, genuine MPS server within the cap of its GPUs (issues 24, 32): the host's, free by definition
+        baseline = f["pid"] in genuine and all(genuine_total[g] <= BASELINE_CAP for g, _ in f["holds"])
         if clean and (act["verify"] == "free" or t is not None) and not baseline:
             out.append(V("clean-but-held", f"status clean, verify {act['verify']}, yet {lab} pid {f['pid']} "
                                            f"({f['title']}) still holds GPU {sorted(held)}"))
@@ -318,6 +350,7 @@ def check_listed(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
 
 #: spared reasons that mean protected: descent never passes such a process (docs/clear.md, the job rule)
 PROTECTED_REASONS = NAME_REASONS + ("gpuslate", "cannot be read")
+_PROTECTED_REASON = re.compile(r"\b(?:" + "|".join(re.escape(r) for r in PROTECTED_REASONS) + r")\b")
 
 
 def _through_protected(by_pid: dict[int, tuple[str, dict[str, Any]]], f: dict[str, Any], ancestor: int,
@@ -326,7 +359,7 @@ def _through_protected(by_pid: dict[int, tuple[str, dict[str, Any]]], f: dict[st
     cur = by_pid.get(f["ppid"])
     while cur is not None and cur[1]["pid"] != ancestor:
         s = spared.get(cur[1]["pid"])
-        if s is not None and any(r in s["reason"] for r in PROTECTED_REASONS):
+        if s is not None and _PROTECTED_REASON.search(s["reason"]):
             return True
         cur = by_pid.get(cur[1]["ppid"])
     return False
@@ -355,7 +388,7 @@ def check_names(o: Observed, act: dict[str, Any]) -> list[dict[str, str]]:
     _, spared = _verdicts(act)
     for lab, f in o.before.items():
         s = spared.get(f["pid"])
-        if f["kind"] == "node" and s is not None and any(r in s["reason"] for r in NAME_REASONS):
+        if f["kind"] == "node" and s is not None and _NAME_REASON.search(s["reason"]):
             out.append(V("name-protected", f"{lab} pid {f['pid']} renamed {f['title']!r} spared: {s['reason']}"))
     return out
 
@@ -432,6 +465,6 @@ def check_refusal(o: Observed) -> list[dict[str, str]]:
     if not m:
         return []
     f = next((f for f in o.before.values() if f["pid"] == int(m.group(1))), None)
-    if f is not None and f["kind"] == "node" and any(r in m.group(2) for r in NAME_REASONS):
+    if f is not None and f["kind"] == "node" and _NAME_REASON.search(m.group(2)):
         return [V("name-protected", f"--pid {f['pid']} (renamed {f['title']!r}) refused: {m.group(0)}")]
     return []

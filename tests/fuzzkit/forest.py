@@ -16,6 +16,13 @@ title; the same with ``SPT_NOENV``; ``prctl(PR_SET_NAME)`` alone; argv[0] set at
 for it), a holder that starts late, and an MPS-like pair: a control daemon and a server that *are*
 the programs ``nvidia-cuda-mps-control``/``nvidia-cuda-mps-server`` (``/proc/PID/exe``, root's),
 the server holding a footprint on GPUs its clients (other holders) hold too.
+
+Since issue 32, from the same second stream, after what it drew before (a seed keeps its forest and
+gains these): the clients hold MPS contexts on the server's GPUs (kind ``mps``, as the driver lists
+them), renamed as any node is (setproctitle writes its title over the environment: the pipe folder
+is then unknown); and hostile daemon look-alikes, which run the MPS server's very program but are
+not the daemon: one started by no control daemon (``orphan``), one with ``LD_PRELOAD`` under a
+control daemon (``preload``), each holding memory a clear must never call the host's baseline.
 """
 
 from __future__ import annotations
@@ -96,6 +103,9 @@ class NodeSpec:
     main_exits: bool = False  # once up, its main thread exits (pthread_exit) and a second thread keeps it
     delay_ms: int = 0  # starts late: sleeps this long before it holds and reports (a loaded machine)
     program: str | None = None  # Start.DAEMON: the program it runs (MPS_CONTROL, MPS_SERVER)
+    mps_gpus: list[int] = field(default_factory=list)  # where its holds are MPS contexts (an MPS client)
+    preload: bool = False  # Start.DAEMON: exec'd with LD_PRELOAD (a system library) in its environment
+    hostile: str | None = None  # a daemon look-alike, how: orphan (no control daemon started it), preload
 
     @property
     def display_title(self) -> str:
@@ -204,3 +214,22 @@ def _overlay(rng: random.Random, nodes: dict[str, NodeSpec], roots: list[str]) -
         for client in rng.sample(candidates, min(len(candidates), rng.randint(1, 2))):
             held = {g for g, _ in client.hold}
             client.hold += [(g, 256 * MiB) for g in gpus if g not in held]
+            client.mps_gpus = list(gpus)  # its contexts there are MPS ones (issue 32)
+    if rng.random() < 0.1:  # a daemon look-alike (issue 32): the server's program, not the daemon
+        how = rng.choice(("orphan", "preload"))
+        gpus = sorted(rng.sample(range(GPUS), rng.randint(1, 2)))
+        parent = None
+        if how == "preload":
+            parent = NodeSpec(f"n{len(nodes)}", None, Start.DAEMON, Group.SETSID, Term.DEFAULT, handles=gpus,
+                              program=MPS_CONTROL)
+            nodes[parent.id] = parent
+            roots.append(parent.id)
+        fake = NodeSpec(f"n{len(nodes)}", parent.id if parent else None, Start.DAEMON,
+                        Group.INHERIT if parent else Group.SETSID, Term.DEFAULT,
+                        hold=[(g, rng.choice((64, 200)) * MiB) for g in gpus], program=MPS_SERVER,
+                        preload=how == "preload", hostile=how)
+        nodes[fake.id] = fake
+        if parent is not None:
+            parent.children.append(fake.id)
+        else:
+            roots.append(fake.id)

@@ -60,6 +60,8 @@ class Node:
         path = None  # the file exec'd, where it is not argv[0]
         if spec["start"] == "daemon":  # the program is a copy of this interpreter that is that program
             argv = [self.run["programs"][spec["program"]], *prog[1:]]
+            if spec.get("preload"):  # a look-alike: code preloaded into the daemon's very program
+                os.environ["LD_PRELOAD"] = self.run["preload"]
         elif spec["rename"] == "exec_a":  # bash's exec -a: argv[0] is the title, the program is python
             path, argv = prog[0], [spec["title"] or f"fuzz-{spec['id']}", *prog[1:]]
             # Python finds its library from argv[0] (searched on PATH: "bash" is /usr/bin/bash): say where
@@ -173,7 +175,7 @@ class Node:
         assert me is not None
         for gpu, nbytes in spec["hold"]:
             fds.append(os.open(host.device_path(gpu), os.O_RDONLY))
-            host.add_record(gpu, me, nbytes)
+            host.add_record(gpu, me, nbytes, kind="mps" if gpu in spec.get("mps_gpus", ()) else "compute")
         for gpu in spec["handles"]:
             fds.append(os.open(host.device_path(gpu), os.O_RDONLY))
         return fds

@@ -33,7 +33,7 @@ import pytest
 import gpuslate
 from gpuslate.clearing.plan import MPS_SHARED
 from gpuslate.host.audit import AuditLog
-from gpuslate.host.daemons import BASELINE_MAX
+from gpuslate.host.daemons import BASELINE_CAP
 from gpuslate.proc.daemons import MPS_PIPE_VAR, env_value, read_environ
 from gpuslate.proc.procfs import list_pids, read_exe, read_stat
 from helpers import gpuslate_env
@@ -203,7 +203,7 @@ def test_mps_clients_their_server_and_its_baseline_on_a_real_gpu(mps):
     print(f"idle server: ok={w.ok} used={w.readings[0].memory.used} baseline={w.baseline}")
     assert w.ok, w.to_json()
     (h,) = w.baseline
-    assert h.pid == server and h.program == SERVER and 0 < h.bytes <= BASELINE_MAX
+    assert h.pid == server and h.program == SERVER and 0 < h.bytes <= BASELINE_CAP
     cli = subprocess.run([sys.executable, "-m", "gpuslate", "wait", "--free", "--gpus", "0", "--timeout", "30",
                           "--json"], capture_output=True, text=True, env=gpuslate_env({"GPUSLATE_SIM": ""}),
                          timeout=120)

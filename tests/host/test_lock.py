@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -238,8 +239,13 @@ def test_children_do_not_inherit_the_lock(lock_path: Path) -> None:
     assert lk._fd is not None and not os.get_inheritable(lk._fd)
     child = subprocess.Popen(["sleep", "60"], close_fds=False)
     try:
-        # the child has no descriptor of the lock file (with one, the flock would outlive us)
-        held = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+        # the child has no descriptor of the lock file (with one, the flock would outlive us); an
+        # inherited one would be there from the fork on, while the files the dynamic loader opens
+        # and closes as `sleep` starts may go between the listing and the readlink
+        held = []
+        for fd in os.listdir(f"/proc/{child.pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):
+                held.append(os.readlink(f"/proc/{child.pid}/fd/{fd}"))
         assert str(lock_path) not in held
         lk.release()
         other = HostLock(lock_path, purpose="clear")

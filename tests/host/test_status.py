@@ -233,7 +233,9 @@ def test_watch_json_lines(sim_host, hold):
         assert docs[0]["taken_at"] < docs[2]["taken_at"]
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(5) == 0
+        # read what it wrote meanwhile: a watch blocked on a full pipe cannot exit (its last flush)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
 
 
 @pytest.mark.skipif(nvml_library_present(), reason="an NVIDIA driver is installed on this machine")
@@ -285,3 +287,33 @@ def test_a_holder_whose_main_thread_exited_is_shown_holding(sim_host, hold, cli)
     assert procs[0].state != "Z" and procs[0].command.endswith("--main-thread-exits")
     r = cli("status", "--gpus", "1")
     assert r.returncode == 0 and str(h.pid) in r.stdout and "No processes hold" not in r.stdout
+
+
+def test_cpu_time_host_memory_and_elapsed_as_ps_reads_them(sim_host, cli):
+    """What nvitop and gpustat users look for, per process: CPU time (so CPU share over its life,
+    as ps computes %CPU), resident host memory and the time it has run; checked against procps'
+    ps, which reads /proc on its own. The holder works on the CPU for a while before it rests."""
+    code = ("import os, sys, time; f = open(sys.argv[1]); t = time.process_time()\n"
+            "while time.process_time() - t < 0.5: pass\n"
+            "buf = bytearray(64 << 20); print('ready', flush=True); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(sim_host.device_path(3))], stdout=subprocess.PIPE,
+                            text=True, env=gpuslate_env())
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        r = cli("status", "--json", "--gpus", "3")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        (p,) = [p for p in doc["gpus"][0]["processes"] if p["pid"] == proc.pid]
+        ps = subprocess.run(["ps", "-o", "rss=,cputimes=,etimes=", "-p", str(proc.pid)], capture_output=True,
+                            text=True, check=True).stdout.split()
+        rss_kib, cpu_s, elapsed_s = (int(x) for x in ps)
+        assert abs(p["host_memory"] / 1024 - rss_kib) < 0.05 * rss_kib and p["host_memory"] > 64 << 20
+        assert p["cpu_time_s"] >= 0.5 and abs(p["cpu_time_s"] - cpu_s) <= 1
+        snap = gpuslate.status([3])
+        (held,) = [h for h in snap.gpus[0].processes if h.pid == proc.pid]
+        life = held.elapsed_s(snap.taken_at)
+        assert life is not None and abs(life - elapsed_s) <= 2
+        assert held.cpu_pct(snap.taken_at) == pytest.approx(100 * held.cpu_time_s / life)
+    finally:
+        proc.kill()
+        proc.wait()

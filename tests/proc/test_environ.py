@@ -92,11 +92,38 @@ def test_nodes_process_title_keeps_the_environment():
     assert comm == "x" * 15 and b"\0MARK=1\0" in raw and intact(raw)
 
 
-@given(st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True),
-                       st.binary(max_size=8).filter(lambda b: b"\0" not in b), min_size=1, max_size=6),
+def test_variables_of_any_name_execve_takes_are_intact():
+    """Names a launcher may pass that are no C identifier (Java's and Kubernetes' ``app.config``,
+    ``a-b``, ``=x``, a name beyond ASCII), given to a real program through execve: intact, the
+    marker readable (issue 32: such a program was taken for a renamed one)."""
+    env = {**BASE, "app.config": "1", "a-b": "2", "x.y.z": "", "naïve": "3"}
+    raw, _ = _run(_py(""), env)
+    assert b"\0app.config=1\0" in raw and b"\0MARK=1\0" in raw and intact(raw)
+    code = ("import ctypes, sys; libc = ctypes.CDLL(None); A = ctypes.c_char_p; "
+            "argv = (A * 4)(sys.executable.encode(), b'-c', sys.argv[1].encode(), None); "
+            "env = (A * 4)(b'=x', b'MARK=1', b'app.config=1', None); libc.execve(argv[0], argv, env)")
+    raw, _ = _run([sys.executable, "-c", code, READY], {})
+    assert raw == b"\0=x\0MARK=1\0app.config=1\0" and intact(raw)
+
+
+@pytest.mark.parametrize("odd", [b"noequals", b""])
+def test_strings_no_program_reads_as_a_variable_are_not_intact(odd):
+    """execve also takes a string without '=' and an empty one: no launcher passes them, and they
+    are what a title's tail and its NUL padding look like, so they read as written over."""
+    code = ("import ctypes, sys; libc = ctypes.CDLL(None); A = ctypes.c_char_p; "
+            "argv = (A * 4)(sys.executable.encode(), b'-c', sys.argv[1].encode(), None); "
+            f"env = (A * 4)(b'MARK=1', {odd!r}, b'LATER=2', None); libc.execve(argv[0], argv, env)")
+    raw, _ = _run([sys.executable, "-c", code, READY], {})
+    assert raw == b"\0MARK=1\0" + odd + b"\0LATER=2\0" and not intact(raw)
+
+
+_NAME = st.binary(max_size=8).filter(lambda b: b"\0" not in b and b"=" not in b)
+
+
+@given(st.dictionaries(_NAME, st.binary(max_size=8).filter(lambda b: b"\0" not in b), min_size=1, max_size=6),
        st.integers(0, 64))
 def test_intact_is_an_execve_block_and_nothing_written_over_it_is(env, cut):
-    block = b"".join(k.encode() + b"=" + v + b"\0" for k, v in env.items())
+    block = b"".join(k + b"=" + v + b"\0" for k, v in env.items())
     assert intact(block) and intact(b"\0" + block)
     assert intact(block[:max(1, len(block) - cut)])  # a read cut short judges what it has
     n = min(cut, len(block))

@@ -26,14 +26,16 @@ pytestmark = pytest.mark.ssh
 
 HEADING = "── h1 ──\n"
 _CLOCK = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+_SHARE = re.compile(r" *\b\d+%")
 _FLOAT = re.compile(r"\d+\.\d+")
 _PID = re.compile(r"\b\d{3,}\b")  # pids (GPU indexes and counts are shorter)
 _COUNTS = re.compile(r"\d+ process(es)?|SIGTERM \d+, SIGKILL \d+")  # how many a stop found: varies by run
 
 
 def _stable(text: str) -> str:
-    """Without the clock and the timings (they differ between two runs of the same thing)."""
-    return _FLOAT.sub("F", _CLOCK.sub("TIME", text))
+    """Without the clock, the timings and the shares (a process's CPU share over its life: they
+    differ between two runs of the same thing)."""
+    return _SHARE.sub(" P%", _FLOAT.sub("F", _CLOCK.sub("TIME", text)))
 
 
 def _shape(text: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gpuslate.errors import UsageError
 from gpuslate.simserver.perfmodel import PerfParams, throughput
 from gpuslate.simserver.server import (
     READY_LINE,
@@ -331,6 +332,7 @@ def measure(mode: str, concurrency: int, time_scale: float, requests_each: int,
     return result[0] / time_scale
 
 
+@pytest.mark.timing  # measured throughput against the model's: alone, after the parallel part
 def test_measured_speculative_wins_at_1_and_loses_at_16() -> None:
     base_1 = measure("baseline", 1, time_scale=5.0, requests_each=3, max_tokens=240)
     spec_1 = measure("speculative", 1, time_scale=5.0, requests_each=3, max_tokens=240)
@@ -429,9 +431,12 @@ def test_ctrl_c_of_sim_serve_with_workers_says_it_once_and_exits_130(sim_host) -
                             stdout=subprocess.DEVNULL, text=True, env=gpuslate_env(), start_new_session=True)
     try:
         assert proc.stderr is not None
+        before = []
         for line in proc.stderr:
+            before.append(line)
             if READY_LINE in line:
                 break
+        assert any("initializing distributed environment (tp=4," in ln for ln in before), before  # a rank a GPU
         os.killpg(proc.pid, signal.SIGINT)
         rest = proc.stderr.read()
         assert proc.wait(timeout=15) == 130, rest
@@ -443,13 +448,20 @@ def test_ctrl_c_of_sim_serve_with_workers_says_it_once_and_exits_130(sim_host) -
     wait_for(lambda: not sim_host.held(), timeout=10)  # the workers went with it
 
 
-def test_port_in_use_returns_1(capsys: pytest.CaptureFixture[str]) -> None:
+def test_port_in_use_is_one_line_exit_2_and_nothing_started(sim_host) -> None:
+    """A taken port is bad input: one line, exit 2, and no worker ever held memory (the port is
+    taken first)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert run_server(replace(FAST, port=port)) == 1
-    assert "cannot bind" in capsys.readouterr().err
+        with pytest.raises(UsageError, match="address already in use"):
+            run_server(replace(FAST, port=port), start_workers=lambda: pytest.fail("workers started"))
+        r = subprocess.run([sys.executable, "-m", "gpuslate", "sim", "serve", "--port", str(port), "--workers", "2"],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}, timeout=60)
+    assert r.returncode == 2 and r.stderr == (f"gpuslate: error: cannot listen on 127.0.0.1:{port}: address already "
+                                              "in use (another server listens there: pick another --port)\n"), r.stderr
+    assert not sim_host.held()
 
 
 # -- flags --------------------------------------------------------------------------

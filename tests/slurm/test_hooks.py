@@ -20,14 +20,16 @@ import pytest
 from gpuslate.cli.main import main
 from gpuslate.gpu.simhost.host import SimHost
 from gpuslate.host.audit import AuditLog
+from gpuslate.proc.procfs import read_cmdline
 from helpers import GiB, count_host_opens, is_gone, run_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
 # stands in for Slurm's scontrol: shows the jobs of $FAKE_JOBS (a file), the node as $FAKE_STATE with
-# $FAKE_GRES; records an update's arguments, one a line
+# $FAKE_GRES (or prints $FAKE_NODE instead, when set); records an update's arguments, one a line
 if [ "$1 $2 $3" = "-o -d show" ]; then if [ -n "$FAKE_JOBS" ]; then cat "$FAKE_JOBS"; fi; exit 0; fi
 if [ "$1 $2 $3" = "-o show partition" ]; then echo "PartitionName=test OverSubscribe=NO"; exit 0; fi
 if [ "$1" = "-o" ]; then
+  if [ -n "${{FAKE_NODE+set}}" ]; then printf '%s' "$FAKE_NODE"; exit 0; fi
   echo "NodeName=$4 Gres=${{FAKE_GRES:-gpu:4}} Partitions=test State=${{FAKE_STATE:-IDLE}} Reason=$FAKE_REASON"
   exit 0
 fi
@@ -175,7 +177,7 @@ def test_an_mps_server_the_job_started_is_the_jobs_leftover(sim_host, slurm_env,
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(p.stdout)
     assert doc["status"] == "clean" and server["pid"] in {f["pid"] for f in doc["found"]}
-    assert {t["pid"] for t in doc["clear"]["targets"]} == {server["pid"], server["popen"].pid}
+    assert {t["pid"] for t in doc["clear"]["targets"]} == {server["pid"], server["control"]}
     assert is_gone(server["pid"]) and doc["clear"]["baseline"] == []
 
 
@@ -359,3 +361,43 @@ def test_epilog_leaves_a_renamed_holder_it_cannot_prove_and_names_it(sim_host, s
     assert doc["unproven"][0]["pid"] == left["pid"] and reason in doc["unproven"][0]["reason"]
     assert f"(pid {left['pid']} escaped of " in (tmp_path / "scontrol.args").read_text()
     assert not is_gone(left["pid"]) and not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+
+
+@pytest.mark.parametrize("node", ["NodeName=node07 State=IDLE\n", "NodeName=node07 Gres=gpu:4 State=IDLE\n", ""])
+def test_epilog_never_proves_exclusive_gpus_from_what_slurm_did_not_state(sim_host, slurm_env, job_hold, tmp_path,
+                                                                         node):
+    """Issue 32: a node answer without Gres= and Partitions= (or none at all, exit 0) read as "not
+    shared, no partitions", and the epilog ended a renamed holder it should only name. Unknown
+    drains: the holder is named, left alone, and the node drained."""
+    now = time.time()
+    left = _renamed(job_hold)
+    env = {**slurm_env, "FAKE_JOBS": _jobs_file(tmp_path, (42, now - 60, now + 60)), "FAKE_NODE": node}
+    p = run_cli("slurm", "epilog", "--timeout", "0.5", "--json", env=env)
+    assert p.returncode == 4, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "drained" and doc["found"] == [] and [u["pid"] for u in doc["unproven"]] == [left["pid"]]
+    assert "Slurm's view of the node is unknown (scontrol show node node07 did " in doc["unproven"][0]["reason"]
+    assert not is_gone(left["pid"]) and not AuditLog(tmp_path / "state" / "audit.jsonl", backend="sim").read()
+
+
+def test_epilog_with_a_scontrol_that_answers_and_hangs_ends_within_its_timeout(sim_host, slurm_env, job_hold,
+                                                                               tmp_path):
+    """Issue 32: every call to scontrol is bounded from its start to its exit; one that prints,
+    closes its pipes and hangs is ended, and the epilog (which then cannot drain) ends in time."""
+    left = _renamed(job_hold)
+    fake = Path(slurm_env["PATH"].split(":")[0]) / "scontrol"
+    pids = tmp_path / "hung.pids"
+    fake.write_text(f"#!/bin/sh\necho $$ >> {pids}\necho 'NodeName=node07 Gres=gpu:4 Partitions=test State=IDLE'\n"
+                    "exec >&- 2>&-\nexec sleep 300\n")
+    t0 = time.monotonic()
+    p = run_cli("slurm", "epilog", "--timeout", "3", "--json", env=slurm_env)
+    took = time.monotonic() - t0
+    try:
+        assert p.returncode in (4, 8), p.stdout + p.stderr
+        assert took < 25, took  # scontrol: the hook's 3 s to ask, then at least 5 s to drain; never forever
+        doc = json.loads(p.stdout)
+        assert doc["found"] == [] and not is_gone(left["pid"])
+    finally:  # the stand-ins still asleep, if any: each wrote its pid
+        for pid in (int(x) for x in (pids.read_text().split() if pids.exists() else [])):
+            if not is_gone(pid) and read_cmdline(pid)[:2] == ["sleep", "300"]:
+                os.kill(pid, signal.SIGKILL)

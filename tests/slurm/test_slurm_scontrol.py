@@ -5,6 +5,7 @@ running it bounded in time and output, with a stand-in on PATH."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -73,14 +74,39 @@ def test_a_job_on_the_node_without_its_detail_has_unknown_gpus():
 
 
 def test_node_gres_partitions_and_oversubscribe():
-    assert parse_node(NODE) == (False, ("test", "big"))
-    assert parse_node(NODE.replace("Gres=gpu:4", "Gres=gpu:4,shard:32"))[0]
-    assert parse_node(NODE.replace("Gres=gpu:4", "Gres=gpu:h100:8(S:0-1),mps:800"))[0]
+    assert parse_node(NODE, "n1") == (False, ("test", "big"))
+    assert parse_node(NODE.replace("Gres=gpu:4", "Gres=gpu:4,shard:32"), "n1")[0] is True
+    assert parse_node(NODE.replace("Gres=gpu:4", "Gres=gpu:h100:8(S:0-1),mps:800"), "n1")[0] is True
+    assert parse_node(NODE.replace("Gres=gpu:4", "Gres=(null)"), "n1") == (False, ("test", "big"))
     parts = "PartitionName=test Nodes=n1 OverSubscribe=NO\nPartitionName=big Nodes=n1 OverSubscribe=FORCE:4\n"
     assert oversubscribing(parts, ("test", "big")) == ("big",)
     assert oversubscribing(parts, ("test",)) == ()
     assert oversubscribing(parts, ("gone",)) == ("gone",)  # not shown: unknown, counts as sharing
     assert oversubscribing(parts.replace("FORCE:4", "EXCLUSIVE"), ("test", "big")) == ()
+
+
+@pytest.mark.parametrize("text,missing", [
+    (NODE.replace("Gres=gpu:4 ", ""), "did not state Gres="),
+    (NODE.replace("Partitions=test,big ", ""), "did not state Partitions="),
+    ("NodeName=n1 Arch=x86_64 State=IDLE", "did not state Gres= or Partitions="),
+    ("", "did not show that node"), ("\n", "did not show that node"),
+    (NODE.replace("NodeName=n1", "NodeName=n2"), "did not show that node"),
+    (NODE + "\n" + NODE, "showed that node 2 times"),
+    (NODE.replace("Partitions=test,big", "Partitions=(null)"), "stated no partition"),
+])
+def test_what_the_node_answer_does_not_state_is_unknown(text, missing):
+    """Issue 32: a node line without Gres= and Partitions=, or no line at all (exit 0), read as
+    "not shared, no partitions" and proved the GPUs exclusive from nothing."""
+    got = parse_node(text, "n1")
+    assert isinstance(got, str) and missing in got
+
+
+def test_a_job_line_that_does_not_state_its_state_or_nodes_may_be_present_here():
+    j = parse_job("JobId=5 UserId=a(1) StartTime=1 NodeList=n1 Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)", "n1")
+    assert j is not None and j.state == "?" and j.present
+    j = parse_job("JobId=5 UserId=a(1) JobState=RUNNING StartTime=1", "n1")  # no NodeList: it may be here
+    assert j is not None and j.gpus is None and j.present
+    assert parse_job("JobId=5 UserId=a(1) JobState=PENDING NodeList=(null)", "n1") is None
 
 
 def _stand_in(tmp_path: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,6 +133,19 @@ def test_run_asks_for_epoch_times_and_is_bounded(tmp_path, monkeypatch):
     assert scontrol.run(["x"])[1].startswith("scontrol not found on PATH")
 
 
+def test_a_scontrol_that_answers_closes_its_pipes_and_hangs_is_ended_at_the_limit(tmp_path, monkeypatch):
+    """Issue 32: the wait after its answer had no limit, so `slurm epilog --timeout 10` hung past
+    70 s. The limit counts from the start to the exit, the answer's end of file included."""
+    _stand_in(tmp_path, "echo 'NodeName=n1 Gres=gpu:4 Partitions=test'\nexec >&- 2>&-\nexec sleep 60\n", monkeypatch)
+    t0 = time.monotonic()
+    out, error = scontrol.run(["-o", "show", "node", "n1"], timeout=0.5)
+    took = time.monotonic() - t0
+    assert out == "" and error == "scontrol did not exit within 0.5 s (its answer was in)", error
+    assert took < 5, took
+    nodes = scontrol.node_jobs("n1", timeout=0.5)
+    assert nodes.error is not None and "within 0.5 s" in nodes.error
+
+
 def test_node_jobs_from_the_three_answers(tmp_path, monkeypatch):
     _stand_in(tmp_path, f"""case "$*" in
 "-o -d show job") printf '%s\\n%s\\n' '{RUNNING}' '{ENDED.replace("715358", "715359")}';;
@@ -118,3 +157,9 @@ esac
     assert nodes.error is None and not nodes.shared_gres and nodes.oversubscribe == ()
     assert [j.job_id for j in nodes.jobs] == [715358, 715359] and nodes.job(715359).end == 1796166963
     assert os.environ["PATH"].startswith(str(tmp_path))
+    _stand_in(tmp_path / "terse", """case "$*" in
+"-o show node n1") echo 'NodeName=n1 State=IDLE';;
+esac
+""", monkeypatch)  # an answer, exit 0, that states neither Gres= nor Partitions= (nor any job)
+    nodes = scontrol.node_jobs("n1")
+    assert nodes.error == "scontrol show node n1 did not state Gres= or Partitions="

@@ -236,3 +236,72 @@ def test_still_held_reads_the_witness_again() -> None:
         p.kill()
         p.wait()
     assert not still_held(h)
+
+
+def _ties(rule: Rule, procs: list[ProcFacts]) -> set[int]:
+    """An oracle written apart from fence.decide: the live processes some tie proves the unit's, as
+    docs/units.md states the ties (identity: main, recorded, cgroup, the instance's marker; a descendant
+    of a live process proven so; a session or group number a process proven so is in), for the processes
+    the caller may mean."""
+    by = {p.stat.pid: p for p in procs}
+
+    def reach(p: ProcFacts, identity: bool) -> bool:
+        return p.uid is not None and (p.uid == rule.caller_uid or (rule.caller_uid == 0 and identity))
+
+    def identity(p: ProcFacts) -> bool:
+        return reach(p, True) and (p.stat.ident == rule.main or p.stat.ident in rule.recorded or p.in_cgroup
+                                   or (rule.by_marker and p.marker == Marker.OURS
+                                       and p.stat.start_ticks >= rule.since))
+
+    proven = {p.stat.pid for p in procs if identity(p)}
+
+    def descends(p: ProcFacts) -> bool:
+        seen, q = set(), p
+        while q.stat.ppid in by and q.stat.ppid not in seen and q.marker != Marker.FOREIGN:
+            seen.add(q.stat.ppid)
+            parent = by[q.stat.ppid]
+            if parent.stat.pid in proven and not parent.stat.has_exited:
+                return True
+            q = parent
+        return False
+
+    witnesses = [by[pid] for pid in proven]
+    out = set()
+    for p in procs:
+        if p.stat.has_exited or not reach(p, True):
+            continue
+        if p.stat.pid in proven or (p.marker != Marker.FOREIGN and descends(p)):
+            out.add(p.stat.pid)
+        elif (p.marker != Marker.FOREIGN and p.stat.start_ticks >= rule.main.start_ticks and reach(p, True)
+              and any((w.stat.sid == p.stat.sid and w.stat.sid in (rule.sid, w.stat.pid))
+                      or (w.stat.pgid == p.stat.pgid == rule.pgid) for w in witnesses)):
+            out.add(p.stat.pid)
+    return out
+
+
+@settings(max_examples=400)
+@given(worlds())
+def test_no_member_without_a_tie(w: World) -> None:
+    """Issue 32, "no signal without proof": down signals the fence's members, and each one is proven
+    the unit's by a tie the oracle above finds, strangers and renamed processes in the table or not."""
+    procs = w.unit + w.strangers
+    members = decide(w.rule, procs).members
+    assert set(members) <= _ties(w.rule, procs), (members, _ties(w.rule, procs))
+
+
+@settings(max_examples=300)
+@given(worlds(), st.data())
+def test_a_recorded_identity_stays_the_units_after_setsid_and_a_rename(w: World, data: st.DataObject) -> None:
+    """A process recorded as the unit's (by a scan, while a tie showed) that then calls setsid and loses
+    its marker, its parent gone (reparented to init), is still a member: only its identity proves it."""
+    live = [p for p in w.unit if not p.stat.has_exited and p.uid is not None
+            and (p.uid == w.rule.caller_uid or w.rule.caller_uid == 0)]
+    if not live:
+        return
+    p = data.draw(st.sampled_from(live))
+    escaped = ProcFacts(p.stat._replace(ppid=1, sid=p.stat.pid, pgid=p.stat.pid), p.uid, Marker.NOT_INTACT)
+    procs = [escaped if q.stat.pid == p.stat.pid else q for q in w.unit + w.strangers]
+    rule = replace(w.rule, recorded=w.rule.recorded | {p.stat.ident})
+    assert p.stat.pid in decide(rule, procs).members
+    if p.stat.ident != MAIN and not p.in_cgroup:  # without the record, nothing ties it any more
+        assert p.stat.pid not in decide(replace(w.rule, recorded=w.rule.recorded - {p.stat.ident}), procs).members

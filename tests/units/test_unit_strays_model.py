@@ -81,3 +81,14 @@ def test_the_three_reasons():
     assert reason(rule, base._replace(memory={0: 1}, start_ticks=100)) is None  # in the tick of the stop
     assert reason(rule, base._replace(memory={0: 1}, start_ticks=9)) is None  # before the launch
     assert reason(rule, base._replace(memory={0: 1}, uid=2000)) is None  # another user's
+
+
+@given(rules, st.lists(candidates, max_size=12))
+def test_a_stray_blocks_only_what_the_units_next_up_needs(rule, cands):
+    """Issue 32: a stray keeps down NOT verified only on the unit's GPUs or port (the next up would
+    collide); one on another GPU is a warning. Every stray is named with a command that ends it, which
+    gpuslate never runs itself (a stray is proven nothing: down signals only its fence's members)."""
+    for s in decide(rule, cands):
+        assert s.blocking == (s.reason in (StrayReason.UNIT_GPU, StrayReason.UNIT_PORT))
+        assert s.blocking or (s.gpus and not set(s.gpus) & rule.gpus)
+        assert s.remedy() == (f"gpuslate clear --pid {s.pid}" if s.gpus else f"kill {s.pid}")

@@ -4,6 +4,7 @@ session of its own and renamed itself: `down` ends it too."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 
@@ -63,3 +64,21 @@ def test_cgroup_is_used_where_the_host_allows_it(units_host, units):
     if _cgroup_v2():
         assert doc["containment"] in ("cgroup", "scope"), doc["containment_note"]
     assert units("down", "fenced").returncode == 0
+
+
+def test_what_a_unit_starts_while_it_stops_is_counted_apart(units_host, units, tmp_path):
+    """A unit that starts a helper as it is told to stop (a shell's trap): the helper is found and
+    ended in a later round, said as more processes, so the progress lines add up to the report."""
+    pidfile = tmp_path / "late.pid"
+    script = (f"trap 'sleep 300 & echo $! > {shlex.quote(str(pidfile))}; exit 0' TERM; "
+              f"{shlex.quote(sys.executable)} -m gpuslate sim hold --gpus 0 --memory 1GiB & wait")
+    r = units("up", "late", "--gpus", "0", "--containment", "session", "--ready-log", '"ready": true', "--",
+              "bash", "-c", script)
+    assert r.returncode == 0, r.stderr
+    r = units("down", "late")
+    assert r.returncode == 0, r.stderr
+    late = int(pidfile.read_text())
+    assert is_gone(late)
+    first, more = re.findall(r"SIGTERM sent to (\d+) (more )?process", r.stderr)
+    assert not first[1] and more[1] and int(first[0]) + int(more[0]) == int(
+        re.search(r"stopped \(ready before\): (\d+) processes", r.stdout)[1]), (r.stdout, r.stderr)

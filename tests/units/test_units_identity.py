@@ -15,11 +15,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from helpers import gpuslate_env
+from gpuslate.proc.procfs import read_stat
+from helpers import gpuslate_env, is_gone, unit_records, wait_for
 
 DRIVER = str(Path(__file__).with_name("pidreuse.py"))
 
@@ -58,3 +60,42 @@ def test_a_reused_pid_and_its_session_are_not_the_unit(units_host, mode):
         assert down["memory_released"] is None and "no GPU" in down["unverified"], down
     else:
         assert got["down_rc"] == 0 and down["memory_released"] is True and down["verified_gpus"] == [0]
+
+
+def test_a_record_from_another_boot_names_nobody_by_its_numbers(units_host, units):
+    """Found in issue 32's attacks: a process identity (pid, start ticks) holds within one boot only. After
+    a reboot, pids and ticks start again, and a program started as early in the new boot can have the very
+    pid and start tick a unit's main process had. A record of another boot (its boot id) proves nothing by
+    its numbers: down signals nothing of it, ps finds nothing; the same record of this boot is the unit."""
+    import dataclasses
+    import secrets
+
+    from gpuslate.proc.procfs import boot_id
+    from gpuslate.units.spec import UnitSpec
+    from gpuslate.units.store import UnitRecord
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        wait_for(lambda: read_stat(p.pid) is not None)
+        st = read_stat(p.pid)
+        rec = UnitRecord(name="old", spec=UnitSpec("old", command=["x"], ready_log="x").to_json(), phase="ready",
+                         pid=p.pid, start_ticks=st.start_ticks, pgid=p.pid, sid=p.pid, containment="session",
+                         cgroup=None, log="/dev/null", gpus=[0], port=None, env={}, launched_at=time.time() - 100,
+                         instance=secrets.token_hex(16), boot="00000000-0000-4000-8000-000000000000")
+        store = unit_records()
+        store.save(rec)
+        ps_doc = json.loads(units("ps", "--json").stdout)
+        assert [u["processes"] for u in ps_doc["units"] if u["name"] == "old"] == [[]]
+        r = units("down", "old", "--json")
+        assert json.loads(r.stdout)["processes"] == [] and not is_gone(p.pid), r.stdout
+        torn = store.record_path("old")
+        torn.write_text(torn.read_text()[:-40])  # torn: stopped by what is left of it, its boot still shows
+        r = units("down", "old", "--json")
+        assert json.loads(r.stdout)["processes"] == [] and not is_gone(p.pid), r.stdout
+        store.save(dataclasses.replace(rec, boot=boot_id(), phase="ready"))  # this boot's: it is the unit
+        r = units("down", "old", "--json")
+        assert [x["pid"] for x in json.loads(r.stdout)["processes"]] == [p.pid], r.stdout
+        wait_for(lambda: is_gone(p.pid))
+    finally:
+        p.kill()
+        p.wait()

@@ -58,11 +58,11 @@ def test_cleanup_after_ctrl_c_survives_a_second_ctrl_c_and_sigterm(units_host):
             *HOLD)
     pid = wait_for(lambda: holding(units_host, 0), timeout=20)
     os.kill(up.proc.pid, signal.SIGINT)
-    wait_for(lambda: up.said("stopping web, please wait"), timeout=10)
+    wait_for(lambda: up.said("stopping web, please wait"), timeout=60)
     # the holder ignores SIGTERM: cleanup lasts the whole 2 s grace; interrupt it twice more
     os.kill(up.proc.pid, signal.SIGINT)
     os.kill(up.proc.pid, signal.SIGTERM)
-    wait_for(lambda: up.said("stopping web, please wait") >= 3, timeout=10)  # both noted, neither obeyed
+    wait_for(lambda: up.said("stopping web, please wait") >= 3, timeout=60)  # both noted, neither obeyed
     assert up.proc.poll() is None or is_gone(pid)
     rc = up.finish()
     assert rc == 130, up.err

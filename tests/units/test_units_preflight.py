@@ -150,3 +150,17 @@ def test_a_port_held_by_a_process_whose_main_thread_exited_is_named(units_host, 
         assert port_listener(port) == p.pid
         r = units("up", "t", "--gpus", "0", "--port", str(port), "--", *serve_cmd(port))
     assert r.returncode == 4 and f"port {port} is already in use by pid {p.pid}" in r.stderr
+
+
+def test_wait_names_the_unit_holding_the_gpus_as_up_does(units_host, units):
+    """``wait`` on a unit's GPUs: its remedy is ``gpuslate down NAME`` (as ``up``'s pre-flight
+    says), never ``gpuslate clear``; another process keeps the general remedy."""
+    port = free_port()
+    assert units("up", "web", "--gpus", "3", "--port", str(port), "--", *serve_cmd(port)).returncode == 0
+    r = units("up", "other", "--gpus", "3", "--port", str(free_port()), "--", *serve_cmd(port))
+    assert r.returncode == 4 and "stop it first: gpuslate down web" in r.stderr
+    r = units("wait", "--free", "--gpus", "3", "--timeout", "0.1")
+    assert r.returncode == 4, r.stderr
+    assert "for unit web" in r.stdout and "remedy: stop the unit: gpuslate down web" in r.stdout, r.stdout
+    assert "gpuslate clear" not in r.stdout
+    assert units("down", "web").returncode == 0

@@ -23,7 +23,7 @@ import pytest
 
 import escapees
 from gpuslate.proc.procfs import read_stat
-from helpers import GiB, is_gone, unit_records, wait_for
+from helpers import GiB, is_gone, run_cli, unit_records, wait_for
 from test_units_lifecycle import gpus_clean, ps
 from unitkit import free_port
 
@@ -83,49 +83,179 @@ def test_renamed_escapees_keep_the_marker_and_down_ends_them(units_host, units, 
     assert units("down", "web").returncode == 0
 
 
-def test_escapees_whose_environment_is_gone_are_named_never_released(units_host, units, out):
+def test_escapees_whose_environment_is_gone_are_named_never_signaled(units_host, units, out, tmp_path):
     """Environment written over (setproctitle without SPT_NOENV), wiped by the process, or empty
-    (env -i): not found in the unit, so down says what they hold and that they are not ruled out
-    (exit 4, never "released"), ps says orphaned, up names the unit that left its port busy, and
-    down --clear ends them all."""
+    (env -i), before any scan could record them: nothing ties them to the unit, so nothing signals
+    them, `down --clear` included (issue 32: it did, on circumstantial evidence). The one on the
+    unit's port keeps down NOT verified (exit 4) with the command that ends it, ps says orphaned and
+    up names the unit that left the port busy; those on other GPUs are warnings, and once the port is
+    free down says released."""
     port = free_port()
     _, pids = _up(units, units_host, out, port, ("clobber", "setproctitle-clobber", 1, None),
                   ("wipe", "wipe", 2, None), ("empty", "env-i", None, port))
     for pid in pids.values():  # the markers are gone: written over (in part: clobber), or never there
         assert b"GPUSLATE_UNIT" not in _environ(pid)
 
-    r = units("down", "web", "--json", "--timeout", "20")
-    assert r.returncode == 4, r.stderr
-    down = json.loads(r.stdout)
-    assert down["verification"] == "not_ruled_out" and down["memory_released"] is False and not down["ok"]
-    by = {s["pid"]: s for s in down["strays"]}
-    assert set(by) == set(pids.values())
-    assert by[pids["clobber"]]["reason"] == "other_gpu" and by[pids["clobber"]]["gpus"] == [1]
-    assert by[pids["wipe"]]["reason"] == "other_gpu" and by[pids["wipe"]]["used_memory"] == GiB
-    assert by[pids["empty"]]["reason"] == "unit_port" and by[pids["empty"]]["port"] == port
-    assert {1, 2} <= set(down["verified_gpus"])  # the GPUs they hold are verified too: not free
-    assert down["timings"]["total_s"] < 10  # said at once, not after polling to the timeout
+    for extra in ((), ("--clear",)):
+        r = units("down", "web", "--json", "--timeout", "20", *extra)
+        assert r.returncode == 4, r.stderr
+        down = json.loads(r.stdout)
+        assert down["verification"] == "not_ruled_out" and down["memory_released"] is False and not down["ok"]
+        assert down["cleared"] is None
+        by = {s["pid"]: s for s in down["strays"]}
+        assert set(by) == set(pids.values())
+        assert by[pids["clobber"]]["reason"] == "other_gpu" and by[pids["clobber"]]["gpus"] == [1]
+        assert by[pids["wipe"]]["reason"] == "other_gpu" and by[pids["wipe"]]["used_memory"] == GiB
+        assert by[pids["empty"]]["reason"] == "unit_port" and by[pids["empty"]]["port"] == port
+        assert down["verified_gpus"] == [0]  # what the unit held; the other GPUs are not its own
+        assert [w for w in down["warnings"] if f"pid {pids['clobber']} (" in w and
+                f"'gpuslate clear --pid {pids['clobber']}' ends it" in w]
+        assert down["timings"]["total_s"] < 10  # said at once, not after polling to the timeout
+        assert not any(is_gone(p) for p in pids.values())
+    assert not audited(units_host, pids.values())  # never signaled, --clear or not
     text = units("down", "web")
-    assert text.returncode == 4 and "released" not in text.stdout and "NOT verified" in text.stdout
+    assert text.returncode == 4 and "NOT verified" in text.stdout and "released" not in text.stdout.split(";")[0]
     assert f"pid {pids['empty']} (" in text.stdout and f"listens on the unit's port {port}" in text.stdout
-    assert "--clear" in text.stderr and not any(is_gone(p) for p in pids.values())
+    assert f"'kill {pids['empty']}' ends it" in text.stdout + text.stderr
 
     unit = ps(units)["web"]
     assert unit["state"] == "orphaned" and {s["pid"] for s in unit["strays"]} == set(pids.values())
-    assert unit["gpu_memory"] == 2 * GiB
     r = units("up", "web", "--gpus", "0", "--port", str(port), "--containment", "session", "--",
               sys.executable, "-c", "import time; time.sleep(60)")
     assert r.returncode == 4, r.stderr
     assert f"port {port} is already in use" in r.stderr and "left by unit web" in r.stderr
-    assert "gpuslate down web --clear" in r.stderr
+    assert f"'kill {pids['empty']}' ends it" in r.stderr
 
-    r = units("down", "web", "--clear", "--json", "--timeout", "20")
+    os.kill(pids["empty"], signal.SIGTERM)  # what the port's stray was named with
+    wait_for(lambda: is_gone(pids["empty"]))
+    r = units("down", "web", "--json", "--timeout", "20")
     assert r.returncode == 0, r.stdout + r.stderr
     down = json.loads(r.stdout)
-    assert down["ok"] and down["verification"] == "released" and down["cleared"]["ok"]
-    wait_for(lambda: all(is_gone(p) for p in pids.values()), timeout=10)
-    assert gpus_clean(units_host) and ps(units)["web"]["state"] == "stopped"
-    assert unit_records().load("web").phase == "stopped"
+    assert down["ok"] and down["verification"] == "released" and len(down["warnings"]) == 2
+    assert not is_gone(pids["clobber"]) and not is_gone(pids["wipe"])
+    assert ps(units)["web"]["state"] == "stopped" and unit_records().load("web").phase == "stopped"
+
+
+def audited(host, pids) -> list[dict]:
+    """The audit log's entries (of this simulated host's state) that name one of ``pids``."""
+    from gpuslate.host.audit import AuditLog
+
+    log = host.root / "state" / "audit.jsonl"
+    if not log.exists():
+        return []
+    return [e for e in AuditLog(log, backend="sim").read() if e.get("target", {}).get("pid") in set(pids)]
+
+
+def test_a_worker_recorded_by_a_scan_stays_the_units_after_setsid_and_a_rename(units_host, units, out):
+    """Issue 32: what a scan found in the unit (ps, down, readiness) is recorded by identity, so a
+    worker that later calls setsid and wipes its environment (no marker, no session, no parent of the
+    unit's left) is still proven the unit's: down ends it and says released; no stray. The worker
+    starts after readiness: only ps's scan saw it."""
+    port = free_port()
+    doc, _ = _up(units, units_host, out, port, ("after", "wipe-late", 3, None))
+    late = escapees.spawn_now(out, "after")
+    assert late in ps(units)["web"]["processes"]  # found (its session, its marker), and recorded
+    escapees.escape_now(out, "after")
+    st = read_stat(late)
+    assert st.sid == late and st.pgid == late and st.ppid != doc["pid"]  # its own session, no parent of the unit's
+    assert b"GPUSLATE_UNIT" not in _environ(late)
+    unit = ps(units)["web"]
+    assert late in unit["processes"] and unit["strays"] == []
+    r = units("down", "web", "--json", "--timeout", "20")
+    assert r.returncode == 0, r.stdout + r.stderr
+    down = json.loads(r.stdout)
+    assert down["verification"] == "released" and down["strays"] == [] and 3 in down["verified_gpus"]
+    wait_for(lambda: is_gone(late))
+
+
+def test_a_program_started_by_hand_on_the_units_gpu_is_named_never_signaled(units_host, units, out, hold):
+    """Issue 32: a program the caller started by hand from a live shell while the unit ran, sharing
+    the unit's GPU (no marker, its session led by that shell): `down --clear` SIGTERMed it. Now down is
+    NOT verified (the next up would collide), names `gpuslate clear --pid N`, and signals nothing;
+    that command ends it, and down then says released."""
+    _up(units, units_host, out, free_port(), gpus="0")
+    env = {k: v for k, v in os.environ.items() if k not in ("SPT_NOENV", "GPUSLATE_SIM")}
+    hold_cmd = f"{sys.executable} -m gpuslate --sim {units_host.root} sim hold --gpus 0 --memory 1GiB"
+    shell = subprocess.Popen(["sh", "-c", f"{hold_cmd} & wait"], stdout=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    try:
+        pid = json.loads(shell.stdout.readline())["pid"]
+        for extra in ((), ("--clear",)):
+            r = units("down", "web", "--json", "--timeout", "10", *extra)
+            assert r.returncode == 4, r.stdout + r.stderr
+            down = json.loads(r.stdout)
+            assert down["verification"] == "not_ruled_out" and [s["pid"] for s in down["strays"]] == [pid]
+            assert down["strays"][0]["reason"] == "unit_gpu" and f"gpuslate clear --pid {pid}" in down["unverified"]
+            assert not is_gone(pid)
+        assert not audited(units_host, [pid])
+        r = units("down", "web")
+        assert r.returncode == 4 and f"'gpuslate clear --pid {pid}' ends it" in r.stderr, r.stderr
+        r = run_cli("--sim", str(units_host.root), "clear", "--pid", str(pid), "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: is_gone(pid))
+        assert units("down", "web").returncode == 0
+    finally:
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+
+
+def test_a_program_with_a_dotted_variable_started_meanwhile_on_another_gpu_is_nobodys_stray(units_host, units,
+                                                                                             out):
+    """Issue 32: environ.intact took only C-identifier names, so a program started (setsid) during the
+    unit's life with `app.config=1` in its environment counted as renamed: down exited 4 and
+    down --clear SIGTERMed it. Its environment is intact and has no marker of the unit: ruled out."""
+    _up(units, units_host, out, free_port())
+    env = {"app.config": "1", **{k: v for k, v in os.environ.items() if k not in ("SPT_NOENV", "GPUSLATE_SIM")}}
+    p = subprocess.Popen([sys.executable, "-m", "gpuslate", "--sim", str(units_host.root), "sim", "hold",
+                          "--gpus", "6", "--memory", "1GiB"], stdout=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        pid = json.loads(p.stdout.readline())["pid"]
+        assert b"\0app.config=1\0" in b"\0" + _environ(pid)
+        r = units("down", "web", "--clear", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        down = json.loads(r.stdout)
+        assert down["strays"] == [] and down["warnings"] == [] and not is_gone(pid)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_a_renamed_worker_of_another_running_unit_is_that_units_never_this_ones(units_host, units, out, tmp_path):
+    """Issue 32: a worker of unit b whose environment was written over sat on a GPU of its own; `down
+    web --clear` killed it while ps showed b ready. One that b's scans recorded (it renamed after b's
+    readiness) is b's: web's down neither names nor signals it, and b's down ends it. One that renamed
+    before any scan is proven nobody's: web's down names it as a warning, says released, and leaves it."""
+    out_b = tmp_path / "escapees-b"
+    out_b.mkdir()
+    _up(units, units_host, out, free_port(), gpus="0")  # unit web
+    r = units("up", "b", "--gpus", "1", "--port", str(free_port()), "--ready-log", "serving", "--containment",
+              "session", "--json", "--", *escapees.command(out_b, units_host.root, ("w", "setproctitle-clobber-late",
+                                                                                    4, None),
+                                                         ("early", "setproctitle-clobber", 5, None)))
+    assert r.returncode == 0, r.stderr
+    worker, early = escapees.ready_pids(out_b)["w"], escapees.ready_pids(out_b)["early"]
+    try:
+        escapees.escape_now(out_b, "w")
+        assert b"GPUSLATE_UNIT" not in _environ(worker) and b"GPUSLATE_UNIT" not in _environ(early)
+        for extra in ((), ("--clear",)):
+            r = units("down", "web", "--json", *extra)
+            assert r.returncode == 0, r.stdout + r.stderr
+            down = json.loads(r.stdout)
+            assert [s["pid"] for s in down["strays"]] == [early] and down["strays"][0]["reason"] == "other_gpu"
+            assert len(down["warnings"]) == 1 and f"'gpuslate clear --pid {early}' ends it" in down["warnings"][0]
+            assert not is_gone(worker) and not is_gone(early)
+        assert not audited(units_host, [worker, early])
+        b = ps(units)["b"]
+        assert b["state"] == "ready" and worker in b["processes"] and early not in b["processes"]
+        r = units("down", "b", "--json", "--timeout", "20")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: is_gone(worker))
+        assert not is_gone(early)
+    finally:
+        for pid in (worker, early):
+            if not is_gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_program_started_after_the_unit_stopped_is_nobodys_stray(units_host, units, hold, out):

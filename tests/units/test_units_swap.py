@@ -40,6 +40,8 @@ def test_swap_baseline_to_speculative(units_host, units, tmp_path):
     for key in ("lock_wait_s", "stop_old_s", "verify_clean_s", "preflight_new_s", "launch_new_s", "ready_new_s"):
         assert phases[key] >= 0, key
     assert doc["total_s"] >= phases["stop_old_s"] + phases["ready_new_s"]
+    for key in ("stop_old_s", "verify_clean_s"):  # one phase, one figure: in the phases and in the downtime
+        assert doc["downtime"][key] == phases[key], key
     assert 0 <= doc["overhead_s"] < doc["total_s"]
     assert doc["down"]["memory_released"] and doc["up"]["status"] == "ready"
     new = server_info(port)

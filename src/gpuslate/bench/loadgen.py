@@ -21,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 
 from .._time import iso_time
 from ..errors import UsageError
+from ..extras import installed
 from .client import Client
 from .metrics import level_result
 from .plan import LoadPlan, normalize_url
@@ -41,6 +43,8 @@ from .serverinfo import (
     spec_counters,
 )
 from .tokens import load_tokenizer
+
+_T = TypeVar("_T")
 
 
 def _ensure_fd_limit(needed: int) -> None:
@@ -80,7 +84,9 @@ async def run_bench_async(url: str, plan: LoadPlan, *,
     _ensure_fd_limit(plan.peak_concurrency)
     started_at = iso_time(time.time())
     headers = plan.request_headers()
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    # pooled: keep-alive connections reused, as vLLM's bench serve and the OpenAI SDKs; per-request: each
+    # request connects inside its clock and the connection is closed after it, as SGLang's bench_serving
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=plan.connection == "per-request")
     async with aiohttp.ClientSession(connector=connector, read_bufsize=1 << 20) as session:
         result = BenchResult(base, plan.model, plan.api, started_at, plan)
         model, cut = await unless_stopped(stop, resolve_model(session, base, plan.model, headers))
@@ -99,44 +105,70 @@ async def run_bench_async(url: str, plan: LoadPlan, *,
             result.warnings.append(warning)
         client = Client(session, base, plan, model or "", headers=headers, tokenizer=tokenizer,
                         continuous_usage=result.server.get("engine") in CONTINUOUS_USAGE_ENGINES)
-        run = Scheduler(client, plan, prompts, on_progress, stop)
-        levels: list[int | None] = [None] if plan.request_rate is not None else list(plan.concurrency)
-        for index, concurrency in enumerate(levels):
-            if plan.warmup and (plan.warmup_each_level or index == 0):
-                width = concurrency if concurrency is not None else (plan.max_concurrency or plan.warmup)
-                warm = await run.warm(index, width)
-                if warm.cut:
-                    result.interrupted = True
-                    result.in_flight = [{"level": index, "warmup": True, **r} for r in warm.in_flight]
-                    break
-            before, cut = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
-            if cut:
+        try:
+            return await _levels(session, base, headers, plan, result, client, prompts, on_progress, stop)
+        finally:
+            client.close()
+
+
+async def _levels(session: aiohttp.ClientSession, base: str, headers: dict[str, str], plan: LoadPlan,
+                  result: BenchResult, client: Client, prompts: PromptSource,
+                  on_progress: Callable[[Progress], None] | None, stop: asyncio.Event | None) -> BenchResult:
+    """The plan's levels in order (each warmed up as asked), the speculative counters read around each."""
+    run = Scheduler(client, plan, prompts, on_progress, stop)
+    levels: list[int | None] = [None] if plan.request_rate is not None else list(plan.concurrency)
+    for index, concurrency in enumerate(levels):
+        if plan.warmup and (plan.warmup_each_level or index == 0):
+            width = concurrency if concurrency is not None else (plan.max_concurrency or plan.warmup)
+            warm = await run.warm(index, width)
+            if warm.cut:
                 result.interrupted = True
+                result.in_flight = [{"level": index, "warmup": True, **r} for r in warm.in_flight]
                 break
-            lv = await (run.arrivals(index) if concurrency is None
-                        else run.closed_loop(index, concurrency, plan.requests, plan.duration_s))
-            after = None
-            if not lv.cut:
-                after, _ = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
-            acc = acceptance_between(before, after)
-            if lv.records or not lv.cut:
-                result.levels.append(level_result(
-                    lv.records, concurrency=concurrency, request_rate=plan.request_rate,
-                    max_concurrency=plan.max_concurrency, interrupted=lv.cut,
-                    accept_length=acc.all_steps, accept_length_spec=acc.spec_steps,
-                    spec_step_share=acc.spec_share, percentiles=plan.percentiles,
-                    slo=dict(plan.goodput) or None, in_flight=len(lv.in_flight), not_sent=lv.not_sent,
-                    stopped_early=lv.stopped_early))
-            if lv.cut:
-                result.interrupted = True
-                result.in_flight = [{"level": index, "concurrency": concurrency, **r} for r in lv.in_flight]
-                break
-            if lv.stopped_early:
-                break  # the server is gone: the next levels would only fail the same way
-        return result
+        before, cut = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
+        if cut:
+            result.interrupted = True
+            break
+        lv = await (run.arrivals(index) if concurrency is None
+                    else run.closed_loop(index, concurrency, plan.requests, plan.duration_s))
+        after = None
+        if not lv.cut:
+            after, _ = await unless_stopped(stop, spec_counters(session, base, result.server, headers))
+        acc = acceptance_between(before, after)
+        if lv.records or not lv.cut:
+            result.levels.append(level_result(
+                lv.records, concurrency=concurrency, request_rate=plan.request_rate,
+                max_concurrency=plan.max_concurrency, interrupted=lv.cut,
+                accept_length=acc.all_steps, accept_length_spec=acc.spec_steps,
+                spec_step_share=acc.spec_share, percentiles=plan.percentiles,
+                slo=dict(plan.goodput) or None, in_flight=len(lv.in_flight), not_sent=lv.not_sent,
+                stopped_early=lv.stopped_early))
+        if lv.cut:
+            result.interrupted = True
+            result.in_flight = [{"level": index, "concurrency": concurrency, **r} for r in lv.in_flight]
+            break
+        if lv.stopped_early:
+            break  # the server is gone: the next levels would only fail the same way
+    return result
 
 
 def run_bench(url: str, plan: LoadPlan, *,
               on_progress: Callable[[Progress], None] | None = None) -> BenchResult:
-    """:func:`run_bench_async` in a fresh event loop."""
-    return asyncio.run(run_bench_async(url, plan, on_progress=on_progress))
+    """:func:`run_bench_async` in a fresh event loop (:func:`run_loop`)."""
+    return run_loop(run_bench_async(url, plan, on_progress=on_progress))
+
+
+def event_loop_name() -> str:
+    """The event loop :func:`run_loop` runs: ``uvloop`` where the ``fast`` extra installed it, else ``asyncio``."""
+    return "uvloop" if installed("uvloop") else "asyncio"
+
+
+def run_loop(main: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run(main)``, on uvloop where it is installed: its loop, in C, costs the load generator
+    about a third less CPU per streamed chunk than asyncio's (benchmarks/RESULTS.md); the figures are
+    the same, every time stamp being ``time.perf_counter()``."""
+    if event_loop_name() == "uvloop":
+        import uvloop  # lazy: optional (the fast extra)
+
+        return uvloop.run(main)
+    return asyncio.run(main)

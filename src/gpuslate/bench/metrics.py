@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from .._document import Fields
+
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 PEAK_BUCKET_S = 1.0  # vLLM buckets tokens per whole second
 
@@ -196,18 +198,20 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """``numpy.percentile(values, q)`` with its default linear interpolation."""
+def percentile(values: Sequence[float], q: float, *, ordered: bool = False) -> float:
+    """``numpy.percentile(values, q)`` with its default linear interpolation (``ordered``: the
+    values are sorted already, as :func:`summarize` sorts them once for all its percentiles)."""
     if not values:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be within 0..100, got {q}")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
+    if not ordered:
+        values = sorted(values)
+    rank = (len(values) - 1) * q / 100.0
     lo = math.floor(rank)
-    hi = min(lo + 1, len(ordered) - 1)
+    hi = min(lo + 1, len(values) - 1)
     frac = rank - lo
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * frac
+    return values[lo] + (values[hi] - values[lo]) * frac
 
 
 def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> Summary:
@@ -217,9 +221,10 @@ def summarize(seconds: Sequence[float], percentiles: Sequence[float] = DEFAULT_P
     if not seconds:
         return Summary(None, None, None, tuple((q, None) for q in qs))  # type: ignore[misc]
     ms = [s * 1000.0 for s in seconds]
+    ms.sort()
     mean = math.fsum(ms) / len(ms)
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in ms) / len(ms))
-    return Summary(mean, std, max(ms), tuple((q, percentile(ms, q)) for q in qs))
+    std = math.sqrt(math.fsum([(x - mean) ** 2 for x in ms]) / len(ms))
+    return Summary(mean, std, ms[-1], tuple((q, percentile(ms, q, ordered=True)) for q in qs))
 
 
 def tpot(latency: float, ttft: float | None, output_tokens: int) -> float | None:
@@ -264,11 +269,14 @@ def peak_output_throughput(records: Sequence[RequestRecord], t0: float, duration
         return 0.0
     n = max(1, int(duration_s // PEAK_BUCKET_S))
     width = duration_s / n
-    buckets: Counter[int] = Counter()
+    buckets = [0] * n
+    last = n - 1
     for r in records:
+        start = r.start
         for t, k in zip(r.chunk_times, r.chunk_tokens):
-            buckets[min(n - 1, max(0, int((r.start + t - t0) // width)))] += k
-    return max(buckets.values(), default=0) / width
+            i = int((start + t - t0) // width)
+            buckets[i if 0 <= i <= last else (0 if i < 0 else last)] += k
+    return max(buckets) / width
 
 
 def warming_tail(records: Sequence[RequestRecord], *, factor: float = 2.0) -> bool:
@@ -369,20 +377,18 @@ class LevelResult:
         def summary(x: Any) -> Summary:
             return Summary.from_json(x)
 
+        f = Fields(d)
         errors = d["errors"]
-        if not isinstance(errors, dict) or not all(isinstance(v, int) for v in errors.values()):
-            raise TypeError(f"errors: expected counts by message, got {errors!r}")
+        if not isinstance(errors, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                   for v in errors.values()):
+            raise TypeError(f"errors: expected counts by message, got {str(errors)[:60]}")
         for key in _COUNTS:
-            if isinstance(d[key], bool) or not isinstance(d[key], int):
-                raise TypeError(f"{key}: expected a count, got {d[key]!r}")
-        for key in _FIGURES:
-            if _number(d[key]) is None and key in _REQUIRED_FIGURES:
-                raise TypeError(f"{key}: expected a number, got null")
+            f.integer(key, 0, what="a count")
+        for key in _FIGURES:  # a figure is a number from 0 (a rate, a duration, a share), or null where it may be
+            (f.number if key in _REQUIRED_FIGURES else f.opt_number)(key, 0.0)
         for key in _NULLABLE_COUNTS:
-            if d[key] is not None and (isinstance(d[key], bool) or not isinstance(d[key], int)):
-                raise TypeError(f"{key}: expected a count or null, got {d[key]!r}")
-        if d["request_rate"] is not None:
-            _number(d["request_rate"])
+            f.opt_integer(key, 0, what="a count")
+        f.opt_number("request_rate", 0.0)
         if d["stopped_early"] is not None and not isinstance(d["stopped_early"], str):
             raise TypeError(f"stopped_early: expected a reason or null, got {d['stopped_early']!r}")
         return cls(

@@ -24,6 +24,12 @@ from .metrics import DEFAULT_PERCENTILES, Slo
 
 Api = Literal["completions", "chat"]
 APIS: tuple[str, ...] = ("completions", "chat")
+#: how requests reach the server, and so what TTFT and E2E contain: ``pooled`` keeps connections open and
+#: reuses them (vLLM's ``bench serve``, and the OpenAI SDKs, which share one keep-alive pool); ``per-request``
+#: opens a new one for every request inside its clock and closes it after (SGLang's ``bench_serving``,
+#: which makes an ``aiohttp.ClientSession`` per request): its set-up then counts in TTFT and E2E
+Connection = Literal["pooled", "per-request"]
+CONNECTIONS: tuple[str, ...] = ("pooled", "per-request")
 
 # Bounds that keep a typo from becoming a runaway run (or a socket storm).
 MAX_CONCURRENCY = 10_000
@@ -66,6 +72,7 @@ class LoadPlan:
     api_key: str | None = field(default=None, repr=False)  # sent as Authorization: Bearer
     tokenizer: str | None = None  # count tokens with it when the server reports no usage
     max_connection_failures: int = 8  # in a row: the server is gone, the level stops
+    connection: Connection = "pooled"  # see CONNECTIONS: what a request's clock includes
 
     def validate(self) -> None:
         """Raise :class:`UsageError` (one line) on the first bad value."""
@@ -120,6 +127,8 @@ class LoadPlan:
         if self.api_key is not None and (not self.api_key or any(c in self.api_key for c in "\r\n\0")):
             raise UsageError("API key must be one non-empty line")
         _check_int("max connection failures", self.max_connection_failures, 1, MAX_REQUESTS)
+        if self.connection not in CONNECTIONS:
+            raise UsageError(f"connection must be one of {', '.join(CONNECTIONS)}, got {self.connection!r}")
 
     @property
     def peak_concurrency(self) -> int:
@@ -156,6 +165,7 @@ class LoadPlan:
         if not isinstance(d, dict):
             raise TypeError(f"plan: expected an object, got {d!r}")
         known = {f.name for f in fields(cls)}
+        # a field a document lacks takes its default: a document from before ``connection`` was pooled
         values = {k: v for k, v in d.items() if k in known}
         rate = values.get("request_rate")
         values.update(

@@ -720,8 +720,8 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 
 def level_tables(rows: list[dict[str, Any]]) -> list[tuple[int, list[list[str]]]]:
     """Per concurrency level: a header row and one row per deployment (shared by report.md and the CLI)."""
-    head = ["deployment", "output tok/s", "spread", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
-            "TPOT", "e2e p50", "accept", "spec steps", "ok/failed"]
+    head = ["deployment", "output tok/s", "spread", "req/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
+            "ITL p99 ms", "TPOT ms", "e2e p50 ms", "accept", "spec steps", "ok/failed"]  # each figure's unit said
     levels: dict[int, list[list[str]]] = {}
     for r in rows:
         t = r["output_token_throughput"]

@@ -94,7 +94,7 @@ _LOAD_TYPES: dict[str, tuple[type, ...]] = {
     "duration_s": (int, float), "warmup": (int,), "seed": (int,), "api": (str,), "stream": (bool,),
     "input_len": (int,), "output_len": (int,), "dataset": (str,), "model": (str,), "ignore_eos": (bool,),
     "timeout_s": (int, float), "repeats": (int,), "tokenizer": (str,), "extra_body": (dict,),
-    "random_range_ratio": (int, float), "burstiness": (int, float), "api_key_env": (str,),
+    "random_range_ratio": (int, float), "burstiness": (int, float), "api_key_env": (str,), "connection": (str,),
 }
 _EXPERIMENT_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "deployments": (list,), "config": (str,), "clear": (bool,), "time_scale": (int, float),

@@ -18,10 +18,10 @@ import time
 from contextlib import nullcontext
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from .._parse import format_gpu_list
 from .._record import Record
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..errors import NotConfirmed, NotDoneError
 from ..gpu.types import GpuBackend, GpuReading, ProcessKind, memory_from_json, memory_json
 from ..host.audit import new_run_id
@@ -68,9 +68,10 @@ class Respawn(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Respawn:
-        return cls(pid=d["pid"], command=d["command"], replaces=d["replaces"], supervisor=d["supervisor"],
-                   remedy=d["remedy"])
+    def from_json(cls, d: object) -> Respawn:
+        f = Fields(d)
+        return cls(pid=f.pid("pid"), command=f.text("command"), replaces=f.pid("replaces"),
+                   supervisor=f.text("supervisor"), remedy=f.text("remedy"))
 
 
 class ClearStatus(StatusEnum):
@@ -135,32 +136,34 @@ class ClearResult(Record):
         """A ``gpuslate.clear.v1`` document as the ClearResult it was. What the document does not
         carry stays unknown: the plan's snapshot has no GPUs, its selection is empty (the document's
         ``verify`` says how the GPUs were verified), no pid is known to have been on the host."""
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            status = ClearStatus(d["status"])
+            status = f.choice("status", ClearStatus)
             targets: list[Target] = []
             results: list[VictimResult] = []
-            for t in d["targets"]:
-                if t["role"] == Role.FORKED.value:  # forked by a job while it was stopped: a result only
+
+            def target(t: object) -> None:
+                if Fields(t).raw("role") == Role.FORKED.value:  # forked by a job while it was stopped: a result only
                     results.append(VictimResult.from_json(t))
-                    continue
-                target = Target.from_json(t)
-                targets.append(target)
+                    return
+                one = Target.from_json(t)
+                targets.append(one)
                 if status not in (ClearStatus.DRY_RUN, ClearStatus.NOTHING_SELECTED):
-                    results.append(VictimResult.from_json(t, target.audit_info()))
-            started = parse_iso_time(d["started_at"])
-            host, backend = str(d["host"]), str(d["backend"])
-            plan = Plan(gpus=list(d["gpus"]), targets=targets, spared=[Spared.from_json(x) for x in d["spared"]],
+                    results.append(VictimResult.from_json(t, one.audit_info()))
+
+            f.items("targets", target)
+            started = f.time("started_at")
+            host, backend = f.text("host"), f.text("backend")
+            plan = Plan(gpus=f.gpus("gpus"), targets=targets, spared=f.items("spared", Spared.from_json),
                         before=Snapshot(host=host, backend=backend, driver_version=None, taken_at=started, gpus=[],
                                         host_processes=[], warnings=[]), selection=Selection(),
-                        known=frozenset(), verify=VerifyMode(d["verify"]))
+                        known=frozenset(), verify=f.choice("verify", VerifyMode))
             return cls(status=status, host=host, backend=backend, plan=plan, results=results,
-                       before=[memory_from_json(m) for m in d["before"]],
-                       after=[memory_from_json(m) for m in d["after"]],
-                       diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       respawned=[Respawn.from_json(r) for r in d["respawned"]], timings=dict(d["timings"]),
-                       max_used=d["max_used"], started_at=started,
-                       baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])))
+                       before=f.items("before", memory_from_json), after=f.items("after", memory_from_json),
+                       diagnosis=f.items("diagnosis", GpuDiagnosis.from_json),
+                       respawned=f.items("respawned", Respawn.from_json), timings=f.timings("timings"),
+                       max_used=f.size("max_used"), started_at=started,
+                       baseline=tuple(f.items("baseline", DaemonHold.from_json, default=[])))
 
 
 def clear(host: HostContext, selection: Selection, options: ClearOptions = ClearOptions()) -> ClearResult:
@@ -362,16 +365,16 @@ def _verify(be: GpuBackend, plan: Plan, results: list[VictimResult], limit: int,
     def hopeless(readings: list[GpuReading]) -> bool:
         nonlocal held
         listed = {p.pid for r in readings for p in (r.processes or [])}
+        new = listed - planned - checked
+        if new:  # looked at first: a supervisor restarts a target while the driver still tears its context down
+            checked.update(new)
+            respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
+        if respawned:
+            return True
         if listed & targets:
             return False  # a target's context is still being torn down: its memory is not free yet
         if listed & refused:  # a target the gate refused still holds memory: nothing will end it
             held = True
-            return True
-        new = listed - planned - checked
-        if new:
-            checked.update(new)
-            respawned.extend(_respawns(plan, take_snapshot(be, plan.gpus)))
-        if respawned:
             return True
         if released:
             return settled(readings)  # other jobs may hold these GPUs: that is theirs, not a failure

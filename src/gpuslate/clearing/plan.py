@@ -27,11 +27,12 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import MAX_ID, Fields, Malformed
 from .._parse import format_size, gpus_phrase
 from ..errors import UsageError
 from ..gpu.types import GpuBackend, ProcessKind
 from ..host.daemons import sharing
-from ..host.snapshot import Snapshot, holdings, resolve_gpus, take_snapshot
+from ..host.snapshot import Snapshot, holdings, mps_links, resolve_gpus, take_snapshot
 from ..options import Selection
 from ..proc.daemons import GPU_DAEMONS
 from ..proc.jobs import UNKNOWN_PROGRAM, ProcessView, Protection, descendants, job_members, job_root, program
@@ -105,7 +106,8 @@ class Facts(NamedTuple):
     gpu_count: int
     caller_pid: int | None
     caller_uid: int
-    mps: Mapping[int, int] = {}  # MPS client pid -> its server's pid, where it can be told (never written)
+    #: MPS client pid -> every server it could be a client of (host.daemons.mps_possible; never written)
+    mps: Mapping[int, tuple[int, ...]] = {}
 
 
 class TargetDecision(NamedTuple):
@@ -140,20 +142,25 @@ MPS_SHARED = "an MPS server whose other clients are not targets"
 def decide(facts: Facts, res: Resolved) -> Decision:
     """The plan, as a pure function of the facts and the selection (see the module doc).
 
-    An MPS server (a target only with ``--include-handles``) is spared while a live client of
-    it is not a target: ending the server ends its clients' GPU work, so the run would reach a
-    job it did not select. Sparing a server can only take targets away, so the plan is made
-    again until no targeted server has such a client (at most once per server)."""
+    An MPS server (a target only with ``--include-handles``) is spared while a live process that
+    could be its client (``facts.mps``: its pipe folder read and the server's, or unknown) is not
+    a target: ending the server ends its clients' GPU work, so the run would reach a job it did not
+    select. Sparing a server can only take targets away, so the plan is made again until no
+    targeted server has such a client (at most once per server)."""
     held: dict[int, str] = {}
+    servers = {s for options in facts.mps.values() for s in options}
     while True:
         d = _decide(facts, res, held)
         targets = {t.pid for t in d.targets}
         more: dict[int, list[int]] = {}
-        for client, server in sorted(facts.mps.items()):
-            st = facts.view.get(client)
-            if server in targets and client not in targets and st is not None and not st.has_exited:
-                more.setdefault(server, []).append(client)
-        if not more or len(held) >= len(set(facts.mps.values())):
+        for client, options in sorted(facts.mps.items()):
+            st = facts.view.get(client)  # None: the driver lists it, this /proc does not show it (a container's)
+            if client in targets or (st is not None and st.has_exited):
+                continue
+            for server in options:
+                if server in targets:
+                    more.setdefault(server, []).append(client)
+        if not more or len(held) >= len(servers):
             return d
         for server, clients in more.items():
             held[server] = (f"{MPS_SHARED} (PID{'s' if len(clients) > 1 else ''} {', '.join(map(str, clients))}): "
@@ -368,13 +375,15 @@ class Target(NamedTuple):
                 "cgroup": self.cgroup}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Target:
-        """A target of a clear document (``waits_for`` is not in it: () )."""
-        return cls(ident=ProcessId(d["pid"], d["start_ticks"]), user=d["user"], uid=d["uid"], command=d["command"],
-                   name=d["name"], gpus=list(d["gpus"]), used_memory=d["used_memory"], role=Role(d["role"]),
-                   reason=d["reason"], job=d["job"], ignores_sigterm=d["ignores_sigterm"], waits_for=(),
-                   container=d["container"], cgroup=d["cgroup"], kind=d.get("kind", "process"),
-                   mps_server=d.get("mps_server"))
+    def from_json(cls, d: object) -> Target:
+        """A target of a clear document (``waits_for`` is not in it: () ); every field checked."""
+        f = Fields(d)
+        return cls(ident=ProcessId(f.pid("pid"), f.integer("start_ticks", 0)), user=f.opt_text("user"),
+                   uid=f.opt_integer("uid", 0, MAX_ID), command=f.text("command"), name=f.text("name"),
+                   gpus=f.gpus("gpus"), used_memory=f.opt_size("used_memory"), role=f.choice("role", Role),
+                   reason=f.text("reason"), job=f.pid("job"), ignores_sigterm=f.opt_text("ignores_sigterm"),
+                   waits_for=(), container=f.opt_text("container"), cgroup=f.opt_text("cgroup"),
+                   kind=_kind(f, "kind", default="process"), mps_server=f.opt_pid("mps_server", default=None))
 
 
 #: how the reason of a process the selection did not choose begins (and only such a reason)
@@ -402,9 +411,22 @@ class Spared(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Spared:
-        return cls(pid=d["pid"], user=d["user"], command=d["command"], gpus=list(d["gpus"]), kind=d["kind"],
-                   reason=d["reason"], job=d["job"], mps_server=d.get("mps_server"))
+    def from_json(cls, d: object) -> Spared:
+        f = Fields(d)
+        return cls(pid=f.pid("pid"), user=f.opt_text("user"), command=f.opt_text("command"), gpus=f.gpus("gpus"),
+                   kind=_kind(f, "kind"), reason=f.text("reason"), job=f.opt_pid("job"),
+                   mps_server=f.opt_pid("mps_server", default=None))
+
+
+#: what a plan's process holds: its kind of GPU context, a handle only, or no GPU (a launcher)
+TARGET_KINDS = frozenset({"compute", "graphics", "mps", "handle", "process"})
+
+
+def _kind(f: Fields, key: str, default: Any = None) -> str:
+    kind = f.text(key) if default is None else f.text(key, default=default)
+    if kind not in TARGET_KINDS:
+        raise Malformed(f"{key}: expected one of {', '.join(sorted(TARGET_KINDS))}, got {kind[:30]!r}")
+    return kind
 
 
 class Plan(NamedTuple):
@@ -441,7 +463,7 @@ def make_plan(backend: GpuBackend, res: Resolved) -> Plan:
     reported = [Hold(p.pid, g.index, p.kind, p.used_memory) for g in snap.gpus for p in g.processes if p.visible]
     holds = attribute(reported, lambda pid: table.get(pid) is not None, _tgid)
     servers = {p.pid: p.mps_server for g in snap.gpus for p in g.processes if p.mps_server is not None}
-    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid(), servers)
+    facts = Facts(table, holds, len(snap.gpus), os.getpid(), os.getuid(), mps_links(snap.gpus)[1])
     decision = decide(facts, res)
 
     held = holdings(holds)

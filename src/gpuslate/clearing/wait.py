@@ -30,11 +30,11 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from .._parse import format_size, gpus_phrase
 from .._record import Record
 from ..gpu.types import GpuBackend, GpuReading, ProcessKind, held_by_no_process, memory_from_json, memory_json
-from ..host.daemons import BASELINE_MAX, DaemonHold, baseline
+from ..host.daemons import BASELINE_CAP, DaemonHold, baseline
 from ..host.session import HostContext, Ticker
 from ..host.snapshot import GpuState, HolderProcess, Snapshot, leak_reason, leak_remedy, resolve_gpus, take_snapshot
 from ..options import WaitOptions
@@ -108,8 +108,10 @@ class Problem(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Problem:
-        return cls(d["pid"], d["user"], d["command"], d["used_memory"], d["reason"], d["remedy"], d.get("parent"))
+    def from_json(cls, d: object) -> Problem:
+        f = Fields(d)
+        return cls(f.opt_pid("pid"), f.opt_text("user"), f.opt_text("command"), f.opt_size("used_memory"),
+                   f.text("reason"), f.opt_text("remedy"), f.opt_pid("parent", default=None))
 
 
 class GpuDiagnosis(NamedTuple):
@@ -124,8 +126,10 @@ class GpuDiagnosis(NamedTuple):
                 "problems": [p.to_json() for p in self.problems]}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GpuDiagnosis:
-        return cls(d["gpu"], d["used"], d["max_used"], d["error"], [Problem.from_json(p) for p in d["problems"]])
+    def from_json(cls, d: object) -> GpuDiagnosis:
+        f = Fields(d)
+        return cls(f.gpu("gpu"), f.opt_size("used"), f.size("max_used"), f.opt_text("error"),
+                   f.items("problems", Problem.from_json))
 
     def summary(self) -> str:
         head = f"GPU {self.gpu}: " + (f"{format_size(self.used)} used" if self.used is not None else "state unknown")
@@ -168,13 +172,14 @@ class WaitResult(Record):
 
     @classmethod
     def from_json(cls, doc: object) -> WaitResult:
-        d = checked(doc, WAIT_SCHEMA)
+        f = Fields(checked(doc, WAIT_SCHEMA))
         with reading(WAIT_SCHEMA):
-            return cls(ok=bool(d["ok"]), gpus=list(d["gpus"]), max_used=d["max_used"], elapsed_s=float(d["elapsed_s"]),
-                       readings=[memory_from_json(m) for m in d["memory"]],
-                       diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       baseline=tuple(DaemonHold.from_json(h) for h in d.get("baseline", [])),
-                       leaked=d.get("status") == WaitStatus.LEAKED.value)  # absent: a gpuslate before the status
+            status = f.choice("status", WaitStatus, default=None)  # absent: a gpuslate before the status
+            return cls(ok=f.flag("ok"), gpus=f.gpus("gpus"), max_used=f.size("max_used"),
+                       elapsed_s=f.seconds("elapsed_s"), readings=f.items("memory", memory_from_json),
+                       diagnosis=f.items("diagnosis", GpuDiagnosis.from_json),
+                       baseline=tuple(f.items("baseline", DaemonHold.from_json, default=[])),
+                       leaked=status == WaitStatus.LEAKED)
 
 
 #: how long memory held by no process must stay, not going down, before ``wait`` and ``clear`` call
@@ -273,8 +278,11 @@ def still_held(readings: Sequence[GpuReading], done: Callable[[GpuReading], bool
 
 
 def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
-              options: WaitOptions = WaitOptions()) -> WaitResult:
-    """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis."""
+              options: WaitOptions = WaitOptions(), *,
+              owners: Callable[[], Mapping[int, str]] | None = None) -> WaitResult:
+    """Wait until the GPUs are free; signals nothing. ``ok`` is False on timeout, with a diagnosis.
+    ``owners()``, asked only then: pid -> the managed unit it belongs to, whose remedy is to stop
+    that unit (``gpuslate down NAME``, as ``up``'s pre-flight says), not to clear."""
     opts = options.validate()
     be = host.backend
     sel = resolve_gpus(be, list(gpus) if gpus is not None else None)
@@ -286,14 +294,14 @@ def wait_free(host: HostContext, gpus: Sequence[int] | None = None,
                      opts.timeout) as tick:
         ok, readings = poll_until_free(be, sel, limit, t0 + opts.timeout, give_up=leaked, tick=tick, daemons=watch)
     elapsed = time.monotonic() - t0
-    diag = [] if ok else diagnose(take_snapshot(be, sel), limit)
+    diag = [] if ok else diagnose(take_snapshot(be, sel), limit, owners=owners() if owners is not None else None)
     return WaitResult(ok=ok, gpus=sel, max_used=limit, elapsed_s=elapsed, readings=readings, diagnosis=diag,
                       baseline=tuple(readings_baseline(readings, watch)), leaked=leaked.verdict and not ok)
 
 
 def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] | None = None,
              spared: dict[int, str] | None = None, planned: set[int] | None = None,
-             only: set[int] | None = None) -> list[GpuDiagnosis]:
+             only: set[int] | None = None, owners: Mapping[int, str] | None = None) -> list[GpuDiagnosis]:
     """Explain every GPU of ``snap`` that is not free.
 
     ``victims``/``spared``/``planned`` come from ``clear``: what it tried to end,
@@ -322,7 +330,8 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
             if p.pid in daemons:
                 continue  # a spared daemon's baseline: the host's, not what keeps the GPU busy
             if only is None or p.pid in only:
-                problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned))
+                problems.append(_explain(p, victims.get(p.pid), spared.get(p.pid), planned,
+                                         (owners or {}).get(p.pid)))
         used = r.memory.used if r.memory else None
         orphan = held_by_no_process(r)
         if (orphan is not None and orphan > max_used and used is not None
@@ -333,7 +342,7 @@ def diagnose(snap: Snapshot, max_used: int, *, victims: dict[int, VictimResult] 
 
 
 def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
-             planned: set[int] | None) -> Problem:
+             planned: set[int] | None, unit: str | None = None) -> Problem:
     def problem(reason: str, remedy: str | None, parent: int | None = None) -> Problem:
         return Problem(p.pid, p.user, p.command, p.used_memory, reason, remedy, parent)
 
@@ -370,10 +379,17 @@ def _explain(p: HolderProcess, victim: VictimResult | None, spared: str | None,
                        "see 'respawned' in the report; stop its supervisor first")
     if p.daemon is not None:  # clear spares it: "run clear" would be no remedy
         held = format_size(p.used_memory) if p.used_memory is not None else "memory the driver does not report"
-        why = (f"more than a daemon's baseline ({format_size(BASELINE_MAX)})" if p.used_memory is not None
-               else "so its baseline is unknown")
         stop = f"stop MPS at its source ('echo quit | {MPS_CONTROL}' as its user)" if p.daemon == MPS_SERVER \
             else "stop it at its source (its service)"
+        if p.daemon_unproven is not None:
+            return problem(f"runs a GPU daemon's program ({p.daemon}) holding {held}, not proven that daemon "
+                           f"({p.daemon_unproven}): its memory is held; 'gpuslate clear' spares it",
+                           f"{stop}, or end it with 'gpuslate clear --pid {p.pid} --include-handles'")
+        why = (f"more than GPU daemons may hold together on a GPU ({format_size(BASELINE_CAP)})"
+               if p.used_memory is not None else "so its baseline is unknown")
         return problem(f"a GPU daemon ({p.daemon}) holding {held}, {why}: 'gpuslate clear' spares it",
                        f"{stop}, or end it with 'gpuslate clear --include-handles'")
+    if unit is not None:  # a managed unit's: stopped as a unit, its GPUs verified released
+        return problem(f"holds {format_size(p.used_memory)} ({p.kind}) for unit {unit}",
+                       f"stop the unit: gpuslate down {unit}")
     return problem(f"holds {format_size(p.used_memory)} ({p.kind})", "end it, or run 'gpuslate clear'")

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Literal, NamedTuple, Protocol
 
+from .._document import Fields
 from .._record import Record
 
 
@@ -92,12 +93,20 @@ def memory_json(r: GpuReading) -> dict[str, Any]:
             "processes": [p.pid for p in r.processes or []], "error": r.error}
 
 
-def memory_from_json(d: dict[str, Any]) -> GpuReading:
-    """A reading back from :func:`memory_json` (what it does not keep is unknown: None, 0)."""
-    used = d["used"]
-    return GpuReading(index=d["gpu"], memory=MemoryInfo(0, used, 0, 0) if used is not None else None,
-                      processes=[GpuProcess(pid, ProcessKind.COMPUTE, None) for pid in d["processes"]],
-                      error=d["error"])
+def memory_from_json(d: object) -> GpuReading:
+    """A reading back from :func:`memory_json` (what it does not keep is unknown: None, 0); every
+    field checked (:class:`~gpuslate._document.Fields`)."""
+    f = Fields(d)
+    used = f.opt_size("used")
+    return GpuReading(index=f.gpu("gpu"), memory=MemoryInfo(0, used, 0, 0) if used is not None else None,
+                      processes=[GpuProcess(pid, ProcessKind.COMPUTE, None) for pid in f.pids("processes")],
+                      error=f.opt_text("error"))
+
+
+def memory_info_from_json(d: object) -> MemoryInfo:
+    """A GPU's ``memory`` of a status document: four sizes."""
+    f = Fields(d)
+    return MemoryInfo(f.size("total"), f.size("used"), f.size("reserved"), f.size("free"))
 
 
 class CheckpointState(Enum):

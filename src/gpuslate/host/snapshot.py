@@ -19,20 +19,31 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import MAX_ID, MAX_PID, Fields, Malformed, checked, reading
 from .._parse import format_size
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..errors import UsageError
-from ..gpu.types import GpuBackend, GpuProcess, GpuReading, MemoryInfo, ProcessKind, held_by_no_process
+from ..gpu.types import (
+    PROCESS_KINDS,
+    GpuBackend,
+    GpuProcess,
+    GpuReading,
+    MemoryInfo,
+    ProcessKind,
+    held_by_no_process,
+    memory_info_from_json,
+)
 from ..outcome import Outcome, StatusEnum
-from ..proc.daemons import MPS_SERVER, exe_daemon, read_client_pipe, read_server_pipe
+from ..proc.daemons import MPS_SERVER, Prover, exe_daemon, read_client_pipe, read_server_pipe
 from ..proc.fdscan import FdScan, scan_device_holders
 from ..proc.procfs import ProcessInfo, read_info, ticks_to_epoch
 from ..proc.tree import ProcTable
-from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_servers
+from .daemons import DaemonHold, MpsEnd, baseline, mps_candidates, mps_possible, mps_servers
 from .session import default_max_used
 
 SCHEMA = "gpuslate.status.v1"
+#: why a daemon of a status document from a gpuslate before daemons were proven is not: it was never asked
+OLD_DOCUMENT = "not proven by the gpuslate that wrote this document (it did not prove daemons)"
 
 
 class HolderProcess(NamedTuple):
@@ -56,10 +67,25 @@ class HolderProcess(NamedTuple):
     cgroup: str | None = None
     daemon: str | None = None  # the GPU daemon it runs (a system program named as one), e.g. nvidia-cuda-mps-server
     mps_server: int | None = None  # an MPS client's server, where it can be told (see .daemons)
+    #: why a process that runs a GPU daemon is not proven the daemon (None: proven, or no daemon): its
+    #: memory is then held, never the host's baseline (gpuslate.proc.daemons)
+    daemon_unproven: str | None = None
+    cpu_time_s: float | None = None  # CPU time used so far (user + system), as ps's TIME; None: not known
+    host_memory: int | None = None  # resident host memory in bytes, as ps's RSS; None: not known
 
     @property
     def started(self) -> float | None:
         return ticks_to_epoch(self.start_ticks) if self.start_ticks is not None else None
+
+    def elapsed_s(self, at: float) -> float | None:
+        """How long it had run at ``at`` (epoch seconds: the snapshot's time)."""
+        return max(0.0, at - self.started) if self.started is not None else None
+
+    def cpu_pct(self, at: float) -> float | None:
+        """Its CPU time over its life, in percent of one core, as ``ps`` computes %CPU (one
+        snapshot: no second sample, so that ``status`` waits for nothing)."""
+        life = self.elapsed_s(at)
+        return None if self.cpu_time_s is None or not life else 100.0 * self.cpu_time_s / life
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,14 +95,26 @@ class HolderProcess(NamedTuple):
             "started": iso_time(self.started) if self.started is not None else None,
             "ppid": self.ppid, "pgid": self.pgid, "sid": self.sid, "root_pid": self.root_pid,
             "state": self.state, "container": self.container, "cgroup": self.cgroup, "visible": self.visible,
-            "daemon": self.daemon, "mps_server": self.mps_server,
+            "daemon": self.daemon, "daemon_unproven": self.daemon_unproven, "mps_server": self.mps_server,
+            "cpu_time_s": round(self.cpu_time_s, 2) if self.cpu_time_s is not None else None,
+            "host_memory": self.host_memory,
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HolderProcess:
-        return cls(d["pid"], d["kind"], d["used_memory"], d["start_ticks"], d["user"], d["uid"], d["name"],
-                   d["command"], d["ppid"], d["pgid"], d["sid"], d["root_pid"], d["state"], d["container"],
-                   bool(d["visible"]), d.get("cgroup"), d.get("daemon"), d.get("mps_server"))
+    def from_json(cls, d: object) -> HolderProcess:
+        f = Fields(d)
+        kind = f.text("kind")
+        if kind not in PROCESS_KINDS:
+            raise Malformed(f"kind: expected one of {', '.join(PROCESS_KINDS)}, got {kind!r}"[:120])
+        daemon = f.opt_text("daemon", default=None)
+        return cls(f.pid("pid"), kind, f.opt_size("used_memory"), f.opt_integer("start_ticks", 0), f.opt_text("user"),
+                   f.opt_integer("uid", 0, MAX_ID), f.opt_text("name"), f.opt_text("command"),
+                   f.opt_integer("ppid", 0, MAX_PID), f.opt_integer("pgid", 0, MAX_PID),
+                   f.opt_integer("sid", 0, MAX_PID), f.pid("root_pid"), f.opt_text("state"), f.opt_text("container"),
+                   f.flag("visible"), f.opt_text("cgroup", default=None), daemon, f.opt_pid("mps_server", default=None),
+                   f.opt_text("daemon_unproven", default=OLD_DOCUMENT if daemon else None),
+                   # absent from the documents of a gpuslate before them
+                   f.opt_number("cpu_time_s", 0, 1e12, default=None), f.opt_size("host_memory", default=None))
 
 
 class GpuState(NamedTuple):
@@ -100,7 +138,7 @@ class GpuState(NamedTuple):
         not spared): the host's baseline, see :mod:`.daemons`."""
         out = set(exclude)
         held = [p for p in self.processes if p.kind != ProcessKind.HANDLE]
-        daemons = {p.pid: p.daemon for p in held if p.daemon and p.pid not in out}
+        daemons = {p.pid: p.daemon for p in held if p.daemon and p.daemon_unproven is None and p.pid not in out}
         return baseline(self.index, [(p.pid, p.used_memory) for p in held], daemons)
 
     def to_json(self) -> dict[str, Any]:
@@ -115,17 +153,18 @@ class GpuState(NamedTuple):
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GpuState:
+    def from_json(cls, d: object) -> GpuState:
         """The GPU of a status document; the driver's process list is the holders that are not handles."""
-        m = d["memory"]
-        procs = [HolderProcess.from_json(p) for p in d["processes"]]
+        f = Fields(d)
+        procs = f.items("processes", HolderProcess.from_json)
         reading = GpuReading(
-            index=d["index"], uuid=d["uuid"], name=d["name"],
-            memory=MemoryInfo(m["total"], m["used"], m["reserved"], m["free"]) if m is not None else None,
-            utilization_pct=d["utilization_pct"], temperature_c=d["temperature_c"], power_w=d["power_w"],
-            power_limit_w=d["power_limit_w"], pstate=d["pstate"],
+            index=f.gpu("index"), uuid=f.opt_text("uuid"), name=f.opt_text("name"),
+            memory=f.opt_record("memory", memory_info_from_json),
+            utilization_pct=f.opt_integer("utilization_pct", 0, 100),
+            temperature_c=f.opt_integer("temperature_c", -300, 1000), power_w=f.opt_number("power_w", 0, 1e6),
+            power_limit_w=f.opt_number("power_limit_w", 0, 1e6), pstate=f.opt_text("pstate"),
             processes=[GpuProcess(p.pid, ProcessKind(p.kind), p.used_memory) for p in procs
-                       if p.kind != ProcessKind.HANDLE], error=d["error"])
+                       if p.kind != ProcessKind.HANDLE], error=f.opt_text("error"))
         return cls(reading, procs)
 
 
@@ -187,8 +226,9 @@ class Launcher(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Launcher:
-        return cls(d["pid"], d["user"], d["command"])
+    def from_json(cls, d: object) -> Launcher:
+        f = Fields(d)
+        return cls(f.pid("pid"), f.opt_text("user"), f.opt_text("command"))
 
 
 class SnapshotStatus(StatusEnum):
@@ -230,12 +270,12 @@ class Snapshot(NamedTuple):
     @classmethod
     def from_json(cls, doc: object) -> Snapshot:
         """A ``gpuslate.status.v1`` document (this host's or another's) as the Snapshot it was."""
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            return cls(str(d["host"]), str(d["backend"]), d["driver_version"], parse_iso_time(d["taken_at"]),
-                       [GpuState.from_json(g) for g in d["gpus"]],
-                       [HolderProcess.from_json(p) for p in d["host_processes"]], [str(w) for w in d["warnings"]],
-                       tuple(Launcher.from_json(x) for x in d["launchers"]) if "launchers" in d else None)
+            launchers = f.items("launchers", Launcher.from_json, default=None)
+            return cls(f.text("host"), f.text("backend"), f.opt_text("driver_version"), f.time("taken_at"),
+                       f.items("gpus", GpuState.from_json), f.items("host_processes", HolderProcess.from_json),
+                       f.texts("warnings"), tuple(launchers) if launchers is not None else None)
 
     def holders(self) -> dict[int, Holding]:
         """Every process holding one of the snapshot's GPUs, its holds together."""
@@ -276,21 +316,28 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
         scans.append(scan_device_holders(backend.device_prefixes(), exclude_pids=frozenset({os.getpid()})))
     scan = scans[0]
     table = ProcTable()
-    infos: dict[int, tuple[ProcessInfo, str | None] | None] = {}
+    infos: dict[int, tuple[ProcessInfo, str | None, str | None] | None] = {}
+    prover: Prover | None = None
 
     def holder(pid: int, kind: str, used: int | None) -> HolderProcess:
+        nonlocal prover
         if pid not in infos:
             info = read_info(pid)
-            infos[pid] = (info, exe_daemon(pid)) if info else None
+            daemon = exe_daemon(pid) if info else None
+            if daemon is not None:  # proven only where a daemon runs: the check reads its environment and maps
+                prover = prover or Prover()
+                infos[pid] = (info, daemon, prover.unproven(pid, daemon)) if info else None
+            else:
+                infos[pid] = (info, None, None) if info else None
         known = infos[pid]
         if known is None:
             return HolderProcess(pid, kind, used, None, None, None, None, None, None, None, None,
                                  pid, None, None, False)
-        info, daemon = known
+        info, daemon, unproven = known
         return HolderProcess(
             pid, kind, used, info.start_ticks, info.user, info.uid, info.name, info.command,
             info.ppid, info.pgid, info.sid, table.root_pid(pid), info.state, info.container, True,
-            info.cgroup, daemon,
+            info.cgroup, daemon, None, unproven, cpu_time_s=info.cpu_time_s, host_memory=info.host_memory,
         )
 
     # which GPUs each fd holder holds; holders of control devices only are host-level
@@ -328,30 +375,43 @@ def take_snapshot(backend: GpuBackend, gpus: Sequence[int] | None = None, *, ful
 
 def _with_mps_servers(states: list[GpuState]) -> list[GpuState]:
     """The states with each MPS client's server named, where it can be told (see :mod:`.daemons`)."""
+    found = mps_links(states, every=False)[0]
+    if not found:
+        return states
+    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != "handle"
+                                 else p for p in g.processes]) for g in states]
+
+
+def mps_links(states: Sequence[GpuState], *, every: bool = True) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+    """(client pid -> its server, where it can be told; client pid -> every server it could be a client
+    of, see :func:`.daemons.mps_possible`). A client is a process the driver lists as an MPS client
+    (kind ``mps``), a server one running the MPS server's system program. Environments are read only
+    where they can decide: with ``every`` (the plan: which servers each client protects), those of
+    every client and server; without it (naming only), of the clients with several candidates."""
     client_gpus: dict[int, set[int]] = {}
     server_gpus: dict[int, set[int]] = {}
     seen: dict[int, HolderProcess] = {}
     for g in states:
         for p in g.processes:
-            if not p.visible or p.kind == ProcessKind.HANDLE:
+            if p.kind == ProcessKind.HANDLE:
                 continue
             seen.setdefault(p.pid, p)
-            if p.daemon == MPS_SERVER:
+            if p.daemon == MPS_SERVER and p.visible:
                 server_gpus.setdefault(p.pid, set()).add(g.index)
-            elif p.kind == ProcessKind.MPS:
+            elif p.kind == ProcessKind.MPS:  # one this /proc does not show (a container's) is a client all the same
                 client_gpus.setdefault(p.pid, set()).add(g.index)
     if not client_gpus or not server_gpus:
-        return states
-    candidates = mps_candidates({pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()},
-                                {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()})
+        return {}, {}
+    clients = {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in client_gpus.items()}
+    servers = {pid: MpsEnd(seen[pid].uid, frozenset(g)) for pid, g in server_gpus.items()}
+    candidates = mps_candidates(clients, servers)
     pipes: dict[int, str | None] = {}
-    for client, options in candidates.items():  # environments are read only where servers must be told apart
-        if len(options) > 1:
-            pipes[client] = read_client_pipe(client)
-            pipes.update({s: read_server_pipe(s, seen[s].ppid) for s in options if s not in pipes})
-    found = mps_servers(candidates, pipes)
-    return [GpuState(g.reading, [p._replace(mps_server=found[p.pid]) if p.pid in found and p.kind != ProcessKind.HANDLE
-                                 else p for p in g.processes]) for g in states]
+    for client in clients if every else [c for c, options in candidates.items() if len(options) > 1]:
+        pipes[client] = read_client_pipe(client) if seen[client].visible else None  # not ours to read: unknown
+        for s in servers if every else candidates[client]:
+            if s not in pipes:
+                pipes[s] = read_server_pipe(s, seen[s].ppid)
+    return mps_servers(candidates, pipes), mps_possible(clients, servers, pipes) if every else {}
 
 
 def _launchers(states: list[GpuState]) -> tuple[Launcher, ...]:

@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 PROC = "/proc"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 # Containers show up in the cgroup path under a 64-hex-digit id (docker,
 # containerd, cri-o, podman all use it).
@@ -72,6 +73,8 @@ class ProcStat(NamedTuple):
     #: a live thread's id when the leader thread has exited and others run: the process lives,
     #: ``state`` is its threads', its program, command line, environment and fds are read there
     live_task: int | None = None
+    cpu_ticks: int = 0  # user + system CPU time of all its threads so far (utime + stime), in clock ticks
+    rss_pages: int = 0  # resident host memory, in pages (what ps calls RSS)
 
     @property
     def ident(self) -> ProcessId:
@@ -116,6 +119,8 @@ class ProcessInfo(NamedTuple):
     container: str | None
     cgroup: str | None  # cgroup v2 path
     is_kernel_thread: bool
+    cpu_time_s: float = 0.0  # user + system CPU time so far, in seconds (ps's TIME)
+    host_memory: int = 0  # resident host memory in bytes (ps's RSS)
 
     @property
     def ident(self) -> ProcessId:
@@ -141,6 +146,24 @@ def boot_time() -> float:
             else:  # pragma: no cover - every Linux has btime
                 _boot_time = 0.0
     return _boot_time
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``, random at every boot); "" when it cannot be
+    read. A process identity (pid, start ticks) means this process only within one boot: after a
+    reboot, pids and ticks start again, and a recorded identity may name a stranger."""
+    global _boot_id
+    if _boot_id is None:
+        try:
+            with open(f"{PROC}/sys/kernel/random/boot_id", "rb") as f:
+                text = f.read(64).decode("ascii", "replace").strip()
+        except OSError:
+            text = ""
+        _boot_id = text if len(text) == 36 else ""
+    return _boot_id
+
+
+_boot_id: str | None = None
 
 
 def ticks_to_epoch(ticks: int) -> float:
@@ -180,6 +203,7 @@ def read_stat(pid: int) -> ProcStat | None:
     st = ProcStat(
         pid=pid, name=name, state=fields[0].decode(), ppid=int(fields[1]), pgid=int(fields[2]),
         sid=int(fields[3]), tty_nr=int(fields[4]), flags=int(fields[6]), start_ticks=int(fields[19]),
+        cpu_ticks=int(fields[11]) + int(fields[12]), rss_pages=int(fields[21]) if len(fields) > 21 else 0,
     )
     if st.state in EXITED_STATES:  # only an exited leader pays for a look at its threads
         live = live_task(pid)
@@ -433,7 +457,7 @@ def read_info(pid: int) -> ProcessInfo | None:
         ppid=st.ppid, pgid=st.pgid, sid=st.sid, uid=uid,
         user=user_name(uid) if uid is not None else None,
         cmdline=read_cmdline(pid, st.image_dir), container=container, cgroup=cgroup,
-        is_kernel_thread=st.is_kernel_thread,
+        is_kernel_thread=st.is_kernel_thread, cpu_time_s=st.cpu_ticks / CLK_TCK, host_memory=st.rss_pages * PAGE_SIZE,
     )
 
 

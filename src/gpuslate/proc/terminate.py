@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
+from .._document import MAX_ID, Fields
 from ..errors import PermissionDenied
 from .procfs import ProcessId
 from .signals import (
@@ -75,8 +76,26 @@ class SignalRecord(NamedTuple):
         return {"signal": self.signal, "at_s": round(self.at, 4), "outcome": self.outcome}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SignalRecord:
-        return cls(d["signal"], float(d["at_s"]), d["outcome"])
+    def from_json(cls, d: object) -> SignalRecord:
+        f = Fields(d)
+        return cls(f.text("signal"), f.seconds("at_s"), f.text("outcome"))
+
+
+#: the fields of a victim's ``info`` that reports read back from a document, and how each is checked
+_INFO = {"pid": "pid", "start_ticks": "ticks", "user": "text", "uid": "id", "command": "text", "name": "text",
+         "gpus": "gpus", "used_memory": "size", "role": "text", "job": "pid", "container": "text", "unit": "text",
+         "pgid": "id", "sid": "id", "cgroup": "text"}
+
+
+def victim_info(d: dict[str, Any]) -> dict[str, Any]:
+    """A victim's ``info`` read back from a document: its known fields checked (each may be null),
+    the others (a newer gpuslate's) kept as they are, never read."""
+    f = Fields(d)
+    read: dict[str, Callable[[str], Any]] = {
+        "pid": f.opt_pid, "ticks": lambda k: f.opt_integer(k, 0), "text": f.opt_text,
+        "id": lambda k: f.opt_integer(k, 0, MAX_ID), "size": f.opt_size,
+        "gpus": lambda k: None if f.raw(k) is None else f.gpus(k)}
+    return {k: (read[_INFO[k]](k) if k in _INFO else v) for k, v in d.items()}
 
 
 class VictimResult:
@@ -105,16 +124,18 @@ class VictimResult:
         return {**self.victim.info, **self.outcome_json()}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], info: dict[str, Any] | None = None) -> VictimResult:
+    def from_json(cls, d: object, info: dict[str, Any] | None = None) -> VictimResult:
         """A victim's result from its document (:meth:`to_json`, or :meth:`outcome_json` with the
-        victim's ``info`` apart)."""
+        victim's ``info`` apart); every field it is read for checked (the info's too: what reports
+        show of it)."""
+        f = Fields(d)
         outcome = ("signals", "exited_at_s", "ended_by", "permission_denied", "refused")
         if info is None:
-            info = {k: v for k, v in d.items() if k not in outcome}
-        r = cls(Victim(ident=ProcessId(d["pid"], d.get("start_ticks") or 0), info=info))
-        r.signals = [SignalRecord.from_json(s) for s in d["signals"]]
-        r.exited_at, r.ended_by = d["exited_at_s"], d["ended_by"]
-        r.permission_denied, r.refused = bool(d["permission_denied"]), d["refused"]
+            info = victim_info({k: v for k, v in f.d.items() if k not in outcome})
+        r = cls(Victim(ident=ProcessId(f.pid("pid"), f.opt_integer("start_ticks", 0, default=None) or 0), info=info))
+        r.signals = f.items("signals", SignalRecord.from_json)
+        r.exited_at, r.ended_by = f.opt_seconds("exited_at_s"), f.opt_text("ended_by")
+        r.permission_denied, r.refused = f.flag("permission_denied"), f.opt_text("refused")
         return r
 
     def __eq__(self, other: object) -> bool:
@@ -160,7 +181,7 @@ def terminate(
     victims: list[Victim], *, grace: float, kill_wait: float, action: str, run_id: str,
     audit: SignalAudit | None, on_event: Callable[[str], None] | None = None,
     clock_start: float | None = None, discover: Callable[[list[Victim]], list[Victim]] | None = None,
-    discover_every: float = 0.05, gate: Gate | None = None,
+    discover_every: float = 0.05, gate: Gate | None = None, more: bool = False,
 ) -> list[VictimResult]:
     """Terminate every victim: SIGTERM to all at once, wait up to ``grace`` seconds,
     SIGKILL the survivors, wait up to ``kill_wait`` seconds more.
@@ -173,6 +194,8 @@ def terminate(
     (permission) are recorded and skipped; the others proceed. Returns one result
     per victim, in order, then the discovered ones. ``gate``, when given, is asked
     before each phase which of its victims must not be signaled (see the module doc).
+    ``more``: a later round of the same stop (what a unit started meanwhile), said as such in the
+    progress line ("SIGTERM sent to 2 more processes"), so that the counts add up to the report's.
     """
     t0 = clock_start if clock_start is not None else time.monotonic()
     results = [VictimResult(v) for v in victims]
@@ -183,7 +206,8 @@ def terminate(
                discover=discover, discover_every=discover_every, gate=gate)
     try:
         _, alive = send(run, signal.SIGTERM, alive)
-        run.note(f"SIGTERM sent to {_processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED))}")
+        sent = _processes(sum(1 for r in alive if r.signals[-1].outcome == DELIVERED), more=more)
+        run.note(f"SIGTERM sent to {sent}")
         _, survivors = wait_phase(run, alive, time.monotonic() + grace, signal.SIGTERM)
         survivors += [r for r in adopt(run, signal.SIGTERM) if r not in survivors]
         if survivors:
@@ -344,8 +368,8 @@ def kill_phase(run: _Run, survivors: list[VictimResult], *, grace: float, kill_w
     return wait_phase(run, survivors, time.monotonic() + kill_wait, signal.SIGKILL)
 
 
-def _processes(n: int) -> str:
-    return f"{n} process" if n == 1 else f"{n} processes"
+def _processes(n: int, *, more: bool = False) -> str:
+    return f"{n}{' more' if more else ''} process{'' if n == 1 else 'es'}"
 
 
 def _sent(r: VictimResult) -> bool:

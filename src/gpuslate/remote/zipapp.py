@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._document import checked, parse_json, reading
+from .._document import Fields, checked, parse_json, reading
 from .._version import __version__
 from .._walk import Trust, open_dir
 from ..errors import (
@@ -123,23 +123,12 @@ class InstallResult:
 
     @classmethod
     def from_json(cls, doc: object) -> InstallResult:
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            def text(key: str) -> str | None:
-                v = d[key]
-                if v is not None and not isinstance(v, str):
-                    raise TypeError(f"{key}: expected a string, got {v!r}")
-                return v
-
-            size, bundled, warnings = d["bytes"], d["bundled"], d["warnings"]
-            if isinstance(size, bool) or not isinstance(size, int):
-                raise TypeError(f"bytes: expected a whole number, got {size!r}")
-            if not isinstance(bundled, list) or not isinstance(warnings, list) \
-                    or not all(isinstance(x, str) for x in bundled + warnings):
-                raise TypeError("bundled, warnings: expected lists of strings")
-            return cls(InstallStatus(d["status"]), str(text("version")), str(text("sha256")), size,
+            text = f.opt_text
+            return cls(f.choice("status", InstallStatus), str(text("version")), str(text("sha256")), f.size("bytes"),
                        str(text("pyz")), text("launcher"), text("python"), text("python_version"),
-                       text("status_check"), text("remote_command"), tuple(bundled), list(warnings))
+                       text("status_check"), text("remote_command"), tuple(f.texts("bundled")), f.texts("warnings"))
 
 
 # -- building ----------------------------------------------------------------------------------------------------

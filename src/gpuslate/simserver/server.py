@@ -16,6 +16,7 @@ death of a worker ends the server.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import os
@@ -33,6 +34,7 @@ from .. import __version__
 from ..engines import engine
 from ..engines.base import Listening, OnTerm
 from ..engines.sim import ENGINE as SIM
+from ..errors import UsageError
 from .openai_api import (
     BadRequest,
     GenerationSpec,
@@ -196,7 +198,8 @@ class SimServer:
         c = self.config
         total = c.startup_seconds / c.time_scale
         phases = (
-            (0.10, "initializing distributed environment (tp=1, simulated)"),
+            # one rank per worker holding a GPU, as a tensor-parallel server starts one per GPU
+            (0.10, f"initializing distributed environment (tp={max(1, len(self.worker_pids))}, simulated)"),
             (0.50, f"loading weights of {c.model} ..."),
             (0.25, "capturing cuda graphs (simulated) ..."),
             (0.15, "warming up ..."),
@@ -540,16 +543,17 @@ def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
 
 
 def bind_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
-    """Bind now, so the port is taken before the (simulated) load starts; listen now too, or (an
-    engine that binds first and listens once it serves) leave that to the server: until then a
-    connection is refused."""
+    """Bind (and listen, unless ``listen`` is False) now, so the port is taken before the
+    (simulated) load starts. Bound but not listening, it is the server's alone and still refuses
+    connections: nothing probing it takes the server for up before it serves (the server listens
+    when it starts serving, or, playing an engine that listens once loaded, once loaded)."""
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                flags=socket.AI_PASSIVE)[0]
     if listen:
         return socket.create_server(addr[:2], family=family, backlog=1024)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as create_server does
         sock.bind(addr[:2])
     except BaseException:
         sock.close()
@@ -567,15 +571,16 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
                   sock: socket.socket | None = None, memory: Memory | None = None,
                   gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None,
                   until_listening: bool = True) -> AsyncIterator[SimServer]:
-    """Serve ``config`` until the block exits, on ``sock`` (else bound from the config when its
-    engine binds before it loads, or once loaded). The block is entered once the port takes
-    connections (or the load failed), unless ``until_listening`` is False."""
+    """Serve ``config`` until the block exits, on ``sock`` (bound, not yet listening; else bound here
+    from the config, unless its engine binds only once loaded). It listens now, or once loaded as
+    its engine does (:class:`~gpuslate.engines.base.Listening`). The block is entered once the port
+    takes connections (or the load failed), unless ``until_listening`` is False."""
     app = create_app(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked,
                      dead_worker=dead_worker)
     sim = app[SIM_KEY]
     listening = sim.lifecycle.listening
     if sock is None and listening != Listening.AFTER_LOAD:
-        sock = bind_socket(config.host, config.port, listen=listening == Listening.AT_ONCE)
+        sock = bind_socket(config.host, config.port, listen=False)
     # handler_cancellation: a client that disconnects aborts its request.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
     sites: list[web.SockSite] = []
@@ -583,13 +588,12 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
     async def open_port() -> None:
         nonlocal sock
         if sock is None:
-            sock = bind_socket(config.host, config.port)
+            sock = bind_socket(config.host, config.port, listen=False)
         sim.url = _url(sock)
         site = web.SockSite(runner, sock)
         await site.start()  # asyncio listens on the socket now
         sites.append(site)
-        if listening != Listening.AT_ONCE:
-            sim.log(f"listening on {sim.url}")
+        sim.log(f"listening on {sim.url}" + (" (503 until ready)" if listening == Listening.AT_ONCE else ""))
         sim.listening.set()
 
     async def close_port() -> None:
@@ -601,20 +605,15 @@ async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log:
     try:
         if sock is not None:
             sim.url = _url(sock)
+        await runner.setup()
         if listening == Listening.AT_ONCE:
-            sim.log(f"listening on {sim.url} (503 until ready)")  # the socket is already bound
+            await open_port()
         elif listening == Listening.BOUND_REFUSING:
             sim.log(f"bound {sim.url}: connections are refused until it serves")
         else:
             sim.log(f"loading: {config.host}:{config.port} is bound once it is loaded")
-        await runner.setup()
-        if listening == Listening.AT_ONCE:
-            await open_port()
         if until_listening:
-            waits = [asyncio.ensure_future(sim.listening.wait()), asyncio.ensure_future(sim.startup_done.wait())]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
+            await _first(sim.listening, sim.startup_done)
         yield sim
     finally:
         await runner.cleanup()
@@ -631,17 +630,10 @@ async def _first(*events: asyncio.Event) -> None:
             w.cancel()
 
 
-async def _serve(config: ServerConfig, worker_pids: list[int], memory: Memory | None = None,
-                 gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None) -> int:
+async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.socket | None,
+                 memory: Memory | None = None, gpu_locked: Callable[[], bool] | None = None,
+                 dead_worker: DeadWorker | None = None) -> int:
     log = _stderr_log
-    sock = None
-    listening = config.lifecycle.listening
-    if listening != Listening.AFTER_LOAD:
-        try:
-            sock = bind_socket(config.host, config.port, listen=listening == Listening.AT_ONCE)
-        except OSError as exc:
-            log(f"{LOG_PREFIX} ERROR: cannot bind {config.host}:{config.port}: {exc.strerror or exc}")
-            return 1
     stop = asyncio.Event()
     stopped_by: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
@@ -659,7 +651,6 @@ async def _serve(config: ServerConfig, worker_pids: list[int], memory: Memory | 
         + (f" emulating {config.emulate} {config.engine_version or ''}".rstrip() if config.emulate else ""))
     for warning in config.engine_warnings:  # what the emulated engine logs about its arguments
         log(f"{LOG_PREFIX} WARNING {warning}")
-    t0 = 0.0
     async with serving(config, worker_pids=worker_pids, log=log, sock=sock, memory=memory,
                        gpu_locked=gpu_locked, dead_worker=dead_worker, until_listening=False) as sim:
         await _first(stop, sim.startup_done, sim.crashed)
@@ -689,14 +680,31 @@ async def _serve(config: ServerConfig, worker_pids: list[int], memory: Memory | 
 def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None,
                memory: Callable[[], Memory | None] | None = None,
                gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None) -> int:
-    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails, the port is taken, or the
-    emulated engine dies (a fault it plays, a worker gone). ``memory``: called once the workers run, the
-    memory a park moves (docs/sim-server.md, Parking); ``gpu_locked``: whether the driver holds a worker
-    locked; ``dead_worker``: a worker that died, if one did."""
+    """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails or the emulated engine dies
+    (a fault it plays, a worker gone). The port is taken first, before any worker holds memory (unless
+    its engine binds it only once loaded: then a port taken meanwhile fails it then, exit 1): one that
+    cannot be (in use, not this host's address) is a :class:`~gpuslate.errors.UsageError`, nothing
+    started. ``memory``: called once the workers run, the memory a park moves (docs/sim-server.md,
+    Parking); ``gpu_locked``: whether the driver holds a worker locked; ``dead_worker``: a worker that
+    died, if one did."""
     config.validate()
-    worker_pids = list(start_workers()) if start_workers is not None else []
+    sock = None
+    if config.lifecycle.listening != Listening.AFTER_LOAD:
+        try:
+            # the port taken first, not yet listening: its workers hold their memory before anything
+            # that probes the port (a readiness check) can connect
+            sock = bind_socket(config.host, config.port, listen=False)
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise UsageError(f"cannot listen on {config.host}:{config.port}: {why.lower()}"
+                             + (" (another server listens there: pick another --port)"
+                                if exc.errno == errno.EADDRINUSE else "")) from None
     try:
-        return asyncio.run(_serve(config, worker_pids, memory() if memory is not None else None, gpu_locked,
-                                  dead_worker))
+        worker_pids = list(start_workers()) if start_workers is not None else []
+        return asyncio.run(_serve(config, worker_pids, sock, memory() if memory is not None else None,
+                                  gpu_locked, dead_worker))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130
+    finally:
+        if sock is not None:
+            sock.close()

@@ -15,15 +15,20 @@ hook then exits with its own code and Slurm drains the node itself
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from .._parse import format_size
 from ..clearing.wait import GpuDiagnosis
 from . import scontrol
 from .scontrol import printable
 
 MAX_REASON = 250
+#: the least time a drain is given (its two scontrol calls together), even when the hook's time is spent:
+#: draining is what keeps the next job off GPUs that are not free
+DRAIN_MIN_S = 5.0
 
 
 class DrainOutcome(NamedTuple):
@@ -37,10 +42,9 @@ class DrainOutcome(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> DrainOutcome:
-        error = d["error"]
-        return cls(str(d["node"]), str(d["reason"]), bool(d["ok"]), None if error is None else str(error),
-                   bool(d["already"]))
+    def from_json(cls, d: object) -> DrainOutcome:
+        f = Fields(d)
+        return cls(f.text("node"), f.text("reason"), f.flag("ok"), f.opt_text("error"), f.flag("already"))
 
 
 def _who(d: GpuDiagnosis) -> str:
@@ -81,9 +85,11 @@ def drain_node(node: str, reason: str, *, timeout: float = scontrol.TIMEOUT_S) -
     epilog of the job it refused)."""
     if scontrol.find() is None:
         return DrainOutcome(node, reason, False, scontrol.not_found())
+    deadline = time.monotonic() + timeout  # both calls within ``timeout``, each from its start to its exit
     shown, error = scontrol.run(["-o", "show", "node", node], timeout=timeout)
     before = drained_reason(shown) if error is None else None
     if before is not None:
         return DrainOutcome(node, before, True, None, already=True)
-    _, error = scontrol.run(["update", f"nodename={node}", "state=drain", f"reason={reason}"], timeout=timeout)
+    _, error = scontrol.run(["update", f"nodename={node}", "state=drain", f"reason={reason}"],
+                            timeout=max(DRAIN_MIN_S / 2, deadline - time.monotonic()))
     return DrainOutcome(node, reason, error is None, error)

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from ..proc.environ import intact
 from ..proc.procfs import PROC, list_pids, open_image_file, read_stat
 
@@ -62,8 +63,9 @@ class JobProcess(NamedTuple):
         return {"pid": self.pid, "found_by": self.found_by.value}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> JobProcess:
-        return cls(int(d["pid"]), FoundBy(d["found_by"]))
+    def from_json(cls, d: object) -> JobProcess:
+        f = Fields(d)
+        return cls(f.pid("pid"), f.choice("found_by", FoundBy))
 
 
 def env_job_id(raw: bytes) -> int | None:

@@ -33,7 +33,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from ..errors import Interrupted, NotDoneError, PermissionDenied, UsageError
 from ..gpu.types import GpuBackend
@@ -42,7 +42,8 @@ from ..host.snapshot import resolve_gpus, take_snapshot
 from ..outcome import Outcome, StatusEnum
 from ..proc.daemons import DaemonWatch
 from ..proc.procfs import read_signal_facts
-from .drain import DrainOutcome, drain_node, drain_reason
+from . import scontrol
+from .drain import DRAIN_MIN_S, DrainOutcome, drain_node, drain_reason
 from .find import FoundBy, JobProcess, find_job_processes, own_lineage
 from .job import SlurmJob
 from .leftover import Slurm, Unproven, candidates, decide, gather_holders, gather_slurm
@@ -101,18 +102,13 @@ class HookResult(NamedTuple):
         :meth:`ClearResult.from_json` reads one)."""
         from ..clearing.clear import ClearResult  # lazy: startup (the prolog never loads clear)
 
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            timings = d["timings"]
-            if not isinstance(timings, dict) or not all(isinstance(v, (int, float)) for v in timings.values()):
-                raise TypeError(f"timings: expected seconds by name, got {timings!r}")
-            return cls(Hook(d["hook"]), HookStatus(d["status"]), SlurmJob.from_json(d["job"]),
-                       [JobProcess.from_json(p) for p in d["found"]],
-                       None if d["clear"] is None else ClearResult.from_json(d["clear"]),
-                       None if d["refused"] is None else str(d["refused"]),
-                       [GpuDiagnosis.from_json(g) for g in d["diagnosis"]],
-                       None if d["drain"] is None else DrainOutcome.from_json(d["drain"]), dict(timings),
-                       [Unproven.from_json(u) for u in d["unproven"]])
+            return cls(f.choice("hook", Hook), f.choice("status", HookStatus), f.record("job", SlurmJob.from_json),
+                       f.items("found", JobProcess.from_json), f.opt_record("clear", ClearResult.from_json),
+                       f.opt_text("refused"), f.items("diagnosis", GpuDiagnosis.from_json),
+                       f.opt_record("drain", DrainOutcome.from_json), f.timings("timings"),
+                       f.items("unproven", Unproven.from_json))
 
 
 class _Finder:
@@ -274,7 +270,8 @@ def _verify(hook: Hook, job: SlurmJob, be: GpuBackend, gpus: list[int], limit: i
         status = HookStatus.NOT_FREE
     else:
         when = "after" if hook == Hook.EPILOG else "before"
-        outcome = drain_node(job.node, drain_reason(when, job.job_id, diagnosis))
+        outcome = drain_node(job.node, drain_reason(when, job.job_id, diagnosis),
+                             timeout=max(DRAIN_MIN_S, min(scontrol.TIMEOUT_S, deadline - time.monotonic())))
         status = HookStatus.DRAINED if outcome.ok else HookStatus.DRAIN_FAILED
     timings["total_s"] = time.monotonic() - t0
     return HookResult(hook, status, job, found, cleared, refused, diagnosis, outcome, timings)

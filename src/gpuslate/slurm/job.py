@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from .._document import MAX_ID, Fields
 from .._parse import parse_gpu_list
 from ..errors import UsageError
 
@@ -35,14 +36,11 @@ class SlurmJob(NamedTuple):
                 "node": self.node}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SlurmJob:
-        """Read inside :func:`gpuslate._document.reading` (malformed: KeyError, TypeError, ValueError)."""
-        gpus = d["gpus"]
-        if not isinstance(gpus, list) or not all(isinstance(g, int) for g in gpus):
-            raise TypeError(f"gpus: expected GPU indexes, got {gpus!r}")
-        gpus_from = d["gpus_from"]
-        return cls(int(d["id"]), int(d["uid"]), tuple(gpus), None if gpus_from is None else str(gpus_from),
-                   str(d["node"]))
+    def from_json(cls, d: object) -> SlurmJob:
+        """Read inside :func:`gpuslate._document.reading`; every field checked."""
+        f = Fields(d)
+        return cls(f.integer("id", 0, _MAX_JOB_ID - 1, what="a job id"), f.integer("uid", 0, MAX_ID, what="a uid"),
+                   tuple(f.gpus("gpus")), f.opt_text("gpus_from"), f.text("node"))
 
 
 def _number(env: Mapping[str, str], name: str, high: int) -> int:

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from ..proc.procfs import epoch_to_ticks, read_stat
 from .find import facts_of
 from .scontrol import JobOnNode, NodeJobs, node_jobs
@@ -79,8 +80,9 @@ class Unproven(NamedTuple):
         return self._asdict()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Unproven:
-        return cls(int(d["pid"]), str(d["reason"]))
+    def from_json(cls, d: object) -> Unproven:
+        f = Fields(d)
+        return cls(f.pid("pid"), f.text("reason"))
 
 
 class Slurm(NamedTuple):

@@ -2,8 +2,11 @@
 
 ``scontrol`` is looked up on ``PATH``, or on :data:`DEFAULT_PATH` when ``PATH``
 is unset (Slurm runs Prolog/Epilog without one). Its output is read up to
-:data:`MAX_OUTPUT` bytes within the time limit; more, or later, is an error,
-never a partial answer taken for a whole one. Times are asked as epoch seconds
+:data:`MAX_OUTPUT` bytes within the time limit, and it must have exited within
+that same limit, counted from its start: the wait after its answer (both pipes
+at their end) is bounded too, so a ``scontrol`` that prints, closes its output
+and hangs is ended at the limit, never waited for. More output, or later, is an
+error, never a partial answer taken for a whole one. Times are asked as epoch seconds
 (``SLURM_TIME_FORMAT=%s``), so no time zone stands between Slurm and ``/proc``.
 
 What the epilog's second rule needs to know about the node (:class:`NodeJobs`,
@@ -11,8 +14,12 @@ What the epilog's second rule needs to know about the node (:class:`NodeJobs`,
 job Slurm still shows, with the GRES indexes each holds on each node),
 ``scontrol -o show node NODE`` (its GRES: ``mps`` or ``shard`` share GPUs
 between jobs) and ``scontrol -o show partition`` (``OverSubscribe``). The
-parsers are pure; anything they cannot read makes the fact unknown, and
-unknown never widens (see :mod:`.leftover`).
+parsers are pure; anything they cannot read, or that the answer does not state,
+makes the fact unknown, and unknown never widens (see :mod:`.leftover`): a node
+line without ``Gres=`` (Slurm always prints it) or ``Partitions=`` (printed for
+a node in a partition: the ended job ran in one), an empty answer with exit 0,
+a job without ``JobState=`` (it may still be present) or ``NodeList=`` (it may
+be on the node) never reads as "no sharing GRES", "no partition", "no job".
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ MAX_OUTPUT = 64 << 20
 #: GRES that let jobs share a GPU
 SHARING_GRES = frozenset({"mps", "shard"})
 #: job states in which a job may still have processes on its nodes
+#: a job's state when its line does not state one: it may be present
+UNKNOWN_STATE = "?"
 PRESENT_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED", "RESIZING",
                             "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
@@ -64,7 +73,13 @@ def run(args: list[str], *, timeout: float = TIMEOUT_S, limit: int = MAX_OUTPUT)
                              stderr=subprocess.PIPE, env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
     except OSError as exc:
         return "", f"cannot run {exe}: {exc.strerror or exc}"
-    out, err, problem = _read(p, time.monotonic() + timeout, limit)
+    deadline = time.monotonic() + timeout
+    out, err, problem = _read(p, deadline, limit)
+    if problem is None:
+        try:  # its answer is in; it must exit within the same limit (one that hangs on is ended)
+            rc = p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            problem = "scontrol did not exit within {timeout} s (its answer was in)"
     if problem is not None:
         p.kill()
         p.wait()
@@ -72,7 +87,6 @@ def run(args: list[str], *, timeout: float = TIMEOUT_S, limit: int = MAX_OUTPUT)
             if f is not None:
                 f.close()
         return "", problem.format(timeout=f"{timeout:g}", limit=limit)
-    rc = p.wait()
     if rc != 0:
         text = err.decode("utf-8", "replace").strip()
         detail = printable((text.splitlines() or [f"exit {rc}"])[-1])[:200]
@@ -122,8 +136,9 @@ class JobOnNode(NamedTuple):
 
     @property
     def present(self) -> bool:
-        """In a state in which it may still have processes here (``CANCELLED+COMPLETING`` too)."""
-        return any(part in PRESENT_STATES for part in self.state.split("+"))
+        """In a state in which it may still have processes here (``CANCELLED+COMPLETING`` too); a
+        state the answer did not state (``?``) may be one."""
+        return self.state == UNKNOWN_STATE or any(part in PRESENT_STATES for part in self.state.split("+"))
 
 
 class NodeJobs(NamedTuple):
@@ -213,12 +228,12 @@ def parse_job(line: str, node: str) -> JobOnNode | None:
     job_id = _number(first.get("JobId"))
     if job_id is None:
         return None
-    on = _on(node, first.get("NodeList", ""))
+    on = _on(node, first["NodeList"]) if "NodeList" in first else None  # not stated: it may be on the node
     if on is False:
         return None
     uid_text = first.get("UserId", "")
     uid = _number(uid_text[uid_text.find("(") + 1:-1] if uid_text.endswith(")") else None)
-    state = first.get("JobState", "?").upper()
+    state = first.get("JobState", UNKNOWN_STATE).upper() or UNKNOWN_STATE
     # the per-node detail: Nodes=HOSTLIST CPU_IDs=... Mem=... GRES=..., one group per set of nodes
     gpus: frozenset[int] | None = frozenset()
     shares, matched = False, False
@@ -238,12 +253,22 @@ def parse_job(line: str, node: str) -> JobOnNode | None:
     return JobOnNode(job_id, uid, state, _number(first.get("StartTime")), _number(first.get("EndTime")), gpus, shares)
 
 
-def parse_node(line: str) -> tuple[bool, tuple[str, ...]]:
-    """``scontrol -o show node NODE``: (a GRES that shares GPUs, its partitions)."""
-    first = dict(reversed(_fields(line)))
-    gres = first.get("Gres", "")
+def parse_node(text: str, node: str) -> tuple[bool, tuple[str, ...]] | str:
+    """``scontrol -o show node NODE``: (a GRES that shares GPUs, its partitions); or, when the answer
+    does not state them for ``node``, what it left out (the facts are then unknown)."""
+    lines = [first for line in text.splitlines() if (first := dict(reversed(_fields(line)))).get("NodeName") == node]
+    if len(lines) != 1:
+        return f"scontrol show node {node} did not show that node" if not lines else \
+            f"scontrol show node {node} showed that node {len(lines)} times"
+    first = lines[0]
+    missing = [k for k in ("Gres", "Partitions") if k not in first]
+    if missing:
+        return f"scontrol show node {node} did not state {' or '.join(k + '=' for k in missing)}"
+    gres = first["Gres"]
     shared = any(item.split(":", 1)[0].lower() in SHARING_GRES for item in gres.split(",") if item)
-    parts = tuple(p for p in first.get("Partitions", "").split(",") if p and p != "(null)")
+    parts = tuple(p for p in first["Partitions"].split(",") if p and p != "(null)")
+    if not parts:
+        return f"scontrol show node {node} stated no partition"
     return shared, parts
 
 
@@ -267,9 +292,11 @@ def node_jobs(node: str, *, timeout: float = TIMEOUT_S) -> NodeJobs:
     shown, error = run(["-o", "-d", "show", "job"], timeout=timeout)
     node_text, error2 = ("", error) if error else run(["-o", "show", "node", node],
                                                       timeout=max(0.1, deadline - time.monotonic()))
-    shared, partitions = parse_node(node_text) if error2 is None else (False, ())
-    part_text, error3 = ("", error2) if error2 else run(["-o", "show", "partition"],
-                                                        timeout=max(0.1, deadline - time.monotonic()))
+    read = parse_node(node_text, node) if error2 is None else error2
+    if isinstance(read, str):
+        return NodeJobs(node, (), False, (), read)
+    shared, partitions = read
+    part_text, error3 = run(["-o", "show", "partition"], timeout=max(0.1, deadline - time.monotonic()))
     if error3 is not None:
         return NodeJobs(node, (), False, (), error3)
     jobs = tuple(j for line in shown.splitlines() if (j := parse_job(line, node)) is not None)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, Malformed, checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..options import DownOptions, RestartOptions, UpOptions
@@ -109,21 +109,21 @@ class BatchResult(Parted):
 
     @classmethod
     def from_json(cls, doc: object) -> BatchResult:
-        d = checked(doc, BATCH_SCHEMA)
+        f = Fields(checked(doc, BATCH_SCHEMA))
         with reading(BATCH_SCHEMA):
-            BatchStatus(d["status"])
-            results = []
-            for r in d["results"]:
-                read = _READ.get(r["schema"]) if isinstance(r, dict) else None
+            f.choice("status", BatchStatus)
+
+            def result(r: object) -> Result:
+                read = _READ.get(Fields(r).raw("schema"))
                 if read is None:
-                    raise ValueError(f"results: not an up, down or restart document: {str(r)[:60]}")
-                results.append(read(r))
-            not_run = d["not_run"]
-            if not isinstance(not_run, list) or not all(isinstance(n, str) for n in not_run):
-                raise TypeError("not_run: expected a list of unit names")
-            return cls(verb=Verb(d["verb"]), results=results,
-                       skipped=[Skipped(name=str(s["name"]), reason=str(s["reason"])) for s in d["skipped"]],
-                       not_run=list(not_run), total_s=float(d["total_s"]))
+                    raise Malformed(f"expected an up, down or restart document, got {str(r)[:60]}")
+                return read(r)
+
+            def skipped(s: object) -> Skipped:
+                one = Fields(s)
+                return Skipped(name=one.text("name"), reason=one.text("reason"))
+            return cls(verb=f.choice("verb", Verb), results=f.items("results", result),
+                       skipped=f.items("skipped", skipped), not_run=f.texts("not_run"), total_s=f.seconds("total_s"))
 
 
 def _known(units: UnitStore, names: Sequence[str]) -> None:

@@ -9,8 +9,12 @@ The rules it follows are the invariants of docs/units.md ("Which processes are
 a unit's"):
 
 * **Identity, never a number.** A process is the unit's by an identity: the
-  main process or a recorded member with its recorded start time, a member of
-  the unit's cgroup, a descendant of the verified main process, or a process
+  main process or a recorded member with its recorded start time (recorded at
+  readiness and at every ``ps`` and ``down`` scan: :meth:`~.store.UnitStore.record_seen`,
+  so that a later ``setsid`` or a title written over its environment cannot
+  hide it), a member of the unit's cgroup, a descendant of a live process
+  verified so (the main process, a recorded member, a cgroup member, a process
+  with the instance's marker: its parent is that very process), or a process
   carrying this unit *instance's* marker (``GPUSLATE_UNIT_ID``, 128 random
   bits made at launch). A session or process group id is a number the kernel
   reuses once every member is gone: it counts only while a process verified
@@ -52,7 +56,7 @@ from typing import Literal, NamedTuple, Protocol
 
 from ..options import Containment
 from ..proc.environ import intact
-from ..proc.procfs import ProcessId, ProcStat, open_image_file, read_stat
+from ..proc.procfs import ProcessId, ProcStat, boot_id, open_image_file, read_stat
 from ..proc.tree import ProcTable
 from .contain import cgroup_kill, cgroup_pids, discard_cgroup
 from .preflight import port_listener
@@ -141,7 +145,7 @@ class Rule:
     main: ProcessId | None  # the main process as recorded (None: a torn record lost it)
     sid: int | None  # the unit's session and group ids (the main pid: launch.py makes it lead both)
     pgid: int | None
-    recorded: frozenset[ProcessId] = frozenset()  # members recorded at readiness
+    recorded: frozenset[ProcessId] = frozenset()  # members recorded at readiness and at each ps/down scan
     since: int = 0  # start time (ticks) before which nothing found by a scan belongs to the unit
     by_marker: bool = True  # include processes that carry the unit's marker
     named_ok: bool = False  # the instance id is unknown: the name + state folder marker counts
@@ -198,11 +202,12 @@ def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) 
     # 1. identities. A witness, alive or a zombie (which still holds its pid, group and session
     # numbers), proves that the numbers it is in are still the unit's
     witnesses: list[ProcFacts] = []
+    parents: list[ProcFacts] = []  # live processes verified by identity: their descendants are the unit's
     for p in present.values():
         if rule.main is not None and p.stat.ident == rule.main:
             why, strong = "main process", True
         elif p.stat.ident in rule.recorded:
-            why, strong = "recorded at readiness", True
+            why, strong = "recorded as the unit's", True
         elif p.in_cgroup:
             why, strong = "in the unit's cgroup", True
         elif rule.marked(p):
@@ -212,18 +217,20 @@ def decide(rule: Rule, procs: Sequence[ProcFacts], exclude: Iterable[int] = ()) 
         if _reachable(rule, p, strong):  # a name marker on another user's process proves nothing
             witnesses.append(p)
             add(p, why, strong)
-    main = present.get(rule.main.pid) if rule.main is not None else None
-    if main is not None and main.stat.ident == rule.main and not main.stat.has_exited:
+            if strong and not p.stat.has_exited:  # a zombie has no children: they were reparented away
+                parents.append(p)
+    if parents:
         kids: dict[int, list[ProcFacts]] = {}
         for p in present.values():
             kids.setdefault(p.stat.ppid, []).append(p)
-        stack, seen = list(kids.get(main.stat.pid, [])), {main.stat.pid}
+        seen = {w.stat.pid for w in parents}
+        stack = [k for w in parents for k in kids.get(w.stat.pid, [])]
         while stack:
             p = stack.pop()
             if p.stat.pid in seen or p.marker == Marker.FOREIGN:  # another unit started from inside: its own
                 continue
             seen.add(p.stat.pid)
-            add(p, "descendant of the main process", True)
+            add(p, "descendant of a process of the unit", True)
             stack.extend(kids.get(p.stat.pid, []))
     # 2. the port's listener (a torn record's last clue): the caller's own, never another instance's
     listener = next((p for p in present.values() if p.listener), None)
@@ -395,6 +402,7 @@ class MarkerFence:
     since_ticks: int | None = None  # the torn record's main start time, when it still reads
     main: ProcessId | None = None  # the torn record's main process, when pid and start time read
     written_ticks: float | None = None  # when the record was last written (boot clock ticks)
+    recorded: tuple[ProcessId, ...] = ()  # the identities recorded as its instance's (store.UnitStore.seen)
     kind: FenceKind = "marker"
 
     @property
@@ -409,7 +417,7 @@ class MarkerFence:
 
     def rule(self) -> Rule:
         pid = self.main.pid if self.main else None
-        return Rule(os.getuid(), self.main, pid, pid, frozenset(), self.since_ticks or 0,
+        return Rule(os.getuid(), self.main, pid, pid, frozenset(self.recorded), self.since_ticks or 0,
                     by_marker=True, named_ok=self.mark.instance is None)
 
     def cgroups(self, table: ProcTable) -> list[str]:
@@ -429,7 +437,7 @@ class MarkerFence:
         in_cg = [pid for cg in self.cgroups(table) for pid in cgroup_pids(cg)]
         listener = self._listener(table)
         facts = gather(table, self.since_ticks or 0, mark=self.mark, cgroup=in_cg,
-                       listener=listener, keep=[self.main] if self.main else [])
+                       listener=listener, keep=[*([self.main] if self.main else []), *self.recorded])
         return _stats(table, confirmed(decide(self.rule(), facts, _exclude(table))))
 
     def _listener(self, table: ProcTable) -> int | None:
@@ -452,11 +460,18 @@ class MarkerFence:
             discard_cgroup(cg, wait)  # removes only an empty cgroup
 
 
-def fence_of(rec: UnitRecord, state: str) -> Fence:
+def fence_of(rec: UnitRecord, state: str, seen: Iterable[ProcessId] = ()) -> Fence:
     """The fence of a unit as its record describes it; ``state``: the state folder the record is
-    in, as its units carry it (:meth:`~.store.UnitStore.mark`)."""
+    in, as its units carry it (:meth:`~.store.UnitStore.mark`); ``seen``: the identities recorded as
+    its instance's since (:meth:`~.store.UnitStore.seen`)."""
     mark = UnitMark(rec.name, rec.instance or None, state)
-    session = SessionFence(mark, rec.ident, rec.pgid, rec.sid, tuple(rec.member_ids), scan_marker=rec.cgroup is None)
+    if rec.boot and rec.boot != boot_id():
+        # launched in another boot: pids and start ticks began again since, its identities may name strangers
+        # now; only its instance's marker (128 random bits) can still find a process of it
+        main, recorded = ProcessId(rec.pid, -1), tuple[ProcessId, ...]()
+    else:
+        main, recorded = rec.ident, tuple(sorted({*rec.member_ids, *seen}))
+    session = SessionFence(mark, main, rec.pgid, rec.sid, recorded, scan_marker=rec.cgroup is None)
     if rec.containment == Containment.CGROUP:
         return CgroupFence(rec.cgroup, session)
     if rec.containment == Containment.SCOPE:

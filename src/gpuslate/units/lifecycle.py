@@ -15,17 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._document import checked, reading
+from .._document import Fields, Malformed, checked, reading
 from .._parse import gpus_phrase
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..clearing.clear import ClearResult, clear
 from ..errors import NotDoneError, UsageError
 from ..host.audit import new_run_id
 from ..host.session import HostContext
 from ..host.snapshot import resolve_gpus
-from ..options import ClearOptions, DownOptions, Selection, UpOptions
+from ..options import ClearOptions, Containment, DownOptions, Selection, UpOptions
 from ..outcome import Outcome, StatusEnum
-from ..proc.procfs import ProcessId, is_alive, read_stat, user_name
+from ..proc.procfs import boot_id, read_stat, user_name
 from ..proc.terminate import Poller
 from ..proc.tree import ProcTable
 from . import logfile, store
@@ -38,7 +38,7 @@ from .preflight import check_gpus, check_port
 from .readiness import Probe, smoke
 from .spec import UnitSpec
 from .state import Phase, UnitState, unit_state
-from .stop import Leftovers, StopReport, Verification, end_strays, stop_unit
+from .stop import Leftovers, StopReport, Verification, stop_unit
 from .strays import Stray
 from .unit import Unit, load_units, unit_of_pids
 
@@ -107,25 +107,27 @@ class UpResult:
     def from_json(cls, doc: object) -> UpResult:
         """A ``gpuslate.up.v1`` document as the UpResult it was (its record as far as the document
         shows it: the spec's command only, no members, the phase its status implies)."""
-        d = checked(doc, UP_SCHEMA)
+        f = Fields(checked(doc, UP_SCHEMA))
         with reading(UP_SCHEMA):
-            status = UpStatus(d["status"])
+            status = f.choice("status", UpStatus)
+            containment = f.text("containment")
+            if containment not in store.CONTAINMENTS:
+                raise Malformed(f"containment: expected one of {', '.join(store.CONTAINMENTS)}")
             rec = store.UnitRecord(
-                name=d["name"], spec={"command": d["command"]},
-                phase=Phase.READY if status == UpStatus.READY else Phase.FAILED, pid=d["pid"],
-                start_ticks=d["start_ticks"], pgid=d["pgid"], sid=d["sid"], containment=d["containment"],
-                cgroup=d["cgroup"], log=d["log"], gpus=list(d["gpus"]), port=d["port"], env=dict(d["env"]),
-                launched_at=parse_iso_time(d["launched_at"]),
-                ready_at=parse_iso_time(d["ready_at"]) if d["ready_at"] else None,
-                time_to_ready_s=d["time_to_ready_s"], exit_code=d["exit_code"], failure=d["failure"],
-                instance=d["instance"] or "")
-            teardown = d["teardown"]
-            return cls(status=status, record=rec, readiness=d["readiness"], smoke=d["smoke"],
-                       timings=dict(d["timings"]), log_tail=list(d["log_tail"]),
-                       teardown=StopReport.from_json(teardown) if teardown is not None else None,
-                       cleared=ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None,
-                       fence_note=d["containment_note"],
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+                name=f.text("name"), spec={"command": f.texts("command")},
+                phase=Phase.READY if status == UpStatus.READY else Phase.FAILED, pid=f.pid("pid"),
+                start_ticks=f.integer("start_ticks", 0), pgid=f.pid("pgid"), sid=f.pid("sid"),
+                containment=Containment(containment), cgroup=f.opt_text("cgroup"), log=f.text("log"),
+                gpus=f.gpus("gpus"), port=f.opt_integer("port", 1, 65535),
+                env=f.record("env", _env), launched_at=f.time("launched_at"), ready_at=f.opt_time("ready_at"),
+                time_to_ready_s=f.opt_seconds("time_to_ready_s"), exit_code=f.opt_integer("exit_code", -255, 255),
+                failure=f.opt_text("failure"), instance=f.opt_text("instance") or "")
+            return cls(status=status, record=rec, readiness=f.record("readiness", _readiness),
+                       smoke=f.opt_record("smoke", _smoke), timings=f.timings("timings"),
+                       log_tail=f.texts("log_tail"), teardown=f.opt_record("teardown", StopReport.from_json),
+                       cleared=f.opt_record("cleared", ClearResult.from_json),
+                       fence_note=f.opt_text("containment_note"),
+                       front=f.opt_record("front", FrontReport.from_json, default=None))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,10 +137,14 @@ class DownResult:
     report: StopReport
     timings: dict[str, float]
     strays: list[Stray] = field(default_factory=list)  # GPU holders started while the unit ran, not found in it
-    cleared: ClearResult | None = None  # --clear: how the strays were ended
+    #: always None since issue 32 (down --clear signals nothing down does not: strays are never signaled); a
+    #: document of an older gpuslate may carry the clear it ran on its strays
+    cleared: ClearResult | None = None
     corrupt: str | None = None  # why the unit's record was unreadable
     set_aside: str | None = None  # where the corrupt record was moved once the unit was stopped
     front: FrontReport | None = None  # the unit's front, stopped with it
+    #: what down left alone and says so: strays on GPUs the unit was not given (released all the same)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,19 +166,40 @@ class DownResult:
                 **self.report.to_json(), "timings": {k: round(v, 4) for k, v in self.timings.items()},
                 "strays": [s.to_json() for s in self.strays],
                 "cleared": self.cleared.to_json() if self.cleared is not None else None,
-                "corrupt": self.corrupt, "record_set_aside": self.set_aside,
+                "corrupt": self.corrupt, "record_set_aside": self.set_aside, "warnings": self.warnings,
                 "front": self.front.to_json() if self.front is not None else None}
 
     @classmethod
     def from_json(cls, doc: object) -> DownResult:
         """A ``gpuslate.down.v1`` document as the DownResult it was."""
-        d = checked(doc, DOWN_SCHEMA)
+        f = Fields(checked(doc, DOWN_SCHEMA))
         with reading(DOWN_SCHEMA):
-            cleared = ClearResult.from_json(d["cleared"]) if d["cleared"] is not None else None
-            return cls(name=d["name"], previous_state=UnitState(d["previous_state"]), report=StopReport.from_json(d),
-                       timings=dict(d["timings"]), strays=[Stray.from_json(x) for x in d["strays"]], cleared=cleared,
-                       corrupt=d["corrupt"], set_aside=d["record_set_aside"],
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+            return cls(name=f.text("name"), previous_state=f.choice("previous_state", UnitState),
+                       report=StopReport.from_json(f.d), timings=f.timings("timings"),
+                       strays=f.items("strays", Stray.from_json),
+                       cleared=f.opt_record("cleared", ClearResult.from_json),
+                       corrupt=f.opt_text("corrupt"), set_aside=f.opt_text("record_set_aside"),
+                       warnings=f.texts("warnings", default=[]),
+                       front=f.opt_record("front", FrontReport.from_json, default=None))
+
+
+def _env(d: object) -> dict[str, str]:
+    f = Fields(d)
+    return {str(k): f.text(k) for k in f.d}
+
+
+def _readiness(d: object) -> dict[str, Any]:
+    """How readiness was checked (up's document): its kind, what it probed, what it last said."""
+    f = Fields(d)
+    return {"kind": f.text("kind"), "target": f.opt_text("target"), "detail": f.text("detail")}
+
+
+def _smoke(d: object) -> dict[str, Any]:
+    """The smoke completion's outcome (up's document)."""
+    f = Fields(d)
+    return {"ok": f.flag("ok"), "model": f.opt_text("model"), "status": f.opt_integer("status", 0, 999),
+            "latency_s": f.opt_seconds("latency_s"), "error": f.opt_text("error")}
+
 
 
 def check_startable(unit: Unit | None, name: str) -> None:
@@ -236,7 +263,7 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
             start_ticks=launched.ident.start_ticks, pgid=launched.ident.pid, sid=launched.ident.pid,
             containment=launched.fence, cgroup=launched.cgroup, log=str(launched.log), gpus=gpus,
             port=spec.port, env=launched.env, launched_at=launched.spawned_at, launched_by=_me(),
-            instance=launched.instance)
+            instance=launched.instance, boot=boot_id())
         units.save(rec)
     current = Unit(spec.name, units.record_path(spec.name), rec, None, spec, fence_of(rec, units.mark()))
     t_launch = time.monotonic()
@@ -261,7 +288,9 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
     teardown, tail = None, []
     if status == UpStatus.READY:
         rec.phase = Phase.READY
-        rec.members = [[st.pid, st.start_ticks] for st in current.members()]
+        found = current.members()
+        rec.members = [[st.pid, st.start_ticks] for st in found]
+        current.record_seen(units, found)  # the instance's own file: an earlier instance's is replaced
     else:
         rec.failure = _failure(status, spec, probe, sm, rec)
         rec.exit_code = exit_status(rec.pid)
@@ -360,11 +389,13 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
     limit = host.max_used(opts.max_used)
     collect_stale_cgroups()  # under the host lock
     table = ProcTable()
-    previous = unit_state(u.facts(table, u.members(table)))
+    found = u.members(table)
+    previous = unit_state(u.facts(table, found))
+    u.record_seen(units, found)  # proven now: proven still if this stop is cut short and a rename follows
     if u.corrupt:
         note(u.describe_problem() + "; stopping what is found of it")
     strays: list[Stray] = []
-    cleared: list[ClearResult] = []
+    warnings: list[str] = []
 
     def leftovers(deadline: float) -> Leftovers:
         table = ProcTable()
@@ -374,17 +405,19 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
             return Leftovers(True)
         claimed = unit_of_pids([o for o in load_units(units) if o.name != name], table)
         strays[:] = u.strays(readings, table, mine, claimed)
-        if not strays:
+        for s in strays:  # never signaled, with or without --clear: nothing proves them the unit's
+            if not s.blocking:
+                warnings.append(f"{s.describe()}: it started while unit {name} ran and holds another GPU, but "
+                                f"nothing proves it the unit's, so it was left alone; '{s.remedy()}' ends it")
+                note(f"unit {name} may have left a process on another GPU: {warnings[-1]}")
+        blocking = [s for s in strays if s.blocking]
+        if not blocking:
             return Leftovers(True)
-        gpus = tuple(sorted({g for s in strays for g in s.gpus}))
-        who = "; ".join(s.describe() for s in strays)
-        if not opts.clear_strays:
-            note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran "
-                 f"and cannot be ruled out; 'gpuslate down {name} --clear' ends them")
-            return Leftovers(False, gpus, f"not ruled out, started while the unit ran: {who}")
-        note(f"clearing what unit {name} left: {who}")
-        ok = _clear_strays(host, u, strays, grace_s, deadline, limit, cleared)
-        return Leftovers(ok, gpus, None if ok else f"could not end what the unit left: {who}")
+        gpus = tuple(sorted({g for s in blocking for g in s.gpus}))
+        who = "; ".join(f"{s.describe()} ('{s.remedy()}' ends it)" for s in blocking)
+        note(f"unit {name} may have left processes it is not found in: {who}; they started while it ran and "
+             "hold its GPUs or port, but nothing proves them its own, so gpuslate does not signal them")
+        return Leftovers(False, gpus, f"not ruled out, started while the unit ran, not proven its own: {who}")
 
     stop_timeout = spec.stop_timeout if opts.timeout is None else opts.timeout
     report = stop_unit(host, u, grace=grace_s, timeout=stop_timeout, run_id=new_run_id(), action="down",
@@ -404,28 +437,5 @@ def stop_loaded(host: HostContext, u: Unit, opts: DownOptions, *, lock_wait: flo
         units.save(rec)
     return DownResult(name=name, previous_state=previous, report=report,
                       timings={"lock_wait_s": lock_wait, **report.timings, "total_s": time.monotonic() - t0},
-                      strays=strays, cleared=cleared[-1] if cleared else None,
-                      corrupt=u.problem.reason if u.problem else None, set_aside=aside)
-
-
-def _clear_strays(host: HostContext, u: Unit, strays: list[Stray], grace: float, deadline: float, limit: int,
-                  cleared: list[ClearResult]) -> bool:
-    """``down --clear``: end the strays, each checked to still be the process seen (its start time)
-    right before. Those holding GPU memory with ``clear`` (whole jobs, the caller's only, audited;
-    clear plans and signals by identity); one that only listens on the unit's port holds no GPU
-    clear could select, so it is ended by identity as the unit's own processes are (audited,
-    pidfd). True when every one of them is gone."""
-    live = [s for s in strays if is_alive(ProcessId(s.pid, s.start_ticks))]
-    holders = [s for s in live if s.gpus]
-    ok = True
-    if holders:
-        gpus = tuple(sorted(set(u.gpus) | {g for s in holders for g in s.gpus}))
-        cleared.append(clear(host, Selection(gpus=gpus, pids=tuple(s.pid for s in holders)),
-                             ClearOptions(grace=grace, timeout=max(0.0, deadline - time.monotonic()),
-                                          max_used=limit)))
-        ok = cleared[-1].ok
-    listeners = [s for s in live if not s.gpus]
-    if listeners:
-        res = end_strays(host, u, listeners, grace=grace, deadline=deadline, run_id=new_run_id())
-        ok = ok and not any(r.alive or r.permission_denied for r in res)
-    return ok
+                      strays=strays, corrupt=u.problem.reason if u.problem else None, set_aside=aside,
+                      warnings=warnings)

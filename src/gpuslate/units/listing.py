@@ -2,8 +2,13 @@
 
 The state is :func:`~.state.unit_state` of facts gathered here once for all
 units: their live processes, the GPU memory on their GPUs, the processes
-started while a unit ran that hold its GPUs without being found in it, and,
-for a unit whose ``up`` vanished while it was starting, one readiness probe.
+started while a unit ran that hold its GPUs or port without being found in it
+(its blocking strays; one on another GPU is a warning), and, for a unit whose
+``up`` vanished while it was starting, one readiness probe.
+
+Each ``ps`` records the identities it found in each unit (the unit's instance's
+``seen`` file, :meth:`~.store.UnitStore.record_seen`): what a tie proves now
+stays proven after a rename or a ``setsid``.
 """
 
 from __future__ import annotations
@@ -13,18 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
-from .._time import iso_time, parse_iso_time
+from .._document import Fields, Malformed, checked, reading
+from .._time import iso_time
+from ..errors import PermissionDenied
 from ..gpu.types import GpuReading
 from ..host.session import HostContext
-from ..options import PsOptions
+from ..options import Containment, PsOptions
 from ..outcome import Outcome, StatusEnum
 from ..proc.procfs import ticks_to_epoch
 from ..proc.tree import ProcTable
 from .fence import FenceKind
 from .front import Front
 from .state import Phase, UnitState, unit_state
-from .store import UnitRecord, UnitStore, Unreadable
+from .store import CONTAINMENTS, UnitRecord, UnitStore, Unreadable
 from .strays import Stray
 from .unit import Unit, load_units
 
@@ -109,27 +115,34 @@ class UnitStatus(NamedTuple):
         return doc
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> UnitStatus:
-        """A unit of a ``ps`` document, detached from any host (see :class:`ReadBackFence`)."""
-        path = Path(d["record_file"])
-        if d["corrupt_reason"] is not None:
-            salvage = {k: d[k] for k in ("pid", "start_ticks", "port", "instance") if d[k] is not None}
-            salvage["gpus"] = list(d["gpus"])
-            unit = Unit(d["name"], path, None, Unreadable(path, d["corrupt_reason"], salvage), None,
-                        ReadBackFence(d["cgroup"]))
+    def from_json(cls, d: object) -> UnitStatus:
+        """A unit of a ``ps`` document, detached from any host (see :class:`ReadBackFence`); every
+        field checked."""
+        f = Fields(d)
+        path = Path(f.text("record_file"))
+        name, cgroup, corrupt = f.text("name"), f.opt_text("cgroup"), f.opt_text("corrupt_reason")
+        if corrupt is not None:
+            salvage: dict[str, Any] = {k: v for k, v in (
+                ("pid", f.opt_pid("pid")), ("start_ticks", f.opt_integer("start_ticks", 0)),
+                ("port", f.opt_integer("port", 1, 65535)), ("instance", f.opt_text("instance"))) if v is not None}
+            salvage["gpus"] = f.gpus("gpus")
+            unit = Unit(name, path, None, Unreadable(path, corrupt, salvage), None, ReadBackFence(cgroup))
         else:
+            containment = f.text("containment")
+            if containment not in CONTAINMENTS:
+                raise Malformed(f"containment: expected one of {', '.join(CONTAINMENTS)}")
             rec = UnitRecord(
-                name=d["name"], spec={"command": d["command"]}, phase=Phase.STARTING, pid=d["pid"],
-                start_ticks=d["start_ticks"], pgid=d["pgid"], sid=d["sid"], containment=d["containment"],
-                cgroup=d["cgroup"], log=d["log"], gpus=list(d["gpus"]), port=d["port"], env={},
-                launched_at=parse_iso_time(d["launched_at"]),
-                ready_at=parse_iso_time(d["ready_at"]) if d["ready_at"] else None,
-                time_to_ready_s=d["time_to_ready_s"],
-                stopped_at=parse_iso_time(d["stopped_at"]) if d["stopped_at"] else None,
-                exit_code=d["exit_code"], failure=d["failure"], instance=d["instance"] or "")
-            unit = Unit(d["name"], path, rec, None, None, ReadBackFence(d["cgroup"]))
-        return cls(unit, UnitState(d["state"]), list(d["processes"]), d["gpu_memory"], d["uptime_s"],
-                   [Stray.from_json(s) for s in d["strays"]])
+                name=name, spec={"command": f.texts("command")}, phase=Phase.STARTING, pid=f.pid("pid"),
+                start_ticks=f.integer("start_ticks", 0), pgid=f.pid("pgid"), sid=f.pid("sid"),
+                containment=Containment(containment), cgroup=cgroup, log=f.text("log"), gpus=f.gpus("gpus"),
+                port=f.opt_integer("port", 1, 65535), env={},
+                launched_at=f.time("launched_at"), ready_at=f.opt_time("ready_at"),
+                time_to_ready_s=f.opt_seconds("time_to_ready_s"), stopped_at=f.opt_time("stopped_at"),
+                exit_code=f.opt_integer("exit_code", -255, 255), failure=f.opt_text("failure"),
+                instance=f.opt_text("instance") or "")
+            unit = Unit(name, path, rec, None, None, ReadBackFence(cgroup))
+        return cls(unit, f.choice("state", UnitState), f.pids("processes"), f.opt_size("gpu_memory"),
+                   f.opt_seconds("uptime_s"), f.items("strays", Stray.from_json))
 
 
 class PsStatus(StatusEnum):
@@ -158,16 +171,13 @@ class PsResult(NamedTuple):
 
     @classmethod
     def from_json(cls, doc: object) -> PsResult:
-        d = checked(doc, PS_SCHEMA)
-        with reading(PS_SCHEMA):
-            hidden = d.get("hidden", 0)  # absent in documents from before ps -a
-            if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 0:
-                raise TypeError(f"hidden: expected a count, got {hidden!r}")
-            fronts = d.get("fronts", [])  # absent in documents from before fronts
-            if not isinstance(fronts, list) or not all(isinstance(f, dict) for f in fronts):
+        f = Fields(checked(doc, PS_SCHEMA))
+        with reading(PS_SCHEMA):  # hidden, fronts: absent in documents from before ps -a, before fronts
+            fronts = f.raw("fronts", [])
+            if not isinstance(fronts, list) or not all(isinstance(x, dict) for x in fronts):
                 raise TypeError("fronts: expected a list of objects")
-            return cls([UnitStatus.from_json(u) for u in d["units"]], [str(w) for w in d["warnings"]], hidden,
-                       fronts)
+            return cls(f.items("units", UnitStatus.from_json), f.texts("warnings"),
+                       f.integer("hidden", 0, default=0, what="a count"), fronts)
 
 
 def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
@@ -175,10 +185,16 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
     ``options.all``, those stopped long ago left out (counted in ``hidden``).
 
     Takes no lock: what it reports is a look, as ``status`` is."""
-    units = load_units(UnitStore.of(host))
+    store = UnitStore.of(host)
+    units = load_units(store)
     table = ProcTable()
     warnings: list[str] = []
     members = {u.name: u.members(table) for u in units}
+    for u in units:  # what a tie proves now stays proven (a later setsid or rename cannot hide it)
+        try:
+            u.record_seen(store, members[u.name])
+        except PermissionDenied as exc:  # a look still lists: the next scan records them
+            warnings.append(f"unit {u.name}: its processes could not be recorded: {exc}")
     readings: list[GpuReading] = []
     known = False
     if units:  # every GPU: a unit's stray may hold one the unit was not given (see .strays)
@@ -195,7 +211,7 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
         procs = members[u.name]
         pids = {st.pid for st in procs}
         strays = u.strays(readings, table, pids, (p for p, n in owner.items() if n != u.name))
-        state = unit_state(u.facts(table, procs, strays))
+        state = unit_state(u.facts(table, procs, [s for s in strays if s.blocking]))
         mem = sum(p.used_memory or 0 for r in readings if r.index in u.gpus for p in r.processes or []
                   if p.pid in pids) + sum(s.used_memory for s in strays) if known else None
         rec = u.record
@@ -205,8 +221,8 @@ def list_units(host: HostContext, options: PsOptions = PsOptions()) -> PsResult:
             warnings.append(f"{u.describe_problem()}; 'gpuslate down {u.name}' stops what is found of it "
                             f"({len(procs)} process{'es' if len(procs) != 1 else ''}) and sets the record aside")
         for s in strays:
-            warnings.append(f"unit {u.name}: {s.describe()}; it started while the unit ran and is not found in "
-                            f"it: 'gpuslate down {u.name} --clear' ends it")
+            warnings.append(f"unit {u.name}: {s.describe()}; it started while the unit ran, is not found in it "
+                            f"and not proven its own, so gpuslate never signals it: '{s.remedy()}' ends it")
         if hidden_by(options, state, rec.stopped_at if rec else None, now):
             hidden += 1
             continue

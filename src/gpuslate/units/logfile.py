@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, Malformed, checked, iso, reading
 from .._time import iso_time_us, parse_iso_time
 from ..errors import UsageError
 from ..host.statedir import StateDir, open_dir
@@ -128,20 +128,17 @@ class LogsResult(NamedTuple):
 
     @classmethod
     def from_json(cls, doc: object) -> LogsResult:
-        d = checked(doc, SCHEMA)
+        f = Fields(checked(doc, SCHEMA))
         with reading(SCHEMA):
-            lines, tail = d["lines"], d["tail"]
-            if not isinstance(lines, list) or not all(isinstance(ln, str) for ln in lines):
-                raise TypeError("lines: expected a list of strings")
-            if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int)):
-                raise TypeError(f"tail: expected a number of lines, got {tail!r}")
-            since, times = d.get("since"), d.get("times")  # absent in documents from before them
-            if times is not None and (not isinstance(times, list) or len(times) != len(lines)
-                                      or not all(x is None or isinstance(x, str) for x in times)):
-                raise TypeError("times: expected one time (or null) per line")
-            return cls(str(d["name"]), str(d["log"]), bool(d["exists"]), bool(d["running"]), tail, list(lines),
-                       _time_of(since) if since is not None else None,
-                       None if times is None else [_time_of(x) if x is not None else None for x in times])
+            lines = f.texts("lines")
+            # since, times: absent in documents from before them
+            times = (None if f.raw("times", None) is None
+                     else f.items("times", lambda x: None if x is None else iso(x)))
+            if times is not None and len(times) != len(lines):
+                raise Malformed("times: expected one time (or null) per line")
+            return cls(f.text("name"), f.text("log"), f.flag("exists"), f.flag("running"),
+                       f.opt_integer("tail", 0, what="a number of lines"), lines, f.opt_time("since", default=None),
+                       times)
 
 
 def _time_of(text: object) -> float:

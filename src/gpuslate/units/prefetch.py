@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .._document import Fields
 from .._parse import format_size
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..proc.procfs import read_meminfo
 
 #: options whose value names the model (SGLang, vLLM, TGI, llama.cpp-style servers)
@@ -84,13 +85,22 @@ class PrefetchReport:
                 "seconds": round(self.seconds, 4) if self.seconds is not None else None}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> PrefetchReport:
-        """The prefetch of a swap document: its files are counted there, not named (placeholders here)."""
-        plan = PrefetchPlan(paths=list(d["paths"]), files=[("", 0)] * int(d["files"]), total=d["bytes"],
-                            available=d["available"], fits=d["warning"] is None, warning=d["warning"])
-        return cls(status=PrefetchStatus(d["status"]), plan=plan, read_bytes=d["read_bytes"],
-                   started_at=parse_iso_time(d["started_at"]) if d["started_at"] else None,
-                   finished_at=parse_iso_time(d["finished_at"]) if d["finished_at"] else None, error=d["error"])
+    def from_json(cls, d: object) -> PrefetchReport:
+        """The prefetch of a swap document: its files are counted there, not named (placeholders here:
+        as many as it counts, at most :data:`MAX_FILES_SHOWN`); every field checked."""
+        f = Fields(d)
+        warning = f.opt_text("warning")
+        plan = PrefetchPlan(paths=f.texts("paths"), files=[("", 0)] * f.integer("files", 0, MAX_FILES_SHOWN),
+                            total=f.size("bytes"), available=f.opt_size("available"), fits=warning is None,
+                            warning=warning)
+        return cls(status=f.choice("status", PrefetchStatus), plan=plan, read_bytes=f.size("read_bytes"),
+                   started_at=f.opt_time("started_at"), finished_at=f.opt_time("finished_at"),
+                   error=f.opt_text("error"))
+
+
+#: the most files a prefetch read back from a document may count (a count, not a list: a peer's
+#: 10**18 would otherwise be a list that long)
+MAX_FILES_SHOWN = 1_000_000
 
 
 def model_paths(command: Sequence[str], *, exists: Callable[[str], bool],

@@ -110,5 +110,6 @@ def check_port(host: str, port: int, *, for_unit: str, left_by: Callable[[int], 
         left = (f", left by unit {unit} (started while it ran, not found in it, not ruled out)" if unit else "")
         raise NotDoneError(f"port {port} is already in use" + (f" by {owner}" if owner else "") + left
                            + f": unit {for_unit} cannot listen on it",
-                           hint=f"'gpuslate down {unit} --clear' ends it" if unit else
+                           hint=f"nothing proves it unit {unit}'s, so gpuslate never signals it: 'kill {pid}' ends it "
+                           f"('gpuslate clear --pid {pid}' if it holds GPU memory)" if unit else
                            "stop what listens there, or choose another --port")

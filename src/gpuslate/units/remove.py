@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..outcome import Outcome, StatusEnum
@@ -61,16 +61,14 @@ class RmResult(NamedTuple):
 
     @classmethod
     def from_json(cls, doc: object) -> RmResult:
-        d = checked(doc, RM_SCHEMA)
+        f = Fields(checked(doc, RM_SCHEMA))
         with reading(RM_SCHEMA):
-            RmStatus(d["status"])
-            units = []
-            for u in d["units"]:
-                files = u["files"]
-                if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-                    raise TypeError("files: expected a list of paths")
-                units.append(Removed(str(u["name"]), UnitState(u["state"]), list(files)))
-            return cls(units)
+            f.choice("status", RmStatus)
+
+            def removed(d: object) -> Removed:
+                u = Fields(d)
+                return Removed(u.text("name"), u.choice("state", UnitState), u.texts("files"))
+            return cls(f.items("units", removed))
 
 
 def rm(host: HostContext, names: Sequence[str]) -> RmResult:

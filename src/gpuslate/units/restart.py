@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .._document import checked, reading
+from .._document import Fields, checked, reading
 from ..errors import UsageError
 from ..host.session import HostContext
 from ..options import RestartOptions, SwapOptions, UpOptions
@@ -69,15 +69,13 @@ class RestartResult(Parted):
 
     @classmethod
     def from_json(cls, doc: object) -> RestartResult:
-        d = checked(doc, RESTART_SCHEMA)
+        f = Fields(checked(doc, RESTART_SCHEMA))
         with reading(RESTART_SCHEMA):
-            downtime = d["downtime_s"]
-            return cls(name=str(d["name"]), status=RestartStatus(d["status"]),
-                       previous_state=UnitState(d["previous_state"]),
-                       down=DownResult.from_json(d["down"]) if d["down"] is not None else None,
-                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None, total_s=float(d["total_s"]),
-                       downtime_s=float(downtime) if downtime is not None else None,
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+            return cls(name=f.text("name"), status=f.choice("status", RestartStatus),
+                       previous_state=f.choice("previous_state", UnitState),
+                       down=f.opt_record("down", DownResult.from_json), up=f.opt_record("up", UpResult.from_json),
+                       total_s=f.seconds("total_s"), downtime_s=f.opt_seconds("downtime_s"),
+                       front=f.opt_record("front", FrontReport.from_json, default=None))
 
 
 def restart(host: HostContext, name: str, options: RestartOptions = RestartOptions()) -> RestartResult:

@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import MAX_PID, Fields, Malformed
 from ..clearing.wait import GpuDiagnosis, LeakStop, diagnose, poll_until_free
 from ..gpu.types import GpuBackend, GpuReading, memory_from_json, memory_json
 from ..host.session import HostContext
 from ..host.snapshot import take_snapshot
 from ..proc.daemons import DaemonWatch
-from ..proc.procfs import ProcStat, read_info, read_stat
+from ..proc.procfs import ProcStat, read_info
 from ..proc.signals import DELIVERED
 from ..proc.terminate import Victim, VictimResult, terminate
 from ..proc.tree import ProcTable
-from .strays import Stray
 from .unit import Unit
 
 _SWEEPS = 3
@@ -115,16 +115,32 @@ class StopReport:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> StopReport:
-        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document."""
-        verification = Verification(d["verification"])
-        return cls(results=[VictimResult.from_json(p) for p in d["processes"]],
-                   swept=[VictimResult.from_json(p) for p in d["swept"]], cgroup_killed=bool(d["cgroup_killed"]),
-                   released=d["memory_released"], readings=[memory_from_json(m) for m in d["memory"]],
-                   diagnosis=[GpuDiagnosis.from_json(g) for g in d["diagnosis"]], timings=dict(d["timings"]),
-                   verified_gpus=list(d["verified_gpus"]), held={int(p): g for p, g in d["held_before"].items()},
-                   unverified=d["unverified"], held_unknown=verification == Verification.UNREAD,
+    def from_json(cls, d: object) -> StopReport:
+        """The report inside a ``down`` (or a failed ``up``'s ``teardown``) document; every field checked."""
+        f = Fields(d)
+        verification = f.choice("verification", Verification)
+        released = f.raw("memory_released")
+        if released is not None and not isinstance(released, bool):
+            raise Malformed(f"memory_released: expected true, false or null, got {str(released)[:30]!r}")
+        return cls(results=f.items("processes", VictimResult.from_json),
+                   swept=f.items("swept", VictimResult.from_json), cgroup_killed=f.flag("cgroup_killed"),
+                   released=released, readings=f.items("memory", memory_from_json),
+                   diagnosis=f.items("diagnosis", GpuDiagnosis.from_json), timings=f.timings("timings"),
+                   verified_gpus=f.gpus("verified_gpus"), held=f.record("held_before", _held),
+                   unverified=f.opt_text("unverified"), held_unknown=verification == Verification.UNREAD,
                    not_ruled_out=verification == Verification.NOT_RULED_OUT)
+
+
+def _held(d: object) -> dict[int, list[int]]:
+    """``held_before``: pid (a JSON key) -> the GPUs it held."""
+    f = Fields(d)
+    out: dict[int, list[int]] = {}
+    for key in f.d:
+        pid = int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else 0
+        if not 1 <= pid <= MAX_PID:
+            raise Malformed(f"{key[:20]!r}: expected a process id")
+        out[pid] = f.gpus(key)
+    return out
 
 
 def _victim(st: ProcStat, unit: Unit, held: list[int] | None) -> Victim:
@@ -159,7 +175,7 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     to be free; every signal in ``host``'s audit log, progress lines to its event sink.
 
     ``before_verify(deadline)`` runs once the unit's processes are gone, before the GPUs are
-    polled (``down`` looks for strays there, and ``down --clear`` ends them): the GPUs its
+    polled (``down`` looks for strays there, and names them): the GPUs its
     :class:`Leftovers` names are verified too; ``can_free`` False means they cannot come free,
     so the diagnosis is taken at once instead of polling until the deadline."""
     t0 = time.monotonic()
@@ -183,7 +199,7 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
         res = terminate([_victim(st, unit, found.get(st.pid)) for st in procs],
                         grace=min(grace_s, max(0.0, deadline - time.monotonic())),
                         kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
-                        audit=log, on_event=on_event, clock_start=t0)
+                        audit=log, on_event=on_event, clock_start=t0, more=bool(done))
         done.update((r.victim.ident.pid, r.victim.ident.start_ticks) for r in res)
         return res
 
@@ -231,16 +247,3 @@ def stop_unit(host: HostContext, unit: Unit, *, grace: float, timeout: float, ru
     return StopReport(results=results, swept=swept, cgroup_killed=killed, released=released, readings=readings,
                       diagnosis=diagnosis, timings=timings, verified_gpus=gpus, held=held, unverified=unverified,
                       held_unknown=bool(unread), not_ruled_out=left.not_ruled_out is not None)
-
-
-def end_strays(host: HostContext, unit: Unit, strays: list[Stray], *, grace: float, deadline: float,
-               run_id: str, action: str = "down-clear") -> list[VictimResult]:
-    """End ``strays`` (``down --clear`` of those that hold no GPU ``clear`` could select: a port)
-    as the unit's own processes are ended: by identity (pid and start time, checked again at each
-    signal), every signal audited first. A stray that is gone, or whose pid now names another
-    process, is left alone."""
-    victims = [_victim(st, unit, s.gpus) for s in strays
-               if (st := read_stat(s.pid)) is not None and st.start_ticks == s.start_ticks and not st.has_exited]
-    return terminate(victims, grace=min(grace, max(0.0, deadline - time.monotonic())),
-                     kill_wait=max(0.0, deadline - time.monotonic()), action=action, run_id=run_id,
-                     audit=host.audit_log, on_event=host.note)

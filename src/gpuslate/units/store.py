@@ -11,6 +11,17 @@ find a unit's processes after the ``up`` that started it has exited: the main
 process's identity (pid + start time), its process group and session, its
 cgroup, and the processes seen in it once it was ready.
 
+Beside it, ``STATE/units/seen/NAME.json`` keeps the identities (pid + start
+time) of the processes found in the unit, by a tie that proves it (cgroup,
+session or group with a witness, descendance, its instance's marker), at each
+scan that looks: readiness, every ``ps`` and ``down`` (:meth:`UnitStore.record_seen`).
+An identity never names another process, so what was proven once stays proven
+for that process's life: a worker that later calls ``setsid`` and renames
+itself over its environment is still the unit's. The file is the unit
+instance's (its id inside: another instance's is ignored), kept apart from the
+record so that a torn record does not lose it, merged under an ``flock`` of its
+folder, and holds only identities still alive when it is written.
+
 Every file here is reached through the state folder's checked walk
 (host/statedir.py: from ``/``, one component at a time, never through another
 user's link, regular files only) and named only by a :class:`~gpuslate.unitname.UnitName`,
@@ -19,11 +30,12 @@ so no name or planted file leads a record read or write outside ``units/``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -31,7 +43,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..errors import PermissionDenied
 from ..host.statedir import StateDir, open_dir
 from ..options import Containment
-from ..proc.procfs import ProcessId
+from ..proc.procfs import ProcessId, boot_id, is_alive
 from ..unitname import UnitName, is_unit_name
 from .state import Phase
 
@@ -73,6 +85,9 @@ class UnitRecord:
     #: what tells this unit's processes from those of a unit of the same name of another user or
     #: state folder. "" in records from before instance ids (their processes carry none).
     instance: str = ""
+    #: the boot it was launched in (procfs.boot_id): its identities (main, members) mean nothing in another; ""
+    #: in records from before it (trusted as before)
+    boot: str = ""
 
     @property
     def ident(self) -> ProcessId:
@@ -83,8 +98,8 @@ class UnitRecord:
         return [ProcessId(p, t) for p, t in self.members]
 
     def to_json(self) -> dict[str, Any]:
-        # the instance right after the name: a record torn by a crash still shows it
-        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, **asdict(self)}
+        # the instance and the boot right after the name: a record torn by a crash still shows them
+        return {"schema": SCHEMA, "name": self.name, "instance": self.instance, "boot": self.boot, **asdict(self)}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> UnitRecord:
@@ -166,6 +181,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
         isinstance(m, list) and len(m) == 2 and _int(m[0], 1) and _int(m[1]) for m in v),
     "launched_by": lambda v: isinstance(v, dict),
     "instance": lambda v: isinstance(v, str) and (v == "" or INSTANCE_RE.fullmatch(v) is not None),
+    "boot": lambda v: isinstance(v, str) and len(v) <= 64,
 }
 
 
@@ -184,7 +200,8 @@ class Unreadable(NamedTuple):
 
 _SALVAGE = {"pid": r'"pid"\s*:\s*(\d+)', "start_ticks": r'"start_ticks"\s*:\s*(\d+)',
             "port": r'"port"\s*:\s*(\d+)', "cgroup": r'"cgroup"\s*:\s*"(/[^"\\]*)"',
-            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)', "instance": r'"instance"\s*:\s*"([0-9a-f]{32})"'}
+            "launched_at": r'"launched_at"\s*:\s*(\d+(?:\.\d+)?)', "instance": r'"instance"\s*:\s*"([0-9a-f]{32})"',
+            "boot": r'"boot"\s*:\s*"([0-9a-f-]{36})"'}
 
 
 def salvage(text: str) -> dict[str, Any]:
@@ -199,7 +216,7 @@ def salvage(text: str) -> dict[str, Any]:
         m = re.search(pattern, text)
         if m:
             v = m.group(1)
-            out[key] = v if key in ("cgroup", "instance") else float(v) if key == "launched_at" else int(v)
+            out[key] = v if key in ("cgroup", "instance", "boot") else float(v) if key == "launched_at" else int(v)
     if "cgroup" in out and ".." in out["cgroup"].split("/"):
         del out["cgroup"]
     return out
@@ -207,7 +224,7 @@ def salvage(text: str) -> dict[str, Any]:
 
 def salvage_doc(doc: dict[str, Any]) -> dict[str, Any]:
     """The fields of a record that parses but is invalid that are still valid one by one."""
-    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance")
+    keys = ("pid", "start_ticks", "port", "cgroup", "launched_at", "gpus", "instance", "boot")
     return {k: doc[k] for k in keys if k in doc and doc[k] is not None and _CHECKS[k](doc[k])}
 
 
@@ -343,6 +360,11 @@ class UnitStore:
         with self._units() as units:
             unlink(units, file)
             try:
+                with units.subdir(SEEN_DIR) as seen:
+                    seen.unlink(file)  # what was recorded of its processes: nothing of it runs
+            except FileNotFoundError:
+                pass
+            try:
                 folder = units.subdir("logs")
             except FileNotFoundError:
                 return removed
@@ -363,6 +385,71 @@ class UnitStore:
                 raise PermissionDenied(f"cannot move corrupt record {units.path / file} aside: "
                                        f"{exc.strerror or exc}") from None
             return units.path / dest
+
+
+    # -- identities seen in a unit (module doc) ------------------------------------------------------
+
+    def seen(self, name: str, instance: str) -> frozenset[ProcessId]:
+        """The identities recorded as unit ``name``'s instance ``instance`` (none for another instance's
+        file, a file that does not read, or an unknown instance ``""``)."""
+        if not instance or not boot_id():
+            return frozenset()
+        try:
+            with self._units() as units, units.subdir(SEEN_DIR, create=True) as seen:
+                raw = seen.read(_file(name), limit=SEEN_BYTES)
+        except (PermissionDenied, OSError):
+            return frozenset()
+        return _parse_seen(raw, instance)
+
+    def record_seen(self, name: str, instance: str, idents: Iterable[ProcessId]) -> None:
+        """Add ``idents`` (found in unit ``name``'s instance ``instance`` by a tie that proves it) to
+        what is recorded, less the identities no longer alive; written only when that changes it."""
+        if not instance or not boot_id():
+            return
+        new = set(idents)
+        file = _file(name)
+        with self._units() as units, units.subdir(SEEN_DIR, create=True) as seen:
+            fcntl.flock(seen.fd, fcntl.LOCK_EX)  # two scans at once merge, never lose each other's
+            try:
+                before = _parse_seen(seen.read(file, limit=SEEN_BYTES), instance)
+            except (PermissionDenied, OSError):
+                before = frozenset()
+            keep = {i for i in before | new if is_alive(i)}
+            if keep == before:
+                return
+            kept = sorted(keep, key=lambda i: (i.start_ticks, i.pid))[-SEEN_MAX:]
+            doc = {"schema": SEEN_SCHEMA, "instance": instance, "boot": boot_id(),
+                   "seen": [[i.pid, i.start_ticks] for i in kept]}
+            try:
+                seen.write_atomic(file, json.dumps(doc).encode())
+            except OSError as exc:
+                raise PermissionDenied(f"cannot write {seen.path / file}: {exc.strerror or exc}") from None
+
+
+#: the folder of ``units`` where the identities seen in each unit are kept, and their format
+SEEN_DIR = "seen"
+SEEN_SCHEMA = "gpuslate.unit-seen.v1"
+#: the most identities kept for one unit (the newest), and the most of the file read
+SEEN_MAX = 4096
+SEEN_BYTES = 1 << 20
+
+
+def _parse_seen(raw: bytes | None, instance: str) -> frozenset[ProcessId]:
+    """The identities of a seen file of instance ``instance``; none when it is another's or does not read."""
+    if raw is None:
+        return frozenset()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return frozenset()
+    if not isinstance(doc, dict) or doc.get("schema") != SEEN_SCHEMA or doc.get("instance") != instance \
+            or doc.get("boot") != boot_id():  # another boot's identities name other processes now
+        return frozenset()
+    seen = doc.get("seen")
+    if not isinstance(seen, list):
+        return frozenset()
+    return frozenset(ProcessId(m[0], m[1]) for m in seen[:SEEN_MAX]
+                     if isinstance(m, list) and len(m) == 2 and _int(m[0], 1) and _int(m[1]))
 
 
 def _file(name: str) -> str:

@@ -1,18 +1,32 @@
 """Strays: processes a unit's fence does not find that ``down`` and ``ps`` cannot rule out.
 
-Without a cgroup a unit is its session, its process group, its main process's
-descendants and the processes carrying its instance marker (:mod:`.fence`).
+Without a cgroup a unit is its session, its process group, the descendants of
+its processes, the processes carrying its instance marker and the identities
+recorded as its own at readiness and at every ``ps`` and ``down`` (:mod:`.fence`).
 A worker that double-forked, called ``setsid`` and lost its environment (a
 title written over it where ``SPT_NOENV`` did not reach, Perl's ``$0``,
-``env -i``) is none of these, yet it may be what the unit left. So neither
-command says "released" or "stopped" while such a process holds what the unit
-held; they name it instead.
+``env -i``) before any of those looked is none of these, yet it may be what
+the unit left.
+
+**A stray is never signaled.** Only what a tie proves the unit's is (the fence:
+``down`` ends all of it; ``down --clear`` ends nothing more). A stray is
+circumstantial: a process of the caller's that started while the unit ran and
+holds what it held, which could as well be a program the caller started by
+hand meanwhile. So it is named, with the command that ends it
+(:meth:`Stray.remedy`), and left alone:
+
+* one that holds memory on the unit's GPUs or listens on its port
+  (:attr:`Stray.blocking`) keeps ``down`` at "NOT verified" (the next ``up``
+  would collide with it) and ``ps`` at ``orphaned``;
+* one that holds memory on another GPU only is a warning: ``down`` says
+  released (what the unit held is free), and names it.
 
 A stray is a live process of the caller's own (never another user's: a
 crashed unit's GPUs, even its pid, may be anyone's now), started between the
 unit's launch and its stop, found in no unit (this one's members are not
-strays, another's belong to it), carrying no other unit instance's marker,
-that
+strays; a process another unit can claim by any tie, its fence or its
+recorded identities, is that unit's), carrying no other unit instance's
+marker, that
 
 * holds memory on one of the unit's GPUs (:attr:`StrayReason.UNIT_GPU`), or
 * listens on the unit's port (:attr:`StrayReason.UNIT_PORT`: the next ``up``
@@ -38,6 +52,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
+from .._document import Fields
 from .._parse import format_size, gpus_phrase
 from .fence import Marker
 
@@ -67,6 +82,16 @@ class Stray:
     reason: StrayReason
     port: int | None = None  # the unit's port, when it listens there
 
+    @property
+    def blocking(self) -> bool:
+        """It holds what the unit's next ``up`` needs (its GPUs, its port): ``down`` is not verified."""
+        return self.reason in (StrayReason.UNIT_GPU, StrayReason.UNIT_PORT)
+
+    def remedy(self) -> str:
+        """The command that ends it (``clear`` selects GPU holders only: one that holds only the port
+        is ended by its pid)."""
+        return f"gpuslate clear --pid {self.pid}" if self.gpus else f"kill {self.pid}"
+
     def describe(self) -> str:
         """``pid 123 (escaped) holds 1.0 GiB on GPU 1 ...``: what it holds and why it counts."""
         held = []
@@ -83,11 +108,11 @@ class Stray:
                 "used_memory": self.used_memory, "reason": self.reason.value, "port": self.port}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Stray:
-        port = d["port"]
-        return cls(pid=int(d["pid"]), start_ticks=int(d["start_ticks"]), name=str(d["name"]),
-                   gpus=[int(g) for g in d["gpus"]], used_memory=int(d["used_memory"]),
-                   reason=StrayReason(d["reason"]), port=None if port is None else int(port))
+    def from_json(cls, d: object) -> Stray:
+        f = Fields(d)
+        return cls(pid=f.pid("pid"), start_ticks=f.integer("start_ticks", 0), name=f.text("name"), gpus=f.gpus("gpus"),
+                   used_memory=f.size("used_memory"), reason=f.choice("reason", StrayReason),
+                   port=f.opt_integer("port", 1, 65535))
 
 
 class Rule(NamedTuple):

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .._document import checked, reading
+from .._document import MAX_SECONDS, Fields, checked, reading
 from .._parse import format_size
-from .._time import iso_time, parse_iso_time
+from .._time import iso_time
 from ..errors import NotDoneError, UsageError
 from ..front.admin import AdminError
 from ..front.counters import HoldMeter, HoldReport
@@ -124,18 +124,18 @@ class SwapResult(Parted):
     @classmethod
     def from_json(cls, doc: object) -> SwapResult:
         """A ``gpuslate.swap.v1`` document as the SwapResult it was."""
-        d = checked(doc, SWAP_SCHEMA)
+        f = Fields(checked(doc, SWAP_SCHEMA))
         with reading(SWAP_SCHEMA):
-            return cls(old=d["old"], new=d["new"], status=SwapStatus(d["status"]),
-                       down=DownResult.from_json(d["down"]),
-                       up=UpResult.from_json(d["up"]) if d["up"] is not None else None,
-                       rollback=UpResult.from_json(d["rollback"]) if d["rollback"] is not None else None,
-                       phases=dict(d["phases"]), total_s=float(d["total_s"]), downtime_s=d["downtime_s"],
-                       downtime=dict(d["downtime"]) if d["downtime"] is not None else None,
-                       prefetch=PrefetchReport.from_json(d["prefetch"]) if d["prefetch"] is not None else None,
-                       stop_old_at=parse_iso_time(d["stop_old_at"]) if d["stop_old_at"] is not None else None,
-                       overhead=d["overhead_s"],
-                       front=FrontReport.from_json(d["front"]) if d.get("front") is not None else None)
+            return cls(old=f.text("old"), new=f.text("new"), status=f.choice("status", SwapStatus),
+                       down=f.record("down", DownResult.from_json), up=f.opt_record("up", UpResult.from_json),
+                       rollback=f.opt_record("rollback", UpResult.from_json), phases=f.timings("phases"),
+                       total_s=f.seconds("total_s"), downtime_s=f.opt_seconds("downtime_s"),
+                       downtime=f.timings("downtime") if f.raw("downtime") is not None else None,
+                       prefetch=f.opt_record("prefetch", PrefetchReport.from_json),
+                       stop_old_at=f.opt_time("stop_old_at"),
+                       overhead=f.opt_number("overhead_s", -MAX_SECONDS, MAX_SECONDS),
+                       front=f.opt_record("front", FrontReport.from_json, default=None))
+
 
 
 def swap(host: HostContext, old: str, new: str | UnitSpec, options: SwapOptions = SwapOptions()) -> SwapResult:
@@ -219,6 +219,9 @@ def swap_loaded(host: HostContext, old_unit: Unit, new_spec: UnitSpec, opts: Swa
                 steer.refuse(f"swap {old} -> {new_spec.name}: {old} was not stopped cleanly; nothing serves")
             return result(SwapStatus.DOWN_FAILED, up=None, rollback=None)
         t_up = time.monotonic()
+        # the verification as the swap's clock saw it (down's own bookkeeping after its poll
+        # included), so that the phase and the downtime's part of the same name are one figure
+        phases["verify_clean_s"] = max(0.0, t_up - t_stop - phases["stop_old_s"])
         watch = _PortWatch(new_spec, units.log_path(new_spec.name)) if new_spec.port is not None else None
         try:
             u = start_checked(host, new_spec, UpOptions())  # NEW passed check_startable above
@@ -408,8 +411,7 @@ def _downtime_parts(phases: dict[str, float], t_stop: float, t_up: float, t_read
     to_mono = time.monotonic() - time.time()  # the unit record keeps epoch times
     spawned = u.record.launched_at + to_mono
     ready = (u.record.ready_at + to_mono) if u.record.ready_at else t_ready
-    parts = {"stop_old_s": phases["stop_old_s"]}
-    parts["verify_clean_s"] = max(0.0, t_up - t_stop - parts["stop_old_s"])
+    parts = {"stop_old_s": phases["stop_old_s"], "verify_clean_s": phases["verify_clean_s"]}
     parts["preflight_new_s"] = max(0.0, min(phases["preflight_new_s"], spawned - t_up))
     parts["spawn_new_s"] = max(0.0, spawned - t_up - parts["preflight_new_s"])
     parts["start_to_ready_s"] = max(0.0, ready - spawned)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..gpu.types import GpuReading
-from ..proc.procfs import ProcessId, ProcStat, epoch_to_ticks
+from ..proc.procfs import ProcessId, ProcStat, boot_id, epoch_to_ticks
 from ..proc.tree import ProcTable
 from . import store
 from .contain import gpuslate_cgroups
@@ -53,11 +53,26 @@ class Unit:
                 rec = store.Unreadable(units.record_path(name), f"its spec is invalid: {exc}",
                                        {"pid": rec.pid, "start_ticks": rec.start_ticks, "port": rec.port,
                                         "cgroup": rec.cgroup, "launched_at": rec.launched_at, "gpus": rec.gpus,
-                                        "instance": rec.instance})
+                                        "instance": rec.instance, "boot": rec.boot})
             else:
-                return cls(name, units.record_path(name), rec, None, spec, fence_of(rec, mark),
+                fence = fence_of(rec, mark, units.seen(name, rec.instance))
+                return cls(name, units.record_path(name), rec, None, spec, fence,
                            UnitMark(name, rec.instance or None, mark))
-        return cls(name, rec.path, None, rec, None, _marker_fence(name, rec.path, rec.salvage, mark))
+        instance = rec.salvage.get("instance") or ""
+        return cls(name, rec.path, None, rec, None,
+                   _marker_fence(name, rec.path, rec.salvage, mark, units.seen(name, instance)))
+
+    @property
+    def instance(self) -> str:
+        """The unit instance's id ("" when it is not known: a record from before them, a torn one)."""
+        if self.record is not None:
+            return self.record.instance
+        return str(self.problem.salvage.get("instance") or "") if self.problem else ""
+
+    def record_seen(self, units: store.UnitStore, members: Iterable[ProcStat]) -> None:
+        """Record ``members`` (found in the unit now, by a tie that proves it) as the instance's, so that
+        a later rename or ``setsid`` cannot hide them (:meth:`~.store.UnitStore.record_seen`)."""
+        units.record_seen(self.name, self.instance, [st.ident for st in members if not st.has_exited])
 
     @property
     def corrupt(self) -> bool:
@@ -92,7 +107,7 @@ class Unit:
         processes, ``claimed``: other units'. The port is looked at only while the main process is
         gone (a live one holds it), environments only of processes the other facts leave in."""
         rec = self.record
-        if rec is None:
+        if rec is None or (rec.boot and rec.boot != boot_id()):  # its life was in another boot: nothing of now
             return []
         mine = set(members)
         skip = {*mine, *claimed, os.getpid(), *table.ancestors(os.getpid())}
@@ -144,7 +159,8 @@ class Unit:
         return f"unit {self.name} has a corrupt record {self.problem.path}: {self.problem.reason}"
 
 
-def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str) -> MarkerFence:
+def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str,
+                  seen: Iterable[ProcessId] = ()) -> MarkerFence:
     cg = salvage.get("cgroup")
     # a torn record names processes to signal only through a cgroup gpuslate made for this name
     ours = isinstance(cg, str) and cg.rstrip("/").rsplit("/", 1)[-1].startswith(f"gpuslate-{name}-")
@@ -152,13 +168,15 @@ def _marker_fence(name: str, path: Path, salvage: dict[str, Any], state: str) ->
     candidates = tuple(c for c in gpuslate_cgroups(name) if c not in trusted)
     pid, ticks = salvage.get("pid"), salvage.get("start_ticks")
     main = ProcessId(pid, ticks) if isinstance(pid, int) and isinstance(ticks, int) else None
+    if salvage.get("boot") and salvage["boot"] != boot_id():  # another boot's numbers name strangers now
+        main, ticks, seen = None, None, ()
     try:
         written = epoch_to_ticks(os.stat(path, follow_symlinks=False).st_mtime)
     except OSError:
         written = None
     instance = salvage.get("instance") or None
     return MarkerFence(UnitMark(name, instance, state), trusted, candidates, salvage.get("port"),
-                       ticks if isinstance(ticks, int) else None, main, written)
+                       ticks if isinstance(ticks, int) else None, main, written, tuple(sorted(seen)))
 
 
 def load_units(units: store.UnitStore) -> list[Unit]:

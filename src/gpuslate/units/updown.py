@@ -47,9 +47,11 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
 def down(host: HostContext, name: str, options: DownOptions = DownOptions()) -> DownResult:
     """Stop every process of unit ``name`` and verify its GPUs are released; and its front.
 
-    Processes that hold memory on the unit's GPUs, started while it ran but not found in it
-    (a late fork that left the session and renamed itself, without a cgroup) keep the GPUs
-    busy: ``down`` names them (not ok); with ``clear_strays`` it ends them with ``clear``.
+    Processes that hold memory on the unit's GPUs or its port, started while it ran but not found
+    in it (a late fork that left the session and renamed itself before any scan recorded it,
+    without a cgroup), keep the GPUs busy: ``down`` names them with the command that ends them
+    (not ok), and never signals them, ``clear_strays`` or not: only what a tie proves the unit's
+    is signaled. One on another GPU only is a warning.
     A unit whose record is corrupt is stopped by what can still be found of it (its cgroup,
     its ``GPUSLATE_UNIT`` marker, its port), and the record is then set aside.
     The front that serves the unit (or was left for it) is stopped first: no request reaches

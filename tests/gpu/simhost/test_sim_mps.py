@@ -12,6 +12,7 @@ import stat
 import pytest
 
 from gpuslate.gpu.simhost import SimBackend
+from gpuslate.proc.procfs import read_stat
 from helpers import is_gone, run_cli, wait_for
 
 MiB = 1024**2
@@ -24,20 +25,27 @@ def listed(sim_host, gpu: int) -> dict[int, tuple[str, int | None]]:
 
 
 def test_the_server_runs_as_its_program_holds_its_footprint_and_quits_with_its_parent(sim_host, hold):
-    server = hold("--gpus", "0,2", "--footprint", "100MiB", verb="mps")
+    """As on the H200 (benchmarks/results/probe-mps-h200.log): the server runs the server's program, its
+    parent is the control daemon, which runs the control daemon's program in a session of its own, and
+    the server's environment is the control daemon's."""
+    server = hold("--gpus", "0,2", "--footprint", "100MiB", verb="mps", env={"CUDA_MPS_PIPE_DIRECTORY": "/run/x"})
     exe = sim_host.root / "bin" / SERVER
+    control = server.ready["control"]
     assert os.readlink(f"/proc/{server.pid}/exe") == str(exe)
+    assert os.readlink(f"/proc/{control}/exe") == str(sim_host.root / "bin" / "nvidia-cuda-mps-control")
     with open(f"/proc/{server.pid}/cmdline", "rb") as f:
         assert f.read().split(b"\0")[0] == SERVER.encode()
     st = os.stat(exe)
     assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o755
-    with open(f"/proc/{server.pid}/stat") as f:
-        assert int(f.read().rsplit(")", 1)[1].split()[1]) == server.proc.pid  # its parent: the command started
+    srv, ctl = read_stat(server.pid), read_stat(control)
+    assert srv.ppid == control and ctl.ppid == server.proc.pid and ctl.sid == ctl.pid == srv.sid == srv.pgid
+    with open(f"/proc/{server.pid}/environ", "rb") as f:
+        assert b"\0CUDA_MPS_PIPE_DIRECTORY=/run/x\0" in b"\0" + f.read()
     assert listed(sim_host, 0) == {server.pid: ("compute", 100 * MiB)} == listed(sim_host, 2)
     assert listed(sim_host, 1) == {}
-    os.kill(server.proc.pid, signal.SIGTERM)  # 'quit': the parent ends the server, then exits
+    os.kill(server.proc.pid, signal.SIGTERM)  # 'quit': the command ends the server and the control daemon
     assert server.proc.wait(10) == 0
-    wait_for(lambda: is_gone(server.pid))
+    wait_for(lambda: is_gone(server.pid) and is_gone(control))
     wait_for(lambda: not listed(sim_host, 0), timeout=5)
 
 

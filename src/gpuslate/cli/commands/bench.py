@@ -100,6 +100,9 @@ def build(p: argparse.ArgumentParser) -> None:
                    help="latency percentiles in the JSON (default: 50,90,95,99; the median is always there)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let the model stop early (default: send ignore_eos for exact output lengths)")
+    p.add_argument("--connection", choices=("pooled", "per-request"), default="pooled",
+                   help="pooled (the default): reuse keep-alive connections, as vLLM's bench serve; per-request: "
+                   "a new connection for every request, its set-up inside TTFT and E2E, as SGLang's bench_serving")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                    help="per-request time limit; a request past it counts as failed (default: 600)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON document to FILE")
@@ -183,13 +186,14 @@ def plan_from_args(args: argparse.Namespace) -> LoadPlan:
         model=args.model, ignore_eos=args.ignore_eos, timeout_s=args.timeout, burstiness=args.burstiness,
         random_range_ratio=args.random_range_ratio, percentiles=parse_percentiles(args.percentiles),
         goodput=parse_goodput(args.goodput) if args.goodput else (), extra_body=_extra_body(args.extra_body),
-        headers=_headers(args.header), api_key=args.api_key, tokenizer=args.tokenizer)
+        headers=_headers(args.header), api_key=args.api_key, tokenizer=args.tokenizer, connection=args.connection)
     plan.validate()
     return plan
 
 
 def run(args: argparse.Namespace) -> int:
     require("bench", Extra.BENCH)  # before the load generator (and aiohttp) is imported
+    from ...bench.loadgen import run_loop  # lazy: startup (and aiohttp)
     from ...bench.plan import normalize_url  # lazy: startup
     from ...bench.result import BenchStatus  # lazy: startup
 
@@ -205,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     bar = _ProgressBar() if sys.stderr.isatty() else None
     signals: list[int] = []
     try:
-        result = asyncio.run(_run_async(args.url, plan, bar.update if bar else None, signals))
+        result = run_loop(_run_async(args.url, plan, bar.update if bar else None, signals))
     finally:
         if bar is not None:
             bar.close()
@@ -282,6 +286,11 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
     write_file(path, (json.dumps(doc, indent=2) + "\n").encode(), what="--out directory")
 
 
+def _count(done: int, total: int | None) -> str:
+    """Requests done, of how many where that is known (a level bounded by time has no total)."""
+    return f"{done}/{total}" if total is not None else f"{done} done"
+
+
 class _ProgressBar:
     """A rich progress bar on stderr, one task per level."""
 
@@ -289,13 +298,14 @@ class _ProgressBar:
         from rich.console import Console  # lazy: startup
         from rich.progress import (  # lazy: startup
             BarColumn,
-            MofNCompleteColumn,
             Progress,
             TextColumn,
             TimeElapsedColumn,
         )
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        # "12/64" of a level of -n requests; "36 done" of one bounded by --duration, whose total no one
+        # knows (never "36/?")
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                                  TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True)
         self.progress.start()
         self.task: Any = None
@@ -308,9 +318,9 @@ class _ProgressBar:
                 self.progress.remove_task(self.task)
             what = f"level {p.level_index + 1}/{p.levels} " + (
                 f"c={p.concurrency}" if p.concurrency else "arrivals") + (" warm-up" if p.warmup else "")
-            self.task = self.progress.add_task(what, total=p.total)
+            self.task = self.progress.add_task(what, total=p.total, count="")
             self.key = key
-        self.progress.update(self.task, completed=p.done)
+        self.progress.update(self.task, completed=p.done, count=_count(p.done, p.total))
 
     def close(self) -> None:
         self.progress.stop()

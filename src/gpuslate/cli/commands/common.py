@@ -22,12 +22,13 @@ def describe(parser: argparse.ArgumentParser, *, description: str, epilog: str) 
     parser.description, parser.epilog = description, epilog
 
 
-def add_common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
-    """--sim and --json, accepted both before and after the command name."""
+def add_common(parser: argparse.ArgumentParser, *, top: bool = False, sim_help: str | None = None) -> None:
+    """--sim and --json, accepted both before and after the command name; ``sim_help``: what --sim
+    means for a command that does not take ``$GPUSLATE_SIM`` (the demo's temporary host)."""
     # SUPPRESS keeps a subcommand's default from overwriting the top-level value
     default = None if top else argparse.SUPPRESS
-    parser.add_argument("--sim", metavar="DIR", default=default,
-                        help="use the simulated host in DIR (default: $GPUSLATE_SIM, else the NVIDIA driver)")
+    parser.add_argument("--sim", metavar="DIR", default=default, help=sim_help or
+                        "use the simulated host in DIR (default: $GPUSLATE_SIM, else the NVIDIA driver)")
     parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
                         help="print the versioned JSON document instead of a table")
 

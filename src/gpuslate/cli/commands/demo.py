@@ -86,7 +86,8 @@ def build(p: argparse.ArgumentParser) -> None:
                                            130: "interrupted by Ctrl-C (everything stopped and verified)",
                                            141: "stdout or stderr went away (a closed pipe): likewise",
                                            143: "terminated by SIGTERM (likewise)"}))
-    add_common(p)
+    add_common(p, sim_help="run on the simulated host in DIR (default: a new one in a temporary folder, never "
+                           "$GPUSLATE_SIM: the demo clears and takes every GPU of its host)")
     p.add_argument("--quick", action="store_true", help="a short sweep (under a minute on 2 cores)")
     p.add_argument("--engine", choices=EMULATED, default=SEED_ENGINE,
                    help=f"the engine whose command lines and files the story is told in (emulated; default "

@@ -13,6 +13,7 @@ from ...errors import Interrupted
 from ...extras import Extra, install_hint, missing, require
 from ..exits import ExitStatus, exit_epilog, exit_status_for_result
 from ..render.output import Mode, OutputLost, set_mode
+from ..render.plain import cut
 from . import present
 from .common import add_common, describe, note, print_error
 
@@ -197,18 +198,34 @@ class ProgressDisplay:
         else:
             note(msg)
 
-    def line(self) -> str:
+    def line(self, width: int | None = None) -> str:
+        """The live line; on a terminal of ``width`` columns, said shorter where it would not fit (a
+        line the terminal wraps is drawn again under itself at every refresh): the deployment and the
+        level always, whole."""
         p = self.current
         if p is None:
             return ""
         remaining = None if p.eta_at is None else max(0.0, p.eta_at - time.monotonic())
+        level = p.concurrency is not None and p.repeat is not None
+        what = ("control" if p.control else f"repeat {(p.repeat or 0) + 1}") if level else ""
+        count = f"{p.done}/{p.total}" if p.total is not None else f"{p.done}"  # a level bounded by time: no total
+        running = p.phase in ("warmup", "running")
         left = f", ~{_dur(remaining)} left" if remaining is not None else ""
-        where = (f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})"
-                 + (f" c={p.concurrency} " + ("control" if p.control else f"repeat {(p.repeat or 0) + 1}")
-                    if p.concurrency is not None and p.repeat is not None else ""))
-        reqs = f" {p.phase} {p.done}/{p.total if p.total is not None else '?'} requests" \
-            if p.phase in ("warmup", "running") else f" {p.phase}"
-        return f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+        where = f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})" + (
+            f" c={p.concurrency} {what}" if level else "")
+        reqs = f" {p.phase} {count} requests" if running else f" {p.phase}"
+        text = f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+        if width is None or len(text) < width:
+            return text
+        short = f"{p.deployment}" + (f" c={p.concurrency} {'ctl' if p.control else f'r{(p.repeat or 0) + 1}'}"
+                                      if level else "")
+        reqs = f"{'warm-up ' if p.phase == 'warmup' else ''}{count} req" if running else p.phase
+        when = f"~{_dur(remaining)} left" if remaining is not None else _dur(p.elapsed_s)
+        points = f"{p.points_done}/{p.points_total} pts"
+        for text in (f"{short}: {reqs} | {points} | {when}", f"{short} | {points} | {when}"):
+            if len(text) < width:
+                break
+        return cut(text, width - 1)
 
     def update(self, p: ExperimentProgress) -> None:
         key = (p.deployment, p.concurrency, p.repeat, p.phase)
@@ -238,10 +255,10 @@ class _Line:
     def __init__(self, display: ProgressDisplay) -> None:
         self.display = display
 
-    def __rich__(self) -> Any:
+    def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.text import Text  # lazy: startup
 
-        return Text(self.display.line())  # plain text: no markup, no highlighting
+        yield Text(self.display.line(options.max_width))  # plain text: no markup, no highlighting
 
 
 def _dur(s: float | None) -> str:

@@ -97,10 +97,11 @@ def build(p: argparse.ArgumentParser) -> None:
                         description="Run a simulated CUDA MPS server (nvidia-cuda-mps-server) until killed: it "
                         "holds FOOTPRINT on each listed GPU as a compute context, as a real idle server does "
                         "(66 MiB on an H200), and runs as DIR/bin/nvidia-cuda-mps-server, a copy of the "
-                        "system's sleep. It is a GPU daemon (spared by clear, its memory a baseline that wait "
-                        "and clear do not count) when that copy is root's, as when root runs this; for another "
-                        "user it is an ordinary process of theirs. 'sim hold --mps' starts its clients. "
-                        "Prints one JSON line {\"ready\": true, \"pid\": ..., \"workers\": []} when held.",
+                        "system's sleep, started by a simulated control daemon (DIR/bin/nvidia-cuda-mps-control). "
+                        "It is a GPU daemon (spared by clear, its memory a baseline that wait and clear do not "
+                        "count) when those copies are root's, as when root runs this; for another user it is an "
+                        "ordinary process of theirs. 'sim hold --mps' starts its clients. Prints one JSON line "
+                        "{\"ready\": true, \"pid\": ..., \"control\": ..., \"workers\": []} when held.",
                         epilog=exit_epilog({0: "the server ended (SIGTERM or SIGINT to this command ends it)",
                                             2: "bad input, or no simulated host",
                                             5: "this user may not record memory in the host's folder, or "
@@ -117,9 +118,10 @@ def build(p: argparse.ArgumentParser) -> None:
                           "endpoints) generating tokens on a documented performance model of continuous "
                           "batching; its workers hold simulated GPU memory. See docs/sim-server.md.",
                           epilog=exit_epilog({0: "ended by SIGTERM", 130: "ended by SIGINT (Ctrl-C)",
-                                              2: "bad input, or the bench extra (aiohttp) not installed",
-                                              1: "failed to start (e.g. its "
-                                              "port is in use, or --fail-startup)",
+                                              2: "bad input (its port in use), or the bench extra (aiohttp) "
+                                              "not installed: nothing started",
+                                              1: "its simulated startup failed (--fail-startup), as an "
+                                              "engine's crash exits",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
     serve.lazy_build = _serve_options  # type: ignore[attr-defined]

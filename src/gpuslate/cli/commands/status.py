@@ -23,7 +23,13 @@ def run(args: argparse.Namespace) -> int:
             return _watch(args, line, host)
     # Not closed for one snapshot: the process exits now and the driver releases
     # everything; nvmlShutdown would add milliseconds to every call.
-    return present(args, host.status(line.gpus))
+    snap = host.status(line.gpus)
+    if line.compact and not args.json:
+        from ..render.status import print_compact  # lazy: startup (status --json shows no table)
+
+        print_compact(snap)
+        return ExitStatus.OK
+    return present(args, snap)
 
 
 def _watch(args: argparse.Namespace, line: StatusLine, host: Host) -> int:
@@ -34,10 +40,11 @@ def _watch(args: argparse.Namespace, line: StatusLine, host: Host) -> int:
                 sys.stdout.write(json.dumps(host.status(line.gpus).to_json()) + "\n")
                 sys.stdout.flush()
                 time.sleep(line.watch)
-        from ..render.status import print_status  # lazy: startup (status --json shows no table)
+        from ..render.status import print_compact, print_status  # lazy: startup (status --json shows no table)
 
+        show = print_compact if line.compact else print_status
         while True:
-            print_status(host.status(line.gpus), redraw=True)
+            show(host.status(line.gpus), redraw=True)
             time.sleep(line.watch)
     except OutputLost:  # the reader went away: 141, not a Ctrl-C (cli/render/output.py)
         raise

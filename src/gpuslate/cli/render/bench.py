@@ -38,6 +38,13 @@ def _accept(lv: LevelResult) -> str:
     return "-"
 
 
+def _connection_note(connection: str) -> str:
+    """What TTFT and E2E hold, by the run's connection convention (the plan's ``connection``)."""
+    if connection == "per-request":
+        return "TTFT and E2E include a new connection per request (as SGLang's bench_serving)"
+    return "TTFT and E2E on reused connections (as vLLM's bench serve; SGLang's: --connection per-request)"
+
+
 def level_label(lv: LevelResult) -> str:
     """What names a level in every row: its concurrency (or request rate), ``*`` when an interrupt
     cut it short, ``!`` when the server was still warming up."""
@@ -57,6 +64,11 @@ def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[
             + (", interrupted: levels marked * were cut short" if result.interrupted else ""))
     lines = wrapped([head], width)
     lines[0] = paint(model, ("bold",), color) + lines[0][len(model):]
+    scale = server.get("time_scale")  # a simulated server says it (sim serve --time-scale)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
+        lines += [paint(x, ("yellow",), color) for x in wrapped([
+            f"scaled figures: the server simulates its model {scale:g}x faster than modelled (--time-scale "
+            f"{scale:g}): throughputs are {scale:g}x, latencies 1/{scale:g} of the model's"], width)]
     goodput = bool(result.plan.goodput)
     # the one table style of every command: bold Title Case headers, no borders (units stay as written)
     names = ["Conc", "Done", "Fail", "Req/s", "Out tok/s", "Peak tok/s", "In flight", "Accept", "Spec steps"] \
@@ -77,7 +89,8 @@ def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[
         rows.append(row)
     if rows:
         lines += tables(columns, rows, color=color, width=width)
-    foot = ["latencies: median / p99", "ITL per token (SGLang), chunk gap between streamed chunks",
+    foot = ["latencies: median / p99", _connection_note(result.plan.connection),
+            "ITL per token (SGLang), chunk gap between streamed chunks",
             "in flight: achieved concurrency", "accept: tokens per request-step over all steps",
             "peak: the most output tokens in one second"]
     if any(lv.accept_length is None and lv.accept_length_spec is not None for lv in result.levels):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import IO, Any
 
 from ..._parse import format_gpu_list, format_size, gpus_phrase
@@ -11,37 +12,84 @@ from ...clearing.plan import Plan, Role, Target, not_chosen
 from ...clearing.wait import GpuDiagnosis, WaitResult
 from ...host.daemons import DaemonHold
 from ...proc.terminate import VictimResult
-from .styled import CommandCell, cell, command_limit, emit, one_line, process_table
+from .plain import Cell, Column, clean, table, use_color, width_of
+from .styled import cell, command_limit, emit, one_line
+
+#: the plan's columns, and the result's (after the act): only the command is ever cut (PIDs, users
+#: and GPUs stay whole at any width); the signals are condensed (``TERM KILL``: when each was sent is
+#: in the JSON and the audit log), and when each process ended is said in seconds after the first
+_PLAN_COLUMNS = (Column("PID", "right"), Column("Role"), Column("User"), Column("GPUs"),
+                 Column("GPU memory", "right"), Column("Command", command=True))
+_RESULT_COLUMNS = (*_PLAN_COLUMNS[:5], Column("Signals"), Column("Ended", "right"), _PLAN_COLUMNS[5])
+#: short names in the table (the JSON and the reasons say them whole)
+_ROLE_WORD = {Role.FORKED: "forked"}
 
 
-def plan_table(plan: Plan, result: ClearResult | None = None) -> Any:
-    cols = ["PID", "Role", "User", "GPUs", "GPU memory", "Command"]
-    if result is not None:
-        cols[5:5] = ["Signals", "Ended"]
-    t = process_table(tuple((c, "right" if c in ("PID", "GPU memory") else "left") for c in cols))
+def _signal_word(name: str) -> str:
+    return name.removeprefix("SIG")
+
+
+def _ended_cell(r: VictimResult | None) -> Cell:
+    """When the process ended (seconds after the first signal), and how where the last signal
+    sent does not say it (``gone`` before any signal, a reused pid)."""
+    if r is not None and r.permission_denied:
+        return Cell("permission denied", ("red",))
+    if r is not None and r.refused is not None:
+        return Cell("refused at act time", ("yellow",))
+    if r is None or r.exited_at is None:
+        return Cell("still running", ("red",))
+    last = next((s.signal for s in reversed(r.signals) if s.outcome == "delivered"), None)
+    how = "" if r.ended_by == last or r.ended_by is None else f"{_signal_word(r.ended_by)} "
+    return Cell(f"{how}{r.exited_at:.2f}s")
+
+
+def ordered(targets: list[Target]) -> list[Target]:
+    """Targets as a person reads them: job by job (the job of the lowest GPU first), each job's
+    launcher first, then its processes by GPU."""
+    first_gpu: dict[int, int] = {}
+    for tg in targets:
+        if tg.gpus:
+            first_gpu[tg.job] = min(first_gpu.get(tg.job, tg.gpus[0]), min(tg.gpus))
+    never = 1 << 30
+
+    def key(tg: Target) -> tuple[int, int, bool, int, int]:
+        return (first_gpu.get(tg.job, never), tg.job, tg.role != Role.LAUNCHER, min(tg.gpus, default=never),
+                tg.ident.pid)
+
+    return sorted(targets, key=key)
+
+
+def plan_lines(plan: Plan, result: ClearResult | None = None, *, out: IO[str] | None = None) -> list[str]:
+    """The plan's table (with ``result``: what the act did to each target), fitting ``out``'s
+    terminal: only the command is cut, from the middle; piped, nothing is."""
+    stream = out or sys.stdout
     by_pid = {r.victim.ident.pid: r for r in result.results} if result else {}
     targets = list(plan.targets)
     if result is not None:  # what the jobs forked while they were stopped comes after the plan
         planned = {tg.ident.pid for tg in targets}
         targets += [_forked_target(r) for r in result.results if r.victim.ident.pid not in planned]
-    for tg in targets:
-        row: list[Any] = [str(tg.ident.pid), tg.role.value, cell(tg.user or "-"), format_gpu_list(tg.gpus) or "-",
-               format_size(tg.used_memory) if tg.used_memory is not None else "-"]
+    rows: list[list[Cell]] = []
+    for tg in ordered(targets):
+        row = [Cell(str(tg.ident.pid)), Cell(_ROLE_WORD.get(tg.role, tg.role.value)), Cell(clean(tg.user or "-")),
+               Cell(format_gpu_list(tg.gpus) or "-"),
+               Cell(format_size(tg.used_memory) if tg.used_memory is not None else "-")]
         if result is not None:
             r = by_pid.get(tg.ident.pid)
-            sigs = ", ".join(f"{s.signal}@{s.at:.3f}s" + ("" if s.outcome == "delivered" else f" ({s.outcome})")
-                             for s in (r.signals if r else []))
-            ended = "[red]still running[/]" if r is None or r.exited_at is None else \
-                f"{r.ended_by} @{r.exited_at:.3f}s"
-            if r is not None and r.permission_denied:
-                ended = "[red]permission denied[/]"
-            if r is not None and r.refused is not None:
-                ended = "[yellow]refused at act time[/]"
-            row += [sigs or "-", ended]
-        container = f"[magenta]container {cell(tg.container)}[/] " if tg.container else ""
-        row.append(CommandCell(tg.command, container))
-        t.add_row(*row)
-    return t
+            sigs = " ".join(_signal_word(s.signal) + ("" if s.outcome == "delivered" else f" ({s.outcome})")
+                            for s in (r.signals if r else []))
+            row += [Cell(sigs or "-"), _ended_cell(r)]
+        container = f"container {clean(tg.container)} " if tg.container else ""
+        row.append(Cell(container + clean(tg.command)))
+        rows.append(row)
+    columns = _RESULT_COLUMNS if result is not None else _PLAN_COLUMNS
+    return table(columns, rows, color=use_color(stream), width=width_of(stream), shrink=len(columns) - 1)
+
+
+def _lines(lines: list[str]) -> list[Any]:
+    """Lines laid out here (ANSI colours included), for :func:`~.styled.emit` beside rich markup."""
+    from rich.text import Text  # lazy: startup
+
+    return [Text.from_ansi(line, no_wrap=True, overflow="ignore") for line in lines]
 
 
 def _forked_target(r: VictimResult) -> Target:
@@ -54,14 +102,14 @@ def print_plan(plan: Plan, file: IO[str] | None = None) -> None:
     n = len(plan.targets)
     out: list[Any] = [f"[bold]Plan[/]: {n} target{'s' if n != 1 else ''}; verifies {gpus_phrase(plan.gpus)}"]
     if plan.targets:
-        out.append(plan_table(plan))
+        out += _lines(plan_lines(plan, out=file))
     emit(*out, *_reasons(plan), *_spared(plan), file=file)
 
 
 def _reasons(plan: Plan) -> list[str]:
     """Why each target is one, and which will be SIGKILLed early because SIGTERM cannot work."""
     out = []
-    for tg in plan.targets:
+    for tg in ordered(list(plan.targets)):
         line = f"  {tg.ident.pid}: {cell(tg.reason)}"
         if tg.ignores_sigterm:
             line += f" [yellow]({cell(tg.ignores_sigterm)}: SIGKILL once the rest of its job has exited)[/]"
@@ -125,7 +173,7 @@ def print_clear(result: ClearResult) -> None:
         if result.baseline:
             emit("[bold]Spared GPU daemons' memory[/] (not counted as used)", *_baseline(result.baseline))
         return
-    out: list[Any] = [plan_table(plan, result) if plan.targets else "No targets."]
+    out: list[Any] = _lines(plan_lines(plan, result)) if plan.targets else ["No targets."]
     out += _spared(plan)
     before = {r.index: r for r in result.before}
     if result.after:

@@ -113,5 +113,7 @@ def show_demo(result: DemoResult) -> None:
     """``demo``: its experiment's report, then the clean-slate check."""
     clean = result.clean
     print_report(result.experiment)
+    n = clean["units_running"]
+    units = "no unit" if n == 0 else f"{n} unit{'s' if n != 1 else ''}"
     print(f"\nVerified clean: {clean['gpus_free']}/{clean['gpus']} GPUs free, "
-          f"{clean['units_running']} unit(s) running; {result.elapsed_s:.0f} s in all.")
+          f"{units} running; {result.elapsed_s:.0f} s in all.")

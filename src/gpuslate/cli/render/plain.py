@@ -40,9 +40,13 @@ def use_color(out: IO[str]) -> bool:
 
 
 def width_of(out: IO[str]) -> int | None:
-    """The terminal's width; ``None`` (no limit) when piped, so no column is squeezed."""
+    """The terminal's width: ``$COLUMNS`` when set (as rich, ``shutil`` and ``ls`` take it), else
+    what the terminal says, else 80; ``None`` (no limit) when piped, so no column is squeezed."""
     if not out.isatty():
         return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit() and 0 < int(columns) < 100_000:
+        return int(columns)
     try:
         return os.get_terminal_size(out.fileno()).columns
     except (OSError, ValueError):
@@ -126,3 +130,14 @@ def wrapped(parts: Sequence[str], width: int | None, sep: str = "; ") -> list[st
     import textwrap  # lazy: startup
 
     return textwrap.wrap(text, width, break_on_hyphens=False)
+
+
+def folded(text: str, width: int | None, indent: str = "    ") -> str:
+    """A sentence on a terminal of ``width`` columns: broken at spaces into lines that fit, the next
+    ones indented, never inside a word (a PID, a path); piped (``width`` None), one line."""
+    if width is None or len(text) <= width:
+        return text
+    import textwrap  # lazy: startup
+
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False,
+                                   break_on_hyphens=False))

@@ -13,11 +13,13 @@ if TYPE_CHECKING:
 
 
 def show_init(result: SimInitResult) -> None:
-    """``sim init``'s result, here or from another host's document."""
-    print(f"Simulated host at {safe(result.root)}: {result.gpus} × {safe(result.name)} "
-          f"({format_size(result.memory)}, NVML memory API {safe(result.memory_api)}), "
-          f"release delay {result.release_delay} s")
-    print(f"Use it with:  export GPUSLATE_SIM={safe(result.root)}   (or --sim {safe(result.root)})")
+    """``sim init``'s result, here or from another host's document: short lines (a path, which
+    cannot be broken, on a line of its own), so that no terminal wraps one."""
+    root = safe(result.root)
+    print(f"Simulated host at {root}\n"
+          f"  {result.gpus} × {safe(result.name)}, {format_size(result.memory)} each\n"
+          f"  NVML memory API {safe(result.memory_api)}, release delay {result.release_delay} s\n"
+          f"Use it with:\n  export GPUSLATE_SIM={root}\n  (or --sim {root})")
 
 
 def show_leak(result: SimLeakResult) -> None:

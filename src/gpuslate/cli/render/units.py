@@ -23,7 +23,7 @@ from ...units.remove import RmResult
 from ...units.restart import RestartResult
 from ...units.stop import StopReport, Verification
 from ...units.swap import SwapResult, SwapStatus
-from .plain import Cell, Column, safe, table, use_color, width_of
+from .plain import Cell, Column, folded, safe, table, tables, use_color, width_of
 
 _PS_COLUMNS = (Column("Name"), Column("State"), Column("PID", "right"), Column("Uptime", "right"),
                Column("Port", "right"), Column("GPUs"), Column("GPU memory", "right"), Column("Ready in", "right"))
@@ -48,6 +48,12 @@ def _out(line: str = "", file: IO[str] | None = None) -> None:
     (file or sys.stdout).write(line + "\n")
 
 
+def _say(line: str) -> None:
+    """A sentence on stdout, broken at spaces where the terminal is narrower (a PID or a GPU list
+    is never split by the terminal's own wrapping)."""
+    _out(folded(line, width_of(sys.stdout)))
+
+
 # -- up ------------------------------------------------------------------------------------------
 
 def print_up(result: UpResult) -> None:
@@ -57,8 +63,8 @@ def print_up(result: UpResult) -> None:
             f"port {r.port if r.port is not None else '-'}, {safe(r.containment)}")
     if result.smoke:
         line += f", smoke completion {result.smoke['latency_s']:.3f} s"
-    _out(line)
-    _out(f"  readiness: {safe(result.readiness['kind'])} ({safe(result.readiness['detail'])})")
+    _say(line)
+    _say(f"  readiness: {safe(result.readiness['kind'])} ({safe(result.readiness['detail'])})")
     _out(f"  log: {safe(r.log)}")
 
 
@@ -110,17 +116,24 @@ def print_down(result: DownResult) -> None:
     if result.cleared is not None:
         _out(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
     if not procs:
-        _out(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
+        _say(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
              + (f" ({t['verify_s']:.2f} s)" if rep.verification in (Verification.RELEASED,
                                                                     Verification.NOT_RELEASED) else ""))
+        _warnings(result)
         return
     verdict = "stopped" if rep.verification != Verification.NOT_RULED_OUT else "NOT verified stopped"
-    _out(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
+    _say(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
          + (f" after {t['verify_s']:.2f} s more" if rep.verification in (Verification.RELEASED,
                                                                         Verification.NOT_RELEASED) else ""))
     if rep.verification in (Verification.RELEASED, Verification.NOT_RELEASED) and rep.unverified:
         _out(f"  not verified: {safe(rep.unverified)}")
+    _warnings(result)
+
+
+def _warnings(result: DownResult) -> None:
+    for w in result.warnings:
+        _out(f"  warning: {safe(w)}")
 
 
 def report_down_failure(result: DownResult) -> None:
@@ -134,10 +147,10 @@ def report_down_failure(result: DownResult) -> None:
     for p in leaks:
         err.write(f"gpuslate: remedy: {safe(p.remedy)}\n")
     alive = [r.victim.ident.pid for r in rep.results + rep.swept if r.alive]
-    strays = [s.pid for s in result.strays]
+    strays = [s for s in result.strays if s.blocking]
     why = (f"processes still running: {alive}" if alive else
-           f"processes not found in it, which cannot be ruled out, hold its GPU memory or port: {strays} "
-           "(add --clear to end them)"
+           "processes not found in it and not proven its own, which gpuslate therefore never signals, hold its "
+           "GPU memory or port: " + "; ".join(f"pid {s.pid} ('{s.remedy()}' ends it)" for s in strays)
            if strays and result.cleared is None else
            f"its GPU memory could not be verified: {rep.unverified}" if rep.released is None
            else "memory on its GPUs is held by no process (a leak; see above)" if leaks
@@ -172,8 +185,9 @@ def print_swap(result: SwapResult) -> None:
         if key in result.phases:
             _out(f"  {label.format(old=old, new=new):<28} {result.phases[key]:8.3f} s")
     overhead = result.overhead_s
-    _out(f"  {'total':<28} {result.total_s:8.3f} s" +
-         (f"  (gpuslate overhead {overhead:.3f} s)" if overhead is not None else ""))
+    _out(f"  {'total':<28} {result.total_s:8.3f} s")
+    if overhead is not None:  # a line of its own: the phases' column fits a 60-column terminal
+        _out(f"  {'of which gpuslate overhead':<28} {overhead:8.3f} s")
     _print_prefetch(result)
     _print_downtime(result)
     print_front(result.front)
@@ -262,7 +276,11 @@ def show_ps(result: PsResult) -> None:
                          Cell(format_duration(u.uptime_s)), Cell(str(port or "-")), Cell(gpu_text(u.unit.gpus)),
                          Cell(format_size(u.gpu_memory) if u.gpu_memory is not None else "-"),
                          Cell(f"{ttr:.2f}s" if ttr is not None else "-")])
-        for line in table(_PS_COLUMNS, rows, color=use_color(out), width=width_of(out), gap=2):
+        width, color = width_of(out), use_color(out)
+        # two spaces between columns where they fit, one where not; narrower still, the columns
+        # after the name go on under it (a table again, each row named): nothing is ever cut
+        gap = 2 if width is None or len(table(_PS_COLUMNS, rows, color=False, width=None, gap=2)[0]) <= width else 1
+        for line in tables(_PS_COLUMNS, rows, color=color, width=width, gap=gap):
             _out(line)
     if result.hidden:
         n = result.hidden

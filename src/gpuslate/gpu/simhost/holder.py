@@ -11,13 +11,21 @@ then says ``Z`` for a process that lives, see :mod:`gpuslate.proc.procfs`).
 And CUDA MPS (``gpuslate sim mps``, ``sim hold --mps``): a real MPS server is
 ``nvidia-cuda-mps-server``, a root-owned program holding a context (66 MiB on
 an H200) on every GPU its clients use, listed by the driver as a compute
-process; its clients' contexts are listed as MPS contexts. The simulated server
-holds its footprint and then becomes, by ``exec`` with its fds (and so its
-records and their locks) kept, a copy of the system's ``sleep`` named
+process; its clients' contexts are listed as MPS contexts; its parent is the
+MPS control daemon (``nvidia-cuda-mps-control -d``, which daemonized: a session
+of its own), and its environment is the control daemon's. The simulated server
+is the same: a simulated control daemon (a process in a session of its own that
+becomes, by ``exec``, a copy of the system's ``sleep`` named
+``nvidia-cuda-mps-control``) forks it; it holds its footprint and then becomes,
+by ``exec`` with its fds (and so its records and their locks) kept, a copy named
 ``nvidia-cuda-mps-server``: the program ``/proc/PID/exe`` shows, which is what
 tells a GPU daemon (a system program of that name: the copy is root's when root
-makes it). A client (``--mps``) records MPS contexts and needs a live simulated
-server of its own user on each of its GPUs, as MPS serves one user at a time.
+makes it). What proves a daemon (:mod:`gpuslate.proc.daemons`: its program file
+unchanged in a folder only root can change, its user, nothing preloaded in its
+environment or its memory map, the control daemon its parent) is then what
+``/proc`` shows of real programs: the copies map the system's own libraries. A
+client (``--mps``) records MPS contexts and needs a live simulated server of its
+own user on each of its GPUs, as MPS serves one user at a time.
 """
 
 from __future__ import annotations
@@ -26,18 +34,20 @@ import ctypes
 import importlib.util
 import json
 import os
+import select
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import IO, NamedTuple, NoReturn
 
 from ..._parse import format_gpu_list
 from ...errors import PermissionDenied, ServerFailed, UsageError
-from ...proc.daemons import MPS_SERVER
+from ...proc.daemons import MPS_CONTROL, MPS_SERVER
 from ...proc.jobs import program
-from ...proc.procfs import PROC, read_exe
+from ...proc.procfs import PROC, read_exe, read_stat
 from .host import SimHost
 
 #: the simulated MPS server's program runs this long (it is ended by a signal)
@@ -165,57 +175,113 @@ def _hold_here(host: SimHost, held: list[tuple[int, int]], kind: str = "compute"
 def mps_server(host: SimHost, gpus: list[int], footprint: int, *, out: IO[str] = sys.stdout) -> None:
     """Run a simulated MPS server holding ``footprint`` bytes on each GPU until it ends (module doc).
 
-    This process stands for the control daemon: it forks the server, which holds the memory and
-    then runs as ``DIR/bin/nvidia-cuda-mps-server`` (:meth:`SimHost.daemon_program`), the same
-    process with the same fds. Once it does, this writes ``{"ready": true, "pid": SERVER,
-    "workers": []}`` to ``out``; it ends the server when it gets SIGTERM or SIGINT (``quit``),
-    and returns when the server has ended. Raises ServerFailed, holding nothing, when a GPU lacks
-    the room.
+    This process forks the control daemon, which starts a session of its own, forks the server and
+    then runs as ``DIR/bin/nvidia-cuda-mps-control``; the server holds the memory and then runs as
+    ``DIR/bin/nvidia-cuda-mps-server`` (:meth:`SimHost.daemon_program`), the same process with the
+    same fds. Once it does, this writes ``{"ready": true, "pid": SERVER, "control": CONTROL,
+    "workers": []}`` to ``out``; it ends both when it gets SIGTERM or SIGINT (``quit``), and returns
+    when the server has ended (then ending the control daemon). Raises ServerFailed, holding
+    nothing, when a GPU lacks the room.
     """
     if not gpus:
         raise UsageError("no GPUs to serve: pass --gpus")
     if footprint <= 0:
         raise UsageError("invalid --footprint: an MPS server holds more than 0 bytes on each GPU")
     host.check_gpus(gpus)
-    exe = host.daemon_program(MPS_SERVER)
+    control_exe = host.daemon_program(MPS_CONTROL)
+    server_exe = host.daemon_program(MPS_SERVER)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # a forked child must not flush the parent's buffers again
-    r, w = os.pipe()  # the write end closes on the server's exec: end of file says it runs
-    pid = os.fork()
-    if pid == 0:
+    r, w = os.pipe()  # every write end closes on an exec: end of file says both run (or one failed)
+    control = os.fork()
+    if control == 0:
         try:
             os.close(r)
-            fds = _hold_here(host, [(g, footprint) for g in gpus])
-            for fd in fds:  # the records, their locks and the device files stay the server's
-                os.set_inheritable(fd, True)
-            os.execv(exe, [MPS_SERVER, _FOREVER_S])
-        except BaseException as exc:  # noqa: BLE001 - report, never fall back into the caller's stack
-            word = "permission" if isinstance(exc, (PermissionError, PermissionDenied)) else "failed"
-            os.write(w, f"{word} {' '.join(str(exc).split())}".encode()[:4000])
+            os.setsid()  # as nvidia-cuda-mps-control -d daemonizes
+            child = os.fork()
+            if child == 0:
+                try:
+                    fds = _hold_here(host, [(g, footprint) for g in gpus])
+                    for fd in fds:  # the records, their locks and the device files stay the server's
+                        os.set_inheritable(fd, True)
+                    os.execv(server_exe, [MPS_SERVER, _FOREVER_S])
+                except BaseException as exc:  # noqa: BLE001 - report, never fall back into the caller's stack
+                    word = "permission" if isinstance(exc, (PermissionError, PermissionDenied)) else "failed"
+                    os.write(w, f"{word} {' '.join(str(exc).split())}\n".encode()[:4000])
+                finally:
+                    os._exit(1)
+            os.write(w, f"server {child}\n".encode())
+            os.execv(control_exe, [MPS_CONTROL, _FOREVER_S])
+        except BaseException as exc:  # noqa: BLE001
+            os.write(w, f"failed {' '.join(str(exc).split())}\n".encode()[:4000])
         finally:
             os._exit(1)
     os.close(w)
     with os.fdopen(r, "rb") as f:
-        failure = f.read().decode("utf-8", "replace")
-    if failure:
-        os.waitpid(pid, 0)
-        word, _, message = failure.partition(" ")
+        said = f.read().decode("utf-8", "replace").splitlines()
+    server = next((int(line.split()[1]) for line in said if line.startswith("server ")), None)
+    failure = next((line for line in said if not line.startswith("server ")), None)
+    if failure is not None or server is None:
+        _end(control)
+        os.waitpid(control, 0)
+        word, _, message = (failure or "failed the control daemon did not start").partition(" ")
         raise (PermissionDenied if word == "permission" else ServerFailed)(message)
 
+    for pid in (server, control):
+        _await_exec(pid)
+
     def quit_server(signum: int, frame: object) -> None:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        _end(server)
+        _end(control)
 
     signal.signal(signal.SIGTERM, quit_server)
     signal.signal(signal.SIGINT, quit_server)
-    out.write(json.dumps({"ready": True, "pid": pid, "workers": []}) + "\n")
+    out.write(json.dumps({"ready": True, "pid": server, "control": control, "workers": []}) + "\n")
     out.flush()
+    _await_exit(server)
+    _end(control)
     try:
-        os.waitpid(pid, 0)  # retried across the signals above (PEP 475)
+        os.waitpid(control, 0)  # retried across the signals above (PEP 475)
     except ChildProcessError:
         pass
+
+
+def _end(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def _await_exec(pid: int, timeout: float = 5.0) -> None:
+    """Until ``pid``'s exec is done: the kernel closes its close-on-exec fds and shows the new program a
+    moment before it has set up the environment (``/proc/PID/environ`` reads empty meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"{PROC}/{pid}/environ", "rb") as f:
+                if f.read(1):
+                    return
+        except OSError:
+            return  # gone, or not ours to read: nothing to wait for
+        time.sleep(0.001)
+
+
+def _await_exit(pid: int) -> None:
+    """Until process ``pid`` (not a child of this one) has exited: its pidfd says so, else /proc."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            while not select.select([fd], [], [], None)[0]:
+                pass
+        finally:
+            os.close(fd)
+        return
+    while (st := read_stat(pid)) is not None and not st.has_exited:
+        time.sleep(0.05)
 
 
 def check_mps_servers(host: SimHost, gpus: list[int]) -> None:

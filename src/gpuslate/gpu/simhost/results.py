@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..._document import checked, reading
+from ..._document import MAX_GPU, Fields, checked, reading
 from ...outcome import Outcome, StatusEnum
 from .host import SimHost
 
@@ -46,11 +46,11 @@ class SimInitResult(NamedTuple):
 
     @classmethod
     def from_json(cls, doc: object) -> SimInitResult:
-        d = checked(doc, INIT_SCHEMA)
+        f = Fields(checked(doc, INIT_SCHEMA))
         with reading(INIT_SCHEMA):
-            return cls(_str(d["root"]), _int(d["gpus"]), _int(d["memory"]), _int(d["reserved"]), _str(d["name"]),
-                       _number(d["release_delay"]), _str(d["memory_api"]),
-                       _int(d["host_memory"]) if d.get("host_memory") is not None else None)
+            return cls(f.text("root"), f.integer("gpus", 1, MAX_GPU + 1, what="a GPU count"), f.size("memory"),
+                       f.size("reserved"), f.text("name"), f.seconds("release_delay"), f.text("memory_api"),
+                       f.opt_size("host_memory", default=None))
 
 
 class SimLeakResult(NamedTuple):
@@ -67,24 +67,6 @@ class SimLeakResult(NamedTuple):
 
     @classmethod
     def from_json(cls, doc: object) -> SimLeakResult:
-        d = checked(doc, LEAK_SCHEMA)
+        f = Fields(checked(doc, LEAK_SCHEMA))
         with reading(LEAK_SCHEMA):
-            return cls(_int(d["gpu"]), _int(d["memory"]), _str(d["record"]))
-
-
-def _int(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"expected a whole number, got {v!r}")
-    return v
-
-
-def _number(v: object) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"expected a number, got {v!r}")
-    return v
-
-
-def _str(v: object) -> str:
-    if not isinstance(v, str):
-        raise TypeError(f"expected a string, got {v!r}")
-    return v
+            return cls(f.gpu("gpu"), f.size("memory"), f.text("record"))

@@ -1,0 +1,114 @@
+"""The suite's own check that every process a test starts is ended (tests/leakcheck.py), proved on
+a small suite of its own run by a real pytest, under xdist: a test that leaves a process running
+fails at its teardown, naming itself and the command; what a module fixture leaves, and a process
+that wrote over its environment (a setproctitle title), fail the run at its end; every one of them is
+killed; a tidy suite, with a process that takes a while to go, passes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers import is_gone
+
+pytestmark = pytest.mark.slow  # two pytest runs of their own
+
+TESTS = Path(__file__).resolve().parent
+
+LEAKY = '''
+import subprocess, sys, pytest
+
+@pytest.fixture(scope="module")
+def daemon():
+    yield subprocess.Popen(["sleep", "{t}1"], start_new_session=True)  # never ended
+
+def test_leaks():
+    subprocess.Popen(["sleep", "{t}2"], start_new_session=True)
+
+def test_titled(tmp_path):
+    code = "import setproctitle, time; setproctitle.setproctitle('leaky-{t}3'); time.sleep(300)"
+    subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, start_new_session=True)
+
+def test_uses_the_daemon(daemon):
+    assert daemon.poll() is None
+'''
+
+TIDY = '''
+import signal, subprocess, sys, pytest
+
+SLOW_TO_GO = "import signal, time; signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), exit())); time.sleep(300)"
+
+@pytest.fixture
+def server():
+    p = subprocess.Popen([sys.executable, "-c", SLOW_TO_GO], start_new_session=True)
+    yield p
+    p.terminate()  # it takes half a second to go, after this finalizer returned: not a leftover
+
+def test_ended(server):
+    p = subprocess.Popen(["sleep", "{t}4"])
+    p.kill()
+    p.wait()
+'''
+
+
+def sub_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (folder / "pytest.ini").write_text("[pytest]\n")
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "GPUSLATE_TEST_SETTLE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-q",
+                           "--rootdir", str(folder), "-c", str(folder / "pytest.ini"), *args],
+                          cwd=folder, capture_output=True, text=True, env=env, timeout=120)
+
+
+def kill_token(token: str) -> None:
+    """The test's own cleanup, whatever the plugin did: every process whose command names ``token``."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if token.encode() in cmd:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_leftovers_are_named_killed_and_fail_the_run(tmp_path: Path) -> None:
+    token = str(uuid.uuid4().int % 10**8 + 10**8)  # sleep durations no other process uses
+    (tmp_path / "test_leaky.py").write_text(LEAKY.replace("{t}", token))
+    try:
+        r = sub_pytest(tmp_path, "-n", "2", "test_leaky.py")
+        out = r.stdout + r.stderr
+        assert r.returncode == 1, out
+        # the test that leaked fails at its teardown, naming itself and the command
+        assert "ERROR test_leaky.py::test_leaks" in out
+        assert f"started by test_leaky.py::test_leaks: sleep {token}2" in out
+        # the run's end: the module fixture's process, with the test it was set up for; the titled
+        # process by the test folder it works in
+        assert "2 process(es) left running by the tests (killed now)" in out, out
+        assert f"module fixture daemon, set up for test_leaky.py::test_uses_the_daemon: sleep {token}1" in out
+        assert re.search(rf"started by the test whose folder it uses \(\S*test_titled\S*\): leaky-{token}3", out), out
+        pids = [int(p) for p in re.findall(r"PID (\d+), started by", out)]
+        assert len(pids) == 3 and all(is_gone(p) for p in pids), out
+    finally:
+        kill_token(token)
+
+
+def test_a_tidy_suite_passes(tmp_path: Path) -> None:
+    token = str(uuid.uuid4().int % 10**8 + 10**8)
+    (tmp_path / "test_tidy.py").write_text(TIDY.replace("{t}", token))
+    try:
+        r = sub_pytest(tmp_path, "test_tidy.py")
+        assert r.returncode == 0 and "left running" not in r.stdout, r.stdout + r.stderr
+    finally:
+        kill_token(token)
