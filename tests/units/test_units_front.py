@@ -238,6 +238,10 @@ def test_gpuslate_killed_in_each_phase_leaves_a_named_front_that_a_command_route
         # the remedy ps names: the unit that is left runs again behind it
         runs = {u.name for u in load_units(unit_records()) if u.running()}
         remedy = ("restart", "a") if "a" in runs else ("restart", "b") if "b" in runs else ("up", "b")
+        if remedy[0] == "up":  # a's server took its SIGTERM and is going: its workers go with it, then
+            # their memory is released; up's pre-flight wants the GPU free, as it should
+            free = run_units("wait", "--free", "--gpus", "0", "--timeout", "30")
+            assert free.returncode == 0, free.stdout + free.stderr
         rr = run_units(*remedy, timeout=120)
         assert rr.returncode == 0, rr.stderr
         load.wait_done(4, timeout=60)
