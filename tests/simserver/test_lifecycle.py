@@ -65,7 +65,8 @@ class Server:
         return any(text in line for line in self.log)
 
     def wait_line(self, text: str, timeout: float = 30) -> None:
-        wait_for(lambda: self.saw(text) or self.proc.poll() is not None, timeout=timeout)
+        # until the line comes, or its stderr ended (read to its end: the process is gone)
+        wait_for(lambda: self.saw(text) or not self._reader.is_alive(), timeout=timeout)
         assert self.saw(text), "\n".join(self.log)
 
     def get(self, path: str) -> int:
@@ -234,7 +235,7 @@ def test_vllm_drain_timeout_cuts_what_still_runs(serve):
     s.term()
     assert stream.ended.wait(20) and not stream.done
     assert s.proc.wait(10) == 0 and 0.9 < time.monotonic() - t0 < 5
-    assert s.saw("drain timed out: 1 request still running")
+    s.wait_line("drain timed out: 1 request still running", timeout=10)
 
 
 def test_sglang_keeps_serving_through_sigterm_and_goes_at_its_watchdog_tick(serve):
@@ -275,7 +276,7 @@ def test_a_worker_that_dies_ends_the_sglang_server_and_its_drain(serve, tmp_path
     s.term(group=True)
     assert stream.ended.wait(10) and not stream.done
     assert s.proc.wait(10) == 1 and time.monotonic() - t0 < 4
-    assert s.saw("is gone: the engine cannot run its requests without it")
+    s.wait_line("is gone: the engine cannot run its requests without it", timeout=10)  # read by the time it exited
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

@@ -62,7 +62,6 @@ LOG_PREFIX = "[sim-serve]"
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's, verbatim
 HEALTH_GENERATE_TIMEOUT = 20.0  # seconds, like SGLang's health_generate
 VERSION_PATH = "/version"
-INFO_PATHS = ("/get_server_info", "/server_info")  # the simulator's own view: answered while it stops too
 WATCH_FLOOR_S = 0.02  # the shortest look at the workers (an engine that sees a death at once)
 
 Log = Callable[[str], None]
