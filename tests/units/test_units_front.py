@@ -5,6 +5,7 @@ front's own process dying each end as docs/units.md ("Front") says."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -102,6 +103,40 @@ def test_restarts_and_swaps_behind_a_front_lose_nothing(fronts_host: SimHost) ->
     assert max(r.latency for r in records) < longest + 2.0
 
 
+def emulated_cmd(engine: str, port: int, *extra: str, startup: float = 0.3) -> list[str]:
+    """``sim serve --emulate ENGINE``: the engine's own arguments, serving sim-model on ``port``."""
+    head = {"vllm": ["serve", "sim-model", "--served-model-name", "sim-model"],
+            "sglang": ["--model-path", "sim-model"], "trtllm": ["sim-model", "--host", "127.0.0.1"]}[engine]
+    return [sys.executable, "-m", "gpuslate", "sim", "serve", "--startup-seconds", str(startup), "--memory", "1GiB",
+            *extra, "--emulate", engine, "--", *head, "--port", str(port)]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_swaps_behind_a_front_lose_nothing_with_each_engines_own_start_and_stop(
+        fronts_host: SimHost, engine: str) -> None:
+    """Each engine as it starts and stops (vLLM refuses connections while it loads, SGLang binds
+    only once loaded and warms up, TensorRT-LLM closes its port at SIGTERM; a worker that dies ends
+    the server): restarts and swaps behind the front still lose nothing."""
+    port, fport = free_port(), free_port()
+    lines = [f"[units.{name}]\ncommand = {json.dumps(emulated_cmd(engine, port, *extra))}\ngpus = \"0\"\n"
+             f"port = {port}\nengine = \"{engine}\"\ngrace = 2\nfront = {fport}\n"
+             for name, extra in (("a", ()), ("b", ("--base-step-ms", "5")))]
+    Path("gpuslate.toml").write_text("\n".join(lines))
+    r = run_units("up", "a", timeout=120)
+    assert r.returncode == 0, r.stderr
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=8, max_tokens=24) as load:
+        load.wait_done(16)
+        for verb in (["restart", "a"], ["swap", "a", "b"], ["swap", "b", "a"]):
+            rc, doc = swap_json(*verb)
+            assert rc == 0, doc
+            fr = doc["front"]
+            assert fr["state"] == "serving" and fr["unit"] == verb[-1] and fr["drain"]["cut"] == 0, fr
+            load.wait_done(16)
+        records = load.stop()
+    assert all(r.ok for r in records), summary(records)
+    assert run_units("down", "a").returncode == 0
+
+
 def test_without_the_front_every_restart_fails_requests(fronts_host: SimHost) -> None:
     port = free_port()
     up("a", port, None)
@@ -132,6 +167,8 @@ def test_a_drain_that_times_out_cuts_what_runs_and_counts_it(fronts_host: SimHos
     assert 0.5 <= drain["seconds"] < 3, drain
     cut = [r for r in records if not r.ok]
     assert len(cut) == 2, summary(records)  # the two long streams, cut when the unit stopped: counted above
+    if importlib.util.find_spec("prometheus_client"):  # and the exporter counts them
+        assert _one(_front_figures(), "gpuslate_front_last_swap_cut_requests") == 2
 
 
 @pytest.mark.parametrize("rollback", [False, True])
@@ -201,6 +238,10 @@ def test_gpuslate_killed_in_each_phase_leaves_a_named_front_that_a_command_route
         # the remedy ps names: the unit that is left runs again behind it
         runs = {u.name for u in load_units(unit_records()) if u.running()}
         remedy = ("restart", "a") if "a" in runs else ("restart", "b") if "b" in runs else ("up", "b")
+        if remedy[0] == "up":  # a's server took its SIGTERM and is going: its workers go with it, then
+            # their memory is released; up's pre-flight wants the GPU free, as it should
+            free = run_units("wait", "--free", "--gpus", "0", "--timeout", "30")
+            assert free.returncode == 0, free.stdout + free.stderr
         rr = run_units(*remedy, timeout=120)
         assert rr.returncode == 0, rr.stderr
         load.wait_done(4, timeout=60)
@@ -255,3 +296,142 @@ def test_down_ends_the_front_and_the_defaults_are_safe(fronts_host: SimHost) -> 
     assert all(not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text().lower()
                for p in pids)
     assert "front-" in _audit()  # its signals were audited like a unit's
+
+
+def _up_json(name: str) -> tuple[int, dict]:
+    r = run_units("up", name, "--json", timeout=120)
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {"stderr": r.stderr}
+
+
+def test_up_of_a_running_unit_routes_its_stranded_front(fronts_host: SimHost) -> None:
+    """A swap killed while it drains leaves the front holding for nobody (stranded) and OLD running:
+    ``up OLD`` routes the front to it again, says so, and the requests it held go through."""
+    port, fport = free_port(), free_port()
+    unit_file(b=serve_cmd(port, startup=3.0, memory="1GiB"))
+    up("a", port, fport, "--base-step-ms", "40")
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=60) as load:
+        wait_for(lambda: any(r.first for r in load.records), timeout=20)
+        _kill_swap_at("draining", port, fport)
+        assert front_of("a").live()[0].value == "stranded"
+        rc, doc = _up_json("a")
+        assert rc == 0 and doc["status"] == "ready", doc
+        fr = doc["front"]
+        assert fr["state"] == "serving" and fr["unit"] == "a" and not fr["started"], fr
+        assert "it was stranded" in fr["note"] and "routed to a" in fr["note"], fr
+        load.wait_done(4, timeout=60)
+        records = load.stop()
+    assert front_of("a").live()[0].value == "serving"
+    # the requests held while it was stranded were served once it was routed
+    assert not [r for r in records if r.error], summary(records)
+    plain = run_units("up", "a")  # and it says so: routed, no second server started
+    assert plain.returncode == 2 and "already running" in plain.stderr, plain
+
+
+@pytest.mark.parametrize("gone", ["route", "front"])
+def test_up_of_a_running_unit_starts_its_front_again_when_a_process_of_it_is_gone(
+        fronts_host: SimHost, gone: str) -> None:
+    port, fport = free_port(), free_port()
+    up("a", port, fport)
+    f = front_of("a")
+    assert f.procs is not None and f.procs.record is not None
+    main = f.procs.record.pid
+    pids = [st.pid for st in f.procs.members()]
+    victim = main if gone == "front" else next(p for p in pids if p != main)
+    os.kill(victim, signal.SIGKILL)
+    want = "down" if gone == "front" else "no_route"
+    wait_for(lambda: front_of("a").live()[0].value == want, timeout=10)
+    ps = run_units("ps")
+    assert "'gpuslate up a' starts it again and routes it" in ps.stdout + ps.stderr, ps
+    r = run_units("up", "a", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "was gone: started again and routed to a" in r.stdout, r.stdout
+    assert front_of("a").live()[0].value == "serving"
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=2, max_tokens=4) as load:
+        load.wait_done(4)
+        assert all(r.ok for r in load.stop())
+
+
+def test_up_routes_nothing_to_a_unit_that_does_not_answer(fronts_host: SimHost) -> None:
+    port, fport = free_port(), free_port()
+    unit_file(b=serve_cmd(port, startup=3.0, memory="1GiB"))
+    up("a", port, fport, "--base-step-ms", "40")
+    with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=1, max_tokens=60) as load:
+        wait_for(lambda: any(r.first for r in load.records), timeout=20)
+        _kill_swap_at("draining", port, fport)
+        load.stop()
+    unit = next(u for u in load_units(unit_records()) if u.name == "a")
+    assert unit.record is not None
+    os.kill(unit.record.pid, signal.SIGSTOP)  # it runs, and answers nothing
+    try:
+        r = run_units("up", "a", timeout=120)
+        assert r.returncode == 2 and "does not answer its readiness check" in r.stderr, r
+        assert front_of("a").live()[0].value == "stranded"  # nothing changed
+    finally:
+        os.kill(unit.record.pid, signal.SIGCONT)
+    assert run_units("up", "a", timeout=120).returncode == 0
+    assert front_of("a").live()[0].value == "serving"
+
+
+def _front_figures() -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """One scrape of the exporter's collector (as ``gpuslate exporter`` serves it): the front's figures."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpuslate.exporter.collector import registry_for
+
+    with Host.open() as host:
+        text = generate_latest(registry_for(host, audit=False)).decode()
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("gpuslate_front_"):
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _one(figures: dict, name: str) -> float | None:
+    values = list(figures.get(name, {}).values())
+    return values[0] if values else None
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_the_exporters_front_figures_follow_a_swap_with_each_engine(fronts_host: SimHost, engine: str) -> None:
+    """While NEW loads (vLLM refusing, SGLang not yet bound then warming up, TensorRT-LLM refusing)
+    the front holds every request, and the exporter counts them; after the swap it shows what the
+    swap held, the longest hold, no cut, and the front serving NEW."""
+    pytest.importorskip("prometheus_client")
+    port, fport = free_port(), free_port()
+    lines = [f"[units.{name}]\ncommand = {json.dumps(emulated_cmd(engine, port, startup=startup))}\ngpus = \"0\"\n"
+             f"port = {port}\nengine = \"{engine}\"\ngrace = 2\nfront = {fport}\n"
+             for name, startup in (("a", 0.3), ("b", 2.0))]
+    Path("gpuslate.toml").write_text("\n".join(lines))
+    assert run_units("up", "a", timeout=120).returncode == 0
+    figures = _front_figures()
+    assert figures["gpuslate_front_serving"] == {(("front", f"127.0.0.1:{fport}"), ("unit", "a")): 1.0}
+    assert _one(figures, "gpuslate_front_held_requests") == 0
+    swap = subprocess.Popen([sys.executable, "-m", "gpuslate", "swap", "a", "b", "--json"], env=gpuslate_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: (r := unit_records().load("b")) is not None and r.phase == "starting", timeout=60)
+        with StreamLoad(f"http://127.0.0.1:{fport}", concurrency=3, max_tokens=8) as load:
+            # b loads: all three are held, and the exporter says so
+            wait_for(lambda: _one(_front_figures(), "gpuslate_front_held_requests") == 3, timeout=30)
+            assert _one(_front_figures(), "gpuslate_front_serving") == 0
+            out, err = swap.communicate(timeout=120)
+            load.wait_done(3)
+            records = load.stop()
+    finally:
+        if swap.poll() is None:
+            swap.kill()
+            swap.wait()
+    assert swap.returncode == 0, err
+    hold = json.loads(out)["front"]["hold"]
+    figures = _front_figures()
+    assert figures["gpuslate_front_serving"] == {(("front", f"127.0.0.1:{fport}"), ("unit", "b")): 1.0}
+    assert _one(figures, "gpuslate_front_held_requests") == 0
+    assert _one(figures, "gpuslate_front_last_swap_held_requests") == hold["held"] >= 3
+    longest = _one(figures, "gpuslate_front_last_swap_longest_hold_seconds")
+    assert longest == hold["longest_hold_s"] and 0 < longest <= hold["seconds"] + hold["resolution_s"]
+    assert _one(figures, "gpuslate_front_last_swap_cut_requests") == 0
+    assert all(r.ok for r in records), summary(records)
+    assert run_units("down", "b").returncode == 0

@@ -355,6 +355,70 @@ class Readiness:
     what: str  # for --help and the docs
 
 
+class Listening(str, enum.Enum):
+    """When a server's port takes connections while it loads: what a client, a probe or a front
+    sees before it serves."""
+
+    AT_ONCE = "at_once"  # bound and listening before it loads, answering 503 until ready
+    BOUND_REFUSING = "bound_refusing"  # bound before it loads (the port is taken), listening once it serves:
+    # until then a connection is refused
+    AFTER_LOAD = "after_load"  # bound and listening only once loaded (the port is free until then), then its
+    # health routes answer 503 while it warms up
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class OnTerm(str, enum.Enum):
+    """What a server does when its main process gets SIGTERM."""
+
+    IMMEDIATE = "immediate"  # ends the requests in flight, closes its port, exits
+    DRAIN_REFUSING = "drain_refusing"  # keeps its port: every route answers 503 (its health too), the requests
+    # in flight finish, bounded; then it exits
+    DRAIN_SERVING = "drain_serving"  # keeps serving, new requests too; its health routes answer 503; it exits
+    # once no request runs, which it looks at every poll
+    DRAIN_CLOSED = "drain_closed"  # closes its port at once, lets the requests in flight finish, exits
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shutdown:
+    """How a server stops on SIGTERM: ``on_term``; ``timeout_s`` bounds a drain (None: no bound of its
+    own: the service manager's SIGKILL); ``poll_s``: the drain is looked at every ``poll_s`` from the
+    server's start (None: at once); ``refusal``: the error its 503 says while it drains refusing."""
+
+    on_term: OnTerm
+    timeout_s: float | None = None
+    poll_s: float | None = None
+    refusal: str = ""
+
+    @property
+    def drains(self) -> bool:
+        return self.on_term != OnTerm.IMMEDIATE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lifecycle:
+    """How an engine's server starts and stops, as a client in front of it sees it: when its port
+    takes connections (``listening``), how long its health routes answer 503 after that
+    (``warmup_s``, then a generation of ``warmup_tokens``), what SIGTERM does (``shutdown``, unless
+    its arguments choose another: the engine's ``emulate`` says), which routes answer 503 while it
+    warms up or drains (``health_paths``), and how soon the death of one of its worker processes (a
+    rank, an engine core) ends the whole server and its requests (``worker_watch_s``; None: not read
+    in its sources). The simulator plays it (``sim serve --emulate``); every fact is from the
+    engine's sources."""
+
+    listening: Listening
+    shutdown: Shutdown
+    warmup_s: float = 0.0
+    warmup_tokens: int = 0
+    health_paths: tuple[str, ...] = ()
+    worker_watch_s: float | None = None
+    source: str = ""
+
+
 @dataclass(frozen=True)
 class Emulated:
     """What an engine's arguments set on gpuslate's simulated server (``sim serve --emulate``)."""
@@ -368,6 +432,7 @@ class Emulated:
     threshold: int | None = None  # speculate while the batch is at most this (None: at every batch size)
     info: dict[str, Any] = field(default_factory=dict)  # the engine's own facts the server reports
     warnings: tuple[str, ...] = ()  # the engine's log lines about what it ignored or disabled
+    shutdown: Shutdown | None = None  # what SIGTERM does with these arguments (None: its lifecycle's)
 
 
 @dataclass(frozen=True)
@@ -460,6 +525,11 @@ class Engine(Protocol):
     @property
     def readiness(self) -> Readiness:
         """Units' readiness check for it."""
+        ...
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        """How its server starts and stops (its port while loading, SIGTERM, a worker's death)."""
         ...
 
     @property

@@ -35,12 +35,16 @@ from .base import (
     HttpCall,
     Knob,
     Launch,
+    Lifecycle,
+    Listening,
+    OnTerm,
     Park,
     ParkLevel,
     ParkStyle,
     ReadFile,
     Readiness,
     RunningCheck,
+    Shutdown,
     SpecCommand,
     VersionStatus,
     Written,
@@ -92,6 +96,21 @@ FACTS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_to
          "enable_dp_attention", "dp_size", "enable_multi_layer_eagle", "enable_two_batch_overlap",
          "enable_pdmux", "pp_size", "enable_memory_saver")
 INFO_PATHS = ("/get_server_info", "/server_info")  # /server_info: its newer name
+#: its port is bound only once the engine is loaded (http_server.py launch_server: _launch_subprocesses, then
+#: uvicorn.run); then its warmup thread sleeps 1 s, asks /get_model_info and sends an 8-token /generate, and only
+#: then is the server Up: /health and /health_generate answer 503 while it is Starting (the other routes serve).
+#: SIGTERM (tokenizer_manager.py SignalHandler) sets gracefully_exit: the health routes answer 503, every request
+#: is still served (generate_request does not look at it), and sigterm_watchdog, which wakes every 5 s, exits
+#: once no request is left. A scheduler that dies is seen by SubprocessWatchdog within its 1 s poll: SIGQUIT, the
+#: whole process tree killed (the scheduler has no SIGTERM handler: a SIGTERM to every process of the server
+#: ends it so, whatever the drain).
+LIFECYCLE = Lifecycle(listening=Listening.AFTER_LOAD, shutdown=Shutdown(on_term=OnTerm.DRAIN_SERVING, poll_s=5.0),
+                      warmup_s=1.0, warmup_tokens=8, health_paths=("/health", "/health_generate"),
+                      worker_watch_s=1.0,
+                      source="python/sglang/srt/entrypoints/http_server.py (launch_server, _wait_and_warmup, "
+                             "health_generate), python/sglang/srt/managers/tokenizer_manager.py (SignalHandler, "
+                             "sigterm_watchdog), python/sglang/srt/managers/scheduler.py (run_scheduler_process), "
+                             "SubprocessWatchdog (sgl-project/sglang issue #18421)")
 
 
 def adaptive_config(steps: int, threshold: int) -> dict[str, Any]:
@@ -136,6 +155,7 @@ class SGLang:
     launch = Launch(programs=(("sglang", ("serve",)),), modules=(("sglang.launch_server", ()),))
     options = OPTIONS
     readiness = Readiness(("/health_generate",), "GET /health_generate answers 200 (it runs a 1-token generation)")
+    lifecycle = LIFECYCLE
     knobs = (Knob("--speculative-adaptive with batch-size keys in --speculative-adaptive-config",
                   "sgl-project/sglang PR #24055 (2026); the flag itself: PR #21599", None, SOURCE),)
     park = PARK

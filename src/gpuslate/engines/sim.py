@@ -20,8 +20,12 @@ from .base import (
     Emulated,
     Example,
     Launch,
+    Lifecycle,
+    Listening,
+    OnTerm,
     ReadFile,
     Readiness,
+    Shutdown,
     SpecCommand,
     VersionStatus,
     Written,
@@ -35,6 +39,12 @@ OPTIONS = OptionTable(Style.EXACT, valued=(("--mode",), ("--spec-disable-thresho
                                            ("--host",), ("--model",), ("--engine-version",), ("--patched-flag",)))
 
 
+#: its own: it listens at once and answers 503 while it loads; SIGTERM ends what is in flight and it exits
+#: (docs/sim-server.md, Lifecycle). Its workers only hold memory: their death is not watched.
+LIFECYCLE = Lifecycle(listening=Listening.AT_ONCE, shutdown=Shutdown(on_term=OnTerm.IMMEDIATE),
+                      health_paths=("/health", "/health_generate"), source="docs/sim-server.md")
+
+
 class Sim:
     name = NAME
     title = "gpuslate's simulator"
@@ -42,6 +52,7 @@ class Sim:
     launch = Launch(programs=(("gpuslate", ("sim", "serve")),), modules=(("gpuslate", ("sim", "serve")),))
     options = OPTIONS
     readiness = Readiness(("/health_generate",), "GET /health_generate answers 200 (a 1-token generation)")
+    lifecycle = LIFECYCLE
     knobs = ()
     park = None
     counters = Counters(info_path="/get_server_info")

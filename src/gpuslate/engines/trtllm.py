@@ -42,8 +42,12 @@ from .base import (
     Example,
     Knob,
     Launch,
+    Lifecycle,
+    Listening,
+    OnTerm,
     ReadFile,
     Readiness,
+    Shutdown,
     SpecCommand,
     VersionStatus,
     Written,
@@ -76,6 +80,16 @@ OPTIONS = OptionTable(
             ("--server_role",), ("--otlp_traces_endpoint",), ("--disagg_cluster_uri",), ("--media_io_kwargs",),
             ("--chat_template",), ("--custom_module_dirs",)),
     flags=(("--trust_remote_code",), ("--fail_fast_on_attention_window_too_large",), ("--enable_chunked_prefill",)))
+
+
+#: its port is bound before the LLM is built (commands/serve.py launch_server: s.bind, then the LLM) and listened on
+#: once uvicorn serves (serve/openai_server.py __call__: serve(sockets=[s])): refused until then. SIGTERM is
+#: uvicorn's own: it closes its port at once and lets the requests in flight finish (no bound of its own:
+#: timeout_graceful_shutdown unset), then the LLM shuts down. What the death of an executor worker does was not read.
+LIFECYCLE = Lifecycle(listening=Listening.BOUND_REFUSING, shutdown=Shutdown(on_term=OnTerm.DRAIN_CLOSED),
+                      health_paths=("/health",),
+                      source="tensorrt_llm/commands/serve.py (launch_server), tensorrt_llm/serve/openai_server.py "
+                             "(__call__), uvicorn's Server.shutdown")
 
 
 def schedule(k: int, threshold: int) -> dict[int, int]:
@@ -222,6 +236,7 @@ class TensorRTLLM:
     options = OPTIONS
     # the socket is bound before the model loads, but uvicorn listens only once it has: /health then /v1/models
     readiness = Readiness(("/health", "/v1/models"), "GET /health, then GET /v1/models, answer 200")
+    lifecycle = LIFECYCLE
     knobs = (Knob("speculative_config.max_concurrency", "NVIDIA/TensorRT-LLM PR #6676 (2025-08)", None, SOURCE),
              Knob("speculative_config.draft_len_schedule",
                   "NVIDIA/TensorRT-LLM PR #8194 (2025-10, two-model and NGram drafters); PR #10860 (2026-03, the "

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .args import OptionTable, Style, int_arg, int_or_none, port_arg, scan
+from .args import OptionTable, Scan, Style, int_arg, int_or_none, port_arg, scan
 from .base import (
     Answers,
     Blocker,
@@ -33,6 +33,9 @@ from .base import (
     HttpCall,
     Knob,
     Launch,
+    Lifecycle,
+    Listening,
+    OnTerm,
     Park,
     ParkHazard,
     ParkLevel,
@@ -40,6 +43,7 @@ from .base import (
     ReadFile,
     Readiness,
     RunningCheck,
+    Shutdown,
     SpecCommand,
     VersionStatus,
     Written,
@@ -75,12 +79,28 @@ OPTIONS = OptionTable(
             ("--data-parallel-rank",), ("--data-parallel-start-rank",), ("--data-parallel-address",),
             ("--data-parallel-rpc-port",), ("--data-parallel-backend",), ("--max-num-seqs",),
             ("--max-num-batched-tokens",), ("--max-model-len",), ("--config",), ("--tensor-parallel-size",),
-            ("--pipeline-parallel-size",), *((flag,) for flag in OLD_FLAGS)),
+            ("--pipeline-parallel-size",), ("--shutdown-mode",), ("--shutdown-drain-timeout",),
+            *((flag,) for flag in OLD_FLAGS)),
     flags=(("--enable-sleep-mode",), ("--enforce-eager",), ("--data-parallel-hybrid-lb",),
            ("--data-parallel-external-lb",), ("--headless",)),
     short=(("-dp", "--data-parallel-size"), ("-dpl", "--data-parallel-size-local"),
            ("-tp", "--tensor-parallel-size"), ("-pp", "--pipeline-parallel-size")),
     underscores=True, dotted=True)
+
+#: --shutdown-mode drain: SIGTERM drains for at most --shutdown-drain-timeout (FrontendArgs' default)
+DRAIN_MODE = ("--shutdown-mode", "drain")
+DRAIN_TIMEOUT_S = 120.0
+#: its port is bound, not listened on, before the engine is built (api_server.py setup_server: "bind the port
+#: before the engine is set up"); uvicorn listens once the engine serves: connections are refused until then.
+#: SIGTERM (launcher.py serve_http) cancels the server at once; with --shutdown-mode drain every route but /live
+#: and /metrics answers 503 (serve/middleware.py) while the requests in flight finish, for at most
+#: --shutdown-drain-timeout. An engine core's death is seen at once (core_client.py: its process sentinel,
+#: "Engine core proc ... died unexpectedly, shutting down client").
+LIFECYCLE = Lifecycle(listening=Listening.BOUND_REFUSING, shutdown=Shutdown(on_term=OnTerm.IMMEDIATE),
+                      health_paths=("/health",), worker_watch_s=0.0,
+                      source="vllm/entrypoints/openai/api_server.py (setup_server, build_and_serve), "
+                             "vllm/entrypoints/launcher.py (serve_http, graceful_drain), "
+                             "vllm/entrypoints/serve/middleware.py, docs/deployment/k8s.md (Drain Shutdown)")
 
 
 def schedule(k: int, threshold: int, top: int) -> list[list[int]]:
@@ -133,6 +153,7 @@ class VLLM:
                              ("vllm.entrypoints.cli.main", ("serve",))))
     options = OPTIONS
     readiness = Readiness(("/health", "/v1/models"), "GET /health, then GET /v1/models, answer 200")
+    lifecycle = LIFECYCLE
     knobs = (Knob("num_speculative_tokens_per_batch_size", "Dynamic speculative decoding (2026)", FIRST_SCHEDULE,
                   SOURCE),)
     park = PARK
@@ -293,7 +314,8 @@ class VLLM:
                          info={"data_parallel_size": dp,
                                # the park endpoints (simserver/park.py) and CUDA graphs (none when eager)
                                "enable_sleep_mode": s.has("--enable-sleep-mode"),
-                               "enforce_eager": s.has("--enforce-eager")})
+                               "enforce_eager": s.has("--enforce-eager")},
+                         shutdown=shutdown_of(s))
         raw = s.value("--speculative-config")
         if raw is None:
             return plain
@@ -332,6 +354,21 @@ class VLLM:
         config = {"method": "eagle3", "model": draft, "num_speculative_tokens": steps}
         return Example(("vllm", "serve"), base, (*base, "--speculative-config", json.dumps(config)), {},
                        f"{FIRST_SCHEDULE[0]}.{FIRST_SCHEDULE[1]}.0")
+
+
+def shutdown_of(s: Scan) -> Shutdown | None:
+    """What SIGTERM does with these arguments: ``--shutdown-mode drain`` drains, for at most
+    ``--shutdown-drain-timeout`` seconds; None: the lifecycle's (immediate)."""
+    mode = s.value("--shutdown-mode")
+    if mode not in (None, "immediate", DRAIN_MODE[1]):
+        raise ValueError(f"argument --shutdown-mode: invalid choice: {mode!r} (choose from 'immediate', 'drain')")
+    timeout = int_arg(s, "--shutdown-drain-timeout", None)
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"argument --shutdown-drain-timeout: must be >= 0, got {timeout}")
+    if mode != DRAIN_MODE[1]:
+        return None
+    return Shutdown(on_term=OnTerm.DRAIN_REFUSING, timeout_s=float(DRAIN_TIMEOUT_S if timeout is None else timeout),
+                    refusal="Server is unavailable. Please try again later.")  # serve/middleware.py's
 
 
 def validate_schedule(schedule: object) -> list[tuple[int, int, int]]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..engines import BACKENDS, ParkReading, engine, park_reading, scan
 from ..engines.args import int_arg
+from ..engines.base import Shutdown
 
 #: the engines the simulator can play (all but itself)
 EMULATED = tuple(name for name, e in BACKENDS.items()
@@ -41,6 +42,7 @@ class EngineSettings:
     info: dict[str, Any] = field(default_factory=dict)  # the engine's own facts for /get_server_info
     warnings: tuple[str, ...] = ()  # the engine's log lines about what it ignored or disabled
     park: ParkReading | None = None  # how the engine parks under these arguments (None: it cannot)
+    shutdown: Shutdown | None = None  # what SIGTERM does under these arguments (None: as the engine does)
 
 
 def settings(name: str, argv: Sequence[str], *, version: str | None, max_batch: int,
@@ -75,4 +77,5 @@ def settings(name: str, argv: Sequence[str], *, version: str | None, max_batch: 
             info["patched_flag"] = flag
         if threshold is not None:
             values["spec_disable_threshold"] = threshold
-    return EngineSettings(values, info, em.warnings, park_reading(e, tuple(args), 0, os.environ))
+    return EngineSettings(values, info, em.warnings, park=park_reading(e, tuple(args), 0, os.environ),
+                          shutdown=em.shutdown)

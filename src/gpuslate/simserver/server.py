@@ -5,6 +5,12 @@ once, answers 503 while "loading", logs SGLang's readiness line, and then
 generates filler text at the speed the performance model
 (:mod:`gpuslate.simserver.perfmodel`) gives for the current batch. The endpoints
 and the model are documented in ``docs/sim-server.md``.
+
+With ``--emulate ENGINE`` it starts and stops as that engine does, as its module
+declares it (:class:`gpuslate.engines.base.Lifecycle`): when its port takes
+connections while it loads, how long its health routes answer 503 after that,
+what SIGTERM does to the requests in flight and to new ones, and whether the
+death of a worker ends the server.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -26,6 +32,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..engines import engine
+from ..engines.base import Listening, OnTerm
 from ..engines.sim import ENGINE as SIM
 from ..errors import UsageError
 from .openai_api import (
@@ -55,8 +62,11 @@ LOG_PREFIX = "[sim-serve]"
 READY_LINE = "The server is fired up and ready to roll!"  # SGLang's, verbatim
 HEALTH_GENERATE_TIMEOUT = 20.0  # seconds, like SGLang's health_generate
 VERSION_PATH = "/version"
+WATCH_FLOOR_S = 0.02  # the shortest look at the workers (an engine that sees a death at once)
 
 Log = Callable[[str], None]
+#: the pid of a worker that died (one, None: all live); never reaps it
+DeadWorker = Callable[[], "int | None"]
 
 
 def _stderr_log(line: str) -> None:
@@ -69,8 +79,11 @@ class SimServer:
 
     def __init__(self, config: ServerConfig, *, worker_pids: Sequence[int] = (),
                  log: Log | None = None, memory: Memory | None = None,
-                 gpu_locked: Callable[[], bool] | None = None) -> None:
+                 gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None) -> None:
         self.config = config
+        self._dead_worker = dead_worker
+        self._t_start = time.monotonic()
+        self.close_port: Callable[[], Awaitable[None]] | None = None  # set by serving(): stop listening
         self.worker_pids = list(worker_pids)
         self._log_line = log or _stderr_log
         self.scheduler = BatchScheduler(
@@ -81,6 +94,14 @@ class SimServer:
         self.ready_at: float | None = None
         self.startup_done = asyncio.Event()
         self.url = ""
+        self.lifecycle = config.lifecycle
+        self.listening = asyncio.Event()  # its port takes connections
+        self.open_port: Callable[[], Awaitable[None]] | None = None  # set by serving(): listen now
+        self.warming = False  # listening, serving requests, its health routes still 503 (its warmup)
+        self.stopping: OnTerm | None = None  # SIGTERM taken: what it does about it
+        self.in_flight = 0  # generation requests being answered (streams until their last byte)
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
         self.crashed = asyncio.Event()  # the engine died (a fault the simulator plays): the server exits 1
         self.parking = Parking(self, memory, gpu_locked)
@@ -96,12 +117,72 @@ class SimServer:
     def log(self, message: str) -> None:
         self._log_line(f"{LOG_PREFIX} {message}")
 
+    def scaled(self, seconds: float) -> float:
+        return seconds / self.config.time_scale
+
     # -- lifecycle ---------------------------------------------------------
 
     async def _on_startup(self, app: web.Application) -> None:
         self.started_at = time.time()
+        self._t_start = time.monotonic()
         self._tasks = [asyncio.create_task(self.scheduler.run()), asyncio.create_task(self._load())]
+        if self._dead_worker is not None and self.lifecycle.worker_watch_s is not None:
+            self._tasks.append(asyncio.create_task(self._watch_workers(self._dead_worker)))
         self.parking.start()
+
+    async def _watch_workers(self, dead_worker: DeadWorker) -> None:
+        """Its engine's look at its worker processes: one that died ends the whole server and the
+        requests in it (its ranks cannot finish them), as soon as the engine sees it."""
+        assert self.lifecycle.worker_watch_s is not None
+        every = max(WATCH_FLOOR_S, self.scaled(self.lifecycle.worker_watch_s))
+        while not self.crashed.is_set():
+            await asyncio.sleep(every)
+            pid = dead_worker()
+            if pid is not None:
+                self.crash([f"{LOG_PREFIX} ERROR a worker process (pid {pid}) is gone: the engine cannot run its "
+                            "requests without it and ends them, and itself"])
+                return
+
+    async def stop(self, t0: float) -> None:
+        """SIGTERM (taken at monotonic ``t0``), once it listens: do what its engine does before it
+        exits (:class:`~gpuslate.engines.base.Shutdown`), for at least ``drain_seconds``; return
+        when it may exit: leaving :func:`serving` then ends what still runs and closes its port."""
+        sd = self.config.shutdown
+        floor = self.scaled(self.config.drain_seconds)
+        if not sd.drains or not self.listening.is_set():
+            return
+        self.stopping = sd.on_term
+        if sd.on_term == OnTerm.DRAIN_CLOSED and self.close_port is not None:
+            await self.close_port()  # new connections are refused from now on
+        bound = None if sd.timeout_s is None else t0 + max(self.scaled(sd.timeout_s), floor)
+        poll = self.scaled(sd.poll_s) if sd.poll_s else None
+        self.log(f"{sd.on_term}: draining {self.in_flight} request{'s' if self.in_flight != 1 else ''} in flight"
+                 + (f", for at most {self.scaled(sd.timeout_s):g} s" if sd.timeout_s is not None else ""))
+        while True:
+            now = time.monotonic()
+            if bound is not None and now >= bound:
+                self.log(f"drain timed out: {self.in_flight} request{'s' if self.in_flight != 1 else ''} still "
+                         "running, ended now")
+                return
+            if not self.in_flight and now - t0 >= floor and poll is None:
+                return
+            if poll is not None:  # it looks only at its ticks, counted from its start
+                ticks = int((now - self._t_start) / poll) + 1
+                wake = self._t_start + ticks * poll
+                await asyncio.sleep(max(0.0, min(wake, bound or wake) - now))
+                now = time.monotonic()
+                if not self.in_flight and now - t0 >= floor and (bound is None or now < bound):
+                    return
+                continue
+            until = [t0 + floor] if now - t0 < floor else []
+            if bound is not None:
+                until.append(bound)
+            timeout = max(0.0, min(until) - now) if until else None
+            if self.in_flight:
+                with suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), timeout)
+            else:
+                await asyncio.sleep(timeout or 0.0)
 
     async def _on_shutdown(self, app: web.Application) -> None:
         # Before aiohttp waits for open handlers: stopping the scheduler wakes them.
@@ -129,11 +210,42 @@ class SimServer:
                 self._crash()
                 return
             await asyncio.sleep(total * share)
+        if not self.listening.is_set():  # its engine listens only once loaded
+            assert self.open_port is not None
+            try:
+                await self.open_port()
+            except OSError as exc:
+                self.log(f"ERROR: cannot listen on {c.host}:{c.port}: {exc.strerror or exc}")
+                self.status = "failed"
+                self.startup_done.set()
+                return
+            self.log("Application startup complete.")  # uvicorn's, once it serves
+            await self._warm_up()
+        else:
+            self.log("Application startup complete.")  # vLLM's (uvicorn's) readiness line
         self.status = "ready"
+        self.warming = False
         self.ready_at = time.time()
-        self.log("Application startup complete.")  # vLLM's (uvicorn's) readiness line
         self.log(READY_LINE)
         self.startup_done.set()
+
+    async def _warm_up(self) -> None:
+        """The engine's warmup once it listens: a wait, then a real generation through the
+        scheduler; its health routes answer 503 meanwhile, its other routes serve."""
+        lc = self.lifecycle
+        if not lc.warmup_s and not lc.warmup_tokens:
+            return
+        self.warming = True
+        await asyncio.sleep(self.scaled(lc.warmup_s))
+        if lc.warmup_tokens:
+            req = self.scheduler.submit(prompt_tokens=1, max_tokens=lc.warmup_tokens)
+            try:
+                while await req.next_tokens() is not None:
+                    pass
+            except SchedulerStopped:
+                pass
+            finally:
+                self.scheduler.cancel(req)
 
     def _crash(self) -> None:
         # Shaped like a real load failure so log scrapers and humans see the usual thing.
@@ -151,17 +263,24 @@ class SimServer:
 
     # -- handlers ----------------------------------------------------------
 
-    def _not_ready(self) -> web.Response | None:
-        if self.status == "ready":
+    def _not_ready(self, request: web.Request) -> web.Response | None:
+        """503 where its engine answers 503 now: while it loads or warms up (its health routes), while
+        it drains (every route, or its health routes, as its engine does); None: serve it."""
+        health = request.path in self.lifecycle.health_paths
+        if self.stopping == OnTerm.DRAIN_REFUSING:
+            return web.json_response({"error": self.config.shutdown.refusal}, status=503)
+        if self.stopping is not None and health:
+            return web.Response(status=503)
+        if self.status == "ready" or (self.warming and not health):
             return None
         msg = "the server is starting up" if self.status == "starting" else "the server failed to start"
         return web.json_response(error_body(msg, type_="service_unavailable", code=503), status=503)
 
     async def health(self, request: web.Request) -> web.Response:
-        return self._not_ready() or web.Response(status=200)
+        return self._not_ready(request) or web.Response(status=200)
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        if (resp := self._not_ready()) is not None:
+        if (resp := self._not_ready(request)) is not None:
             return resp
         if (resp := self._faulted()) is not None:
             return resp
@@ -195,13 +314,13 @@ class SimServer:
                 "owned_by": owned, "root": c.model, "max_model_len": c.context_length}
 
     async def models(self, request: web.Request) -> web.Response:
-        if (resp := self._not_ready()) is not None:
+        if (resp := self._not_ready(request)) is not None:
             return resp
         return web.json_response({"object": "list", "data": [self._model_card()]})
 
     async def model(self, request: web.Request) -> web.Response:
         """``GET /v1/models/{id}`` (the OpenAI SDK's ``models.retrieve``)."""
-        if (resp := self._not_ready()) is not None:
+        if (resp := self._not_ready(request)) is not None:
             return resp
         model = request.match_info["model"]
         if model != self.config.model:
@@ -210,6 +329,8 @@ class SimServer:
 
     async def version(self, request: web.Request) -> web.Response:
         """``GET /version`` (with --emulate, for an engine that has it): ``{"version": ...}``."""
+        if (resp := self._not_ready(request)) is not None:
+            return resp
         return web.json_response({"version": self.config.engine_version or __version__})
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -249,8 +370,18 @@ class SimServer:
         return await self._generate(request, "generate")
 
     async def _generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        if (resp := self._not_ready()) is not None:
+        if (resp := self._not_ready(request)) is not None:
             return resp
+        self.in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._answer(request, kind)
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
+
+    async def _answer(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         try:
             try:
                 body = await request.json()
@@ -383,11 +514,13 @@ async def _openai_errors(request: web.Request, handler: Callable[[web.Request], 
 
 def create_app(config: ServerConfig, *, worker_pids: Sequence[int] = (),
                log: Log | None = None, memory: Memory | None = None,
-               gpu_locked: Callable[[], bool] | None = None) -> web.Application:
+               gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None) -> web.Application:
     """The aiohttp application; its startup hook starts the scheduler and the load. ``memory``: the
-    workers' memory a park moves; ``gpu_locked``: whether the driver holds a worker locked now."""
+    workers' memory a park moves; ``gpu_locked``: whether the driver holds a worker locked now;
+    ``dead_worker``: a worker that died, if one did (watched as its engine watches them)."""
     config.validate()
-    sim = SimServer(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked)
+    sim = SimServer(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked,
+                    dead_worker=dead_worker)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_openai_errors, _api_key])
     app[SIM_KEY] = sim
     app.on_startup.append(sim._on_startup)
@@ -412,7 +545,7 @@ def bind_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
     """Bind (and listen, unless ``listen`` is False) now, so the port is taken before the
     (simulated) load starts. Bound but not listening, it is the server's alone and still refuses
     connections: nothing probing it takes the server for up before it serves (the server listens
-    when it starts serving)."""
+    when it starts serving, or, playing an engine that listens once loaded, once loaded)."""
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                flags=socket.AI_PASSIVE)[0]
     if listen:
@@ -427,30 +560,78 @@ def bind_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
     return sock
 
 
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
 @asynccontextmanager
 async def serving(config: ServerConfig, *, worker_pids: Sequence[int] = (), log: Log | None = None,
                   sock: socket.socket | None = None, memory: Memory | None = None,
-                  gpu_locked: Callable[[], bool] | None = None) -> AsyncIterator[SimServer]:
-    """Serve ``config`` on ``sock`` (bound from the config if None) until the block exits."""
-    app = create_app(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked)
+                  gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None,
+                  until_listening: bool = True) -> AsyncIterator[SimServer]:
+    """Serve ``config`` until the block exits, on ``sock`` (bound, not yet listening; else bound here
+    from the config, unless its engine binds only once loaded). It listens now, or once loaded as
+    its engine does (:class:`~gpuslate.engines.base.Listening`). The block is entered once the port
+    takes connections (or the load failed), unless ``until_listening`` is False."""
+    app = create_app(config, worker_pids=worker_pids, log=log, memory=memory, gpu_locked=gpu_locked,
+                     dead_worker=dead_worker)
     sim = app[SIM_KEY]
-    sock = sock or bind_socket(config.host, config.port)
-    host, port = sock.getsockname()[:2]
-    sim.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    listening = sim.lifecycle.listening
+    if sock is None and listening != Listening.AFTER_LOAD:
+        sock = bind_socket(config.host, config.port, listen=False)
     # handler_cancellation: a client that disconnects aborts its request.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0)
+    sites: list[web.SockSite] = []
+
+    async def open_port() -> None:
+        nonlocal sock
+        if sock is None:
+            sock = bind_socket(config.host, config.port, listen=False)
+        sim.url = _url(sock)
+        site = web.SockSite(runner, sock)
+        await site.start()  # asyncio listens on the socket now
+        sites.append(site)
+        sim.log(f"listening on {sim.url}" + (" (503 until ready)" if listening == Listening.AT_ONCE else ""))
+        sim.listening.set()
+
+    async def close_port() -> None:
+        for site in sites:
+            await site.stop()  # no longer listening; the connections it took go on
+        sites.clear()
+
+    sim.open_port, sim.close_port = open_port, close_port
     try:
+        if sock is not None:
+            sim.url = _url(sock)
         await runner.setup()
-        await web.SockSite(runner, sock).start()  # listens now (run_server bound it earlier)
-        sim.log(f"listening on {sim.url} (503 until ready)")
+        if listening == Listening.AT_ONCE:
+            await open_port()
+        elif listening == Listening.BOUND_REFUSING:
+            sim.log(f"bound {sim.url}: connections are refused until it serves")
+        else:
+            sim.log(f"loading: {config.host}:{config.port} is bound once it is loaded")
+        if until_listening:
+            await _first(sim.listening, sim.startup_done)
         yield sim
     finally:
         await runner.cleanup()
-        sock.close()
+        if sock is not None:
+            sock.close()
 
 
-async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.socket,
-                 memory: Memory | None = None, gpu_locked: Callable[[], bool] | None = None) -> int:
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.socket | None,
+                 memory: Memory | None = None, gpu_locked: Callable[[], bool] | None = None,
+                 dead_worker: DeadWorker | None = None) -> int:
     log = _stderr_log
     stop = asyncio.Event()
     stopped_by: list[signal.Signals] = []
@@ -470,20 +651,26 @@ async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.sock
     for warning in config.engine_warnings:  # what the emulated engine logs about its arguments
         log(f"{LOG_PREFIX} WARNING {warning}")
     async with serving(config, worker_pids=worker_pids, log=log, sock=sock, memory=memory,
-                       gpu_locked=gpu_locked) as sim:
-        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(sim.startup_done.wait())]
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        if sim.status == "failed" and not stop.is_set():
-            waiters[0].cancel()
+                       gpu_locked=gpu_locked, dead_worker=dead_worker, until_listening=False) as sim:
+        await _first(stop, sim.startup_done, sim.crashed)
+        if sim.crashed.is_set() or (sim.status == "failed" and not stop.is_set()):
             return 1
-        crashed = asyncio.create_task(sim.crashed.wait())
-        await asyncio.wait([waiters[0], crashed], return_when=asyncio.FIRST_COMPLETED)
-        waiters[1].cancel()
-        if sim.crashed.is_set():
-            waiters[0].cancel()
-            return 1
-        crashed.cancel()
+        if not stop.is_set():
+            await _first(stop, sim.crashed)
+            if sim.crashed.is_set():
+                return 1
+        t0 = time.monotonic()
         sim.log(f"received {stopped_by[0].name if stopped_by else 'shutdown signal'}, stopping")
+        draining = asyncio.create_task(sim.stop(t0))
+        crashed = asyncio.create_task(sim.crashed.wait())
+        await asyncio.wait([draining, crashed], return_when=asyncio.FIRST_COMPLETED)
+        draining.cancel()
+        crashed.cancel()
+        if sim.crashed.is_set():
+            return 1
+        linger = t0 + sim.scaled(config.drain_seconds)
+    if time.monotonic() < linger:  # slow to go: its port closed, what ran ended, not gone yet
+        await asyncio.sleep(linger - time.monotonic())
     log(f"{LOG_PREFIX} server stopped")
     # Ctrl-C: 130, as every gpuslate command interrupted; SIGTERM (a service manager, gpuslate down): 0
     return 130 if stopped_by[:1] == [signal.SIGINT] else 0
@@ -491,27 +678,32 @@ async def _serve(config: ServerConfig, worker_pids: list[int], sock: socket.sock
 
 def run_server(config: ServerConfig, *, start_workers: Callable[[], list[int]] | None = None,
                memory: Callable[[], Memory | None] | None = None,
-               gpu_locked: Callable[[], bool] | None = None) -> int:
+               gpu_locked: Callable[[], bool] | None = None, dead_worker: DeadWorker | None = None) -> int:
     """Serve until SIGTERM (exit code 0) or SIGINT (130); 1 if startup fails or the emulated engine dies
-    (a fault it plays). The port is taken first, before any worker holds memory: one that cannot be
-    (in use, not this host's address) is a :class:`~gpuslate.errors.UsageError`, nothing started.
-    ``memory``: called once the workers run, the memory a park moves (docs/sim-server.md, Parking);
-    ``gpu_locked``: whether the driver holds a worker locked."""
+    (a fault it plays, a worker gone). The port is taken first, before any worker holds memory (unless
+    its engine binds it only once loaded: then a port taken meanwhile fails it then, exit 1): one that
+    cannot be (in use, not this host's address) is a :class:`~gpuslate.errors.UsageError`, nothing
+    started. ``memory``: called once the workers run, the memory a park moves (docs/sim-server.md,
+    Parking); ``gpu_locked``: whether the driver holds a worker locked; ``dead_worker``: a worker that
+    died, if one did."""
     config.validate()
-    try:
-        # the port taken first, not yet listening: its workers hold their memory before anything
-        # that probes the port (a readiness check) can connect
-        sock = bind_socket(config.host, config.port, listen=False)
-    except OSError as exc:
-        why = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise UsageError(f"cannot listen on {config.host}:{config.port}: {why.lower()}"
-                         + (" (another server listens there: pick another --port)"
-                            if exc.errno == errno.EADDRINUSE else "")) from None
+    sock = None
+    if config.lifecycle.listening != Listening.AFTER_LOAD:
+        try:
+            # the port taken first, not yet listening: its workers hold their memory before anything
+            # that probes the port (a readiness check) can connect
+            sock = bind_socket(config.host, config.port, listen=False)
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise UsageError(f"cannot listen on {config.host}:{config.port}: {why.lower()}"
+                             + (" (another server listens there: pick another --port)"
+                                if exc.errno == errno.EADDRINUSE else "")) from None
     try:
         worker_pids = list(start_workers()) if start_workers is not None else []
         return asyncio.run(_serve(config, worker_pids, sock, memory() if memory is not None else None,
-                                  gpu_locked))
+                                  gpu_locked, dead_worker))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..engines import ParkReading
+from ..engines import ParkReading, engine
+from ..engines.base import Lifecycle, Shutdown
+from ..engines.sim import ENGINE as SIM
 from .engineargs import EMULATED, settings
 from .parkmodel import MISBEHAVIOURS
 from .perfmodel import MODES, PerfParams
@@ -47,6 +49,9 @@ class ServerConfig:
     engine_info: dict[str, Any] = field(default_factory=dict)
     engine_warnings: tuple[str, ...] = ()
     engine_park: ParkReading | None = None  # how the emulated engine parks under its arguments (engines' Park)
+    engine_shutdown: Shutdown | None = None  # what SIGTERM does under the engine's arguments (None: its lifecycle's)
+    # slow to drain: after SIGTERM it goes no sooner than this (its engine's drain lasts at least this long)
+    drain_seconds: float = 0.0
     # parking (--emulate vllm with --enable-sleep-mode, --emulate sglang with --enable-memory-saver; park.py):
     # how long the engine takes to let its memory go, to take it back, to reload its weights (None: the
     # weight-loading share of the startup, half of it), and the misbehaviours switched on
@@ -54,6 +59,17 @@ class ServerConfig:
     wake_seconds: float = 0.5
     reload_seconds: float | None = None
     misbehave: tuple[str, ...] = ()
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        """How it starts and stops: its emulated engine's (the registry's), else the simulator's own."""
+        played = engine(self.emulate) if self.emulate else None
+        return (played or SIM).lifecycle
+
+    @property
+    def shutdown(self) -> Shutdown:
+        """What SIGTERM does: as its engine's arguments choose, else as its engine does."""
+        return self.engine_shutdown or self.lifecycle.shutdown
 
     def validate(self) -> None:
         """Raise ValueError with a one-line message on the first bad value."""
@@ -86,7 +102,7 @@ class ServerConfig:
             raise ValueError(f"startup seconds must be >= 0, got {self.startup_seconds}")
         if not math.isfinite(self.time_scale) or self.time_scale <= 0:
             raise ValueError(f"time scale must be > 0, got {self.time_scale}")
-        for name in ("sleep_seconds", "wake_seconds", "reload_seconds"):
+        for name in ("sleep_seconds", "wake_seconds", "reload_seconds", "drain_seconds"):
             v = getattr(self, name)
             if v is not None and (not math.isfinite(v) or v < 0):
                 raise ValueError(f"{name.replace('_', ' ')} must be >= 0, got {v}")
@@ -156,6 +172,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reload-seconds", type=float, metavar="SECONDS",
                         help="time a weight reload takes (vLLM's reload_weights, SGLang's update_weights_from_disk; "
                         "default: half of --startup-seconds, the loading share)")
+    parser.add_argument("--drain-seconds", type=float, metavar="SECONDS",
+                        help="slow to drain: after SIGTERM the server goes no sooner than this (where its engine "
+                        "drains, its drain lasts at least this long; else what ran is ended at once and it lingers); "
+                        f"default {d.drain_seconds}")
     parser.add_argument("--misbehave", action="append", choices=MISBEHAVIOURS, metavar="NAME",
                         help="switch on a misbehaviour of the emulated engine's park endpoints (repeatable): "
                         f"{', '.join(MISBEHAVIOURS)}; see docs/sim-server.md")
@@ -180,7 +200,7 @@ _ENGINE_SET = ("host", "port", "model", "mode", "spec_disable_threshold", "api_k
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build and validate a :class:`ServerConfig`; ValueError on a bad value."""
     given = {f.name: getattr(args, f.name) for f in fields(ServerConfig)
-             if f.name not in ("perf", "engine_info", "engine_warnings", "engine_park")
+             if f.name not in ("perf", "engine_info", "engine_warnings", "engine_park", "engine_shutdown")
              and getattr(args, f.name, None) is not None}
     if "misbehave" in given:
         given["misbehave"] = tuple(dict.fromkeys(given["misbehave"]))
@@ -203,7 +223,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           max_batch=ServerConfig.max_running_requests, read_file=_read_text,
                           patched_flag=given.get("patched_flag"))
         given.update(engine.values, engine_info=engine.info, engine_warnings=engine.warnings,
-                     engine_park=engine.park)
+                     engine_park=engine.park,
+                     engine_shutdown=engine.shutdown)
     config = ServerConfig(**given, perf=PerfParams(**perf))
     config.validate()
     return config

@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..host.session import HostContext
 from ..options import DownOptions, RestartOptions, UpOptions
 from ..outcome import Outcome, Parted, PartedStatus
-from .front import up_behind_front
+from .front import reroute, up_behind_front
 from .lifecycle import (
     DOWN_SCHEMA,
     UP_SCHEMA,
@@ -146,7 +146,15 @@ def up_many(host: HostContext, specs: Sequence[UnitSpec], options: UpOptions = U
         with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
             current = Unit.load(units, spec.name)  # once, under the lock: the skip, the guards, as up's own
             if current is not None and not current.corrupt and current.running():
-                skipped.append(Skipped(name=spec.name, reason="already running"))
+                try:  # its front left serving no one is routed to it again (as up NAME does)
+                    rerouted = reroute(host, current, started=t_unit, lock_wait=waited)
+                except UsageError as exc:
+                    skipped.append(Skipped(name=spec.name, reason=f"already running; {exc}"))
+                    continue
+                if rerouted is None:
+                    skipped.append(Skipped(name=spec.name, reason="already running"))
+                else:
+                    results.append(rerouted)
                 continue
             check_startable(current, spec.name)
             r = up_behind_front(host, spec, opts, lock_wait=waited, started=t_unit)

@@ -19,6 +19,10 @@ The steering verbs, each one admin call to the route process, are what ``swap`` 
 * :meth:`Front.refuse`: the route answers 503 at once, saying why (a swap that could not finish:
   nothing serves, and holding would hide it).
 
+:func:`reroute` is ``up NAME`` of a unit that runs behind a front left serving no one (stranded,
+its route or its own process gone): the front is routed to it again, started again where its
+processes are gone.
+
 What a front does is read back from Caddy itself (:meth:`Front.live`), never taken from the
 steering record alone: a gpuslate killed between two steps leaves the record saying what it
 meant, and the live state saying what is; ``ps`` shows both.
@@ -49,9 +53,11 @@ from ..options import Containment, DownOptions, UpOptions
 from ..proc.procfs import ProcessId, is_alive, read_stat
 from . import store
 from .frontreport import DrainReport, FrontReport, FrontState
-from .lifecycle import DownResult, UpResult, start_checked, stop_loaded
+from .lifecycle import DownResult, UpResult, UpStatus, phase_start, start_checked, stop_loaded
 from .preflight import check_port
+from .readiness import Probe
 from .spec import UnitSpec
+from .state import UnitState
 from .unit import Unit
 
 FOLDER = "fronts"
@@ -249,15 +255,17 @@ class Front:
         if state == FrontState.STRANDED:
             nxt = rec.next or name
             return (f"front {rec.address}: holding requests for {rec.reason or 'a swap'}, and the gpuslate that held "
-                    f"it is gone; they wait, then fail: 'gpuslate restart {nxt}' (if it runs) or 'gpuslate up {nxt}' "
-                    f"routes it, 'gpuslate down {name}' ends it")
+                    f"it is gone; they wait, then fail: 'gpuslate up {nxt}' routes it (to {nxt} if it runs, else "
+                    f"once started), 'gpuslate down {name}' ends it")
         if state == FrontState.REFUSING:
             return f"front {rec.address}: answers 503, no unit serves it ({what}); 'gpuslate up {rec.next or name}'"
         if state == FrontState.NO_ROUTE:
             return (f"front {rec.address}: its route process is gone: requests are held until it fails them; "
-                    f"'gpuslate restart {name}' starts it again, 'gpuslate down {name}' ends it")
+                    f"'gpuslate up {name}' starts it again and routes it (the unit left running), "
+                    f"'gpuslate down {name}' ends it")
         if state == FrontState.DOWN:
-            return f"front {rec.address}: its process is gone (clients are refused); 'gpuslate restart {name}'"
+            return (f"front {rec.address}: its process is gone (clients are refused); 'gpuslate up {name}' starts it "
+                    "again and routes it (the unit left running)")
         return f"front {rec.address}: stopped"
 
     def to_json(self) -> dict[str, Any]:
@@ -456,3 +464,58 @@ def up_behind_front(host: HostContext, spec: UnitSpec, opts: UpOptions, *, start
                              note=why)
     return replace(r, front=report)
 
+
+
+#: what ``ps`` calls a front that serves no one while its unit may run: ``up NAME`` routes it again
+LEFT_STATES = (FrontState.STRANDED, FrontState.NO_ROUTE, FrontState.DOWN)
+
+
+def reroute(host: HostContext, unit: Unit, *, started: float | None = None, lock_wait: float = 0.0) -> UpResult | None:
+    """``up NAME`` of unit ``unit``, which runs (loaded under the host lock its caller holds): when
+    the front that serves it, or was held for it, serves no one (``ps``: stranded, no_route, down),
+    route it to the unit again and say so: a stranded front is routed at once (the requests it held
+    go through); one whose route or own process is gone is started again first (the requests its
+    live process still held are cut, and counted in the note). None when no front of the unit is in
+    such a state (``up`` then refuses a unit that runs, as ever). The unit must be ready and answer
+    its readiness check: otherwise :class:`UsageError`, and nothing is changed."""
+    front = Front.of_unit(host, unit.name)
+    if front is None or unit.spec is None or unit.record is None:
+        return None
+    state, _ = front.live()
+    if state not in LEFT_STATES:
+        return None
+    t0 = phase_start(host, "reroute", started)
+    spec, rec, address = unit.spec, unit.record, front.record.address
+    now = unit.state()
+    if now != UnitState.READY:
+        raise UsageError(f"front {address} is {state} and unit {unit.name} runs, but is {now}: nothing routed",
+                         hint=f"'gpuslate restart {unit.name}' starts it again behind its front")
+    probe = Probe(spec, Path(rec.log))
+    if not probe.check():
+        raise UsageError(f"front {address} is {state} and unit {unit.name} runs, but does not answer its readiness "
+                         f"check ({probe.detail}): nothing routed",
+                         hint=f"'gpuslate restart {unit.name}' starts it again behind its front")
+    counted = front.counters_now()
+    held = counted[0] if counted else 0
+    waiting = f"{held} request{'s' if held != 1 else ''}"
+    if state == FrontState.STRANDED:
+        since = max(0.0, time.time() - front.record.since)
+        why = front.record.reason or "a swap"
+        front.route(spec, None)
+        note = (f"it was stranded (holding for {why} {since:.1f} s, the gpuslate that held it gone): routed to "
+                f"{unit.name}; the {waiting} it held went through")
+        restarted = False
+    else:
+        gone = "its route process" if state == FrontState.NO_ROUTE else "its process"
+        front.stop()
+        front = start_front(host, replace(spec, front=address), unit=unit.name)
+        front.route(spec, None)
+        lost = f"; the {waiting} it held were cut" if held else ""
+        note = f"{gone} was gone: started again and routed to {unit.name}{lost}"
+        restarted = True
+    host.note(f"front {address}: {note}")
+    report = FrontReport(address=address, state=FrontState.SERVING, unit=unit.name, started=restarted, note=note)
+    return UpResult(status=UpStatus.READY, record=rec,
+                    readiness={"kind": probe.kind, "target": probe.target, "detail": probe.detail}, smoke=None,
+                    timings={"lock_s": round(lock_wait, 4), "total_s": time.monotonic() - t0}, log_tail=[],
+                    teardown=None, cleared=None, fence_note=None, front=report)

@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..host.session import HostContext
 from ..options import DownOptions, UpOptions
 from . import store
-from .front import Front, up_behind_front
+from .front import Front, reroute, up_behind_front
 from .frontreport import FrontReport, FrontState
 from .lifecycle import DownResult, UpResult, check_startable, stop_loaded
 from .spec import UnitSpec
@@ -28,12 +28,19 @@ def up(host: HostContext, spec: UnitSpec, options: UpOptions = UpOptions()) -> U
     Under the host lock of ``host`` (re-entrant: ``swap`` holds it already), from
     the pre-flight until the unit is ready or cleaned up. The unit's record is read once,
     under the lock, for :func:`~.lifecycle.check_startable`; then it is started (behind its
-    front, when it has one: :func:`~.front.up_behind_front`)."""
+    front, when it has one: :func:`~.front.up_behind_front`). A unit that runs already is not
+    started twice; when its front serves no one (stranded, its route or its own process gone), the
+    front is routed to it again (:func:`~.front.reroute`)."""
     spec.validate()
     opts = options.validate()
     t0 = time.monotonic()
     with host.locked(f"up {spec.name}", timeout=spec.start_timeout) as waited:
-        check_startable(Unit.load(store.UnitStore.of(host), spec.name), spec.name)  # under the lock: as it is now
+        current = Unit.load(store.UnitStore.of(host), spec.name)  # under the lock: as it is now
+        if current is not None and not current.corrupt and current.running():
+            rerouted = reroute(host, current, started=t0, lock_wait=waited)
+            if rerouted is not None:
+                return rerouted
+        check_startable(current, spec.name)
         return up_behind_front(host, spec, opts, lock_wait=waited, started=t0)
 
 

@@ -284,9 +284,18 @@ def run_serve(args: argparse.Namespace) -> int:
         entries = seen[0].checkpoint_entries()
         return any(pid in entries for pid in shown)
 
+    def dead_worker() -> int | None:  # one of its workers has exited: looked at, never reaped (WNOWAIT)
+        for pid in workers:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return pid
+            except ChildProcessError:
+                return pid
+        return None
+
     try:
         return ExitStatus(run_server(config, start_workers=start, memory=memory,
-                                     gpu_locked=gpu_locked if root else None))
+                                     gpu_locked=gpu_locked if root else None, dead_worker=dead_worker))
     finally:
         # like a real server's shutdown: its ranks go with it (a SIGKILLed
         # launcher cannot do this, which is how orphaned workers happen). They are

@@ -224,8 +224,10 @@ def print_front(front: FrontReport | None) -> None:
         parts.append(f"{d.drained} drained{cut}")
     where = {FrontState.SERVING: f"serving {safe(front.unit or '?')}",
              FrontState.STOPPED: "stopped"}.get(front.state, f"{front.state.value.upper()}")
+    if front.note and front.ok:  # left as it should be, and how it came to be so (started again, re-routed)
+        where += f" ({safe(front.note)})"
     _out(f"Front {safe(front.address)}: " + "; ".join([*parts, where]))
-    if front.note and front.state not in (FrontState.SERVING, FrontState.STOPPED):
+    if front.note and not front.ok:
         sys.stderr.write(f"gpuslate: front {safe(front.address)}: {safe(front.note)}\n")
 
 
