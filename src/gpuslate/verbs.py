@@ -23,9 +23,19 @@ command does around the call, a live line, Ctrl-C); its renderer. Adding ``park 
 is a ``ParkOptions`` and ``ParkLine`` in options.py, a ``PARK`` here, those methods, its
 implementation and its row and renderer in cli/.
 
-``signals``: the verb may signal processes. The standard says a command that signals never takes
-silence for consent (without a terminal it needs ``--yes``); ``clear`` has its ``--yes`` in its line,
-and this is where a rule for every signalling verb reads which they are.
+``signals``: the verb may signal processes. A command that signals never takes silence for consent
+(:meth:`Verb.needs_consent`): every verb declared ``signals=True`` takes ``-y/--yes`` (added from
+here, not written in its line), and one whose run needs consent asks on a terminal and, without a
+terminal on stdin and without ``--yes``, starts nothing and exits 2 (cli/main.py, for every verb
+alike; a new verb gets the rule by its declaration). What needs consent: signals to processes the
+command line does not name, chosen by a rule from what holds the GPUs (``clear``'s plan, ``up
+--clear``), as ``apt-get``, ``docker system prune`` or ``terraform apply`` ask before acting on what
+they chose. ``named=True`` declares a verb that signals only the processes of the units it names
+(proven theirs by ties: ``down web``, ``swap``, ``restart``): the name is the consent, as ``docker
+compose down``, ``systemctl stop`` and ``kill PID`` ask nothing, unless a flag of its line marked
+``Consent.WIDENS`` is given (``up --clear``). A flag marked ``Consent.MOOT`` (``--dry-run``) signals
+nothing: no consent. The library (``Host.clear``...) and a ``RemoteHost`` need none: the caller is
+the consent (a remote command gets ``--yes``); nor the Slurm hooks, run by slurmd.
 
 Why this module stays light: ``gpuslate status`` imports it (its declaration), so it imports only
 :mod:`gpuslate.options` and the record idiom; the result types are named as ``"module:attr"`` and
@@ -40,8 +50,8 @@ import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from ._record import Record
-from .commandline import alias_of, read, words
+from ._record import Consent, Record
+from .commandline import alias_of, consent_flags, consent_marks, read, words
 from .options import (
     AuditLine,
     ClearLine,
@@ -88,24 +98,52 @@ R = TypeVar("R")
 class Verb(Generic[L, R]):
     """One verb: its command word (``name``), its command line (``line``: a record of its options,
     see :mod:`gpuslate.options`), the result type its document reads back as (``"module:attr"``),
-    whether it may signal processes, and its help (``summary``: the line in ``gpuslate --help``)."""
+    whether it may signal processes (``named``: only the units it names; see the module docstring), and its
+    help (``summary``: the line in ``gpuslate --help``; ``examples``: the lines its ``--help`` ends with)."""
 
-    __slots__ = ("description", "line", "name", "result", "signals", "summary", "usage")
+    __slots__ = ("description", "examples", "line", "name", "named", "result", "signals", "summary", "usage")
 
     def __init__(self, name: str, line: type[L], result: str, *, summary: str, description: str,
-                 signals: bool = False, usage: str | None = None) -> None:
-        self.name, self.line, self.result, self.signals = name, line, result, signals
-        self.summary, self.description, self.usage = summary, description, usage
+                 signals: bool = False, named: bool = False, usage: str | None = None,
+                 examples: Sequence[tuple[str, str]] = ()) -> None:
+        self.name, self.line, self.result, self.signals, self.named = name, line, result, signals, named
+        self.summary, self.description, self.usage, self.examples = summary, description, usage, tuple(examples)
+
+    def needs_consent(self, line: L) -> bool:
+        """Whether running ``line`` needs a person's consent: a terminal's answer, or ``--yes``. A verb
+        that signals needs it unless a MOOT flag is given (``--dry-run``: it signals nothing) or it is
+        ``named`` (it signals only the units it names) and no WIDENS flag is given (``up --clear``)."""
+        if not self.signals:
+            return False
+        marks = consent_marks(line)
+        if Consent.MOOT in marks:
+            return False
+        return not self.named or Consent.WIDENS in marks
+
+    def yes_help(self) -> str:
+        """``--yes``'s help for this verb, said from its declaration."""
+        if not self.named:
+            return "go ahead without asking; needed when stdin is not a terminal (a script, a pipe, cron)"
+        widening = consent_flags(self.line)
+        if widening:
+            return (f"go ahead without asking; needed with {' or '.join(widening)} when stdin is not a terminal "
+                    "(it ends processes this command does not name)")
+        return (f"accepted, never needed: {self.name} signals only the processes of the units it names "
+                "(the name is the consent, as docker compose down)")
 
     def read(self, values: object) -> L:
         """The typed line a parsed command line (argparse's Namespace) gives."""
         return read(self.line, values)
 
-    def command(self, line: L, *, sim: str | None = None) -> list[str]:
+    def command(self, line: L, *, sim: str | None = None, yes: bool = False) -> list[str]:
         """The gpuslate command (the words after ``gpuslate``) that runs this verb with ``line`` on
         another host and prints its document: refused (UsageError) before anything is sent when
-        the line has what a command line cannot carry (see :func:`gpuslate.commandline.words`)."""
-        return [alias_of(line) or self.name, *words(line, before_rest=["--json", *([f"--sim={sim}"] if sim else [])])]
+        the line has what a command line cannot carry (see :func:`gpuslate.commandline.words`).
+        ``yes``: the consent given here (a terminal's answer, ``--yes``, a library caller), sent as
+        ``--yes`` where the line needs it (nobody there can be asked)."""
+        consent = ["--yes"] if yes and self.needs_consent(line) else []
+        return [alias_of(line) or self.name,
+                *words(line, before_rest=[*consent, "--json", *([f"--sim={sim}"] if sim else [])])]
 
     def read_result(self, doc: object) -> R:
         """The result type's reading of a document of this verb (BadDocument for one that is not)."""
@@ -136,7 +174,7 @@ WAIT: Verb[WaitLine, WaitResult] = Verb(
     "--max-used), 4 on timeout with a diagnosis. Signals nothing.")
 
 UP: Verb[UpLine, UpResult] = Verb(
-    "up", UpLine, "gpuslate.units.lifecycle:UpResult", signals=True, usage=_UP_USAGE,
+    "up", UpLine, "gpuslate.units.lifecycle:UpResult", signals=True, named=True, usage=_UP_USAGE,
     summary="start a server as a managed unit and wait until it is ready",
     description="Start COMMAND as the managed unit NAME (its own session, process group and, where the host "
     "allows, cgroup), with its GPUs verified free and its port unused first, and return once it is ready. Units "
@@ -145,7 +183,7 @@ UP: Verb[UpLine, UpResult] = Verb(
     "'docker compose up'). See docs/units.md.")
 
 DOWN: Verb[DownLine, DownResult] = Verb(
-    "down", DownLine, "gpuslate.units.lifecycle:DownResult", signals=True,
+    "down", DownLine, "gpuslate.units.lifecycle:DownResult", signals=True, named=True,
     summary="stop a managed unit and verify its GPUs are released",
     description="SIGTERM every process of the unit (cgroup, session, process group), grace, SIGKILL; sweep "
     "processes of the unit that appeared meanwhile; then verify its GPU memory is released, as 'clear' does. A "
@@ -155,7 +193,7 @@ DOWN: Verb[DownLine, DownResult] = Verb(
     "even when another fails), 'down' alone every unit of the unit file, as 'docker compose down'.")
 
 RESTART: Verb[RestartLine, RestartResult] = Verb(
-    "restart", RestartLine, "gpuslate.units.restart:RestartResult", signals=True,
+    "restart", RestartLine, "gpuslate.units.restart:RestartResult", signals=True, named=True,
     summary="stop a unit and start it again as it last ran",
     description="Stop the unit NAME (its GPUs verified free, as 'down') and start it again with the spec it last "
     "ran with, under one hold of the host lock, the downtime measured as 'swap' measures it; a unit nothing of "
@@ -188,7 +226,7 @@ LOGS: Verb[LogsLine, LogsResult] = Verb(
     "recorded as it is written.")
 
 SWAP: Verb[SwapLine, SwapResult] = Verb(
-    "swap", SwapLine, "gpuslate.units.swap:SwapResult", signals=True,
+    "swap", SwapLine, "gpuslate.units.swap:SwapResult", signals=True, named=True,
     summary="down OLD, verify its GPUs clean, up NEW and wait until it serves",
     description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs are clean, up NEW "
     "(from gpuslate.toml or its last run) and wait until it is ready; each phase timed. With --rollback, if NEW "

@@ -199,18 +199,23 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
 
 
 def run_experiment(host: Host, spec: ExperimentSpec, out: str | Path, *, resume: bool = False,
-                   on_progress: Callable[[ExperimentProgress], None] | None = None) -> RunResult:
+                   on_progress: Callable[[ExperimentProgress], None] | None = None,
+                   confirm: Callable[[Any], bool] | None = None) -> RunResult:
     """Run (or resume) the experiment into ``out`` on ``host`` (its lifetime: the caller keeps it
-    open and closes it); progress lines go to ``host``'s event sink. See the module docstring."""
+    open and closes it); progress lines go to ``host``'s event sink. See the module docstring.
+    ``confirm``: asked with the clear's plan before the spec's ``clear`` signals (as ``up --clear``);
+    None: the caller is the consent."""
     out = Path(out)
     prepare_dir(spec, out, resume)
-    return _Runner(host, spec, out, on_progress).run()
+    return _Runner(host, spec, out, on_progress, confirm).run()
 
 
 class _Runner:
     def __init__(self, host: Host, spec: ExperimentSpec, out: Path,
-                 on_progress: Callable[[ExperimentProgress], None] | None) -> None:
+                 on_progress: Callable[[ExperimentProgress], None] | None,
+                 confirm: Callable[[Any], bool] | None = None) -> None:
         self.host, self.spec, self.out, self.on_progress = host, spec, out, on_progress
+        self.confirm = confirm
         self.note: Note = host.note
         self.points = out / "points"
         self.t0 = time.monotonic()
@@ -301,7 +306,8 @@ class _Runner:
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
             self.note(f"up {dep.unit.name}" + (" (clearing its GPUs first)" if first_clear else ""))
-            u = self.host.up(dep.unit, UpOptions(clear_first=first_clear))
+            asked = self.confirm if first_clear else None
+            u = self.host.up(dep.unit, UpOptions(clear_first=first_clear, confirm=asked))
             doc = u.to_json()
             if u.ok:
                 self.running = dep.unit.name

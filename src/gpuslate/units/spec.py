@@ -163,8 +163,8 @@ class UnitSpec:
 _TYPES: dict[str, tuple[type, ...]] = {
     "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
-    "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
-    "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float),
+    "start_timeout": (int, float, str), "grace": (int, float, str), "stop_timeout": (int, float, str), "cwd": (str,),
+    "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float, str),
 }
 
 

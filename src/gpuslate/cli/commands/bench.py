@@ -23,7 +23,7 @@ from ...errors import BadDocument, UsageError
 from ...extras import Extra, require
 from ..exits import ExitStatus, exit_epilog
 from . import present
-from .common import describe, note
+from .common import describe, note, positive_duration
 
 if TYPE_CHECKING:
     from ...bench import BenchResult, LoadPlan, Progress
@@ -62,8 +62,8 @@ def build(p: argparse.ArgumentParser) -> None:
                    help="with --request-rate: at most N requests in flight")
     p.add_argument("--requests", "-n", type=int, metavar="N",
                    help="requests per level (default: 64, or unlimited with --duration)")
-    p.add_argument("--duration", type=float, metavar="SECONDS",
-                   help="send requests for SECONDS per level (requests in flight then finish)")
+    p.add_argument("--duration", type=positive_duration, metavar="DURATION",
+                   help="send requests for DURATION per level, e.g. 60 or 2m (requests in flight then finish)")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
                    help="requests sent before each level at its concurrency, left out of the figures "
                    "(default: 0)")
@@ -103,8 +103,8 @@ def build(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connection", choices=("pooled", "per-request"), default="pooled",
                    help="pooled (the default): reuse keep-alive connections, as vLLM's bench serve; per-request: "
                    "a new connection for every request, its set-up inside TTFT and E2E, as SGLang's bench_serving")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="per-request time limit; a request past it counts as failed (default: 600)")
+    p.add_argument("--timeout", type=positive_duration, default=600.0, metavar="DURATION",
+                   help="per-request time limit; a request past it counts as failed (default: 600s, 10m)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON document to FILE")
     p.set_defaults(handler=run)
 

@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ...errors import Interrupted
+from ...errors import Interrupted, UsageError
 from ...extras import Extra, install_hint, missing, require
 from ..exits import ExitStatus, exit_epilog, exit_status_for_result
 from ..render.output import Mode, OutputLost, set_mode
 from ..render.plain import cut
 from . import present
-from .common import add_common, describe, note, print_error
+from .common import add_common, confirm_plan, describe, note, print_error, stdin_is_terminal
 
 if TYPE_CHECKING:
     from ...bench.experiment import ExperimentProgress, RunResult
@@ -50,6 +50,9 @@ def build(p: argparse.ArgumentParser) -> None:
     r.add_argument("spec", metavar="SPEC.toml")
     r.add_argument("--out", metavar="DIR", help="results folder (default: ./experiments/NAME)")
     r.add_argument("--resume", action="store_true", help="continue the experiment in DIR, skipping finished points")
+    r.add_argument("-y", "--yes", action="store_true",
+                   help="go ahead without asking when the spec clears the GPUs first (clear = true); needed then "
+                   "when stdin is not a terminal")
     r.set_defaults(handler=run)
     rep = verbs.add_parser("report", help="(re)write the report of an experiment folder",
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
@@ -109,6 +112,13 @@ def run(args: argparse.Namespace) -> int:
     from ...bench.spec import load_spec  # lazy: startup
 
     spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
+    confirm = None
+    if spec.clear_first and not args.yes:  # its clear ends processes the spec does not name: consent first
+        if not stdin_is_terminal():
+            raise UsageError("the spec clears the GPUs first (clear = true), which ends processes it does not name, "
+                             "but stdin is not a terminal to ask on: add --yes to go ahead (nothing was started "
+                             "or signaled)")
+        confirm = confirm_plan
     if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
         note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
@@ -117,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     display.say_scale()
     try:
         with Host.open(getattr(args, "sim", None), on_event=display.note) as host:  # the run's one context
-            result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update)
+            result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update,
+                                    confirm=confirm)
     except Interrupted as exc:
         display.close()
         return interrupted_status(exc, args.json)

@@ -11,7 +11,7 @@ import sys
 from ...exporter import DEFAULT_LISTEN, SCHEMA
 from ...extras import Extra, require
 from ..exits import ExitStatus, exit_epilog
-from .common import add_common, describe, note, positive_float
+from .common import add_common, describe, note, positive_duration
 
 
 def build(p: argparse.ArgumentParser) -> None:
@@ -32,9 +32,9 @@ def build(p: argparse.ArgumentParser) -> None:
                         "port 0 picks a free one)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --listen address (the metrics name processes, users and jobs)")
-    p.add_argument("--scrape-timeout", type=positive_float, default=5.0, metavar="SECONDS",
+    p.add_argument("--scrape-timeout", type=positive_duration, default=5.0, metavar="DURATION",
                    help="longest a scrape waits for its reading; then it answers with an error counted "
-                        "(default 5)")
+                        "(default 5s)")
     p.set_defaults(handler=run)
 
 

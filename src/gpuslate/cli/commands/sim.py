@@ -12,7 +12,7 @@ from ...extras import Extra, require
 from ...gpu import sim_root_from_env
 from ..exits import ExitStatus, exit_epilog
 from . import present
-from .common import add_common, describe, gpu_list, gpus_arg, nonnegative_float, note, size, whole
+from .common import add_common, describe, duration, gpu_list, gpus_arg, note, size, whole
 
 
 def build(p: argparse.ArgumentParser) -> None:
@@ -47,8 +47,8 @@ def build(p: argparse.ArgumentParser) -> None:
                       help="the NVML memory API the simulated driver has: v2 reports reserved memory apart "
                       "from 'used'; v1 (drivers before R510) counts it as used (default v2)")
     init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", metavar="NAME", help="GPU model name")
-    init.add_argument("--release-delay", type=nonnegative_float, default=0.2, metavar="SECONDS",
-                      help="time the simulated driver takes to release a dead holder's memory (default 0.2)")
+    init.add_argument("--release-delay", type=duration, default=0.2, metavar="DURATION",
+                      help="time the simulated driver takes to release a dead holder's memory (default 0.2s)")
     init.add_argument("--host-memory", type=size, default="2TiB", metavar="SIZE",
                       help="the host's memory, where a sleeping engine's weights and the driver's checkpoints go "
                       "(default 2TiB, an 8-GPU H200 node)")

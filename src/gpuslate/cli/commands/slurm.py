@@ -16,7 +16,7 @@ import sys
 from ..exits import ExitStatus, exit_epilog
 from ..render.plain import clean
 from . import present
-from .common import add_common, describe, nonnegative_float, size
+from .common import add_common, describe, duration, size
 
 _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a GPU that does not exist): "
           "nothing was signaled", 4: "the GPUs were not free in time: the node was drained with the reason "
@@ -34,14 +34,14 @@ def build(p: argparse.ArgumentParser) -> None:
     ep = hooks.add_parser("epilog", help="end what the ended job left on this node (its uid and SLURM_JOB_ID, "
                           "or its cgroup; nothing else), verify its GPUs free, else drain",
                           epilog=exit_epilog(_EXITS))
-    ep.add_argument("--grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
-                    help="time between SIGTERM and SIGKILL (default 5)")
-    ep.add_argument("--timeout", type=nonnegative_float, default=30.0, metavar="SECONDS",
-                    help="everything within this long, else drain (default 30)")
+    ep.add_argument("--grace", type=duration, default=5.0, metavar="DURATION",
+                    help="time between SIGTERM and SIGKILL (default 5s)")
+    ep.add_argument("--timeout", type=duration, default=30.0, metavar="DURATION",
+                    help="everything within this long, else drain (default 30s)")
     pr = hooks.add_parser("prolog", help="verify the job's GPUs free (signals nothing), else drain so that "
                           "Slurm requeues the job", epilog=exit_epilog(_EXITS))
-    pr.add_argument("--timeout", type=nonnegative_float, default=10.0, metavar="SECONDS",
-                    help="wait at most this long for the GPUs to be free, else drain (default 10)")
+    pr.add_argument("--timeout", type=duration, default=10.0, metavar="DURATION",
+                    help="wait at most this long for the GPUs to be free, else drain (default 10s)")
     tp = hooks.add_parser("task-prolog", help="as Slurm's TaskProlog: print 'export SPT_NOENV=1', so that a task's "
                           "workers renamed with setproctitle keep SLURM_JOB_ID in /proc/PID/environ",
                           description="Run as Slurm's TaskProlog (see docs/slurm.md): prints the environment every "
