@@ -481,7 +481,10 @@ class LogsOptions(Record):
 
 
 class LogsLine(Record):
-    name: str = positional("NAME", parse=unit_name)
+    names: tuple[str, ...] = positional(
+        "NAME", parse=unit_name, nargs="*", default=(),
+        help="the unit; several: interleaved by time, each line after its unit's name (as docker compose logs); "
+        "none: every unit (as ps -a lists them)")
     follow: bool = flag("-f", "--follow", help="keep printing new lines until the unit is gone (or Ctrl-C)",
                         why_here="logs --follow does not work with --host: run it on the host "
                         "(ssh -t HOST gpuslate ...)")

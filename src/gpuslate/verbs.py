@@ -220,10 +220,12 @@ PS: Verb[PsLine, PsResult] = Verb(
 
 LOGS: Verb[LogsLine, LogsResult] = Verb(
     "logs", LogsLine, "gpuslate.units.logfile:LogsResult",
-    summary="show a unit's output (stdout and stderr)",
+    summary="show units' output (stdout and stderr)",
     description="Print a unit's log (its stdout and stderr, rotated at every start: older runs are NAME.log.1 ... "
     ".5 next to it). The server's output is printed as it wrote it, like 'docker logs'; the time of each line is "
-    "recorded as it is written.")
+    "recorded as it is written. Several units ('logs A B'), or every unit ('logs' alone, as 'ps -a' lists them): "
+    "their lines interleaved by the time each was written, each after its unit's name, as 'docker compose logs' "
+    "(--tail: per unit; --follow: until every one is gone).")
 
 SWAP: Verb[SwapLine, SwapResult] = Verb(
     "swap", SwapLine, "gpuslate.units.swap:SwapResult", signals=True, named=True,

@@ -223,7 +223,8 @@ def test_release_delay_longer_than_grace_is_waited_for(tmp_path, hold, cli, monk
 
 @pytest.mark.parametrize("args,needle", [
     (["--grace", "-1"], "--grace"),
-    (["--timeout", "x"], "invalid number"),
+    (["--timeout", "x"], "invalid duration"),
+    (["--max-used", "64"], "give its unit"),
     (["--match", "("], "invalid --match"),
     (["--user", "no-such-user-xyz"], "no such user"),
     (["--pid", "999999999"], "does not exist"),

@@ -191,7 +191,7 @@ class RemoteHost:
 
     def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:
         """Unit ``name``'s last lines there (a snapshot)."""
-        return self.run(LOGS, LogsLine(name=name, options=options or LogsOptions()))
+        return self.run(LOGS, LogsLine(names=(name,), options=options or LogsOptions()))
 
     def __enter__(self) -> RemoteHost:
         return self

@@ -23,6 +23,7 @@ from ...units.remove import RmResult
 from ...units.restart import RestartResult
 from ...units.stop import StopReport, Verification
 from ...units.swap import SwapResult, SwapStatus
+from ...units.unitfile import ConfigResult, toml_text
 from .plain import Cell, Column, folded, safe, table, tables, use_color, width_of
 
 _PS_COLUMNS = (Column("Name"), Column("State"), Column("PID", "right"), Column("Uptime", "right"),
@@ -350,3 +351,9 @@ def report_batch(result: BatchResult, file: IO[str]) -> None:
          f"{'s' if len(result.results) + len(result.not_run) != 1 else ''} done"
          + (f", {len(result.skipped)} left as they were" if result.skipped else "")
          + f" in {result.total_s:.2f} s", file)
+
+
+def show_config(result: ConfigResult) -> None:
+    """``gpuslate config``: the unit file resolved, as TOML that reads back as the same units."""
+    sys.stdout.write(toml_text(result))
+    sys.stdout.flush()
