@@ -110,7 +110,7 @@ def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "va
         v = float(text)
     else:
         s = str(text).strip()
-        if re.fullmatch(rf"{_NUMBER}(?:[eE][-+]?[0-9]+)?", s, re.ASCII):
+        if re.fullmatch(rf"[-+]?{_NUMBER}(?:[eE][-+]?[0-9]+)?", s, re.ASCII):  # a sign: told its bound
             v = float(s)
         else:
             found = parse_duration(s)

@@ -5,10 +5,11 @@ A declaration names everything about a verb that is not its code:
 
     CLEAR: Verb[ClearLine, ClearResult] = Verb(
         "clear", ClearLine, "gpuslate.clearing.clear:ClearResult", signals=True,
-        summary="terminate the jobs holding GPUs ...", description="Plan, act, verify: ...")
+        summary="terminate the jobs holding GPUs ...", description="Plan, act, verify: ...",
+        examples=[("the plan: what would be signaled", "gpuslate clear --gpus 0-3 --dry-run"), ...])
 
 its command word; its command line, a record whose fields carry their flags, parsers, help and
-defaults (:mod:`gpuslate.options`: ``ClearLine`` is the selection, the options and ``--yes``); the
+defaults (:mod:`gpuslate.options`: ``ClearLine`` is the selection and the options); the
 type its document reads back as; whether it signals processes; and its help. From it, generic code
 makes the rest: ``gpuslate clear``'s argparse options and the step from the parsed command line to
 the typed line (cli/commands/common.py), the command line another host is sent
@@ -156,12 +157,23 @@ _UP_USAGE = "%(prog)s NAME [options] -- COMMAND [ARGS...]\n       %(prog)s [NAME
 
 STATUS: Verb[StatusLine, Snapshot] = Verb(
     "status", StatusLine, "gpuslate.host.snapshot:Snapshot",
+    examples=[
+        ("every GPU and the processes holding it, grouped under their launcher", "gpuslate status"),
+        ("GPUs 0-3, one line each with a memory bar, every 2 s until Ctrl-C",
+         "gpuslate status --gpus 0-3 --compact --watch 2s"),
+        ("every host of an inventory, as one document", "gpuslate --hosts hosts.ini status --json")],
     summary="show every GPU and every process that holds it",
     description="Show every GPU (never truncated) with memory, utilization, temperature, power and P-state, "
     "and its processes grouped under their launcher.")
 
 CLEAR: Verb[ClearLine, ClearResult] = Verb(
     "clear", ClearLine, "gpuslate.clearing.clear:ClearResult", signals=True,
+    examples=[
+        ("the plan: what would be signaled, and what is spared and why", "gpuslate clear --gpus 0-3 --dry-run"),
+        ("end the jobs holding GPUs 0-3 and prove them free (a terminal is asked first)", "gpuslate clear --gpus 0-3"),
+        ("in a script (no terminal to ask on): --yes, and at most 2 minutes",
+         "gpuslate clear --gpus 0-3 --yes --timeout 2m"),
+        ("only the job of PID 4242: it and everything its launcher started", "gpuslate clear --pid 4242 --yes")],
     summary="terminate the jobs holding GPUs (SIGTERM, grace, SIGKILL) and verify the memory is free",
     description="Plan, act, verify: terminate whole jobs holding the selected GPUs (your own processes unless "
     "--all-users), then wait until every GPU is free. Monitors, GPU daemons, gpuslate and its ancestors are never "
@@ -169,12 +181,22 @@ CLEAR: Verb[ClearLine, ClearResult] = Verb(
 
 WAIT: Verb[WaitLine, WaitResult] = Verb(
     "wait", WaitLine, "gpuslate.clearing.wait:WaitResult",
+    examples=[
+        ("in a job script: wait up to 5 minutes for GPUs 0-1 to be free",
+         "gpuslate wait --free --gpus 0-1 --timeout 5m"),
+        ("free means at most 1 GiB used on each", "gpuslate wait --free --max-used 1GiB")],
     summary="wait until GPUs are free; signals nothing",
     description="Return 0 as soon as the selected GPUs are free (no process with a context, used memory at most "
     "--max-used), 4 on timeout with a diagnosis. Signals nothing.")
 
 UP: Verb[UpLine, UpResult] = Verb(
     "up", UpLine, "gpuslate.units.lifecycle:UpResult", signals=True, named=True, usage=_UP_USAGE,
+    examples=[
+        ("start a server as unit baseline on GPUs 0-7; return once it serves",
+         "gpuslate up baseline --gpus 0-7 --port 30000 --engine sglang -- python -m sglang.launch_server "
+         "--model-path /models/x --tp 8 --port 30000"),
+        ("a unit of gpuslate.toml, or every unit of it", "gpuslate up baseline"),
+        ("clear its GPUs first, in a script (--yes: no terminal to ask on)", "gpuslate up baseline --clear --yes")],
     summary="start a server as a managed unit and wait until it is ready",
     description="Start COMMAND as the managed unit NAME (its own session, process group and, where the host "
     "allows, cgroup), with its GPUs verified free and its port unused first, and return once it is ready. Units "
@@ -184,6 +206,10 @@ UP: Verb[UpLine, UpResult] = Verb(
 
 DOWN: Verb[DownLine, DownResult] = Verb(
     "down", DownLine, "gpuslate.units.lifecycle:DownResult", signals=True, named=True,
+    examples=[
+        ("stop unit baseline and verify its GPU memory released", "gpuslate down baseline"),
+        ("every unit of gpuslate.toml, as docker compose down", "gpuslate down"),
+        ("a shorter grace and limit", "gpuslate down baseline --grace 5s --timeout 2m")],
     summary="stop a managed unit and verify its GPUs are released",
     description="SIGTERM every process of the unit (cgroup, session, process group), grace, SIGKILL; sweep "
     "processes of the unit that appeared meanwhile; then verify its GPU memory is released, as 'clear' does. A "
@@ -194,6 +220,9 @@ DOWN: Verb[DownLine, DownResult] = Verb(
 
 RESTART: Verb[RestartLine, RestartResult] = Verb(
     "restart", RestartLine, "gpuslate.units.restart:RestartResult", signals=True, named=True,
+    examples=[
+        ("stop unit speculative and start it as it last ran", "gpuslate restart speculative"),
+        ("every unit of gpuslate.toml that has run", "gpuslate restart")],
     summary="stop a unit and start it again as it last ran",
     description="Stop the unit NAME (its GPUs verified free, as 'down') and start it again with the spec it last "
     "ran with, under one hold of the host lock, the downtime measured as 'swap' measures it; a unit nothing of "
@@ -203,6 +232,7 @@ RESTART: Verb[RestartLine, RestartResult] = Verb(
 
 RM: Verb[RmLine, RmResult] = Verb(
     "rm", RmLine, "gpuslate.units.remove:RmResult",
+    examples=[("forget two stopped units: their records and logs", "gpuslate rm baseline speculative")],
     summary="remove stopped units: their records and logs",
     description="Remove the record and the logs of each unit NAME, which must be stopped, failed or exited; a "
     "running unit (starting, ready, or orphaned: processes of it still run) or one whose record is corrupt is "
@@ -211,6 +241,9 @@ RM: Verb[RmLine, RmResult] = Verb(
 
 PS: Verb[PsLine, PsResult] = Verb(
     "ps", PsLine, "gpuslate.units.listing:PsResult",
+    examples=[
+        ("the units and their state", "gpuslate ps"),
+        ("also those stopped more than an hour ago, as a document", "gpuslate ps -a --json")],
     summary="list managed units: state, pid, uptime, port, GPUs, memory, time to ready",
     description="List managed units with their state as the host shows it now: starting, ready, exited, failed, "
     "stopped, orphaned (the main process died while processes of the unit live on, or 'up' vanished before it was "
@@ -220,6 +253,11 @@ PS: Verb[PsLine, PsResult] = Verb(
 
 LOGS: Verb[LogsLine, LogsResult] = Verb(
     "logs", LogsLine, "gpuslate.units.logfile:LogsResult",
+    examples=[
+        ("a unit's output as it comes, until it is gone", "gpuslate logs baseline --follow"),
+        ("two units' last 20 lines each, interleaved by time", "gpuslate logs baseline speculative --tail 20"),
+        ("every unit's output of the last 10 minutes, with each line's time",
+         "gpuslate logs --since 10m --timestamps")],
     summary="show units' output (stdout and stderr)",
     description="Print a unit's log (its stdout and stderr, rotated at every start: older runs are NAME.log.1 ... "
     ".5 next to it). The server's output is printed as it wrote it, like 'docker logs'; the time of each line is "
@@ -229,6 +267,10 @@ LOGS: Verb[LogsLine, LogsResult] = Verb(
 
 SWAP: Verb[SwapLine, SwapResult] = Verb(
     "swap", SwapLine, "gpuslate.units.swap:SwapResult", signals=True, named=True,
+    examples=[
+        ("replace unit baseline by unit speculative; baseline back if speculative fails",
+         "gpuslate swap baseline speculative --rollback"),
+        ("on every host of an inventory, one after another", "gpuslate --hosts hosts.ini swap baseline speculative")],
     summary="down OLD, verify its GPUs clean, up NEW and wait until it serves",
     description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs are clean, up NEW "
     "(from gpuslate.toml or its last run) and wait until it is ready; each phase timed. With --rollback, if NEW "
@@ -236,6 +278,9 @@ SWAP: Verb[SwapLine, SwapResult] = Verb(
 
 AUDIT: Verb[AuditLine, AuditListing] = Verb(
     "audit", AuditLine, "gpuslate.host.auditlist:AuditListing",
+    examples=[
+        ("the last 50 signals gpuslate sent", "gpuslate audit"),
+        ("every one, as a document", "gpuslate audit --limit 0 --json")],
     summary="show the audit log of every signal gpuslate sent",
     description="Show the audit log (newest last): who sent which signal to which process on which GPUs, and the "
     "outcome. An entry without an outcome belongs to a run that was interrupted after recording it. With a "

@@ -109,6 +109,8 @@ class ExperimentProgress:
     eta_at: float | None = None  # time.monotonic() when the run should end (a display counts down to it)
     control: bool = False
     output_tok_s: float | None = None  # phase "finished": the point's output throughput (as measured)
+    #: points_total holds an estimate of the verification's points, not planned yet (see verify_estimate)
+    total_estimated: bool = False
 
 
 @dataclass
@@ -123,6 +125,15 @@ class RunResult:
 def point_keys(spec: ExperimentSpec, dep: Deployment) -> list[PointKey]:
     """A deployment's measured points (controls aside): every level once per repeat."""
     return [PointKey(dep.name, c, r) for r in range(spec.repeats) for c in spec.levels]
+
+
+def verify_estimate(spec: ExperimentSpec) -> int:
+    """The verification's points before it is planned (its plan needs the sweep's figures): per
+    repeat, the recommendation at every level, at each the deployment that won it, and the other
+    one across the switch (T, T+1 and the level above: three more, where the winner is one of the
+    two; a tie adds one): twice the levels and three. Counted in the run's total from the start, so
+    that the time left includes the phase (exact once it is planned; dropped when nothing is)."""
+    return (2 * len(spec.levels) + 3) * spec.verify
 
 
 def schedule(spec: ExperimentSpec) -> list[Block]:
@@ -226,6 +237,7 @@ class _Runner:
         self.seq = {k: i for i, k in enumerate(all_keys)}
         self.total = len(all_keys)
         self.done = sum(1 for k in all_keys if (self.points / k.filename).is_file())
+        self.pending_verify = verify_estimate(spec)  # until the verification is planned (or skipped)
         self.skipped = self.done
         self.point_seconds: list[float] = []
         self.point_started: float | None = None
@@ -269,6 +281,7 @@ class _Runner:
             summary, _, _ = build_summary(self.out)
             plan, why = plan_verification(summary, self.spec.to_json())
             if plan is None:
+                self.pending_verify = 0
                 self.note(f"verification skipped: {why}")
                 return
             write_json_atomic(self.out / VERIFY_FILE, plan)
@@ -287,6 +300,7 @@ class _Runner:
         keys = [k for b in blocks for k in b.keys]
         self.seq.update({k: len(self.seq) + i for i, k in enumerate(keys)})
         self.total += len(keys)
+        self.pending_verify = 0
         done = sum(1 for k in keys if (self.points / k.filename).is_file())
         self.done += done
         self.skipped += done
@@ -404,7 +418,8 @@ class _Runner:
         if self.on_progress is None:
             return
         now = time.monotonic()
-        left = self.total - self.done
+        total = self.total + self.pending_verify
+        left = total - self.done
         remaining = None
         if self.point_seconds:  # the mean point so far, less what the current one has already run
             mean = sum(self.point_seconds) / len(self.point_seconds)
@@ -412,9 +427,9 @@ class _Runner:
             remaining = max(0.0, mean * left - into)
         self.on_progress(ExperimentProgress(dep.name, index, len(self.spec.deployments) + (index >= len(
             self.spec.deployments)), phase, concurrency,
-                                            repeat, done, total, self.done, self.total, now - self.t0, remaining,
-                                            None if remaining is None else now + remaining, control,
-                                            output_tok_s))
+                                            repeat, done, total, self.done, self.total + self.pending_verify,
+                                            now - self.t0, remaining, None if remaining is None else now + remaining,
+                                            control, output_tok_s, total_estimated=self.pending_verify > 0))
 
 
 def _checked_plan(plan: dict[str, Any], out: Path, names: set[str]) -> UnitSpec:

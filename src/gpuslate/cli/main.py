@@ -191,7 +191,16 @@ def _say_units(p: argparse.ArgumentParser) -> None:
     for a in p._actions:
         if isinstance(a, argparse._SubParsersAction):
             for sub in dict.fromkeys(a.choices.values()):
-                _say_units(sub)
+                build = getattr(sub, "lazy_build", None)
+                if build is not None:  # its options come when it is chosen: said then
+                    sub.lazy_build = functools.partial(_built_then_said, build)  # type: ignore[attr-defined]
+                else:
+                    _say_units(sub)
+
+
+def _built_then_said(build: Any, p: argparse.ArgumentParser) -> None:
+    build(p)
+    _say_units(p)
 
 
 def _run(module: str, args: argparse.Namespace) -> int:

@@ -348,8 +348,10 @@ def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:
         where = f"in {path}" if path else f"no {CONFIG_NAME} here or above, and no {CONFIG_VAR}"
-        raise UsageError(f"unknown unit {name!r} ({where}): give its command after '--', "
-                         f"e.g. gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
+        # said for up and for swap's NEW alike: swap takes no command, so the way is the unit file or an up
+        raise UsageError(f"unknown unit {name!r} ({where})",
+                         hint=f"declare it as [units.{name}] in {CONFIG_NAME} (docs/units.md), or start it once "
+                         f"with its command: gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
     doc = dict(base or {})
     doc.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if doc.get("gpus") == ALL_GPUS:  # --gpus all: every GPU, whatever the file says

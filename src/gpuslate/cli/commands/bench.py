@@ -45,7 +45,15 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Send streamed completions or chat requests to URL at one closed-loop concurrency "
+    describe(p, examples=[
+        ("closed-loop levels of 1 to 64 requests in flight, 200 requests each",
+         "gpuslate bench http://127.0.0.1:30000 -c 1,4,16,64 -n 200"),
+        ("Poisson arrivals at 8 requests/s for 2 minutes, the JSON kept",
+         "gpuslate bench http://127.0.0.1:30000 --request-rate 8 --duration 2m --out run.json"),
+        ("chat requests of 1024 tokens in, 256 out, with goodput against SLOs in ms",
+         "gpuslate bench http://127.0.0.1:8000 --api chat --input-len 1024 --output-len 256 "
+         "--goodput ttft:500,tpot:50")],
+             description="Send streamed completions or chat requests to URL at one closed-loop concurrency "
         "level after another (or as Poisson/gamma arrivals), and report throughput, TTFT, TPOT, ITL and "
         "end-to-end latency with the definitions of SGLang's bench_serving and vLLM's bench serve "
         "(docs/bench.md).", epilog=EPILOG)

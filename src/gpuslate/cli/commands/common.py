@@ -31,7 +31,7 @@ def with_examples(examples: Sequence[tuple[str, str]], epilog: str | None) -> st
     ``--help`` (the help formatter keeps the block's lines as they are: cli/main.py)."""
     lines = ["examples:"]
     for why, command in examples:
-        lines += [f"  # {why}", f"  {command}"]
+        lines += [f"  # {why}"] * bool(why) + [f"  {command}"]
     return "\n\n".join(part for part in ("\n".join(lines) if examples else "", epilog or "") if part)
 
 

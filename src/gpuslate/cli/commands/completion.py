@@ -58,7 +58,10 @@ class Command(NamedTuple):
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Print the completion script of SHELL, generated from gpuslate's own options. "
+    describe(p, examples=[("bash: this line in ~/.bashrc is eval \"$(gpuslate completion bash)\"",
+                          "gpuslate completion bash"),
+                         ("fish: written once where fish looks", "gpuslate completion fish")],
+             description="Print the completion script of SHELL, generated from gpuslate's own options. "
                        "bash: eval \"$(gpuslate completion bash)\" in ~/.bashrc; zsh: eval \"$(gpuslate completion "
                        "zsh)\" in ~/.zshrc after compinit; fish: gpuslate completion fish > "
                        "~/.config/fish/completions/gpuslate.fish.",

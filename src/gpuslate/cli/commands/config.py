@@ -8,7 +8,7 @@ import sys
 
 from ...options import CONFIG_HELP
 from ...units.unitfile import resolved
-from ..exits import exit_epilog
+from ..exits import ExitStatus, exit_epilog
 from . import present
 from .common import add_common, describe
 
@@ -37,9 +37,9 @@ def build(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     result = resolved(args.config)
     if args.quiet:
-        return 0
+        return ExitStatus.OK
     if args.units and not args.json:
         sys.stdout.write("".join(f"{u.name}\n" for u in result.units))
         sys.stdout.flush()
-        return 0
+        return ExitStatus.OK
     return present(args, result)

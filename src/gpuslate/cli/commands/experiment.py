@@ -15,7 +15,7 @@ from ..exits import ExitStatus, exit_epilog, exit_status_for_result
 from ..render.output import Mode, OutputLost, set_mode
 from ..render.plain import cut
 from . import present
-from .common import add_common, confirm_plan, describe, note, print_error, stdin_is_terminal
+from .common import add_common, confirm_plan, describe, note, print_error, stdin_is_terminal, with_examples
 
 if TYPE_CHECKING:
     from ...bench.experiment import ExperimentProgress, RunResult
@@ -35,7 +35,11 @@ RUN_EPILOG = exit_epilog({
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="A/B experiments between deployments (e.g. a baseline and a speculative-"
+    describe(p, examples=[("run the spec's matrix, then write its report",
+                           "gpuslate experiment run spec.toml --out results"),
+                         ("go on with an interrupted run", "gpuslate experiment run spec.toml --out results --resume"),
+                         ("write the report again", "gpuslate experiment report results")],
+             description="A/B experiments between deployments (e.g. a baseline and a speculative-"
                        "decoding server): each swapped in on a verified clean slate, swept over concurrency "
                        "levels and repeats with the load generator of 'gpuslate bench' in an order that "
                        "exposes drift, compared with intervals, and a speculation disable threshold "
@@ -46,6 +50,13 @@ def build(p: argparse.ArgumentParser) -> None:
                          description="Run the experiment of SPEC.toml into DIR: every finished point is "
                          "written at once, so an interrupted run loses nothing and --resume skips what is done. "
                          "The report is written at the end.", epilog=RUN_EPILOG)
+    r.epilog = with_examples([
+        ("run the spec's matrix into results/, then write its report",
+         "gpuslate experiment run spec.toml --out results"),
+        ("go on with an interrupted run (finished points are kept)",
+         "gpuslate experiment run spec.toml --out results --resume"),
+        ("a spec that clears the GPUs first (clear = true), run from a script",
+         "gpuslate experiment run spec.toml --yes")], r.epilog)
     add_common(r)
     r.add_argument("spec", metavar="SPEC.toml")
     r.add_argument("--out", metavar="DIR", help="results folder (default: ./experiments/NAME)")
@@ -63,6 +74,9 @@ def build(p: argparse.ArgumentParser) -> None:
                            epilog=exit_epilog({0: "report written",
                                                2: "DIR is not an experiment folder, or the bench extra not installed"},
                                               backend=False))
+    rep.epilog = with_examples([
+        ("the tables, plots, report.md and recommendation of results/ again",
+         "gpuslate experiment report results")], rep.epilog)
     rep.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                      help="print the versioned JSON document instead of a table")
     rep.add_argument("dir", metavar="DIR")
@@ -176,6 +190,11 @@ def run_json(result: RunResult) -> dict[str, Any]:
                             for t in result.transitions]}
 
 
+def _points(p: ExperimentProgress) -> str:
+    """``5/36``; ``5/~36`` while the total holds the verification's points estimated, before it is planned."""
+    return f"{p.points_done}/{'~' if p.total_estimated else ''}{p.points_total}"
+
+
 class ProgressDisplay:
     """Deployment, level, requests done, elapsed and remaining: a live line on a terminal
     (stderr) whose remaining time counts down between updates; otherwise one line per
@@ -225,14 +244,14 @@ class ProgressDisplay:
         where = f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})" + (
             f" c={p.concurrency} {what}" if level else "")
         reqs = f" {p.phase} {count} requests" if running else f" {p.phase}"
-        text = f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+        text = f"{where}:{reqs} | points {_points(p)} | {_dur(p.elapsed_s)} elapsed{left}"
         if width is None or len(text) < width:
             return text
         short = f"{p.deployment}" + (f" c={p.concurrency} {'ctl' if p.control else f'r{(p.repeat or 0) + 1}'}"
                                       if level else "")
         reqs = f"{'warm-up ' if p.phase == 'warmup' else ''}{count} req" if running else p.phase
         when = f"~{_dur(remaining)} left" if remaining is not None else _dur(p.elapsed_s)
-        points = f"{p.points_done}/{p.points_total} pts"
+        points = f"{_points(p)} pts"
         for text in (f"{short}: {reqs} | {points} | {when}", f"{short} | {points} | {when}"):
             if len(text) < width:
                 break
@@ -250,7 +269,7 @@ class ProgressDisplay:
             what = "control" if p.control else f"repeat {(p.repeat or 0) + 1}"
             tok = f"{p.output_tok_s / self.time_scale:.1f} tok/s" if p.output_tok_s is not None else "done"
             note(f"{p.deployment} c={p.concurrency} {what}: {tok} ({p.done} requests) | points "
-                 f"{p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}")
+                 f"{_points(p)} | {_dur(p.elapsed_s)} elapsed{left}")
         elif p.phase == "starting":
             note(f"{p.deployment} ({p.deployment_index + 1}/{p.deployments}): starting")
 

@@ -17,7 +17,10 @@ from .common import add_common, describe, note, positive_duration
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
     describe(
-        p, description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
+        p, examples=[("metrics on 127.0.0.1:9847 for a Prometheus on this host", "gpuslate exporter"),
+                     ("for a Prometheus elsewhere (the metrics name processes, users and jobs)",
+                      "gpuslate exporter --listen 0.0.0.0:9847 --allow-remote")],
+        description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
         "fresh reading of the GPUs and their holders, as 'status' does, grouped by gpuslate's job rule, with "
         "leaked and orphaned memory per GPU, managed units, and clear runs and signals from the audit log. "
         "Runs until SIGTERM or Ctrl-C. With --json, one gpuslate.exporter.v1 line with the bound address is "
