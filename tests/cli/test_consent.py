@@ -86,6 +86,8 @@ def test_the_units_verbs_need_none(sim_host, tmp_path):
     r = run_cli("down", "web")
     assert r.returncode == 0, r.stderr
     assert is_gone(pid)
+    # "1 process", not "1 processes"
+    assert "Unit web stopped (ready before): 1 process (SIGTERM 1, SIGKILL 0)" in r.stdout + r.stderr
 
 
 def test_over_host_the_consent_is_asked_here_before_any_host(sim_host, hold):

@@ -193,7 +193,7 @@ def _say_units(p: argparse.ArgumentParser) -> None:
             for sub in dict.fromkeys(a.choices.values()):
                 build = getattr(sub, "lazy_build", None)
                 if build is not None:  # its options come when it is chosen: said then
-                    sub.lazy_build = functools.partial(_built_then_said, build)  # type: ignore[attr-defined]
+                    sub.lazy_build = functools.partial(_built_then_said, build)
                 else:
                     _say_units(sub)
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from .._document import Fields, Malformed, checked, reading, string
 from .._parse import format_gpu_list
 from ..errors import UsageError
+from ..options import Containment
 from ..outcome import Outcome, StatusEnum
 from .spec import CONFIG_NAME, CONFIG_VAR, UnitSpec, find_config, load_config, resolve
 
@@ -61,7 +62,8 @@ def _spec(doc: object) -> UnitSpec:
         port=f.opt_integer("port", 1, 65535), ready_host=f.text("ready_host"), engine=f.opt_text("engine"),
         ready_url=f.opt_text("ready_url"), ready_log=f.opt_text("ready_log"), smoke=f.flag("smoke"),
         model=f.opt_text("model"), start_timeout=f.seconds("start_timeout"), grace=f.seconds("grace"),
-        stop_timeout=f.seconds("stop_timeout"), cwd=f.opt_text("cwd"), containment=f.text("containment"),
+        stop_timeout=f.seconds("stop_timeout"), cwd=f.opt_text("cwd"),
+        containment=f.choice("containment", Containment),
         prefetch=f.read("prefetch", lambda v: Fields({"p": v}).texts("p"), optional=True),
         front=f.opt_text("front"), front_hold=f.seconds("front_hold"))
     try:

@@ -115,7 +115,8 @@ def print_down(result: DownResult) -> None:
     if result.set_aside:
         _out(f"Unit {name}: corrupt record ({safe(result.corrupt)}) moved to {safe(result.set_aside)}")
     if result.cleared is not None:
-        _out(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
+        n = len(result.cleared.results)
+        _out(f"Cleared {n} process{'es' if n != 1 else ''} the unit left on its GPUs")
     if not procs:
         _say(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
              + (f" ({t['verify_s']:.2f} s)" if rep.verification in (Verification.RELEASED,
@@ -123,7 +124,7 @@ def print_down(result: DownResult) -> None:
         _warnings(result)
         return
     verdict = "stopped" if rep.verification != Verification.NOT_RULED_OUT else "NOT verified stopped"
-    _say(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
+    _say(f"Unit {name} {verdict} ({before} before): {len(procs)} process{'es' if len(procs) != 1 else ''} "
          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
          + (f" after {t['verify_s']:.2f} s more" if rep.verification in (Verification.RELEASED,
                                                                         Verification.NOT_RELEASED) else ""))
