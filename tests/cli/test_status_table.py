@@ -89,19 +89,24 @@ def test_cpu_host_memory_and_elapsed_where_the_command_keeps_room(sim_host, hold
         assert bool(re.search(r" \d+% +\d+\.\d MiB +\d+\.\ds sglang::", row)) == shown, (width, row)
 
 
-def test_a_document_without_the_new_figures_or_with_bad_ones_reads_as_unknown(sim_host, hold):
-    """A gpuslate before them (``--host``): absent; a peer's document is never trusted beyond what
-    it is: a negative, a string or a bool reads as unknown too."""
+def test_a_document_without_the_new_figures_reads_as_unknown_and_bad_ones_are_refused(sim_host, hold):
+    """A gpuslate before them (``--host``): absent, unknown. A peer's document is never trusted
+    beyond what it is: a negative, a string or a bool is that host's bad document (issue 32)."""
+    from gpuslate.errors import BadDocument
     from gpuslate.host.snapshot import Snapshot
 
     hold("--gpus", "0", "--memory", "1GiB")
     doc = take_snapshot(SimBackend(sim_host.root)).to_json()
-    for bad in ({}, {"cpu_time_s": -1, "host_memory": "9"}, {"cpu_time_s": True, "host_memory": 1.5}):
+    for bad in ({}, {"cpu_time_s": -1}, {"host_memory": "9"}, {"cpu_time_s": True}, {"host_memory": 1.5}):
         for g in doc["gpus"]:
             for p in g["processes"]:
                 p.pop("cpu_time_s", None)
                 p.pop("host_memory", None)
                 p.update(bad)
+        if bad:
+            with pytest.raises(BadDocument):
+                Snapshot.from_json(doc)
+            continue
         snap = Snapshot.from_json(doc)
         p = snap.gpus[0].processes[0]
         assert p.cpu_time_s is None and p.host_memory is None and p.cpu_pct(snap.taken_at) is None

@@ -208,7 +208,7 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     if args.json:
         print_json(result.to_json(exit_code_of))
     else:
-        print_fleet(result, command, compact=bool(getattr(args, "compact", False)))
+        print_fleet(result, command, args)
     return fleet_exit_code([exit_code_of(h) for h in result.hosts])
 
 
@@ -335,16 +335,11 @@ def _error(o: HostOutcome, out: IO[str]) -> None:
         _error_line(o.error.message, o.error.code, o.error.hint, out)
 
 
-def _show(doc: dict[str, Any], compact: bool = False) -> None:
-    """One host's document, shown as the command shows its result locally (the command table's renderer;
-    ``status --compact``: its one line per GPU, as a local run shows it)."""
+def _show(doc: dict[str, Any], args: argparse.Namespace | None) -> None:
+    """One host's document, shown as the command shows its result locally (the command table's renderer,
+    in the view ``args`` asks for)."""
     sys.stdout.flush()
-    if compact and doc.get("schema") == "gpuslate.status.v1":
-        from ..host.snapshot import Snapshot  # lazy: startup (--host only)
-        from .render.status import print_compact  # lazy: startup (--host only)
-
-        print_compact(Snapshot.from_json(doc))
-    elif not show_document(doc):
+    if not show_document(doc, args):
         _generic(doc)
     sys.stdout.flush()
 
@@ -361,13 +356,13 @@ def _generic(doc: dict[str, Any]) -> None:
 _SUMMARY = (Column("Host"), Column("Result"), Column("Exit", "right"), Column("Time", "right"), Column("Detail"))
 
 
-def print_fleet(result: FleetResult, command: str, *, compact: bool = False) -> None:
+def print_fleet(result: FleetResult, command: str, args: argparse.Namespace | None = None) -> None:
     """Each host's result under its heading; then, for several hosts or a failure, a summary."""
     out = sys.stdout
     for o in result.hosts:
         _heading(o, out)
         if o.result is not None and not isinstance(o.error, BadDocument):  # read back: see read_back
-            _show(o.result, compact)
+            _show(o.result, args)
         _error(o, out)
     if len(result.hosts) == 1 and result.hosts[0].ok:
         return

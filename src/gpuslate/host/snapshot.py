@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from .._document import MAX_BYTES, MAX_ID, MAX_PID, Fields, Malformed, checked, reading
+from .._document import MAX_ID, MAX_PID, Fields, Malformed, checked, reading
 from .._parse import format_size
 from .._time import iso_time
 from ..errors import UsageError
@@ -113,17 +113,8 @@ class HolderProcess(NamedTuple):
                    f.opt_integer("sid", 0, MAX_PID), f.pid("root_pid"), f.opt_text("state"), f.opt_text("container"),
                    f.flag("visible"), f.opt_text("cgroup", default=None), daemon, f.opt_pid("mps_server", default=None),
                    f.opt_text("daemon_unproven", default=OLD_DOCUMENT if daemon else None),
-                   # absent from the documents of a gpuslate before them; a value out of type or range
-                   # (another tool's document, a bad /proc reading there) is unknown: shown as "-"
-                   _figure(f.raw("cpu_time_s", None), 1e12), _figure(f.raw("host_memory", None), MAX_BYTES, whole=True))
-
-
-def _figure(v: object, high: float, *, whole: bool = False) -> Any:
-    """A figure a table shows beside a process (its CPU time, its host memory), checked: a number from 0
-    to ``high`` (a whole one when ``whole``), else None (unknown: never a refusal of the whole status)."""
-    if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not 0 <= v <= high:
-        return None
-    return v
+                   # absent from the documents of a gpuslate before them
+                   f.opt_number("cpu_time_s", 0, 1e12, default=None), f.opt_size("host_memory", default=None))
 
 
 class GpuState(NamedTuple):

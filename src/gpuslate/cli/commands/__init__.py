@@ -53,21 +53,27 @@ if TYPE_CHECKING:  # Protocols for type checkers only: defining one at run time 
 class Document:
     """A ``gpuslate.NAME.v1`` document: the result type that reads it back, and how it is shown."""
 
-    __slots__ = ("render", "result", "story")
+    __slots__ = ("render", "result", "story", "views")
 
-    def __init__(self, result: str, render: str, story: str | None = None) -> None:
+    def __init__(self, result: str, render: str, story: str | None = None, *,
+                 views: tuple[tuple[str, str], ...] = ()) -> None:
         self.result = result  # "module:attr": the result type (its from_json reads the document back)
         self.render = render  # "module:attr": shows the result on stdout (a failure's story on stderr)
         #: "module:attr": with --json, the failure's story on stderr (stdout stays the document); it says
         #: nothing for a result that did not fail
         self.story = story
+        #: (option's dest, "module:attr"): another view of the same document, chosen by a display option
+        #: (``status --compact``), here as for each host of a fleet
+        self.views = views
 
     def read(self, doc: object) -> Any:
         """The document as its result type (BadDocument for one that is not)."""
         return load(self.result).from_json(doc)
 
-    def show(self, doc: object) -> None:
-        load(self.render)(self.read(doc))
+    def show(self, doc: object, args: argparse.Namespace | None = None) -> None:
+        """Shown by its renderer, or by the view ``args`` asks for."""
+        render = next((view for dest, view in self.views if getattr(args, dest, False)), self.render)
+        load(render)(self.read(doc))
 
 
 class Remote(Enum):
@@ -121,7 +127,8 @@ _AUDIT_EXITS = {5: "the audit log or its folder is unsafe or unreadable"}
 
 #: every command, in help order (the only list of them)
 COMMANDS: dict[str, Command] = {
-    "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status"),
+    "status": Command("status", Document("gpuslate.host.snapshot:Snapshot", f"{_R}.status:print_status",
+                                         views=(("compact", f"{_R}.status:print_compact"),)),
                       verb=STATUS, exits={0: "shown (with --watch: ended by Ctrl-C)"}),
     "clear": Command("clear", Document("gpuslate.clearing.clear:ClearResult", f"{_R}.clear:print_clear"),
                      verb=CLEAR, output=_ACT, exits={
@@ -212,12 +219,13 @@ def document_for(schema: object) -> Document | None:
     return documents().get(schema.removeprefix("gpuslate.").rsplit(".v", 1)[0])
 
 
-def show_document(doc: dict[str, Any]) -> bool:
-    """Show a command's document as the command shows its result; False when it has no renderer."""
+def show_document(doc: dict[str, Any], args: argparse.Namespace | None = None) -> bool:
+    """Show a command's document as the command shows its result (in the view ``args`` asks for);
+    False when it has no renderer."""
     row = document_for(doc.get("schema"))
     if row is None:
         return False
-    row.show(doc)
+    row.show(doc, args)
     return True
 
 
@@ -233,7 +241,7 @@ def present(args: argparse.Namespace, result: Result) -> ExitStatus:
         if row.story is not None:  # stdout stays the document
             load(row.story)(row.read(doc))
     else:
-        row.show(doc)
+        row.show(doc, args)
     return exit_status_of(result)
 
 

@@ -23,13 +23,7 @@ def run(args: argparse.Namespace) -> int:
             return _watch(args, line, host)
     # Not closed for one snapshot: the process exits now and the driver releases
     # everything; nvmlShutdown would add milliseconds to every call.
-    snap = host.status(line.gpus)
-    if line.compact and not args.json:
-        from ..render.status import print_compact  # lazy: startup (status --json shows no table)
-
-        print_compact(snap)
-        return ExitStatus.OK
-    return present(args, snap)
+    return present(args, host.status(line.gpus))  # --compact: the row's compact view
 
 
 def _watch(args: argparse.Namespace, line: StatusLine, host: Host) -> int:
