@@ -100,7 +100,7 @@ def parse_duration(text: str) -> float | None:
     return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
 
 
-def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "value") -> float:
+def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "duration") -> float:
     """A duration in seconds, 0 (or more than 0) up to :data:`MAX_SECONDS`: a number of seconds
     (``90``, ``1.5``, ``1e-05``) or a duration with units (``90s``, ``1m30s``, ``500ms``, ``2h``:
     :func:`parse_duration`); a number (a unit file's ``grace = 10``) is seconds."""
@@ -115,13 +115,12 @@ def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "va
         else:
             found = parse_duration(s)
             if found is None:
-                raise UsageError(f"invalid {'duration' if what == 'value' else what} {_shown(text)}: "
-                                 f"expected {DURATION_HELP}")
+                raise UsageError(f"invalid {what} {_shown(text)}: expected {DURATION_HELP}")
             v = found
     low_ok = v >= 0 if allow_zero else v > 0
     if not (low_ok and math.isfinite(v)):
         bound = "at least 0" if allow_zero else "greater than 0"
-        raise UsageError(f"invalid {what} {_shown(text)}: must be a duration {bound}")
+        raise UsageError(f"invalid {what} {_shown(text)}: must be {bound}")
     if v > MAX_SECONDS:
         raise UsageError(f"invalid {what} {_shown(text)}: at most {MAX_SECONDS:.0f} seconds")
     return v
