@@ -205,8 +205,11 @@ class Holder:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``gpuslate ARGS``, its stdin ``input`` or /dev/null (never the terminal pytest may run on: a
+    command that signals asks there)."""
     return subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True,
-                          env=gpuslate_env(env), timeout=timeout, input=input)
+                          env=gpuslate_env(env), timeout=timeout, input=input,
+                          stdin=subprocess.DEVNULL if input is None else None)
 
 
 

@@ -142,25 +142,71 @@ def test_argv_to_options_to_remote_argv_to_options_is_the_identity(name, data):
 def test_the_words_are_the_declared_flags_with_their_values():
     line = options.ClearLine(selection=options.Selection(gpus=(0, 2, 3), pids=(7, 9), user="-bob", match="--yes",
                                                          all_users=True),
-                             options=options.ClearOptions(grace=5.0, max_used=1 << 20, dry_run=True), yes=True)
-    assert verbs.CLEAR.command(line, sim="/s") == [
+                             options=options.ClearOptions(grace=5.0, max_used=1 << 20))
+    assert verbs.CLEAR.command(line, sim="/s", yes=True) == [
         "clear", "--gpus=0,2-3", "--pid=7", "--pid=9", "--user=-bob", "--match=--yes", "--all-users", "--grace=5.0",
-        "--max-used=1048576", "--dry-run", "--yes", "--json", "--sim=/s"]
+        "--max-used=1MiB", "--yes", "--json", "--sim=/s"]
+    dry = line._replace(options=line.options._replace(dry_run=True))  # signals nothing: no consent to send
+    assert verbs.CLEAR.command(dry, yes=True)[-3:] == ["--max-used=1MiB", "--dry-run", "--json"]
     assert verbs.PS.command(options.PsLine()) == ["ps", "--all", "--json"]  # the library lists every unit
     assert verbs.PS.read(_parsed(["ps"])).options == options.PsOptions(all=False)  # the command, without -a
     up = options.UpLine(names=("u",), options=options.UpOptions(clear_first=True), command=("serve", "--json", "--"))
     assert verbs.UP.command(up) == ["up", "u", "--clear", "--json", "--", "serve", "--json", "--"]
 
 
+@pytest.mark.parametrize("name", sorted(VERBS))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_consent_goes_with_the_line_that_needs_it(name, data):
+    """Every verb that signals takes --yes (from its declaration, not its line); the consent given here is
+    sent as --yes exactly where the line needs it, and the remote gpuslate reads it back."""
+    verb = VERBS[name]
+    line = data.draw(_line(verb.line))
+    argv = verb.command(line, yes=True)
+    assert ("--yes" in argv[:argv.index("--json")]) == verb.needs_consent(line)
+    parsed = _parsed(argv)
+    assert getattr(parsed, "yes", False) == verb.needs_consent(line)
+    assert verb.read(parsed) == line
+    assert ("--yes" in _option_strings(name)) == verb.signals
+
+
+def _option_strings(word: str) -> set[str]:
+    """Every option ``gpuslate WORD`` takes (its parser built from its declaration)."""
+    import argparse
+
+    sub = next(a for a in build_parser([word])._actions if isinstance(a, argparse._SubParsersAction))
+    p = sub.choices[word]
+    p.lazy_build(p)
+    return {o for a in p._actions for o in a.option_strings}
+
+
+def test_which_lines_need_consent():
+    """clear always (but a dry run); the verbs that signal only the units they name never, but up --clear."""
+    assert verbs.CLEAR.needs_consent(options.ClearLine())
+    assert not verbs.CLEAR.needs_consent(options.ClearLine(options=options.ClearOptions(dry_run=True)))
+    assert not verbs.DOWN.needs_consent(options.DownLine(names=("a",)))
+    assert not verbs.DOWN.needs_consent(options.DownLine(options=options.DownOptions(clear_strays=True)))
+    assert not verbs.SWAP.needs_consent(options.SwapLine(old="a", new="b"))
+    assert not verbs.RESTART.needs_consent(options.RestartLine())
+    assert not verbs.UP.needs_consent(options.UpLine(names=("a",)))
+    assert verbs.UP.needs_consent(options.UpLine(names=("a",), options=options.UpOptions(clear_first=True)))
+    assert not any(v.needs_consent(v.line()) for v in VERBS.values() if not v.signals and v.name not in
+                   ("swap", "logs", "rm"))
+    # a verb declared signals=True and not named (a new one): consent by its declaration alone
+    new = verbs.Verb("new", options.PsLine, "x:y", summary="s", description="d", signals=True)
+    assert new.needs_consent(options.PsLine()) and "--yes" in new.command(options.PsLine(), yes=True)
+
+
 @pytest.mark.parametrize(("verb", "line", "why"), [
     (verbs.CLEAR, options.ClearLine(options=options.ClearOptions(confirm=lambda plan: True)), "confirmation"),
+    (verbs.UP, options.UpLine(names=("u",), options=options.UpOptions(confirm=lambda plan: True)), "confirmation"),
     (verbs.SWAP, options.SwapLine(old="a", new="b", options=options.SwapOptions(prefetch_memory=1)), "prefetch"),
     (verbs.SWAP, options.SwapLine(old="a", new="b", options=options.SwapOptions(prefetch_timeout=5.0)), "prefetch"),
     (verbs.PS, options.PsLine(options=options.PsOptions(recent_s=1.0)), "recent_s"),
     (verbs.STATUS, options.StatusLine(watch=1.0), "--watch does not work"),
-    (verbs.LOGS, options.LogsLine(name="a", follow=True), "--follow does not work"),
-    (verbs.LOGS, options.LogsLine(name="a", options=options.LogsOptions(since=-1.0)), "since 1970"),
-    (verbs.LOGS, options.LogsLine(name="a", options=options.LogsOptions(tail=-1)), "at least 0"),
+    (verbs.LOGS, options.LogsLine(names=("a",), follow=True), "--follow does not work"),
+    (verbs.LOGS, options.LogsLine(names=("a",), options=options.LogsOptions(since=-1.0)), "since 1970"),
+    (verbs.LOGS, options.LogsLine(names=("a",), options=options.LogsOptions(tail=-1)), "at least 0"),
     (verbs.AUDIT, options.AuditLine(options=options.AuditOptions(limit=-1)), "at least 0"),
     (verbs.CLEAR, options.ClearLine(options=options.ClearOptions(grace=math.nan)), "--grace nan"),
     (verbs.CLEAR, options.ClearLine(options=options.ClearOptions(grace=1e9)), "at most"),

@@ -24,16 +24,20 @@ MAX_SECONDS = 1e7
 
 # compiled on first use (re caches it), not at import: most commands never parse a size
 _SIZE_PATTERN = r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]{0,3})\s*"
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
-    "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
+#: every unit a size takes, lower-cased: binary all of them, as docker's ``-m 40g`` (go-units' RAMInBytes:
+#: k, m, g, t with an optional i and b, any case); a bare number is no size (see :func:`parse_size`)
+_UNITS = {"b": 1, **{f"{p}{i}{b}": 1024 ** (n + 1) for n, p in enumerate("kmgt") for i in ("", "i") for b in ("", "b")}}
+#: how a size is written back (:func:`size_text`), largest unit first
+_SIZE_NAMES = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+SIZE_HELP = "40GiB, 512MiB or 40G (binary, as docker's -m: G, GB and GiB are all 2**30 bytes)"
 
 
 def parse_size(text: str | int) -> int:
-    """Parse ``"40GiB"``, ``"512MiB"``, ``"1.5GB"``, ``"0"`` or a byte count into bytes."""
+    """Bytes of ``"40GiB"``, ``"40G"``, ``"40g"``, ``"40GB"`` (every unit binary, as docker's ``-m``:
+    a GPU maker's "80GB" is about 80 GiB too), ``"512MiB"``, ``"1.5GiB"``, ``"4096B"`` or ``"0"``.
+
+    A bare number other than 0 is refused, with what to write: ``--memory 40`` held 40 bytes, and
+    ``40G`` read as 10**9 bytes held 37.3 GiB, both silently. A library caller's int is bytes."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise UsageError(f"invalid size {text!r}: must not be negative")
@@ -42,12 +46,14 @@ def parse_size(text: str | int) -> int:
         shown = _shown(text)
         m = re.fullmatch(_SIZE_PATTERN, str(text), re.ASCII)
         unit = m.group(2).lower() if m else ""
-        if not m or unit not in _UNITS:
-            raise UsageError(
-                f"invalid size {shown}: expected a number with an optional unit "
-                "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 40GiB"
-            )
+        if not m or (unit and unit not in _UNITS):
+            raise UsageError(f"invalid size {shown}: expected a number and a unit, e.g. {SIZE_HELP}")
         digits = m.group(1)
+        if not unit:
+            if float(digits) != 0:
+                n = digits if len(digits) <= 12 else "40"
+                raise UsageError(f"invalid size {shown}: give its unit, e.g. {n}GiB or {n}MiB ({n}B for bytes)")
+            return 0
         # a whole number exactly (a float is exact to 2**53 only); one of 400 digits is inf, caught below
         number = int(digits) * _UNITS[unit] if "." not in digits and len(digits) <= 24 else \
             float(digits) * _UNITS[unit]
@@ -59,22 +65,62 @@ def parse_size(text: str | int) -> int:
     return value
 
 
+def size_text(value: int) -> str:
+    """A byte count as :func:`parse_size` reads it back exactly: the largest binary unit it is a whole
+    number of (``40GiB``, ``1536MiB``), else bytes (``1000B``); ``0`` alone."""
+    if value == 0:
+        return "0"
+    for name, unit in _SIZE_NAMES:
+        if value % unit == 0:
+            return f"{value // unit}{name}"
+    return f"{value}B"
+
+
 def _shown(text: object, limit: int = 40) -> str:
     """``repr`` of a user's value, cut: a 400-digit number makes no readable error line."""
     r = repr(text)
     return r if len(r) <= limit else r[: limit - 4] + "...'"
 
 
-def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "value") -> float:
-    """A finite number of seconds, 0 (or more than 0) up to :data:`MAX_SECONDS`."""
-    try:
+#: the units of a duration, as Go's time.ParseDuration (docker's --since, compose's healthcheck intervals)
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_NUMBER = r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+DURATION_HELP = "seconds (90), or with units: 90s, 1m30s, 500ms, 2h"
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of a duration with units, Go's syntax (``42m``, ``1h30m``, ``1.5h``, ``300ms``); None
+    for text that is no such duration (a bare number is not: see :func:`parse_seconds`)."""
+    s = text.strip()
+    if len(s) > 64:
+        return None
+    parts = re.findall(rf"({_NUMBER})(ns|us|µs|ms|s|m|h)", s)
+    if not parts or "".join(n + u for n, u in parts) != s:
+        return None
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def parse_seconds(text: str | float, *, allow_zero: bool = True, what: str = "duration") -> float:
+    """A duration in seconds, 0 (or more than 0) up to :data:`MAX_SECONDS`: a number of seconds
+    (``90``, ``1.5``, ``1e-05``) or a duration with units (``90s``, ``1m30s``, ``500ms``, ``2h``:
+    :func:`parse_duration`); a number (a unit file's ``grace = 10``) is seconds."""
+    if isinstance(text, bool):
+        raise UsageError(f"invalid {what} {_shown(text)}: expected {DURATION_HELP}")
+    if isinstance(text, (int, float)):
         v = float(text)
-    except (TypeError, ValueError, OverflowError):
-        raise UsageError(f"invalid number {_shown(text)}: expected a number of seconds") from None
+    else:
+        s = str(text).strip()
+        if re.fullmatch(rf"[-+]?{_NUMBER}(?:[eE][-+]?[0-9]+)?", s, re.ASCII):  # a sign: told its bound
+            v = float(s)
+        else:
+            found = parse_duration(s)
+            if found is None:
+                raise UsageError(f"invalid {what} {_shown(text)}: expected {DURATION_HELP}")
+            v = found
     low_ok = v >= 0 if allow_zero else v > 0
     if not (low_ok and math.isfinite(v)):
         bound = "at least 0" if allow_zero else "greater than 0"
-        raise UsageError(f"invalid {what} {_shown(text)}: must be a number {bound}")
+        raise UsageError(f"invalid {what} {_shown(text)}: must be {bound}")
     if v > MAX_SECONDS:
         raise UsageError(f"invalid {what} {_shown(text)}: at most {MAX_SECONDS:.0f} seconds")
     return v

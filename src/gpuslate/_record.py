@@ -68,6 +68,13 @@ class Form(Enum):
     ALIAS = "alias"  # True when the command is run by its old name (Arg.flags[0])
 
 
+class Consent(Enum):
+    """What a flag of a verb that signals does to the consent it needs (:meth:`gpuslate.verbs.Verb.needs_consent`)."""
+
+    MOOT = "moot"  # given, the command signals nothing (--dry-run): nothing to consent to
+    WIDENS = "widens"  # given, it signals processes the command line does not name (up --clear: clear's plan)
+
+
 class Arg:
     """A field's command-line form: what argparse is told, and how a value is written back.
 
@@ -78,14 +85,15 @@ class Arg:
     the library's default differs from the command's: ``ps`` lists every unit, ``gpuslate ps``
     only those without ``-a``)."""
 
-    __slots__ = ("absent", "choices", "const", "flags", "form", "help", "metavar", "nargs", "parse", "record",
-                 "required", "set_to", "show", "why_here")
+    __slots__ = ("absent", "choices", "consent", "const", "flags", "form", "help", "metavar", "nargs", "parse",
+                 "record", "required", "set_to", "show", "why_here")
 
     def __init__(self, form: Form, flags: tuple[str, ...] = (), *, parse: Callable[[str], Any] | None = None,
                  show: Callable[[Any], str] = str, help: str | None = None, metavar: str | None = None,
                  choices: Sequence[str] | str | None = None, nargs: str | None = None,
                  set_to: Any = True, const: Any = MISSING, required: bool = False, absent: Any = MISSING,
-                 record: type[Record] | None = None, why_here: str | None = None) -> None:
+                 record: type[Record] | None = None, why_here: str | None = None,
+                 consent: Consent | None = None) -> None:
         self.form, self.flags, self.parse, self.show, self.help = form, flags, parse, show, help
         self.metavar, self.nargs, self.set_to, self.const = metavar, nargs, set_to, const
         self.required, self.absent, self.record = required, absent, record
@@ -94,6 +102,8 @@ class Arg:
         self.choices = choices
         #: why a value other than ``absent`` cannot be sent to another host (``--watch``: it runs until Ctrl-C)
         self.why_here = why_here
+        #: a flag that, given, makes a signalling verb need no consent (MOOT: --dry-run) or need it (WIDENS)
+        self.consent = consent
 
     @property
     def long(self) -> str:
@@ -150,14 +160,15 @@ def options(*flags: str, parse: Callable[[str], T], help: str, metavar: str,
 
 
 def flag(*flags: str, help: str, default: Any = False, set_to: Any = True, required: bool = False,
-         why_here: str | None = None) -> Any:
+         why_here: str | None = None, consent: Consent | None = None) -> Any:
     """``--flag`` alone: the field is ``set_to`` when it is given (``--no-prefetch``: False), else
     what the command means without it, ``not set_to`` (``default`` when that is no bool: ``--smoke``
     not given leaves the unit's own setting, None). ``default``: the library's default, which may
-    differ (``PsOptions.all`` is True; ``ps`` without ``-a`` is False)."""
+    differ (``PsOptions.all`` is True; ``ps`` without ``-a`` is False). ``consent``: what giving it does
+    to the consent a verb that signals needs (``--dry-run``: none needed; ``up --clear``: needed)."""
     absent = default if not isinstance(default, bool) else not set_to
     return Field(default, None, Arg(Form.FLAG, flags, help=help, set_to=set_to, required=required, absent=absent,
-                                    why_here=why_here))
+                                    why_here=why_here, consent=consent))
 
 
 def positional(metavar: str, *, parse: Callable[[str], T], help: str | None = None, nargs: str | None = None,

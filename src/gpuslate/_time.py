@@ -75,25 +75,25 @@ def iso_time_us(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{us:06d}Z"
 
 
-#: Go's time.ParseDuration units, as docker's --since takes them ("10m", "1h30m", "1.5h", "300ms")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _MAX_SINCE = 64  # characters: a time or a duration is never longer
 
 
 def parse_since(text: str, now: float) -> float:
     """The epoch time ``--since TEXT`` means, as ``docker logs --since`` reads it: a duration back
-    from ``now`` (Go's syntax: ``42m``, ``1h30m``, ``1.5h``, ``300ms``), an RFC 3339 time
-    (``2013-01-02T13:23:37Z``, ``...37.5+02:00``; without a zone, local time, as docker), a date
-    (``2013-01-02``, local midnight) or Unix seconds (``1700000000.5``).
+    from ``now`` (Go's syntax, the one duration parser: ``42m``, ``1h30m``, ``1.5h``, ``300ms``), an
+    RFC 3339 time (``2013-01-02T13:23:37Z``, ``...37.5+02:00``; without a zone, local time, as
+    docker), a date (``2013-01-02``, local midnight) or Unix seconds (``1700000000.5``).
     Raises ValueError with what was expected."""
     import re  # lazy: startup
+
+    from ._parse import parse_duration  # lazy: startup (only logs --since reads a time)
 
     s = text.strip()
     if not s or len(s) > _MAX_SINCE:
         raise ValueError(f"{text[:_MAX_SINCE]!r}: expected a duration (10m, 1h30m) or a time (2013-01-02T13:23:37Z)")
-    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)", s)
-    if parts and "".join(n + u for n, u in parts) == s:
-        return now - sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    back = parse_duration(s)
+    if back is not None:
+        return now - back
     if re.fullmatch(r"\d+(\.\d+)?", s):
         return float(s)
     m = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(\.\d+)?)?)?"

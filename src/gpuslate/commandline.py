@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from ._record import Arg, Field, Form, Record
+from ._record import Arg, Consent, Field, Form, Record
 from .errors import UsageError
 
 R = TypeVar("R", bound=Record)
@@ -122,3 +122,22 @@ def alias_of(record: Record) -> str | None:
         elif f.arg.form is Form.ALIAS and getattr(record, name):
             return f.arg.flags[0]
     return None
+
+
+def consent_marks(record: Record) -> set[Consent]:
+    """The consent marks of the flags given in ``record`` (``--dry-run``: MOOT; ``up --clear``: WIDENS)."""
+    found: set[Consent] = set()
+    for name, f in type(record)._fields.items():
+        if f.arg is None:
+            continue
+        value = getattr(record, name)
+        if f.arg.form is Form.GROUP:
+            found |= consent_marks(value)
+        elif f.arg.consent is not None and f.arg.form is Form.FLAG and value == f.arg.set_to:
+            found.add(f.arg.consent)
+    return found
+
+
+def consent_flags(cls: type[Record]) -> list[str]:
+    """The flags of ``cls`` that widen what a verb signals (``--clear`` of ``up``)."""
+    return [f.arg.long for f in arguments(cls) if f.arg is not None and f.arg.consent is Consent.WIDENS]

@@ -39,8 +39,9 @@ from ._parse import (
     parse_int,
     parse_seconds,
     parse_size,
+    size_text,
 )
-from ._record import Record, alias, field, flag, group, option, options, positional, rest
+from ._record import Consent, Record, alias, field, flag, group, option, options, positional, rest
 from .errors import UsageError
 from .unitname import UnitName
 
@@ -48,12 +49,13 @@ from .unitname import UnitName
 
 
 def seconds(text: str) -> float:
-    """Seconds, at least 0 and finite (at most ``MAX_SECONDS``)."""
+    """A duration, at least 0 and finite (at most ``MAX_SECONDS``): seconds (``90``) or with units
+    (``90s``, ``1m30s``, ``500ms``): :func:`~gpuslate._parse.parse_seconds`."""
     return parse_seconds(text)
 
 
 def positive_seconds(text: str) -> float:
-    """Seconds, more than 0 and finite."""
+    """A duration, more than 0 and finite."""
     return parse_seconds(text, allow_zero=False)
 
 
@@ -216,8 +218,8 @@ class StatusLine(Record):
         "--gpus", parse=gpu_selection, show=gpus_text, default=None, metavar="LIST",
         help="only these GPUs, e.g. 0,2-3 (default: all)")
     watch: float | None = option(
-        "--watch", parse=positive_seconds, show=seconds_text, default=None, const=1.0, metavar="SECONDS",
-        help="refresh every SECONDS (default 1) until Ctrl-C; with --json, one document per line",
+        "--watch", parse=positive_seconds, show=seconds_text, default=None, const=1.0, metavar="DURATION",
+        help="refresh every DURATION (default 1s) until Ctrl-C; with --json, one document per line",
         why_here="status --watch does not work with --host: run it on the host (ssh -t HOST gpuslate ...)")
     compact: bool = flag(
         "--compact", help="one line per GPU: a memory bar, used/total, utilization, temperature and its holders "
@@ -254,12 +256,13 @@ class ClearOptions(Record):
     callable (a person reading the plan, a :class:`~gpuslate.clearing.plan.Plan`): a remote
     clear refuses it."""
 
-    grace: float = option("--grace", parse=seconds, show=seconds_text, default=10.0, metavar="SECONDS",
-                          help="time between SIGTERM and SIGKILL (default 10)")
-    timeout: float = option("--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
-                            help="give up after this long in total, with a diagnosis (default 60)")
-    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE", help=MAX_USED_HELP)
-    dry_run: bool = flag("--dry-run", help="show the plan; signal nothing")
+    grace: float = option("--grace", parse=seconds, show=seconds_text, default=10.0, metavar="DURATION",
+                          help="time between SIGTERM and SIGKILL (default 10s)")
+    timeout: float = option("--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
+                            help="give up after this long in total, with a diagnosis (default 60s)")
+    max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None, metavar="SIZE",
+                                  help=MAX_USED_HELP)
+    dry_run: bool = flag("--dry-run", help="show the plan; signal nothing", consent=Consent.MOOT)
     confirm: Callable[[Any], bool] | None = field(
         default=None, why_here="a remote clear cannot ask for confirmation here: plan it with dry_run=True, "
         "then clear without confirm")
@@ -275,15 +278,15 @@ class ClearOptions(Record):
 class ClearLine(Record):
     selection: Selection = group(Selection)
     options: ClearOptions = group(ClearOptions)
-    yes: bool = flag("-y", "--yes", help="do not ask for confirmation on a terminal")
 
 
 class WaitOptions(Record):
     """How long ``wait`` waits and what counts as free."""
 
-    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE", help=MAX_USED_HELP)
-    timeout: float = option("--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
-                            help="give up after this long (default 60)")
+    max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None, metavar="SIZE",
+                                  help=MAX_USED_HELP)
+    timeout: float = option("--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
+                            help="give up after this long (default 60s)")
 
     def validate(self) -> WaitOptions:
         check_seconds("--timeout", self.timeout)
@@ -324,11 +327,12 @@ class UnitFlags(Record):
     model: str | None = option("--model", parse=text, default=None,
                                help="model name for --smoke (default: the first of /v1/models)")
     start_timeout: float | None = option("--start-timeout", parse=positive_seconds, show=seconds_text,
-                                         default=None, metavar="SECONDS", help="default 900")
-    grace: float | None = option("--grace", parse=seconds, show=seconds_text, default=None, metavar="SECONDS",
-                                 help="SIGTERM to SIGKILL when stopping (default 10)")
+                                         default=None, metavar="DURATION",
+                                         help="most time to become ready (default 900s, 15m)")
+    grace: float | None = option("--grace", parse=seconds, show=seconds_text, default=None, metavar="DURATION",
+                                 help="SIGTERM to SIGKILL when stopping (default 10s)")
     stop_timeout: float | None = option("--stop-timeout", parse=seconds, show=seconds_text, default=None,
-                                        metavar="SECONDS", help="stopping including GPU memory release (default 60)")
+                                        metavar="DURATION", help="stopping including GPU memory release (default 60s)")
     env: tuple[str, ...] = options("--env", parse=env_item, metavar="KEY=VALUE",
                                    help="set in the server's environment (repeatable)")
     cwd: str | None = option("--cwd", parse=text, default=None, metavar="DIR", help="working directory of the server")
@@ -358,9 +362,14 @@ class UnitFlags(Record):
 class UpOptions(Record):
     """How ``up`` starts a unit (what it starts is the unit's spec)."""
 
-    clear_first: bool = flag("--clear", help="clear the GPUs first (with 'gpuslate clear' rules)")
-    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
+    clear_first: bool = flag("--clear", help="clear the GPUs first (with 'gpuslate clear' rules: on a terminal, its "
+                             "plan is shown and asked about; without one, --yes is needed)", consent=Consent.WIDENS)
+    max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None, metavar="SIZE",
                                   help="most memory a free GPU may show (default: as clear)")
+    #: with ``clear_first``: asked with clear's plan before any signal (a person at a terminal)
+    confirm: Callable[[Any], bool] | None = field(
+        default=None, why_here="a remote up cannot ask for confirmation here: plan the clear with "
+        "'clear --dry-run' there, then up without confirm")
 
     def validate(self) -> UpOptions:
         check_size("--max-used", self.max_used)
@@ -379,12 +388,12 @@ class UpLine(Record):
 class DownOptions(Record):
     """How ``down`` stops a unit; None: the unit's own setting."""
 
-    grace: float | None = option("--grace", parse=seconds, show=seconds_text, default=None, metavar="SECONDS",
-                                 help="default: the unit's (10)")
+    grace: float | None = option("--grace", parse=seconds, show=seconds_text, default=None, metavar="DURATION",
+                                 help="default: the unit's (10s)")
     timeout: float | None = option(
-        "--timeout", parse=seconds, show=seconds_text, default=None, metavar="SECONDS",
-        help="for stopping and memory release together (default: the unit's stop timeout, 60)")
-    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
+        "--timeout", parse=seconds, show=seconds_text, default=None, metavar="DURATION",
+        help="for stopping and memory release together (default: the unit's stop timeout, 60s)")
+    max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None, metavar="SIZE",
                                   help="most memory a free GPU may show (default: as clear)")
     clear_strays: bool = flag(
         "--clear", help="kept for scripts: ends nothing down does not (a process not proven the unit's is never "
@@ -419,9 +428,9 @@ class SwapOptions(Record):
                                     "it runs on: leave prefetch_memory and prefetch_timeout unset")
 
     drain_timeout: float = option(
-        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
+        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
         help="behind a front: the most the requests in flight on OLD may take to finish before it is stopped "
-        "(what still runs then is cut, and counted; default 60)")
+        "(what still runs then is cut, and counted; default 60s)")
     park: bool = flag("--park", help="park OLD instead of stopping it, and resume NEW if it is parked (else start "
                       "it): a switch in seconds between resident deployments on distinct ports (docs/units.md)")
     fallback: bool = flag("--no-fallback", default=True, set_to=False,
@@ -496,9 +505,9 @@ class RestartOptions(Record):
     prefetch: bool = flag("--prefetch", help="read its weight files into the page cache before stopping it, as "
                           "swap does (off: the server that just ran them has them cached)")
     drain_timeout: float = option(
-        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
+        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
         help="behind a front: the most the requests in flight on it may take to finish before it is stopped "
-        "(what still runs then is cut, and counted; default 60)")
+        "(what still runs then is cut, and counted; default 60s)")
 
     def validate(self) -> RestartOptions:
         check_seconds("--drain-timeout", self.drain_timeout)
@@ -555,7 +564,10 @@ class LogsOptions(Record):
 
 
 class LogsLine(Record):
-    name: str = positional("NAME", parse=unit_name)
+    names: tuple[str, ...] = positional(
+        "NAME", parse=unit_name, nargs="*", default=(),
+        help="the unit; several: interleaved by time, each line after its unit's name (as docker compose logs); "
+        "none: every unit (as ps -a lists them)")
     follow: bool = flag("-f", "--follow", help="keep printing new lines until the unit is gone (or Ctrl-C)",
                         why_here="logs --follow does not work with --host: run it on the host "
                         "(ssh -t HOST gpuslate ...)")

@@ -88,10 +88,11 @@ BAD = [
     (["--tokenizer", "/nonexistent/tok"], "nothing is downloaded"),
     (["--max-concurrency", "4"], "--max-concurrency needs --request-rate"),
     (["--requests", "0"], "requests must be"),
-    (["--duration", "-1"], "duration must be"),
+    (["--duration", "-1"], "argument --duration: invalid duration '-1': must be greater than 0"),
+    (["--duration", "5x"], "argument --duration: invalid duration '5x': expected seconds (90), or with units"),
     (["--input-len", "0"], "input length"),
     (["--output-len", "9999999999"], "output length"),
-    (["--timeout", "0"], "timeout must be"),
+    (["--timeout", "0"], "argument --timeout: invalid duration '0': must be greater than 0"),
     (["--dataset", "/nonexistent.jsonl"], "no such dataset file"),
     (["--out", "/nonexistent/dir/x.json"], "does not exist"),
 ]

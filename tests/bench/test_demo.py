@@ -102,6 +102,12 @@ def test_demo_quick_end_to_end(demo_env, cli, tmp_path):
     point = json.loads((out / "points" / "baseline__c00001__r00.json").read_text())
     shown = re.search(r"baseline c=1 repeat 1: ([0-9.]+) tok/s", r.stderr)
     assert shown and float(shown.group(1)) == pytest.approx(point["level"]["output_token_throughput"] / 5, abs=0.1)
+    # the time left counts the verification from the first point: its points estimated (~) until it is
+    # planned, then exact; never the sweep's 24 alone, jumping to the whole run's when the sweep ends
+    totals = re.findall(r"\| points (\d+)/(~?)(\d+) \|", r.stderr)
+    estimated = [int(t) for _, mark, t in totals if mark]
+    exact = [int(t) for _, mark, t in totals if not mark]
+    assert estimated and exact and estimated[0] == exact[-1] == int(totals[-1][0]) > 24, totals
 
 
 def test_demo_quick_in_trtllm_form(demo_env, cli, tmp_path):

@@ -24,7 +24,7 @@ def alive(pid: int) -> bool:
 
 
 def clear_json(cli, *args: str) -> tuple[int, dict]:
-    r = cli("clear", "--json", *args)
+    r = cli("clear", "--json", "--yes", *args)
     assert r.stdout, r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -91,7 +91,7 @@ def test_python_launcher_that_runs_clear_is_protected(sim_host):
     code = ("import subprocess,sys,json;"
             "h=subprocess.Popen([sys.executable,'-m','gpuslate','sim','hold','--gpus','0','--memory','2GiB'],"
             "stdout=subprocess.PIPE,text=True);h.stdout.readline();"
-            "r=subprocess.run([sys.executable,'-m','gpuslate','clear','--json'],capture_output=True,text=True);"
+            "r=subprocess.run([sys.executable,'-m','gpuslate','clear','--json','--yes'],capture_output=True,text=True);"
             "print(r.returncode);print(r.stdout)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gpuslate_env(),
                        timeout=60, start_new_session=True)
@@ -153,15 +153,15 @@ def test_leak_without_process_is_exit_4_with_orphan_diagnosis(sim_host, cli):
     assert d["gpu"] == 3 and d["used"] == 2 * GiB
     (p,) = d["problems"]
     assert p["pid"] is None and "held by no process" in p["reason"] and "sim init" in p["remedy"]
-    r = cli("clear", "--gpus", "3", "--timeout", "0.2")
+    r = cli("clear", "--gpus", "3", "--timeout", "0.2", "--yes")
     assert r.returncode == 4 and "leaked or driver-held context" in r.stdout
 
 
 def test_a_selector_matching_nothing_says_so(sim_host, hold, cli):
-    r = cli("clear", "--match", "nothing-matches-this")  # no process at all
+    r = cli("clear", "--match", "nothing-matches-this", "--yes")  # no process at all
     assert r.returncode == 4 and "Nothing was selected" in r.stdout and "above" not in r.stdout, r.stdout
     hold("--gpus", "0", "--memory", "1GiB")
-    r = cli("clear", "--match", "nothing-matches-this")
+    r = cli("clear", "--match", "nothing-matches-this", "--yes")
     assert r.returncode == 4
     assert "Nothing was selected: no process holding a GPU matches the selection" in r.stdout
     assert "see above" not in r.stdout and "before → after" not in r.stdout  # nothing chosen above to see
@@ -183,7 +183,7 @@ def test_a_leak_is_said_within_2_s_of_the_last_targets_exit(sim_host, hold, cli,
     (d,) = doc["diagnosis"]
     assert d["gpu"] == 3 and [p["pid"] for p in d["problems"]] == [None]
     assert "2.0 GiB held by no process" in d["problems"][0]["reason"]
-    r = cli("clear", *(["--gpus", "3"] if select else []), "--timeout", "60")
+    r = cli("clear", *(["--gpus", "3"] if select else []), "--timeout", "60", "--yes")
     assert r.returncode == 4 and "memory held by no process stays" in r.stdout
     assert "remedy: on a simulated host it stays until the next 'gpuslate sim init'" in r.stdout
 
@@ -223,7 +223,8 @@ def test_release_delay_longer_than_grace_is_waited_for(tmp_path, hold, cli, monk
 
 @pytest.mark.parametrize("args,needle", [
     (["--grace", "-1"], "--grace"),
-    (["--timeout", "x"], "invalid number"),
+    (["--timeout", "x"], "invalid duration"),
+    (["--max-used", "64"], "give its unit"),
     (["--match", "("], "invalid --match"),
     (["--user", "no-such-user-xyz"], "no such user"),
     (["--pid", "999999999"], "does not exist"),
@@ -246,7 +247,7 @@ def test_pid_holding_no_gpu_is_bad_input(sim_host, hold, cli):
     h = hold("--gpus", "0", "--memory", "1GiB")
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        r = cli("clear", "--pid", str(sleeper.pid))
+        r = cli("clear", "--pid", str(sleeper.pid), "--yes")
         assert r.returncode == 2 and "holds none of the selected GPUs" in r.stderr
         assert alive(h.pid) and alive(sleeper.pid)
     finally:
@@ -256,7 +257,7 @@ def test_pid_holding_no_gpu_is_bad_input(sim_host, hold, cli):
 
 def test_audit_log_survives_interruption(sim_host, hold, tmp_path, cli):
     h = hold("--gpus", "0", "--memory", "2GiB", "--survive-term")
-    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--grace", "30", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--grace", "30", "--json", "--yes"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
     log = AuditLog(tmp_path / "state" / "audit.jsonl")
     wait_for(lambda: log.path.exists() and [e for e in log.read() if e["outcome"] == "delivered"], timeout=20)
@@ -289,13 +290,14 @@ def test_two_clears_serialize_on_the_host_lock(sim_host, hold, tmp_path, monkeyp
     monkeypatch.setenv("GPUSLATE_LOCK_DIR", str(tmp_path / "locks"))
     a = hold("--gpus", "0", "--memory", "2GiB", "--survive-term")
     b = hold("--gpus", "1", "--memory", "2GiB")
-    first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "60", "--json"],
+    first = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "0", "--grace", "60", "--json",
+                              "--yes"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
     second = None
     try:
         log = AuditLog(tmp_path / "state" / "audit.jsonl")
         wait_for(lambda: log.path.exists() and log.read(), timeout=20)  # the first holds the lock now
-        second = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "1", "--json"],
+        second = subprocess.Popen([sys.executable, "-m", "gpuslate", "clear", "--gpus", "1", "--json", "--yes"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=gpuslate_env())
         said = []
         wait_for(lambda: said.append(second.stderr.readline()) or "waiting for the host lock" in said[-1] or
@@ -346,7 +348,7 @@ def test_zombie_target_is_tolerated(sim_host):
     code = ("import subprocess,sys,os,json;"
             "h=subprocess.Popen([sys.executable,'-m','gpuslate','sim','hold','--gpus','0','--memory','2GiB'],"
             "stdout=subprocess.PIPE,text=True);h.stdout.readline();"
-            "r=subprocess.run([sys.executable,'-m','gpuslate','clear','--json'],capture_output=True,text=True);"
+            "r=subprocess.run([sys.executable,'-m','gpuslate','clear','--json','--yes'],capture_output=True,text=True);"
             "st=open(f'/proc/{h.pid}/stat').read().rsplit(')',1)[1].split()[0];"
             "print(json.dumps({'rc':r.returncode,'state':st,'doc':json.loads(r.stdout)}))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=gpuslate_env(),

@@ -17,7 +17,7 @@ def test_other_users_job_spared_without_all_users(shared_host, other_user, cli):
     p, pid = start_as(other_user, shared_host, "1")
     try:
         t0 = time.monotonic()
-        r = cli("clear", "--gpus", "1", "--timeout", "60", "--json")
+        r = cli("clear", "--gpus", "1", "--timeout", "60", "--json", "--yes")
         assert r.returncode == 4, r.stderr
         assert time.monotonic() - t0 < 2.5  # only a job clear may not end holds the GPU: said at once
         doc = json.loads(r.stdout)
@@ -28,7 +28,7 @@ def test_other_users_job_spared_without_all_users(shared_host, other_user, cli):
         (problem,) = doc["diagnosis"][0]["problems"]
         assert problem["pid"] == pid and problem["user"] == USER and "--all-users" in problem["remedy"]
         assert not is_gone(pid)
-        r = cli("clear", "--gpus", "1", "--all-users", "--json")
+        r = cli("clear", "--gpus", "1", "--all-users", "--json", "--yes")
         assert r.returncode == 0, r.stdout
         assert [t["pid"] for t in json.loads(r.stdout)["targets"]] == [pid]
         assert is_gone(pid)
@@ -42,7 +42,7 @@ def test_permission_denied_reported_rest_proceed(shared_host, other_user):
     user_p, user_pid = start_as(other_user, shared_host, "2")
     base = shared_host.root.parent
     try:
-        r = run_as(other_user, ["-m", "gpuslate", "clear", "--all-users", "--timeout", "1", "--json"],
+        r = run_as(other_user, ["-m", "gpuslate", "clear", "--all-users", "--timeout", "1", "--json", "--yes"],
                    capture_output=True,
                    env={"GPUSLATE_SIM": str(shared_host.root), "GPUSLATE_LOCK_DIR": str(base / "locks"),
                         "GPUSLATE_STATE_DIR": str(base / "state-user")})

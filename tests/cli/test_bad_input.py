@@ -30,13 +30,16 @@ def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
     (["status", "--gpus", "\uff10"], "invalid GPU list"),  # a full-width 0
     (["status", "--gpus", "\u0661-\u0663"], "invalid GPU list"),  # Arabic-Indic digits
     (["clear", "--pid", "\uff11\uff12", "--dry-run"], "expected a whole number"),
-    (["clear", "--max-used", HUGE, "--dry-run"], "at most 1 EiB"),
+    (["clear", "--max-used", HUGE, "--dry-run"], "give its unit, e.g. 40GiB"),
     (["clear", "--max-used", HUGE + "GiB", "--dry-run"], "at most 1 EiB"),
-    (["clear", "--max-used", "1" + "0" * 20, "--dry-run"], "at most 1 EiB"),
-    (["sim", "hold", "--memory", HUGE], "at most 1 EiB"),
+    (["clear", "--max-used", "1" + "0" * 20 + "B", "--dry-run"], "at most 1 EiB"),
+    (["clear", "--max-used", "40", "--dry-run"], "invalid size '40': give its unit, e.g. 40GiB or 40MiB"),
+    (["sim", "hold", "--memory", "40"], "invalid size '40': give its unit"),
+    (["clear", "--timeout", "5x", "--dry-run"], "invalid duration '5x': expected seconds (90), or with units"),
+    (["sim", "hold", "--memory", HUGE + "G"], "at most 1 EiB"),
     (["status", "--watch", "1e300"], "at most 10000000 seconds"),
     (["clear", "--timeout", "1e300", "--dry-run"], "at most 10000000 seconds"),
-    (["clear", "--grace", "nan", "--dry-run"], "must be a number at least 0"),
+    (["clear", "--grace", "nan", "--dry-run"], "invalid duration 'nan'"),
     (["sim", "leak", "--gpu", "\uff13", "--memory", "1GiB"], "expected a whole number"),
 ])
 def test_bad_values_exit_2_at_once(sim_host, hold, cli, args, needle):

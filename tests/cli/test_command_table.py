@@ -59,7 +59,7 @@ def test_a_document_is_found_by_its_schema_only():
     assert document_for("gpuslate.log.v1") is document_for("gpuslate.audit.v1") is not None
     for schema in (None, 3, "gpuslate.fleet.v1", "gpuslate.sim.v1", "other.status.v1", "gpuslate.nosuch.v1"):
         assert document_for(schema) is None
-    assert len(documents()) == 22  # 18 commands' own (log included), sim.init, sim.leak, batch... and nothing else
+    assert len(documents()) == 24  # 19 commands' own (log and config included), sim.init, sim.leak, batch, logs.many
 
 
 def test_real_documents_read_back_through_the_table(tmp_path):

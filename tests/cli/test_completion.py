@@ -9,7 +9,7 @@ import subprocess
 
 from gpuslate.cli.commands.completion import commands
 from gpuslate.cli.main import COMMANDS, build_parser
-from helpers import run_cli, unavailable
+from helpers import gpuslate_env, run_cli, unavailable
 
 CASES = [  # words typed (the last one being completed) -> what must be offered
     (["gpuslate", "st"], ["status"]),
@@ -106,3 +106,76 @@ def test_fish(tmp_path) -> None:
 def test_an_unknown_shell_is_bad_input() -> None:
     r = run_cli("completion", "tcsh")
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1
+
+
+# -- unit names: the unit file's tables and the state folder's records, read by the shell itself --
+
+UNIT_CASES = [  # words typed -> unit names that must be offered (None: none at all)
+    (["gpuslate", "down", ""], ["web", "a.b", "old"]),
+    (["gpuslate", "logs", "w"], ["web"]),
+    (["gpuslate", "swap", "web", ""], ["web", "a.b", "old"]),
+    (["gpuslate", "--sim", "/x", "restart", "o"], ["old"]),
+    (["gpuslate", "status", ""], None),
+]
+
+
+def unit_world(tmp_path):
+    """A project with a unit file (two units, one quoted) one folder up, and a state folder with the
+    record of a unit the file no longer has; the shell runs in the project's subfolder."""
+    (tmp_path / "gpuslate.toml").write_text('[units.web]\ncommand = "x"\n\n  [ units."a.b" ]\ncommand = "y"\n'
+                                            '[unitsx.no]\n# [units.commented]\n')
+    (tmp_path / "state" / "units").mkdir(parents=True)
+    (tmp_path / "state" / "units" / "old.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    env = {k: v for k, v in gpuslate_env().items() if k not in ("GPUSLATE_CONFIG", "GPUSLATE_SIM")}
+    return tmp_path / "sub", {**env, "GPUSLATE_STATE_DIR": str(tmp_path / "state")}
+
+
+def check_units(got: list[set[str]]) -> None:
+    for (words, names), offered in zip(UNIT_CASES, got, strict=True):
+        if names is None:
+            assert not offered & {"web", "a.b", "old", "commented", "no"}, (words, offered)
+        else:
+            assert set(names) <= offered and not offered & {"commented", "no"}, (words, offered)
+
+
+def test_bash_completes_unit_names(tmp_path) -> None:
+    bash = need("bash")
+    cwd, env = unit_world(tmp_path)
+    (tmp_path / "gpuslate.bash").write_text(script("bash"))
+    calls = "\n".join("COMP_WORDS=(" + " ".join(f"'{w}'" for w in words) + f"); COMP_CWORD={len(words) - 1}; "
+                      "_gpuslate; echo \"${COMPREPLY[*]}\"" for words, _ in UNIT_CASES)
+    r = subprocess.run([bash, "--norc", "-c", f"source ../gpuslate.bash\n{calls}\n"], capture_output=True, text=True,
+                       cwd=cwd, env=env, timeout=30)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    check_units([set(line.split()) for line in r.stdout.splitlines()])
+
+
+def test_zsh_completes_unit_names(tmp_path) -> None:
+    zsh = need("zsh")
+    cwd, env = unit_world(tmp_path)
+    (tmp_path / "_gpuslate").write_text(script("zsh"))
+    stubs = """
+compdef() { : }
+_describe() { local -a got; got=(${(P)${@[-1]}}); print -r -- ${(M)${got%%:*}:#${words[CURRENT]}*} }
+compadd() { shift; print -r -- "${(M)@:#${words[CURRENT]}*}" }
+_files() { print files }
+"""
+    calls = "\n".join("words=(" + " ".join(f"'{w}'" for w in words) + f"); CURRENT={len(words)}; "
+                      "print -r -- \"$(_gpuslate)\" | tr '\\n' ' '; print" for words, _ in UNIT_CASES)
+    r = subprocess.run([zsh, "-f", "-c", f"{stubs}\nsource ../_gpuslate\n{calls}"], capture_output=True, text=True,
+                       cwd=cwd, env=env, timeout=30)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    check_units([set(line.split()) for line in r.stdout.splitlines()])
+
+
+def test_fish_completes_unit_names(tmp_path) -> None:
+    fish = need("fish")
+    cwd, env = unit_world(tmp_path)
+    (tmp_path / "gpuslate.fish").write_text(script("fish"))
+    calls = "; ".join(f"complete -C '{' '.join(words)}'; echo ---" for words, _ in UNIT_CASES)
+    r = subprocess.run([fish, "--no-config", "-c", f"source ../gpuslate.fish; {calls}"], capture_output=True,
+                       text=True, cwd=cwd, env=env, timeout=30)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    blocks = r.stdout.split("---\n")[:len(UNIT_CASES)]
+    check_units([{line.split("\t")[0] for line in block.splitlines()} for block in blocks])

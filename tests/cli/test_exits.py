@@ -101,6 +101,7 @@ def test_the_codes_are_those_documented():
         'AuditStatus': {'LISTED': 0},
         'BatchStatus': {'DONE': 0, 'FAILED': 7},
         'BenchStatus': {'COMPLETE': 0, 'FAILED': 6, 'INTERRUPTED': 130, 'PARTIAL': 7},
+        'ConfigStatus': {'VALID': 0},
         'ClearStatus': {'CLEAN': 0, 'DRY_RUN': 0, 'HELD_BY_OTHERS': 4, 'LEAKED': 4, 'NOTHING_SELECTED': 4,
                         'PERMISSION_DENIED': 5, 'REFUSED': 4, 'TIMEOUT': 4},
         'DemoStatus': {'CLEAN': 0, 'NOT_CLEAN': 4},

@@ -76,7 +76,7 @@ def test_sim_init_count_and_its_hidden_alias(tmp_path, capsys):
 
 
 ROWS = {"status": ["status"], "clear": ["clear"], "wait": ["wait", "--free"], "audit": ["audit"],
-        "sim init": ["sim", "init", "DIR"], "sim hold": ["sim", "hold", "--memory", "1"]}
+        "sim init": ["sim", "init", "DIR"], "sim hold": ["sim", "hold", "--memory", "1GiB"]}
 
 
 @pytest.mark.parametrize("command", sorted(ROWS))
@@ -116,3 +116,50 @@ def test_demo_says_it_runs_on_a_temporary_host_not_gpuslate_sim(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--sim DIR run on the simulated host in DIR (default: a new one in a temporary folder, never " \
            "$GPUSLATE_SIM" in text
+
+
+def every_parser(parser: argparse.ArgumentParser | None = None, path: tuple[str, ...] = ()):
+    """Every command's and subcommand's parser (its options built), with its words."""
+    parser = parser or build_parser()
+    build = getattr(parser, "lazy_build", None)
+    if build:
+        parser.lazy_build = None
+        build(parser)
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for word, sub in action.choices.items():
+                yield from every_parser(sub, (*path, word))
+
+
+def examples_of(text: str) -> list[str]:
+    """The commands of a help's ``examples:`` block (its comment lines left out)."""
+    block = text.split("\nexamples:\n", 1)[1].split("\n\n", 1)[0]
+    return [line.strip() for line in block.splitlines() if not line.strip().startswith("#")]
+
+
+PARSERS = {" ".join(path): p for path, p in every_parser() if path}
+
+
+@pytest.mark.parametrize("words", sorted(PARSERS))
+def test_every_help_has_examples_that_parse(words):
+    """Every command and subcommand ends its --help with examples (a verb's from its declaration), each
+    a command gpuslate's own parser takes as written; and says what a SIZE and a DURATION are where it
+    takes one."""
+    import shlex
+
+    from gpuslate.cli.fleet import split_fleet_options
+
+    text = PARSERS[words].format_help()
+    assert "\nexamples:\n" in text, words
+    found = examples_of(text)
+    assert found and all(e.startswith("gpuslate ") for e in found), found
+    for example in found:
+        _, argv = split_fleet_options(shlex.split(example)[1:])
+        try:
+            build_parser(argv).parse_args(argv)
+        except SystemExit as exc:
+            raise AssertionError(f"{words}: its example does not parse: {example}") from exc
+    metavars = {a.metavar for a in PARSERS[words]._actions}
+    for metavar in ("SIZE", "DURATION"):
+        assert (f"\n  {metavar}  " in text) == (metavar in metavars), (words, metavar)

@@ -109,11 +109,14 @@ def test_a_lost_stderr_changes_nothing_for_a_command_that_prints(sim_host):
 
 
 def test_a_closed_stdin_is_no_terminal(sim_host, hold):
-    """``clear <&-`` is a clear without a terminal (it runs at once, as documented), never an
-    AttributeError on Python's ``sys.stdin = None``."""
+    """``clear <&-`` is a clear without a terminal: silence is no consent (exit 2, nothing signaled),
+    never an AttributeError on Python's ``sys.stdin = None``; with --yes it runs."""
     victim = hold("--gpus", "1", "--memory", "1GiB")
-    p = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "gpuslate", "clear", "--gpus", "1",
-                        "--grace", "2"], capture_output=True, text=True, env=gpuslate_env(), timeout=60)
+    argv = ["sh", "-c", 'exec "$@" <&-', "sh", sys.executable, "-m", "gpuslate", "clear", "--gpus", "1", "--grace", "2"]
+    p = subprocess.run(argv, capture_output=True, text=True, env=gpuslate_env(), timeout=60)
+    assert "Traceback" not in p.stderr and p.returncode == 2 and "add --yes" in p.stderr, p.stderr
+    assert not is_gone(victim.pid)
+    p = subprocess.run([*argv, "--yes"], capture_output=True, text=True, env=gpuslate_env(), timeout=60)
     assert "Traceback" not in p.stderr and p.returncode == 0, p.stderr
     assert is_gone(victim.pid)
 

@@ -114,10 +114,10 @@ def test_status_and_clear_documents_read_back(run, hold):
     rc, doc = run("wait", "--free", "--gpus", "0", "--timeout", "0")
     assert rc == 4 and not doc["ok"] and doc["diagnosis"]
     assert WaitResult.from_json(doc).to_json() == doc
-    for args in (("--dry-run",), ("--pid", str(h.pid), "--grace", "2"), ("--yes", "--grace", "2")):
+    for args in (("--dry-run",), ("--pid", str(h.pid), "--grace", "2", "--yes"), ("--yes", "--grace", "2")):
         rc, doc = run("clear", *args)
         assert rc == 0, doc
-        assert doc["targets"] or "--yes" in args
+        assert doc["targets"] or args[0] == "--yes"  # the --pid clear ended them
         back = ClearResult.from_json(doc)
         assert back.to_json() == doc and back.status.value == doc["status"]
         doc_clear = doc

@@ -172,6 +172,16 @@ def test_prompt_answered_no_signals_nothing(evil_job):
     assert not any(is_gone(p) for p in evil_job.pids)
 
 
+def test_up_clear_on_a_terminal_asks_with_the_plan(sim_host, hold):
+    """``up --clear`` on a terminal shows clear's plan and asks, as clear does; "n" starts nothing."""
+    victim = hold("--gpus", "2", "--memory", "2GiB")
+    code, shown, _ = on_pty(["up", "web", "--gpus", "2", "--clear", "--ready-log", "x", "--", "sleep", "60"], 100,
+                            answer="n")
+    assert code == 130 and "Terminate this process? [y/N]" in shown, shown
+    assert str(victim.pid) in shown and "nothing was signaled" in shown
+    assert not is_gone(victim.pid)
+
+
 HANDLES = textwrap.dedent("""
     import os, sys, time
     from gpuslate.gpu.simhost.host import SimHost

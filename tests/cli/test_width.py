@@ -248,6 +248,44 @@ def test_bench(monkeypatch, interrupted: bool) -> None:
         assert ("interrupted: levels marked * were cut short" in " ".join(lines[:2])) == interrupted
 
 
+#: vLLM's summary of one run (vllm/benchmarks/serve.py, benchmark()): its lines, in its order
+VLLM_BLOCK = ["Successful requests:", "Failed requests:", "Maximum request concurrency:", "Benchmark duration (s):",
+              "Total input tokens:", "Total generated tokens:", "Request throughput (req/s):",
+              "Output token throughput (tok/s):", "Peak output token throughput (tok/s):",
+              "Total token throughput (tok/s):", "---------------Time to First Token----------------",
+              "Mean TTFT (ms):", "Median TTFT (ms):", "P99 TTFT (ms):",
+              "-----Time per Output Token (excl. 1st token)------", "Mean TPOT (ms):", "Median TPOT (ms):",
+              "P99 TPOT (ms):", "---------------Inter-token Latency----------------", "Mean ITL (ms):",
+              "Median ITL (ms):", "P99 ITL (ms):", "----------------End-to-end Latency----------------",
+              "Mean E2EL (ms):", "Median E2EL (ms):", "P99 E2EL (ms):"]
+
+
+def test_bench_summary_block_is_vllms(monkeypatch) -> None:
+    """Each level first as ``vllm bench serve`` prints its run: the same labels in the same order, 50
+    columns wide (so it reads whole at 60), the means beside the median and p99."""
+    levels = [_level(1), _level(4)]
+    result = BenchResult("http://127.0.0.1:30000", "m", "completions", "2026-01-01T00:00:00Z",
+                         LoadPlan(concurrency=(1, 4)), {"engine": "sglang"}, levels)
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    print_bench(result)
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    lines = screen.getvalue().splitlines()
+    starts = [i for i, ln in enumerate(lines) if "Serving Benchmark Result" in ln]
+    assert [lines[i] for i in starts] == ["==== Serving Benchmark Result (concurrency 1) ====",
+                                          "==== Serving Benchmark Result (concurrency 4) ===="]
+    for at, lv in zip(starts, levels):
+        block = lines[at + 1:lines.index("=" * 50, at)]
+        labels = [ln if ln.startswith("--") else ln[:41].rstrip() for ln in block]
+        assert [x for x in labels if x in VLLM_BLOCK] == VLLM_BLOCK, block
+        assert max(map(len, block)) <= 60
+        figures = {ln[:41].rstrip(): ln[41:] for ln in block}
+        assert figures["Total generated tokens:"] == str(lv.output_tokens)
+        assert figures["Mean E2EL (ms):"] == f"{lv.e2e_ms.mean:.2f}" != figures["P99 E2EL (ms):"]
+        assert figures["Median TPOT (ms):"] == f"{lv.tpot_ms.p50:.2f}"
+        assert figures["Request throughput (req/s):"] == f"{lv.request_throughput:.2f}"
+
+
 def test_experiment_report(term, tmp_path) -> None:
     out = experiment_folder(tmp_path)
     code, lines = term("experiment", "report", str(out))

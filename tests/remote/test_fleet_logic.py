@@ -130,6 +130,12 @@ def test_remote_command():
         return remote_command(COMMANDS[argv[0]], build_parser(list(argv)).parse_args(list(argv)), argv)
 
     assert remote("clear", "--json", "--gpus", "0") == ["clear", "--gpus=0", "--json"]
+    # the consent given here goes to every host as --yes (nobody there can be asked), where the line needs it
+    assert remote("clear", "--yes", "--gpus", "0") == ["clear", "--gpus=0", "--yes", "--json"]
+    assert remote("clear", "-y", "--dry-run") == ["clear", "--dry-run", "--json"]
+    assert remote("up", "u", "--clear", "-y") == ["up", "u", "--clear", "--yes", "--json"]
+    assert remote("down", "u", "--yes") == ["down", "u", "--json"]  # down names its unit: nothing to consent to
+    assert remote("clear", "--max-used", "1G") == ["clear", "--max-used=1GiB", "--json"]  # sizes keep their unit
     assert remote("up", "u", "--", "srv", "--json") == ["up", "u", "--json", "--", "srv", "--json"]
     assert remote("logs", "u", "-n", "5") == ["logs", "u", "--tail=5", "--json"]
     assert remote("log", "--limit", "3") == ["log", "--limit=3", "--json"]  # the old name asks for its old document

@@ -239,7 +239,7 @@ def test_up_swap_down_on_a_remote_host(lab, fleet):
         assert r.returncode == 0, r.stdout + r.stderr
         r = fleet("-H", "h1", "down", "next")  # shown with the lines a local 'down' prints
         assert r.returncode == 0, r.stdout + r.stderr
-        assert re.search(r"Unit next stopped \(ready before\): \d+ processes \(SIGTERM \d+, SIGKILL \d+\) "
+        assert re.search(r"Unit next stopped \(ready before\): \d+ process(es)? \(SIGTERM \d+, SIGKILL \d+\) "
                          r"in [\d.]+ s; GPU memory on GPUs 0-1 released", r.stdout), r.stdout
         assert _doc(fleet("-H", "h1", "ps", "--json"))["hosts"][0]["result"]["units"][0]["state"] == "stopped"
     finally:

@@ -101,7 +101,8 @@ def test_a_transport_failure_is_raised_by_name(lab, monkeypatch):
 
 def test_the_command_lines_keep_values_that_look_like_options():
     words = CLEAR.command(ClearLine(selection=Selection(gpus=(0, 2, 3), pids=(7,), user="-bob", match="--yes"),
-                                    options=ClearOptions(grace=1), yes=True))
+                                    options=ClearOptions(grace=1)), yes=True)
+    assert "--yes" in words
     assert "--match=--yes" in words and "--user=-bob" in words and "--gpus=0,2-3" in words
 
     def up_words(spec: UnitSpec, options: UpOptions) -> list[str]:

@@ -490,10 +490,20 @@ def test_flags_defaults_and_overrides() -> None:
     ("--port", "70000"),
     ("--accept-length", "0.5"),
     ("--max-running-requests", "0"),
-    ("--startup-seconds", "-1"),
     ("--base-step-ms", "nan"),
 ])
 def test_bad_flags_raise_one_line_value_error(argv: tuple[str, ...]) -> None:
     with pytest.raises(ValueError) as info:
         parse(*argv)
     assert "\n" not in str(info.value)
+
+
+def test_its_durations_take_units_and_refuse_a_negative_one(capsys) -> None:
+    """``--startup-seconds`` and the park times are durations, read by gpuslate's one parser: ``2s``,
+    ``500ms`` or seconds; a negative one is argparse's one-line error (exit 2), never a config."""
+    config = parse("--startup-seconds", "1m30s", "--sleep-seconds", "500ms", "--wake-seconds", "2")
+    assert (config.startup_seconds, config.sleep_seconds, config.wake_seconds) == (90.0, 0.5, 2.0)
+    with pytest.raises(SystemExit) as exit_:
+        parse("--startup-seconds", "-1")
+    assert exit_.value.code == 2
+    assert "argument --startup-seconds: invalid duration '-1': must be at least 0" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def test_gpus_held_by_someone_else(units_host, units, hold):
     assert "GPU 3 not free for unit g" in line and f"pid {h.pid}" in line and "someone-elses-job" in line
     assert "7.0 GiB" in line and unit_records().load("g") is None
     # --clear ends the holder first (it is this user's), then the unit starts
-    r = units("up", "g", "--gpus", "2-3", "--port", str(port), "--clear", "--json", "--", *serve_cmd(port))
+    r = units("up", "g", "--gpus", "2-3", "--port", str(port), "--clear", "--yes", "--json", "--", *serve_cmd(port))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["cleared"]["ok"] and h.pid in [t["pid"] for t in doc["cleared"]["targets"]]

@@ -41,3 +41,20 @@ def test_the_last_run_is_read_once_or_taken_as_given(units_host, monkeypatch):
         with pytest.raises(UsageError, match="unknown unit 'a'"):
             spec_for(host, "a", previous=None)
         assert loads == ["a"]
+
+
+def test_an_unknown_new_unit_is_told_how_to_make_it_not_to_give_swap_a_command(units_host, units, tmp_path,
+                                                                                 monkeypatch):
+    """``swap OLD NEW`` takes no command: the hint for an unknown NEW is the unit file or an ``up``
+    with its command, the same line ``up NEW`` gets (docs/units.md's first example)."""
+    monkeypatch.chdir(tmp_path)
+    r = units("up", "old", "--gpus", "0", "--ready-log", "ready", "--", "sh", "-c", "echo ready; exec sleep 60")
+    assert r.returncode == 0, r.stderr
+    for argv in (["swap", "old", "speculative"], ["up", "speculative"]):
+        r = units(*argv)
+        assert r.returncode == 2, r.stderr
+        error, hint = r.stderr.splitlines()
+        assert error.startswith("gpuslate: error: unknown unit 'speculative' (no gpuslate.toml") and "--" not in error
+        assert hint.startswith("gpuslate: hint: declare it as [units.speculative] in gpuslate.toml") and \
+            "gpuslate up speculative --port 30000 -- " in hint, hint
+    assert units("down", "old").returncode == 0  # swap refused before stopping it

@@ -190,7 +190,7 @@ def test_a_program_started_by_hand_on_the_units_gpu_is_named_never_signaled(unit
         assert not audited(units_host, [pid])
         r = units("down", "web")
         assert r.returncode == 4 and f"'gpuslate clear --pid {pid}' ends it" in r.stderr, r.stderr
-        r = run_cli("--sim", str(units_host.root), "clear", "--pid", str(pid), "--json")
+        r = run_cli("--sim", str(units_host.root), "clear", "--pid", str(pid), "--json", "--yes")
         assert r.returncode == 0, r.stdout + r.stderr
         wait_for(lambda: is_gone(pid))
         assert units("down", "web").returncode == 0

@@ -24,7 +24,7 @@ def serve_cmd(port: int, *extra: str, startup: float = 0.3, memory: str = "4GiB"
 def run_units(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
               cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpuslate", *args], capture_output=True, text=True,
-                          env=gpuslate_env(env), timeout=timeout, cwd=cwd)
+                          env=gpuslate_env(env), timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL)
 
 
 def popen_units(*args: str, cwd: str | None = None) -> subprocess.Popen[str]:

@@ -112,6 +112,8 @@ class ExperimentProgress:
     eta_at: float | None = None  # time.monotonic() when the run should end (a display counts down to it)
     control: bool = False
     output_tok_s: float | None = None  # phase "finished": the point's output throughput (as measured)
+    #: points_total holds an estimate of the verification's points, not planned yet (see verify_estimate)
+    total_estimated: bool = False
 
 
 @dataclass
@@ -126,6 +128,15 @@ class RunResult:
 def point_keys(spec: ExperimentSpec, dep: Deployment) -> list[PointKey]:
     """A deployment's measured points (controls aside): every level once per repeat."""
     return [PointKey(dep.name, c, r) for r in range(spec.repeats) for c in spec.levels]
+
+
+def verify_estimate(spec: ExperimentSpec) -> int:
+    """The verification's points before it is planned (its plan needs the sweep's figures): per
+    repeat, the recommendation at every level, at each the deployment that won it, and the other
+    one across the switch (T, T+1 and the level above: three more, where the winner is one of the
+    two; a tie adds one): twice the levels and three. Counted in the run's total from the start, so
+    that the time left includes the phase (exact once it is planned; dropped when nothing is)."""
+    return (2 * len(spec.levels) + 3) * spec.verify
 
 
 def schedule(spec: ExperimentSpec) -> list[Block]:
@@ -202,18 +213,23 @@ def prepare_dir(spec: ExperimentSpec, out: Path, resume: bool) -> None:
 
 
 def run_experiment(host: Host, spec: ExperimentSpec, out: str | Path, *, resume: bool = False,
-                   on_progress: Callable[[ExperimentProgress], None] | None = None) -> RunResult:
+                   on_progress: Callable[[ExperimentProgress], None] | None = None,
+                   confirm: Callable[[Any], bool] | None = None) -> RunResult:
     """Run (or resume) the experiment into ``out`` on ``host`` (its lifetime: the caller keeps it
-    open and closes it); progress lines go to ``host``'s event sink. See the module docstring."""
+    open and closes it); progress lines go to ``host``'s event sink. See the module docstring.
+    ``confirm``: asked with the clear's plan before the spec's ``clear`` signals (as ``up --clear``);
+    None: the caller is the consent."""
     out = Path(out)
     prepare_dir(spec, out, resume)
-    return _Runner(host, spec, out, on_progress).run()
+    return _Runner(host, spec, out, on_progress, confirm).run()
 
 
 class _Runner:
     def __init__(self, host: Host, spec: ExperimentSpec, out: Path,
-                 on_progress: Callable[[ExperimentProgress], None] | None) -> None:
+                 on_progress: Callable[[ExperimentProgress], None] | None,
+                 confirm: Callable[[Any], bool] | None = None) -> None:
         self.host, self.spec, self.out, self.on_progress = host, spec, out, on_progress
+        self.confirm = confirm
         self.note: Note = host.note
         self.points = out / "points"
         self.t0 = time.monotonic()
@@ -227,6 +243,7 @@ class _Runner:
         self.seq = {k: i for i, k in enumerate(all_keys)}
         self.total = len(all_keys)
         self.done = sum(1 for k in all_keys if (self.points / k.filename).is_file())
+        self.pending_verify = verify_estimate(spec)  # until the verification is planned (or skipped)
         self.skipped = self.done
         self.point_seconds: list[float] = []
         self.point_started: float | None = None
@@ -272,6 +289,7 @@ class _Runner:
             summary, _, _ = build_summary(self.out)
             plan, why = plan_verification(summary, self.spec.to_json())
             if plan is None:
+                self.pending_verify = 0
                 self.note(f"verification skipped: {why}")
                 return
             write_json_atomic(self.out / VERIFY_FILE, plan)
@@ -290,6 +308,7 @@ class _Runner:
         keys = [k for b in blocks for k in b.keys]
         self.seq.update({k: len(self.seq) + i for i, k in enumerate(keys)})
         self.total += len(keys)
+        self.pending_verify = 0
         done = sum(1 for k in keys if (self.points / k.filename).is_file())
         self.done += done
         self.skipped += done
@@ -323,7 +342,8 @@ class _Runner:
         else:
             first_clear = self.spec.clear_first and self.result.transitions == []
             self.note(f"up {dep.unit.name}" + (" (clearing its GPUs first)" if first_clear else ""))
-            u = self.host.up(dep.unit, UpOptions(clear_first=first_clear))
+            asked = self.confirm if first_clear else None
+            u = self.host.up(dep.unit, UpOptions(clear_first=first_clear, confirm=asked))
             doc = u.to_json()
             if u.ok:
                 self.running = dep.unit.name
@@ -428,7 +448,8 @@ class _Runner:
         if self.on_progress is None:
             return
         now = time.monotonic()
-        left = self.total - self.done
+        total = self.total + self.pending_verify
+        left = total - self.done
         remaining = None
         if self.point_seconds:  # the mean point so far, less what the current one has already run
             mean = sum(self.point_seconds) / len(self.point_seconds)
@@ -436,9 +457,9 @@ class _Runner:
             remaining = max(0.0, mean * left - into)
         self.on_progress(ExperimentProgress(dep.name, index, len(self.spec.deployments) + (index >= len(
             self.spec.deployments)), phase, concurrency,
-                                            repeat, done, total, self.done, self.total, now - self.t0, remaining,
-                                            None if remaining is None else now + remaining, control,
-                                            output_tok_s))
+                                            repeat, done, total, self.done, self.total + self.pending_verify,
+                                            now - self.t0, remaining, None if remaining is None else now + remaining,
+                                            control, output_tok_s, total_estimated=self.pending_verify > 0))
 
 
 def _checked_plan(plan: dict[str, Any], out: Path, names: set[str]) -> UnitSpec:

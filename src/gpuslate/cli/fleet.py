@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from .._parse import parse_seconds
 from .._record import Record
 from ..errors import BadDocument, NotConfirmed, UsageError
 from ..verbs import CLEAR, STATUS
@@ -57,7 +58,7 @@ def add_fleet_help(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hosts", metavar="FILE", help="inventory: one host a line, [group] sections, or Ansible INI")
     g.add_argument("--group", metavar="NAME", help="only this group of the --hosts inventory")
     g.add_argument("--parallel", metavar="N", help="hosts at a time (default 32)")
-    g.add_argument("--connect-timeout", metavar="SECONDS", help="ssh connect timeout per host (default 10)")
+    g.add_argument("--connect-timeout", metavar="DURATION", help="ssh connect timeout per host (default 10s)")
     g.add_argument("--keep-going", action="store_true", help="swap, restart: go on to the next host after a failure")
     g.add_argument("--slurm", action="store_true",
                    help="inside a Slurm allocation: run the command on every node of it through srun "
@@ -112,8 +113,13 @@ def split_fleet_options(argv: Sequence[str]) -> tuple[FleetArgs | None, list[str
         return None, rest
     return FleetArgs(hosts=found["hosts"], hosts_file=found["hosts_file"], group=found["group"],
                      parallel=_number(found["parallel"], "--parallel", 32, int),
-                     connect_timeout=_number(found["connect_timeout"], "--connect-timeout", 10.0, float),
+                     connect_timeout=_connect_timeout(found["connect_timeout"]),
                      keep_going=found["keep_going"], slurm=found["slurm"]), rest
+
+
+def _connect_timeout(text: str | None) -> float:
+    """``--connect-timeout``: a duration (seconds, or ``10s``, ``1m``), more than 0; default 10 s."""
+    return 10.0 if text is None else parse_seconds(text, allow_zero=False, what="--connect-timeout")
 
 
 def _number(text: str | None, option: str, default: Any, kind: type) -> Any:
@@ -134,8 +140,8 @@ def remote_command(row: Command, args: argparse.Namespace, argv: Sequence[str]) 
     :meth:`~gpuslate.verbs.Verb.command`); a command that is no verb (bench, sim, experiment) has
     its options written by hand, and they go as given: the local ``--json`` dropped, one added
     (before a ``--``, after which words belong to the unit's command)."""
-    if row.verb is not None:
-        return row.verb.command(row.verb.read(args), sim=getattr(args, "sim", None))
+    if row.verb is not None:  # --yes: the consent given here (cli/main.py required it), for every host
+        return row.verb.command(row.verb.read(args), sim=getattr(args, "sim", None), yes=getattr(args, "yes", False))
     cut = list(argv).index("--") if "--" in argv else len(argv)
     head = [a for a in argv[:cut] if a != "--json"]
     return [*head, "--json", *argv[cut:]]
@@ -181,10 +187,16 @@ def run(fleet: FleetArgs, command: str, argv: Sequence[str], args: argparse.Name
     if row.remote is Remote.REFUSED:  # the exporter: Prometheus scrapes each host's own
         raise UsageError(f"'{command}' runs until killed: start it on each host (see docs/{command}.md)")
     words = remote_command(row, args, argv)  # what cannot be sent (--watch, --follow) is refused here
+    # to be asked on this terminal (cli/main.py refused it without one): clear shows every host's plan
+    asking = row.verb is not None and row.verb.needs_consent(row.verb.read(args)) and not args.yes
+    if asking and row.verb is not CLEAR:
+        raise UsageError(f"'{command}' with these options ends processes it does not name on each host, which "
+                         "cannot be asked about here: add --yes (each host's plan: gpuslate --host HOST clear "
+                         "--gpus LIST --dry-run)")
     transport = _transport(fleet, row, args)
     progress = Progress(len(transport.hosts))
     try:
-        if row.verb is CLEAR and not args.dry_run and not args.yes and sys.stdin.isatty():
+        if asking:
             result = _clear_asking_once(transport, CLEAR.read(args), getattr(args, "sim", None), progress)
         elif row.remote is Remote.ROLLING:  # one host at a time: a rolling swap or restart
             result = transport.roll(transport.hosts, words, progress.done)
@@ -257,7 +269,7 @@ def _clear_asking_once(transport: Transport, line: ClearLine, sim: str | None, p
     if sys.stdin.readline().strip().lower() not in ("y", "yes"):
         raise NotConfirmed("not confirmed: nothing was signaled")
     progress.restart(len(planned))
-    done = transport.fan(planned, CLEAR.command(line._replace(yes=True), sim=sim), progress.done)
+    done = transport.fan(planned, CLEAR.command(line, sim=sim, yes=True), progress.done)
     by_host = {o.host: o for o in done.hosts}
     return FleetResult(done.command, [by_host.get(o.host, o) for o in plans.hosts])
 

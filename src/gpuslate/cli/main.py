@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
+from .._parse import DURATION_HELP
 from ..errors import GpuslateError, UsageError
 from ..gpu import sim_root_from_env
 from . import fleet as fleet_cli
 from .commands import COMMANDS, Command, output_mode
-from .commands.common import add_common, add_line, print_error
+from .commands.common import add_common, add_line, add_yes, print_error, require_consent, with_examples
 from .exits import ExitStatus, exit_epilog, exit_status_for
 from .render import output
 
@@ -46,6 +47,12 @@ class _Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:
         super().__init__(prog, indent_increment, max_help_position, width if width is not None else _columns() - 2)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Paragraphs wrapped as argparse wraps them, but a block of indented lines (the examples) as written."""
+        return "\n\n".join(indent + para.replace("\n", "\n" + indent) if "\n  " in para
+                           else super(_Formatter, self)._fill_text(para, width, indent)
+                           for para in text.split("\n\n"))
 
 
 def _columns() -> int:
@@ -155,11 +162,45 @@ def build_command(word: str, row: Command, p: argparse.ArgumentParser) -> None:
     verb = row.verb
     if verb is None:
         importlib.import_module(f"{__package__}.commands.{row.module}").build(p)
-        return
-    p.description, p.epilog, p.usage = verb.description, exit_epilog(row.exits, backend=row.backend), verb.usage
-    add_common(p)
-    add_line(p, verb.line, word=word)
-    p.set_defaults(handler=functools.partial(_run, row.module))
+    else:
+        p.description, p.usage = verb.description, verb.usage
+        p.epilog = with_examples(verb.examples, exit_epilog(row.exits, backend=row.backend))
+        add_common(p)
+        add_line(p, verb.line, word=word)
+        if verb.signals:
+            add_yes(p, verb)
+        p.set_defaults(handler=functools.partial(_run, row.module))
+    _say_units(p)
+
+
+#: what a SIZE and a DURATION are, said in every --help that has one (the parsers: gpuslate/_parse.py)
+_UNIT_NOTES = {"SIZE": "  SIZE      40GiB, 512MiB or 40G (binary, as docker's -m: G = GB = GiB);\n"
+                       "            a number alone is refused, 0 excepted",
+               "DURATION": f"  DURATION  {DURATION_HELP}"}
+
+
+def _say_units(p: argparse.ArgumentParser) -> None:
+    """A paragraph before the exit codes of ``p``'s help (and its subcommands') saying what its SIZE
+    and DURATION values are: one place, so that every command says the same."""
+    metavars = {a.metavar for a in p._actions}
+    notes = [note for metavar, note in _UNIT_NOTES.items() if metavar in metavars]
+    if notes and p.epilog and "\nvalues:\n" not in f"\n{p.epilog}\n":
+        paras = p.epilog.split("\n\n")
+        at = next((i for i, para in enumerate(paras) if para.startswith("exit status:")), len(paras))
+        p.epilog = "\n\n".join([*paras[:at], "\n".join(["values:", *notes]), *paras[at:]])
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in dict.fromkeys(a.choices.values()):
+                build = getattr(sub, "lazy_build", None)
+                if build is not None:  # its options come when it is chosen: said then
+                    sub.lazy_build = functools.partial(_built_then_said, build)
+                else:
+                    _say_units(sub)
+
+
+def _built_then_said(build: Any, p: argparse.ArgumentParser) -> None:
+    build(p)
+    _say_units(p)
 
 
 def _run(module: str, args: argparse.Namespace) -> int:
@@ -182,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return ExitStatus.USAGE
     try:
+        row = COMMANDS.get(_chosen_command(argv) or "")
+        if row is not None and row.verb is not None:  # silence is no consent: here and for every host alike
+            require_consent(row.verb, args)
         if fleet is not None:  # the same command on every selected host
             return int(fleet_cli.run(fleet, _chosen_command(argv) or "", argv, args))
         _use_sim(args)

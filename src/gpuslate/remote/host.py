@@ -136,8 +136,9 @@ class RemoteHost:
 
     def run(self, verb: Verb[L, R], line: L) -> R:
         """Run ``verb`` with ``line`` there; its result read back from its document, or the named failure
-        raised (what the line cannot carry is refused first, before anything is sent)."""
-        outcome = run_on_host(self.spec, verb.command(line, sim=self.sim), self.ssh, timeout=self.timeout)
+        raised (what the line cannot carry is refused first, before anything is sent). The caller is the
+        consent: ``--yes`` is sent where the line needs it (nobody there can be asked)."""
+        outcome = run_on_host(self.spec, verb.command(line, sim=self.sim, yes=True), self.ssh, timeout=self.timeout)
         if outcome.result is None:
             assert outcome.error is not None
             raise outcome.error
@@ -149,9 +150,8 @@ class RemoteHost:
         return self.run(STATUS, StatusLine(gpus=tuple(gpus) if gpus is not None else None))
 
     def clear(self, selection: Selection | None = None, options: ClearOptions | None = None) -> ClearResult:
-        """``--yes``: nobody there can be asked (see ``confirm``, refused)."""
-        return self.run(CLEAR, ClearLine(selection=selection or Selection(), options=options or ClearOptions(),
-                                         yes=True))
+        """Sent with ``--yes``: nobody there can be asked (see ``confirm``, refused)."""
+        return self.run(CLEAR, ClearLine(selection=selection or Selection(), options=options or ClearOptions()))
 
     def wait(self, gpus: Sequence[int] | None = None, options: WaitOptions | None = None) -> WaitResult:
         return self.run(WAIT, WaitLine(gpus=tuple(gpus) if gpus is not None else None,
@@ -197,7 +197,7 @@ class RemoteHost:
 
     def logs(self, name: str, options: LogsOptions | None = None) -> LogsResult:
         """Unit ``name``'s last lines there (a snapshot)."""
-        return self.run(LOGS, LogsLine(name=name, options=options or LogsOptions()))
+        return self.run(LOGS, LogsLine(names=(name,), options=options or LogsOptions()))
 
     def park(self, name: str, options: ParkOptions | None = None) -> ParkResult:
         """Park unit ``name`` there."""

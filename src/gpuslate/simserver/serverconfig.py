@@ -13,9 +13,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .._parse import parse_seconds
 from ..engines import ParkReading, engine
 from ..engines.base import Lifecycle, Shutdown
 from ..engines.sim import ENGINE as SIM
+from ..errors import UsageError
 from .engineargs import EMULATED, settings
 from .parkmodel import MISBEHAVIOURS
 from .perfmodel import MODES, PerfParams
@@ -133,6 +135,14 @@ _PERF_FLAGS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _duration(text: str) -> float:
+    """A duration of the simulated engine (seconds, or ``2s``, ``500ms``): the one duration parser."""
+    try:
+        return parse_seconds(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sim serve`` flags; values are validated by :func:`config_from_args`."""
     d = ServerConfig()
@@ -143,8 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, help=f"decoding mode (default: {d.mode})")
     parser.add_argument("--spec-disable-threshold", type=int, metavar="T",
                         help="with --mode speculative: speculate only while the running batch is <= T")
-    parser.add_argument("--startup-seconds", type=float, metavar="SECONDS",
-                        help=f"simulated model-loading time (default: {d.startup_seconds})")
+    parser.add_argument("--startup-seconds", type=_duration, metavar="DURATION",
+                        help=f"simulated model-loading time (default: {d.startup_seconds}s)")
     parser.add_argument("--fail-startup", action="store_true", default=None,
                         help="crash partway through startup and exit 1")
     parser.add_argument("--time-scale", type=float, metavar="FACTOR",
@@ -164,12 +174,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, attr, text in _PERF_FLAGS:
         parser.add_argument(flag, type=float, metavar="TOKENS" if attr == "accept_length" else "MS",
                             help=f"{text} (default: {getattr(d.perf, attr)})")
-    parser.add_argument("--sleep-seconds", type=float, metavar="SECONDS",
+    parser.add_argument("--sleep-seconds", type=_duration, metavar="DURATION",
                         help=f"time the emulated engine takes to park (a vLLM sleep, an SGLang release; default "
-                        f"{d.sleep_seconds})")
-    parser.add_argument("--wake-seconds", type=float, metavar="SECONDS",
-                        help=f"time it takes to take its memory back (a wake, a resume; default {d.wake_seconds})")
-    parser.add_argument("--reload-seconds", type=float, metavar="SECONDS",
+                        f"{d.sleep_seconds}s)")
+    parser.add_argument("--wake-seconds", type=_duration, metavar="DURATION",
+                        help=f"time it takes to take its memory back (a wake, a resume; default {d.wake_seconds}s)")
+    parser.add_argument("--reload-seconds", type=_duration, metavar="DURATION",
                         help="time a weight reload takes (vLLM's reload_weights, SGLang's update_weights_from_disk; "
                         "default: half of --startup-seconds, the loading share)")
     parser.add_argument("--drain-seconds", type=float, metavar="SECONDS",

@@ -249,7 +249,8 @@ def start_checked(host: HostContext, spec: UnitSpec, opts: UpOptions, *, lock_wa
     cleared = None
     if opts.clear_first:
         cleared = clear(host, Selection(gpus=tuple(gpus)),
-                        ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit))
+                        ClearOptions(grace=spec.grace, timeout=spec.stop_timeout, max_used=limit,
+                                     confirm=opts.confirm))
         if not cleared.ok:
             raise NotDoneError(f"--clear could not free {gpus_phrase(gpus)} for unit {spec.name}: "
                                + "; ".join(d.summary() for d in cleared.diagnosis),

@@ -426,6 +426,55 @@ class UnitLog:
             yield at, line
 
 
+MANY_SCHEMA = "gpuslate.logs.many.v1"
+
+
+class ManyLogs(NamedTuple):
+    """``gpuslate logs A B`` and ``gpuslate logs`` (every unit): each unit's snapshot, read with its
+    line times so that they can be shown interleaved by the time each line was written, prefixed with
+    the unit's name, as ``docker compose logs`` shows services (:meth:`merged`). ``timestamps``:
+    whether the times are shown (``--timestamps``)."""
+
+    logs: list[LogsResult]
+    timestamps: bool = False
+
+    @property
+    def status(self) -> LogsStatus:
+        return LogsStatus.SHOWN
+
+    def merged(self) -> list[tuple[str, float | None, str]]:
+        """Every line as (unit, time, text), in the order they were written: by time, the lines of one
+        unit in their order (a line whose time was not recorded goes with the line before it)."""
+        keyed = []
+        for i, log in enumerate(self.logs):
+            last = float("-inf")
+            for j, (line, at) in enumerate(zip(log.lines, log.times or [None] * len(log.lines))):
+                last = at if at is not None else last
+                keyed.append(((last, i, j), (log.name, at, line)))
+        return [item for _, item in sorted(keyed, key=lambda kv: kv[0])]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": MANY_SCHEMA, "timestamps": self.timestamps, "logs": [log.to_json() for log in self.logs]}
+
+    @classmethod
+    def from_json(cls, doc: object) -> ManyLogs:
+        f = Fields(checked(doc, MANY_SCHEMA))
+        with reading(MANY_SCHEMA):
+            return cls(f.items("logs", LogsResult.from_json), f.flag("timestamps"))
+
+
+def unit_logs(ctx: HostContext, names: list[str]) -> list[UnitLog]:
+    """The logs of units ``names`` (none: every unit with a record, as ``ps -a`` lists them), each found
+    before any is read: an unknown unit is a :class:`~gpuslate.errors.UsageError`."""
+    return [UnitLog(ctx, name) for name in (names or store.UnitStore.of(ctx).names())]
+
+
+def read_many(logs: list[UnitLog], options: LogsOptions) -> ManyLogs:
+    """Each unit's snapshot with its line times (to interleave them); ``options.timestamps``: shown."""
+    timed = options._replace(timestamps=True)
+    return ManyLogs([log.read(timed) for log in logs], options.timestamps)
+
+
 def relay_done(relay: subprocess.Popen[bytes] | None, timeout: float = 2.0) -> None:
     """Wait (at most ``timeout``) until the relay has written what the unit wrote: it ends once every
     process of the unit is gone. A relay still held by a stray's copy of the pipe is left running."""

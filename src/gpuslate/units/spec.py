@@ -168,8 +168,9 @@ class UnitSpec:
 _TYPES: dict[str, tuple[type, ...]] = {
     "command": (list, str), "env": (dict,), "gpus": (list, str, int), "port": (int,), "ready_host": (str,),
     "engine": (str,), "ready_url": (str,), "ready_log": (str,), "smoke": (bool,), "model": (str,),
-    "start_timeout": (int, float), "grace": (int, float), "stop_timeout": (int, float), "cwd": (str,),
-    "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float), "park": (str,),
+    "start_timeout": (int, float, str), "grace": (int, float, str), "stop_timeout": (int, float, str),
+    "cwd": (str,), "containment": (str,), "prefetch": (list,), "front": (int, str), "front_hold": (int, float, str),
+    "park": (str,),
 }
 
 
@@ -355,8 +356,10 @@ def resolve(name: str, *, overrides: dict[str, Any] | None = None, command: list
         base = {k: v for k, v in previous.items() if k != "name"}
     if base is None and not command:
         where = f"in {path}" if path else f"no {CONFIG_NAME} here or above, and no {CONFIG_VAR}"
-        raise UsageError(f"unknown unit {name!r} ({where}): give its command after '--', "
-                         f"e.g. gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
+        # said for up and for swap's NEW alike: swap takes no command, so the way is the unit file or an up
+        raise UsageError(f"unknown unit {name!r} ({where})",
+                         hint=f"declare it as [units.{name}] in {CONFIG_NAME} (docs/units.md), or start it once "
+                         f"with its command: gpuslate up {name} --port 30000 -- python -m sglang.launch_server ...")
     doc = dict(base or {})
     doc.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if doc.get("gpus") == ALL_GPUS:  # --gpus all: every GPU, whatever the file says

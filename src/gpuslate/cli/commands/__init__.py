@@ -159,6 +159,7 @@ COMMANDS: dict[str, Command] = {
     "ps": Command("ps", Document("gpuslate.units.listing:PsResult", f"{_R}.units:show_ps"), verb=PS,
                   exits={0: "listed", 5: "unsafe state folder"}),
     "logs": Command("logs", Document("gpuslate.units.logfile:LogsResult", f"{_R}.logs:show_logs"), verb=LOGS,
+                    also=(("logs.many", Document("gpuslate.units.logfile:ManyLogs", f"{_R}.logs:show_many")),),
                     backend=False, exits={0: "printed (with --follow: until the unit is gone or Ctrl-C)",
                                           2: "bad input, unknown unit, --json with --follow, or --since on a log "
                                           "without line times"}),
@@ -205,6 +206,8 @@ COMMANDS: dict[str, Command] = {
     "install": Command("install", Document("gpuslate.remote.zipapp:InstallResult", f"{_R}.install:show_install"),
                        output=_ACT, remote=Remote.HERE,
                        summary="copy gpuslate to --host hosts over ssh (one file; no package index needed)"),
+    "config": Command("config", Document("gpuslate.units.unitfile:ConfigResult", f"{_R}.units:show_config"),
+                      summary="check the unit file and print it resolved (as docker compose config)"),
     "completion": Command("completion", None, summary="print a shell completion script: bash, zsh or fish"),
 }
 

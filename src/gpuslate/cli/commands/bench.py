@@ -23,7 +23,7 @@ from ...errors import BadDocument, UsageError
 from ...extras import Extra, require
 from ..exits import ExitStatus, exit_epilog
 from . import present
-from .common import describe, note
+from .common import describe, note, positive_duration
 
 if TYPE_CHECKING:
     from ...bench import BenchResult, LoadPlan, Progress
@@ -45,7 +45,15 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Send streamed completions or chat requests to URL at one closed-loop concurrency "
+    describe(p, examples=[
+        ("closed-loop levels of 1 to 64 requests in flight, 200 requests each",
+         "gpuslate bench http://127.0.0.1:30000 -c 1,4,16,64 -n 200"),
+        ("Poisson arrivals at 8 requests/s for 2 minutes, the JSON kept",
+         "gpuslate bench http://127.0.0.1:30000 --request-rate 8 --duration 2m --out run.json"),
+        ("chat requests of 1024 tokens in, 256 out, with goodput against SLOs in ms",
+         "gpuslate bench http://127.0.0.1:8000 --api chat --input-len 1024 --output-len 256 "
+         "--goodput ttft:500,tpot:50")],
+             description="Send streamed completions or chat requests to URL at one closed-loop concurrency "
         "level after another (or as Poisson/gamma arrivals), and report throughput, TTFT, TPOT, ITL and "
         "end-to-end latency with the definitions of SGLang's bench_serving and vLLM's bench serve "
         "(docs/bench.md).", epilog=EPILOG)
@@ -62,8 +70,8 @@ def build(p: argparse.ArgumentParser) -> None:
                    help="with --request-rate: at most N requests in flight")
     p.add_argument("--requests", "-n", type=int, metavar="N",
                    help="requests per level (default: 64, or unlimited with --duration)")
-    p.add_argument("--duration", type=float, metavar="SECONDS",
-                   help="send requests for SECONDS per level (requests in flight then finish)")
+    p.add_argument("--duration", type=positive_duration, metavar="DURATION",
+                   help="send requests for DURATION per level, e.g. 60 or 2m (requests in flight then finish)")
     p.add_argument("--warmup", type=int, default=0, metavar="N",
                    help="requests sent before each level at its concurrency, left out of the figures "
                    "(default: 0)")
@@ -103,8 +111,8 @@ def build(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connection", choices=("pooled", "per-request"), default="pooled",
                    help="pooled (the default): reuse keep-alive connections, as vLLM's bench serve; per-request: "
                    "a new connection for every request, its set-up inside TTFT and E2E, as SGLang's bench_serving")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="per-request time limit; a request past it counts as failed (default: 600)")
+    p.add_argument("--timeout", type=positive_duration, default=600.0, metavar="DURATION",
+                   help="per-request time limit; a request past it counts as failed (default: 600s, 10m)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON document to FILE")
     p.set_defaults(handler=run)
 

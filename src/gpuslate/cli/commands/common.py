@@ -10,16 +10,29 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._parse import parse_gpu_list, parse_gpu_selection, parse_int, parse_seconds, parse_size
-from ..._record import MISSING, Form, Record
-from ...commandline import arguments
+from ..._record import MISSING, Consent, Form, Record
+from ...commandline import arguments, consent_flags, words
 from ...errors import GpuslateError, NotConfirmed, UsageError
+from ...verbs import Verb
 from ..exits import error_type_for
 from ..render.output import quietly
 
 
-def describe(parser: argparse.ArgumentParser, *, description: str, epilog: str) -> None:
-    """A command's help beyond its summary (which is in its row of the command table)."""
-    parser.description, parser.epilog = description, epilog
+def describe(parser: argparse.ArgumentParser, *, description: str, epilog: str,
+             examples: Sequence[tuple[str, str]] = ()) -> None:
+    """A command's help beyond its summary (which is in its row of the command table): its
+    description, and after its options its examples (``(what it does, the command)``) and
+    ``epilog`` (its exit codes)."""
+    parser.description, parser.epilog = description, with_examples(examples, epilog)
+
+
+def with_examples(examples: Sequence[tuple[str, str]], epilog: str | None) -> str:
+    """An ``examples:`` block (each a comment line, then the command), then ``epilog``: the end of a
+    ``--help`` (the help formatter keeps the block's lines as they are: cli/main.py)."""
+    lines = ["examples:"]
+    for why, command in examples:
+        lines += [f"  # {why}"] * bool(why) + [f"  {command}"]
+    return "\n\n".join(part for part in ("\n".join(lines) if examples else "", epilog or "") if part)
 
 
 def add_common(parser: argparse.ArgumentParser, *, top: bool = False, sim_help: str | None = None) -> None:
@@ -62,6 +75,35 @@ def add_line(parser: argparse.ArgumentParser, line: type[Record], *, word: str |
             words_after_dashes(parser, f.name)
         elif arg.form is Form.ALIAS:
             parser.set_defaults(**{f.name: word == arg.flags[0]})
+
+
+def add_yes(parser: argparse.ArgumentParser, verb: Verb[Any, Any]) -> None:
+    """``-y/--yes`` of a verb that signals (its declaration's ``signals=True``): the consent it needs
+    without a terminal (:meth:`~gpuslate.verbs.Verb.needs_consent`)."""
+    parser.add_argument("-y", "--yes", dest="yes", action="store_true", default=False, help=verb.yes_help())
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a person can be asked on stdin (a closed or redirected stdin cannot)."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+def require_consent(verb: Verb[Any, Any], args: argparse.Namespace) -> None:
+    """A verb whose run needs consent, run without ``--yes`` and without a terminal on stdin to ask on:
+    :class:`~gpuslate.errors.UsageError` (exit 2) before anything is started or signaled. Silence
+    (a script, ``echo n |``, ``</dev/null``, cron) is never taken for consent."""
+    line = verb.read(args)
+    if not verb.needs_consent(line) or getattr(args, "yes", False) or stdin_is_terminal():
+        return
+    widened = [f for f in consent_flags(verb.line) if f in words(line)]
+    what = " ".join([verb.name, *widened])
+    dry = any(f.arg is not None and f.arg.consent is Consent.MOOT for f in arguments(verb.line))
+    raise UsageError(f"'{what}' ends processes it does not name and asks first, but stdin is not a terminal: "
+                     f"add --yes to go ahead (nothing was started or signaled"
+                     f"{'; --dry-run shows the plan' if dry else ''})")
 
 
 def argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -124,16 +166,16 @@ def size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def positive_float(text: str) -> float:
-    """Seconds, more than 0 and finite (at most ``MAX_SECONDS``)."""
+def positive_duration(text: str) -> float:
+    """A duration (seconds, or ``90s``, ``1m30s``, ``500ms``), more than 0 and finite (at most ``MAX_SECONDS``)."""
     try:
         return parse_seconds(text, allow_zero=False)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def nonnegative_float(text: str) -> float:
-    """Seconds, at least 0 and finite (at most ``MAX_SECONDS``)."""
+def duration(text: str) -> float:
+    """A duration (seconds, or ``90s``, ``1m30s``, ``500ms``), at least 0 and finite (at most ``MAX_SECONDS``)."""
     try:
         return parse_seconds(text)
     except UsageError as exc:
@@ -157,6 +199,17 @@ def whole(low: int, high: int):
 #: argparse types for process ids and ports
 pid_type = whole(1, 2**31 - 1)
 port_type = whole(1, 65535)
+
+
+def confirm_plan(plan: Any) -> bool:
+    """On a terminal: show a clear plan (``clear``'s, ``up --clear``'s) on stderr, ask before any signal."""
+    from ..render.clear import print_plan  # lazy: startup (only a terminal is asked)
+
+    print_plan(plan, file=sys.stderr)
+    n = len(plan.targets)
+    sys.stderr.write(f"Terminate {'this process' if n == 1 else f'these {n} processes'}? [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def note(msg: str) -> None:

@@ -74,7 +74,10 @@ SWITCHES = ("restart", "park", "auto")  # [experiment] switch (bench/spec.py's S
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
+    describe(p, examples=[("the whole loop in about a minute: clear, swap, sweep, recommend", "gpuslate demo --quick"),
+                         ("the same story told in vLLM's command lines and files", "gpuslate demo --engine vllm "
+                          "--out vllm-demo")],
+             description="Run the motivating scenario end to end on a simulated 8-GPU host (a temporary "
                        "folder, or --sim DIR): a baseline server holding the GPUs is cleared, then baseline and "
                        "speculative servers are swapped in and swept, and the recommendation (where speculation "
                        "stops paying off) is run and compared with the better of the two. Everything is stopped "

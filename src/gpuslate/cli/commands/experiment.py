@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ...errors import Interrupted
+from ...errors import Interrupted, UsageError
 from ...extras import Extra, install_hint, missing, require
 from ..exits import ExitStatus, exit_epilog, exit_status_for_result
 from ..render.output import Mode, OutputLost, set_mode
 from ..render.plain import cut
 from . import present
-from .common import add_common, describe, note, print_error
+from .common import add_common, confirm_plan, describe, note, print_error, stdin_is_terminal, with_examples
 
 if TYPE_CHECKING:
     from ...bench.experiment import ExperimentProgress, RunResult
@@ -35,7 +35,11 @@ RUN_EPILOG = exit_epilog({
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="A/B experiments between deployments (e.g. a baseline and a speculative-"
+    describe(p, examples=[("run the spec's matrix, then write its report",
+                           "gpuslate experiment run spec.toml --out results"),
+                         ("go on with an interrupted run", "gpuslate experiment run spec.toml --out results --resume"),
+                         ("write the report again", "gpuslate experiment report results")],
+             description="A/B experiments between deployments (e.g. a baseline and a speculative-"
                        "decoding server): each swapped in on a verified clean slate, swept over concurrency "
                        "levels and repeats with the load generator of 'gpuslate bench' in an order that "
                        "exposes drift, compared with intervals, and a speculation disable threshold "
@@ -46,10 +50,20 @@ def build(p: argparse.ArgumentParser) -> None:
                          description="Run the experiment of SPEC.toml into DIR: every finished point is "
                          "written at once, so an interrupted run loses nothing and --resume skips what is done. "
                          "The report is written at the end.", epilog=RUN_EPILOG)
+    r.epilog = with_examples([
+        ("run the spec's matrix into results/, then write its report",
+         "gpuslate experiment run spec.toml --out results"),
+        ("go on with an interrupted run (finished points are kept)",
+         "gpuslate experiment run spec.toml --out results --resume"),
+        ("a spec that clears the GPUs first (clear = true), run from a script",
+         "gpuslate experiment run spec.toml --yes")], r.epilog)
     add_common(r)
     r.add_argument("spec", metavar="SPEC.toml")
     r.add_argument("--out", metavar="DIR", help="results folder (default: ./experiments/NAME)")
     r.add_argument("--resume", action="store_true", help="continue the experiment in DIR, skipping finished points")
+    r.add_argument("-y", "--yes", action="store_true",
+                   help="go ahead without asking when the spec clears the GPUs first (clear = true); needed then "
+                   "when stdin is not a terminal")
     r.set_defaults(handler=run)
     rep = verbs.add_parser("report", help="(re)write the report of an experiment folder",
                            description="Aggregate DIR's points: a table per concurrency level, PNG plots, "
@@ -60,6 +74,9 @@ def build(p: argparse.ArgumentParser) -> None:
                            epilog=exit_epilog({0: "report written",
                                                2: "DIR is not an experiment folder, or the bench extra not installed"},
                                               backend=False))
+    rep.epilog = with_examples([
+        ("the tables, plots, report.md and recommendation of results/ again",
+         "gpuslate experiment report results")], rep.epilog)
     rep.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                      help="print the versioned JSON document instead of a table")
     rep.add_argument("dir", metavar="DIR")
@@ -109,6 +126,13 @@ def run(args: argparse.Namespace) -> int:
     from ...bench.spec import load_spec  # lazy: startup
 
     spec = load_spec(args.spec)  # a malformed spec: exit 2 before anything starts
+    confirm = None
+    if spec.clear_first and not args.yes:  # its clear ends processes the spec does not name: consent first
+        if not stdin_is_terminal():
+            raise UsageError("the spec clears the GPUs first (clear = true), which ends processes it does not name, "
+                             "but stdin is not a terminal to ask on: add --yes to go ahead (nothing was started "
+                             "or signaled)")
+        confirm = confirm_plan
     if missing(Extra.PLOTS):  # the run goes on; only the report's PNG plots need matplotlib
         note(f"matplotlib is not installed: the report will have no plots; {install_hint(Extra.PLOTS)}")
     out = Path(args.out) if args.out else Path("experiments") / spec.name
@@ -117,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     display.say_scale()
     try:
         with Host.open(getattr(args, "sim", None), on_event=display.note) as host:  # the run's one context
-            result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update)
+            result = run_experiment(host, spec, out, resume=args.resume, on_progress=display.update,
+                                    confirm=confirm)
     except Interrupted as exc:
         display.close()
         return interrupted_status(exc, args.json)
@@ -163,6 +188,11 @@ def run_json(result: RunResult) -> dict[str, Any]:
             "transitions": [{"deployment": t["deployment"], "action": t["action"], "at": t["at"], "ok": t["ok"],
                              "total_s": t["result"].get("total_s", t["result"].get("timings", {}).get("total_s"))}
                             for t in result.transitions]}
+
+
+def _points(p: ExperimentProgress) -> str:
+    """``5/36``; ``5/~36`` while the total holds the verification's points estimated, before it is planned."""
+    return f"{p.points_done}/{'~' if p.total_estimated else ''}{p.points_total}"
 
 
 class ProgressDisplay:
@@ -214,14 +244,14 @@ class ProgressDisplay:
         where = f"{p.deployment} ({p.deployment_index + 1}/{p.deployments})" + (
             f" c={p.concurrency} {what}" if level else "")
         reqs = f" {p.phase} {count} requests" if running else f" {p.phase}"
-        text = f"{where}:{reqs} | points {p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}"
+        text = f"{where}:{reqs} | points {_points(p)} | {_dur(p.elapsed_s)} elapsed{left}"
         if width is None or len(text) < width:
             return text
         short = f"{p.deployment}" + (f" c={p.concurrency} {'ctl' if p.control else f'r{(p.repeat or 0) + 1}'}"
                                       if level else "")
         reqs = f"{'warm-up ' if p.phase == 'warmup' else ''}{count} req" if running else p.phase
         when = f"~{_dur(remaining)} left" if remaining is not None else _dur(p.elapsed_s)
-        points = f"{p.points_done}/{p.points_total} pts"
+        points = f"{_points(p)} pts"
         for text in (f"{short}: {reqs} | {points} | {when}", f"{short} | {points} | {when}"):
             if len(text) < width:
                 break
@@ -239,7 +269,7 @@ class ProgressDisplay:
             what = "control" if p.control else f"repeat {(p.repeat or 0) + 1}"
             tok = f"{p.output_tok_s / self.time_scale:.1f} tok/s" if p.output_tok_s is not None else "done"
             note(f"{p.deployment} c={p.concurrency} {what}: {tok} ({p.done} requests) | points "
-                 f"{p.points_done}/{p.points_total} | {_dur(p.elapsed_s)} elapsed{left}")
+                 f"{_points(p)} | {_dur(p.elapsed_s)} elapsed{left}")
         elif p.phase == "starting":
             note(f"{p.deployment} ({p.deployment_index + 1}/{p.deployments}): starting")
 

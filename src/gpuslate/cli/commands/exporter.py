@@ -11,13 +11,16 @@ import sys
 from ...exporter import DEFAULT_LISTEN, SCHEMA
 from ...extras import Extra, require
 from ..exits import ExitStatus, exit_epilog
-from .common import add_common, describe, note, positive_float
+from .common import add_common, describe, note, positive_duration
 
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
     describe(
-        p, description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
+        p, examples=[("metrics on 127.0.0.1:9847 for a Prometheus on this host", "gpuslate exporter"),
+                     ("for a Prometheus elsewhere (the metrics name processes, users and jobs)",
+                      "gpuslate exporter --listen 0.0.0.0:9847 --allow-remote")],
+        description="Serve /metrics (Prometheus text format or OpenMetrics) and /healthz. Every scrape takes one "
         "fresh reading of the GPUs and their holders, as 'status' does, grouped by gpuslate's job rule, with "
         "leaked and orphaned memory per GPU, managed units, and clear runs and signals from the audit log. "
         "Runs until SIGTERM or Ctrl-C. With --json, one gpuslate.exporter.v1 line with the bound address is "
@@ -32,9 +35,9 @@ def build(p: argparse.ArgumentParser) -> None:
                         "port 0 picks a free one)")
     p.add_argument("--allow-remote", action="store_true",
                    help="allow a non-loopback --listen address (the metrics name processes, users and jobs)")
-    p.add_argument("--scrape-timeout", type=positive_float, default=5.0, metavar="SECONDS",
+    p.add_argument("--scrape-timeout", type=positive_duration, default=5.0, metavar="DURATION",
                    help="longest a scrape waits for its reading; then it answers with an error counted "
-                        "(default 5)")
+                        "(default 5s)")
     p.set_defaults(handler=run)
 
 

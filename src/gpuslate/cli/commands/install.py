@@ -32,7 +32,12 @@ if TYPE_CHECKING:
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Build a single-file zipapp of this gpuslate and copy it to each --host over ssh: "
+    describe(p, examples=[("gpuslate on a host without it (and without a package index), over ssh",
+                          "gpuslate --host root@gpu-host install"),
+                         ("every host of an inventory, then their GPUs", "gpuslate --hosts hosts.ini install"),
+                         ("the file alone, to copy yourself ('python3 gpuslate.pyz status' runs it)",
+                          "gpuslate install --out gpuslate.pyz")],
+             description="Build a single-file zipapp of this gpuslate and copy it to each --host over ssh: "
                        "PREFIX/share/gpuslate/gpuslate.pyz and the launcher PREFIX/bin/gpuslate (PREFIX "
                        "~/.local). The host's Python (>= 3.10) is checked first; the installed gpuslate is run "
                        "once (--version, status --json) to prove it works. Without --host: --out FILE writes "

@@ -12,12 +12,15 @@ from ...extras import Extra, require
 from ...gpu import sim_root_from_env
 from ..exits import ExitStatus, exit_epilog
 from . import present
-from .common import add_common, describe, gpu_list, gpus_arg, nonnegative_float, note, size, whole
+from .common import add_common, describe, duration, gpu_list, gpus_arg, note, size, whole, with_examples
 
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
+    describe(p, examples=[("a simulated 8-GPU host of your own, then a job holding 40 GiB on each GPU",
+                          "gpuslate sim init /tmp/gpus"),
+                         ("", "gpuslate --sim /tmp/gpus sim hold --memory 40GiB --workers 8")],
+             description="Simulated GPUs for machines without GPUs (demo, CI, dry runs). "
                        "Memory is held by real processes and discovered like real devices.",
                        epilog=exit_epilog({2: "bad input, or no SUBCOMMAND"}, backend=False))
     add_common(p)
@@ -33,6 +36,11 @@ def build(p: argparse.ArgumentParser) -> None:
                                              5: "DIR, its alloc/ or dev/ is another user's, or reached through "
                                              "another user's link (nothing is reset)"},
                                             backend=False))
+    init.epilog = with_examples([
+        ("a simulated 8-GPU host in /tmp/gpus; gpuslate uses it with --sim or $GPUSLATE_SIM",
+         "gpuslate sim init /tmp/gpus"),
+        ("4 H200-like GPUs, reporting like a driver before R510",
+         "gpuslate sim init /tmp/h200 --count 4 --memory 143771MiB --memory-api v1")], init.epilog)
     add_common(init)
     init.add_argument("dir", metavar="DIR", help="the folder of the simulated host (created if missing)")
     init.add_argument("--count", type=whole(1, 64), default=8, metavar="N", help="number of GPUs, 1 to 64 (default 8)")
@@ -47,8 +55,8 @@ def build(p: argparse.ArgumentParser) -> None:
                       help="the NVML memory API the simulated driver has: v2 reports reserved memory apart "
                       "from 'used'; v1 (drivers before R510) counts it as used (default v2)")
     init.add_argument("--name", default="NVIDIA RTX PRO 6000 Blackwell", metavar="NAME", help="GPU model name")
-    init.add_argument("--release-delay", type=nonnegative_float, default=0.2, metavar="SECONDS",
-                      help="time the simulated driver takes to release a dead holder's memory (default 0.2)")
+    init.add_argument("--release-delay", type=duration, default=0.2, metavar="DURATION",
+                      help="time the simulated driver takes to release a dead holder's memory (default 0.2s)")
     init.add_argument("--host-memory", type=size, default="2TiB", metavar="SIZE",
                       help="the host's memory, where a sleeping engine's weights and the driver's checkpoints go "
                       "(default 2TiB, an 8-GPU H200 node)")
@@ -64,6 +72,12 @@ def build(p: argparse.ArgumentParser) -> None:
                                              2: "bad input, or no simulated host",
                                              5: "this user may not record memory in the host's folder",
                                              6: "out of memory: a GPU lacks the room (nothing is held)"}))
+    hold.epilog = with_examples([
+        ("a job of 8 workers holding 40 GiB each, left behind by its launcher as SGLang's are",
+         "gpuslate --sim /tmp/gpus sim hold --memory 40GiB --workers 8 --orphan-workers --title "
+         "'sglang::scheduler_TP{rank}'"),
+        ("a monitor: GPU 0 opened, no memory held",
+         "gpuslate --sim /tmp/gpus sim hold --gpus 0 --memory 0")], hold.epilog)
     add_common(hold)
     hold.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs to hold, e.g. 0,2-3 or all (default: all)")
     hold.add_argument("--memory", type=size, required=True, metavar="SIZE",
@@ -107,6 +121,9 @@ def build(p: argparse.ArgumentParser) -> None:
                                             5: "this user may not record memory in the host's folder, or "
                                             "DIR/bin is not this user's own",
                                             6: "out of memory: a GPU lacks the room (nothing is held)"}))
+    mps.epilog = with_examples([
+        ("an MPS server on GPUs 0-1 (its clients: sim hold --mps)",
+         "gpuslate --sim /tmp/gpus sim mps --gpus 0-1")], mps.epilog)
     add_common(mps)
     mps.add_argument("--gpus", type=gpus_arg, metavar="LIST", help="GPUs the server serves (default: all)")
     mps.add_argument("--footprint", type=size, default="66MiB", metavar="SIZE",
@@ -124,6 +141,12 @@ def build(p: argparse.ArgumentParser) -> None:
                                               "engine's crash exits",
                                               6: "its workers could not hold their memory (a GPU lacks the "
                                               "room: simulated CUDA out of memory)"}))
+    serve.epilog = with_examples([
+        ("an SGLang-like server on port 30000, its 2 workers holding 20 GiB each on GPUs 0-1",
+         "gpuslate --sim /tmp/gpus sim serve --port 30000 --gpus 0-1 --memory 20GiB"),
+        ("vLLM's own arguments, read by vLLM's rules; loading takes 2 s",
+         "gpuslate sim serve --port 8000 --startup-seconds 2s --emulate vllm -- --model m "
+         "--tensor-parallel-size 2")], serve.epilog)
     serve.lazy_build = _serve_options  # type: ignore[attr-defined]
     serve.set_defaults(handler=run_serve)
 
@@ -134,6 +157,9 @@ def build(p: argparse.ArgumentParser) -> None:
                          epilog=exit_epilog({2: "bad input, or no simulated host",
                                              5: "this user may not record memory in the host's folder",
                                              6: "out of memory: the GPU lacks the room"}))
+    leak.epilog = with_examples([
+        ("2 GiB on GPU 3 held by no process (a leaked context)",
+         "gpuslate --sim /tmp/gpus sim leak --gpu 3 --memory 2GiB")], leak.epilog)
     add_common(leak)
     leak.add_argument("--gpu", type=whole(0, 1023), required=True, metavar="N", help="the GPU index")
     leak.add_argument("--memory", type=size, required=True, metavar="SIZE", help="memory left held, e.g. 2GiB")

@@ -16,7 +16,7 @@ import sys
 from ..exits import ExitStatus, exit_epilog
 from ..render.plain import clean
 from . import present
-from .common import add_common, describe, nonnegative_float, size
+from .common import add_common, describe, duration, size, with_examples
 
 _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a GPU that does not exist): "
           "nothing was signaled", 4: "the GPUs were not free in time: the node was drained with the reason "
@@ -26,7 +26,10 @@ _EXITS = {0: "the job's GPUs are free", 2: "bad environment (no SLURM_JOB_ID, a 
 
 def build(p: argparse.ArgumentParser) -> None:
     """Its options (the parser is made from its row of the command table, with its summary)."""
-    describe(p, description="Run as Slurm's Epilog and Prolog (see docs/slurm.md). The job comes from "
+    describe(p, examples=[("slurm.conf: Epilog=/usr/local/sbin/gpuslate-epilog, a script that runs",
+                          "gpuslate slurm epilog --timeout 30s"),
+                         ("and Prolog=...", "gpuslate slurm prolog --timeout 10s")],
+             description="Run as Slurm's Epilog and Prolog (see docs/slurm.md). The job comes from "
                        "SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GPUS (else SLURM_STEP_GPUS, "
                        "CUDA_VISIBLE_DEVICES, GPU_DEVICE_ORDINAL); the node from SLURMD_NODENAME.",
                        epilog=exit_epilog(_EXITS))
@@ -34,19 +37,27 @@ def build(p: argparse.ArgumentParser) -> None:
     ep = hooks.add_parser("epilog", help="end what the ended job left on this node (its uid and SLURM_JOB_ID, "
                           "or its cgroup; nothing else), verify its GPUs free, else drain",
                           epilog=exit_epilog(_EXITS))
-    ep.add_argument("--grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
-                    help="time between SIGTERM and SIGKILL (default 5)")
-    ep.add_argument("--timeout", type=nonnegative_float, default=30.0, metavar="SECONDS",
-                    help="everything within this long, else drain (default 30)")
+    ep.add_argument("--grace", type=duration, default=5.0, metavar="DURATION",
+                    help="time between SIGTERM and SIGKILL (default 5s)")
+    ep.add_argument("--timeout", type=duration, default=30.0, metavar="DURATION",
+                    help="everything within this long, else drain (default 30s)")
+    ep.epilog = with_examples([
+        ("as slurmd runs it after a job (root, the job's variables set)",
+         "gpuslate slurm epilog --timeout 30s --grace 5s"),
+        ('report and exit 4, but leave the node as it is', 'gpuslate slurm epilog --no-drain')], ep.epilog)
     pr = hooks.add_parser("prolog", help="verify the job's GPUs free (signals nothing), else drain so that "
                           "Slurm requeues the job", epilog=exit_epilog(_EXITS))
-    pr.add_argument("--timeout", type=nonnegative_float, default=10.0, metavar="SECONDS",
-                    help="wait at most this long for the GPUs to be free, else drain (default 10)")
+    pr.add_argument("--timeout", type=duration, default=10.0, metavar="DURATION",
+                    help="wait at most this long for the GPUs to be free, else drain (default 10s)")
+    pr.epilog = with_examples([
+        ('as slurmd runs it before a job', 'gpuslate slurm prolog --timeout 10s')], pr.epilog)
     tp = hooks.add_parser("task-prolog", help="as Slurm's TaskProlog: print 'export SPT_NOENV=1', so that a task's "
                           "workers renamed with setproctitle keep SLURM_JOB_ID in /proc/PID/environ",
                           description="Run as Slurm's TaskProlog (see docs/slurm.md): prints the environment every "
                           "task gets, in Slurm's protocol ('export NAME=value' lines). Reads nothing, signals "
                           "nothing.", epilog=exit_epilog({0: "printed"}))
+    tp.epilog = with_examples([
+        ('slurm.conf: TaskProlog= a script that runs', 'gpuslate slurm task-prolog')], tp.epilog)
     tp.set_defaults(handler=run_task_prolog)
     for h in (ep, pr):
         add_common(h)

@@ -15,10 +15,13 @@ from ...units.resolving import file_units, spec_for
 from ...verbs import UP
 from ..render.live import LiveLine
 from . import present
+from .common import confirm_plan
 
 
 def run(args: argparse.Namespace) -> int:
     line = UP.read(args)
+    if UP.needs_consent(line) and not args.yes:  # --clear on a terminal (cli/main.py refused it without one)
+        line = line._replace(options=line.options._replace(confirm=confirm_plan))
     if len(line.names) != 1:
         return run_many(args, line)
     with LiveLine.of(args) as live, Host.open(getattr(args, "sim", None), on_event=live.note,

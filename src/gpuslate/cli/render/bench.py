@@ -1,7 +1,10 @@
-"""The table of ``gpuslate bench`` for people. ``--json`` never comes through here.
+"""The output of ``gpuslate bench`` for people. ``--json`` never comes through here.
 
-Latencies show the median and p99 (the JSON has mean, std, max and every
-percentile asked for). Nothing is ever cut: piped, the table is as wide as its
+First, for each level, the summary block of vLLM's ``vllm bench serve`` (benchmarks/serve.py), line
+for line where a figure is the same (duration, requests, tokens, throughputs, the mean, median and
+p99 of TTFT, TPOT, ITL and end-to-end latency), so that a run reads as vLLM's does; then the levels
+side by side in one table, whose latencies show the median and p99 (the JSON has mean, std, max and
+every percentile asked for). Nothing is ever cut: piped, the table is as wide as its
 values (about 140 columns); on a terminal too narrow for it (80 columns), it is
 shown as several tables one under the other, each starting with the level
 (``Conc``), so that every row says which level it is (see :func:`.plain.tables`).
@@ -53,6 +56,51 @@ def level_label(lv: LevelResult) -> str:
     return conc + ("*" if lv.interrupted else "") + ("!" if lv.warming else "")
 
 
+def _rule(title: str, fill: str) -> str:
+    return f"{title:{fill}^50}"  # vLLM's "{s:{c}^{n}}" with n=50
+
+
+def _line(label: str, value: object) -> str:
+    return f"{label:<40} {value}"  # vLLM's "{:<40} {:<10}", its trailing spaces left out
+
+
+def summary_block(lv: LevelResult) -> list[str]:
+    """One level as ``vllm bench serve`` prints its run: the same lines, labels and order (a figure
+    vLLM has not, ours, after its own: the acceptance of speculative decoding, the chunk gap)."""
+    est = " (estimated)" if lv.tokens_estimated else ""
+    what = f"concurrency {lv.concurrency}" if lv.concurrency is not None else f"{lv.request_rate:g} req/s"
+    lines = [_rule(f" Serving Benchmark Result ({what}{', cut short' if lv.interrupted else ''}) ", "="),
+             _line("Successful requests:", lv.completed), _line("Failed requests:", lv.failed)]
+    if lv.concurrency is not None or lv.max_concurrency is not None:
+        lines.append(_line("Maximum request concurrency:", lv.concurrency or lv.max_concurrency))
+    if lv.request_rate is not None and lv.request_rate != float("inf"):
+        lines.append(_line("Request rate configured (RPS):", f"{lv.request_rate:.2f}"))
+    lines += [_line("Benchmark duration (s):", f"{lv.duration_s:.2f}"),
+              _line("Total input tokens:", f"{lv.input_tokens}{est}"),
+              _line("Total generated tokens:", f"{lv.output_tokens}{est}"),
+              _line("Request throughput (req/s):", f"{lv.request_throughput:.2f}")]
+    if lv.goodput is not None:
+        lines.append(_line("Request goodput (req/s):", f"{lv.goodput:.2f}"))
+    lines += [_line("Output token throughput (tok/s):", f"{lv.output_token_throughput:.2f}"),
+              _line("Peak output token throughput (tok/s):", f"{lv.peak_output_token_throughput:.2f}"),
+              _line("Total token throughput (tok/s):", f"{lv.total_token_throughput:.2f}")]
+    for name, header, summary in (("TTFT", "Time to First Token", lv.ttft_ms),
+                                  ("TPOT", "Time per Output Token (excl. 1st token)", lv.tpot_ms),
+                                  ("ITL", "Inter-token Latency", lv.itl_ms),
+                                  ("E2EL", "End-to-end Latency", lv.e2e_ms)):
+        lines += [_rule(header, "-")] + [_line(f"{stat} {name} (ms):", "-" if v is None else f"{v:.2f}")
+                                         for stat, v in (("Mean", summary.mean), ("Median", summary.p50),
+                                                         ("P99", summary.p99))]
+    if lv.accept_length is not None or lv.accept_length_spec is not None:
+        lines.append(_rule("Speculative Decoding", "-"))
+        if lv.accept_length is not None:
+            lines.append(_line("Acceptance length:", f"{lv.accept_length:.2f}"))
+        if lv.accept_length_spec is not None:
+            lines.append(_line("Acceptance length (speculative steps):", f"{lv.accept_length_spec:.2f}"))
+    lines.append("=" * 50)
+    return lines
+
+
 def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[str]:
     """The lines ``bench`` prints: the server, the levels' table (split to fit ``width``; None:
     piped, one table), the footnotes, the errors and what was in flight."""
@@ -64,6 +112,8 @@ def bench_lines(result: BenchResult, *, color: bool, width: int | None) -> list[
             + (", interrupted: levels marked * were cut short" if result.interrupted else ""))
     lines = wrapped([head], width)
     lines[0] = paint(model, ("bold",), color) + lines[0][len(model):]
+    for lv in result.levels:
+        lines += summary_block(lv) + [""]
     scale = server.get("time_scale")  # a simulated server says it (sim serve --time-scale)
     if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
         lines += [paint(x, ("yellow",), color) for x in wrapped([

@@ -24,6 +24,7 @@ from ...units.remove import RmResult
 from ...units.restart import RestartResult
 from ...units.stop import StopReport, Verification
 from ...units.swap import SwapResult, SwapStatus
+from ...units.unitfile import ConfigResult, toml_text
 from .plain import Cell, Column, folded, safe, table, tables, use_color, width_of
 
 _PS_COLUMNS = (Column("Name"), Column("State"), Column("PID", "right"), Column("Uptime", "right"),
@@ -122,7 +123,8 @@ def print_down(result: DownResult) -> None:
     if result.set_aside:
         _out(f"Unit {name}: corrupt record ({safe(result.corrupt)}) moved to {safe(result.set_aside)}")
     if result.cleared is not None:
-        _out(f"Cleared {len(result.cleared.results)} processes the unit left on its GPUs")
+        n = len(result.cleared.results)
+        _out(f"Cleared {n} process{'es' if n != 1 else ''} the unit left on its GPUs")
     if not procs:
         _say(f"Unit {name} ({before}): no process left to stop; {memory_text(rep)}"
              + (f" ({t['verify_s']:.2f} s)" if rep.verification in (Verification.RELEASED,
@@ -130,7 +132,7 @@ def print_down(result: DownResult) -> None:
         _warnings(result)
         return
     verdict = "stopped" if rep.verification != Verification.NOT_RULED_OUT else "NOT verified stopped"
-    _say(f"Unit {name} {verdict} ({before} before): {len(procs)} processes "
+    _say(f"Unit {name} {verdict} ({before} before): {len(procs)} process{'es' if len(procs) != 1 else ''} "
          f"(SIGTERM {by['SIGTERM']}, SIGKILL {by['SIGKILL']}) in {t['stop_s']:.2f} s; {memory_text(rep)}"
          + (f" after {t['verify_s']:.2f} s more" if rep.verification in (Verification.RELEASED,
                                                                         Verification.NOT_RELEASED) else ""))
@@ -447,3 +449,9 @@ def report_batch(result: BatchResult, file: IO[str]) -> None:
          f"{'s' if len(result.results) + len(result.not_run) != 1 else ''} done"
          + (f", {len(result.skipped)} left as they were" if result.skipped else "")
          + f" in {result.total_s:.2f} s", file)
+
+
+def show_config(result: ConfigResult) -> None:
+    """``gpuslate config``: the unit file resolved, as TOML that reads back as the same units."""
+    sys.stdout.write(toml_text(result))
+    sys.stdout.flush()
