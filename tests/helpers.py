@@ -98,7 +98,7 @@ def end_what_this_test_started() -> None:
 
     run, node = os.environ.get(leakcheck.RUN), os.environ.get(leakcheck.NODE)
     if run and node:
-        leakcheck.end(leakcheck.find(run, node), run)
+        leakcheck.end(leakcheck.known(run, node), run)
 
 
 def per_worker(name: str) -> str:

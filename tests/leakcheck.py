@@ -17,6 +17,12 @@ what a process was started with, whatever it sets later.
   worker is done), the same for anything of the run: what a fixture of a wider scope left, what
   escaped the per-test check. The run fails, each leftover named with its test.
 
+A process is known by its marker only once its ``execve`` has laid out its new environment:
+before that ``/proc/PID/environ`` reads empty, and ``subprocess.Popen`` returns a little earlier
+(when the exec closed its close-on-exec pipe), so a test that ends right after a Popen may leave its
+child there, more often on a loaded machine. A child of this process or of the run's whose
+environment reads empty is therefore awaited (for the same few seconds) before a check concludes.
+
 Signals go through a pidfd opened before the marker is read again: the marker, read from the
 process the pidfd holds, is the proof that it is ours (a pid reused meanwhile is never signaled).
 Never this process or its ancestors (a pytest started by a test carries its test's marker).
@@ -59,11 +65,17 @@ class Leftover:
         self.command = command
 
 
-def _environ(pid: int) -> dict[bytes, bytes] | None:
+def _raw_environ(pid: int) -> bytes | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read(_MAX_ENVIRON)
+            return f.read(_MAX_ENVIRON)
     except OSError:  # gone, or not ours to read
+        return None
+
+
+def _environ(pid: int, raw: bytes | None = None) -> dict[bytes, bytes] | None:
+    raw = _raw_environ(pid) if raw is None else raw
+    if raw is None:
         return None
     out: dict[bytes, bytes] = {}
     for item in raw.split(b"\0"):
@@ -107,13 +119,28 @@ def _machinery(env: dict[bytes, bytes] | None, run: str) -> bool:
     return env is not None and env.get(RUN.encode()) == run.encode() and NODE.encode() not in env
 
 
-def _is_ours(pid: int, run: str, node: str | None) -> str | None:
+def _is_ours(pid: int, run: str, node: str | None, env: dict[bytes, bytes] | None = None) -> str | None:
     """The node a live process of the run was started for (``node`` given: only that one)."""
-    env = _environ(pid)
+    env = _environ(pid) if env is None else env
     if not env or env.get(RUN.encode()) != run.encode() or NODE.encode() not in env:
         return None
     text = env[NODE.encode()].decode(errors="replace")
     return text if node is None or text == node else None
+
+
+def _starting(pid: int, run: str, node: str | None, skip: set[int]) -> bool:
+    """Whether ``pid``, whose environment reads empty, is a child of this process or of a process of
+    the run (of ``node``) that is still in its ``execve``: the kernel shows the environment only once
+    it has laid out the new stack (``mm->env_end`` set), after it closed the close-on-exec pipe that
+    ``subprocess.Popen`` returns on; a test that ends right after a Popen has its child there."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state, ppid = f.read().rsplit(b")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return False
+    if state in (b"Z", b"X"):  # a zombie's environment reads empty too, for good
+        return False
+    return int(ppid) in skip or _is_ours(int(ppid), run, node) is not None
 
 
 def _under(pid: int, roots: tuple[str, ...]) -> str | None:
@@ -132,18 +159,24 @@ def _under(pid: int, roots: tuple[str, ...]) -> str | None:
     return next((p for p in paths for r in roots if p == r or p.startswith(r + "/")), None)
 
 
-def find(run: str, node: str | None = None, roots: tuple[str, ...] = ()) -> list[Leftover]:
+def find(run: str, node: str | None = None, roots: tuple[str, ...] = (),
+         starting: list[int] | None = None) -> list[Leftover]:
     """Live processes of the run (of its test ``node`` only, when given; or, with ``roots``, any
-    process with a file under them)."""
+    process with a file under them). ``starting``: gets the processes not known yet, a child of the
+    run's still in its exec (see :func:`_starting`)."""
     skip = _protected()
     out = []
     for pid in _pids():
         if pid in skip:
             continue
-        got = _is_ours(pid, run, node)
-        if got is None and node is None and roots and not _machinery(_environ(pid), run):
+        raw = _raw_environ(pid)
+        env = _environ(pid, raw)
+        got = _is_ours(pid, run, node, env)
+        if got is None and node is None and roots and not _machinery(env, run):
             path = _under(pid, roots)
             got = None if path is None else f"the test whose folder it uses ({path})"
+        if got is None and starting is not None and raw == b"" and _starting(pid, run, node, skip):
+            starting.append(pid)
         if got is not None:
             out.append(Leftover(pid, got, _command(pid)))
     return out
@@ -151,13 +184,27 @@ def find(run: str, node: str | None = None, roots: tuple[str, ...] = ()) -> list
 
 def settle(run: str, node: str | None, roots: tuple[str, ...] = (), timeout: float = SETTLE_SECONDS,
            ) -> list[Leftover]:
-    """What is still there after up to ``timeout`` seconds of it going away (awaited, not slept)."""
+    """What is still there after up to ``timeout`` seconds of it going away (awaited, not slept), once
+    every process still in its exec is known."""
     deadline = time.monotonic() + timeout
     while True:
-        found = find(run, node, roots)
-        if not found or time.monotonic() >= deadline:
+        starting: list[int] = []
+        found = find(run, node, roots, starting)
+        if not (found or starting) or time.monotonic() >= deadline:
             return found
         time.sleep(0.05)
+
+
+def known(run: str, node: str | None, timeout: float = SETTLE_SECONDS) -> list[Leftover]:
+    """The run's live processes (of ``node``), once every one still in its exec is known (up to
+    ``timeout``): what a finalizer ends now."""
+    deadline = time.monotonic() + timeout
+    while True:
+        starting: list[int] = []
+        found = find(run, node, (), starting)
+        if not starting or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.01)
 
 
 def end(left: list[Leftover], run: str, roots: tuple[str, ...] = ()) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gpuslate import options, verbs
 from gpuslate._parse import MAX_GPU_INDEX, MAX_SECONDS, MAX_SIZE, format_front, parse_size
-from gpuslate._record import Field, Form, Record
+from gpuslate._record import MISSING, Field, Form, Record
 from gpuslate.cli.commands import COMMANDS
 from gpuslate.cli.main import build_parser
 from gpuslate.commandline import arguments
@@ -94,6 +94,12 @@ def _line(cls: type[Record]) -> st.SearchStrategy[Record]:
             continue
         drawn[name] = _line(f.arg.record) if f.arg.form is Form.GROUP and f.arg.record else _value(f)
     return st.fixed_dictionaries(drawn).map(lambda values: cls(**values))
+
+
+def _bare(cls: type[Record]) -> Record:
+    """A line of ``cls`` with only what it cannot go without: each unit name it requires ("a")."""
+    return cls(**{name: ("a",) if f.arg.nargs else "a" for name, f in cls._fields.items()
+                  if f.arg is not None and f.arg.form is Form.POSITIONAL and f.default is MISSING})
 
 
 def _parsed(argv: list[str]) -> Any:
@@ -190,8 +196,7 @@ def test_which_lines_need_consent():
     assert not verbs.RESTART.needs_consent(options.RestartLine())
     assert not verbs.UP.needs_consent(options.UpLine(names=("a",)))
     assert verbs.UP.needs_consent(options.UpLine(names=("a",), options=options.UpOptions(clear_first=True)))
-    assert not any(v.needs_consent(v.line()) for v in VERBS.values() if not v.signals and v.name not in
-                   ("swap", "logs", "rm"))
+    assert not any(v.needs_consent(_bare(v.line)) for v in VERBS.values() if not v.signals)
     # a verb declared signals=True and not named (a new one): consent by its declaration alone
     new = verbs.Verb("new", options.PsLine, "x:y", summary="s", description="d", signals=True)
     assert new.needs_consent(options.PsLine()) and "--yes" in new.command(options.PsLine(), yes=True)

@@ -2,10 +2,10 @@
 without ``dataclasses``; a field may also carry its command-line form.
 
     class WaitOptions(Record):
-        max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
-                                      help="most memory a free GPU may show")
-        timeout: float = option("--timeout", parse=parse_seconds, default=60.0, metavar="SECONDS",
-                                help="give up after this long (default 60)")
+        max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None,
+                                      metavar="SIZE", help="most memory a free GPU may show")
+        timeout: float = option("--timeout", parse=parse_seconds, default=60.0, metavar="DURATION",
+                                help="give up after this long (default 60s)")
 
     class Launched(Record):
         spawned: int

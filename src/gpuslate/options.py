@@ -458,12 +458,12 @@ class ParkOptions(Record):
         help="level1, level2 (the engine's own park), checkpoint (the driver's) or auto (default: the unit's "
         "park setting, else the first its command and processes make possible)")
     drain_timeout: float = option(
-        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
-        help="the most the requests in flight may take to finish first (default 60)")
+        "--drain-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
+        help="the most the requests in flight may take to finish first (default 60s)")
     timeout: float = option(
-        "--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="SECONDS",
-        help="the most the engine (or the driver) may take to release the memory, proven by NVML (default 60)")
-    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
+        "--timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
+        help="the most the engine (or the driver) may take to release the memory, proven by NVML (default 60s)")
+    max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None, metavar="SIZE",
                                   help="most memory a parked unit's GPU may show besides its residue (default: as "
                                   "clear)")
 
@@ -483,9 +483,9 @@ class ResumeOptions(Record):
     """How ``resume`` brings a parked unit back (``timeout`` None: the unit's start timeout)."""
 
     timeout: float | None = option(
-        "--timeout", parse=positive_seconds, show=seconds_text, default=None, metavar="SECONDS",
+        "--timeout", parse=positive_seconds, show=seconds_text, default=None, metavar="DURATION",
         help="the most the memory may take to come back and the unit to serve again (default: its start timeout)")
-    max_used: int | None = option("--max-used", parse=parse_size, default=None, metavar="SIZE",
+    max_used: int | None = option("--max-used", parse=parse_size, show=size_text, default=None, metavar="SIZE",
                                   help="most memory a free GPU may show (default: as clear)")
 
     def validate(self) -> ResumeOptions:

@@ -275,7 +275,9 @@ SWAP: Verb[SwapLine, SwapResult] = Verb(
     examples=[
         ("replace unit baseline by unit speculative; baseline back if speculative fails",
          "gpuslate swap baseline speculative --rollback"),
-        ("on every host of an inventory, one after another", "gpuslate --hosts hosts.ini swap baseline speculative")],
+        ("on every host of an inventory, one after another", "gpuslate --hosts hosts.ini swap baseline speculative"),
+        ("between resident deployments: park baseline, resume speculative (a cold swap where either fails)",
+         "gpuslate swap baseline speculative --park")],
     summary="down OLD, verify its GPUs clean, up NEW and wait until it serves",
     description="Replace unit OLD by unit NEW under the host lock: down OLD, verify its GPUs are clean, up NEW "
     "(from gpuslate.toml or its last run) and wait until it is ready; each phase timed. With --rollback, if NEW "
@@ -285,6 +287,11 @@ SWAP: Verb[SwapLine, SwapResult] = Verb(
 
 PARK: Verb[ParkLine, ParkResult] = Verb(
     "park", ParkLine, "gpuslate.units.park:ParkResult",
+    examples=[
+        ("release unit baseline's GPU memory while it lives (the unit's park setting, else auto)",
+         "gpuslate park baseline"),
+        ("by the driver's checkpoint, the memory proven free within 2 minutes",
+         "gpuslate park baseline --method checkpoint --timeout 2m")],
     summary="release a unit's GPU memory while it lives (its engine's sleep, or the driver's checkpoint), proven",
     description="Park unit NAME: its new requests held (behind a front) and those in flight drained, then its "
     "engine's own park (vLLM's sleep, SGLang's release; started with the engine's flag) or the driver's "
@@ -295,6 +302,10 @@ PARK: Verb[ParkLine, ParkResult] = Verb(
 
 RESUME: Verb[ResumeLine, ResumeResult] = Verb(
     "resume", ResumeLine, "gpuslate.units.park:ResumeResult",
+    examples=[
+        ("bring unit baseline back: its memory, its readiness and the same answer as before",
+         "gpuslate resume baseline"),
+        ("at most 5 minutes for it to serve again", "gpuslate resume baseline --timeout 5m")],
     summary="bring a parked unit back: memory proven back, serving, and the same answer as before",
     description="Resume unit NAME: room on its GPUs checked first, then its engine's resume (or the driver's "
     "restore and unlock), its memory proven back on the same GPUs, its readiness, a warm-up completion, and a fixed "

@@ -161,6 +161,36 @@ def test_a_reader_gone_stops_the_run_and_says_so(exp_host, cli, tmp_path, lines)
     assert json.loads(again.stdout)["run"]["points_skipped"] == kept
 
 
+def test_an_interrupt_in_a_stop_after_its_signals_still_verifies_the_gpus(exp_host, tmp_path):
+    """Ctrl-C (or a lost output: the case above, on a loaded machine) right after the switch's stop
+    signaled the first deployment, once its processes are gone: the run's cleanup still stops it (no
+    process left to signal, its GPUs verified free, the unit stopped), and says so; it used to find
+    nothing running and leave the memory unverified."""
+    from gpuslate.api import Host
+    from gpuslate.bench.experiment import run_experiment
+    from gpuslate.bench.spec import load_spec
+    from gpuslate.errors import Interrupted
+
+    spec = load_spec(write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1))
+    cut: list[str] = []
+
+    def note(line: str) -> None:
+        if line.startswith("SIGTERM sent") and not cut:
+            cut.append(line)
+            wait_for(lambda: not any(h.alive for h in exp_host.held()), timeout=30)  # its servers are gone
+            raise KeyboardInterrupt
+
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with Host.open(str(exp_host.root), on_event=note) as host, pytest.raises(Interrupted) as info:
+            run_experiment(host, spec, tmp_path / "o")
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert cut and "t.baseline stopped and GPUs verified free" in str(info.value), info.value
+    assert unit_records().load("t.baseline").phase == "stopped"
+    assert not exp_host.held()
+
+
 def test_deployment_that_fails_to_start_is_cleaned_up(exp_host, cli, tmp_path):
     spec = write_spec(tmp_path / "exp.toml", free_port(), requests=4, repeats=1)
     spec.write_text(spec.read_text().replace('"--mode", "speculative"]', '"--fail-startup"]'))

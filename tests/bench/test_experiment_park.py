@@ -31,8 +31,10 @@ def test_the_demos_ab_switches_by_park(sim_host, tmp_path, monkeypatch, engine):
                   "input_len = 16\noutput_len = 8\n\n", spec).replace("verify = 1 ", "verify = 0 ")
     (tmp_path / "demo.toml").write_text(spec)
     try:
+        # run as a script runs it: no terminal to ask on, so the spec's clear = true needs --yes (the
+        # demo itself runs its experiment as a library caller, its own consent: tests/bench/test_demo.py)
         r = run_cli("experiment", "run", str(tmp_path / "demo.toml"), "--out", str(tmp_path / "out"), "--json",
-                    timeout=300)
+                    "--yes", timeout=300)
         assert r.returncode == 0, r.stderr
         summary = json.loads(r.stdout)
         jsonschema.Draft202012Validator(SCHEMA).validate(summary)

@@ -45,8 +45,9 @@ def tokens(n: int) -> bytes:
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
-#: the connections that carried a completion request (the probes' GETs go over aiohttp's own)
-POSTING: set[int] = set()
+#: the connections that carried a completion request (the probes' GETs go over aiohttp's own): their
+#: writers themselves, held, not their id()s, which a closed connection's freed writer passes on to the next
+POSTING: set[asyncio.StreamWriter] = set()
 
 
 async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -64,7 +65,7 @@ async def read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             continue
         length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length"))
         await reader.readexactly(length)
-        POSTING.add(id(writer))
+        POSTING.add(writer)
         return True
 
 

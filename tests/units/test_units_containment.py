@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import sys
 
 import pytest
 
-from gpuslate.units.contain import CGROUP_ROOT, _cgroup_v2
+from gpuslate.units.contain import CGROUP_ROOT, _cgroup_v2, choose_fence, creating_cgroups, discard_cgroup
 from helpers import is_gone, wait_for
 from unitkit import free_port, serve_cmd
 
@@ -64,6 +65,53 @@ def test_cgroup_is_used_where_the_host_allows_it(units_host, units):
     if _cgroup_v2():
         assert doc["containment"] in ("cgroup", "scope"), doc["containment_note"]
     assert units("down", "fenced").returncode == 0
+
+
+COLLECT = "from gpuslate.units.contain import collect_stale_cgroups; collect_stale_cgroups()"
+
+
+def test_a_cgroup_being_joined_is_never_collected():
+    """Between a launch's mkdir of its unit's cgroup and its process moving in, the cgroup is empty, as an
+    ended unit's is: the collector of another gpuslate sharing the parent cgroup (another user, state
+    folder or simulated host: another host lock) leaves it alone meanwhile, and collects it after."""
+    with creating_cgroups():
+        fence, note = choose_fence("joining")
+        if fence.kind != "cgroup" or fence.cgroup is None:
+            pytest.skip(f"no cgroup of its own for a unit on this host: {note}")
+        path = CGROUP_ROOT / fence.cgroup.lstrip("/")
+        try:
+            subprocess.run([sys.executable, "-c", COLLECT], check=True, timeout=60)
+            assert path.is_dir()
+        except BaseException:
+            discard_cgroup(fence.cgroup)
+            raise
+
+    def collected() -> bool:  # a launch of another test may hold the parent's lock for a moment
+        subprocess.run([sys.executable, "-c", COLLECT], check=True, timeout=60)
+        return not path.exists()
+
+    wait_for(collected, timeout=30)
+
+
+def test_a_unit_gets_its_cgroup_while_other_gpuslates_collect(units_host, units):
+    """Another gpuslate collecting stale cgroups all the while (its own host lock, the same parent
+    cgroup): every unit started meanwhile still gets its cgroup, never a session for a refused one."""
+    if not _cgroup_v2():
+        pytest.skip("no cgroup v2 hierarchy: no cgroup to make or collect")
+    loop = (f"import time\n{COLLECT}\nend = time.monotonic() + 120\n"
+            "while time.monotonic() < end:\n    collect_stale_cgroups()\n")
+    collector = subprocess.Popen([sys.executable, "-c", loop], start_new_session=True)
+    try:
+        for i in range(3):
+            port = free_port()
+            r = units("up", f"c{i}", "--gpus", "3", "--port", str(port), "--json", "--", *serve_cmd(port))
+            assert r.returncode == 0, r.stderr
+            doc = json.loads(r.stdout)
+            assert units("down", f"c{i}").returncode == 0
+            assert doc["containment"] in ("cgroup", "scope"), doc["containment_note"]
+    finally:
+        collector.kill()
+        collector.wait()
 
 
 def test_what_a_unit_starts_while_it_stops_is_counted_apart(units_host, units, tmp_path):

@@ -59,7 +59,7 @@ from ..api import Host
 from ..errors import Interrupted, NotDoneError, ServerFailed, UsageError
 from ..options import SwapOptions
 from ..unitname import is_unit_name
-from ..units import UnitSpec, UpOptions
+from ..units import UnitSpec, UnitState, UpOptions
 from .plan import LoadPlan
 from .report import ENGINE_FILES, build_summary, plan_verification, recorded_files
 from .result import Progress
@@ -224,6 +224,10 @@ def run_experiment(host: Host, spec: ExperimentSpec, out: str | Path, *, resume:
     return _Runner(host, spec, out, on_progress, confirm).run()
 
 
+#: the states a unit reaches only with its GPUs verified free: down stopped it, or up gave up and cleaned up
+_VERIFIED_GONE = (UnitState.STOPPED, UnitState.FAILED)
+
+
 class _Runner:
     def __init__(self, host: Host, spec: ExperimentSpec, out: Path,
                  on_progress: Callable[[ExperimentProgress], None] | None,
@@ -379,10 +383,13 @@ class _Runner:
 
     def _cleanup(self) -> str:
         """After an error or interrupt: stop every unit this run touched that still has processes
-        (an interrupted swap may leave the old one half-stopped), with further signals held off."""
+        (an interrupted swap may leave the old one half-stopped) or that no down saw stopped (a stop
+        cut short after its signals: its processes gone, its GPUs not yet verified free), with
+        further signals held off."""
         stopped, failed = [], []
         with _signals_held():
-            live = {u.unit.name for u in self.host.ps().units if u.processes}  # a corrupt record has a name too
+            live = {u.unit.name for u in self.host.ps().units  # a corrupt record has a name too
+                    if u.processes or u.state not in _VERIFIED_GONE}
             for name in dict.fromkeys(reversed(self.touched)):
                 if name not in live:
                     continue

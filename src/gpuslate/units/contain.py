@@ -11,18 +11,29 @@ it also gets a cgroup of its own, so that a descendant that left the session
 * ``session``: neither is possible; the session, the process group, the
   descendants of the main process and the processes recorded at readiness.
 
+A ``cgroup`` fence is made empty (``mkdir``) and joined by the unit's process
+between its fork and its exec; meanwhile it looks like the empty cgroup of a unit
+that ended, which :func:`collect_stale_cgroups` removes. Every gpuslate whose
+cgroup is the same parent shares that folder, whatever its host lock (another
+user, another state folder, a simulated host): so a launch holds a shared
+``flock`` on the parent cgroup's folder from the ``mkdir`` until its process is
+in (:func:`creating_cgroups`), and a collector collects only while it can take
+that lock exclusively, else leaves it to the next one.
+
 Which processes belong to a unit *later* (for ``down``, ``ps``, ``logs``,
 ``swap``) is the unit's fence object's business: see :mod:`.fence`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,6 +69,39 @@ class LaunchFence(NamedTuple):
 
 def _cgroup_v2() -> bool:
     return (CGROUP_ROOT / "cgroup.procs").exists() and (CGROUP_ROOT / "cgroup.controllers").exists()
+
+
+def _parent_folder(lock: int) -> int | None:
+    """This process's own cgroup folder (where its units' cgroups are made), opened and locked with
+    ``lock`` (``fcntl.LOCK_SH``, ``fcntl.LOCK_EX | fcntl.LOCK_NB``); None where there is none to
+    open, or the lock was not free."""
+    if not _cgroup_v2():
+        return None
+    mine = read_cgroup(os.getpid())
+    if mine is None:
+        return None
+    try:
+        fd = os.open(CGROUP_ROOT / mine.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, lock)
+    except OSError:  # held (LOCK_NB), or flock refused by the file system
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def creating_cgroups() -> Iterator[None]:
+    """While a unit's cgroup is made and its process moves in (:func:`choose_fence` through the
+    spawn): no :func:`collect_stale_cgroups`, of this gpuslate or another, removes it meanwhile."""
+    fd = _parent_folder(fcntl.LOCK_SH)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # the lock goes with it
 
 
 def choose_fence(name: str, wanted: Containment = Containment.AUTO) -> tuple[LaunchFence, str | None]:
@@ -153,23 +197,21 @@ def discard_cgroup(cgroup: str | None, wait: float = 0.0) -> None:
 
 def collect_stale_cgroups() -> None:
     """Remove the leftover cgroups of units that have ended (empty ``gpuslate-*``
-    cgroups beside the ones gpuslate creates). Call it only under the host lock:
-    then no launch is between creating a cgroup and moving its process in."""
-    if not _cgroup_v2():
+    cgroups beside the ones gpuslate creates), unless a launch is between creating
+    one and moving its process in (:func:`creating_cgroups`, of any gpuslate that
+    shares this parent, under whatever host lock): then the next call does it."""
+    fd = _parent_folder(fcntl.LOCK_EX | fcntl.LOCK_NB)
+    if fd is None:
         return
-    mine = read_cgroup(os.getpid())
-    if mine is None:
-        return
-    parent = CGROUP_ROOT / mine.lstrip("/")
     try:
-        entries = [e for e in os.scandir(parent) if e.name.startswith("gpuslate-") and e.is_dir()]
+        entries = [e for e in os.scandir(fd) if e.name.startswith("gpuslate-") and e.is_dir()]
+        for e in entries:
+            with contextlib.suppress(OSError):  # refused (EBUSY) while any process, zombies included, is inside
+                os.rmdir(e.name, dir_fd=fd)
     except OSError:
         return
-    for e in entries:
-        try:
-            os.rmdir(e.path)  # refused (EBUSY) while any process, zombies included, is inside
-        except OSError:
-            pass
+    finally:
+        os.close(fd)
 
 
 def _only_zombies(path: Path) -> bool:

@@ -23,7 +23,7 @@ from ..options import Containment
 from ..proc.environ import KEEP_ENVIRONMENT
 from ..proc.procfs import ProcessId, read_cgroup, read_stat
 from . import logfile, store
-from .contain import LaunchFence, choose_fence, discard_cgroup
+from .contain import LaunchFence, choose_fence, creating_cgroups, discard_cgroup
 from .fence import ID_VAR, NAME_VAR, STATE_VAR
 from .spec import UnitSpec
 
@@ -76,33 +76,35 @@ def unit_env(spec: UnitSpec, instance: str, state: str, sim_root: str | None = N
 def launch(spec: UnitSpec, units: store.UnitStore, sim_root: str | None = None) -> Launched:
     """Start ``spec.command``, its log in ``units``; raise UsageError if it cannot be executed at all.
     ``sim_root``: the simulated host it starts on (see :func:`unit_env`)."""
-    fence, note = choose_fence(spec.name, spec.containment)
-    if spec.containment not in (Containment.AUTO, Containment.SESSION) and fence.kind != spec.containment:
-        raise UsageError(f"containment {str(spec.containment)!r} is not possible on this host: {note}")
-    log = units.log_path(spec.name)
-    log_fd, times_fd = logfile.open_for_unit(log)
-    instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
-    added = unit_env(spec, instance, units.mark(), sim_root)
-    relayed = None
-    try:
-        relayed = logfile.start_relay(log_fd, times_fd)
-        fd = relayed[1] if relayed is not None else log_fd
+    # a collector (this host's or another gpuslate's) leaves the cgroup made here alone until the process is in
+    with creating_cgroups():
+        fence, note = choose_fence(spec.name, spec.containment)
+        if spec.containment not in (Containment.AUTO, Containment.SESSION) and fence.kind != spec.containment:
+            raise UsageError(f"containment {str(spec.containment)!r} is not possible on this host: {note}")
+        log = units.log_path(spec.name)
+        log_fd, times_fd = logfile.open_for_unit(log)
+        instance = secrets.token_hex(16)  # 128 bits: no other unit, anywhere, carries it
+        added = unit_env(spec, instance, units.mark(), sim_root)
+        relayed = None
         try:
-            proc, t_spawn, at = _spawn(spec, fence, fd, added)
-        except subprocess.SubprocessError as exc:  # joining the cgroup failed in the child
-            discard_cgroup(fence.cgroup)
-            if spec.containment == Containment.CGROUP:
-                raise UsageError(f"cannot move the unit into cgroup {fence.cgroup}: {exc}") from None
-            note = f"cgroup {fence.cgroup} refused the process"
-            fence = LaunchFence(Containment.SESSION, None, [], None)
-            proc, t_spawn, at = _spawn(spec, fence, fd, added)
-        except BaseException:  # e.g. command not found: the new cgroup must not stay behind
-            discard_cgroup(fence.cgroup)
-            raise
-    finally:
-        # the unit's copies are the only writers left: the relay ends when the unit's last one closes
-        for own in {log_fd, times_fd, *([relayed[1]] if relayed is not None else [])}:
-            os.close(own)
+            relayed = logfile.start_relay(log_fd, times_fd)
+            fd = relayed[1] if relayed is not None else log_fd
+            try:
+                proc, t_spawn, at = _spawn(spec, fence, fd, added)
+            except subprocess.SubprocessError as exc:  # joining the cgroup failed in the child
+                discard_cgroup(fence.cgroup)
+                if spec.containment == Containment.CGROUP:
+                    raise UsageError(f"cannot move the unit into cgroup {fence.cgroup}: {exc}") from None
+                note = f"cgroup {fence.cgroup} refused the process"
+                fence = LaunchFence(Containment.SESSION, None, [], None)
+                proc, t_spawn, at = _spawn(spec, fence, fd, added)
+            except BaseException:  # e.g. command not found: the new cgroup must not stay behind
+                discard_cgroup(fence.cgroup)
+                raise
+        finally:
+            # the unit's copies are the only writers left: the relay ends when the unit's last one closes
+            for own in {log_fd, times_fd, *([relayed[1]] if relayed is not None else [])}:
+                os.close(own)
     _children[proc.pid] = proc
     st = read_stat(proc.pid)  # a zombie of ours until reaped, so this always succeeds
     assert st is not None
