@@ -6,7 +6,7 @@ with the front extra's Caddy:
         [--steady-s 10] [--switch restart|park|both] [--park-method M] [--out FILE]
     .venv/bin/python benchmarks/bench_front.py --serve 'transformers serve /models/x --port {port} --host 127.0.0.1'
         --model /models/x [--serve-b CMD] [--ready /v1/models] [--gpus 0] [--start-timeout 600]
-        [--switch both] [--park-method auto] [--out FILE]
+        [--switch both] [--park-method auto] [--budget-s 540] [--out FILE]
 
 1. Two units, ``a`` behind ``--front`` and ``b``, each on its own port (a parked server keeps its
    port), declared in a unit file in a fresh state folder (``GPUSLATE_STATE_DIR``,
@@ -48,9 +48,10 @@ with the front extra's Caddy:
 Failures (an HTTP error, a refused or reset connection, an error event) and cut streams (no end:
 ``data: [DONE]``, or with ``--stream-end finish``, the default with ``--serve``, a chunk with a
 ``finish_reason``, as ``transformers serve`` ends its streams) are counted, per swap verb too. Every
-gpuslate call is bounded in time; ``down a``, ``down b`` and ``rm a b`` run at the end whatever
-happened, so no server outlives the script. Everything is written to ``--out`` (JSON), also when a
-step failed. Exit 0 when all went as it should; 1 if a request failed, a stream was cut, a request's
+gpuslate call is bounded in time, and the whole run by ``--budget-s`` (540 s with ``--serve``: under
+a 10-minute command limit; no swap starts that would not fit); ``down b``, ``down a`` and ``rm``
+run at the end whatever happened, so no server outlives the script. Everything is written to
+``--out`` (JSON) after every step, so a failed or killed run leaves what it had. Exit 0 when all went as it should; 1 if a request failed, a stream was cut, a request's
 added latency was over its bound, a swap failed, or a ``swap --park`` fell back to the cold way;
 2 for bad input (nothing started).
 """
@@ -69,6 +70,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,19 +85,26 @@ from gpuslate.front.caddy import find_caddy  # noqa: E402
 from gpuslate.options import PARK_WAYS  # noqa: E402
 
 SWITCHES = ("restart", "park", "both")
-#: a ``down`` (grace, SIGKILL, the memory's release verified) and an ``rm``, at most
-DOWN_TIMEOUT_S, RM_TIMEOUT_S = 240.0, 60.0
+#: a ``down`` (grace, SIGKILL, the memory's release verified) and an ``rm``, at most; within a
+#: ``--budget-s``, the end's three calls share TEARDOWN_S
+DOWN_TIMEOUT_S, RM_TIMEOUT_S, TEARDOWN_S = 240.0, 60.0, 120.0
 
 
 class Gs:
-    """gpuslate's command line in the bench's environment; every call bounded by ``timeout`` (killed
-    then, answered as exit 124 with what it printed)."""
+    """gpuslate's command line in the bench's environment; every call bounded by ``timeout``, and by
+    ``deadline`` (monotonic) when there is one (killed then, answered as exit 124 with what it
+    printed)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+    def __init__(self, env: dict[str, str], deadline: float | None = None) -> None:
+        self.env, self.deadline = env, deadline
+
+    def left(self) -> float:
+        """Seconds to the deadline (inf without one)."""
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def __call__(self, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "gpuslate", *args]
+        timeout = max(1.0, min(timeout, self.left()))
         try:
             return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout,
                                   stdin=subprocess.DEVNULL)
@@ -300,9 +309,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--swaps", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24, help="tokens per request (default 24)")
-    ap.add_argument("--request-timeout", type=float, default=300.0,
-                    help="most seconds one request may take, held ones included (default 300)")
+    ap.add_argument("--request-timeout", type=float, default=120.0,
+                    help="most seconds one request may take, held ones included (default 120)")
     ap.add_argument("--steady-s", type=float, default=10.0)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="the whole run's most seconds, the end's down and rm included: no swap starts that "
+                    "would not fit, every call is cut at it (default: 540 with --serve, under a 600 s command "
+                    "limit; 0: none)")
     ap.add_argument("--startup-s", type=float, default=1.0, help="simulated mode: the simulated server's load time")
     ap.add_argument("--out", type=Path)
     return ap.parse_args(argv)
@@ -337,14 +350,19 @@ def check(args: argparse.Namespace) -> str | None:
         return "--swaps, --concurrency and --max-tokens must be at least 1"
     if args.start_timeout is not None and args.start_timeout <= 0:
         return "--start-timeout must be positive"
+    if args.budget_s is not None and (args.budget_s < 0 or 0 < args.budget_s < 2 * TEARDOWN_S):
+        return f"--budget-s: at least {2 * TEARDOWN_S:g} s (the end's down and rm take up to {TEARDOWN_S:g}), or 0"
     return None
 
 
-def teardown(gs: Gs) -> list[dict[str, Any]]:
-    """``down b``, ``down a`` and ``rm a b``, each run whatever the others did, each bounded."""
+def teardown(gs: Gs, budget: bool) -> list[dict[str, Any]]:
+    """``down b``, ``down a``, ``rm b`` and ``rm a``, each run whatever the others did, each bounded (within a
+    budget, by their share of TEARDOWN_S)."""
+    gs.deadline = None  # what the run left is theirs: they have their own bounds
+    down_s, rm_s = (0.4 * TEARDOWN_S, 0.1 * TEARDOWN_S) if budget else (DOWN_TIMEOUT_S, RM_TIMEOUT_S)
     done: list[dict[str, Any]] = []
-    for args, timeout in ((("down", "b", "--yes", "--json"), DOWN_TIMEOUT_S),
-                          (("down", "a", "--yes", "--json"), DOWN_TIMEOUT_S), (("rm", "a", "b"), RM_TIMEOUT_S)):
+    for args, timeout in ((("down", "b", "--yes", "--json"), down_s), (("down", "a", "--yes", "--json"), down_s),
+                          (("rm", "b"), rm_s), (("rm", "a"), rm_s)):  # one by one: rm of an unknown one removes none
         try:
             r = gs(*args, timeout=timeout)
         except OSError as exc:
@@ -393,26 +411,33 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "swaps_asked": args.swaps, "work": str(tmp), "setup": [], "swaps": [],
     }
-    gs = Gs(env)
+    budget = args.budget_s if args.budget_s is not None else (540.0 if real else 0.0)
+    result["budget_s"] = budget or None
+    gs = Gs(env, time.monotonic() + budget - TEARDOWN_S if budget else None)
+
+    def save() -> None:  # after each step too: a run killed from outside leaves what it had
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2, default=str))
+
     rc = 1
     try:
-        rc = run(args, gs, result, real=real, switch=switch, start_timeout=start_timeout, end=end, model=model,
-                 engine=engine, caddy=str(caddy))
+        rc = run(args, gs, result, save, real=real, switch=switch, start_timeout=start_timeout, end=end,
+                 model=model, engine=engine, caddy=str(caddy))
     except Exception as exc:  # said in one line and in the document; the units are stopped all the same
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()
         print(f"bench_front: {result['error']}", file=sys.stderr)
         rc = 1
     finally:
-        result["teardown"] = teardown(gs)
+        save()
+        result["teardown"] = teardown(gs, bool(budget))
         result["exit"] = rc
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=2, default=str))
+        save()
     return rc
 
 
-def run(args: argparse.Namespace, gs: Gs, result: dict[str, Any], *, real: bool, switch: str, start_timeout: float,
-        end: str, model: str, engine: str, caddy: str) -> int:
+def run(args: argparse.Namespace, gs: Gs, result: dict[str, Any], save: Callable[[], None], *, real: bool,
+        switch: str, start_timeout: float, end: str, model: str, engine: str, caddy: str) -> int:
     op_timeout = start_timeout + 300.0  # a restart or swap: OLD stopped (or parked), NEW started (or resumed)
     env = gs.env
     parks = switch in ("park", "both")
@@ -442,6 +467,7 @@ def run(args: argparse.Namespace, gs: Gs, result: dict[str, Any], *, real: bool,
             rec["stderr"], rec["document"] = r.stderr[-3000:], doc or r.stdout[-3000:]
             print(f"bench_front: {rec['command']} exited {r.returncode}: {r.stderr.strip()[-800:]}", file=sys.stderr)
         result["setup"].append(rec)
+        save()
         return rec
 
     if "GPUSLATE_SIM" in env:
@@ -473,11 +499,19 @@ def run(args: argparse.Namespace, gs: Gs, result: dict[str, Any], *, real: bool,
         serving = "a"
         for i in range(args.swaps):
             verb = verb_for(i, serving, switch)
+            before = [s["wall_s"] for s in swaps if s["kind"] == kind_of(verb)]
+            need = 1.5 * max(before, default=30.0) + 10.0  # the swap, and the requests after it
+            if gs.left() < need:
+                stopped_early = (f"the budget: {gs.left():.0f} s left before the end's down and rm, "
+                                 f"'{' '.join(verb)}' may take {need:.0f}")
+                print(f"bench_front: {stopped_early}", file=sys.stderr)
+                break
             t0 = time.monotonic()
             res = gs(*verb, "--json", "--yes", timeout=op_timeout)
             t1 = time.monotonic()
             rec = swap_record(verb, t0, t1, res)
             swaps.append(rec)
+            save()
             if not rec["ok"]:
                 stopped_early = f"'gpuslate {rec['verb']}' exited {res.returncode} ({rec['status']})"
                 print(f"bench_front: {stopped_early}: {res.stderr.strip()[-800:]}", file=sys.stderr)
@@ -485,12 +519,14 @@ def run(args: argparse.Namespace, gs: Gs, result: dict[str, Any], *, real: bool,
             if verb[0] == "swap":
                 serving = verb[2]
             try:
-                load.wait_done(2 * args.concurrency, timeout=args.request_timeout)
+                load.wait_done(2 * args.concurrency, timeout=min(args.request_timeout, max(1.0, gs.left())))
             except AssertionError as exc:
                 stopped_early = f"after '{rec['verb']}': {exc}"
                 print(f"bench_front: {stopped_early}", file=sys.stderr)
                 break
-        records = load.stop()
+        # held requests of a swap that failed may wait for their own timeout: not past the budget
+        records = load.stop(wait=None if stopped_early is None and gs.left() > args.request_timeout + 10
+                            else min(30.0, max(1.0, gs.left())))
     result["stopped_early"] = stopped_early
     return report(result, records, through, straight, caddy, real)
 
@@ -502,6 +538,7 @@ def report(result: dict[str, Any], records: list[Req], through: dict[str, float]
     base = through["e2e_p50_ms"] / 1e3
     failed = [r for r in records if r.error]
     cut = [r for r in records if r.cut]
+    unfinished = [r for r in records if not r.end]  # still running when the load stopped
     over = []
     for s in swaps:
         during: list[Req] = [r for r in records if r.end >= s["t0"] and r.start <= s["t1"]]
@@ -529,7 +566,8 @@ def report(result: dict[str, Any], records: list[Req], through: dict[str, float]
         }
     fell_back = [s for s in swaps if s["fell_back"]]
     bad_swaps = [s for s in swaps if not s["ok"]]
-    result.update({"requests": len(records), "failed": len(failed), "cut": len(cut), "over_bound": len(over),
+    result.update({"requests": len(records), "failed": len(failed), "cut": len(cut), "unfinished": len(unfinished),
+                   "over_bound": len(over),
                    "failed_swaps": len(bad_swaps), "fell_back": len(fell_back), "by_verb": by_verb,
                    "first_failures": [r.error for r in failed[:5]],
                    "over_downtime_max_s": max((s["over_downtime_s"] for s in swaps), default=0.0)})
@@ -559,12 +597,15 @@ def report(result: dict[str, Any], records: list[Req], through: dict[str, float]
         print(f"{kind:<16} {t['swaps']:5d} {t['requests']:8d} {t['failed']:6d} {t['cut']:4d} "
               f"{_f(t['longest_hold_s'], 12)} {_f(t['downtime_median_s'], 12)} {_f(t['downtime_max_s'], 8)} "
               f"{t['fell_back']:9d}")
-    print(f"{len(records)} requests: {len(failed)} failed, {len(cut)} cut, {len(over)} over their bound; "
+    print(f"{len(records)} requests: {len(failed)} failed, {len(cut)} cut, {len(unfinished)} unfinished, "
+          f"{len(over)} over their bound; "
           f"the largest added latency over the downtime: {result['over_downtime_max_s']:.3f} s; "
           f"{len(swaps)} of {result['swaps_asked']} swaps run, {len(bad_swaps)} failed, {len(fell_back)} fell back")
     if failed:
         print(f"first failures: {result['first_failures']}")
-    return 1 if failed or cut or over or bad_swaps or fell_back or result.get("stopped_early") else 0
+    if result.get("stopped_early"):
+        print(f"stopped early: {result['stopped_early']}")
+    return 1 if failed or cut or unfinished or over or bad_swaps or fell_back or result.get("stopped_early") else 0
 
 
 if __name__ == "__main__":

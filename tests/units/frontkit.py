@@ -64,9 +64,11 @@ class StreamLoad:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def stop(self) -> list[Req]:
+    def stop(self, wait: float | None = None) -> list[Req]:
+        """The records, once the requests in flight ended (at most ``wait`` s, else their own
+        timeout: one still running then has ``end`` 0)."""
         self._stop.set()
-        self._thread.join(self.timeout + 10)
+        self._thread.join(self.timeout + 10 if wait is None else wait)
         return list(self.records)
 
     def done(self) -> int:
