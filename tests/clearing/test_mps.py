@@ -237,10 +237,36 @@ host = SimHost(sys.argv[1])
 with host.dev_dir() as dev:
     fds = [dev.open(n, os.O_RDONLY) for n in ("nvidiactl", "nvidia-uvm", host.device_path(int(sys.argv[2])).name)]
 fds += host.allocate([(int(sys.argv[2]), 1 << 30)])
-for fd in fds:
-    os.set_inheritable(fd, True)  # kept across the exec: the memory stays held
+if sys.argv[5:] != ["driver"]:  # else the descriptors as the driver opens them: close-on-exec
+    for fd in fds:
+        os.set_inheritable(fd, True)  # kept across the exec: the memory stays held
 os.execv(sys.argv[4], ["nvidia-cuda-mps-server", "600"])
 """
+
+
+def test_an_exec_with_the_drivers_descriptors_as_opened_releases_the_memory(sim_host, cli):
+    """The driver's descriptors are close-on-exec (libcuda opens its context's device files with
+    O_CLOEXEC), so a holder that execs a daemon's program without clearing FD_CLOEXEC holds nothing
+    after the exec and is no longer listed: only one that clears it (the test below) keeps its memory.
+    tests/gpu/test_mps_hostile_real.py records what the real driver does in both shapes."""
+    from gpuslate.gpu.simhost.host import SimHost
+    from gpuslate.proc.procfs import read_exe
+    from helpers import SRC
+
+    SimHost(sim_host.root).daemon_program(SERVER)  # root's program, as the driver's package installs it
+    program = str(sim_host.root / "bin" / SERVER)
+    p = subprocess.Popen([sys.executable, "-c", EXEC_AS_DAEMON, str(sim_host.root), "3", SRC, program, "driver"],
+                         start_new_session=True)
+    try:
+        wait_for(lambda: read_exe(p.pid) == program)
+        code, doc = json_of(cli, "wait", "--free", "--gpus", "3", "--timeout", "10")
+        assert code == 0 and doc["baseline"] == [], doc
+        status = json_of(cli, "status", "--gpus", "3")[1]
+        assert all(pr["pid"] != p.pid for g in status["gpus"] for pr in g["processes"]), status
+        assert alive(p.pid)
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_another_users_process_that_execs_roots_daemon_program_is_no_baseline(shared_host, other_user, cli):

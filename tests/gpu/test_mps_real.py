@@ -9,9 +9,10 @@ alive; ``--include-handles`` never makes the server a target while a client of i
 the server is never signaled (no audit entry names it, and it is the same process at the end).
 
 The daemon has its own pipe and log folders in a temporary folder (``CUDA_MPS_PIPE_DIRECTORY``,
-``CUDA_MPS_LOG_DIRECTORY``), so it serves only this test's clients; the fixture ends the clients and
-sends ``quit`` to it (``echo quit | nvidia-cuda-mps-control``) also when the test fails. It never
-uses ``terminate_client``, which on the H200 faulted the other client of the same server.
+``CUDA_MPS_LOG_DIRECTORY``), so it serves only this test's clients; the fixture (conftest.py, with
+mpskit.py) ends the clients and sends ``quit`` to it (``echo quit | nvidia-cuda-mps-control``) also
+when the test fails. It never uses ``terminate_client``, which on the H200 faulted the other client
+of the same server.
 Every clear here selects by ``--pid``: the test ends only processes it started.
 """
 
@@ -19,13 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import shutil
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,132 +30,11 @@ import gpuslate
 from gpuslate.clearing.plan import MPS_SHARED
 from gpuslate.host.audit import AuditLog
 from gpuslate.host.daemons import BASELINE_CAP
-from gpuslate.proc.daemons import MPS_PIPE_VAR, env_value, read_environ
-from gpuslate.proc.procfs import list_pids, read_exe, read_stat
+from gpuslate.proc.procfs import read_stat
 from helpers import gpuslate_env
+from mpskit import SERVER, GiB, gone
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
-GiB = 1024**3
-SERVER = "nvidia-cuda-mps-server"
-CONTROL = "nvidia-cuda-mps-control"
-
-# An MPS client: holds memory, then runs a kernel on it for every line it reads ("ok N" when done).
-MPS_CLIENT = r"""
-import sys, torch
-x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
-x.fill_(1)
-torch.cuda.synchronize()
-print("ready", flush=True)
-for line in sys.stdin:
-    x.add_(1)
-    torch.cuda.synchronize()
-    print("ok", int(x[0].item()), flush=True)
-"""
-
-
-def gone(pid: int) -> bool:
-    st = read_stat(pid)
-    return st is None or st.state == "Z"
-
-
-class Client:
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.pid = proc.pid
-
-    def work(self, timeout: float = 60) -> str:
-        """Run one kernel in the client; its answer ("ok N"), or what went wrong."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        return self.proc.stdout.readline().strip() if ready else "no answer"
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(30)
-
-
-class Mps:
-    """A private MPS control daemon (started by the fixture) and the clients started through it."""
-
-    def __init__(self, control: str, root: Path) -> None:
-        self.control = control
-        self.pipe = root / "pipe"
-        self.log = root / "log"
-        self.pipe.mkdir()
-        self.log.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        self.env.update({MPS_PIPE_VAR: str(self.pipe), "CUDA_MPS_LOG_DIRECTORY": str(self.log)})
-        self.clients: list[Client] = []
-
-    def controls(self) -> list[int]:
-        """Our control daemon: the program, with our pipe folder in its environment."""
-        out = []
-        for pid in list_pids():
-            exe = read_exe(pid) or ""
-            env = read_environ(pid)
-            if exe.rsplit("/", 1)[-1] == CONTROL and env is not None and env_value(env, MPS_PIPE_VAR) == str(self.pipe):
-                out.append(pid)
-        return out
-
-    def servers(self) -> list[int]:
-        """Our MPS servers: the program, started by our control daemon (or with our pipe folder)."""
-        controls = set(self.controls())
-        out = []
-        for pid in list_pids():
-            st = read_stat(pid)
-            if st is None or (read_exe(pid) or "").rsplit("/", 1)[-1] != SERVER:
-                continue
-            env = read_environ(pid)
-            if st.ppid in controls or (env is not None and env_value(env, MPS_PIPE_VAR) == str(self.pipe)):
-                out.append(pid)
-        return out
-
-    def client(self, nbytes: int) -> Client:
-        proc = subprocess.Popen([sys.executable, "-c", MPS_CLIENT, str(nbytes)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, env=self.env, start_new_session=True)
-        c = Client(proc)
-        self.clients.append(c)
-        ready, _, _ = select.select([proc.stdout], [], [], 180)
-        line = proc.stdout.readline().strip() if ready and proc.stdout else ""
-        assert line == "ready", f"MPS client did not become ready; MPS log: {self.log_tail()}"
-        return c
-
-    def log_tail(self) -> str:
-        parts = []
-        for name in ("control.log", "server.log"):
-            f = self.log / name
-            if f.exists():
-                parts.append(f"{name}: {f.read_text(errors='replace')[-1500:]}")
-        return " | ".join(parts) or "(no log)"
-
-
-@pytest.fixture
-def mps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mps]:
-    control = shutil.which(CONTROL)
-    if control is None:
-        pytest.skip(f"{CONTROL} is not installed")
-    monkeypatch.delenv("GPUSLATE_SIM", raising=False)
-    monkeypatch.setenv("GPUSLATE_STATE_DIR", str(tmp_path / "state"))  # this test's audit log
-    m = Mps(control, tmp_path)
-    subprocess.run([control, "-d"], env=m.env, check=True, timeout=60)
-    try:
-        yield m
-    finally:
-        for c in m.clients:  # first the clients: quit waits for them
-            c.stop()
-        left = m.controls() + m.servers()
-        subprocess.run([control], input="quit\n", text=True, env=m.env, timeout=60, check=False)
-        deadline = time.monotonic() + 60
-        while any(not gone(p) for p in left) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in left:  # ours (our pipe folder): never left running
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
 
 
 def test_mps_clients_their_server_and_its_baseline_on_a_real_gpu(mps):
