@@ -43,7 +43,7 @@ case $PART in
     cp "$W/park/park_device.json" "$W/park/park_device.log" "$OUT"/ 2>/dev/null;;
   front)
     timeout --kill-after=15 560 python3 benchmarks/bench_front.py --serve "$TS $MODEL --port {port} --host 127.0.0.1" \
-      --model "$MODEL" --ready /v1/models --start-timeout 300s --switch both --park-method checkpoint \
+      --model "$MODEL" --ready /v1/models --start-timeout 300 --switch both --park-method checkpoint \
       --swaps "${SWAPS:-10}" --concurrency 8 --steady-s 10 --out "$W/front.json"
     echo "== front done in ${SECONDS}s: exit $?"
     cp "$W/front.json" "$OUT"/ 2>/dev/null;;
