@@ -30,7 +30,9 @@ from gpuslate.units.spec import ENGINES
 VERBS: dict[str, verbs.Verb[Any, Any]] = {v.name: v for v in vars(verbs).values() if isinstance(v, verbs.Verb)}
 
 _NAME = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True)
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+# "--" alone is refused on both sides (test_a_value_of_two_dashes_is_refused): argparse drops it
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12).filter(
+    lambda s: s != "--")
 _GPUS = st.lists(st.integers(0, MAX_GPU_INDEX), min_size=1, max_size=5, unique=True).map(sorted)
 
 
@@ -218,12 +220,23 @@ def test_which_lines_need_consent():
     (verbs.DOWN, options.DownLine(names=("../x",)), "invalid unit name"),
     (verbs.UP, options.UpLine(names=("u",), unit=options.UnitFlags(env=("A=b", "=c"))), "KEY=VALUE"),
     (verbs.UP, options.UpLine(names=("u",), unit=options.UnitFlags(port=70000)), "1 to 65535"),
+    (verbs.RESTART, options.RestartLine(config="--"), "'--' cannot be written"),
 ])
 def test_what_cannot_be_sent_is_refused(verb, line, why):
     """A field that stays here (it says why, where it is declared), and a value the command's own parser
     would not read back as itself: refused with a UsageError before anything is sent."""
     with pytest.raises(UsageError, match=why):
         verb.command(line)
+
+
+def test_a_value_of_two_dashes_is_refused_where_it_is_read(cli):
+    """argparse drops a value of exactly ``--`` even in ``--config=--`` (the option then holds ``[]``, no
+    text at all): read as a command line it is one clear line and exit 2, never a list taken for a path."""
+    with pytest.raises(UsageError, match="'--' is not a value"):
+        verbs.RESTART.read(_parsed(["restart", "--config=--"]))
+    done = cli("restart", "--config=--")
+    assert done.returncode == 2 and "'--' is not a value" in done.stderr, done
+    assert "Traceback" not in done.stderr
 
 
 def test_every_field_that_cannot_cross_says_why():

@@ -12,7 +12,8 @@ from a record rather than to pass along: another host gets exactly the options a
 leaves out what the command line means by default (the field's ``absent`` value), and refuses, with
 a :class:`~gpuslate.errors.UsageError` before anything is sent, what a command line cannot carry:
 a value its own parser would not read back as itself (a negative limit, a NaN grace, an ``--env``
-key with ``=``), and a field that stays here (a ``confirm`` callback, ``--watch``) given a value.
+key with ``=``, a value of exactly ``--``, which argparse drops), and a field that stays here (a
+``confirm`` callback, ``--watch``) given a value.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def read(cls: type[R], values: object) -> R:
         v = getattr(values, name, arg.absent)
         if arg.nargs is not None or arg.form is Form.REST:  # several values: a tuple of them, in order
             v = tuple(v) if v is not None else ()
+        elif isinstance(v, list) and not v:  # argparse drops a value of exactly "--" (--config=--): []
+            raise UsageError(f"{arg.long if arg.flags else arg.metavar}: '--' is not a value it takes")
         given[name] = v
     return cls(**given)
 
@@ -95,6 +98,8 @@ def _write(record: Record, heads: list[str], flags: list[str], after: list[str])
 def _text(arg: Arg, value: Any) -> str:
     """``value`` as the text the field's parser reads back as ``value``; UsageError for one it cannot write."""
     shown = arg.show(value)
+    if shown == "--":  # argparse reads it as the end of the options, even in --flag=--
+        raise UsageError(f"{arg.long if arg.flags else arg.metavar} '--' cannot be written on a command line")
     if arg.parse is None:
         return shown
     back = arg.parse(shown)  # its own UsageError says what is wrong with the value
