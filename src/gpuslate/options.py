@@ -436,10 +436,15 @@ class SwapOptions(Record):
     fallback: bool = flag("--no-fallback", default=True, set_to=False,
                           help="with --park: when OLD cannot be parked (or NEW resumed), stop there and say why, "
                           "instead of the cold stop and start")
+    park_timeout: float = option(
+        "--park-timeout", parse=seconds, show=seconds_text, default=60.0, metavar="DURATION",
+        help="with --park: the most OLD's engine (or the driver) may take to release its memory, proven by NVML, "
+        "before the fallback (park's --timeout; default 60s)")
 
     def validate(self) -> SwapOptions:
         check_seconds("prefetch timeout", self.prefetch_timeout)
         check_seconds("--drain-timeout", self.drain_timeout)
+        check_seconds("--park-timeout", self.park_timeout)
         check_size("prefetch memory", self.prefetch_memory)
         return self
 

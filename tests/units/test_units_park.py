@@ -289,7 +289,7 @@ def test_swap_park_both_ways_keeps_both_resident(host, units_host):
 
 def test_swap_park_falls_back_to_a_cold_stop_saying_why(host):
     assert host.up(vllm("a", simargs=("--misbehave", "leak-after-sleep"))).ok
-    s = host.swap("a", vllm("b"), SwapOptions(park=True))
+    s = host.swap("a", vllm("b"), SwapOptions(park=True, park_timeout=1.0))
     assert s.ok and s.down is not None and s.down.ok and s.parked.status is ParkStatus.NOT_FREED, s.to_json()
     assert "a was not parked (not_freed" in s.fallback and s.switch == "restart"
     assert state(host, "a") is UnitState.STOPPED and state(host, "b") is UnitState.READY
@@ -297,7 +297,7 @@ def test_swap_park_falls_back_to_a_cold_stop_saying_why(host):
 
 def test_swap_park_without_fallback_leaves_old_serving(host):
     assert host.up(vllm("a", simargs=("--misbehave", "frees-nothing"))).ok
-    s = host.swap("a", vllm("b"), SwapOptions(park=True, fallback=False))
+    s = host.swap("a", vllm("b"), SwapOptions(park=True, fallback=False, park_timeout=1.0))
     assert s.status is SwapStatus.PARK_FAILED and s.up is None, s.to_json()
     assert state(host, "a") is UnitState.READY and host.ps().get("b") is None
 

@@ -340,8 +340,8 @@ def park_swap(host: HostContext, old_unit: Unit, new_spec: UnitSpec, parked: Uni
             phases["drain_old_s"] = time.monotonic() - t_hold
         stop_at = time.time()
         t_stop = time.monotonic()
-        p = park_loaded(host, old_unit, ParkOptions(drain_timeout=opts.drain_timeout), steer_front=False,
-                        undo=not opts.fallback)
+        p = park_loaded(host, old_unit, ParkOptions(drain_timeout=opts.drain_timeout, timeout=opts.park_timeout),
+                        steer_front=False, undo=not opts.fallback)
         for key, into in (("park_s", "park_old_s"), ("prove_s", "prove_old_s")):
             if key in p.timings:
                 phases[into] = p.timings[key]
