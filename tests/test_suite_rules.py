@@ -114,7 +114,7 @@ def test_ci_runs_the_readme_command_lint_and_types_first() -> None:
     assert command in ci.splitlines(), ".ci/run must run the README's command 2 verbatim"
     steps = command.split(" && ")
     assert steps.index(".venv/bin/ruff check") < steps.index(".venv/bin/mypy") < steps.index(
-        '.venv/bin/python -m pytest -n 3 --dist loadfile -m "not gpu and not timing"') < steps.index(
+        '.venv/bin/python -m pytest -n 4 --dist loadfile -m "not gpu and not timing"') < steps.index(
         '.venv/bin/python -m pytest -m "timing and not gpu"')
 
 
