@@ -229,22 +229,27 @@ def server_step(run: Run, args: argparse.Namespace, floor: dict[str, Any]) -> di
     else:
         cmd = server_command(server, port, args.model)
     srv: dict[str, Any] = {"server": server, "command": cmd}
+    # transformers serve names a local model by its path, and its /v1/models lists only the hub cache's
+    # (empty here: on the H100, 2026-12-05, the park was refused for a reference it could not ask for):
+    # the unit says its model, and the requests name it
+    model_id = args.model if server == "transformers" else None
     rc, doc, wall, _ = run.gs("up", "srv", "--gpus", "0", "--port", str(port), "--ready", "/v1/models",
+                              *(["--model", model_id] if model_id else []),
                               "--start-timeout", "900s", "--", *cmd, timeout=960)
     srv["up"] = {"exit": rc, "wall_s": wall, "time_to_ready_s": doc and doc.get("time_to_ready_s")}
     if rc:
         rc2, logs, _, _ = run.gs("logs", "srv")
         srv["logs"] = logs
         return srv
-    srv["first_request"] = request(port)
-    srv["second_request"] = request(port)  # warm: what a request costs when nothing happened
+    srv["first_request"] = request(port, model_id)
+    srv["second_request"] = request(port, model_id)  # warm: what a request costs when nothing happened
     srv.update(park_cycle(run, "srv", pid_alone=True))
-    srv["first_request_after_resume"] = request(port)
+    srv["first_request_after_resume"] = request(port, model_id)
     srv["same_text_after_resume"] = srv["first_request_after_resume"].get("text") == srv["first_request"].get("text")
     srv["ratios"] = ratios(srv, floor)
     rc, doc, wall, _ = run.gs("restart", "srv", timeout=960)
     srv["restart"] = {"exit": rc, "wall_s": wall, "downtime_s": doc and doc.get("downtime_s")}
-    srv["first_request_after_restart"] = request(port)
+    srv["first_request_after_restart"] = request(port, model_id)
     srv["same_text_after_restart"] = srv["first_request_after_restart"].get("text") == srv["first_request"].get("text")
     park = (srv.get("park") or {}).get("timings") or {}
     resume = (srv.get("resume") or {}).get("timings") or {}
