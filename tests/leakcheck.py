@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -229,7 +230,16 @@ def describe(left: list[Leftover]) -> list[str]:
     return [f"PID {x.pid}, started by {x.node}: {x.command}" for x in left]
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # a run ended by SIGTERM (``timeout``, a CI's cancel) ends as one interrupted by Ctrl-C: the running
+    # test's finalizers and the run's end (which ends what the tests left) run, where SIGTERM's default
+    # would leave every process the tests started (a GPU test's second-user holder, seen on an H100)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted)
     if not hasattr(config, "workerinput"):  # the controller, or the one process: before any worker
         os.environ[RUN] = uuid.uuid4().hex
         # a pytest started by a test of another run: that test is not this run's, and the workers

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import is_gone
+from helpers import is_gone, wait_for
 
 pytestmark = pytest.mark.slow  # two pytest runs of their own
 
@@ -56,6 +56,15 @@ def test_ended(server):
     p = subprocess.Popen(["sleep", "{t}4"])
     p.kill()
     p.wait()
+'''
+
+
+HANGS = '''
+import subprocess, time
+
+def test_hangs():
+    subprocess.Popen(["sleep", "{t}5"], start_new_session=True)
+    time.sleep(300)  # until the run is terminated
 '''
 
 
@@ -106,6 +115,49 @@ def test_leftovers_are_named_killed_and_fail_the_run(tmp_path: Path) -> None:
         assert len(pids) == 3 and all(is_gone(p) for p in pids), out
     finally:
         kill_token(token)
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]])
+def test_a_run_terminated_ends_what_its_tests_started(tmp_path: Path, workers: list[str]) -> None:
+    """SIGTERM to the run (``timeout``, a CI's cancel) ends it as Ctrl-C does, and what its tests
+    started is ended with it: left to SIGTERM's default, a hung GPU test's holder outlived the run."""
+    token = str(uuid.uuid4().int % 10**8 + 10**8)
+    (tmp_path / "test_hangs.py").write_text(HANGS.replace("{t}", token))
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER")}
+    env.update(PYTHONPATH=str(TESTS), GPUSLATE_TEST_SETTLE="1", PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-q",
+                             "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), *workers,
+                             "test_hangs.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        wait_for(lambda: _pids_naming(token) != [] or proc.poll() is not None, timeout=60)
+        started = _pids_naming(token)
+        assert len(started) == 1 and proc.poll() is None, proc.poll()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+        # interrupted as by Ctrl-C, and failed: the test's process was left, named, and killed
+        assert proc.returncode == 1 and "KeyboardInterrupt: signal 15" in out, out
+        assert is_gone(started[0]), out
+        assert f"started by test_hangs.py::test_hangs: sleep {token}5" in out, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kill_token(token)
+
+
+def _pids_naming(token: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read() == f"sleep\0{token}5\0".encode():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
 
 
 def test_a_tidy_suite_passes(tmp_path: Path) -> None:

@@ -24,9 +24,11 @@ What the real driver does (driver R570 and later, ``cuCheckpointProcess*``; NVID
 * **Device files stay open**: a simulated process keeps its descriptors on the device files while
   checkpointed, so ``status`` lists it as a ``handle`` holder with no memory. Real processes differ:
   one that only used CUDA holds no ``/dev/nvidia*`` descriptor or mapping once checkpointed (``lsof``
-  in cuda-checkpoint #28 shows only ``libnvidia-ml.so``), while a vLLM server keeps some (#31: those
-  NVML and other libraries opened, which the driver's checkpoint does not own). The simulation plays
-  the second; the park proof asks only NVML's list and memory, so it holds for both.
+  in cuda-checkpoint #28 shows only ``libnvidia-ml.so``; a checkpointed ``transformers serve`` on an
+  H100, 2026-12-05, was on no list of ``status`` at all: benchmarks/RESULTS.md, issue 37), while a
+  vLLM server keeps some (#31: those NVML and other libraries opened, which the driver's checkpoint
+  does not own). The simulation plays the second, not yet the first; the park proof asks only NVML's
+  list and memory, so it holds for both.
 
 Not modelled, said so: a lock's wait for submitted work (a simulated holder has none: the lock
 is immediate, and ``timeout_ms`` never runs out); restoring onto other GPUs (``gpu_mapping``);
