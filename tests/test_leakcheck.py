@@ -68,19 +68,25 @@ def test_hangs():
 '''
 
 
-def sub_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _sub_command(folder: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a small suite's own pytest in ``folder``, with the plugin."""
     (folder / "pytest.ini").write_text("[pytest]\n")
     # CI and BUILD_NUMBER left out: on CI, pytest's short summary repeats each failure's whole message (a
     # leftover's PID line again); the small suite's output is the same wherever the suite runs
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER")}
     env.update(PYTHONPATH=str(TESTS), GPUSLATE_TEST_SETTLE="1", PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-q",
-                           "--rootdir", str(folder), "-c", str(folder / "pytest.ini"), *args],
-                          cwd=folder, capture_output=True, text=True, env=env, timeout=120)
+    return [sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-q",
+            "--rootdir", str(folder), "-c", str(folder / "pytest.ini"), *args], env
 
 
-def kill_token(token: str) -> None:
-    """The test's own cleanup, whatever the plugin did: every process whose command names ``token``."""
+def sub_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv, env = _sub_command(folder, *args)
+    return subprocess.run(argv, cwd=folder, capture_output=True, text=True, env=env, timeout=120)
+
+
+def pids_naming(token: str) -> list[int]:
+    """Every process whose command names ``token``."""
+    found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -90,10 +96,17 @@ def kill_token(token: str) -> None:
         except OSError:
             continue
         if token.encode() in cmd:
-            try:
-                os.kill(int(name), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            found.append(int(name))
+    return found
+
+
+def kill_token(token: str) -> None:
+    """The test's own cleanup, whatever the plugin did: every process whose command names ``token``."""
+    for pid in pids_naming(token):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_leftovers_are_named_killed_and_fail_the_run(tmp_path: Path) -> None:
@@ -123,16 +136,12 @@ def test_a_run_terminated_ends_what_its_tests_started(tmp_path: Path, workers: l
     started is ended with it: left to SIGTERM's default, a hung GPU test's holder outlived the run."""
     token = str(uuid.uuid4().int % 10**8 + 10**8)
     (tmp_path / "test_hangs.py").write_text(HANGS.replace("{t}", token))
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER")}
-    env.update(PYTHONPATH=str(TESTS), GPUSLATE_TEST_SETTLE="1", PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "leakcheck", "-p", "no:cacheprovider", "-q",
-                             "--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), *workers,
-                             "test_hangs.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
+    argv, env = _sub_command(tmp_path, *workers, "test_hangs.py")
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    sleeper = f"{token}5"
     try:
-        wait_for(lambda: _pids_naming(token) != [] or proc.poll() is not None, timeout=60)
-        started = _pids_naming(token)
+        wait_for(lambda: pids_naming(sleeper) != [] or proc.poll() is not None, timeout=60)
+        started = pids_naming(sleeper)
         assert len(started) == 1 and proc.poll() is None, proc.poll()
         proc.terminate()
         out, _ = proc.communicate(timeout=60)
@@ -145,19 +154,6 @@ def test_a_run_terminated_ends_what_its_tests_started(tmp_path: Path, workers: l
             proc.kill()
             proc.communicate()
         kill_token(token)
-
-
-def _pids_naming(token: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if f.read() == f"sleep\0{token}5\0".encode():
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
 
 
 def test_a_tidy_suite_passes(tmp_path: Path) -> None:
